@@ -1,0 +1,1 @@
+"""Everything cluster-wide: CEL, the structured-parameters allocator, scoring, explanations, the claim controller."""

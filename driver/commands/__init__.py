@@ -1,0 +1,1 @@
+"""Subcommand modules of gpu-dra (see gpudra.cli)."""

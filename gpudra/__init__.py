@@ -1,0 +1,1 @@
+"""Code shared by the node side (driver) and the cluster side (controller)."""

@@ -1,0 +1,1 @@
+"""One module per `gpu-dra` subcommand; each exposes `register(parser)` and `run(args) -> int`."""

@@ -1,0 +1,1 @@
+"""Kubelet wire protocols (.proto sources) and their generated Python stubs."""
