@@ -1,0 +1,12 @@
+# The node agent and the controller share one image.
+FROM python:3.11-slim
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY gpudra ./gpudra
+COPY driver ./driver
+COPY controller ./controller
+COPY proto ./proto
+RUN pip install --no-cache-dir . && rm -rf /src
+USER 0
+ENTRYPOINT []
+CMD ["gpu-dra", "--help"]

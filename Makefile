@@ -1,0 +1,52 @@
+# Set-up and run targets. `make demo` and `make test` are the README's two commands.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+KIND_CLUSTER ?= gpu-dra
+IMAGE ?= gpu-dra:dev
+
+.PHONY: install install-test demo test bench proto kind-up kind-deploy kind-demo kind-down
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+
+install-test: $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test]'
+
+demo: install
+	$(BIN)/gpu-dra demo
+
+test: install-test
+	$(BIN)/pytest -q
+
+bench: install
+	$(BIN)/gpu-dra bench allocate
+	$(BIN)/gpu-dra bench prepare
+	$(BIN)/gpu-dra bench cel
+
+proto: install-test
+	$(BIN)/python -m proto.generate
+
+# The kind path needs docker and kind on the host; it cannot run in this project's CI.
+kind-up:
+	kind create cluster --name $(KIND_CLUSTER) --config manifests/kind/cluster.yaml
+
+kind-deploy:
+	docker build -t $(IMAGE) .
+	kind load docker-image $(IMAGE) --name $(KIND_CLUSTER)
+	kubectl apply -k manifests/kind/overlay
+	kubectl -n gpu-dra-system rollout status daemonset/gpu-dra-node-agent --timeout=120s
+	kubectl -n gpu-dra-system rollout status deployment/gpu-dra-controller --timeout=120s
+
+kind-demo:
+	kubectl apply -f manifests/examples/00-namespace.yaml
+	kubectl apply -f manifests/examples/training-a100.yaml -f manifests/examples/notebook-v100.yaml
+	kubectl get resourceslices -o wide
+	kubectl -n gpu-demo get pods,resourceclaims -o wide
+
+kind-down:
+	kind delete cluster --name $(KIND_CLUSTER)

@@ -1,0 +1,190 @@
+"""The DRA CEL environment: compile selectors once, evaluate them against many devices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cel_expr_python import cel
+
+from controller.cel.cost import CostEstimate, estimate_checked_cost
+from controller.cel.device import DeviceView
+from controller.cel.errors import CelCompileError, CelRuntimeError, compile_message, runtime_message
+from controller.cel.library import KubernetesLibrary
+from controller.cel.messages import DEVICE_TYPE, STRICT_DEVICE_TYPE, MessageTypes, build_message_types
+from controller.cel.values import quantity_to_message
+from gpudra.semver import Semver
+
+# resource.k8s.io/v1 CELSelectorExpressionMaxCost.
+COST_LIMIT = 1_000_000
+COST_EXCEEDED = "actual cost limit exceeded"
+VALIDATION_COST_EXCEEDED = "too complex, exceeds cost limit"
+
+# The cel-go extensions of Kubernetes' base environment that cel-cpp also has. Kubernetes' own libraries
+# (quantity, semver, regex find/findAll, lists) are added as functions by KubernetesLibrary.
+_EXTENSIONS_YAML = """
+extensions:
+  - name: strings
+  - name: sets
+  - name: optional
+  - name: bindings
+  - name: two-var-comprehensions
+"""
+
+_TYPE_WORDS = {"INT": "int", "UINT": "uint", "DOUBLE": "double", "STRING": "string", "BYTES": "bytes",
+               "BOOL": "bool", "NULL": "null_type", "DYN": "dyn", "LIST": "list", "MAP": "map",
+               "TIMESTAMP": "google.protobuf.Timestamp", "DURATION": "google.protobuf.Duration", "TYPE": "type"}
+
+
+def cel_type_name(t: cel.Type) -> str:
+    """cel-go's spelling of a type (``int``, ``map(string, dyn)``) from cel-cpp's (``INT``, ``MAP<STRING, DYN>``)."""
+    out = []
+    word = ""
+    for ch in t.name() + " ":
+        if ch.isalnum() or ch in "._":
+            word += ch
+            continue
+        if word:
+            out.append(_TYPE_WORDS.get(word, word))
+            word = ""
+        out.append({"<": "(", ">": ")"}.get(ch, ch))
+    return "".join(out).strip()
+
+
+@dataclass(frozen=True)
+class _Key:
+    """Identifies evaluation data of a device: the environment and the empty domains it was padded with."""
+
+    env: int
+    attribute_domains: frozenset[str]
+    capacity_domains: frozenset[str]
+
+
+class Selector:
+    """A compiled selector expression."""
+
+    def __init__(self, env: "CelEnvironment", expression: str, program: Any, cost: CostEstimate) -> None:
+        self.expression = expression
+        self.cost = cost.max
+        self._env = env
+        self._program = program
+        self._over_budget = cost.max > env.cost_limit
+        self._attribute_domains = cost.attribute_domains
+        self._capacity_domains = cost.capacity_domains
+        self._base_key = _Key(id(env), frozenset(), frozenset())
+
+    def matches(self, device: DeviceView) -> bool:
+        """Evaluate against one device; raises CelRuntimeError with Kubernetes' text on any error."""
+        if self._over_budget:
+            # cel-expr-python cannot stop a running evaluation, so an expression whose worst case is over
+            # the limit is refused outright with the error Kubernetes gives when it hits the limit.
+            raise CelRuntimeError(COST_EXCEEDED)
+        key = self._base_key
+        if self._attribute_domains or self._capacity_domains:
+            missing_attr = self._attribute_domains.difference(device.attributes)
+            missing_cap = self._capacity_domains.difference(device.capacity)
+            if missing_attr or missing_cap:
+                key = _Key(key.env, missing_attr, missing_cap)
+        activation = device.cached(key, lambda: self._env.activation(device, key.attribute_domains,
+                                                                      key.capacity_domains))
+        try:
+            result = self._program.eval(activation)
+        except Exception as err:  # cel-expr-python raises for a few conversion failures
+            raise CelRuntimeError(runtime_message(str(err))) from None
+        if result.type() == cel.Type.ERROR:
+            raise CelRuntimeError(runtime_message(str(result.value())))
+        value = result.value()
+        if not isinstance(value, bool):
+            raise CelRuntimeError(f"CEL result of type {cel_type_name(result.type())} could not be converted to bool")
+        return value
+
+
+class CelEnvironment:
+    """Kubernetes' DRA selector environment.
+
+    ``strict=False`` is the stored-expressions environment the allocator uses (every field known);
+    ``strict=True`` is the API-validation environment, where fields behind disabled feature gates
+    (``device.allowMultipleAllocations``, DRAConsumableCapacity) are unknown.
+    """
+
+    def __init__(self, strict: bool = False, cost_limit: int = COST_LIMIT) -> None:
+        self.strict = strict
+        self.cost_limit = cost_limit
+        self._types: MessageTypes = build_message_types()
+        library = KubernetesLibrary(self._types)
+        config = cel.NewEnvConfigFromYaml(_EXTENSIONS_YAML)
+        device_type = STRICT_DEVICE_TYPE if strict else DEVICE_TYPE
+        # Type checking uses a message type for `device` so that fields and their types are known; evaluation
+        # uses a plain map so that attribute maps can hold ints, strings, semvers and quantities together.
+        self._checker = cel.NewEnv(self._types.pool, config=config, variables={"device": cel.Type(device_type)},
+                                   functions=library.checker_declarations())
+        self._runtime = cel.NewEnv(self._types.pool, config=cel.NewEnvConfigFromYaml(_EXTENSIONS_YAML),
+                                   variables={"device": cel.Type.Map(cel.Type.STRING, cel.Type.DYN)},
+                                   functions=library.runtime_declarations())
+        self._cache: dict[str, Selector | CelCompileError] = {}
+
+    def compile(self, expression: str) -> Selector:
+        """Compile (cached by expression); raises CelCompileError with Kubernetes' text."""
+        cached = self._cache.get(expression)
+        if cached is None:
+            try:
+                cached = self._compile(expression)
+            except CelCompileError as err:
+                cached = err
+            self._cache[expression] = cached
+        if isinstance(cached, CelCompileError):
+            raise cached
+        return cached
+
+    def _compile(self, expression: str) -> Selector:
+        try:
+            checked = self._checker.compile(expression)
+        except Exception as err:
+            raise CelCompileError(compile_message(str(err))) from None
+        result_type = checked.return_type()
+        if result_type != cel.Type.BOOL and result_type != cel.Type.DYN:
+            raise CelCompileError(f"must evaluate to bool or the unknown type, not {cel_type_name(result_type)}")
+        cost = estimate_checked_cost(checked.serialize(), self._types)
+        try:
+            program = self._runtime.compile(expression, disable_check=True)
+        except Exception as err:
+            raise CelCompileError(compile_message(str(err))) from None
+        return Selector(self, expression, program, cost)
+
+    def estimate_cost(self, expression: str) -> int:
+        """Kubernetes-style worst-case cost of a compilable expression; raises CelCompileError."""
+        return self.compile(expression).cost
+
+    def check(self, expression: str) -> str | None:
+        """Validation: None when the expression compiles and is within the cost limit, else the error text."""
+        try:
+            selector = self.compile(expression)
+        except CelCompileError as err:
+            return str(err)
+        if selector.cost > self.cost_limit:
+            return VALIDATION_COST_EXCEEDED
+        return None
+
+    def activation(self, device: DeviceView, empty_attribute_domains: frozenset[str],
+                   empty_capacity_domains: frozenset[str]) -> Any:
+        """Evaluation data for a device; the given domains are added as empty maps, as Kubernetes returns an
+        empty map for any unknown domain."""
+        attributes: dict[str, dict[str, Any]] = {}
+        for domain, ids in device.attributes.items():
+            attributes[domain] = {k: self._attribute(v) for k, v in ids.items()}
+        for domain in empty_attribute_domains:
+            attributes[domain] = {}
+        capacity: dict[str, dict[str, Any]] = {}
+        for domain, ids in device.capacity.items():
+            capacity[domain] = {k: quantity_to_message(v, self._types.Quantity) for k, v in ids.items()}
+        for domain in empty_capacity_domains:
+            capacity[domain] = {}
+        data = {"driver": device.driver, "attributes": attributes, "capacity": capacity,
+                "allowMultipleAllocations": device.allow_multiple_allocations}
+        return self._runtime.Activation({"device": data})
+
+    def _attribute(self, value: Any) -> Any:
+        if isinstance(value, Semver):
+            return self._types.Semver(major=value.major, minor=value.minor, patch=value.patch,
+                                      prerelease=".".join(str(p) for p in value.prerelease))
+        return value

@@ -1,0 +1,48 @@
+"""Errors of the CEL layer and the texts the allocator reports for them (Kubernetes' wording)."""
+
+from __future__ import annotations
+
+import re
+
+
+class CelCompileError(ValueError):
+    """The expression does not compile, or its result is not a bool (message is Kubernetes' text)."""
+
+
+class CelRuntimeError(RuntimeError):
+    """Evaluating a compiled selector failed for one device (message is Kubernetes' text)."""
+
+
+def selector_error(prefix: str, index: int, err: Exception) -> str:
+    """The allocator's text for a failed selector, e.g. ``class gpu: selector #0: CEL runtime error: ...``.
+
+    ``prefix`` names the owner: ``class NAME`` or ``claim NAMESPACE/NAME``.
+    """
+    kind = "CEL compile error" if isinstance(err, CelCompileError) else "CEL runtime error"
+    return f"{prefix}: selector #{index}: {kind}: {err}"
+
+
+# cel-cpp statuses read "CODE: message" (and compile issues end in " [CODE]"); Kubernetes shows the message.
+_STATUS_PREFIX = re.compile(r"^[A-Z_]+: ")
+_STATUS_SUFFIX = re.compile(r" \[[A-Z_]+\]$")
+_MISSING_KEY = re.compile(r'^Key not found in map ?: ?"?(.*?)"?$')
+_NO_FIELD = re.compile(r"^no_such_field ?: ?(.*)$")
+
+
+def runtime_message(status: str) -> str:
+    """Translate a cel-cpp evaluation error into cel-go's wording where they differ."""
+    text = _STATUS_PREFIX.sub("", status.strip(), count=1)
+    missing = _MISSING_KEY.match(text)
+    if missing:
+        return f"no such key: {missing.group(1)}"
+    no_field = _NO_FIELD.match(text)
+    if no_field:
+        return f"no such key: {no_field.group(1)}"
+    return text
+
+
+def compile_message(status: str) -> str:
+    """cel-cpp's issue list as Kubernetes prints a failed compilation."""
+    text = _STATUS_PREFIX.sub("", status.strip(), count=1)
+    text = _STATUS_SUFFIX.sub("", text)
+    return f"compilation failed: {text}"

@@ -1,0 +1,294 @@
+"""ResourceClaim lifecycle, as kube-controller-manager's resourceclaim controller does it.
+
+- Template expansion: a pod's `spec.resourceClaims[].resourceClaimTemplateName` becomes a ResourceClaim named
+  from `generateName: <pod>-<podClaimName>-`, annotated with `resource.kubernetes.io/pod-claim-name`, owned by
+  the pod (controller=true), and recorded in `pod.status.resourceClaimStatuses`.
+- Reservation cleanup: `status.reservedFor` entries whose pod is gone (or another pod of that name) or done are
+  dropped; when that empties the list of a claim that carries the delete-protection finalizer, the allocation
+  is cleared ("was being used" -> "is not used anymore"; a claim allocated ahead of its consumers, like a gang
+  claim, is not deallocated just because nobody reserved it yet), then the finalizer is removed.
+- Generated claims follow their pod: deleted when the pod is gone (what the garbage collector does through the
+  owner reference) or done.
+
+The planning functions are pure; `ClaimLifecycle` applies their results through KubeApi.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from controller import objects as o
+from controller.metrics import ControllerMetrics
+from controller.objects import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION, Obj
+from controller.writes import Writer
+from gpudra.kubeapi import ApiError, NotFound
+
+log = logging.getLogger("gpudra.controller.claims")
+
+# A generated name is at most 63 characters: the base plus five random characters.
+_MAX_BASE_LEN = 57
+
+
+def generate_name(pod_name: str, pod_claim_name: str) -> str:
+    """Kubernetes' generateName for a claim made from a template (long names are cut proportionally)."""
+    base = f"{pod_name}-{pod_claim_name}-"
+    if len(base) <= _MAX_BASE_LEN:
+        return base
+    total = len(base)
+    return f"{pod_name[: len(pod_name) * _MAX_BASE_LEN // total]}-{pod_claim_name[: len(pod_claim_name) * _MAX_BASE_LEN // total]}"
+
+
+def claim_from_template(pod: Mapping[str, Any], pod_claim_name: str, template: Mapping[str, Any]) -> Obj:
+    """The ResourceClaim the resourceclaim controller creates for one pod claim."""
+    tspec = o.section(template, "spec")
+    tmeta = o.section(tspec, "metadata")
+    annotations = dict(tmeta.get("annotations") or {})
+    annotations[POD_CLAIM_NAME_ANNOTATION] = pod_claim_name
+    metadata: dict[str, Any] = {
+        "generateName": generate_name(o.name(pod), pod_claim_name),
+        "namespace": o.namespace(pod),
+        "annotations": annotations,
+        "ownerReferences": [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": o.name(pod),
+                "uid": o.uid(pod),
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+    if tmeta.get("labels"):
+        metadata["labels"] = dict(tmeta["labels"])
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": metadata,
+        "spec": dict(o.section(tspec, "spec")),
+    }
+
+
+@dataclass(frozen=True)
+class PodClaim:
+    """One entry of pod.spec.resourceClaims, resolved against the pod's status and existing claims."""
+
+    pod_claim_name: str
+    template: str | None  # resourceClaimTemplateName
+    claim_name: str | None  # the ResourceClaim to use, None while a template's claim is not created yet
+
+
+def generated_claim_for(pod: Mapping[str, Any], pod_claim_name: str, claims: Iterable[Mapping[str, Any]]) -> Obj | None:
+    """A claim already generated for this pod claim (covers a crash between create and the pod status update)."""
+    pod_uid = o.uid(pod)
+    for claim in claims:
+        if (
+            o.namespace(claim) == o.namespace(pod)
+            and o.controller_owner_uid(claim) == pod_uid
+            and o.annotations(claim).get(POD_CLAIM_NAME_ANNOTATION) == pod_claim_name
+        ):
+            return dict(claim)
+    return None
+
+
+def resolve_pod_claims(pod: Mapping[str, Any], claims: Iterable[Mapping[str, Any]]) -> list[PodClaim]:
+    statuses = {
+        str(s.get("name")): s.get("resourceClaimName")
+        for s in o.list_field(o.section(pod, "status"), "resourceClaimStatuses")
+        if isinstance(s, Mapping)
+    }
+    claim_list = list(claims)
+    out: list[PodClaim] = []
+    for entry in o.list_field(o.section(pod, "spec"), "resourceClaims"):
+        if not isinstance(entry, Mapping):
+            continue
+        pcn = str(entry.get("name") or "")
+        if entry.get("resourceClaimName"):
+            out.append(PodClaim(pcn, None, str(entry["resourceClaimName"])))
+            continue
+        template = entry.get("resourceClaimTemplateName")
+        if not template:
+            continue
+        generated = statuses.get(pcn)
+        if not generated:
+            found = generated_claim_for(pod, pcn, claim_list)
+            generated = o.name(found) if found else None
+        out.append(PodClaim(pcn, str(template), str(generated) if generated else None))
+    return out
+
+
+def reservation_valid(entry: Mapping[str, Any], namespace: str, pods: Mapping[str, Mapping[str, Any]]) -> bool:
+    """A reservedFor entry still counts while its pod exists with the same UID and is not done."""
+    if entry.get("resource") != "pods" or entry.get("apiGroup"):
+        return True  # consumers other than pods are not ours to judge
+    pod = pods.get(f"{namespace}/{entry.get('name')}")
+    return pod is not None and o.uid(pod) == entry.get("uid") and not o.pod_done(pod)
+
+
+@dataclass(frozen=True)
+class ClaimRelease:
+    """What to change on one claim: the reservations to keep, whether to deallocate, drop the finalizer."""
+
+    reserved_for: list[dict[str, Any]]
+    changed_reservations: bool
+    deallocate: bool
+    remove_finalizer: bool
+
+
+def plan_release(claim: Mapping[str, Any], pods: Mapping[str, Mapping[str, Any]]) -> ClaimRelease | None:
+    reservations = o.reserved_for(claim)
+    valid = [dict(r) for r in reservations if reservation_valid(r, o.namespace(claim), pods)]
+    has_finalizer = DELETE_PROTECTION_FINALIZER in o.finalizers(claim)
+    allocated = o.allocation(claim) is not None
+    changed = len(valid) < len(reservations)
+    deallocate = has_finalizer and allocated and not valid and (changed or o.deleting(claim))
+    still_allocated = allocated and not deallocate
+    remove_finalizer = has_finalizer and not still_allocated and not valid
+    if not (changed or deallocate or remove_finalizer):
+        return None
+    return ClaimRelease(valid, changed, deallocate, remove_finalizer)
+
+
+def claims_to_delete(claims: Iterable[Mapping[str, Any]], pods_by_uid: Mapping[str, Mapping[str, Any]]) -> list[Obj]:
+    """Generated claims whose owning pod is gone or done (GC, and the resourceclaim controller's cleanup)."""
+    out = []
+    for claim in claims:
+        owner = o.controller_owner_uid(claim)
+        if not owner or POD_CLAIM_NAME_ANNOTATION not in o.annotations(claim) or o.deleting(claim):
+            continue
+        pod = pods_by_uid.get(owner)
+        if pod is None or o.pod_done(pod):
+            out.append(dict(claim))
+    return out
+
+
+class ClaimLifecycle:
+    """Applies template expansion, reservation cleanup and deallocation through the API."""
+
+    def __init__(self, writer: Writer, metrics: ControllerMetrics) -> None:
+        self._writer = writer
+        self._metrics = metrics
+
+    # -- template expansion ------------------------------------------------------------------------
+
+    def expand_templates(
+        self,
+        pods: Iterable[Mapping[str, Any]],
+        claims: Iterable[Mapping[str, Any]],
+        templates: Mapping[str, Mapping[str, Any]],
+    ) -> list[str]:
+        """Create missing claims for pods' templates and record them in pod status; returns problems seen."""
+        problems: list[str] = []
+        claim_list = list(claims)
+        for pod in pods:
+            if o.pod_done(pod) or o.deleting(pod):
+                continue
+            resolved = resolve_pod_claims(pod, claim_list)
+            if not any(pc.template for pc in resolved):
+                continue
+            statuses: list[dict[str, Any]] = []
+            for pc in resolved:
+                if pc.template is None:
+                    continue
+                claim_name = pc.claim_name
+                if claim_name is None:
+                    template = templates.get(f"{o.namespace(pod)}/{pc.template}")
+                    if template is None:
+                        problems.append(
+                            f"pod {o.key(pod)}: spec.resourceClaims[{pc.pod_claim_name}].resourceClaimTemplateName: "
+                            f"ResourceClaimTemplate {o.namespace(pod)}/{pc.template} not found"
+                        )
+                        continue
+                    created = self._writer.create("ResourceClaim", claim_from_template(pod, pc.pod_claim_name, template))
+                    if created is None:
+                        continue
+                    claim_name = o.name(created)
+                    claim_list.append(created)
+                    self._metrics.claims_created.inc()
+                    log.info(
+                        "claim created from template",
+                        extra={"pod": o.key(pod), "podClaim": pc.pod_claim_name, "claim": claim_name, "template": pc.template},
+                    )
+                statuses.append({"name": pc.pod_claim_name, "resourceClaimName": claim_name})
+            self._record_statuses(pod, statuses)
+        return problems
+
+    def _record_statuses(self, pod: Mapping[str, Any], statuses: list[dict[str, Any]]) -> None:
+        current = {
+            str(s.get("name")): s.get("resourceClaimName")
+            for s in o.list_field(o.section(pod, "status"), "resourceClaimStatuses")
+            if isinstance(s, Mapping)
+        }
+        wanted = {s["name"]: s["resourceClaimName"] for s in statuses}
+        if all(current.get(k) == v for k, v in wanted.items()):
+            return
+        merged = dict(current)
+        merged.update(wanted)
+        entries = [{"name": k, "resourceClaimName": v} for k, v in merged.items() if v]
+        self._writer.patch_status("Pod", pod, {"status": {"resourceClaimStatuses": entries}})
+
+    # -- reservations and deallocation -------------------------------------------------------------
+
+    def release(self, claims: Iterable[Mapping[str, Any]], pods: Mapping[str, Mapping[str, Any]]) -> int:
+        """Drop stale reservations, deallocate unused claims, remove finalizers; returns claims changed."""
+        changed = 0
+        for claim in claims:
+            if plan_release(claim, pods) is None:
+                continue
+            if self._apply_release(claim, pods):
+                changed += 1
+        return changed
+
+    def _apply_release(self, claim: Mapping[str, Any], pods: Mapping[str, Mapping[str, Any]]) -> bool:
+        def status_change(fresh: Obj) -> Obj | None:
+            plan = plan_release(fresh, pods)
+            if plan is None or not (plan.changed_reservations or plan.deallocate):
+                return None
+            status = dict(fresh.get("status") or {})
+            if plan.reserved_for:
+                status["reservedFor"] = plan.reserved_for
+            else:
+                status.pop("reservedFor", None)
+            if plan.deallocate:
+                status.pop("allocation", None)
+                status.pop("devices", None)
+            fresh["status"] = status
+            return fresh
+
+        before = o.allocation(claim) is not None
+        updated = self._writer.update_status("ResourceClaim", claim, status_change)
+        current = updated if updated is not None else self._writer.read("ResourceClaim", claim)
+        if current is None:
+            return updated is not None
+        if before and o.allocation(current) is None:
+            self._metrics.deallocations.labels(cause="unreserved").inc()
+            log.info("claim deallocated", extra={"claim": o.key(current), "cause": "no consumer left"})
+
+        def drop_finalizer(fresh: Obj) -> Obj | None:
+            plan = plan_release(fresh, pods)
+            if plan is None or not plan.remove_finalizer:
+                return None
+            fresh.setdefault("metadata", {})["finalizers"] = [
+                f for f in o.finalizers(fresh) if f != DELETE_PROTECTION_FINALIZER
+            ]
+            return fresh
+
+        dropped = self._writer.update("ResourceClaim", current, drop_finalizer)
+        return updated is not None or dropped is not None
+
+    def delete_orphans(self, claims: Iterable[Mapping[str, Any]], pods_by_uid: Mapping[str, Mapping[str, Any]]) -> int:
+        deleted = 0
+        for claim in claims_to_delete(claims, pods_by_uid):
+            try:
+                self._writer.delete("ResourceClaim", claim)
+            except NotFound:
+                continue
+            except ApiError as err:
+                log.warning("claim delete failed", extra={"claim": o.key(claim), "error": str(err)})
+                continue
+            deleted += 1
+            log.info("generated claim deleted", extra={"claim": o.key(claim), "cause": "owner pod gone or done"})
+        return deleted

@@ -1,0 +1,141 @@
+"""`gpu-dra cel EXPRESSION (--device FILE | -f SLICES...) [--strict] [-o json|table]`: evaluate a selector.
+
+Exit 0 when the expression compiled and every device evaluated (match or not), 1 on a compile error or
+any runtime error, 2 when an input file cannot be read or holds no usable device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from controller.cel import CelCompileError, CelEnvironment, CelRuntimeError, DeviceView
+
+
+class InputError(Exception):
+    """An input file is unreadable or malformed (exit 2)."""
+
+
+@dataclass(frozen=True)
+class NamedDevice:
+    name: str
+    view: DeviceView
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("expression", help="CEL selector expression, e.g. 'device.driver == \"gpu.nvidia.com\"'")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--device", metavar="FILE",
+                        help="YAML/JSON device: {driver, attributes, capacity, allowMultipleAllocations} (v1 shapes)")
+    source.add_argument("-f", "--filename", nargs="+", metavar="SLICES", help="ResourceSlice files; every device")
+    parser.add_argument("--strict", action="store_true",
+                        help="use the API-validation environment (fields behind disabled gates are unknown)")
+    parser.add_argument("-o", "--output", choices=["json", "table"], default="table")
+
+
+def _load_documents(path: str) -> Iterator[Any]:
+    """YAML/JSON documents of a file; ``kind: List`` documents are flattened into their items."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        docs = list(yaml.safe_load_all(text))
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: cannot read: {err}") from None
+    except yaml.YAMLError as err:
+        raise InputError(f"{path}: not valid YAML/JSON: {err}") from None
+    for doc in docs:
+        if isinstance(doc, dict) and doc.get("kind") == "List" and isinstance(doc.get("items"), list):
+            yield from doc["items"]
+        elif doc is not None:
+            yield doc
+
+
+def load_device_file(path: str) -> list[NamedDevice]:
+    docs = list(_load_documents(path))
+    if len(docs) != 1 or not isinstance(docs[0], dict):
+        raise InputError(f"{path}: must hold one device object {{driver, attributes, capacity, "
+                         "allowMultipleAllocations}")
+    doc = docs[0]
+    driver = doc.get("driver")
+    if not isinstance(driver, str) or not driver:
+        raise InputError(f"{path}: driver: required, a driver name such as gpu.nvidia.com")
+    for field_name in ("attributes", "capacity"):
+        if doc.get(field_name) is not None and not isinstance(doc[field_name], dict):
+            raise InputError(f"{path}: {field_name}: must be a map of qualified names to v1 values")
+    try:
+        view = DeviceView.from_slice_device(driver, doc)
+    except ValueError as err:
+        raise InputError(f"{path}: {err}") from None
+    return [NamedDevice(str(doc.get("name") or Path(path).name or "device"), view)]
+
+
+def load_slice_files(paths: list[str]) -> list[NamedDevice]:
+    devices: list[NamedDevice] = []
+    for path in paths:
+        for doc in _load_documents(path):
+            if not isinstance(doc, dict) or doc.get("kind") != "ResourceSlice":
+                continue
+            spec = doc.get("spec")
+            name = (doc.get("metadata") or {}).get("name", "<unnamed>")
+            if not isinstance(spec, dict) or not isinstance(spec.get("driver"), str):
+                raise InputError(f"{path}: ResourceSlice {name}: spec.driver: required")
+            pool = (spec.get("pool") or {}).get("name", "")
+            for device in spec.get("devices") or []:
+                if not isinstance(device, dict):
+                    raise InputError(f"{path}: ResourceSlice {name}: spec.devices: entries must be objects")
+                try:
+                    view = DeviceView.from_slice_device(spec["driver"], device)
+                except ValueError as err:
+                    raise InputError(f"{path}: ResourceSlice {name}: {err}") from None
+                devices.append(NamedDevice(f"{spec['driver']}/{pool}/{device.get('name', '')}", view))
+    if not devices:
+        raise InputError(f"no ResourceSlice devices found in {', '.join(paths)}")
+    return devices
+
+
+def evaluate(expression: str, devices: list[NamedDevice], strict: bool) -> dict[str, Any]:
+    """The `-o json` document: compile once, evaluate every device."""
+    env = CelEnvironment(strict=strict)
+    try:
+        selector = env.compile(expression)
+    except CelCompileError as err:
+        return {"compileError": str(err), "results": []}
+    results: list[dict[str, Any]] = []
+    for device in devices:
+        try:
+            results.append({"device": device.name, "match": selector.matches(device.view)})
+        except CelRuntimeError as err:
+            results.append({"device": device.name, "error": str(err)})
+    return {"compileError": None, "results": results}
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    if report["compileError"] is not None:
+        print(f"compile error: {report['compileError']}")
+        return
+    width = max([len("DEVICE")] + [len(r["device"]) for r in report["results"]])
+    print(f"{'DEVICE':<{width}}  RESULT")
+    for r in report["results"]:
+        outcome = ("match" if r["match"] else "no match") if "match" in r else f"error: {r['error']}"
+        print(f"{r['device']:<{width}}  {outcome}")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        devices = load_device_file(args.device) if args.device else load_slice_files(args.filename)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    report = evaluate(args.expression, devices, args.strict)
+    if args.output == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        _print_table(report)
+    failed = report["compileError"] is not None or any("error" in r for r in report["results"])
+    return 1 if failed else 0

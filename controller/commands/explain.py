@@ -1,0 +1,45 @@
+"""`gpu-dra explain -f FILE... [--feature GATE]... [-o json|table]`: per claim and node, why it cannot be allocated."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from controller.commands._inputs import make_cel_env, read_inputs, report_input_errors
+from controller.offline import Session
+from gpudra.features import FeatureGateError, Features
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-f", "--filename", dest="files", action="append", required=True, metavar="FILE",
+                        help="YAML/JSON with Node, DeviceClass, ResourceSlice, ResourceClaim(Template), Pod objects (repeatable)")
+    parser.add_argument("--feature", action="append", default=[], metavar="GATE[=true|false]",
+                        help="feature gate (Kubernetes 1.35 defaults otherwise)")
+    parser.add_argument("-o", "--output", choices=["json", "table"], default="table")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        features = Features.parse(args.feature)
+    except FeatureGateError as exc:
+        return report_input_errors([str(exc)], args.output)
+    inputs = read_inputs(args.files)
+    if inputs.errors:
+        return report_input_errors(inputs.errors, args.output)
+    try:
+        session = Session(inputs.objects, features, make_cel_env())
+    except Exception as exc:  # noqa: BLE001 - malformed objects the validator let through
+        return report_input_errors([str(exc)], args.output)
+    units = session.explain_all()
+    if args.output == "json":
+        print(json.dumps({"units": units}, indent=2))
+    else:
+        for u in units:
+            print(f"{u['owner']} ({', '.join(u['claims']) or 'no pending claims'})")
+            for e in u["errors"]:
+                print(f"  error: {e}")
+            if "summary" in u:
+                print(f"  {u['summary']}")
+                for n in u["nodes"]:
+                    print(f"    {n['node']}: {n['code']}: {n['message']}")
+    return 0 if all(u.get("fits") or not u["claims"] for u in units) and not any(u["errors"] for u in units) else 1

@@ -1,0 +1,362 @@
+"""Gang pre-allocation: claims labelled `<driver>/gang: NAME` and `<driver>/gang-size: "N"` are allocated
+all-or-nothing once all N exist, so that kube-scheduler (or the embedded scheduler) then places their pods
+where the devices are.
+
+- Planning happens on a private snapshot: nothing is written unless every claim of the gang has a place,
+  so a gang that does not fit holds no device and blocks nobody.
+- Placement prefers one node for the whole gang; otherwise it spreads claims over nodes, trying first the
+  nodes of one multi-node NVLink domain (same fabricClusterUUID and fabricCliqueID), largest domain first,
+  then any nodes. Within a node, scoring already prefers devices that share an nvlinkDomain.
+- Only claims carrying both labels are touched. Gang allocations are marked `<driver>/gang-allocated-at`;
+  a gang nobody uses (no pod references its claims and none is reserved) is released after the timeout and
+  marked `<driver>/gang-released-at`; it is allocated again only once a pod references one of its claims.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from controller import objects as o
+from controller.allocator import AllocationError, parse_claim
+from controller.cel import CelEnvironment
+from controller.commit import AllocationCommitter, allocation_devices, used_devices
+from controller.explain import explain, summarize
+from controller.explainer import Explainer
+from controller.metrics import GANG_STATES, ControllerMetrics
+from controller.objects import Obj
+from controller.scoring import NoPlacement, Placer
+from controller.snapshots import build_snapshot
+from controller.view import View
+from controller.writes import Writer
+from gpudra.features import Features
+
+log = logging.getLogger("gpudra.controller.gang")
+
+CLIQUE_ATTRIBUTES = ("fabricClusterUUID", "fabricCliqueID")
+
+
+def gang_label(driver: str) -> str:
+    return f"{driver}/gang"
+
+
+def gang_size_label(driver: str) -> str:
+    return f"{driver}/gang-size"
+
+
+def allocated_at_annotation(driver: str) -> str:
+    return f"{driver}/gang-allocated-at"
+
+
+def released_at_annotation(driver: str) -> str:
+    return f"{driver}/gang-released-at"
+
+
+def is_gang_claim(claim: Mapping[str, Any], driver: str) -> bool:
+    labels = o.labels(claim)
+    return gang_label(driver) in labels and gang_size_label(driver) in labels
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Gang:
+    namespace: str
+    name: str
+    size: int | None  # None when the label is not a positive integer or the claims disagree
+    claims: tuple[Obj, ...]  # sorted by name
+    problem: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def group_gangs(claims: Iterable[Mapping[str, Any]], driver: str) -> list[Gang]:
+    groups: dict[tuple[str, str], list[Obj]] = {}
+    for claim in claims:
+        if is_gang_claim(claim, driver):
+            groups.setdefault((o.namespace(claim), str(o.labels(claim)[gang_label(driver)])), []).append(dict(claim))
+    gangs = []
+    for (ns, name), members in sorted(groups.items()):
+        members.sort(key=o.name)
+        sizes = {str(o.labels(c)[gang_size_label(driver)]) for c in members}
+        size: int | None = None
+        problem = ""
+        if len(sizes) != 1:
+            problem = f"gang {ns}/{name}: claims disagree on label {gang_size_label(driver)} ({', '.join(sorted(sizes))})"
+        else:
+            raw = next(iter(sizes))
+            if raw.isdigit() and int(raw) > 0:
+                size = int(raw)
+                if len(members) > size:
+                    problem = (
+                        f"gang {ns}/{name}: {len(members)} claims carry label {gang_label(driver)}={name} "
+                        f"but {gang_size_label(driver)} is {size}"
+                    )
+                    size = None
+            else:
+                problem = f"gang {ns}/{name}: label {gang_size_label(driver)}: {raw!r} is not a positive integer"
+        gangs.append(Gang(ns, name, size, tuple(members), problem))
+    return gangs
+
+
+def referenced_claims(pods: Iterable[Mapping[str, Any]]) -> set[str]:
+    """`namespace/name` of every claim some live pod refers to (directly or through its status)."""
+    refs: set[str] = set()
+    for pod in pods:
+        if o.pod_done(pod):
+            continue
+        ns = o.namespace(pod)
+        for entry in o.list_field(o.section(pod, "spec"), "resourceClaims"):
+            if isinstance(entry, Mapping) and entry.get("resourceClaimName"):
+                refs.add(f"{ns}/{entry['resourceClaimName']}")
+        for entry in o.list_field(o.section(pod, "status"), "resourceClaimStatuses"):
+            if isinstance(entry, Mapping) and entry.get("resourceClaimName"):
+                refs.add(f"{ns}/{entry['resourceClaimName']}")
+    return refs
+
+
+def clique_domains(view: View) -> dict[tuple[Any, ...], list[str]]:
+    """Multi-node NVLink domains: (fabricClusterUUID, fabricCliqueID) -> nodes with devices in it."""
+    domains: dict[tuple[Any, ...], set[str]] = {}
+    for sl in view.slices.values():
+        spec = o.section(sl, "spec")
+        node = spec.get("nodeName")
+        driver = spec.get("driver")
+        if not node:
+            continue
+        for dev in o.list_field(spec, "devices"):
+            attrs = o.section(dev, "attributes") if isinstance(dev, Mapping) else {}
+            values = []
+            for attr in CLIQUE_ATTRIBUTES:
+                raw = attrs.get(attr) or attrs.get(f"{driver}/{attr}")
+                values.append(next(iter(raw.values())) if isinstance(raw, Mapping) and raw else None)
+            if all(v is not None for v in values):
+                domains.setdefault(tuple(values), set()).add(str(node))
+    return {k: sorted(v) for k, v in sorted(domains.items(), key=lambda kv: (-len(kv[1]), str(kv[0])))}
+
+
+@dataclass(frozen=True)
+class GangPlan:
+    placements: dict[str, tuple[str, dict[str, Any]]]  # claim key -> (node, allocation)
+
+    @property
+    def nodes(self) -> list[str]:
+        return sorted({node for node, _ in self.placements.values()})
+
+
+@dataclass(frozen=True)
+class GangSummary:
+    states: dict[str, int] = field(default_factory=dict)
+    changed: int = 0
+    by_gang: dict[str, str] = field(default_factory=dict)
+
+
+class GangController:
+    def __init__(
+        self,
+        writer: Writer,
+        explainer: Explainer,
+        metrics: ControllerMetrics,
+        *,
+        driver_name: str,
+        timeout: float,
+        features: Features,
+        wall: Callable[[], datetime],
+        fresh_claims: Callable[[], list[Obj]],
+    ) -> None:
+        self._writer = writer
+        self._explainer = explainer
+        self._metrics = metrics
+        self.driver = driver_name
+        self.timeout = timeout
+        self._features = features
+        self._wall = wall
+        self._fresh_claims = fresh_claims
+        self._cel = CelEnvironment()
+        self._committer = AllocationCommitter(
+            writer,
+            drop_annotations=(explainer.annotation, released_at_annotation(driver_name)),
+        )
+        # gang key -> fingerprint of the inputs of its last failed plan (do not re-plan an unchanged world).
+        self._failed: dict[str, tuple[Any, ...]] = {}
+
+    # -- planning (no writes) ----------------------------------------------------------------------
+
+    def plan(self, view: View, gang: Gang, allocated: list[Obj]) -> GangPlan | str:
+        """Places the gang's unallocated claims; the explanation text when they do not all fit."""
+        pending = [c for c in gang.claims if o.allocation(c) is None]
+        attempts: list[list[str] | None] = [None]  # None: the whole gang on one node, any node
+        attempts += [nodes for nodes in clique_domains(view).values() if len(nodes) > 1]
+        attempts.append([])  # []: spread over all nodes
+        reasons = ""
+        for nodes in attempts:
+            snapshot, _ = build_snapshot(view, allocated)
+            placer = Placer(snapshot, self._features, self._cel)
+            parsed = [parse_claim(c) for c in pending]
+            if nodes is None:
+                result = placer.place(parsed)
+                if not isinstance(result, NoPlacement):
+                    return GangPlan({c.key: (result.node, alloc) for c, alloc in zip(parsed, result.allocations)})
+                reasons = summarize(explain(snapshot, parsed, features=self._features, cel_env=self._cel))
+                continue
+            plan = self._spread(placer, parsed, nodes or snapshot.node_names)
+            if plan is not None:
+                return plan
+        return f"gang {gang.key}: its {len(pending)} unallocated claims do not fit together: {reasons}"
+
+    def _spread(self, placer: Placer, claims: list[Any], nodes: list[str]) -> GangPlan | None:
+        placements: dict[str, tuple[str, dict[str, Any]]] = {}
+        used: list[str] = []
+        for claim in claims:
+            # Fill nodes the gang already uses before opening another one.
+            result = placer.place([claim], used) if used else NoPlacement()
+            if isinstance(result, NoPlacement):
+                result = placer.place([claim], [n for n in nodes if n not in used])
+            if isinstance(result, NoPlacement):
+                return None
+            placer.commit([claim.key], result.allocations, result.node)
+            placements[claim.key] = (result.node, result.allocations[0])
+            if result.node not in used:
+                used.append(result.node)
+        return GangPlan(placements)
+
+    # -- the pass ----------------------------------------------------------------------------------
+
+    def reconcile(self, view: View) -> GangSummary:
+        gangs = group_gangs(view.claims.values(), self.driver)
+        states: Counter[str] = Counter({s: 0 for s in GANG_STATES})
+        by_gang: dict[str, str] = {}
+        changed = 0
+        refs = referenced_claims(view.pods.values())
+        live = {g.key for g in gangs}
+        for stale in [k for k in self._failed if k not in live]:
+            del self._failed[stale]
+        for gang in gangs:
+            state, did_change = self._reconcile_gang(view, gang, refs)
+            states[state] += 1
+            by_gang[gang.key] = state
+            changed += int(did_change)
+        return GangSummary(dict(states), changed, by_gang)
+
+    def _reconcile_gang(self, view: View, gang: Gang, refs: set[str]) -> tuple[str, bool]:
+        if gang.size is None:
+            self._explainer.annotate(gang.claims, gang.problem)
+            return "unschedulable", False
+        claims = list(gang.claims)
+        allocated = [c for c in claims if o.allocation(c) is not None]
+        referenced = any(o.key(c) in refs for c in claims)
+        if len(claims) < gang.size:
+            self._explainer.annotate(
+                claims, f"gang {gang.key}: {len(claims)} of {gang.size} claims exist; allocation waits for all of them"
+            )
+            return "waiting", False
+        if any(o.deleting(c) for c in claims):
+            return "waiting", False
+        if len(allocated) == len(claims):
+            if any(o.reserved_for(c) for c in claims):
+                return "bound", False
+            if referenced:
+                return "allocated", False
+            return self._maybe_release(gang)
+        released = any(released_at_annotation(self.driver) in o.annotations(c) for c in claims)
+        if released and not referenced:
+            return "released", False
+        return self._allocate(view, gang)
+
+    def _maybe_release(self, gang: Gang) -> tuple[str, bool]:
+        ours = [c for c in gang.claims if allocated_at_annotation(self.driver) in o.annotations(c)]
+        if not ours:
+            return "allocated", False  # allocated by someone else: not ours to release
+        stamps = [_parse_time(o.annotations(c).get(allocated_at_annotation(self.driver))) for c in ours]
+        started = min((s for s in stamps if s is not None), default=None)
+        if started is None or (self._wall() - started).total_seconds() < self.timeout:
+            return "allocated", False
+        stamp = _rfc3339(self._wall())
+        for claim in ours:
+            self._committer.undo(claim, None, deallocate=True)
+            self._writer.patch(
+                "ResourceClaim",
+                claim,
+                {"metadata": {"annotations": {released_at_annotation(self.driver): stamp, allocated_at_annotation(self.driver): None}}},
+            )
+        self._metrics.deallocations.labels(cause="gang-timeout").inc(len(ours))
+        log.info("gang released", extra={"gang": gang.key, "claims": len(ours), "timeoutSeconds": self.timeout})
+        return "released", True
+
+    def _fingerprint(self, view: View, gang: Gang) -> tuple[Any, ...]:
+        def rvs(objs: Iterable[Mapping[str, Any]]) -> tuple[tuple[str, str], ...]:
+            return tuple(sorted((o.key(x), str(o.meta(x).get("resourceVersion"))) for x in objs))
+
+        return (
+            rvs(gang.claims),
+            rvs(view.slices.values()),
+            rvs(view.classes.values()),
+            rvs(view.nodes.values()),
+            tuple(sorted(o.key(c) for c in view.claims.values() if o.allocation(c) is not None)),
+        )
+
+    def _allocate(self, view: View, gang: Gang) -> tuple[str, bool]:
+        fingerprint = self._fingerprint(view, gang)
+        if self._failed.get(gang.key) == fingerprint:
+            return "unschedulable", False
+        fresh = self._fresh_claims()
+        gang_keys = {o.key(c) for c in gang.claims}
+        fresh_by_key = {o.key(c): c for c in fresh}
+        members = [fresh_by_key[k] for k in sorted(gang_keys) if k in fresh_by_key]
+        if len(members) != len(gang.claims):
+            return "waiting", False
+        others = [c for c in fresh if o.key(c) not in gang_keys and o.allocation(c) is not None]
+        allocated_members = [c for c in members if o.allocation(c) is not None]
+        try:
+            plan = self.plan(view, Gang(gang.namespace, gang.name, gang.size, tuple(members)), others + allocated_members)
+        except AllocationError as err:
+            plan = f"gang {gang.key}: {err}"
+        if isinstance(plan, str):
+            self._failed[gang.key] = fingerprint
+            self._metrics.failures.labels(reason="gang-unschedulable").inc()
+            self._explainer.annotate(members, plan)
+            log.info("gang does not fit", extra={"gang": gang.key, "reason": plan})
+            return "unschedulable", False
+        self._failed.pop(gang.key, None)
+        # Re-check against the fresh list: no planned device may be held by any other claim.
+        busy = used_devices(fresh, exclude=gang_keys)
+        planned = [d for _, alloc in plan.placements.values() for d in allocation_devices(alloc)]
+        if busy.intersection(planned) or len(set(planned)) != len(planned):
+            self._metrics.failures.labels(reason="conflict").inc()
+            log.warning("gang plan conflicts with a fresh list; retrying", extra={"gang": gang.key})
+            return "unschedulable", False
+        stamp = _rfc3339(self._wall())
+        written: list[Obj] = []
+        for claim in members:
+            if o.allocation(claim) is not None:
+                continue
+            node, alloc = plan.placements[o.key(claim)]
+            stored = self._committer.allocate(claim, alloc, None, {allocated_at_annotation(self.driver): stamp})
+            if stored is None:
+                # Someone else allocated or removed a member: undo, so the gang stays all-or-nothing.
+                for done in written:
+                    self._committer.undo(done, None, deallocate=True)
+                self._metrics.failures.labels(reason="conflict").inc()
+                log.warning("gang allocation interrupted; undone", extra={"gang": gang.key, "claim": o.key(claim)})
+                return "unschedulable", bool(written)
+            written.append(stored)
+        self._metrics.allocations.labels(path="gang").inc(len(written))
+        log.info("gang allocated", extra={"gang": gang.key, "claims": len(written), "nodes": ",".join(plan.nodes)})
+        return "allocated", True

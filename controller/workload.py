@@ -1,0 +1,156 @@
+"""Offline inputs for `gpu-dra allocate` / `explain`: what holds devices and what must be placed, in order.
+
+Pods reference claims by `resourceClaimName`, or by `resourceClaimTemplateName`, in which case the
+claim `<pod>-<entry name>` is generated from the template like the resourceclaim controller does
+(labels and annotations from the template, spec copied). Claims with `status.allocation` hold
+their devices. A pod's pending claims are placed together; claims no pod references are placed
+on their own. Units keep the input order.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.allocator.nodes import Node, NodeSelector
+
+KINDS = ("Node", "DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "Pod")
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
+
+
+@dataclass
+class Unit:
+    """Claims placed together: a pod's pending claims, or one standalone claim."""
+
+    owner: str  # "Pod ns/name" or "ResourceClaim ns/name"
+    claims: list[dict[str, Any]]
+    node_name: str | None = None  # a pod already bound to a node
+    node_selector: dict[str, str] = field(default_factory=dict)  # pod spec.nodeSelector
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (claim key, message) for unresolvable references
+    pinned: list[NodeSelector] = field(default_factory=list)  # nodeSelectors of the pod's already-allocated claims
+
+
+@dataclass
+class Workload:
+    nodes: list[dict[str, Any]]
+    classes: list[dict[str, Any]]
+    slices: list[dict[str, Any]]
+    allocated: list[dict[str, Any]]
+    units: list[Unit]
+    ignored: list[str]  # kinds we do not use, for a warning
+
+    def node_candidates(self, unit: Unit, all_nodes: Iterable[Node]) -> list[str]:
+        names = []
+        for node in all_nodes:
+            if unit.node_name and node.name != unit.node_name:
+                continue
+            if any(node.labels.get(k) != v for k, v in unit.node_selector.items()):
+                continue
+            if any(not s.matches(node) for s in unit.pinned):
+                continue
+            names.append(node.name)
+        return sorted(names)
+
+
+def build_workload(objects: Iterable[Mapping[str, Any]]) -> Workload:
+    nodes, classes, slices, claims, templates, pods, ignored = [], [], [], [], {}, [], []
+    order: list[tuple[str, dict[str, Any]]] = []
+    for obj in objects:
+        kind = obj.get("kind")
+        if kind == "Node":
+            nodes.append(dict(obj))
+        elif kind == "DeviceClass":
+            classes.append(dict(obj))
+        elif kind == "ResourceSlice":
+            slices.append(dict(obj))
+        elif kind == "ResourceClaim":
+            claims.append(dict(obj))
+            order.append(("claim", claims[-1]))
+        elif kind == "ResourceClaimTemplate":
+            templates[_key(obj)] = obj
+        elif kind == "Pod":
+            pods.append(dict(obj))
+            order.append(("pod", pods[-1]))
+        else:
+            ignored.append(f"{kind}/{_key(obj)}")
+    by_key = {_key(c): c for c in claims}
+    referenced: set[str] = set()
+    units: list[Unit] = []
+    generated: list[dict[str, Any]] = []
+    for kind, obj in order:
+        if kind != "pod":
+            continue
+        unit = _pod_unit(obj, by_key, templates, referenced, generated)
+        obj["_unit"] = unit
+    allocated = [c for c in [*claims, *generated] if (c.get("status") or {}).get("allocation")]
+    for kind, obj in order:
+        if kind == "pod":
+            units.append(obj.pop("_unit"))
+        elif _key(obj) not in referenced and not (obj.get("status") or {}).get("allocation"):
+            units.append(Unit(owner=f"ResourceClaim {_key(obj)}", claims=[obj]))
+    return Workload(nodes, classes, slices, allocated, units, ignored)
+
+
+def _pod_unit(pod: Mapping[str, Any], claims: dict[str, dict[str, Any]], templates: Mapping[str, Mapping[str, Any]],
+              referenced: set[str], generated: list[dict[str, Any]]) -> Unit:
+    meta = pod.get("metadata") or {}
+    ns, name = meta.get("namespace") or "default", str(meta.get("name", ""))
+    spec = pod.get("spec") or {}
+    unit = Unit(owner=f"Pod {ns}/{name}", claims=[], node_name=spec.get("nodeName") or None,
+                node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()})
+    for i, entry in enumerate(spec.get("resourceClaims") or []):
+        entry_name = str(entry.get("name", ""))
+        if entry.get("resourceClaimName"):
+            key = f"{ns}/{entry['resourceClaimName']}"
+            claim = claims.get(key)
+            if claim is None:
+                unit.errors.append((key, f"Pod {ns}/{name}: spec.resourceClaims[{i}].resourceClaimName: "
+                                         f"ResourceClaim {key} is not in the input; give the claim or use a template"))
+                continue
+        elif entry.get("resourceClaimTemplateName"):
+            key = f"{ns}/{name}-{entry_name}"
+            claim = claims.get(key)
+            if claim is None:
+                template = templates.get(f"{ns}/{entry['resourceClaimTemplateName']}")
+                if template is None:
+                    unit.errors.append((key, f"Pod {ns}/{name}: spec.resourceClaims[{i}].resourceClaimTemplateName: "
+                                             f"ResourceClaimTemplate {ns}/{entry['resourceClaimTemplateName']} is not in the input"))
+                    continue
+                claim = claim_from_template(template, pod, entry_name)
+                claims[key] = claim
+                generated.append(claim)
+        else:
+            unit.errors.append((f"{ns}/{name}-{entry_name}", f"Pod {ns}/{name}: spec.resourceClaims[{i}]: exactly one of "
+                                                              "resourceClaimName or resourceClaimTemplateName must be set"))
+            continue
+        referenced.add(key)
+        alloc = (claim.get("status") or {}).get("allocation")
+        if alloc:
+            if alloc.get("nodeSelector"):
+                unit.pinned.append(NodeSelector.parse(alloc["nodeSelector"], f"ResourceClaim {key}: status.allocation.nodeSelector"))
+        elif claim not in unit.claims:
+            unit.claims.append(claim)
+    return unit
+
+
+def claim_from_template(template: Mapping[str, Any], pod: Mapping[str, Any], entry_name: str) -> dict[str, Any]:
+    pmeta = pod.get("metadata") or {}
+    tmeta = (template.get("spec") or {}).get("metadata") or {}
+    ns = pmeta.get("namespace") or "default"
+    meta: dict[str, Any] = {
+        "name": f"{pmeta.get('name', '')}-{entry_name}",
+        "namespace": ns,
+        "annotations": {**(tmeta.get("annotations") or {}), "resource.kubernetes.io/pod-claim-name": entry_name},
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pmeta.get("name", ""),
+                             "uid": pmeta.get("uid", ""), "controller": True, "blockOwnerDeletion": True}],
+    }
+    if tmeta.get("labels"):
+        meta["labels"] = dict(tmeta["labels"])
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta,
+            "spec": copy.deepcopy((template.get("spec") or {}).get("spec") or {})}

@@ -1,0 +1,255 @@
+"""CDI specs for prepared claims: one transient spec file per claim in the dynamic CDI dir (/var/run/cdi).
+
+- kind `k8s.gpu.nvidia.com/claim` (vendor `k8s.gpu.nvidia.com`, class `claim`): distinct from NVIDIA's static
+  `nvidia.com/gpu` specs, so our per-claim devices never conflict with them.
+- file `k8s.gpu.nvidia.com-claim_<claimUID>.json` (the helper's transient naming, `/` -> `_`), written atomically.
+- device names `<claimUID>-<device name>`; fully-qualified IDs `k8s.gpu.nvidia.com/claim=<claimUID>-<device>`.
+- cdiVersion: the lowest version the content needs (reference 5.1): container runtimes carry their own copy of
+  the CDI library and reject versions they do not know. Claim UIDs often start with a digit, which needs 0.5.0.
+- every device carries its own non-empty edits: `NVIDIA_VISIBLE_DEVICES` (the UUIDs of all of the claim's
+  devices, so that the variable is identical whichever subset of the claim a container gets and CDI's
+  last-wins env merging cannot drop a device), the GPU node `/dev/nvidia<minor>`, the control nodes, for MIG
+  devices the nvidia-caps access nodes of the GPU instance and compute instance, and sharing edits.
+
+MIG capability minors follow the NVIDIA kernel module's fixed table (/proc/driver/nvidia-caps/mig-minors):
+`config` 1, `monitor` 2, then per GPU minor 15 GPU instances of 9 entries each (the GI `access` entry and 8
+compute instances): gi access = 3 + 135*gpu_minor + 9*gi, ci access = gi access + 1 + ci.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from driver.checkpoint import atomic_write
+
+CDI_VENDOR = "k8s.gpu.nvidia.com"
+CDI_CLASS = "claim"
+CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
+SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
+
+CONTROL_DEVICE_NODES: tuple[str, ...] = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+NVIDIA_CAPS_DIR = "/dev/nvidia-caps"
+_MIG_MINORS_PER_GI = 9  # the GI's access entry + 8 compute instances
+_MIG_GIS_PER_GPU = 15
+_MIG_FIRST_MINOR = 3  # after config (1) and monitor (2)
+
+KNOWN_VERSIONS: tuple[str, ...] = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
+
+_NAME_PART = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+_DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+_ENV = re.compile(r"^[^=]+=")
+
+
+def mig_cap_minors(gpu_minor: int, gpu_instance_id: int, compute_instance_id: int) -> tuple[int, int]:
+    """(GI access minor, CI access minor) of /dev/nvidia-caps/nvidia-cap<N> for one MIG device."""
+    gi = _MIG_FIRST_MINOR + _MIG_GIS_PER_GPU * _MIG_MINORS_PER_GI * gpu_minor + _MIG_MINORS_PER_GI * gpu_instance_id
+    return gi, gi + 1 + compute_instance_id
+
+
+def cdi_device_name(claim_uid: str, device_name: str) -> str:
+    return f"{claim_uid}-{device_name}"
+
+
+def qualified_id(name: str) -> str:
+    return f"{CDI_KIND}={name}"
+
+
+def spec_file_name(claim_uid: str) -> str:
+    return f"{SPEC_PREFIX}{claim_uid}.json"
+
+
+@dataclass(frozen=True)
+class DeviceEdits:
+    """What one prepared device adds to a container."""
+
+    device_name: str  # the DRA device name
+    uuid: str  # GPU-... or MIG-...
+    gpu_minor: int
+    mig: tuple[int, int] | None = None  # (gpu instance id, compute instance id) for MIG devices
+    env: Mapping[str, str] = field(default_factory=dict)  # sharing env, e.g. CUDA_MPS_PIPE_DIRECTORY
+    mounts: Sequence[Mapping[str, Any]] = ()  # sharing mounts: {hostPath, containerPath, options}
+
+
+def claim_spec(claim_uid: str, devices: Sequence[DeviceEdits]) -> dict[str, Any]:
+    """The CDI spec of one claim (pure)."""
+    if not devices:
+        raise ValueError(f"claim {claim_uid}: a CDI spec needs at least one device")
+    visible = ",".join(d.uuid for d in devices)
+    out_devices = []
+    for d in devices:
+        env = [f"NVIDIA_VISIBLE_DEVICES={visible}"] + [f"{k}={v}" for k, v in sorted(d.env.items())]
+        nodes = [{"path": f"/dev/nvidia{d.gpu_minor}"}] + [{"path": p} for p in CONTROL_DEVICE_NODES]
+        if d.mig is not None:
+            gi_minor, ci_minor = mig_cap_minors(d.gpu_minor, *d.mig)
+            nodes += [{"path": f"{NVIDIA_CAPS_DIR}/nvidia-cap{gi_minor}"}, {"path": f"{NVIDIA_CAPS_DIR}/nvidia-cap{ci_minor}"}]
+        edits: dict[str, Any] = {"env": env, "deviceNodes": nodes}
+        if d.mounts:
+            edits["mounts"] = [dict(m) for m in d.mounts]
+        out_devices.append({"name": cdi_device_name(claim_uid, d.device_name), "containerEdits": edits})
+    spec: dict[str, Any] = {"cdiVersion": "", "kind": CDI_KIND, "devices": out_devices}
+    spec["cdiVersion"] = minimum_version(spec)
+    return spec
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in v.lstrip("v").split("."))
+
+
+def _edits(spec: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
+    if isinstance(spec.get("containerEdits"), Mapping):
+        yield spec["containerEdits"]
+    for d in spec.get("devices") or []:
+        if isinstance(d, Mapping) and isinstance(d.get("containerEdits"), Mapping):
+            yield d["containerEdits"]
+
+
+def minimum_version(spec: Mapping[str, Any]) -> str:
+    """The lowest cdiVersion whose format covers everything in the spec (reference table 5.1)."""
+    need = "0.3.0"
+
+    def at_least(v: str) -> None:
+        nonlocal need
+        if _version_key(v) > _version_key(need):
+            need = v
+
+    kind = str(spec.get("kind", ""))
+    if "." in kind.partition("/")[2] or spec.get("annotations"):
+        at_least("0.6.0")
+    for d in spec.get("devices") or []:
+        if not isinstance(d, Mapping):
+            continue
+        if str(d.get("name", ""))[:1].isdigit():
+            at_least("0.5.0")
+        if d.get("annotations"):
+            at_least("0.6.0")
+    for e in _edits(spec):
+        if any(isinstance(m, Mapping) and m.get("type") for m in e.get("mounts") or []):
+            at_least("0.4.0")
+        if any(isinstance(n, Mapping) and n.get("hostPath") for n in e.get("deviceNodes") or []):
+            at_least("0.5.0")
+        if e.get("intelRdt") is not None or e.get("additionalGids"):
+            at_least("0.7.0")
+        rdt = e.get("intelRdt")
+        if e.get("netDevices") or (isinstance(rdt, Mapping) and ("schemata" in rdt or "enableMonitoring" in rdt)):
+            at_least("1.1.0")
+    return need
+
+
+def validate_spec(spec: Any) -> list[str]:
+    """Check a spec against the CDI rules we rely on (reference section 5); used on our own output in tests."""
+    errors: list[str] = []
+    if not isinstance(spec, Mapping):
+        return ["spec: must be an object"]
+    allowed_top = {"cdiVersion", "kind", "annotations", "devices", "containerEdits"}
+    errors += [f"{k}: unknown field" for k in spec if k not in allowed_top]
+    version = spec.get("cdiVersion")
+    if not isinstance(version, str) or version.lstrip("v") not in KNOWN_VERSIONS:
+        errors.append(f"cdiVersion: {version!r} is not a known CDI version ({', '.join(KNOWN_VERSIONS)})")
+    elif _version_key(version) < _version_key(minimum_version(spec)):
+        errors.append(f"cdiVersion: {version} is lower than {minimum_version(spec)}, which the content needs")
+    kind = spec.get("kind")
+    vendor, slash, cls = str(kind).partition("/")
+    if not isinstance(kind, str) or not slash or not _NAME_PART.match(vendor) or not _NAME_PART.match(cls):
+        errors.append(f"kind: {kind!r} must be <vendor>/<class> (letters first, then letters, digits, '_', '.', '-')")
+    elif len(vendor) > 253 or len(cls) > 63:
+        errors.append(f"kind: {kind!r}: vendor at most 253 and class at most 63 characters")
+    devices = spec.get("devices")
+    if not isinstance(devices, list) or not devices:
+        errors.append("devices: at least one device is required")
+        devices = []
+    seen: set[str] = set()
+    for i, d in enumerate(devices):
+        path = f"devices[{i}]"
+        if not isinstance(d, Mapping):
+            errors.append(f"{path}: must be an object")
+            continue
+        errors += [f"{path}.{k}: unknown field" for k in d if k not in {"name", "annotations", "containerEdits"}]
+        name = d.get("name")
+        if not isinstance(name, str) or not _DEVICE_NAME.match(name):
+            errors.append(f"{path}.name: {name!r} must start and end with a letter or digit, middle [A-Za-z0-9_.:-]")
+        elif name in seen:
+            errors.append(f"{path}.name: {name!r} is not unique in the spec")
+        else:
+            seen.add(name)
+        edits = d.get("containerEdits")
+        if not isinstance(edits, Mapping) or not any(edits.get(k) for k in edits):
+            errors.append(f"{path}.containerEdits: empty device edits")
+        else:
+            errors += _validate_edits(edits, f"{path}.containerEdits")
+    if isinstance(spec.get("containerEdits"), Mapping):
+        errors += _validate_edits(spec["containerEdits"], "containerEdits")
+    return errors
+
+
+def _validate_edits(edits: Mapping[str, Any], path: str) -> list[str]:
+    errors: list[str] = []
+    allowed = {"env", "deviceNodes", "mounts", "hooks", "additionalGids", "intelRdt", "netDevices"}
+    errors += [f"{path}.{k}: unknown field" for k in edits if k not in allowed]
+    for j, env in enumerate(edits.get("env") or []):
+        if not isinstance(env, str) or not _ENV.match(env):
+            errors.append(f"{path}.env[{j}]: {env!r} must be NAME=VALUE")
+    for j, node in enumerate(edits.get("deviceNodes") or []):
+        p = node.get("path") if isinstance(node, Mapping) else None
+        if not isinstance(p, str) or not p.startswith("/"):
+            errors.append(f"{path}.deviceNodes[{j}].path: required, an absolute path")
+        if isinstance(node, Mapping):
+            if node.get("type", "") not in ("", "b", "c", "u", "p"):
+                errors.append(f"{path}.deviceNodes[{j}].type: must be one of '', b, c, u, p")
+            perms = node.get("permissions", "")
+            if perms not in ("", "none") and (not isinstance(perms, str) or set(perms) - set("rwm")):
+                errors.append(f"{path}.deviceNodes[{j}].permissions: must be a subset of 'rwm' or 'none'")
+    for j, m in enumerate(edits.get("mounts") or []):
+        if not isinstance(m, Mapping) or not m.get("hostPath") or not m.get("containerPath"):
+            errors.append(f"{path}.mounts[{j}]: hostPath and containerPath are required")
+    return errors
+
+
+# ---- files -----------------------------------------------------------------------------------------------
+
+
+def write_claim_spec(cdi_dir: Path, claim_uid: str, spec: Mapping[str, Any]) -> Path:
+    cdi_dir.mkdir(parents=True, exist_ok=True)
+    path = cdi_dir / spec_file_name(claim_uid)
+    # Runtimes read the spec as another user: 0644 like every other CDI spec.
+    atomic_write(path, json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n", mode=0o644)
+    return path
+
+
+def remove_claim_spec(cdi_dir: Path, claim_uid: str) -> bool:
+    try:
+        os.unlink(cdi_dir / spec_file_name(claim_uid))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def claim_spec_uids(cdi_dir: Path) -> set[str]:
+    """Claim UIDs that have one of our spec files in cdi_dir."""
+    try:
+        names = os.listdir(cdi_dir)
+    except FileNotFoundError:
+        return set()
+    return {n[len(SPEC_PREFIX) : -len(".json")] for n in names if n.startswith(SPEC_PREFIX) and n.endswith(".json")}
+
+
+def remove_orphans(cdi_dir: Path, keep: Iterable[str]) -> list[str]:
+    """Delete our spec files whose claim is not in `keep` (no checkpoint entry); returns the removed UIDs."""
+    keep_set = set(keep)
+    removed = []
+    for uid in sorted(claim_spec_uids(cdi_dir) - keep_set):
+        if remove_claim_spec(cdi_dir, uid):
+            removed.append(uid)
+    # Temp files of an interrupted atomic write are orphans too.
+    try:
+        for name in os.listdir(cdi_dir):
+            if name.startswith(f".{SPEC_PREFIX}") and ".tmp-" in name:
+                os.unlink(cdi_dir / name)
+    except FileNotFoundError:
+        pass
+    return removed

@@ -1,0 +1,558 @@
+"""The node's crash-safe checkpoint: prepared claims and the GPU ledger shared by DRA and the device plugin shim.
+
+On disk, in the plugin data dir:
+
+- `checkpoint.json`  — a snapshot `{"version", "checksum": "sha256:<hex>", "data": {...}}`; the checksum covers
+  the canonical JSON of `data` (sorted keys, no spaces). Written atomically (temp, fsync, rename, fsync dir).
+- `checkpoint.journal` — transactions appended after the snapshot, one line each: `<sha256 hex> <json>`, fsynced
+  before the operation that needed them is acknowledged. A prepare costs two short appends (PrepareStarted,
+  PrepareCompleted) instead of rewriting every prepared claim; the journal is folded into a new snapshot every
+  `compact_every` transactions.
+- `serialize.lock` — flock'ed around every read-modify-write, so that two plugin instances (rolling update) and
+  the device plugin shim never interleave.
+
+Corruption (bad checksum, unparsable snapshot, a damaged journal line that is not the torn tail of an interrupted
+append) is reported in `LoadReport.problems` and the bad file is kept aside as `<name>.corrupt-<n>`; whatever
+verified data precedes the damage is kept. A torn last journal line is an append that never completed (its
+operation was never acknowledged), so dropping it is correct and only noted.
+
+The boot id (`/proc/sys/kernel/random/boot_id`) is recorded: after a reboot the device plugin's allocations are
+gone (the kubelet re-allocates), so its ledger holds are dropped, and `LoadReport.new_boot` tells the preparer to
+re-apply sharing settings, which the GPU forgot when it reset.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+CHECKPOINT_VERSION = 1
+SNAPSHOT_NAME = "checkpoint.json"
+JOURNAL_NAME = "checkpoint.journal"
+LOCK_NAME = "serialize.lock"
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+
+DRA_HOLDER_PREFIX = "dra:"
+DEVICE_PLUGIN_HOLDER_PREFIX = "deviceplugin:"
+
+
+class ClaimPhase(str, Enum):
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+
+
+class PreparedDevice(BaseModel):
+    """One allocated device of a claim, as the kubelet will be told about it."""
+
+    model_config = ConfigDict(frozen=True)
+    request_names: list[str]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: list[str] = Field(default_factory=list)
+    share_id: str | None = None
+    uuid: str  # the device's own UUID (GPU-... or MIG-...)
+    gpu_uuid: str  # the physical GPU (the ledger key)
+    sharing: dict[str, Any] | None = None  # the applied sharing config (GpuConfig model dump), None = exclusive
+
+
+class ClaimRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    uid: str
+    namespace: str
+    name: str
+    phase: ClaimPhase
+    devices: list[PreparedDevice]
+
+
+class CheckpointData(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    seq: int = 0  # the last journal transaction folded into this snapshot
+    boot_id: str = ""
+    claims: dict[str, ClaimRecord] = Field(default_factory=dict)
+    # GPU uuid -> holders ("dra:<claimUID>" / "deviceplugin:<allocation id>"), sorted.
+    ledger: dict[str, list[str]] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One change in a transaction: put (value) or delete (value None) one key of one section."""
+
+    section: str  # "claims" | "ledger"
+    key: str
+    value: Any | None
+
+    def as_json(self) -> list[Any]:
+        return [self.section, self.key, self.value]
+
+
+@dataclass
+class LoadReport:
+    problems: list[str] = field(default_factory=list)  # corruption found and kept aside
+    notes: list[str] = field(default_factory=list)  # benign: torn tail dropped, missing files
+    new_boot: bool = False
+    corrupt: bool = False
+
+
+class CheckpointCorrupt(Exception):
+    pass
+
+
+class LedgerConflict(Exception):
+    """A GPU is already held by a holder that excludes the requested one."""
+
+    def __init__(self, holder: str, conflicts: dict[str, tuple[str, ...]]) -> None:
+        parts = ", ".join(f"{uuid} is held by {' and '.join(holders)}" for uuid, holders in sorted(conflicts.items()))
+        super().__init__(f"cannot give {holder} the GPUs it needs: {parts}")
+        self.holder = holder
+        self.conflicts = conflicts
+
+
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write a file so that a crash leaves either the old or the new content, never a mix."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def _apply(data: dict[str, Any], ops: Iterable[list[Any]]) -> None:
+    for section, key, value in ops:
+        table = data.setdefault(section, {})
+        if value is None:
+            table.pop(key, None)
+        else:
+            table[key] = value
+
+
+class NodeLock:
+    """Reentrant across threads of one process (RLock) and exclusive across processes (flock)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._rlock = threading.RLock()
+        self._depth = 0
+        self._fd: int | None = None
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        with self._rlock:
+            if self._depth == 0:
+                fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                self._fd = fd
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0 and self._fd is not None:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    os.close(self._fd)
+                    self._fd = None
+
+
+class Checkpoint:
+    """The node checkpoint in `directory`. Use `with cp.locked():` around read-modify-write sequences."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        boot_id_path: Path = BOOT_ID_PATH,
+        compact_every: int = 512,
+    ) -> None:
+        self.directory = directory
+        self.snapshot_path = directory / SNAPSHOT_NAME
+        self.journal_path = directory / JOURNAL_NAME
+        self.lock = NodeLock(directory / LOCK_NAME)
+        self._boot_id_path = boot_id_path
+        self._compact_every = compact_every
+        self._data: dict[str, Any] = CheckpointData().model_dump(mode="json")
+        self._state = CheckpointData()
+        self._journal_offset = 0  # bytes of the journal already applied
+        self._journal_txns = 0
+        self._snapshot_stat: tuple[int, int, int] | None = None
+        self._journal_fd: int | None = None
+
+    # ---- loading -------------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, directory: Path, **kwargs: Any) -> tuple["Checkpoint", LoadReport]:
+        directory.mkdir(parents=True, exist_ok=True)
+        os.chmod(directory, 0o700)
+        cp = cls(directory, **kwargs)
+        with cp.lock.held():
+            report = cp._load()
+            boot_id = read_boot_id(cp._boot_id_path)
+            if cp._state.boot_id != boot_id:
+                report.new_boot = bool(cp._state.boot_id) or bool(cp._state.claims) or bool(cp._state.ledger)
+                cp._on_new_boot(boot_id)
+            if report.corrupt:
+                # Fold what survived into a fresh, verified snapshot so the damage is not met again.
+                cp.compact()
+        return cp, report
+
+    def _stat_key(self, path: Path) -> tuple[int, int, int] | None:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _set_aside(self, path: Path) -> Path:
+        n = 1
+        while (target := path.with_name(f"{path.name}.corrupt-{n}")).exists():
+            n += 1
+        os.replace(path, target)
+        fsync_dir(path.parent)
+        return target
+
+    def _load(self) -> LoadReport:
+        report = LoadReport()
+        data: dict[str, Any] = CheckpointData().model_dump(mode="json")
+        snapshot_ok = True
+        if self.snapshot_path.exists():
+            try:
+                data = self._read_snapshot(self.snapshot_path)
+            except CheckpointCorrupt as exc:
+                snapshot_ok = False
+                kept = self._set_aside(self.snapshot_path)
+                report.problems.append(f"{self.snapshot_path}: {exc}; kept as {kept}")
+                report.corrupt = True
+        else:
+            report.notes.append(f"{self.snapshot_path}: not present, starting with an empty checkpoint")
+        self._snapshot_stat = self._stat_key(self.snapshot_path)
+        self._journal_offset = 0
+        self._journal_txns = 0
+        # With a corrupt snapshot the journal's sequence numbers cannot be trusted to skip anything: apply all.
+        min_seq = int(data.get("seq", 0)) if snapshot_ok else -1
+        self._replay(data, min_seq, report)
+        self._set_data(data, report)
+        return report
+
+    def _read_snapshot(self, path: Path) -> dict[str, Any]:
+        try:
+            doc = json.loads(path.read_bytes())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CheckpointCorrupt(f"not valid JSON ({exc})") from exc
+        if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
+            raise CheckpointCorrupt('missing the "data" object')
+        if doc.get("version") != CHECKPOINT_VERSION:
+            raise CheckpointCorrupt(f"unsupported version {doc.get('version')!r}; this driver reads version {CHECKPOINT_VERSION}")
+        expected = f"sha256:{sha256_hex(canonical_json(doc['data']))}"
+        if doc.get("checksum") != expected:
+            raise CheckpointCorrupt(f"checksum mismatch (file says {doc.get('checksum')!r}, content hashes to {expected!r})")
+        return doc["data"]
+
+    def _replay(self, data: dict[str, Any], min_seq: int, report: LoadReport) -> None:
+        try:
+            raw = self.journal_path.read_bytes()
+        except FileNotFoundError:
+            return
+        offset = 0
+        lines = raw.split(b"\n")
+        for i, line in enumerate(lines):
+            is_last = i == len(lines) - 1
+            if is_last:
+                if line:
+                    # No newline: an append interrupted by a crash; its operation was never acknowledged.
+                    report.notes.append(f"{self.journal_path}: dropped an incomplete last transaction ({len(line)} bytes)")
+                    self._truncate_journal(offset)
+                break
+            txn = self._parse_line(line)
+            if txn is None:
+                kept = self._copy_aside(self.journal_path)
+                report.problems.append(
+                    f"{self.journal_path}: transaction {i + 1} is damaged (checksum or format); kept the journal as {kept} "
+                    "and dropped it and everything after it"
+                )
+                report.corrupt = True
+                self._truncate_journal(offset)
+                break
+            if txn["seq"] > min_seq:
+                _apply(data, txn["ops"])
+                data["seq"] = max(int(data.get("seq", 0)), txn["seq"])
+            offset += len(line) + 1
+            self._journal_txns += 1
+        self._journal_offset = offset
+
+    def _copy_aside(self, path: Path) -> Path:
+        n = 1
+        while (target := path.with_name(f"{path.name}.corrupt-{n}")).exists():
+            n += 1
+        atomic_write(target, path.read_bytes())
+        return target
+
+    def _truncate_journal(self, length: int) -> None:
+        fd = os.open(self.journal_path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, length)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _parse_line(line: bytes) -> dict[str, Any] | None:
+        checksum, _, body = line.partition(b" ")
+        if len(checksum) != 64 or sha256_hex(body) != checksum.decode(errors="replace"):
+            return None
+        try:
+            txn = json.loads(body)
+        except ValueError:
+            return None
+        if not isinstance(txn, dict) or not isinstance(txn.get("seq"), int) or not isinstance(txn.get("ops"), list):
+            return None
+        if not all(isinstance(op, list) and len(op) == 3 for op in txn["ops"]):
+            return None
+        return txn
+
+    def _set_data(self, data: dict[str, Any], report: LoadReport | None = None) -> None:
+        try:
+            state = CheckpointData.model_validate(data)
+        except ValidationError as exc:
+            if report is None:
+                raise CheckpointCorrupt(f"checkpoint content does not match the schema: {exc}") from exc
+            report.problems.append(f"{self.directory}: checkpoint content does not match the schema ({exc}); starting empty")
+            report.corrupt = True
+            if self.snapshot_path.exists():
+                self._set_aside(self.snapshot_path)
+            if self.journal_path.exists():
+                self._set_aside(self.journal_path)
+            self._journal_offset = 0
+            self._journal_txns = 0
+            data = CheckpointData().model_dump(mode="json")
+            state = CheckpointData()
+        self._data = data
+        self._state = state
+
+    def refresh(self) -> None:
+        """Pick up transactions another process appended (call with the lock held)."""
+        if self._stat_key(self.snapshot_path) != self._snapshot_stat:
+            self._close_journal()
+            report = self._load()
+            for problem in report.problems:
+                raise CheckpointCorrupt(problem)
+            return
+        try:
+            size = self.journal_path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        if size == self._journal_offset:
+            return
+        if size < self._journal_offset:
+            self._close_journal()
+            self._load()
+            return
+        with open(self.journal_path, "rb") as f:
+            f.seek(self._journal_offset)
+            tail = f.read()
+        data = json.loads(json.dumps(self._data))
+        for line in tail.split(b"\n")[:-1]:
+            txn = self._parse_line(line)
+            if txn is None:
+                raise CheckpointCorrupt(f"{self.journal_path}: damaged transaction written by another process")
+            _apply(data, txn["ops"])
+            data["seq"] = max(int(data.get("seq", 0)), txn["seq"])
+            self._journal_offset += len(line) + 1
+            self._journal_txns += 1
+        self._set_data(data)
+
+    # ---- writing -------------------------------------------------------------------------------------------
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        with self.lock.held():
+            self.refresh()
+            yield
+
+    def commit(self, ops: list[Op]) -> None:
+        """Durably apply one transaction (call with the lock held)."""
+        if not ops:
+            return
+        seq = int(self._data.get("seq", 0)) + 1
+        body = canonical_json({"seq": seq, "ops": [op.as_json() for op in ops]})
+        line = sha256_hex(body).encode() + b" " + body + b"\n"
+        data = json.loads(canonical_json(self._data))
+        _apply(data, [op.as_json() for op in ops])
+        data["seq"] = seq
+        state = CheckpointData.model_validate(data)  # refuse to write what we could not read back
+        fd = self._journal()
+        os.write(fd, line)
+        os.fdatasync(fd)
+        self._journal_offset += len(line)
+        self._journal_txns += 1
+        self._data = data
+        self._state = state
+        if self._journal_txns >= self._compact_every:
+            self.compact()
+
+    def _journal(self) -> int:
+        if self._journal_fd is None:
+            existed = self.journal_path.exists()
+            self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            if not existed:
+                fsync_dir(self.directory)
+        return self._journal_fd
+
+    def _close_journal(self) -> None:
+        if self._journal_fd is not None:
+            os.close(self._journal_fd)
+            self._journal_fd = None
+
+    def compact(self) -> None:
+        """Fold the journal into a new snapshot (call with the lock held)."""
+        doc = {"version": CHECKPOINT_VERSION, "checksum": f"sha256:{sha256_hex(canonical_json(self._data))}", "data": self._data}
+        atomic_write(self.snapshot_path, canonical_json(doc))
+        # A crash here leaves the old journal beside the new snapshot; its seqs are <= the snapshot's, so skipped.
+        self._close_journal()
+        fd = os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(self.directory)
+        self._journal_offset = 0
+        self._journal_txns = 0
+        self._snapshot_stat = self._stat_key(self.snapshot_path)
+
+    def close(self) -> None:
+        self._close_journal()
+
+    def _on_new_boot(self, boot_id: str) -> None:
+        ops: list[Op] = []
+        for uuid, holders in self._state.ledger.items():
+            kept = [h for h in holders if not h.startswith(DEVICE_PLUGIN_HOLDER_PREFIX)]
+            if kept != holders:
+                ops.append(Op("ledger", uuid, kept or None))
+        self.commit(ops)
+        # boot_id is a snapshot field; a crash before the compaction just repeats this (idempotent) step.
+        self._data = {**self._data, "boot_id": boot_id}
+        self._state = CheckpointData.model_validate(self._data)
+        self.compact()
+
+    # ---- reading -------------------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> CheckpointData:
+        return self._state
+
+    def claim(self, uid: str) -> ClaimRecord | None:
+        return self._state.claims.get(uid)
+
+    def put_claim_op(self, record: ClaimRecord) -> Op:
+        return Op("claims", record.uid, record.model_dump(mode="json"))
+
+    def delete_claim_op(self, uid: str) -> Op:
+        return Op("claims", uid, None)
+
+
+class Ledger:
+    """Which holder has each physical GPU. DRA claims may share a GPU among themselves (MIG devices of one GPU
+    go to different claims; the scheduler prevents real double allocation), but a device plugin allocation
+    excludes every other holder, and the other way round."""
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        self._cp = checkpoint
+
+    @staticmethod
+    def dra_holder(claim_uid: str) -> str:
+        return f"{DRA_HOLDER_PREFIX}{claim_uid}"
+
+    @staticmethod
+    def device_plugin_holder(allocation_id: str) -> str:
+        return f"{DEVICE_PLUGIN_HOLDER_PREFIX}{allocation_id}"
+
+    def holders_of(self, uuid: str) -> tuple[str, ...]:
+        return tuple(self._cp.state.ledger.get(uuid, ()))
+
+    def holder_of(self, uuid: str) -> str | None:
+        holders = self.holders_of(uuid)
+        return holders[0] if holders else None
+
+    def held(self) -> dict[str, tuple[str, ...]]:
+        return {uuid: tuple(holders) for uuid, holders in self._cp.state.ledger.items()}
+
+    def uuids_held_by(self, holder: str) -> set[str]:
+        return {uuid for uuid, holders in self._cp.state.ledger.items() if holder in holders}
+
+    @staticmethod
+    def _excludes(a: str, b: str) -> bool:
+        return a != b and (a.startswith(DEVICE_PLUGIN_HOLDER_PREFIX) or b.startswith(DEVICE_PLUGIN_HOLDER_PREFIX))
+
+    def conflicts(self, holder: str, uuids: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        out: dict[str, tuple[str, ...]] = {}
+        for uuid in uuids:
+            blocking = tuple(h for h in self.holders_of(uuid) if self._excludes(h, holder))
+            if blocking:
+                out[uuid] = blocking
+        return out
+
+    def hold_ops(self, holder: str, uuids: Iterable[str]) -> list[Op]:
+        """The ops that give `holder` all of `uuids`; raises LedgerConflict (and changes nothing) otherwise."""
+        wanted = sorted(set(uuids))
+        conflicts = self.conflicts(holder, wanted)
+        if conflicts:
+            raise LedgerConflict(holder, conflicts)
+        ops = []
+        for uuid in wanted:
+            holders = self.holders_of(uuid)
+            if holder not in holders:
+                ops.append(Op("ledger", uuid, sorted({*holders, holder})))
+        return ops
+
+    def release_ops(self, holder: str, uuids: Iterable[str] | None = None) -> list[Op]:
+        targets = self.uuids_held_by(holder) if uuids is None else set(uuids) & self.uuids_held_by(holder)
+        ops = []
+        for uuid in sorted(targets):
+            rest = [h for h in self.holders_of(uuid) if h != holder]
+            ops.append(Op("ledger", uuid, rest or None))
+        return ops
+
+    def hold(self, holder: str, uuids: Iterable[str]) -> None:
+        with self._cp.locked():
+            self._cp.commit(self.hold_ops(holder, uuids))
+
+    def release(self, holder: str, uuids: Iterable[str] | None = None) -> None:
+        with self._cp.locked():
+            self._cp.commit(self.release_ops(holder, uuids))

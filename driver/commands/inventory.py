@@ -1,0 +1,157 @@
+"""`gpu-dra inventory`: discover GPUs through NVML (real or simulated) and print the inventory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+from typing import Any
+
+from driver.discovery import discover
+from driver.inventory import Gpu, Inventory, MigDevice, MigProfile
+from driver.nvml import NvmlUnavailable, ProfileError, load_backend
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nvml",
+        default="real",
+        metavar="real|sim:PROFILE|sim:FILE",
+        help="NVML backend: the real driver, or the simulator with a shipped profile or a profile file (default: real)",
+    )
+    parser.add_argument("--node", default=None, help="node name to report (default: this host's name)")
+    parser.add_argument("-o", "--output", choices=("json", "table"), default="table", help="output format (default: table)")
+
+
+def _profile_json(p: MigProfile) -> dict[str, Any]:
+    return {
+        "name": p.name,
+        "profileId": p.profile_id,
+        "count": p.count,
+        "memoryBytes": p.memory_bytes,
+        "multiprocessors": p.multiprocessors,
+        "copyEngines": p.copy_engines,
+        "decoders": p.decoders,
+        "encoders": p.encoders,
+        "jpegEngines": p.jpeg_engines,
+        "ofaEngines": p.ofa_engines,
+        "memorySlices": p.memory_slices,
+        "computeSlices": p.compute_slices,
+        "placements": [{"start": pl.start, "size": pl.size} for pl in p.placements],
+    }
+
+
+def _mig_json(m: MigDevice) -> dict[str, Any]:
+    return {
+        "uuid": m.uuid,
+        "profile": m.profile,
+        "placement": {"start": m.placement.start, "size": m.placement.size},
+        "memoryBytes": m.memory_bytes,
+        "multiprocessors": m.multiprocessors,
+        "copyEngines": m.copy_engines,
+        "decoders": m.decoders,
+        "encoders": m.encoders,
+        "jpegEngines": m.jpeg_engines,
+        "ofaEngines": m.ofa_engines,
+        "gpuInstanceId": m.gpu_instance_id,
+        "computeInstanceId": m.compute_instance_id,
+    }
+
+
+def _gpu_json(g: Gpu) -> dict[str, Any]:
+    return {
+        "uuid": g.uuid,
+        "productName": g.product_name,
+        "brand": g.brand,
+        "architecture": g.architecture,
+        "memoryBytes": g.memory_bytes,
+        "cudaComputeCapability": g.cuda_compute_capability,
+        "pciBusID": g.pci_bus_id,
+        "pcieRoot": g.pcie_root,
+        "numaNode": g.numa_node,
+        "migCapable": g.mig_capable,
+        "migEnabled": g.mig_enabled,
+        "memorySlices": g.memory_slices,
+        "computeSlices": g.compute_slices,
+        "nvlinkDomain": g.nvlink_domain,
+        "fabricClusterUUID": g.fabric_cluster_uuid,
+        "fabricCliqueID": g.fabric_clique_id,
+        "nvlinks": [
+            {"link": l.link, "active": l.active, "remotePciBusID": l.remote_pci_bus_id, "remoteIsSwitch": l.remote_is_switch}
+            for l in g.nvlinks
+        ],
+        "migProfiles": [_profile_json(p) for p in g.mig_profiles],
+        "migDevices": [_mig_json(m) for m in g.mig_devices],
+        "health": {"healthy": g.health.healthy, "xids": list(g.health.xids), "lost": g.health.lost},
+    }
+
+
+def inventory_to_json(inv: Inventory) -> dict[str, Any]:
+    """The `gpu-dra inventory -o json` document."""
+    return {
+        "node": inv.node,
+        "driverVersion": inv.driver_version,
+        "cudaDriverVersion": inv.cuda_driver_version,
+        "gpus": [_gpu_json(g) for g in inv.gpus],
+        "skipped": [{"device": ident, "reason": reason} for ident, reason in inv.skipped],
+    }
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f}GiB"
+
+
+def inventory_table(inv: Inventory) -> str:
+    lines = [f"node {inv.node}  driver {inv.driver_version}  CUDA {inv.cuda_driver_version}  GPUs {len(inv.gpus)}"]
+    header = ("UUID", "PRODUCT", "MEMORY", "CC", "PCI", "PCIE ROOT", "NUMA", "MIG", "NVLINK DOMAIN")
+    rows = []
+    for g in inv.gpus:
+        mig = "enabled" if g.mig_enabled else ("capable" if g.mig_capable else "-")
+        rows.append(
+            (
+                g.uuid,
+                g.product_name,
+                _gib(g.memory_bytes),
+                g.cuda_compute_capability,
+                g.pci_bus_id,
+                g.pcie_root or "-",
+                "-" if g.numa_node is None else str(g.numa_node),
+                mig,
+                g.nvlink_domain or "-",
+            )
+        )
+        for m in g.mig_devices:
+            rows.append(
+                (f"  {m.uuid}", f"MIG {m.profile}", _gib(m.memory_bytes), "", f"placement {m.placement.start}:{m.placement.size}", "", "", f"gi {m.gpu_instance_id}", "")
+            )
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip())
+    for ident, reason in inv.skipped:
+        lines.append(f"skipped {ident}: {reason}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    node = args.node or socket.gethostname()
+    try:
+        nvml = load_backend(args.nvml)
+    except NvmlUnavailable as exc:
+        print(f"gpu-dra inventory: {exc}", file=sys.stderr)
+        return 2
+    except ProfileError as exc:
+        print(f"gpu-dra inventory: invalid simulator profile:\n{exc}", file=sys.stderr)
+        return 2
+    try:
+        inv = discover(nvml, node)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001 - shutdown failure must not hide the inventory or its error
+            pass
+    if args.output == "json":
+        print(json.dumps(inventory_to_json(inv), indent=2))
+    else:
+        print(inventory_table(inv))
+    return 0

@@ -1,0 +1,74 @@
+"""`gpu-dra slices`: print the ResourceSlices a node would publish (discovery + build_slices, no API)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import yaml
+
+from driver.slices import DEFAULT_DRIVER_NAME, SliceBuildError, SliceSettings, build_slices
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nvml",
+        required=True,
+        metavar="real|sim:PROFILE|sim:FILE",
+        help="NVML backend: the real library, a shipped simulator profile, or a profile file",
+    )
+    parser.add_argument("--node", required=True, help="node name (the pool name and spec.nodeName)")
+    parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help=f"DRA driver name (default {DEFAULT_DRIVER_NAME})")
+    parser.add_argument(
+        "--partitionable",
+        action="store_true",
+        help="publish MIG-capable GPUs as shared counters plus every MIG placement (DRAPartitionableDevices)",
+    )
+    parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
+
+
+def slice_list(slices: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "List", "items": slices}
+
+
+def run(args: argparse.Namespace) -> int:
+    from driver.discovery import discover
+    from driver.nvml import load_backend
+
+    try:
+        settings = SliceSettings(
+            node_name=args.node, driver_name=args.driver_name, partitionable=args.partitionable
+        )
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        nvml = load_backend(args.nvml)
+    except Exception as err:  # noqa: BLE001 - any backend failure is reported, never a traceback
+        print(
+            f"error: --nvml {args.nvml!r}: {err} (accepted: real, sim:PROFILE (a shipped profile name), "
+            "sim:/path/to/profile.yaml)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        inventory = discover(nvml, args.node)
+    except Exception as err:  # noqa: BLE001
+        print(f"error: NVML discovery on node {args.node!r} failed: {err}", file=sys.stderr)
+        return 1
+    for ident, message in inventory.skipped:
+        print(f"warning: GPU {ident} skipped: {message}", file=sys.stderr)
+    try:
+        slices = build_slices(inventory, settings)
+    except SliceBuildError as err:
+        print(f"error: node {args.node!r}: {err}", file=sys.stderr)
+        return 1
+    doc = slice_list(slices)
+    if args.output == "json":
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        yaml.safe_dump(doc, sys.stdout, sort_keys=False)
+    return 0

@@ -1,0 +1,293 @@
+"""A kubelet simulator for the DRA plugin side: registration, prepare/unprepare batching and health streams.
+
+It talks to a plugin over its real unix sockets and applies the kubelet's rules (kubelet-wire.md 1.4 and 2):
+- watches `<kubelet dir>/plugins_registry` (polling; sub-directories allowed, names starting with "." ignored),
+- GetInfo (1 s timeout), handler by type (only DRAPlugin here), validation of the advertised services (the first
+  entry of the plugin's list that the kubelet knows wins; empty list or no match fails), then
+  NotifyRegistrationStatus(true) (5 s timeout); any failure is notified as (false, message),
+- one NodePrepareResources call per driver per pod with all of that pod's not-yet-prepared claims, 45 s timeout;
+  responses are checked like the kubelet does (unknown claim UID, skipped claims, per-claim errors),
+- follows the DRAResourceHealth stream when the plugin advertises `v1alpha1.DRAResourceHealth`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from proto.dra.v1 import api_pb2 as dra_v1
+from proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
+from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
+from proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from proto.drahealth.v1alpha1 import api_pb2 as health_pb
+from proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
+from proto.pluginregistration.v1 import api_pb2 as reg_pb
+from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+
+# Newest first, as the kubelet's servicesSupportedByKubelet.
+KUBELET_SERVICES: tuple[str, ...] = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+CALL_TIMEOUT_SECONDS = 45.0
+GET_INFO_TIMEOUT_SECONDS = 1.0
+NOTIFY_TIMEOUT_SECONDS = 5.0
+DIAL_TIMEOUT_SECONDS = 10.0
+
+
+class KubeletError(Exception):
+    """What the kubelet would report for a failed prepare/unprepare (the pod's sync fails and is retried)."""
+
+
+class RegistrationFailed(KubeletError):
+    pass
+
+
+@dataclass(frozen=True)
+class ClaimInfo:
+    namespace: str
+    uid: str
+    name: str
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+    share_id: str | None
+
+
+@dataclass(frozen=True)
+class HealthUpdate:
+    devices: tuple[tuple[str, str, str], ...]  # (pool, device, HEALTHY|UNHEALTHY|UNKNOWN)
+
+
+def _wait_ready(channel: grpc.Channel, what: str) -> None:
+    try:
+        grpc.channel_ready_future(channel).result(timeout=DIAL_TIMEOUT_SECONDS)
+    except grpc.FutureTimeoutError as exc:
+        raise KubeletError(f"{what}: could not connect within {DIAL_TIMEOUT_SECONDS:.0f} s") from exc
+
+
+def choose_service(supported: Sequence[str], known: Sequence[str] = KUBELET_SERVICES) -> str:
+    """The kubelet's validateSupportedServices: the first of the plugin's entries the kubelet supports."""
+    if not supported:
+        raise RegistrationFailed("empty list of supported gRPC services (aka supported versions)")
+    for service in supported:
+        if service in known:
+            return service
+    raise RegistrationFailed(
+        f"none of services supported by the plugin {list(supported)} are supported by the kubelet {list(known)}"
+    )
+
+
+class RegisteredPlugin:
+    """One registered DRA plugin instance, as the kubelet's DRA manager holds it."""
+
+    def __init__(self, name: str, endpoint: str, service: str, health: bool) -> None:
+        self.name = name
+        self.endpoint = endpoint
+        self.service = service
+        self.health_advertised = health
+        self._channel = grpc.insecure_channel(f"unix://{endpoint}")
+        if service == "v1.DRAPlugin":
+            self._pb: Any = dra_v1
+            self._stub: Any = dra_v1_grpc.DRAPluginStub(self._channel)
+        else:
+            self._pb = dra_v1beta1
+            self._stub = dra_v1beta1_grpc.DRAPluginStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _claims(self, claims: Sequence[ClaimInfo]) -> list[Any]:
+        return [self._pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
+
+    def _check(self, op: str, claims: Sequence[ClaimInfo], response: Any) -> None:
+        by_uid = {c.uid: c for c in claims}
+        for uid, entry in response.claims.items():
+            if uid not in by_uid:
+                raise KubeletError(f"{op}: returned result for unknown claim UID {uid}")
+            if entry.error:
+                raise KubeletError(f"{op} failed for ResourceClaim {by_uid[uid].name}: {entry.error}")
+        missing = [c for c in claims if c.uid not in response.claims]
+        if missing:
+            raise KubeletError(f"{op} skipped {len(missing)} ResourceClaims")
+
+    def prepare(self, claims: Sequence[ClaimInfo], timeout: float = CALL_TIMEOUT_SECONDS) -> dict[str, list[PreparedDevice]]:
+        """One NodePrepareResources call; raises KubeletError as the kubelet would fail the pod."""
+        try:
+            response = self._stub.NodePrepareResources(
+                self._pb.NodePrepareResourcesRequest(claims=self._claims(claims)), timeout=timeout
+            )
+        except grpc.RpcError as exc:
+            raise KubeletError(f"NodePrepareResources: {exc.code().name}: {exc.details()}") from exc
+        self._check("NodePrepareResources", claims, response)
+        out: dict[str, list[PreparedDevice]] = {}
+        for uid, entry in response.claims.items():
+            out[uid] = [
+                PreparedDevice(
+                    request_names=tuple(d.request_names), pool_name=d.pool_name, device_name=d.device_name,
+                    cdi_device_ids=tuple(d.cdi_device_ids),
+                    share_id=d.share_id if "share_id" in d.DESCRIPTOR.fields_by_name and d.HasField("share_id") else None,
+                )
+                for d in entry.devices
+            ]
+        return out
+
+    def unprepare(self, claims: Sequence[ClaimInfo], timeout: float = CALL_TIMEOUT_SECONDS) -> None:
+        try:
+            response = self._stub.NodeUnprepareResources(
+                self._pb.NodeUnprepareResourcesRequest(claims=self._claims(claims)), timeout=timeout
+            )
+        except grpc.RpcError as exc:
+            raise KubeletError(f"NodeUnprepareResources: {exc.code().name}: {exc.details()}") from exc
+        self._check("NodeUnprepareResources", claims, response)
+
+    def watch_health(self) -> Iterator[HealthUpdate]:
+        """Follow the health stream (each message is the complete device list); ends when the stream does."""
+        if not self.health_advertised:
+            return
+        stub = health_grpc.DRAResourceHealthStub(self._channel)
+        names = {v.number: v.name for v in health_pb.HealthStatus.DESCRIPTOR.values}
+        stream = stub.NodeWatchResources(health_pb.NodeWatchResourcesRequest())
+        try:
+            for response in stream:
+                yield HealthUpdate(
+                    tuple((d.device.pool_name, d.device.device_name, names[d.health]) for d in response.devices)
+                )
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                raise KubeletError(f"NodeWatchResources: {exc.code().name}: {exc.details()}") from exc
+        finally:
+            stream.cancel()
+
+
+@dataclass
+class Pod:
+    """A pod's claims for one driver and the kubelet-side memory of which are prepared."""
+
+    name: str
+    claims: list[ClaimInfo]
+    prepared: dict[str, list[PreparedDevice]] = field(default_factory=dict)
+
+
+class KubeletSim:
+    def __init__(self, kubelet_dir: Path, known_services: Sequence[str] = KUBELET_SERVICES) -> None:
+        self.registry_dir = kubelet_dir / "plugins_registry"
+        self.known_services = tuple(known_services)
+        self.plugins: dict[str, RegisteredPlugin] = {}  # driver name -> newest registered instance
+        self._registered_sockets: dict[Path, int] = {}  # socket path -> inode we registered
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        for p in self.plugins.values():
+            p.close()
+        self.plugins.clear()
+
+    def sockets(self) -> list[Path]:
+        if not self.registry_dir.is_dir():
+            return []
+        return sorted(
+            p for p in self.registry_dir.rglob("*") if not p.name.startswith(".") and p.is_socket()
+        )
+
+    def register(self, socket: Path) -> RegisteredPlugin:
+        channel = grpc.insecure_channel(f"unix://{socket}")
+        try:
+            _wait_ready(channel, f"registration socket {socket}")
+            stub = reg_grpc.RegistrationStub(channel)
+            try:
+                info = stub.GetInfo(reg_pb.InfoRequest(), timeout=GET_INFO_TIMEOUT_SECONDS)
+            except grpc.RpcError as exc:
+                raise RegistrationFailed(f"GetInfo on {socket}: {exc.code().name}: {exc.details()}") from exc
+            try:
+                plugin = self._validate(info, socket)
+            except RegistrationFailed as exc:
+                try:
+                    stub.NotifyRegistrationStatus(
+                        reg_pb.RegistrationStatus(plugin_registered=False, error=str(exc)), timeout=NOTIFY_TIMEOUT_SECONDS
+                    )
+                except grpc.RpcError:
+                    pass  # the plugin answers a failed registration with an error, as the Go helper does
+                raise
+            stub.NotifyRegistrationStatus(reg_pb.RegistrationStatus(plugin_registered=True), timeout=NOTIFY_TIMEOUT_SECONDS)
+        finally:
+            channel.close()
+        with self._lock:
+            old = self.plugins.get(plugin.name)
+            if old is not None:
+                old.close()
+            self.plugins[plugin.name] = plugin
+            self._registered_sockets[socket] = socket.stat().st_ino
+        return plugin
+
+    def _validate(self, info: Any, socket: Path) -> RegisteredPlugin:
+        if info.type != "DRAPlugin":
+            raise RegistrationFailed(f"no handler registered for plugin type: {info.type} at socket {socket}")
+        if not info.name:
+            raise RegistrationFailed(f"plugin at {socket} has an empty name")
+        service = choose_service(list(info.supported_versions), self.known_services)
+        endpoint = info.endpoint or str(socket)
+        return RegisteredPlugin(info.name, endpoint, service, HEALTH_SERVICE in info.supported_versions)
+
+    def sync(self) -> list[RegisteredPlugin]:
+        """Register sockets that are new or were replaced since last time (what inotify would trigger)."""
+        done = []
+        for socket in self.sockets():
+            try:
+                inode = socket.stat().st_ino
+            except FileNotFoundError:
+                continue
+            if self._registered_sockets.get(socket) == inode:
+                continue
+            done.append(self.register(socket))
+        return done
+
+    def wait_for_plugin(self, driver_name: str, timeout: float = 10.0, poll: float = 0.05) -> RegisteredPlugin:
+        deadline = time.monotonic() + timeout
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                self.sync()
+            except KubeletError as exc:
+                last_error = exc
+            if driver_name in self.plugins:
+                return self.plugins[driver_name]
+            time.sleep(poll)
+        raise KubeletError(f"plugin {driver_name} did not register within {timeout} s (last error: {last_error})")
+
+    def restart(self) -> None:
+        """Forget every registration, as a restarted kubelet does; plugins are found again by `sync`."""
+        with self._lock:
+            self.close()
+            self._registered_sockets.clear()
+
+    # ---- pods ---------------------------------------------------------------------------------------------
+
+    def prepare_pod(self, driver_name: str, pod: Pod) -> None:
+        """One call with all of the pod's claims for this driver that are not prepared yet."""
+        pending = [c for c in pod.claims if c.uid not in pod.prepared]
+        if not pending:
+            return
+        plugin = self.plugins.get(driver_name)
+        if plugin is None:
+            raise KubeletError(f"DRA driver {driver_name} is not registered")
+        pod.prepared.update(plugin.prepare(pending))
+
+    def unprepare_pod(self, driver_name: str, pod: Pod) -> None:
+        prepared = [c for c in pod.claims if c.uid in pod.prepared]
+        if not prepared:
+            return
+        plugin = self.plugins.get(driver_name)
+        if plugin is None:
+            raise KubeletError(f"DRA driver {driver_name} is not registered")
+        plugin.unprepare(prepared)
+        for c in prepared:
+            pod.prepared.pop(c.uid, None)

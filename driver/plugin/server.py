@@ -1,0 +1,323 @@
+"""The kubelet plugin's gRPC side: registration socket, DRA service socket, re-registration after kubelet restarts.
+
+Sockets (kubelet-wire.md 1.5):
+- `<kubelet dir>/plugins_registry/<driver>-reg.sock`: pluginregistration.Registration (GetInfo, Notify...).
+- `<kubelet dir>/plugins/<driver>/dra.sock`: DRAPlugin v1 and v1beta1, and DRAResourceHealth v1alpha1.
+
+GetInfo advertises `v1.DRAPlugin`, `v1beta1.DRAPlugin`, `v1alpha1.DRAResourceHealth` in that order (the kubelet
+takes the first it supports). Each successful NotifyRegistrationStatus calls `on_registered` (slices must be
+(re)published after every registration, since the kubelet wipes them when it starts). A watcher notices when
+the registration socket is removed or replaced (kubelet restart, manual cleanup) and serves it again, so the
+kubelet finds and registers the plugin anew.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from driver.plugin.health import DeviceHealthEntry, HealthBoard, truncate_message
+from driver.plugin.metrics import PluginMetrics
+from driver.prepare import ClaimRef, ClaimResult, Preparer
+from proto.dra.v1 import api_pb2 as dra_v1
+from proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
+from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
+from proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from proto.drahealth.v1alpha1 import api_pb2 as health_pb
+from proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
+from proto.pluginregistration.v1 import api_pb2 as reg_pb
+from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+
+log = logging.getLogger("gpu-dra.plugin")
+
+DRA_PLUGIN_TYPE = "DRAPlugin"
+SUPPORTED_SERVICES: tuple[str, ...] = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+# Streams re-check for shutdown this often; health changes wake them at once.
+_STREAM_POLL_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class PluginPaths:
+    kubelet_dir: Path
+    driver_name: str
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.kubelet_dir / "plugins_registry"
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.registry_dir / f"{self.driver_name}-reg.sock"
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.kubelet_dir / "plugins" / self.driver_name
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.plugin_dir / "dra.sock"
+
+
+def _claims(request: Any) -> list[ClaimRef]:
+    return [ClaimRef(uid=c.uid, namespace=c.namespace, name=c.name) for c in request.claims]
+
+
+class DraServicer:
+    """DRAPlugin for one API version (`pb` is the v1 or v1beta1 message module)."""
+
+    def __init__(self, preparer: Preparer, metrics: PluginMetrics, pb: Any, api: str) -> None:
+        self._preparer = preparer
+        self._metrics = metrics
+        self._pb = pb
+        self._api = api
+
+    def _device(self, d: Any) -> Any:
+        msg = self._pb.Device(
+            request_names=list(d.request_names), pool_name=d.pool_name, device_name=d.device_name,
+            cdi_device_ids=list(d.cdi_device_ids),
+        )
+        if d.share_id is not None and "share_id" in self._pb.Device.DESCRIPTOR.fields_by_name:
+            msg.share_id = d.share_id
+        return msg
+
+    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        start = time.perf_counter()
+        claims = _claims(request)
+        results: dict[str, ClaimResult] = self._preparer.prepare(claims)
+        response = self._pb.NodePrepareResourcesResponse()
+        for uid, result in results.items():
+            entry = response.claims[uid]
+            if result.error:
+                entry.error = result.error
+                log.warning("event=prepare-error api=%s uid=%s error=%r", self._api, uid, result.error)
+            else:
+                entry.devices.extend(self._device(d) for d in result.devices)
+            self._metrics.claims.labels("prepare", "error" if result.error else "ok").inc()
+        elapsed = time.perf_counter() - start
+        self._metrics.latency.labels("NodePrepareResources").observe(elapsed)
+        self._metrics.calls.labels("NodePrepareResources", self._api, "ok").inc()
+        log.info("event=node-prepare api=%s claims=%d errors=%d ms=%.2f", self._api, len(claims),
+                 sum(1 for r in results.values() if r.error), elapsed * 1000)
+        return response
+
+    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        start = time.perf_counter()
+        claims = _claims(request)
+        errors = self._preparer.unprepare(claims)
+        response = self._pb.NodeUnprepareResourcesResponse()
+        for uid, error in errors.items():
+            response.claims[uid].error = error
+            self._metrics.claims.labels("unprepare", "error" if error else "ok").inc()
+        elapsed = time.perf_counter() - start
+        self._metrics.latency.labels("NodeUnprepareResources").observe(elapsed)
+        self._metrics.calls.labels("NodeUnprepareResources", self._api, "ok").inc()
+        log.info("event=node-unprepare api=%s claims=%d errors=%d ms=%.2f", self._api, len(claims),
+                 sum(1 for e in errors.values() if e), elapsed * 1000)
+        return response
+
+
+class HealthServicer:
+    def __init__(self, board: HealthBoard, stopping: threading.Event) -> None:
+        self._board = board
+        self._stopping = stopping
+
+    @staticmethod
+    def _response(updated: int, entries: tuple[DeviceHealthEntry, ...]) -> Any:
+        status = {True: health_pb.HEALTHY, False: health_pb.UNHEALTHY, None: health_pb.UNKNOWN}
+        return health_pb.NodeWatchResourcesResponse(
+            devices=[
+                health_pb.DeviceHealth(
+                    device=health_pb.DeviceIdentifier(pool_name=e.pool_name, device_name=e.device_name),
+                    health=status[e.healthy], last_updated_time=updated, message=truncate_message(e.message),
+                )
+                for e in entries
+            ]
+        )
+
+    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        version, updated, entries = self._board.snapshot()
+        yield self._response(updated, entries)
+        while context.is_active() and not self._stopping.is_set():
+            newer = self._board.wait_newer(version, _STREAM_POLL_SECONDS)
+            if newer is None:
+                if self._board.closed:
+                    return
+                continue
+            version, updated, entries = newer
+            yield self._response(updated, entries)
+
+
+class RegistrationServicer:
+    def __init__(self, paths: PluginPaths, on_status: Callable[[bool, str], None]) -> None:
+        self._paths = paths
+        self._on_status = on_status
+
+    def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return reg_pb.PluginInfo(
+            type=DRA_PLUGIN_TYPE, name=self._paths.driver_name, endpoint=str(self._paths.dra_socket.absolute()),
+            supported_versions=list(SUPPORTED_SERVICES),
+        )
+
+    def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._on_status(request.plugin_registered, request.error)
+        if not request.plugin_registered:
+            context.abort(grpc.StatusCode.UNKNOWN, f"plugin registration failed: {request.error}")
+        return reg_pb.RegistrationStatusResponse()
+
+
+def _remove_stale_socket(path: Path) -> None:
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISSOCK(mode):
+        path.unlink()
+    else:
+        raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
+
+
+def _bind(server: grpc.Server, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_socket(path)
+    if server.add_insecure_port(f"unix://{path}") == 0:
+        raise RuntimeError(f"could not listen on unix socket {path}")
+
+
+class KubeletPlugin:
+    """Serves the DRA socket and the registration socket and keeps the registration socket alive."""
+
+    def __init__(
+        self,
+        paths: PluginPaths,
+        preparer: Preparer,
+        board: HealthBoard,
+        *,
+        metrics: PluginMetrics | None = None,
+        on_registered: Callable[[], None] = lambda: None,
+        watch_seconds: float = 1.0,
+        max_workers: int = 8,
+    ) -> None:
+        self.paths = paths
+        self.preparer = preparer
+        self.board = board
+        self.metrics = metrics or PluginMetrics()
+        self._on_registered = on_registered
+        self._watch_seconds = watch_seconds
+        self._max_workers = max_workers
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._dra_server: grpc.Server | None = None
+        self._reg_server: grpc.Server | None = None
+        self._reg_inode: int | None = None
+        self._watcher: threading.Thread | None = None
+        self.registered = threading.Event()
+        self.registration_status: tuple[bool, str] | None = None
+        self.registrations = 0
+
+    def start(self) -> None:
+        os.makedirs(self.paths.plugin_dir, mode=0o700, exist_ok=True)
+        os.chmod(self.paths.plugin_dir, 0o700)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="dra"))
+        dra_v1_grpc.add_DRAPluginServicer_to_server(DraServicer(self.preparer, self.metrics, dra_v1, "v1"), server)
+        dra_v1beta1_grpc.add_DRAPluginServicer_to_server(
+            DraServicer(self.preparer, self.metrics, dra_v1beta1, "v1beta1"), server
+        )
+        health_grpc.add_DRAResourceHealthServicer_to_server(HealthServicer(self.board, self._stopping), server)
+        _bind(server, self.paths.dra_socket)
+        server.start()
+        os.chmod(self.paths.dra_socket, 0o600)
+        self._dra_server = server
+        log.info("event=serving socket=%s services=%s", self.paths.dra_socket, ",".join(SUPPORTED_SERVICES))
+        # The DRA service must be up before the kubelet can learn about it through registration.
+        self._serve_registration()
+        self._watcher = threading.Thread(target=self._watch, name="registration-watch", daemon=True)
+        self._watcher.start()
+
+    def _on_status(self, registered: bool, error: str) -> None:
+        self.registration_status = (registered, error)
+        self.metrics.registrations.labels(str(registered).lower()).inc()
+        if registered:
+            self.registrations += 1
+            log.info("event=registered driver=%s endpoint=%s", self.paths.driver_name, self.paths.dra_socket)
+            self.registered.set()
+            # Publishing talks to the API server: never make the kubelet's 5 s Notify call wait for it.
+            threading.Thread(target=self._notify_registered, name="on-registered", daemon=True).start()
+        else:
+            log.error("event=registration-failed driver=%s error=%r", self.paths.driver_name, error)
+
+    def _notify_registered(self) -> None:
+        try:
+            self._on_registered()
+        except Exception:
+            log.exception("event=on-registered-failed driver=%s", self.paths.driver_name)
+
+    def _serve_registration(self) -> None:
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            if self._reg_server is not None:
+                self._reg_server.stop(grace=None)
+            self.registry_dir_ready()
+            server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg"))
+            reg_grpc.add_RegistrationServicer_to_server(RegistrationServicer(self.paths, self._on_status), server)
+            _bind(server, self.paths.registration_socket)
+            server.start()
+            os.chmod(self.paths.registration_socket, 0o600)
+            self._reg_server = server
+            self._reg_inode = self.paths.registration_socket.stat().st_ino
+            self.registered.clear()
+            log.info("event=registration-socket socket=%s", self.paths.registration_socket)
+
+    def registry_dir_ready(self) -> None:
+        self.paths.registry_dir.mkdir(parents=True, exist_ok=True)
+
+    def _registration_socket_intact(self) -> bool:
+        try:
+            st = self.paths.registration_socket.lstat()
+        except FileNotFoundError:
+            return False
+        return stat.S_ISSOCK(st.st_mode) and st.st_ino == self._reg_inode
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(self._watch_seconds):
+            self.check_registration_socket()
+
+    def check_registration_socket(self) -> bool:
+        """Serve the registration socket again if it vanished or was replaced; True when it did."""
+        if self._stopping.is_set() or self._registration_socket_intact():
+            return False
+        log.warning("event=registration-socket-lost socket=%s action=re-serve", self.paths.registration_socket)
+        try:
+            self._serve_registration()
+        except Exception:
+            log.exception("event=registration-socket-failed socket=%s", self.paths.registration_socket)
+            return False
+        return True
+
+    def stop(self, grace: float = 2.0) -> None:
+        self._stopping.set()
+        self.board.close()
+        with self._lock:
+            servers = [s for s in (self._reg_server, self._dra_server) if s is not None]
+            for s in servers:
+                s.stop(grace=grace)
+            for s in servers:
+                s.wait_for_termination(timeout=grace + 1)
+            # Only our own sockets: a newer instance may already own the paths if the inode differs.
+            if self._registration_socket_intact():
+                self.paths.registration_socket.unlink(missing_ok=True)
+            self.paths.dra_socket.unlink(missing_ok=True)
+            self._reg_server = self._dra_server = None
+        if self._watcher is not None:
+            self._watcher.join(timeout=self._watch_seconds + 1)
+        log.info("event=stopped driver=%s", self.paths.driver_name)

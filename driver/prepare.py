@@ -1,0 +1,416 @@
+"""Claim preparation on the node: NodePrepareResources / NodeUnprepareResources without the gRPC.
+
+The pure part (`plan_claim`) checks one ResourceClaim against this node and turns its allocation into the
+devices, configs and ledger holds to apply. `Preparer` does the I/O around it in a crash-safe order:
+
+    prepare:   checkpoint PrepareStarted (+ ledger holds)  ->  sharing  ->  CDI spec  ->  checkpoint PrepareCompleted
+    unprepare: CDI spec removed  ->  sharing undone  ->  checkpoint record deleted (+ ledger released)
+
+A crash between the steps leaves a PrepareStarted record (rolled back at the next start: its CDI spec and
+sharing are undone and the kubelet asks again) or a completed record whose unprepare is simply repeated.
+CDI spec files with no checkpoint record are orphans and removed at start. Every call is serialized by the
+checkpoint's lock (a thread lock plus flock on `<plugin dir>/serialize.lock`), so two plugin instances during a
+rolling update and the device plugin shim never interleave.
+
+Per-claim problems become per-claim errors; nothing here raises for bad input.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from driver import cdi, sharing
+from driver.checkpoint import Checkpoint, ClaimPhase, ClaimRecord, Ledger, LedgerConflict, LoadReport, PreparedDevice
+from driver.config import ConfigError, GpuConfig, merge, parse
+from driver.inventory import Gpu, Inventory, MigDevice
+from driver.slices import gpu_device_name, mig_device_name
+
+log = logging.getLogger("gpu-dra.prepare")
+
+FaultHook = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    uid: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"ResourceClaim {self.namespace}/{self.name} (uid {self.uid})"
+
+
+@dataclass(frozen=True)
+class DeviceResult:
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+    share_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    devices: tuple[DeviceResult, ...] = ()
+    error: str = ""
+
+
+class ClaimNotFound(Exception):
+    pass
+
+
+# (namespace, name) -> the ResourceClaim as a v1 dict; raises ClaimNotFound, or anything for API trouble.
+ClaimGetter = Callable[[str, str], Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class DeviceTarget:
+    gpu: Gpu
+    mig: MigDevice | None = None
+
+    @property
+    def uuid(self) -> str:
+        return self.mig.uuid if self.mig is not None else self.gpu.uuid
+
+
+def device_index(inventory: Inventory, reserved: frozenset[str] = frozenset()) -> dict[str, DeviceTarget]:
+    """Device name -> the hardware behind it, with the names the slices publish."""
+    out: dict[str, DeviceTarget] = {}
+    for gpu in inventory.gpus:
+        if gpu.uuid in reserved:
+            continue
+        out[gpu_device_name(gpu)] = DeviceTarget(gpu)
+        for mig in gpu.mig_devices:
+            out[mig_device_name(gpu, mig)] = DeviceTarget(gpu, mig)
+    return out
+
+
+@dataclass(frozen=True)
+class PlannedDevice:
+    request: str  # the top-level request name (containers reference these)
+    device_name: str
+    share_id: str | None
+    target: DeviceTarget
+    config: GpuConfig | None
+    parameters: Mapping[str, Any] | None  # the winning opaque parameters, kept in the checkpoint
+
+
+@dataclass(frozen=True)
+class Plan:
+    ref: ClaimRef
+    pool: str
+    devices: tuple[PlannedDevice, ...]
+    notes: tuple[str, ...] = field(default=())
+
+
+def _base_request(request: str) -> str:
+    return request.split("/", 1)[0]
+
+
+def plan_claim(
+    ref: ClaimRef, claim: Mapping[str, Any], *, driver_name: str, pool_name: str, index: Mapping[str, DeviceTarget]
+) -> Plan | str:
+    """Check a claim against this node and work out its devices and configs; an error string if it cannot be."""
+    meta = claim.get("metadata") or {}
+    if meta.get("uid") != ref.uid:
+        return f"{ref}: the claim in the API has uid {meta.get('uid')!r}, it got replaced; not preparing a different claim"
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        return f"{ref}: status.allocation is empty, the claim is not allocated"
+    devices = allocation.get("devices") or {}
+    results = [r for r in devices.get("results") or [] if r.get("driver") == driver_name]
+    if not results:
+        return f"{ref}: status.allocation.devices.results has no device of driver {driver_name}"
+    wrong_pool = sorted({str(r.get("pool")) for r in results if r.get("pool") != pool_name})
+    if wrong_pool:
+        return (
+            f"{ref}: status.allocation.devices.results: allocated from pool(s) {', '.join(wrong_pool)}, "
+            f"but this node serves pool {pool_name}"
+        )
+    # Our configs, class configs before claim configs (later wins), each parsed once.
+    configs: list[tuple[int, dict[str, Any], GpuConfig]] = []
+    raw_configs = devices.get("config") or []
+    ordered = sorted(enumerate(raw_configs), key=lambda ic: 0 if ic[1].get("source") == "FromClass" else 1)
+    for i, entry in ordered:
+        opaque = entry.get("opaque") or {}
+        if opaque.get("driver") != driver_name:
+            continue
+        parameters = opaque.get("parameters")
+        try:
+            configs.append((i, entry, parse(parameters)))
+        except ConfigError as exc:
+            where = f"status.allocation.devices.config[{i}].opaque.parameters"
+            return f"{ref}: {where}: " + "; ".join(f"{where}.{e}" if not e.startswith("parameters") else e for e in exc.errors)
+    planned: list[PlannedDevice] = []
+    for r in results:
+        name = str(r.get("device"))
+        target = index.get(name)
+        if target is None:
+            return f"{ref}: device {name} of pool {pool_name} is not a device this node has (or it is reserved for the device plugin)"
+        request = str(r.get("request", ""))
+        applicable: list[GpuConfig] = []
+        winning: Mapping[str, Any] | None = None
+        for i, entry, parsed in configs:
+            requests = entry.get("requests") or []
+            if not requests or request in requests or _base_request(request) in requests:
+                applicable.append(parsed)
+                winning = entry["opaque"]["parameters"]
+        config = merge(applicable)
+        planned.append(
+            PlannedDevice(
+                request=_base_request(request), device_name=name, share_id=r.get("shareID"), target=target,
+                config=config, parameters=winning if config is not None else None,
+            )
+        )
+    return Plan(ref=ref, pool=pool_name, devices=tuple(planned))
+
+
+@dataclass
+class StartReport:
+    rolled_back: list[str] = field(default_factory=list)
+    orphans_removed: list[str] = field(default_factory=list)
+    specs_rewritten: list[str] = field(default_factory=list)
+    reapplied: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+class Preparer:
+    def __init__(
+        self,
+        *,
+        driver_name: str,
+        node_name: str,
+        get_claim: ClaimGetter,
+        inventory: Callable[[], Inventory],
+        checkpoint: Checkpoint,
+        cdi_dir: Path,
+        sharing_backend: sharing.SharingBackend,
+        mps_root: Path,
+        reserved: frozenset[str] = frozenset(),
+        fault_hook: FaultHook | None = None,
+    ) -> None:
+        self.driver_name = driver_name
+        self.pool_name = node_name
+        self._get_claim = get_claim
+        self._inventory = inventory
+        self.checkpoint = checkpoint
+        self.ledger = Ledger(checkpoint)
+        self._cdi_dir = cdi_dir
+        self._sharing = sharing_backend
+        self._mps_root = mps_root
+        self._reserved = reserved
+        self._fault = fault_hook or (lambda step: None)
+
+    # ---- start ---------------------------------------------------------------------------------------------
+
+    def start(self, load_report: LoadReport) -> StartReport:
+        report = StartReport(problems=list(load_report.problems))
+        with self.checkpoint.locked():
+            for uid, record in sorted(self.checkpoint.state.claims.items()):
+                if record.phase is ClaimPhase.PREPARE_STARTED:
+                    error = self._rollback(record)
+                    if error:
+                        report.problems.append(error)
+                    else:
+                        report.rolled_back.append(uid)
+            completed = {u: r for u, r in self.checkpoint.state.claims.items() if r.phase is ClaimPhase.PREPARE_COMPLETED}
+            if load_report.corrupt:
+                # Records may be missing: a spec without one may belong to a running container, keep it.
+                report.problems.append("checkpoint was damaged: orphaned CDI specs are kept until their claims are unprepared")
+            else:
+                report.orphans_removed = cdi.remove_orphans(self._cdi_dir, completed)
+            existing = cdi.claim_spec_uids(self._cdi_dir)
+            for uid, record in sorted(completed.items()):
+                if load_report.new_boot or uid not in existing:
+                    try:
+                        self._write_spec(record, reapply_sharing=load_report.new_boot)
+                        (report.reapplied if load_report.new_boot else report.specs_rewritten).append(uid)
+                    except (sharing.SharingError, KeyError, OSError) as exc:
+                        report.problems.append(f"claim {record.namespace}/{record.name} (uid {uid}): restoring it failed: {exc}")
+        return report
+
+    # ---- prepare -------------------------------------------------------------------------------------------
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
+        out: dict[str, ClaimResult] = {}
+        for ref in claims:
+            try:
+                out[ref.uid] = self._prepare_one(ref)
+            except Exception as exc:  # one claim's trouble must not fail the others or the server
+                log.exception("event=prepare-failed claim=%s/%s uid=%s", ref.namespace, ref.name, ref.uid)
+                out[ref.uid] = ClaimResult(error=f"{ref}: prepare failed: {exc}")
+        return out
+
+    def _result(self, record: ClaimRecord) -> ClaimResult:
+        return ClaimResult(
+            devices=tuple(
+                DeviceResult(
+                    request_names=tuple(d.request_names), pool_name=d.pool_name, device_name=d.device_name,
+                    cdi_device_ids=tuple(d.cdi_device_ids), share_id=d.share_id,
+                )
+                for d in record.devices
+            )
+        )
+
+    def _prepare_one(self, ref: ClaimRef) -> ClaimResult:
+        if not ref.uid or not ref.name or not ref.namespace:
+            return ClaimResult(error=f"{ref}: namespace, name and uid are all required")
+        with self.checkpoint.locked():
+            existing = self.checkpoint.claim(ref.uid)
+            if existing is not None and existing.phase is ClaimPhase.PREPARE_COMPLETED:
+                return self._result(existing)
+            if existing is not None:
+                error = self._rollback(existing)
+                if error:
+                    return ClaimResult(error=error)
+        # The API read happens outside the lock: it is the slow part and changes nothing locally.
+        try:
+            claim = self._get_claim(ref.namespace, ref.name)
+        except ClaimNotFound:
+            return ClaimResult(error=f"{ref}: not found in the API server")
+        except Exception as exc:
+            return ClaimResult(error=f"{ref}: reading it from the API server failed: {exc}")
+        plan = plan_claim(
+            ref, claim, driver_name=self.driver_name, pool_name=self.pool_name,
+            index=device_index(self._inventory(), self._reserved),
+        )
+        if isinstance(plan, str):
+            return ClaimResult(error=plan)
+        with self.checkpoint.locked():
+            existing = self.checkpoint.claim(ref.uid)
+            if existing is not None and existing.phase is ClaimPhase.PREPARE_COMPLETED:
+                return self._result(existing)  # another instance finished it meanwhile
+            return self._apply(plan)
+
+    def _apply(self, plan: Plan) -> ClaimResult:
+        ref = plan.ref
+        holder = Ledger.dra_holder(ref.uid)
+        devices = [
+            PreparedDevice(
+                request_names=[p.request], pool_name=plan.pool, device_name=p.device_name,
+                cdi_device_ids=[cdi.qualified_id(cdi.cdi_device_name(ref.uid, p.device_name))],
+                share_id=p.share_id, uuid=p.target.uuid, gpu_uuid=p.target.gpu.uuid,
+                sharing=dict(p.parameters) if p.parameters is not None else None,
+            )
+            for p in plan.devices
+        ]
+        started = ClaimRecord(uid=ref.uid, namespace=ref.namespace, name=ref.name, phase=ClaimPhase.PREPARE_STARTED, devices=devices)
+        try:
+            hold = self.ledger.hold_ops(holder, {d.gpu_uuid for d in devices})
+        except LedgerConflict as exc:
+            return ClaimResult(error=f"{ref}: {exc}; the device plugin must release these GPUs first")
+        self.checkpoint.commit([self.checkpoint.put_claim_op(started), *hold])
+        self._fault("prepare-started")
+        try:
+            self._write_spec(started, reapply_sharing=True)
+        except Exception as exc:
+            rollback_error = self._rollback(started)
+            return ClaimResult(error=f"{ref}: {exc}" + (f"; {rollback_error}" if rollback_error else ""))
+        self._fault("cdi-written")
+        completed = started.model_copy(update={"phase": ClaimPhase.PREPARE_COMPLETED})
+        self.checkpoint.commit([self.checkpoint.put_claim_op(completed)])
+        self._fault("prepare-completed")
+        log.info("event=prepared claim=%s/%s uid=%s devices=%s", ref.namespace, ref.name, ref.uid, ",".join(d.device_name for d in devices))
+        return self._result(completed)
+
+    def _groups(self, record: ClaimRecord) -> list[tuple[GpuConfig | None, list[PreparedDevice]]]:
+        """The claim's devices grouped by their effective config (one sharing application per group)."""
+        groups: dict[str, tuple[GpuConfig | None, list[PreparedDevice]]] = {}
+        for d in record.devices:
+            key = repr(sorted((d.sharing or {}).items()))
+            if key not in groups:
+                groups[key] = (parse(d.sharing) if d.sharing is not None else None, [])
+            groups[key][1].append(d)
+        return list(groups.values())
+
+    def _shared_devices(self, devices: Sequence[PreparedDevice]) -> list[sharing.SharedDevice]:
+        by_uuid = {g.uuid: g for g in self._inventory().gpus}
+        return [
+            sharing.SharedDevice(uuid=d.uuid, gpu_uuid=d.gpu_uuid, gpu_index=by_uuid[d.gpu_uuid].index if d.gpu_uuid in by_uuid else -1)
+            for d in devices
+        ]
+
+    def _write_spec(self, record: ClaimRecord, *, reapply_sharing: bool) -> None:
+        inventory = self._inventory()
+        gpus = {g.uuid: g for g in inventory.gpus}
+        edits: list[cdi.DeviceEdits] = []
+        for config, devices in self._groups(record):
+            container = sharing.ContainerSharing()
+            if config is not None:
+                container = (
+                    sharing.apply(self._sharing, config, self._shared_devices(devices), record.uid, self._mps_root)
+                    if reapply_sharing
+                    else sharing.apply(_NoHardware(), config, self._shared_devices(devices), record.uid, self._mps_root)
+                )
+                for note in container.notes:
+                    log.warning("event=sharing-note claim=%s/%s uid=%s note=%r", record.namespace, record.name, record.uid, note)
+            for d in devices:
+                gpu = gpus.get(d.gpu_uuid)
+                if gpu is None:
+                    raise KeyError(f"GPU {d.gpu_uuid} of device {d.device_name} is no longer on this node")
+                mig = next((m for m in gpu.mig_devices if m.uuid == d.uuid), None)
+                if d.uuid != d.gpu_uuid and mig is None:
+                    raise KeyError(f"MIG device {d.uuid} ({d.device_name}) is no longer on GPU {d.gpu_uuid}")
+                edits.append(
+                    cdi.DeviceEdits(
+                        device_name=d.device_name, uuid=d.uuid, gpu_minor=gpu.minor,
+                        mig=(mig.gpu_instance_id, mig.compute_instance_id) if mig is not None else None,
+                        env=container.env, mounts=container.mounts,
+                    )
+                )
+        # Keep the claim's device order in the spec.
+        order = {d.device_name: i for i, d in enumerate(record.devices)}
+        edits.sort(key=lambda e: order[e.device_name])
+        cdi.write_claim_spec(self._cdi_dir, record.uid, cdi.claim_spec(record.uid, edits))
+
+    # ---- unprepare -----------------------------------------------------------------------------------------
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for ref in claims:
+            try:
+                with self.checkpoint.locked():
+                    record = self.checkpoint.claim(ref.uid)
+                    if record is None:
+                        # Not prepared here (or already unprepared): not an error; a stray spec still goes.
+                        cdi.remove_claim_spec(self._cdi_dir, ref.uid)
+                        out[ref.uid] = ""
+                        continue
+                    out[ref.uid] = self._rollback(record)
+                    if not out[ref.uid]:
+                        log.info("event=unprepared claim=%s/%s uid=%s", ref.namespace, ref.name, ref.uid)
+            except Exception as exc:
+                log.exception("event=unprepare-failed claim=%s/%s uid=%s", ref.namespace, ref.name, ref.uid)
+                out[ref.uid] = f"{ref}: unprepare failed: {exc}"
+        return out
+
+    def _rollback(self, record: ClaimRecord) -> str:
+        """Undo a claim (completed or half-prepared); the record stays if undoing the sharing fails."""
+        cdi.remove_claim_spec(self._cdi_dir, record.uid)
+        self._fault("unprepare-cdi-removed")
+        others = [r for u, r in self.checkpoint.state.claims.items() if u != record.uid]
+        still_shared = {d.gpu_uuid for r in others for d in r.devices if d.sharing is not None and (d.sharing.get("sharing"))}
+        try:
+            for config, devices in self._groups(record):
+                sharing.undo(self._sharing, config, still_shared, self._shared_devices(devices), record.uid, self._mps_root)
+        except sharing.SharingError as exc:
+            return f"ResourceClaim {record.namespace}/{record.name} (uid {record.uid}): undoing its sharing setting failed: {exc}"
+        self.checkpoint.commit(
+            [self.checkpoint.delete_claim_op(record.uid), *self.ledger.release_ops(Ledger.dra_holder(record.uid))]
+        )
+        self._fault("unprepare-committed")
+        return ""
+
+
+class _NoHardware:
+    """A sharing backend that touches nothing: rebuilding a spec's edits for an already-applied config."""
+
+    def set_compute_mode(self, gpu_uuid: str, mode: int) -> None:
+        return None
+
+    def set_timeslice(self, gpu_uuid: str, level: int) -> bool:
+        return True

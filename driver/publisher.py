@@ -1,0 +1,301 @@
+"""Reconciles a node's ResourceSlices with the API: create missing, update changed, delete stale.
+
+The diff is a pure function (`plan_publish`); `SlicePublisher` does the I/O around it. Rules:
+- Only slices with spec.driver == our driver and spec.nodeName == our node are ours. The list call
+  filters on both fields and the code checks them again, so a server that ignores field selectors
+  can never make us touch another node's or another driver's slices.
+- Any change to the pool's content (devices, counters, taints, slice count) writes every slice with
+  a new pool generation (max seen + 1), creates and updates first and deletes last, so the scheduler
+  always sees a complete pool of the newest generation. Identical content writes nothing.
+- Owner reference to the Node (when the Node exists) is metadata only: fixing it does not bump the
+  generation.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from driver.slices import node_owner_reference
+from gpudra.kubeapi import AlreadyExists, Conflict, KubeApi, NotFound
+
+log = logging.getLogger("gpudra.publisher")
+
+
+class PublishError(RuntimeError):
+    """The pool could not be reconciled (after re-reading on conflicts)."""
+
+
+@dataclass(frozen=True)
+class PublishPlan:
+    creates: tuple[dict[str, Any], ...] = ()
+    updates: tuple[dict[str, Any], ...] = ()  # carry the existing resourceVersion
+    deletes: tuple[tuple[str, str], ...] = ()  # (name, resourceVersion) of stale slices
+    generation: int | None = None  # the pool generation written; None when the pool content is unchanged
+
+    @property
+    def empty(self) -> bool:
+        return not (self.creates or self.updates or self.deletes)
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    created: int = 0
+    updated: int = 0
+    deleted: int = 0
+    generation: int | None = None
+    attempts: int = 1
+    slices: tuple[str, ...] = field(default_factory=tuple)
+
+
+# --- pure diff -----------------------------------------------------------------------------
+
+
+def _prune(value: Any) -> Any:
+    """Drop empty lists/maps and None, as the API server's omitempty round trip does."""
+    if isinstance(value, Mapping):
+        out = {k: _prune(v) for k, v in value.items()}
+        return {k: v for k, v in out.items() if v not in (None, [], {})}
+    if isinstance(value, list):
+        return [_prune(v) for v in value]
+    return value
+
+
+def _without_time_added(spec: Mapping[str, Any]) -> dict[str, Any]:
+    spec = copy.deepcopy(dict(spec))
+    for device in spec.get("devices") or ():
+        for taint in device.get("taints") or ():
+            taint.pop("timeAdded", None)
+    return spec
+
+
+def comparable_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A slice spec reduced to what we control: no pool generation, no server-set taint times."""
+    out = _prune(_without_time_added(spec))
+    pool = dict(out.get("pool", {}))
+    pool.pop("generation", None)
+    out["pool"] = pool
+    return out
+
+
+def _carry_taint_times(desired: dict[str, Any], existing: Mapping[str, Any] | None) -> None:
+    """Keep timeAdded of taints that are still present, so an update does not reset them."""
+    if not existing:
+        return
+    old: dict[tuple[str, str, str, str], str] = {}
+    for device in existing.get("spec", {}).get("devices") or ():
+        for t in device.get("taints") or ():
+            if t.get("timeAdded"):
+                old[(device["name"], t["key"], t.get("value", ""), t.get("effect", ""))] = t["timeAdded"]
+    for device in desired["spec"].get("devices") or ():
+        for t in device.get("taints") or ():
+            when = old.get((device["name"], t["key"], t.get("value", ""), t.get("effect", "")))
+            if when and "timeAdded" not in t:
+                t["timeAdded"] = when
+
+
+def plan_publish(
+    desired: Sequence[Mapping[str, Any]],
+    existing: Sequence[Mapping[str, Any]],
+    owner: dict[str, Any] | None,
+) -> PublishPlan:
+    """What to write so that `existing` (our slices as read) becomes `desired` (build_slices output).
+
+    `owner` is the Node owner reference to set (None: leave owner references as they are).
+    """
+    current = {s["metadata"]["name"]: s for s in existing}
+    wanted = {s["metadata"]["name"]: s for s in desired}
+    generations = {int(s["spec"].get("pool", {}).get("generation", 0)) for s in existing}
+    content_changed = (
+        set(current) != set(wanted)
+        or len(generations) > 1
+        or any(comparable_spec(current[n]["spec"]) != comparable_spec(wanted[n]["spec"]) for n in wanted)
+    )
+    generation = (max(generations, default=0) + 1) if content_changed else None
+
+    creates: list[dict[str, Any]] = []
+    updates: list[dict[str, Any]] = []
+    for name, want in wanted.items():
+        have = current.get(name)
+        obj = copy.deepcopy(dict(want))
+        obj["spec"]["pool"]["generation"] = (
+            generation if generation is not None else int(have["spec"]["pool"]["generation"]) if have else 0
+        )
+        meta = obj.setdefault("metadata", {})
+        if owner is not None:
+            meta["ownerReferences"] = [owner]
+        elif have is not None and have["metadata"].get("ownerReferences"):
+            meta["ownerReferences"] = have["metadata"]["ownerReferences"]
+        else:
+            meta.pop("ownerReferences", None)
+        if have is None:
+            creates.append(obj)
+            continue
+        _carry_taint_times(obj, have)
+        owner_changed = (have["metadata"].get("ownerReferences") or []) != (meta.get("ownerReferences") or [])
+        if generation is not None or owner_changed:
+            # Keep labels/annotations others may have added; replace only what we own.
+            merged = copy.deepcopy(dict(have))
+            merged["spec"] = obj["spec"]
+            merged["metadata"] = {**merged["metadata"], **{k: v for k, v in meta.items() if k != "ownerReferences"}}
+            if meta.get("ownerReferences"):
+                merged["metadata"]["ownerReferences"] = meta["ownerReferences"]
+            else:
+                merged["metadata"].pop("ownerReferences", None)
+            updates.append(merged)
+    deletes = tuple(
+        (n, str(current[n]["metadata"].get("resourceVersion") or "")) for n in sorted(current) if n not in wanted
+    )
+    return PublishPlan(tuple(creates), tuple(updates), deletes, generation)
+
+
+# --- I/O -----------------------------------------------------------------------------------
+
+
+class SlicePublisher:
+    def __init__(
+        self,
+        api: KubeApi,
+        driver_name: str,
+        node_name: str,
+        *,
+        resync_seconds: float = 60.0,
+        max_attempts: int = 5,
+        backoff_seconds: float = 1.0,
+        max_backoff_seconds: float = 60.0,
+    ) -> None:
+        self.api = api
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.resync_seconds = resync_seconds
+        self.max_attempts = max_attempts
+        self.backoff_seconds = backoff_seconds
+        self.max_backoff_seconds = max_backoff_seconds
+
+    def _ours(self, obj: Mapping[str, Any]) -> bool:
+        spec = obj.get("spec") or {}
+        return spec.get("driver") == self.driver_name and spec.get("nodeName") == self.node_name
+
+    def existing(self) -> list[dict[str, Any]]:
+        items, _ = self.api.list(
+            "ResourceSlice", field_selector=f"spec.nodeName={self.node_name},spec.driver={self.driver_name}"
+        )
+        return [s for s in items if self._ours(s)]
+
+    def _owner(self) -> dict[str, Any] | None:
+        node = self.api.try_get("Node", self.node_name)
+        uid = (node or {}).get("metadata", {}).get("uid")
+        return node_owner_reference(self.node_name, uid) if uid else None
+
+    def _check_desired(self, desired: Sequence[Mapping[str, Any]]) -> None:
+        for s in desired:
+            if not self._ours(s):
+                spec = s.get("spec") or {}
+                raise PublishError(
+                    f"ResourceSlice {s.get('metadata', {}).get('name')}: spec.driver={spec.get('driver')!r} "
+                    f"spec.nodeName={spec.get('nodeName')!r}; this publisher only writes "
+                    f"driver={self.driver_name!r} nodeName={self.node_name!r}"
+                )
+
+    def publish(self, desired: Sequence[Mapping[str, Any]]) -> PublishResult:
+        """Make the node's slices equal to `desired`; re-reads and retries on Conflict/AlreadyExists."""
+        self._check_desired(desired)
+        last: Exception | None = None
+        for attempt in range(1, self.max_attempts + 1):
+            plan = plan_publish(desired, self.existing(), self._owner())
+            try:
+                for obj in plan.creates:
+                    self._create(obj)
+                for obj in plan.updates:
+                    self.api.replace("ResourceSlice", obj)
+                for name, version in plan.deletes:
+                    # Precondition: a slice changed since we read it is re-read, not deleted blindly.
+                    self.api.delete("ResourceSlice", name, resource_version=version or None)
+            except (Conflict, AlreadyExists) as err:
+                last = err
+                log.info(
+                    "slice write raced, re-reading node=%s driver=%s attempt=%d error=%r",
+                    self.node_name, self.driver_name, attempt, str(err),
+                )
+                continue
+            result = PublishResult(
+                created=len(plan.creates),
+                updated=len(plan.updates),
+                deleted=len(plan.deletes),
+                generation=plan.generation,
+                attempts=attempt,
+                slices=tuple(s["metadata"]["name"] for s in desired),
+            )
+            if not plan.empty:
+                log.info(
+                    "slices published node=%s driver=%s generation=%s created=%d updated=%d deleted=%d slices=%d",
+                    self.node_name, self.driver_name, plan.generation, result.created, result.updated,
+                    result.deleted, len(desired),
+                )
+            return result
+        raise PublishError(
+            f"ResourceSlices of node {self.node_name} (driver {self.driver_name}): still conflicting after "
+            f"{self.max_attempts} attempts: {last}"
+        )
+
+    def _create(self, obj: dict[str, Any]) -> None:
+        try:
+            self.api.create("ResourceSlice", obj)
+        except AlreadyExists:
+            name = obj["metadata"]["name"]
+            try:
+                taken = self.api.get("ResourceSlice", name)
+            except NotFound:
+                raise  # it went away again: the caller re-reads and retries
+            if not self._ours(taken):
+                spec = taken.get("spec") or {}
+                raise PublishError(
+                    f"ResourceSlice {name}: the name is taken by a slice of driver {spec.get('driver')!r} "
+                    f"on node {spec.get('nodeName')!r}; it is left alone and this node's pool stays incomplete"
+                ) from None
+            raise
+
+    def run(
+        self,
+        get_desired: Callable[[], Sequence[Mapping[str, Any]]],
+        changed: threading.Event,
+        stop: threading.Event,
+        *,
+        poll_seconds: float = 0.2,
+    ) -> None:
+        """Publish now, then whenever `changed` is set, and every `resync_seconds` (re-verify), until `stop`.
+
+        Never raises: failures are logged and retried with exponential backoff.
+        """
+        failures = 0
+        while not stop.is_set():
+            changed.clear()  # cleared before reading, so a change during publish triggers another round
+            try:
+                self.publish(get_desired())
+                failures = 0
+                wait = self.resync_seconds
+            except Exception as err:  # noqa: BLE001 - the loop must survive any failure and retry
+                failures += 1
+                wait = min(self.backoff_seconds * 2 ** (failures - 1), self.max_backoff_seconds)
+                log.warning(
+                    "slice publish failed node=%s driver=%s failures=%d retry_in=%.1fs error=%r",
+                    self.node_name, self.driver_name, failures, wait, str(err),
+                )
+            if stop.is_set():
+                break
+            # Wake on a change or stop; `stop` is checked every poll_seconds since one wait cannot watch both.
+            remaining = wait
+            while remaining > 0 and not stop.is_set():
+                step = min(poll_seconds, remaining)
+                if changed.wait(step):
+                    break
+                remaining -= step
+        log.info("slice publisher stopped node=%s driver=%s", self.node_name, self.driver_name)
+
+    def delete_all(self) -> int:
+        """Remove every slice of this node and driver (e.g. on uninstall); returns how many."""
+        return sum(1 for s in self.existing() if self.api.delete("ResourceSlice", s["metadata"]["name"]))

@@ -1,0 +1,486 @@
+"""Inventory -> ResourceSlices: the pure function behind everything a node publishes.
+
+Device names are derived from hardware identity (GPU UUIDs and MIG placements), never from NVML
+enumeration order, so that a reboot that renumbers GPUs does not rename devices that claims were
+allocated against. `gpu_device_name` and `mig_device_name` are the only place names come from.
+
+Naming (all DNS labels, <= 63 characters):
+- full GPU: ``gpu-<h>`` where ``<h>`` is the first 12 hex digits of sha256(lowercased GPU UUID).
+  A hash rather than the UUID's own digits, because simulated and some virtualised GPUs carry UUIDs
+  that differ only in their last digits.
+- MIG device or MIG placement: ``gpu-<h>-mig-<profile>-<start>``, profile lowercased with every run
+  of other characters turned into ``-`` (``1g.10gb+me`` -> ``1g-10gb-me``), ``<start>`` the placement's
+  first memory slice. An existing MIG device and the placement it occupies share one name, so a
+  pool keeps its names when MIG devices are recreated (they get new UUIDs) or when switching between
+  static and partitionable publication.
+
+Health is published as device taints (`DRADeviceTaints` is alpha in 1.35: the API server stores the
+field in v1 whatever the gate; schedulers without the gate ignore it, so it is advisory there).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from driver.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
+
+DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
+STANDARD_DOMAIN = "resource.kubernetes.io"
+
+# Kubernetes' ResourceSlice limits (resource.k8s.io/v1, 1.35).
+MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS = 64
+MAX_COUNTER_SETS_PER_SLICE = 8
+MAX_COUNTERS_PER_SET = 32
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_TAINTS_PER_DEVICE = 16
+MAX_SLICE_NAME = 253
+MAX_DNS_LABEL = 63
+MAX_STRING_ATTRIBUTE = 64
+
+# Xids that NVIDIA's device plugin and DRA driver treat as application errors, not GPU faults:
+# the GPU stays schedulable, so their taint carries effect None (informational).
+APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+
+# MIG engine counts: (capacity name, counter name, MigProfile/MigDevice attribute).
+_ENGINE_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("multiprocessors", "multiprocessors", "multiprocessors"),
+    ("copyEngines", "copy-engines", "copy_engines"),
+    ("decoders", "decoders", "decoders"),
+    ("encoders", "encoders", "encoders"),
+    ("jpegEngines", "jpeg-engines", "jpeg_engines"),
+    ("ofaEngines", "ofa-engines", "ofa_engines"),
+)
+
+
+class SliceBuildError(ValueError):
+    """The inventory cannot be published as asked (e.g. two devices would share a name)."""
+
+
+@dataclass(frozen=True)
+class SliceSettings:
+    node_name: str
+    driver_name: str = DEFAULT_DRIVER_NAME
+    generation: int = 0
+    # DRAPartitionableDevices: publish MIG-capable GPUs as counter sets plus every MIG placement.
+    partitionable: bool = False
+    # Static split: GPUs the legacy device plugin owns are not published at all.
+    reserved_uuids: frozenset[str] = frozenset()
+    # Device name -> additional taints (dicts with key, value, effect), e.g. from the node ledger.
+    extra_taints: Mapping[str, Sequence[Mapping[str, str]]] = field(default_factory=dict)
+    # When set, every slice is owned by the Node so that deleting the Node garbage-collects them.
+    node_uid: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_dns_subdomain(self.node_name, MAX_SLICE_NAME):
+            raise ValueError(
+                f"SliceSettings.node_name {self.node_name!r}: a node name must be a DNS subdomain "
+                "(lowercase letters, digits, '-' and '.', at most 253 characters)"
+            )
+        if not _is_dns_subdomain(self.driver_name, MAX_DNS_LABEL):
+            raise ValueError(
+                f"SliceSettings.driver_name {self.driver_name!r}: a driver name must be a DNS subdomain "
+                "of at most 63 characters, e.g. gpu.nvidia.com"
+            )
+        if self.generation < 0:
+            raise ValueError(f"SliceSettings.generation {self.generation}: must be >= 0")
+
+
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _is_dns_subdomain(text: str, max_len: int) -> bool:
+    return 0 < len(text) <= max_len and all(
+        len(label) <= MAX_DNS_LABEL and _DNS_LABEL_RE.match(label) for label in text.split(".")
+    )
+
+
+# --- names ---------------------------------------------------------------------------------
+
+
+def _uuid_hash(uuid: str) -> str:
+    return hashlib.sha256(uuid.strip().lower().encode()).hexdigest()[:12]
+
+
+def _dns_label_part(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def gpu_device_name(gpu: Gpu) -> str:
+    """The device name of a full GPU: ``gpu-<12 hex of sha256(uuid)>``."""
+    return f"gpu-{_uuid_hash(gpu.uuid)}"
+
+
+def mig_device_name(gpu: Gpu, mig: MigDevice | MigProfile, placement: MigPlacement | None = None) -> str:
+    """The device name of a MIG device, or of a MIG placement (`mig` a profile, `placement` given)."""
+    if isinstance(mig, MigDevice):
+        profile, where = mig.profile, mig.placement
+    else:
+        if placement is None:
+            raise TypeError(f"mig_device_name: profile {mig.name!r} needs a placement")
+        profile, where = mig.name, placement
+    prefix = f"{gpu_device_name(gpu)}-mig-"
+    suffix = f"-{where.start}"
+    part = _dns_label_part(profile) or "profile"
+    room = MAX_DNS_LABEL - len(prefix) - len(suffix)
+    if len(part) > room:
+        # Keep names unique and within a DNS label even for unexpectedly long profile names.
+        digest = hashlib.sha256(profile.encode()).hexdigest()[:8]
+        part = part[: max(room - 9, 1)].rstrip("-") + "-" + digest
+    return prefix + part + suffix
+
+
+def counter_set_name(gpu: Gpu) -> str:
+    return f"{gpu_device_name(gpu)}-counters"
+
+
+def slice_name(node_name: str, driver_name: str, index: int) -> str:
+    """Deterministic slice names (`<node>-<driver>-<i>`) so that reconciliation is by name."""
+    suffix = f"-{index}"
+    base = f"{node_name}-{driver_name}"
+    if len(base) + len(suffix) > MAX_SLICE_NAME:
+        digest = hashlib.sha256(base.encode()).hexdigest()[:10]
+        keep = MAX_SLICE_NAME - len(suffix) - len(digest) - 1
+        base = base[:keep].rstrip(".-") + "-" + digest
+    return base + suffix
+
+
+# --- value formatting ----------------------------------------------------------------------
+
+
+def binary_quantity(n: int) -> str:
+    """Kubernetes' canonical BinarySI form of an integer (81920 MiB -> "80Gi", 1536 -> "1536")."""
+    if n == 0:
+        return "0"
+    value, exp = n, 0
+    while exp < 6 and value % 1024 == 0:
+        value //= 1024
+        exp += 1
+    return f"{value}{('', 'Ki', 'Mi', 'Gi', 'Ti', 'Pi', 'Ei')[exp]}"
+
+
+def semver_of(text: str) -> str | None:
+    """Normalise a dotted numeric version to strict semver ("580.95.05" -> "580.95.5", "9.0" -> "9.0.0").
+
+    None when the text is not 1-3 dot-separated numbers: such a version is left out rather than
+    published as something a semver() comparison would misorder.
+    """
+    parts = text.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    nums = [int(p) for p in parts] + [0] * (3 - len(parts))
+    return ".".join(str(n) for n in nums)
+
+
+def _string(v: str) -> dict[str, Any]:
+    return {"string": v[:MAX_STRING_ATTRIBUTE]}
+
+
+# --- health --------------------------------------------------------------------------------
+
+
+def health_taints(gpu: Gpu, driver_name: str) -> list[dict[str, str]]:
+    """Taints for an unhealthy GPU; an empty list for a healthy one (recovery removes them)."""
+    taints: list[dict[str, str]] = []
+    if gpu.health.lost:
+        taints.append({"key": f"{driver_name}/gpu-lost", "effect": "NoSchedule"})
+    if gpu.health.xids:
+        # One Xid taint: the most recent fault if there is one, else the most recent application error.
+        faults = [x for x in gpu.health.xids if x not in APPLICATION_XIDS]
+        xid = faults[-1] if faults else gpu.health.xids[-1]
+        taints.append(
+            {"key": f"{driver_name}/xid", "value": str(xid), "effect": "NoSchedule" if faults else "None"}
+        )
+    return taints
+
+
+def _taints_for(name: str, base: Sequence[Mapping[str, str]], settings: SliceSettings) -> list[dict[str, str]]:
+    out = [dict(t) for t in base]
+    seen = {(t["key"], t.get("effect", "")) for t in out}
+    for extra in settings.extra_taints.get(name, ()):
+        ident = (extra["key"], extra.get("effect", ""))
+        if ident not in seen:
+            seen.add(ident)
+            out.append(dict(extra))
+    return out[:MAX_TAINTS_PER_DEVICE]
+
+
+# --- devices -------------------------------------------------------------------------------
+
+
+def _common_attributes(gpu: Gpu, inv: Inventory, first: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Attributes every device of `gpu` carries, after the device-specific `first` ones (type, uuid, ...)."""
+    attrs: dict[str, dict[str, Any]] = {
+        **first,
+        "productName": _string(gpu.product_name),
+        "brand": _string(gpu.brand),
+        "architecture": _string(gpu.architecture),
+    }
+    for name, raw in (
+        ("cudaComputeCapability", gpu.cuda_compute_capability),
+        ("driverVersion", inv.driver_version),
+        ("cudaDriverVersion", inv.cuda_driver_version),
+    ):
+        version = semver_of(raw)
+        if version is not None:
+            attrs[name] = {"version": version}
+    if gpu.nvlink_domain:
+        attrs["nvlinkDomain"] = _string(gpu.nvlink_domain)
+    if gpu.numa_node is not None and gpu.numa_node >= 0:
+        attrs["numaNode"] = {"int": gpu.numa_node}
+    if gpu.fabric_cluster_uuid:
+        attrs["fabricClusterUUID"] = _string(gpu.fabric_cluster_uuid)
+    if gpu.fabric_clique_id is not None:
+        attrs["fabricCliqueID"] = {"int": gpu.fabric_clique_id}
+    if gpu.pcie_root:
+        attrs[f"{STANDARD_DOMAIN}/pcieRoot"] = _string(gpu.pcie_root)
+    return attrs
+
+
+def _gpu_device(gpu: Gpu, inv: Inventory, settings: SliceSettings) -> dict[str, Any]:
+    name = gpu_device_name(gpu)
+    attrs = _common_attributes(gpu, inv, {"type": _string("gpu"), "uuid": _string(gpu.uuid)})
+    attrs["migCapable"] = {"bool": gpu.mig_capable}
+    attrs["migEnabled"] = {"bool": gpu.mig_enabled}
+    attrs[f"{STANDARD_DOMAIN}/pciBusID"] = _string(gpu.pci_bus_id)
+    device: dict[str, Any] = {
+        "name": name,
+        "attributes": attrs,
+        "capacity": {"memory": {"value": binary_quantity(gpu.memory_bytes)}},
+    }
+    taints = _taints_for(name, health_taints(gpu, settings.driver_name), settings)
+    if taints:
+        device["taints"] = taints
+    return device
+
+
+def _mig_attributes(gpu: Gpu, inv: Inventory, profile: str, uuid: str | None) -> dict[str, dict[str, Any]]:
+    first = {"type": _string("mig"), **({"uuid": _string(uuid)} if uuid else {})}
+    return _common_attributes(gpu, inv, {**first, "parentUUID": _string(gpu.uuid), "profile": _string(profile)})
+
+
+def _mig_capacity(source: MigDevice | MigProfile) -> dict[str, dict[str, str]]:
+    cap = {"memory": {"value": binary_quantity(source.memory_bytes)}}
+    for cap_name, _, attr in _ENGINE_FIELDS:
+        cap[cap_name] = {"value": str(getattr(source, attr))}
+    return cap
+
+
+def _mig_device(gpu: Gpu, mig: MigDevice, inv: Inventory, settings: SliceSettings) -> dict[str, Any]:
+    name = mig_device_name(gpu, mig)
+    attrs = _mig_attributes(gpu, inv, mig.profile, mig.uuid)
+    device: dict[str, Any] = {"name": name, "attributes": attrs, "capacity": _mig_capacity(mig)}
+    taints = _taints_for(name, health_taints(gpu, settings.driver_name), settings)
+    if taints:
+        device["taints"] = taints
+    return device
+
+
+# --- partitionable (KEP 4815) --------------------------------------------------------------
+
+
+def _placements(gpu: Gpu) -> list[tuple[MigProfile, MigPlacement]]:
+    pairs = [(p, pl) for p in gpu.mig_profiles for pl in p.placements]
+    # Larger partitions first, then by profile and position: a stable, readable order.
+    return sorted(pairs, key=lambda pp: (-pp[1].size, pp[0].name, pp[1].start))
+
+
+def _memory_slice_count(gpu: Gpu) -> int:
+    ends = [pl.start + pl.size for p in gpu.mig_profiles for pl in p.placements]
+    return max([gpu.memory_slices, *ends])
+
+
+def _profile_counters(profile: MigProfile) -> dict[str, int]:
+    counters = {"memory": profile.memory_bytes, "compute-slices": profile.compute_slices}
+    for _, counter, attr in _ENGINE_FIELDS:
+        counters[counter] = getattr(profile, attr)
+    return counters
+
+
+def _max_concurrent(compute_total: int, pairs: Sequence[tuple[MigProfile, MigPlacement]]) -> dict[str, int]:
+    """Per aggregate counter, the largest sum over any set of MIG instances that can coexist.
+
+    Coexisting = disjoint memory slices, compute slices within the GPU's total and each profile
+    at most `count` times. Totals at least this large never reject a layout the hardware accepts;
+    the memory-slice counters are what rule out overlapping placements.
+    """
+    names = ["memory", "compute-slices", *(c for _, c, _ in _ENGINE_FIELDS)]
+    best = dict.fromkeys(names, 0)
+    order = sorted(pairs, key=lambda pp: pp[1].start)
+
+    def walk(i: int, used_slices: frozenset[int], compute: int, counts: dict[str, int], sums: dict[str, int]) -> None:
+        for n in names:
+            best[n] = max(best[n], sums[n])
+        for j in range(i, len(order)):
+            profile, pl = order[j]
+            span = frozenset(range(pl.start, pl.start + pl.size))
+            if span & used_slices or counts.get(profile.name, 0) >= max(profile.count, 1):
+                continue
+            if compute_total and compute + profile.compute_slices > compute_total:
+                continue
+            pc = _profile_counters(profile)
+            counts[profile.name] = counts.get(profile.name, 0) + 1
+            walk(j + 1, used_slices | span, compute + profile.compute_slices, counts, {n: sums[n] + pc[n] for n in names})
+            counts[profile.name] -= 1
+
+    walk(0, frozenset(), 0, {}, dict.fromkeys(names, 0))
+    return best
+
+
+# (compute slices, placements) -> _max_concurrent result; one per build_slices call, since the
+# GPUs of a node usually share one shape and the search is the costly step.
+_ShapeCache = dict[tuple[int, tuple[tuple[MigProfile, MigPlacement], ...]], dict[str, int]]
+
+
+def _gpu_counter_totals(gpu: Gpu, cache: _ShapeCache) -> dict[str, int]:
+    shape = (gpu.compute_slices, tuple(_placements(gpu)))
+    if shape not in cache:
+        cache[shape] = _max_concurrent(*shape)
+    totals = dict(cache[shape])
+    totals["memory"] = max(totals["memory"], gpu.memory_bytes)
+    if gpu.compute_slices:
+        totals["compute-slices"] = gpu.compute_slices
+    for i in range(_memory_slice_count(gpu)):
+        totals[f"memory-slice-{i}"] = 1
+    return {k: v for k, v in totals.items() if v > 0}
+
+
+def _counter_values(counters: Mapping[str, int]) -> dict[str, dict[str, str]]:
+    return {
+        name: {"value": binary_quantity(v) if name == "memory" else str(v)}
+        for name, v in sorted(counters.items())
+        if v > 0
+    }
+
+
+def _counter_set(gpu: Gpu, cache: _ShapeCache) -> dict[str, Any]:
+    counters = _counter_values(_gpu_counter_totals(gpu, cache))
+    if len(counters) > MAX_COUNTERS_PER_SET:
+        raise SliceBuildError(
+            f"GPU {gpu.uuid}: {len(counters)} counters needed for its MIG memory slices, "
+            f"a counter set holds at most {MAX_COUNTERS_PER_SET}"
+        )
+    return {"name": counter_set_name(gpu), "counters": counters}
+
+
+def _placement_device(
+    gpu: Gpu, profile: MigProfile, pl: MigPlacement, inv: Inventory, settings: SliceSettings
+) -> dict[str, Any]:
+    name = mig_device_name(gpu, profile, pl)
+    consumed = _profile_counters(profile)
+    for i in range(pl.start, pl.start + pl.size):
+        consumed[f"memory-slice-{i}"] = 1
+    device: dict[str, Any] = {
+        "name": name,
+        "attributes": _mig_attributes(gpu, inv, profile.name, None),
+        "capacity": _mig_capacity(profile),
+        "consumesCounters": [{"counterSet": counter_set_name(gpu), "counters": _counter_values(consumed)}],
+    }
+    taints = _taints_for(name, health_taints(gpu, settings.driver_name), settings)
+    if taints:
+        device["taints"] = taints
+    return device
+
+
+def _partitionable_gpu(
+    gpu: Gpu, inv: Inventory, settings: SliceSettings, cache: _ShapeCache
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    full = _gpu_device(gpu, inv, settings)
+    pairs = _placements(gpu)
+    if not (gpu.mig_capable and pairs):
+        return None, [full]
+    counter_set = _counter_set(gpu, cache)
+    # The full GPU consumes every counter, so it excludes and is excluded by any MIG placement.
+    full["consumesCounters"] = [{"counterSet": counter_set["name"], "counters": counter_set["counters"]}]
+    devices = [full] + [_placement_device(gpu, p, pl, inv, settings) for p, pl in pairs]
+    return counter_set, devices
+
+
+# --- slices --------------------------------------------------------------------------------
+
+
+def _check_device(device: Mapping[str, Any], gpu: Gpu) -> None:
+    entries = len(device.get("attributes", {})) + len(device.get("capacity", {}))
+    if entries > MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise SliceBuildError(
+            f"GPU {gpu.uuid}: device {device['name']} has {entries} attributes and capacities, "
+            f"at most {MAX_ATTRIBUTES_AND_CAPACITIES} are accepted"
+        )
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def build_slices(inventory: Inventory, settings: SliceSettings) -> list[dict[str, Any]]:
+    """The ResourceSlices (resource.k8s.io/v1 dicts) of the node's pool, in a deterministic order.
+
+    One pool named after the node. Devices are ordered by PCI address, then UUID, so the result does
+    not depend on NVML enumeration order. With `partitionable`, counter sets go into their own
+    slices (1.35 forbids mixing them with devices) ahead of the device slices.
+    """
+    gpus = sorted(
+        (g for g in inventory.gpus if g.uuid not in settings.reserved_uuids),
+        key=lambda g: (g.pci_bus_id, g.uuid),
+    )
+    devices: list[dict[str, Any]] = []
+    counter_sets: list[dict[str, Any]] = []
+    owner: dict[str, str] = {}
+    shapes: _ShapeCache = {}
+    for gpu in gpus:
+        if settings.partitionable:
+            counter_set, gpu_devices = _partitionable_gpu(gpu, inventory, settings, shapes)
+            if counter_set is not None:
+                counter_sets.append(counter_set)
+        elif gpu.mig_enabled:
+            # A MIG-enabled GPU is not usable whole: only its MIG devices are offered.
+            gpu_devices = [
+                _mig_device(gpu, m, inventory, settings)
+                for m in sorted(gpu.mig_devices, key=lambda m: (m.placement.start, m.profile))
+            ]
+        else:
+            gpu_devices = [_gpu_device(gpu, inventory, settings)]
+        for device in gpu_devices:
+            _check_device(device, gpu)
+            if device["name"] in owner:
+                raise SliceBuildError(
+                    f"device name {device['name']} is derived for both {owner[device['name']]} and {gpu.uuid}; "
+                    "device names must be unique in the pool"
+                )
+            owner[device["name"]] = gpu.uuid
+        devices.extend(gpu_devices)
+
+    limited = any("taints" in d or "consumesCounters" in d for d in devices)
+    per_slice = MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if limited else MAX_DEVICES_PER_SLICE
+    specs: list[dict[str, Any]] = [{"sharedCounters": list(c)} for c in _chunks(counter_sets, MAX_COUNTER_SETS_PER_SLICE)]
+    specs += [{"devices": list(c)} for c in _chunks(devices, per_slice)]
+    if not specs:
+        # An empty pool is still published: it tells the scheduler this node has no devices of ours.
+        specs = [{"devices": []}]
+
+    slices: list[dict[str, Any]] = []
+    for i, body in enumerate(specs):
+        metadata: dict[str, Any] = {"name": slice_name(settings.node_name, settings.driver_name, i)}
+        if settings.node_uid:
+            metadata["ownerReferences"] = [node_owner_reference(settings.node_name, settings.node_uid)]
+        spec: dict[str, Any] = {
+            "driver": settings.driver_name,
+            "nodeName": settings.node_name,
+            "pool": {
+                "name": settings.node_name,
+                "generation": settings.generation,
+                "resourceSliceCount": len(specs),
+            },
+            **body,
+        }
+        slices.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": metadata, "spec": spec})
+    return slices
+
+
+def node_owner_reference(node_name: str, node_uid: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}

@@ -1,0 +1,353 @@
+"""HTTP routing for the embedded control plane: Kubernetes' REST paths onto the store."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
+from typing import Any, Protocol
+from urllib.parse import parse_qs, urlsplit
+
+from gpudra.apiserver import resources as res
+from gpudra.apiserver import status as st
+from gpudra.apiserver.selectors import FieldSelector, LabelSelector, SelectorError
+from gpudra.apiserver.store import Filter, Store
+from gpudra.apiserver.tables import wants_table, to_table
+
+_WATCH_POLL_S = 1.0  # how often an idle watch checks for shutdown and its deadline
+_MAX_BODY = 64 * 1024 * 1024
+
+
+class ServerContext(Protocol):
+    store: Store
+    registry: res.Registry
+    bookmark_interval: float
+
+    @property
+    def stopping(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Route:
+    rt: res.ResourceType
+    namespace: str  # "" for cluster-scoped requests and all-namespaces lists
+    name: str | None
+    subresource: str | None
+
+
+def _encode(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+class ApiHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "gpu-dra-apiserver"
+    # Responses are written in one piece; Nagle would hold small ones back for a delayed ACK.
+    disable_nagle_algorithm = True
+
+    @property
+    def ctx(self) -> ServerContext:
+        return self.server.ctx  # type: ignore[attr-defined, no-any-return]
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature fixed by the base class
+        return  # per-request access logs would swamp the structured logs of the processes using us
+
+    # ----- plumbing ------------------------------------------------------------------------------------------
+
+    def _send(self, code: int, body: bytes, content_type: str = "application/json") -> None:
+        head = (f"HTTP/1.1 {code} {self.responses.get(code, ('',))[0]}\r\n"
+                f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+                "Cache-Control: no-cache, private\r\n\r\n").encode()
+        self.wfile.write(head + body)
+        self.log_request(code)
+
+    def _send_json(self, code: int, value: Any) -> None:
+        self._send(code, _encode(value))
+
+    def _send_error(self, err: st.StatusError) -> None:
+        self._send_json(err.code, err.body())
+
+    def _read_body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > _MAX_BODY:
+            raise st.StatusError(413, "RequestEntityTooLarge", f"request body of {length} bytes exceeds "
+                                                               f"the limit of {_MAX_BODY} bytes")
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise st.bad_request(f"the request body is not valid JSON: {exc}; this server accepts JSON only")
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            url = urlsplit(self.path)
+            query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+            self._route(method, url.path, query)
+        except st.StatusError as err:
+            self._drain()
+            self._send_error(err)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as exc:  # a bad request must never take the server down
+            self._drain()
+            self._send_error(st.StatusError(500, "InternalError", f"internal error: {type(exc).__name__}: {exc}"))
+
+    def _drain(self) -> None:
+        # Unread request bodies would be parsed as the next request on a kept-alive connection.
+        if not getattr(self, "_body_read", False):
+            self.close_connection = True
+
+    def do_GET(self) -> None:  # noqa: N802 - names fixed by BaseHTTPRequestHandler
+        self._body_read = True
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._body_read = False
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._body_read = False
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._body_read = False
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._body_read = False
+        self._dispatch("DELETE")
+
+    def _body(self) -> Any:
+        value = self._read_body()
+        self._body_read = True
+        return value
+
+    # ----- routing -------------------------------------------------------------------------------------------
+
+    def _route(self, method: str, path: str, query: dict[str, str]) -> None:
+        parts = [p for p in path.split("/") if p]
+        reg = self.ctx.registry
+        if method == "GET":
+            doc = self._discovery(parts, reg)
+            if doc is not None:
+                if isinstance(doc, bytes):
+                    self._send(200, doc, "text/plain; charset=utf-8")
+                else:
+                    self._send_json(200, doc)
+                return
+        if len(parts) >= 2 and parts[0] == "api":
+            group, version, rest = "", parts[1], parts[2:]
+        elif len(parts) >= 3 and parts[0] == "apis":
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            raise st.StatusError(404, "NotFound", f"the server could not find the requested resource ({path})")
+        route = self._resolve(group, version, rest, path)
+        self._serve(method, route, query)
+
+    def _discovery(self, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | None:
+        if parts in (["healthz"], ["readyz"], ["livez"]):
+            return b"ok"
+        if parts == ["version"]:
+            return res.SERVER_VERSION
+        if parts == ["api"]:
+            return res.api_versions()
+        if parts == ["apis"]:
+            return res.api_group_list(reg)
+        if len(parts) == 2 and parts[0] == "api":
+            return res.api_resource_list(reg, "", parts[1]) or self._not_found_path(parts)
+        if len(parts) == 2 and parts[0] == "apis":
+            return res.api_group(reg, parts[1]) or self._not_found_path(parts)
+        if len(parts) == 3 and parts[0] == "apis":
+            return res.api_resource_list(reg, parts[1], parts[2]) or self._not_found_path(parts)
+        return None
+
+    @staticmethod
+    def _not_found_path(parts: list[str]) -> dict[str, Any]:
+        raise st.StatusError(404, "NotFound", f"the server could not find the requested resource (/{'/'.join(parts)})")
+
+    def _resolve(self, group: str, version: str, rest: list[str], path: str) -> Route:
+        reg = self.ctx.registry
+        namespace = ""
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            candidate = reg.by_route(group, version, rest[2])
+            if candidate is not None and candidate.namespaced:
+                namespace, rest = rest[1], rest[2:]
+        if not rest:
+            raise st.StatusError(404, "NotFound", f"the server could not find the requested resource ({path})")
+        rt = reg.by_route(group, version, rest[0])
+        if rt is None:
+            gv = f"{group}/{version}" if group else version
+            raise st.StatusError(404, "NotFound", f"the server could not find the requested resource ({path}): "
+                                                  f"no resource {rest[0]!r} in {gv}")
+        if len(rest) > 3:
+            raise st.StatusError(404, "NotFound", f"the server could not find the requested resource ({path})")
+        name = rest[1] if len(rest) >= 2 else None
+        sub = rest[2] if len(rest) == 3 else None
+        if sub is not None and not ((sub == "status" and rt.has_status) or sub in rt.extra_subresources):
+            raise st.StatusError(404, "NotFound", f"the server could not find the requested resource ({path}): "
+                                                  f"{rt.plural} has no subresource {sub!r}")
+        if rt.namespaced and name is not None and not namespace:
+            raise st.StatusError(404, "NotFound", f"the server could not find the requested resource ({path}): "
+                                                  f"{rt.plural} are namespaced; use /namespaces/NAMESPACE/{rt.plural}")
+        return Route(rt, namespace, name, sub)
+
+    def _serve(self, method: str, r: Route, query: dict[str, str]) -> None:
+        store = self.ctx.store
+        if r.name is None:
+            if method == "GET":
+                if query.get("watch") in ("true", "1"):
+                    self._watch(r, query)
+                else:
+                    self._list(r, query)
+                return
+            if method == "POST":
+                obj = store.create(r.rt, r.namespace, self._body())
+                self._send_json(201, obj)
+                return
+            raise st.method_not_allowed(f"{method} is not supported on the collection {r.rt.plural}; "
+                                        "supported: GET (list, watch) and POST (create)")
+        if r.subresource == "binding":
+            if method != "POST":
+                raise st.method_not_allowed(f"{method} is not supported on pods/binding; supported: POST")
+            self._send_json(201, store.bind(r.namespace, r.name, self._body()))
+            return
+        if method == "GET":
+            obj = store.get(r.rt, r.namespace, r.name)
+            self._send_object(200, r, obj)
+        elif method == "PUT":
+            self._send_json(200, store.update(r.rt, r.namespace, r.name, self._body(), r.subresource))
+        elif method == "PATCH":
+            ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            if ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+                kind = "merge"
+            elif ctype == "application/json-patch+json":
+                kind = "json"
+            else:
+                self._body()
+                raise st.unsupported_media_type(ctype)
+            self._send_json(200, store.patch(r.rt, r.namespace, r.name, kind, self._body(), r.subresource))
+        elif method == "DELETE":
+            body = self._body()
+            options = body if isinstance(body, dict) else {}
+            if "propagationPolicy" in query:
+                options = {**options, "propagationPolicy": query["propagationPolicy"]}
+            self._send_json(200, store.delete(r.rt, r.namespace, r.name, options))
+        else:
+            raise st.method_not_allowed(f"{method} is not supported on {r.rt.plural}")
+
+    def _send_object(self, code: int, r: Route, obj: dict[str, Any]) -> None:
+        if wants_table(self.headers.get("Accept")):
+            self._send_json(code, to_table(r.rt, [obj], obj["metadata"].get("resourceVersion", "")))
+        else:
+            self._send_json(code, obj)
+
+    # ----- list and watch ------------------------------------------------------------------------------------
+
+    def _filter(self, r: Route, query: dict[str, str]) -> Filter:
+        try:
+            labels = LabelSelector.parse(query.get("labelSelector"))
+            fields = FieldSelector.parse(query.get("fieldSelector"))
+            fields.check_fields(lambda f: r.rt.field_value({}, f) is not None, r.rt.selectable_fields,
+                                f'"{r.rt.kind}" in version "{r.rt.api_version}"')
+        except SelectorError as exc:
+            raise st.bad_request(str(exc))
+        return Filter(r.rt, r.namespace or None, labels, fields)
+
+    def _list(self, r: Route, query: dict[str, str]) -> None:
+        flt = self._filter(r, query)
+        items, rv = self.ctx.store.list(flt)
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        limit = int(query.get("limit") or 0)
+        start = 0
+        token = query.get("continue")
+        if token:
+            try:
+                decoded = json.loads(base64.urlsafe_b64decode(token.encode()))
+                after = (decoded["ns"], decoded["name"])
+            except (ValueError, KeyError, TypeError):
+                raise st.StatusError(400, "BadRequest", "continue: invalid token; pass back the metadata.continue "
+                                                        "value of the previous list unchanged")
+            start = next((i for i, obj in enumerate(items) if self._sort_key(obj) > after), len(items))
+        if limit > 0 and start + limit < len(items):
+            last = items[start + limit - 1]
+            ns, name = self._sort_key(last)
+            meta["continue"] = base64.urlsafe_b64encode(_encode({"ns": ns, "name": name})).decode()
+            meta["remainingItemCount"] = len(items) - start - limit
+            items = items[start:start + limit]
+        else:
+            items = items[start:]
+        if wants_table(self.headers.get("Accept")):
+            self._send_json(200, to_table(r.rt, items, str(rv)))
+            return
+        # Items are already serialized JSON objects in the store; splice them in without re-encoding twice.
+        head = _encode({"kind": r.rt.kind + "List", "apiVersion": r.rt.api_version, "metadata": meta})[:-1]
+        body = head + b',"items":[' + b",".join(_encode(i) for i in items) + b"]}"
+        self._send(200, body)
+
+    @staticmethod
+    def _sort_key(obj: dict[str, Any]) -> tuple[str, str]:
+        m = obj.get("metadata") or {}
+        return (m.get("namespace") or "", m.get("name") or "")
+
+    def _watch(self, r: Route, query: dict[str, str]) -> None:
+        flt = self._filter(r, query)
+        rv_text = query.get("resourceVersion") or ""
+        send_initial = query.get("sendInitialEvents") == "true"
+        try:
+            rv = int(rv_text) if rv_text not in ("", "0") else None
+        except ValueError:
+            raise st.bad_request(f"resourceVersion: Invalid value: {rv_text!r}: must be an integer, as returned "
+                                 "in metadata.resourceVersion")
+        initial = rv is None or send_initial
+        bookmarks = query.get("allowWatchBookmarks") == "true"
+        timeout_s = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
+        watcher = self.ctx.store.watch(flt, rv, initial)
+        self.close_connection = True
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+                         b"Cache-Control: no-cache, private\r\n\r\n")
+        self.log_request(200)
+        started = time.monotonic()
+        for etype, obj in watcher.initial_events():
+            self._chunk(etype, obj)
+        if send_initial and bookmarks:
+            self._bookmark(r.rt, watcher.pos, initial_end=True)
+        last_sent = time.monotonic()
+        try:
+            while not self.ctx.stopping:
+                now = time.monotonic()
+                if timeout_s is not None and now - started >= timeout_s:
+                    break
+                wait = _WATCH_POLL_S
+                if timeout_s is not None:
+                    wait = min(wait, timeout_s - (now - started))
+                if bookmarks:
+                    wait = min(wait, max(0.0, self.ctx.bookmark_interval - (now - last_sent)))
+                try:
+                    events = watcher.next_events(max(wait, 0.0))
+                except st.StatusError as err:
+                    self._chunk("ERROR", err.body())
+                    break
+                for etype, obj in events:
+                    self._chunk(etype, obj)
+                if events:
+                    last_sent = time.monotonic()
+                elif bookmarks and time.monotonic() - last_sent >= self.ctx.bookmark_interval:
+                    self._bookmark(r.rt, watcher.pos)
+                    last_sent = time.monotonic()
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            return
+
+    def _bookmark(self, rt: res.ResourceType, rv: int, initial_end: bool = False) -> None:
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        if initial_end:
+            meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+        self._chunk("BOOKMARK", {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta})
+
+    def _chunk(self, etype: str, obj: dict[str, Any]) -> None:
+        line = _encode({"type": etype, "object": obj}) + b"\n"
+        self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")

@@ -1,0 +1,136 @@
+"""Pure helpers on Kubernetes object dicts: names, metadata, copying, the server-side rules per kind."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+from typing import Any
+
+from gpudra.apiserver.resources import ResourceType
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Kubernetes' generateName suffix alphabet: no vowels (no words) and no easily confused characters.
+GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+# Resources whose status is reset on create, as Kubernetes' create strategies do.
+_STATUS_CLEARED_ON_CREATE = frozenset({"ResourceClaim", "ResourceQuota"})
+
+
+def deep_copy(obj: Any) -> Any:
+    # A JSON round trip is both a deep copy and a guard that only JSON values are stored.
+    return json.loads(json.dumps(obj))
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def meta(obj: dict[str, Any]) -> dict[str, Any]:
+    m = obj.get("metadata")
+    if not isinstance(m, dict):
+        m = {}
+        obj["metadata"] = m
+    return m
+
+
+def name_errors(rt: ResourceType, name: str) -> list[str]:
+    """Kubernetes' object-name rules: namespaces are DNS labels, everything we serve else DNS subdomains."""
+    if rt.kind == "Namespace":
+        if len(name) > 63 or not _DNS_LABEL.match(name):
+            return [f"metadata.name: Invalid value: {json.dumps(name)}: a lowercase RFC 1123 label must consist "
+                    "of lower case alphanumeric characters or '-', and must start and end with an alphanumeric "
+                    "character (at most 63 characters)"]
+        return []
+    if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        return [f"metadata.name: Invalid value: {json.dumps(name)}: a lowercase RFC 1123 subdomain must consist "
+                "of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric "
+                "character (at most 253 characters)"]
+    return []
+
+
+def metadata_errors(obj: dict[str, Any]) -> list[str]:
+    m = obj.get("metadata") or {}
+    errors: list[str] = []
+    for key in ("labels", "annotations"):
+        value = m.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            errors.append(f"metadata.{key}: Invalid value: must be a map of string keys to string values")
+    finalizers = m.get("finalizers")
+    if finalizers is not None and (not isinstance(finalizers, list) or not all(isinstance(f, str) for f in finalizers)):
+        errors.append("metadata.finalizers: Invalid value: must be a list of strings")
+    owners = m.get("ownerReferences")
+    if owners is not None:
+        if not isinstance(owners, list):
+            errors.append("metadata.ownerReferences: Invalid value: must be a list")
+        else:
+            for i, ref in enumerate(owners):
+                if not isinstance(ref, dict):
+                    errors.append(f"metadata.ownerReferences[{i}]: Invalid value: must be an object")
+                    continue
+                for key in ("apiVersion", "kind", "name", "uid"):
+                    if not ref.get(key):
+                        errors.append(f"metadata.ownerReferences[{i}].{key}: Required value")
+    return errors
+
+
+def without(obj: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k not in keys}
+
+
+def spec_part(rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+    """The part of an object whose change bumps metadata.generation."""
+    skip = ("metadata", "status", "apiVersion", "kind") if rt.has_status else ("metadata", "apiVersion", "kind")
+    return without(obj, *skip)
+
+
+def prepare_create(rt: ResourceType, obj: dict[str, Any]) -> None:
+    """Reset what a client may not set on create, as Kubernetes' per-kind create strategies do."""
+    if rt.kind in _STATUS_CLEARED_ON_CREATE:
+        obj.pop("status", None)
+    elif rt.kind == "Pod":
+        status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
+        obj["status"] = {**status, "phase": status.get("phase") or "Pending"}
+        spec = obj.get("spec")
+        if isinstance(spec, dict):
+            spec.setdefault("schedulerName", "default-scheduler")
+    elif rt.kind == "Namespace":
+        obj["status"] = {"phase": "Active"}
+        spec = obj.setdefault("spec", {})
+        if isinstance(spec, dict):
+            spec.setdefault("finalizers", ["kubernetes"])
+
+
+def immutability_errors(rt: ResourceType, new: dict[str, Any], old: dict[str, Any]) -> list[str]:
+    """The fields Kubernetes refuses to change after creation, for the kinds we serve."""
+    errors: list[str] = []
+    if rt.kind == "ResourceClaim":
+        if new.get("spec") != old.get("spec"):
+            errors.append("spec: Invalid value: \"object\": field is immutable")
+        old_alloc = (old.get("status") or {}).get("allocation")
+        new_alloc = (new.get("status") or {}).get("allocation")
+        # An allocation may be set once and removed (deallocation), but never changed in place.
+        if old_alloc is not None and new_alloc is not None and old_alloc != new_alloc:
+            errors.append("status.allocation: Invalid value: \"object\": field is immutable")
+    elif rt.kind == "ResourceSlice":
+        old_driver = (old.get("spec") or {}).get("driver")
+        new_driver = (new.get("spec") or {}).get("driver")
+        if old_driver != new_driver:
+            errors.append(f"spec.driver: Invalid value: {json.dumps(new_driver)}: field is immutable")
+    elif rt.kind == "ResourceClaimTemplate":
+        if new.get("spec") != old.get("spec"):
+            errors.append("spec: Invalid value: \"object\": field is immutable")
+    elif rt.kind == "Pod":
+        old_node = (old.get("spec") or {}).get("nodeName")
+        new_node = (new.get("spec") or {}).get("nodeName")
+        if old_node and new_node != old_node:
+            errors.append(f"spec.nodeName: Invalid value: {json.dumps(new_node)}: field is immutable once set")
+    return errors
+
+
+def owner_uids(obj: dict[str, Any]) -> list[str]:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return [r["uid"] for r in refs if isinstance(r, dict) and isinstance(r.get("uid"), str)]

@@ -1,0 +1,207 @@
+"""The resource types the embedded control plane serves, and the discovery documents describing them.
+
+One table drives routing, discovery, field selectors and the shapes of error messages, so that a new
+resource is one entry here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+ALL_VERBS: tuple[str, ...] = ("create", "delete", "get", "list", "patch", "update", "watch")
+SERVER_VERSION: dict[str, str] = {
+    "major": "1",
+    "minor": "35",
+    "gitVersion": "v1.35.0",
+    "gitCommit": "embedded",
+    "gitTreeState": "clean",
+    "buildDate": "2025-12-17T00:00:00Z",
+    "goVersion": "go1.25.5",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
+
+
+def _path(obj: dict[str, Any], dotted: str) -> Any:
+    cur: Any = obj
+    for part in dotted.split("."):
+        if not isinstance(cur, dict):
+            return None
+        cur = cur.get(part)
+    return cur
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    """One REST resource: where it lives, what it is called, and which fields can be selected on."""
+
+    group: str  # "" for the core group
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    short_names: tuple[str, ...] = ()
+    has_status: bool = False
+    # Extra field-selector labels beyond metadata.name / metadata.namespace, as dotted paths into the object.
+    field_labels: tuple[str, ...] = ()
+    # Field-selector prefixes whose any sub-path may be selected on (events' involvedObject.*).
+    field_prefixes: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    extra_subresources: tuple[str, ...] = ()
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def qualified(self) -> str:
+        """`resourceclaims.resource.k8s.io` (or `pods` for the core group), as Kubernetes' messages name it."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def qualified_kind(self) -> str:
+        """`ResourceClaim.resource.k8s.io` (or `Pod`), as Kubernetes' "is invalid" messages name it."""
+        return f"{self.kind}.{self.group}" if self.group else self.kind
+
+    @property
+    def singular(self) -> str:
+        return self.kind.lower()
+
+    def field_value(self, obj: dict[str, Any], label: str) -> str | None:
+        """The value a field selector compares against, or None when `label` is not selectable here."""
+        if label == "metadata.name":
+            return _text(_path(obj, "metadata.name"))
+        if label == "metadata.namespace":
+            return _text(_path(obj, "metadata.namespace")) if self.namespaced else ""
+        if label in self.field_labels or any(label.startswith(p + ".") for p in self.field_prefixes):
+            return _text(_path(obj, label))
+        return None
+
+    def selectable_fields(self) -> list[str]:
+        base = ["metadata.name", "metadata.namespace", *self.field_labels]
+        return base + [p + ".*" for p in self.field_prefixes]
+
+
+@dataclass(frozen=True)
+class Registry:
+    """All served resource types, indexed the ways the server needs to find them."""
+
+    types: tuple[ResourceType, ...]
+    _by_route: dict[tuple[str, str, str], ResourceType] = field(default_factory=dict, compare=False)
+    _by_kind: dict[str, ResourceType] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        for rt in self.types:
+            self._by_route[(rt.group, rt.version, rt.plural)] = rt
+            self._by_kind[rt.kind] = rt
+
+    def by_route(self, group: str, version: str, plural: str) -> ResourceType | None:
+        return self._by_route.get((group, version, plural))
+
+    def by_kind(self, kind: str) -> ResourceType | None:
+        return self._by_kind.get(kind)
+
+    def group_versions(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for rt in self.types:
+            versions = out.setdefault(rt.group, [])
+            if rt.version not in versions:
+                versions.append(rt.version)
+        return out
+
+    def in_group_version(self, group: str, version: str) -> Iterable[ResourceType]:
+        return (rt for rt in self.types if rt.group == group and rt.version == version)
+
+
+DEFAULT_REGISTRY = Registry(
+    types=(
+        ResourceType("", "v1", "namespaces", "Namespace", False, ("ns",), has_status=True,
+                     field_labels=("status.phase",)),
+        ResourceType("", "v1", "nodes", "Node", False, ("no",), has_status=True,
+                     field_labels=("spec.unschedulable",)),
+        ResourceType("", "v1", "pods", "Pod", True, ("po",), has_status=True,
+                     field_labels=("spec.nodeName", "spec.schedulerName", "spec.serviceAccountName",
+                                   "status.phase", "status.podIP", "status.nominatedNodeName"),
+                     categories=("all",), extra_subresources=("binding",)),
+        ResourceType("", "v1", "events", "Event", True, ("ev",),
+                     field_labels=("reason", "type", "source", "reportingComponent"),
+                     field_prefixes=("involvedObject",)),
+        ResourceType("", "v1", "resourcequotas", "ResourceQuota", True, ("quota",), has_status=True),
+        ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True),
+        ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),
+        ResourceType("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False),
+        ResourceType("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False,
+                     field_labels=("spec.driver", "spec.nodeName")),
+        ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, has_status=True),
+        ResourceType("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True),
+    )
+)
+
+
+def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:
+    main: dict[str, Any] = {
+        "name": rt.plural,
+        "singularName": rt.singular,
+        "namespaced": rt.namespaced,
+        "kind": rt.kind,
+        "verbs": list(ALL_VERBS),
+    }
+    if rt.short_names:
+        main["shortNames"] = list(rt.short_names)
+    if rt.categories:
+        main["categories"] = list(rt.categories)
+    entries = [main]
+    if rt.has_status:
+        entries.append({"name": f"{rt.plural}/status", "singularName": "", "namespaced": rt.namespaced,
+                        "kind": rt.kind, "verbs": ["get", "patch", "update"]})
+    for sub in rt.extra_subresources:
+        entries.append({"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
+                        "kind": "Binding" if sub == "binding" else rt.kind, "verbs": ["create"]})
+    return entries
+
+
+def api_resource_list(registry: Registry, group: str, version: str) -> dict[str, Any] | None:
+    types = list(registry.in_group_version(group, version))
+    if not types:
+        return None
+    resources: list[dict[str, Any]] = []
+    for rt in types:
+        resources.extend(_resource_entries(rt))
+    return {"kind": "APIResourceList", "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}" if group else version, "resources": resources}
+
+
+def api_versions() -> dict[str, Any]:
+    return {"kind": "APIVersions", "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
+
+
+def api_group(registry: Registry, group: str) -> dict[str, Any] | None:
+    versions = registry.group_versions().get(group)
+    if not group or not versions:
+        return None
+    gvs = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+    return {"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": gvs, "preferredVersion": gvs[0]}
+
+
+def api_group_list(registry: Registry) -> dict[str, Any]:
+    groups = []
+    for group in registry.group_versions():
+        doc = api_group(registry, group)
+        if doc is not None:
+            doc = dict(doc)
+            doc.pop("kind")
+            doc.pop("apiVersion")
+            groups.append(doc)
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+

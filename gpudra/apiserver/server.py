@@ -1,0 +1,165 @@
+"""`EmbeddedApiServer`: the store, the HTTP server and the background workers, started and stopped together."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+import threading
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpudra.apiserver.handler import ApiHandler
+from gpudra.apiserver.persistence import atomic_write_bytes, atomic_write_json, read_state
+from gpudra.apiserver.resources import DEFAULT_REGISTRY, Registry
+from gpudra.apiserver.status import StatusError
+from gpudra.apiserver.store import Admission, Store
+
+_INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+
+
+def check_loopback(host: str) -> None:
+    """Refuse to listen anywhere but loopback: the embedded server has no authentication at all."""
+    if host == "localhost":
+        return
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"--address {host!r}: not an IP address; the embedded apiserver listens on loopback only "
+                         "(accepted: 127.0.0.1, another 127.x.y.z address, ::1 or localhost)") from None
+    if not addr.is_loopback:
+        raise ValueError(f"--address {host}: not a loopback address; the embedded apiserver has no authentication "
+                         "and listens on loopback only (accepted: 127.0.0.1, another 127.x.y.z address, ::1 or "
+                         "localhost)")
+
+
+class _HttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], ctx: EmbeddedApiServer, family: int) -> None:
+        self.address_family = family
+        self.ctx = ctx
+        super().__init__(address, ApiHandler)
+
+
+class EmbeddedApiServer:
+    """A Kubernetes-compatible API server on loopback, in memory, optionally persisted to `state_file`."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, state_file: str | Path | None = None,
+                 admission: Admission | None = None, *, bookmark_interval: float = 60.0,
+                 history_limit: int = 20000, registry: Registry = DEFAULT_REGISTRY,
+                 persist_interval: float = 0.5) -> None:
+        check_loopback(host)
+        self.host = host
+        self.port = port
+        self.state_file = Path(state_file) if state_file else None
+        self.registry = registry
+        self.bookmark_interval = bookmark_interval
+        self.persist_interval = persist_interval
+        self.store = Store(registry, admission, history_limit)
+        self._stop = threading.Event()
+        self._httpd: _HttpServer | None = None
+        self._threads: list[threading.Thread] = []
+        self.url = ""
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def start(self) -> str:
+        if self.state_file is not None:
+            state = read_state(self.state_file)
+            if state is not None:
+                for problem in self.store.restore(state):
+                    print(f"level=warning component=apiserver msg={problem!r}", file=sys.stderr)
+        self._ensure_namespaces()
+        host = "127.0.0.1" if self.host == "localhost" else self.host
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._httpd = _HttpServer((host, self.port), self, family)
+        self.port = self._httpd.server_address[1]
+        self.url = f"http://[{host}]:{self.port}" if family == socket.AF_INET6 else f"http://{host}:{self.port}"
+        self._spawn("apiserver-http", lambda: self._httpd.serve_forever(poll_interval=0.05))  # type: ignore[union-attr]
+        self._spawn("apiserver-gc", self._gc_loop)
+        if self.state_file is not None:
+            self._spawn("apiserver-persist", self._persist_loop)
+        return self.url
+
+    def _spawn(self, name: str, target: Any) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _ensure_namespaces(self) -> None:
+        ns_rt = self.registry.by_kind("Namespace")
+        assert ns_rt is not None
+        for name in _INITIAL_NAMESPACES:
+            try:
+                self.store.get(ns_rt, "", name)
+            except StatusError:
+                self.store.create(ns_rt, "", {"metadata": {"name": name}})
+
+    def _gc_loop(self) -> None:
+        while self.store.collect_garbage_once(timeout=1.0):
+            pass
+
+    def _persist_loop(self) -> None:
+        while not self._stop.wait(self.persist_interval):
+            self.persist()
+
+    def persist(self) -> None:
+        """Write the state file now if anything changed since the last write."""
+        if self.state_file is None:
+            return
+        snapshot = self.store.snapshot()
+        if snapshot is None:
+            return
+        try:
+            atomic_write_json(self.state_file, snapshot)
+        except OSError as exc:
+            self.store.mark_dirty()
+            print(f"level=error component=apiserver msg=\"cannot write state file\" file={self.state_file} "
+                  f"error={exc.strerror!r}", file=sys.stderr)
+
+    def stop(self) -> None:
+        if self._httpd is None:
+            return
+        self._stop.set()
+        self.store.close()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        for t in self._threads:
+            t.join(timeout=5)
+        self._threads = []
+        self._httpd = None
+        self.persist()
+
+    def __enter__(self) -> EmbeddedApiServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def kubeconfig(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "gpu-dra", "cluster": {"server": self.url}}],
+            "users": [{"name": "gpu-dra", "user": {}}],
+            "contexts": [{"name": "gpu-dra", "context": {"cluster": "gpu-dra", "user": "gpu-dra",
+                                                         "namespace": "default"}}],
+            "current-context": "gpu-dra",
+            "preferences": {},
+        }
+
+    def write_kubeconfig(self, path: str | Path) -> Path:
+        if not self.url:
+            raise RuntimeError("write_kubeconfig: the server has not been started; call start() first")
+        target = Path(path)
+        atomic_write_bytes(target, yaml.safe_dump(self.kubeconfig(), sort_keys=False).encode())
+        return target

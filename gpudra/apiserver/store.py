@@ -1,0 +1,588 @@
+"""The in-memory object store: versioned writes, Kubernetes' update semantics, watch history.
+
+Stored object dicts are never mutated after they are stored (every write stores a fresh dict), so readers
+can serialize them without copying and without holding the lock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import random
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpudra.apiserver import objects as o
+from gpudra.apiserver import status as st
+from gpudra.apiserver.patch import PatchError, json_patch, merge_patch
+from gpudra.apiserver.resources import Registry, ResourceType
+from gpudra.apiserver.selectors import FieldSelector, LabelSelector, labels_of
+
+Admission = Callable[[dict[str, Any], "dict[str, Any] | None"], list[str]]
+ObjKey = tuple[ResourceType, str, str]  # (type, namespace or "", name)
+
+PROTECTED_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+_PATCH_RETRIES = 50
+
+
+@dataclass(frozen=True)
+class Event:
+    rv: int
+    rt: ResourceType
+    type: str  # ADDED, MODIFIED, DELETED
+    obj: dict[str, Any]
+    old: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Filter:
+    """What one list or watch selects: a type, optionally a namespace, label and field selectors."""
+
+    rt: ResourceType
+    namespace: str | None = None
+    labels: LabelSelector = field(default_factory=lambda: LabelSelector(()))
+    fields: FieldSelector = field(default_factory=lambda: FieldSelector(()))
+
+    def matches(self, obj: dict[str, Any] | None) -> bool:
+        if obj is None:
+            return False
+        if self.namespace and (obj.get("metadata") or {}).get("namespace") != self.namespace:
+            return False
+        if not self.labels.empty and not self.labels.matches(labels_of(obj)):
+            return False
+        if not self.fields.empty and not self.fields.matches(lambda f: self.rt.field_value(obj, f)):
+            return False
+        return True
+
+
+class Store:
+    def __init__(self, registry: Registry, admission: Admission | None = None, history_limit: int = 20000) -> None:
+        self.registry = registry
+        self._admission = admission
+        self._history_limit = history_limit
+        self._cond = threading.Condition()
+        self._objects: dict[ResourceType, dict[tuple[str, str], dict[str, Any]]] = {rt: {} for rt in registry.types}
+        self._by_uid: dict[str, ObjKey] = {}
+        self._dependents: dict[str, set[ObjKey]] = {}
+        self._rv = 0
+        self._history: list[Event] = []
+        self._history_rvs: list[int] = []
+        # Every event with rv > _floor is still in the history; older ones were compacted.
+        self._floor = 0
+        self._uid_prefix = uuid.uuid4().hex[:20]
+        self._uid_counter = 0
+        self._closed = False
+        self._dirty = False
+        self._gc_queue: list[str] = []  # owner uids and "ns:NAME" markers for the collector thread
+        self._rng = random.Random()
+
+    # ----- reading -------------------------------------------------------------------------------------------
+
+    @property
+    def resource_version(self) -> int:
+        with self._cond:
+            return self._rv
+
+    def get(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any]:
+        with self._cond:
+            obj = self._objects[rt].get((namespace, name))
+        if obj is None:
+            raise st.not_found(rt, name)
+        return obj
+
+    def list(self, flt: Filter) -> tuple[list[dict[str, Any]], int]:
+        with self._cond:
+            items = list(self._objects[flt.rt].items())
+            rv = self._rv
+        items.sort(key=lambda kv: kv[0])
+        return [obj for _, obj in items if flt.matches(obj)], rv
+
+    def exists_uid(self, uid: str) -> bool:
+        with self._cond:
+            return uid in self._by_uid
+
+    # ----- writing -------------------------------------------------------------------------------------------
+
+    def _next_uid(self) -> str:
+        self._uid_counter += 1
+        raw = f"{self._uid_prefix}{self._uid_counter:012x}"
+        return f"{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:32]}"
+
+    def _admit(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        errors = o.metadata_errors(obj)
+        if old is not None:
+            errors.extend(o.immutability_errors(rt, obj, old))
+        if self._admission is not None and rt.group == "resource.k8s.io":
+            try:
+                errors.extend(self._admission(obj, old))
+            except Exception as exc:  # a broken validator must not take the server down
+                raise st.StatusError(500, "InternalError",
+                                     f'{rt.qualified_kind} "{name}": admission failed: {type(exc).__name__}: {exc}')
+        if errors:
+            raise st.invalid(rt, name, errors)
+
+    def _commit(self, rt: ResourceType, key: tuple[str, str], new: dict[str, Any] | None, event_type: str,
+                old: dict[str, Any] | None) -> dict[str, Any]:
+        """Store (or remove, when `new` is None) one object and record its event; caller holds the lock."""
+        self._rv += 1
+        table = self._objects[rt]
+        if new is not None:
+            o.meta(new)["resourceVersion"] = str(self._rv)
+            table[key] = new
+            uid = new["metadata"]["uid"]
+            self._by_uid[uid] = (rt, key[0], key[1])
+            old_owners = set(o.owner_uids(old)) if old else set()
+            new_owners = set(o.owner_uids(new))
+            for owner in old_owners - new_owners:
+                self._dependents.get(owner, set()).discard((rt, key[0], key[1]))
+            for owner in new_owners:
+                self._dependents.setdefault(owner, set()).add((rt, key[0], key[1]))
+            if new_owners and not any(u in self._by_uid for u in new_owners):
+                self._enqueue_gc_locked(next(iter(new_owners)))
+            event_obj = new
+        else:
+            assert old is not None
+            table.pop(key, None)
+            uid = old["metadata"]["uid"]
+            self._by_uid.pop(uid, None)
+            for owner in o.owner_uids(old):
+                deps = self._dependents.get(owner)
+                if deps is not None:
+                    deps.discard((rt, key[0], key[1]))
+                    if not deps:
+                        del self._dependents[owner]
+            if uid in self._dependents:
+                self._enqueue_gc_locked(uid)
+            if rt.namespaced:
+                ns = self._objects[self.registry.by_kind("Namespace")].get(("", key[0]))  # type: ignore[index]
+                if ns is not None and (ns.get("metadata") or {}).get("deletionTimestamp"):
+                    self._enqueue_gc_locked("ns:" + key[0])
+            # The DELETED event carries the final state with the deletion's resourceVersion, as Kubernetes does.
+            event_obj = {**old, "metadata": {**old["metadata"], "resourceVersion": str(self._rv)}}
+        self._history.append(Event(self._rv, rt, event_type, event_obj, old))
+        self._history_rvs.append(self._rv)
+        if len(self._history) > 2 * self._history_limit:
+            drop = len(self._history) - self._history_limit
+            self._floor = self._history_rvs[drop - 1]
+            del self._history[:drop]
+            del self._history_rvs[:drop]
+        self._dirty = True
+        self._cond.notify_all()
+        return event_obj
+
+    def _check_namespace(self, rt: ResourceType, namespace: str, name: str) -> None:
+        if not rt.namespaced:
+            return
+        ns_rt = self.registry.by_kind("Namespace")
+        assert ns_rt is not None
+        ns = self._objects[ns_rt].get(("", namespace))
+        if ns is None:
+            raise st.namespace_not_found(namespace)
+        if (ns.get("metadata") or {}).get("deletionTimestamp"):
+            raise st.forbidden(rt, name, f"unable to create new content in namespace {namespace} because it is "
+                                         "being terminated")
+
+    def create(self, rt: ResourceType, namespace: str, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise st.bad_request(f"the body of a {rt.kind} create must be a JSON object")
+        # apiVersion and kind first, as Kubernetes serializes them.
+        obj = {"apiVersion": rt.api_version, "kind": rt.kind, **o.deep_copy(body)}
+        obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+        m = o.meta(obj)
+        body_ns = m.get("namespace")
+        if rt.namespaced:
+            if body_ns and namespace and body_ns != namespace:
+                raise st.bad_request(f"the namespace of the provided object ({body_ns}) does not match the "
+                                     f"namespace sent on the request ({namespace})")
+            namespace = namespace or body_ns or "default"
+            m["namespace"] = namespace
+        else:
+            m.pop("namespace", None)
+            namespace = ""
+        for server_field in ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp",
+                             "deletionGracePeriodSeconds", "generation", "managedFields"):
+            m.pop(server_field, None)
+        name = m.get("name") or ""
+        generate = m.get("generateName") or ""
+        if not name and not generate:
+            raise st.invalid(rt, "", ["metadata.name: Required value: name or generateName is required"])
+        o.prepare_create(rt, obj)
+        if not name:
+            # Validate the prefix with a representative suffix so the error names the prefix's problem.
+            errors = o.name_errors(rt, generate[:58] + "xxxxx")
+            if errors:
+                raise st.invalid(rt, generate, [e.replace("metadata.name", "metadata.generateName") for e in errors])
+        else:
+            errors = o.name_errors(rt, name)
+            if errors:
+                raise st.invalid(rt, name, errors)
+        self._admit(rt, name or generate, obj, None)
+        with self._cond:
+            self._check_namespace(rt, namespace, name or generate)
+            if not name:
+                for _ in range(16):
+                    candidate = generate[:58] + "".join(self._rng.choice(o.GENERATE_ALPHABET) for _ in range(5))
+                    if (namespace, candidate) not in self._objects[rt]:
+                        name = candidate
+                        break
+                else:
+                    raise st.already_exists(rt, generate)
+                m["name"] = name
+            if (namespace, name) in self._objects[rt]:
+                raise st.already_exists(rt, name)
+            m["uid"] = self._next_uid()
+            m["creationTimestamp"] = o.now_rfc3339()
+            m["generation"] = 1
+            return self._commit(rt, (namespace, name), obj, "ADDED", None)
+
+    def _merge_update(self, rt: ResourceType, old: dict[str, Any], body: dict[str, Any],
+                      subresource: str | None) -> dict[str, Any]:
+        """The object a PUT of `body` produces from `old`, honouring status isolation and server fields."""
+        if subresource == "status":
+            new = o.deep_copy(old)
+            if "status" in body:
+                new["status"] = o.deep_copy(body["status"])
+            else:
+                new.pop("status", None)
+            return new
+        new = o.deep_copy(body)
+        new["apiVersion"] = rt.api_version
+        new["kind"] = rt.kind
+        if rt.has_status:
+            if "status" in old:
+                new["status"] = o.deep_copy(old["status"])
+            else:
+                new.pop("status", None)
+        m = o.meta(new)
+        om = old["metadata"]
+        for server_field in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+                             "generation", "namespace", "name"):
+            if server_field in om:
+                m[server_field] = om[server_field]
+            else:
+                m.pop(server_field, None)
+        m.pop("managedFields", None)
+        if o.spec_part(rt, new) != o.spec_part(rt, old):
+            m["generation"] = int(om.get("generation", 1)) + 1
+        return new
+
+    def update(self, rt: ResourceType, namespace: str, name: str, body: Any,
+               subresource: str | None = None) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise st.bad_request(f"the body of a {rt.kind} update must be a JSON object")
+        bm = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        if bm.get("name") and bm["name"] != name:
+            raise st.bad_request(f'the name of the object ({bm["name"]}) does not match the name on the URL ({name})')
+        if rt.namespaced and bm.get("namespace") and bm["namespace"] != namespace:
+            raise st.bad_request(f"the namespace of the provided object ({bm['namespace']}) does not match the "
+                                 f"namespace sent on the request ({namespace})")
+        want_rv = bm.get("resourceVersion")
+        old = self.get(rt, namespace, name)
+        if want_rv and want_rv != old["metadata"].get("resourceVersion"):
+            raise st.conflict(rt, name)
+        new = self._merge_update(rt, old, body, subresource)
+        return self._write(rt, namespace, name, old, new, want_rv or None)
+
+    def _write(self, rt: ResourceType, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any],
+               want_rv: str | None) -> dict[str, Any]:
+        """Admit and commit an update computed from `old`; conflicts when `old` is no longer current."""
+        om, nm = old["metadata"], o.meta(new)
+        if om.get("deletionTimestamp"):
+            added = set(nm.get("finalizers") or []) - set(om.get("finalizers") or [])
+            if added:
+                raise st.invalid(rt, name, [f"metadata.finalizers: Forbidden: no new finalizers can be added if the "
+                                            f"object is being deleted, found new finalizers {sorted(added)}"])
+        self._admit(rt, name, new, old)
+        with self._cond:
+            current = self._objects[rt].get((namespace, name))
+            if current is None:
+                raise st.not_found(rt, name)
+            if current is not old:
+                raise st.conflict(rt, name)
+            nm["resourceVersion"] = om.get("resourceVersion")
+            if new == old:
+                # A no-op write keeps the resourceVersion and emits no event, as Kubernetes does.
+                return old
+            if om.get("deletionTimestamp") and not nm.get("finalizers"):
+                return self._commit(rt, (namespace, name), None, "DELETED", new)
+            return self._commit(rt, (namespace, name), new, "MODIFIED", old)
+
+    def patch(self, rt: ResourceType, namespace: str, name: str, patch_type: str, body: Any,
+              subresource: str | None = None) -> dict[str, Any]:
+        for _ in range(_PATCH_RETRIES):
+            old = self.get(rt, namespace, name)
+            try:
+                if patch_type == "json":
+                    patched = json_patch(old, body)
+                else:
+                    if not isinstance(body, dict):
+                        raise st.bad_request("a merge patch body must be a JSON object")
+                    patched = merge_patch(old, body)
+            except PatchError as exc:
+                raise st.StatusError(422, "Invalid", f'{rt.qualified_kind} "{name}" is invalid: {exc}')
+            if not isinstance(patched, dict):
+                raise st.bad_request(f"the patch for {rt.kind} {name!r} must produce a JSON object")
+            want_rv = (patched.get("metadata") or {}).get("resourceVersion")
+            if want_rv and want_rv != old["metadata"].get("resourceVersion"):
+                raise st.conflict(rt, name)
+            pm = o.meta(patched)
+            if pm.get("name") != name or (rt.namespaced and pm.get("namespace") != namespace):
+                raise st.bad_request(f"a patch may not change metadata.name or metadata.namespace of {rt.kind} "
+                                     f"{name!r}")
+            new = self._merge_update(rt, old, patched, subresource)
+            try:
+                return self._write(rt, namespace, name, old, new, want_rv)
+            except st.StatusError as err:
+                # Someone wrote in between: a patch without a resourceVersion precondition is simply reapplied.
+                if err.code != 409 or want_rv:
+                    raise
+        raise st.conflict(rt, name, "too many concurrent writers; please retry")
+
+    def bind(self, namespace: str, name: str, body: Any) -> dict[str, Any]:
+        rt = self.registry.by_kind("Pod")
+        assert rt is not None
+        if not isinstance(body, dict):
+            raise st.bad_request("the body of a pod binding must be a Binding object")
+        target = body.get("target") if isinstance(body.get("target"), dict) else {}
+        node = target.get("name")
+        if not node:
+            raise st.invalid(rt, name, ["target.name: Required value: the node to bind to"])
+        old = self.get(rt, namespace, name)
+        if (old.get("spec") or {}).get("nodeName"):
+            raise st.conflict(rt, name, f"pod {name} is already assigned to node "
+                                        f"\"{old['spec']['nodeName']}\"")
+        if old["metadata"].get("deletionTimestamp"):
+            raise st.conflict(rt, name, f"pod {name} is being deleted, cannot be assigned to a host")
+        want_uid = (body.get("metadata") or {}).get("uid")
+        if want_uid and want_uid != old["metadata"]["uid"]:
+            raise st.conflict(rt, name, "Precondition failed: UID in precondition does not match")
+        new = o.deep_copy(old)
+        new.setdefault("spec", {})["nodeName"] = node
+        conditions = [c for c in (new.setdefault("status", {}).get("conditions") or [])
+                      if c.get("type") != "PodScheduled"]
+        conditions.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                           "lastTransitionTime": o.now_rfc3339()})
+        new["status"]["conditions"] = conditions
+        self._write(rt, namespace, name, old, new, None)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
+    def delete(self, rt: ResourceType, namespace: str, name: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        options = options or {}
+        if rt.kind == "Namespace" and name in PROTECTED_NAMESPACES:
+            raise st.forbidden(rt, name, "this namespace may not be deleted")
+        pre = options.get("preconditions") or {}
+        propagation = options.get("propagationPolicy") or ("Orphan" if options.get("orphanDependents") else "Background")
+        with self._cond:
+            old = self._objects[rt].get((namespace, name))
+            if old is None:
+                raise st.not_found(rt, name)
+            om = old["metadata"]
+            if pre.get("uid") and pre["uid"] != om["uid"]:
+                raise st.conflict(rt, name, f"Precondition failed: UID in precondition: {pre['uid']}, UID in "
+                                            f"object meta: {om['uid']}")
+            if pre.get("resourceVersion") and pre["resourceVersion"] != om.get("resourceVersion"):
+                raise st.conflict(rt, name, f"Precondition failed: ResourceVersion in precondition: "
+                                            f"{pre['resourceVersion']}, ResourceVersion in object meta: "
+                                            f"{om.get('resourceVersion')}")
+            if propagation == "Orphan":
+                self._orphan_dependents_locked(om["uid"])
+            if om.get("deletionTimestamp"):
+                return old
+            if om.get("finalizers") or rt.kind == "Namespace":
+                new = o.deep_copy(old)
+                nm = new["metadata"]
+                nm["deletionTimestamp"] = o.now_rfc3339()
+                nm["deletionGracePeriodSeconds"] = 0
+                nm["generation"] = int(om.get("generation", 1)) + 1
+                if rt.kind == "Namespace":
+                    new.setdefault("status", {})["phase"] = "Terminating"
+                    self._enqueue_gc_locked("ns:" + name)
+                return self._commit(rt, (namespace, name), new, "MODIFIED", old)
+            return self._commit(rt, (namespace, name), None, "DELETED", old)
+
+    def _orphan_dependents_locked(self, owner_uid: str) -> None:
+        for rt, ns, name in list(self._dependents.get(owner_uid, ())):
+            dep = self._objects[rt].get((ns, name))
+            if dep is None:
+                continue
+            new = o.deep_copy(dep)
+            refs = [r for r in new["metadata"].get("ownerReferences") or [] if r.get("uid") != owner_uid]
+            if refs:
+                new["metadata"]["ownerReferences"] = refs
+            else:
+                new["metadata"].pop("ownerReferences", None)
+            self._commit(rt, (ns, name), new, "MODIFIED", dep)
+
+    # ----- garbage collection -----------------------------------------------------------------------------------
+
+    def _enqueue_gc_locked(self, item: str) -> None:
+        self._gc_queue.append(item)
+        self._cond.notify_all()
+
+    def collect_garbage_once(self, timeout: float) -> bool:
+        """Process the pending collection work; returns False once the store is closed."""
+        with self._cond:
+            if not self._gc_queue and not self._closed:
+                self._cond.wait(timeout)
+            if self._closed:
+                return False
+            work, self._gc_queue = self._gc_queue, []
+        for item in work:
+            if item.startswith("ns:"):
+                self._collect_namespace(item[3:])
+            else:
+                self._collect_dependents(item)
+        return True
+
+    def _collect_dependents(self, owner_uid: str) -> None:
+        with self._cond:
+            if owner_uid in self._by_uid:
+                return
+            doomed = [key for key in self._dependents.get(owner_uid, ())
+                      if not any(u in self._by_uid for u in o.owner_uids(self._objects[key[0]].get((key[1], key[2]))
+                                                                           or {}))]
+        for rt, ns, name in doomed:
+            try:
+                self.delete(rt, ns, name)
+            except st.StatusError:
+                pass  # already gone, or protected: nothing to collect
+
+    def _collect_namespace(self, namespace: str) -> None:
+        ns_rt = self.registry.by_kind("Namespace")
+        assert ns_rt is not None
+        with self._cond:
+            ns = self._objects[ns_rt].get(("", namespace))
+            if ns is None or not ns["metadata"].get("deletionTimestamp"):
+                return
+            contents = [(rt, key[1]) for rt in self.registry.types if rt.namespaced
+                        for key in self._objects[rt] if key[0] == namespace]
+        for rt, name in contents:
+            try:
+                self.delete(rt, namespace, name)
+            except st.StatusError:
+                pass  # deleted meanwhile
+        with self._cond:
+            remaining = any(key[0] == namespace for rt in self.registry.types if rt.namespaced
+                            for key in self._objects[rt])
+            current = self._objects[ns_rt].get(("", namespace))
+            if not remaining and current is not None and current["metadata"].get("deletionTimestamp"):
+                self._commit(ns_rt, ("", namespace), None, "DELETED", current)
+
+    # ----- watching ------------------------------------------------------------------------------------------
+
+    def watch(self, flt: Filter, resource_version: int | None, initial: bool) -> Watcher:
+        with self._cond:
+            start = self._rv if resource_version is None else resource_version
+            if resource_version is not None and resource_version < self._floor:
+                raise st.expired(resource_version, self._floor)
+            if resource_version is not None and resource_version > self._rv:
+                raise st.StatusError(504, "Timeout", f"Too large resource version: {resource_version}, current: "
+                                                     f"{self._rv}")
+            snapshot = [obj for key, obj in sorted(self._objects[flt.rt].items()) if flt.matches(obj)] if initial else []
+        return Watcher(self, flt, start, snapshot)
+
+    def _events_after(self, pos: int) -> tuple[list[Event], int] | None:
+        """Events after `pos` and the new position; None when `pos` was compacted. Caller holds the lock."""
+        if pos < self._floor:
+            return None
+        idx = bisect.bisect_right(self._history_rvs, pos)
+        return self._history[idx:], self._rv
+
+    def wait_events(self, pos: int, timeout: float) -> tuple[list[Event], int] | None:
+        with self._cond:
+            if self._rv <= pos and not self._closed:
+                self._cond.wait(timeout)
+            return self._events_after(pos)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # ----- persistence ---------------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """The state to persist, or None when nothing changed since the last snapshot."""
+        with self._cond:
+            if not self._dirty:
+                return None
+            self._dirty = False
+            items = [obj for rt in self.registry.types for _, obj in sorted(self._objects[rt].items())]
+            return {"resourceVersion": self._rv, "uidPrefix": self._uid_prefix, "uidCounter": self._uid_counter,
+                    "objects": items}
+
+    def mark_dirty(self) -> None:
+        with self._cond:
+            self._dirty = True
+
+    def restore(self, state: dict[str, Any]) -> list[str]:
+        """Load persisted objects; returns a description of each object that could not be loaded."""
+        problems: list[str] = []
+        with self._cond:
+            self._rv = int(state.get("resourceVersion", 0))
+            self._floor = self._rv
+            self._uid_prefix = str(state.get("uidPrefix") or self._uid_prefix)
+            self._uid_counter = int(state.get("uidCounter", 0))
+            for obj in state.get("objects") or []:
+                rt = self.registry.by_kind(obj.get("kind", "")) if isinstance(obj, dict) else None
+                m = obj.get("metadata") if isinstance(obj, dict) else None
+                if rt is None or not isinstance(m, dict) or not m.get("name") or not m.get("uid"):
+                    problems.append(f"skipped unreadable object {json.dumps(obj)[:120]}")
+                    continue
+                key = (m.get("namespace", "") if rt.namespaced else "", m["name"])
+                self._objects[rt][key] = obj
+                self._by_uid[m["uid"]] = (rt, key[0], key[1])
+                for owner in o.owner_uids(obj):
+                    self._dependents.setdefault(owner, set()).add((rt, key[0], key[1]))
+            for owner in self._dependents:
+                if owner not in self._by_uid:
+                    self._gc_queue.append(owner)
+        return problems
+
+
+class Watcher:
+    """One watch: initial events, then translated history events, with Kubernetes' selector semantics."""
+
+    def __init__(self, store: Store, flt: Filter, start: int, initial: list[dict[str, Any]]) -> None:
+        self.store = store
+        self.flt = flt
+        self.pos = start
+        self.initial = initial
+
+    def initial_events(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        for obj in self.initial:
+            yield "ADDED", obj
+        self.initial = []
+
+    def next_events(self, timeout: float) -> list[tuple[str, dict[str, Any]]]:
+        """Events since the last call (waiting up to `timeout` for one); raises StatusError(410) when compacted."""
+        got = self.store.wait_events(self.pos, timeout)
+        if got is None:
+            raise st.expired(self.pos, self.store._floor)
+        events, newest = got
+        out: list[tuple[str, dict[str, Any]]] = []
+        flt = self.flt
+        for ev in events:
+            if ev.rt is not flt.rt:
+                continue
+            now = flt.matches(ev.obj) if ev.type != "DELETED" else False
+            before = flt.matches(ev.old) if ev.old is not None else False
+            if ev.type == "DELETED":
+                if before or flt.matches(ev.obj):
+                    out.append(("DELETED", ev.obj))
+            elif now and before:
+                out.append(("MODIFIED", ev.obj))
+            elif now:
+                out.append(("ADDED", ev.obj))
+            elif before:
+                # The object left the selection: Kubernetes reports it as deleted for this watch.
+                out.append(("DELETED", ev.obj))
+        self.pos = newest
+        return out

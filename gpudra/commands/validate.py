@@ -1,0 +1,84 @@
+"""`gpu-dra validate -f FILE... [-o json]`: Kubernetes' resource.k8s.io/v1 validation rules, offline.
+
+Exit codes: 0 when every object is valid, 1 when any is invalid, 2 when an input cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpudra.manifests import InputError, load_objects
+from gpudra.validation import FieldError, validate_object
+
+DEFAULT_DRIVER = "gpu.nvidia.com"
+
+CelHook = Callable[[str, bool], "str | None"]
+OpaqueHooks = Mapping[str, Callable[[dict[str, Any]], list[str]]]
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-f", "--filename", dest="files", action="append", required=True, metavar="FILE",
+                        help="YAML or JSON manifest (multi-document and `kind: List` allowed; `-` for stdin); repeatable")
+    parser.add_argument("-o", "--output", choices=["json", "text"], default="text", help="output format (default text)")
+    parser.add_argument("--driver-name", default=DEFAULT_DRIVER,
+                        help=f"driver whose opaque parameters are checked with our config schema (default {DEFAULT_DRIVER})")
+
+
+def cel_hook() -> CelHook | None:
+    """The CEL compile/cost checker from the controller package."""
+    try:
+        from controller.cel import check
+    except ImportError:  # the cluster-side package is optional in a node-only install
+        return None
+    return check
+
+
+def opaque_hooks(driver_name: str) -> dict[str, Callable[[dict[str, Any]], list[str]]]:
+    """Our GpuConfig schema check for opaque parameters addressed to our driver."""
+    try:
+        from driver.config import validate_parameters
+    except ImportError:  # the node-side package is optional in a cluster-only install
+        return {}
+    return {driver_name: validate_parameters}
+
+
+def object_label(obj: Any) -> str:
+    """`Kind/ns/name` for namespaced objects, `Kind/name` otherwise."""
+    if not isinstance(obj, dict):
+        return "?"
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    kind = str(obj.get("kind") or "?")
+    name = str(meta.get("name") or meta.get("generateName") or "")
+    namespace = meta.get("namespace")
+    return f"{kind}/{namespace}/{name}" if namespace else f"{kind}/{name}"
+
+
+def validate_all(objects: list[dict[str, Any]], cel: CelHook | None, opaque: OpaqueHooks) -> list[dict[str, Any]]:
+    results = []
+    for obj in objects:
+        errors: list[FieldError] = validate_object(obj, cel=cel, opaque=opaque)
+        results.append({"object": object_label(obj), "valid": not errors, "errors": [str(e) for e in errors]})
+    return results
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        objects = load_objects(args.files)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    results = validate_all(objects, cel_hook(), opaque_hooks(args.driver_name))
+    if args.output == "json":
+        print(json.dumps({"results": results}, indent=2))
+    else:
+        for result in results:
+            print(f"{result['object']}: {'valid' if result['valid'] else 'invalid'}")
+            for error in result["errors"]:
+                print(f"  {error}")
+        invalid_count = sum(not r["valid"] for r in results)
+        print(f"{len(results)} object(s), {invalid_count} invalid")
+    return 1 if any(not r["valid"] for r in results) else 0

@@ -1,0 +1,78 @@
+"""Reading Kubernetes manifests from files: YAML or JSON, multi-document, `kind: List` flattened.
+
+Shared by every command that takes `-f FILE...`. Errors name the file and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class InputError(Exception):
+    """A manifest file cannot be read or parsed; the message names the file."""
+
+
+def _flatten(doc: Any, source: str, position: str) -> list[dict[str, Any]]:
+    if doc is None:
+        return []  # empty YAML documents (e.g. a trailing `---`) are skipped, as kubectl does
+    if not isinstance(doc, dict):
+        raise InputError(f"{source}: {position}: expected a Kubernetes object (a mapping), got {type(doc).__name__}")
+    kind = doc.get("kind")
+    if isinstance(kind, str) and kind.endswith("List") and "items" in doc:
+        items = doc.get("items")
+        if items is None:
+            return []
+        if not isinstance(items, list):
+            raise InputError(f"{source}: {position}: `items` of a {kind} must be a list")
+        out: list[dict[str, Any]] = []
+        for i, item in enumerate(items):
+            out.extend(_flatten(item, source, f"{position} items[{i}]"))
+        return out
+    return [doc]
+
+
+def parse_documents(text: str, source: str) -> list[dict[str, Any]]:
+    """All objects in one file's text (JSON or YAML, one or many documents)."""
+    stripped = text.lstrip()
+    docs: Iterable[Any]
+    if stripped.startswith(("{", "[")):
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError:
+            parsed = None  # JSON is also YAML; let the YAML parser give the error for flow-style YAML
+        else:
+            docs = parsed if isinstance(parsed, list) else [parsed]
+            return [obj for i, d in enumerate(docs) for obj in _flatten(d, source, f"document {i + 1}")]
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as err:
+        raise InputError(f"{source}: not valid YAML or JSON: {err}") from None
+    return [obj for i, d in enumerate(docs) for obj in _flatten(d, source, f"document {i + 1}")]
+
+
+def load_objects(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Objects from all files in order; `-` reads standard input. Raises InputError naming the file."""
+    objects: list[dict[str, Any]] = []
+    for path in paths:
+        source = str(path)
+        try:
+            if source == "-":
+                text = sys.stdin.read()
+            else:
+                text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise InputError(f"{source}: no such file") from None
+        except IsADirectoryError:
+            raise InputError(f"{source}: is a directory, expected a YAML or JSON file") from None
+        except UnicodeDecodeError as err:
+            raise InputError(f"{source}: not UTF-8 text: {err}") from None
+        except OSError as err:
+            raise InputError(f"{source}: cannot read: {err.strerror or err}") from None
+        objects.extend(parse_documents(text, source))
+    return objects

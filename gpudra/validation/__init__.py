@@ -1,0 +1,64 @@
+"""Kubernetes' validation rules for resource.k8s.io/v1 objects.
+
+`validate_object(obj)` returns every violation of an object as `FieldError`s with
+Kubernetes' field paths and messages; an empty list means the API server would accept it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpudra.validation.claims import gather_request_names, validate_claim_spec, validate_claim_status, validate_device_class_spec
+from gpudra.validation.common import Hooks
+from gpudra.validation.errors import FieldError, child, invalid, not_supported, required
+from gpudra.validation.fields import get_map
+from gpudra.validation.meta import validate_object_meta, validate_template_meta
+from gpudra.validation.slices import validate_slice_spec
+
+API_VERSION = "resource.k8s.io/v1"
+KINDS = ["DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice"]
+NAMESPACED_KINDS = frozenset({"ResourceClaim", "ResourceClaimTemplate"})
+
+__all__ = ["API_VERSION", "FieldError", "KINDS", "NAMESPACED_KINDS", "validate_object"]
+
+
+def validate_object(
+    obj: Any,
+    *,
+    cel: Callable[[str, bool], str | None] | None = None,
+    opaque: Mapping[str, Callable[[dict[str, Any]], list[str]]] | None = None,
+) -> list[FieldError]:
+    """All validation errors of one resource.k8s.io/v1 object (DeviceClass, ResourceClaim, ...)."""
+    if not isinstance(obj, dict):
+        return [invalid("", obj, "must be a Kubernetes object (a mapping with apiVersion, kind, metadata)")]
+    hooks = Hooks(cel=cel, opaque=dict(opaque or {}))
+    api_version = obj.get("apiVersion")
+    kind = obj.get("kind")
+    if not api_version:
+        return [required("apiVersion", f"must be {API_VERSION!r}")]
+    if api_version != API_VERSION:
+        return [not_supported("apiVersion", api_version, [API_VERSION])]
+    if not kind:
+        return [required("kind", "must be one of " + ", ".join(KINDS))]
+    if kind not in KINDS:
+        return [not_supported("kind", kind, KINDS)]
+
+    errs = validate_object_meta(obj.get("metadata"), namespaced=kind in NAMESPACED_KINDS)
+    if kind == "DeviceClass":
+        errs.extend(validate_device_class_spec(obj.get("spec"), "spec", hooks))
+    elif kind == "ResourceSlice":
+        errs.extend(validate_slice_spec(obj.get("spec"), "spec"))
+    elif kind == "ResourceClaim":
+        errs.extend(validate_claim_spec(obj.get("spec"), "spec", hooks))
+        if obj.get("status") is not None:
+            spec = get_map(obj.get("spec"), "spec", [])
+            names = gather_request_names(get_map(spec.get("devices"), "spec.devices", []))
+            errs.extend(validate_claim_status(obj.get("status"), "status", names, hooks))
+    else:  # ResourceClaimTemplate
+        spec_errs: list[FieldError] = []
+        spec = get_map(obj.get("spec"), "spec", spec_errs)
+        errs.extend(spec_errs)
+        errs.extend(validate_template_meta(spec.get("metadata"), child("spec", "metadata")))
+        errs.extend(validate_claim_spec(spec.get("spec"), child("spec", "spec"), hooks))
+    return errs

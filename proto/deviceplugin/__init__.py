@@ -1,0 +1,1 @@
+"""Kubelet wire protocol stubs (deviceplugin)."""

@@ -1,0 +1,1 @@
+"""Generated stubs of proto/pluginregistration/v1/api.proto (see proto/generate.py)."""

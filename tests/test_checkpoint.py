@@ -1,0 +1,193 @@
+"""The checkpoint survives crashes, detects corruption (keeping the bad file), and carries the GPU ledger."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from driver.checkpoint import (
+    Checkpoint,
+    ClaimPhase,
+    ClaimRecord,
+    Ledger,
+    LedgerConflict,
+    PreparedDevice,
+)
+
+
+def _boot(tmp_path: Path, boot_id: str = "boot-1") -> Path:
+    path = tmp_path / "boot_id"
+    path.write_text(boot_id + "\n")
+    return path
+
+
+def _record(uid: str, phase: ClaimPhase = ClaimPhase.PREPARE_COMPLETED, gpu: str = "GPU-a") -> ClaimRecord:
+    device = PreparedDevice(
+        request_names=["gpu"], pool_name="node1", device_name="gpu-a", cdi_device_ids=[f"k8s.gpu.nvidia.com/claim={uid}-gpu-a"],
+        uuid=gpu, gpu_uuid=gpu,
+    )
+    return ClaimRecord(uid=uid, namespace="ns", name=f"claim-{uid}", phase=phase, devices=[device])
+
+
+def _open(directory: Path, boot: Path, **kwargs: object) -> Checkpoint:
+    cp, report = Checkpoint.open(directory, boot_id_path=boot, **kwargs)  # type: ignore[arg-type]
+    assert report.problems == []
+    return cp
+
+
+def test_commit_survives_reopen_and_compaction(tmp_path: Path) -> None:
+    boot = _boot(tmp_path)
+    d = tmp_path / "plugin"
+    cp = _open(d, boot, compact_every=3)
+    with cp.locked():
+        for i in range(5):
+            cp.commit([cp.put_claim_op(_record(f"u{i}"))])
+        cp.commit([cp.delete_claim_op("u0")])
+    cp.close()
+    # 6 transactions with compaction every 3: the snapshot holds them all and the journal is empty.
+    assert (d / "checkpoint.journal").read_bytes() == b""
+    snapshot = json.loads((d / "checkpoint.json").read_text())
+    assert snapshot["version"] == 1 and snapshot["checksum"].startswith("sha256:")
+    again = _open(d, boot)
+    assert sorted(again.state.claims) == ["u1", "u2", "u3", "u4"]
+    assert again.claim("u1") == _record("u1")
+
+
+def test_journal_replayed_after_crash_without_compaction(tmp_path: Path) -> None:
+    boot = _boot(tmp_path)
+    d = tmp_path / "plugin"
+    cp = _open(d, boot)
+    with cp.locked():
+        cp.commit([cp.put_claim_op(_record("a", ClaimPhase.PREPARE_STARTED))])
+        cp.commit([cp.put_claim_op(_record("a"))])
+    # No close(): as if the process died here.
+    again = _open(d, boot)
+    record = again.claim("a")
+    assert record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED
+
+
+def test_torn_last_journal_line_is_dropped_as_unacknowledged(tmp_path: Path) -> None:
+    boot = _boot(tmp_path)
+    d = tmp_path / "plugin"
+    cp = _open(d, boot)
+    with cp.locked():
+        cp.commit([cp.put_claim_op(_record("a"))])
+    with open(d / "checkpoint.journal", "ab") as f:
+        f.write(b'0123abc {"seq": 2, "ops"')  # an append cut short by a crash
+    again, report = Checkpoint.open(d, boot_id_path=boot)
+    assert report.problems == [] and any("incomplete last transaction" in n for n in report.notes)
+    assert list(again.state.claims) == ["a"]
+    with again.locked():
+        again.commit([again.put_claim_op(_record("b"))])
+    third = _open(d, boot)
+    assert sorted(third.state.claims) == ["a", "b"]
+
+
+def test_corrupt_snapshot_is_reported_and_kept_aside(tmp_path: Path) -> None:
+    boot = _boot(tmp_path)
+    d = tmp_path / "plugin"
+    cp = _open(d, boot)
+    with cp.locked():
+        cp.commit([cp.put_claim_op(_record("a"))])
+        cp.compact()
+        cp.commit([cp.put_claim_op(_record("b"))])
+    cp.close()
+    doc = json.loads((d / "checkpoint.json").read_text())
+    doc["data"]["claims"]["a"]["name"] = "tampered"
+    (d / "checkpoint.json").write_text(json.dumps(doc))
+    again, report = Checkpoint.open(d, boot_id_path=boot)
+    assert report.corrupt
+    assert any("checksum mismatch" in p and "checkpoint.json.corrupt-1" in p for p in report.problems)
+    assert json.loads((d / "checkpoint.json.corrupt-1").read_text())["data"]["claims"]["a"]["name"] == "tampered"
+    # The journal after the snapshot is still applied; the new snapshot is valid again.
+    assert list(again.state.claims) == ["b"]
+    assert Checkpoint.open(d, boot_id_path=boot)[1].problems == []
+
+
+def test_damaged_journal_line_keeps_verified_prefix(tmp_path: Path) -> None:
+    boot = _boot(tmp_path)
+    d = tmp_path / "plugin"
+    cp = _open(d, boot)
+    with cp.locked():
+        for uid in ("a", "b", "c"):
+            cp.commit([cp.put_claim_op(_record(uid))])
+    lines = (d / "checkpoint.journal").read_bytes().split(b"\n")
+    lines[1] = lines[1].replace(b'"b"', b'"x"')
+    (d / "checkpoint.journal").write_bytes(b"\n".join(lines))
+    again, report = Checkpoint.open(d, boot_id_path=boot)
+    assert report.corrupt and any("transaction 2 is damaged" in p for p in report.problems)
+    assert (d / "checkpoint.journal.corrupt-1").exists()
+    assert list(again.state.claims) == ["a"]
+
+
+def test_unparsable_snapshot(tmp_path: Path) -> None:
+    boot = _boot(tmp_path)
+    d = tmp_path / "plugin"
+    d.mkdir()
+    (d / "checkpoint.json").write_text("{not json")
+    cp, report = Checkpoint.open(d, boot_id_path=boot)
+    assert any("not valid JSON" in p for p in report.problems)
+    assert cp.state.claims == {}
+
+
+def test_ledger_dra_and_device_plugin_exclude_each_other(tmp_path: Path) -> None:
+    boot = _boot(tmp_path)
+    cp = _open(tmp_path / "p", boot)
+    ledger = Ledger(cp)
+    ledger.hold(Ledger.dra_holder("c1"), ["GPU-a"])
+    ledger.hold(Ledger.dra_holder("c2"), ["GPU-a"])  # e.g. two MIG devices of one GPU
+    assert ledger.holders_of("GPU-a") == ("dra:c1", "dra:c2")
+    with pytest.raises(LedgerConflict) as info:
+        ledger.hold(Ledger.device_plugin_holder("alloc1"), ["GPU-b", "GPU-a"])
+    assert "GPU-a is held by dra:c1 and dra:c2" in str(info.value)
+    assert ledger.holder_of("GPU-b") is None  # all or nothing
+    ledger.hold(Ledger.device_plugin_holder("alloc1"), ["GPU-b"])
+    with pytest.raises(LedgerConflict):
+        ledger.hold(Ledger.dra_holder("c3"), ["GPU-b"])
+    ledger.hold(Ledger.device_plugin_holder("alloc1"), ["GPU-b"])  # idempotent for the same holder
+    ledger.release(Ledger.dra_holder("c1"))
+    assert ledger.holders_of("GPU-a") == ("dra:c2",)
+    reopened = Ledger(_open(tmp_path / "p", boot))
+    assert reopened.held() == {"GPU-a": ("dra:c2",), "GPU-b": ("deviceplugin:alloc1",)}
+
+
+def test_new_boot_drops_device_plugin_holds_only(tmp_path: Path) -> None:
+    cp = _open(tmp_path / "p", _boot(tmp_path, "boot-1"))
+    ledger = Ledger(cp)
+    ledger.hold(Ledger.dra_holder("c1"), ["GPU-a"])
+    ledger.hold(Ledger.device_plugin_holder("x"), ["GPU-b"])
+    with cp.locked():
+        cp.commit([cp.put_claim_op(_record("c1"))])
+    cp.close()
+    after, report = Checkpoint.open(tmp_path / "p", boot_id_path=_boot(tmp_path, "boot-2"))
+    assert report.new_boot
+    assert Ledger(after).held() == {"GPU-a": ("dra:c1",)}
+    assert after.state.boot_id == "boot-2" and list(after.state.claims) == ["c1"]
+    assert not Checkpoint.open(tmp_path / "p", boot_id_path=_boot(tmp_path, "boot-2"))[1].new_boot
+
+
+def test_two_instances_see_each_others_commits(tmp_path: Path) -> None:
+    boot = _boot(tmp_path)
+    first = _open(tmp_path / "p", boot, compact_every=2)
+    second = _open(tmp_path / "p", boot, compact_every=2)
+    with first.locked():
+        first.commit([first.put_claim_op(_record("a"))])
+    with second.locked():
+        assert list(second.state.claims) == ["a"]
+        second.commit([second.put_claim_op(_record("b"))])  # triggers a compaction
+    with first.locked():
+        assert sorted(first.state.claims) == ["a", "b"]
+        first.commit([first.delete_claim_op("a")])
+    with second.locked():
+        assert list(second.state.claims) == ["b"]
+
+
+def test_files_are_private(tmp_path: Path) -> None:
+    cp = _open(tmp_path / "p", _boot(tmp_path))
+    with cp.locked():
+        cp.commit([cp.put_claim_op(_record("a"))])
+        cp.compact()
+    assert (tmp_path / "p").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "p" / "checkpoint.json").stat().st_mode & 0o777 == 0o600

@@ -1,0 +1,240 @@
+"""Claim preparation: checks against the API object, CDI + checkpoint two-phase, sharing, ledger, idempotency."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver import cdi
+from driver.checkpoint import Checkpoint, ClaimPhase, Ledger
+from driver.inventory import Inventory
+from driver.prepare import ClaimNotFound, ClaimRef, Preparer
+from driver.sharing import COMPUTE_MODE_DEFAULT, COMPUTE_MODE_EXCLUSIVE_PROCESS
+from driver.slices import gpu_device_name, mig_device_name
+from tests.gpu_fixtures import h100, inventory, t4, with_mig
+
+DRIVER = "gpu.nvidia.com"
+NODE = "node-a"
+CFG = {"apiVersion": "gpu.nvidia.com/v1alpha1", "kind": "GpuConfig"}
+
+
+class RecordingSharing:
+    """A sharing backend that keeps the compute mode per GPU, like the hardware would."""
+
+    def __init__(self) -> None:
+        self.modes: dict[str, int] = {}
+        self.timeslices: dict[str, int] = {}
+
+    def set_compute_mode(self, gpu_uuid: str, mode: int) -> None:
+        self.modes[gpu_uuid] = mode
+
+    def set_timeslice(self, gpu_uuid: str, level: int) -> bool:
+        self.timeslices[gpu_uuid] = level
+        return True
+
+
+class Claims:
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.reads = 0
+
+    def add(self, obj: dict[str, Any]) -> None:
+        self.objects[(obj["metadata"]["namespace"], obj["metadata"]["name"])] = obj
+
+    def get(self, namespace: str, name: str) -> Mapping[str, Any]:
+        self.reads += 1
+        try:
+            return self.objects[(namespace, name)]
+        except KeyError:
+            raise ClaimNotFound(f"{namespace}/{name}") from None
+
+
+def claim(
+    name: str, uid: str, devices: list[tuple[str, str]], *, pool: str = NODE, config: list[dict[str, Any]] | None = None,
+    allocated: bool = True,
+) -> dict[str, Any]:
+    obj: dict[str, Any] = {"metadata": {"namespace": "ns", "name": name, "uid": uid}, "spec": {}, "status": {}}
+    if allocated:
+        obj["status"]["allocation"] = {
+            "devices": {
+                "results": [{"request": r, "driver": DRIVER, "pool": pool, "device": d} for r, d in devices],
+                "config": config or [],
+            }
+        }
+    return obj
+
+
+@pytest.fixture
+def inv() -> Inventory:
+    return inventory([h100(0), with_mig(h100(1), [("3g.40gb", 0), ("1g.10gb", 4)]), t4(2)], node=NODE)
+
+
+class Env:
+    def __init__(self, tmp_path: Path, inv: Inventory) -> None:
+        self.tmp = tmp_path
+        self.inv = inv
+        self.claims = Claims()
+        self.sharing = RecordingSharing()
+        self.boot = tmp_path / "boot_id"
+        self.boot.write_text("boot-1")
+        self.cdi_dir = tmp_path / "cdi"
+        self.preparer = self.new()
+
+    def new(self) -> Preparer:
+        cp, report = Checkpoint.open(self.tmp / "plugin", boot_id_path=self.boot)
+        p = Preparer(
+            driver_name=DRIVER, node_name=NODE, get_claim=self.claims.get, inventory=lambda: self.inv, checkpoint=cp,
+            cdi_dir=self.cdi_dir, sharing_backend=self.sharing, mps_root=self.tmp / "mps",
+        )
+        self.start_report = p.start(report)
+        return p
+
+
+@pytest.fixture
+def env(tmp_path: Path, inv: Inventory) -> Env:
+    return Env(tmp_path, inv)
+
+
+def test_prepare_full_gpu_and_mig(env: Env) -> None:
+    g0, g1 = env.inv.gpus[0], env.inv.gpus[1]
+    mig = g1.mig_devices[1]
+    env.claims.add(claim("c1", "uid-1", [("gpus", gpu_device_name(g0)), ("gpus/small", mig_device_name(g1, mig))]))
+    result = env.preparer.prepare([ClaimRef("uid-1", "ns", "c1")])["uid-1"]
+    assert result.error == ""
+    assert [(d.request_names, d.pool_name, d.device_name) for d in result.devices] == [
+        (("gpus",), NODE, gpu_device_name(g0)),
+        (("gpus",), NODE, mig_device_name(g1, mig)),  # subrequest "gpus/small" is served as request "gpus"
+    ]
+    assert result.devices[0].cdi_device_ids == (f"k8s.gpu.nvidia.com/claim=uid-1-{gpu_device_name(g0)}",)
+    spec = json.loads((env.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-1.json").read_text())
+    assert cdi.validate_spec(spec) == []
+    assert spec["devices"][1]["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={g0.uuid},{mig.uuid}"]
+    gi, ci = cdi.mig_cap_minors(g1.minor, mig.gpu_instance_id, mig.compute_instance_id)
+    assert {"path": f"/dev/nvidia-caps/nvidia-cap{ci}"} in spec["devices"][1]["containerEdits"]["deviceNodes"]
+    record = env.preparer.checkpoint.claim("uid-1")
+    assert record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED
+    assert env.preparer.ledger.holders_of(g0.uuid) == ("dra:uid-1",)
+    assert env.preparer.ledger.holders_of(g1.uuid) == ("dra:uid-1",)
+
+
+def test_idempotent_prepare_returns_same_result_without_api(env: Env) -> None:
+    g0 = env.inv.gpus[0]
+    env.claims.add(claim("c1", "uid-1", [("gpu", gpu_device_name(g0))]))
+    first = env.preparer.prepare([ClaimRef("uid-1", "ns", "c1")])
+    reads = env.claims.reads
+    second = env.preparer.prepare([ClaimRef("uid-1", "ns", "c1")])
+    assert first == second and env.claims.reads == reads
+    # A restarted plugin answers the same from its checkpoint.
+    assert env.new().prepare([ClaimRef("uid-1", "ns", "c1")]) == first
+
+
+@pytest.mark.parametrize(
+    "obj,ref,expected",
+    [
+        (claim("c1", "other-uid", [("gpu", "x")]), ClaimRef("uid-1", "ns", "c1"), "got replaced"),
+        (claim("c1", "uid-1", [], allocated=False), ClaimRef("uid-1", "ns", "c1"), "not allocated"),
+        (claim("c1", "uid-1", [("gpu", "gpu-x")], pool="node-b"), ClaimRef("uid-1", "ns", "c1"), "allocated from pool(s) node-b, but this node serves pool node-a"),
+        (claim("c1", "uid-1", [("gpu", "gpu-unknown")]), ClaimRef("uid-1", "ns", "c1"), "device gpu-unknown of pool node-a is not a device this node has"),
+        (None, ClaimRef("uid-1", "ns", "missing"), "not found in the API server"),
+    ],
+)
+def test_per_claim_errors(env: Env, obj: dict[str, Any] | None, ref: ClaimRef, expected: str) -> None:
+    if obj is not None:
+        env.claims.add(obj)
+    g0 = env.inv.gpus[0]
+    env.claims.add(claim("good", "uid-good", [("gpu", gpu_device_name(g0))]))
+    results = env.preparer.prepare([ref, ClaimRef("uid-good", "ns", "good")])
+    assert expected in results[ref.uid].error and "ResourceClaim ns/" in results[ref.uid].error
+    assert results["uid-good"].error == ""  # one bad claim does not fail the others
+    assert env.preparer.checkpoint.claim(ref.uid) is None
+    assert not (env.cdi_dir / f"k8s.gpu.nvidia.com-claim_{ref.uid}.json").exists()
+
+
+def test_invalid_config_is_a_per_claim_error(env: Env) -> None:
+    g0 = env.inv.gpus[0]
+    bad = [{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {**CFG, "sharing": {"strategy": "Nope"}}}}]
+    env.claims.add(claim("c1", "uid-1", [("gpu", gpu_device_name(g0))], config=bad))
+    error = env.preparer.prepare([ClaimRef("uid-1", "ns", "c1")])["uid-1"].error
+    assert "status.allocation.devices.config[0].opaque.parameters.sharing.strategy: unsupported value 'Nope'" in error
+
+
+def test_config_order_class_then_claim_and_per_request(env: Env) -> None:
+    g0, t = env.inv.gpus[0], env.inv.gpus[2]
+    config = [
+        # Listed claim-first on purpose: class configs still apply first, so the claim's MPS wins for "a".
+        {"source": "FromClaim", "requests": ["a"], "opaque": {"driver": DRIVER, "parameters": {**CFG, "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 25}}}}},
+        {"source": "FromClass", "requests": [], "opaque": {"driver": DRIVER, "parameters": {**CFG, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}}},
+        {"source": "FromClaim", "requests": [], "opaque": {"driver": "other.example.com", "parameters": {"anything": True}}},
+    ]
+    env.claims.add(claim("c1", "uid-1", [("a", gpu_device_name(g0)), ("b", gpu_device_name(t))], config=config))
+    result = env.preparer.prepare([ClaimRef("uid-1", "ns", "c1")])["uid-1"]
+    assert result.error == ""
+    assert env.sharing.modes == {g0.uuid: COMPUTE_MODE_EXCLUSIVE_PROCESS, t.uuid: COMPUTE_MODE_DEFAULT}
+    assert env.sharing.timeslices == {t.uuid: 3}
+    spec = json.loads((env.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-1.json").read_text())
+    mps_env = spec["devices"][0]["containerEdits"]["env"]
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in mps_env and "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in mps_env
+    assert spec["devices"][0]["containerEdits"]["mounts"][0]["hostPath"] == str(env.tmp / "mps" / "uid-1" / "pipe")
+    assert (env.tmp / "mps" / "uid-1" / "pipe").is_dir()
+    assert "mounts" not in spec["devices"][1]["containerEdits"]
+    # Unprepare restores the default compute mode and removes the MPS dirs.
+    assert env.preparer.unprepare([ClaimRef("uid-1", "ns", "c1")]) == {"uid-1": ""}
+    assert env.sharing.modes[g0.uuid] == COMPUTE_MODE_DEFAULT
+    assert not (env.tmp / "mps" / "uid-1").exists()
+
+
+def test_unprepare_twice_and_unknown(env: Env) -> None:
+    g0 = env.inv.gpus[0]
+    env.claims.add(claim("c1", "uid-1", [("gpu", gpu_device_name(g0))]))
+    env.preparer.prepare([ClaimRef("uid-1", "ns", "c1")])
+    assert env.preparer.unprepare([ClaimRef("uid-1", "ns", "c1")]) == {"uid-1": ""}
+    assert env.preparer.unprepare([ClaimRef("uid-1", "ns", "c1"), ClaimRef("nope", "ns", "x")]) == {"uid-1": "", "nope": ""}
+    assert list(env.cdi_dir.iterdir()) == []
+    assert env.preparer.ledger.held() == {}
+
+
+def test_device_plugin_hold_blocks_prepare(env: Env) -> None:
+    g0 = env.inv.gpus[0]
+    env.preparer.ledger.hold(Ledger.device_plugin_holder("pod-x"), [g0.uuid])
+    env.claims.add(claim("c1", "uid-1", [("gpu", gpu_device_name(g0))]))
+    error = env.preparer.prepare([ClaimRef("uid-1", "ns", "c1")])["uid-1"].error
+    assert f"{g0.uuid} is held by deviceplugin:pod-x" in error and "device plugin must release" in error
+    assert env.preparer.checkpoint.claim("uid-1") is None
+
+
+def test_start_rolls_back_started_claims_and_removes_orphans(env: Env) -> None:
+    g0, t = env.inv.gpus[0], env.inv.gpus[2]
+    env.claims.add(claim("c1", "uid-1", [("gpu", gpu_device_name(g0))]))
+    env.claims.add(claim("c2", "uid-2", [("gpu", gpu_device_name(t))]))
+    env.preparer.prepare([ClaimRef("uid-1", "ns", "c1"), ClaimRef("uid-2", "ns", "c2")])
+    cp = env.preparer.checkpoint
+    with cp.locked():
+        record = cp.claim("uid-2")
+        assert record is not None
+        cp.commit([cp.put_claim_op(record.model_copy(update={"phase": ClaimPhase.PREPARE_STARTED}))])
+    cdi.write_claim_spec(env.cdi_dir, "orphan", cdi.claim_spec("orphan", [cdi.DeviceEdits("d", "GPU-x", 0)]))
+    (env.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-1.json").unlink()  # e.g. /var/run wiped
+    cp.close()
+    again = env.new()
+    assert env.start_report.rolled_back == ["uid-2"]
+    assert env.start_report.orphans_removed == ["orphan"]
+    assert env.start_report.specs_rewritten == ["uid-1"]
+    assert sorted(p.name for p in env.cdi_dir.iterdir()) == ["k8s.gpu.nvidia.com-claim_uid-1.json"]
+    assert again.ledger.held() == {g0.uuid: ("dra:uid-1",)}
+
+
+def test_new_boot_reapplies_sharing(env: Env) -> None:
+    g0 = env.inv.gpus[0]
+    config = [{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {**CFG, "sharing": {"strategy": "MPS"}}}}]
+    env.claims.add(claim("c1", "uid-1", [("gpu", gpu_device_name(g0))], config=config))
+    env.preparer.prepare([ClaimRef("uid-1", "ns", "c1")])
+    env.preparer.checkpoint.close()
+    env.sharing.modes.clear()  # the GPU forgot its compute mode across the reboot
+    env.boot.write_text("boot-2")
+    env.new()
+    assert env.start_report.reapplied == ["uid-1"]
+    assert env.sharing.modes == {g0.uuid: COMPUTE_MODE_EXCLUSIVE_PROCESS}
