@@ -148,8 +148,8 @@ class Explainer:
                 parts.append(f"{counts[key]} {text}")
         code = "in-use" if in_use else next((k for k in ("taint", "counters", "capacity") if counts[k]), "not-enough")
         matching = len(usable) + in_use + counts["taint"] + counts["counters"] + counts["capacity"]
-        msg = f"request {request.full_name} of claim {claim.key} needs {need} device{'s' if need != 1 else ''}, " \
-              f"{len(usable)} of {matching} matching are usable"
+        msg = f"request {request.full_name} of claim {claim.key} needs {need} device{'s' if need != 1 else ''}; " \
+              f"usable: {len(usable)} of {matching} matching"
         if parts:
             msg += ": " + ", ".join(parts)
         return NodeReason(node, code, msg, {**details, "inUseBy": dict(users), **{k: v for k, v in counts.items() if k != "devices"}}), usable

@@ -138,9 +138,14 @@ class ControllerManager:
             fresh_claims=self._fresh_claims,
         )
         self.scheduler = EmbeddedScheduler(
-            self.writer, self.explainer, self.metrics, features=config.features, fresh_claims=self._fresh_claims
+            self.writer,
+            self.explainer,
+            self.metrics,
+            features=config.features,
+            fresh_claims=self._fresh_claims,
+            driver_name=config.driver_name,
         )
-        self.pending = PendingExplainer(self.explainer, self.metrics, features=config.features)
+        self.pending = PendingExplainer(self.explainer, self.metrics, features=config.features, driver_name=config.driver_name)
 
     # -- leadership --------------------------------------------------------------------------------
 

@@ -20,16 +20,18 @@ filters a percentage of all nodes; the result is still the best node by the scor
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from controller.allocator import AllocationError, Allocator, Claim, ClusterSnapshot, Unschedulable
-from controller.allocator.model import Device
+from controller.allocator.model import Constraint, Device
 from gpudra.features import Features
 
 Policy = Literal["binpack", "spread"]
 MAX_SUBREQUESTS = 8  # resourceapi.FirstAvailableDeviceRequestMaxSize: the top firstAvailable score
+TOPOLOGY_ATTRIBUTES = ("nvlinkDomain", "numaNode")
 
 
 @dataclass(frozen=True)
@@ -86,8 +88,11 @@ class Placer:
         features: Features | None = None,
         cel_env: Any = None,
         policy: Policy = "binpack",
+        topology_domain: str = "gpu.nvidia.com",
     ) -> None:
         self.snapshot = snapshot
+        self.topology_domain = topology_domain
+        self._groups: dict[str, tuple[int, ...]] = {}  # node -> largest free group per topology attribute
         self.features = features or Features()
         self.allocator = Allocator(snapshot, self.features, cel_env)
         self.policy = policy
@@ -126,8 +131,10 @@ class Placer:
                 self._totals[node] = (total, used + added)
             elif added:
                 touches_other_nodes = True
+            self._groups.pop(node, None)
         if touches_other_nodes:
             self._totals.clear()
+            self._groups.clear()
 
     def _slice_node(self, result: Mapping[str, Any]) -> str | None:
         if not self._index:
@@ -157,12 +164,63 @@ class Placer:
                     score += 1
         return score
 
+    def _largest_groups(self, node: str) -> tuple[int, ...]:
+        """Per topology attribute: the most free devices of the node that share one value (an upper bound
+        of what any allocation on the node can align)."""
+        found = self._groups.get(node)
+        if found is None:
+            allocated = self.snapshot.allocated
+            counters: list[Counter[Any]] = [Counter() for _ in TOPOLOGY_ATTRIBUTES]
+            for pool in self.snapshot.pools(node, self.features):
+                for sl in pool.slices:
+                    for dev in sl.devices:
+                        if (sl.driver, sl.pool, dev.name) in allocated:
+                            continue
+                        for i, attr in enumerate(TOPOLOGY_ATTRIBUTES):
+                            value = dev.attribute(f"{sl.driver}/{attr}")
+                            if value is not None:
+                                counters[i][(sl.driver, value)] += 1
+            found = tuple(max(c.values(), default=0) for c in counters)
+            self._groups[node] = found
+        return found
+
+    def _topology_bound(self, node: str, needs: Sequence[int]) -> int:
+        groups = self._largest_groups(node)
+        return sum(1 for n in needs for g in groups if n <= 1 or g >= n)
+
+    def _variants(self, claims: Sequence[Claim]) -> list[list[Claim]]:
+        """The claims with extra matchAttribute constraints that align devices (NVLink domain and NUMA node, then
+        NVLink domain only), before the claims as written: any solution of a variant is a solution of the
+        claims, so this only prefers aligned solutions among valid ones."""
+        eligible = [min_devices([c]) > 1 and all(e.exact is None or e.exact.mode == "ExactCount" for e in c.requests)
+                    and all(s.mode == "ExactCount" for e in c.requests for s in e.subrequests) for c in claims]
+        if not any(eligible):
+            return [list(claims)]
+        out: list[list[Claim]] = []
+        for attrs in (TOPOLOGY_ATTRIBUTES, TOPOLOGY_ATTRIBUTES[:1]):
+            extra = tuple(Constraint("match", f"{self.topology_domain}/{a}", frozenset()) for a in attrs)
+            out.append([replace(c, constraints=c.constraints + extra) if ok else c for c, ok in zip(claims, eligible)])
+        out.append(list(claims))
+        return out
+
+    def _allocate(self, node: str, variants: list[list[Claim]]) -> list[dict[str, Any]] | Unschedulable:
+        for variant in variants[:-1]:
+            try:
+                outcome = self.allocator.allocate(node, variant)
+            except AllocationError:
+                break  # the claims as written report their own error below
+            if not isinstance(outcome, Unschedulable):
+                return outcome
+        return self.allocator.allocate(node, variants[-1])
+
     def place(self, claims: Sequence[Claim], nodes: Iterable[str] | None = None) -> Placement | NoPlacement:
         """Best node for the claims together (one Filter call per node). Raises AllocationError when fatal."""
         names = list(nodes) if nodes is not None else self.snapshot.node_names
         need = min_devices(claims)
         top_prio, top_topo = max_scores(claims)
         order = sorted(names, key=lambda n: (-self._packing(n), n))
+        needs = [min_devices([c]) for c in claims]
+        variants = self._variants(claims)
         best: Placement | None = None
         failure = NoPlacement()
         for name in order:
@@ -170,7 +228,9 @@ class Placer:
             if self._prefilter and total - used < need:
                 failure.reasons[name] = f"only {total - used} free devices, the claims need at least {need}"
                 continue
-            outcome = self.allocator.allocate(name, claims)
+            if best is not None and (top_prio, self._topology_bound(name, needs)) <= best.score[:2]:
+                continue  # cannot beat the best node found so far, which also packs better
+            outcome = self._allocate(name, variants)
             if isinstance(outcome, Unschedulable):
                 failure.reasons[name] = outcome.reason
                 continue

@@ -237,6 +237,8 @@ def _mig_profiles(nvml: Any, handle: Any) -> tuple[MigProfile, ...]:
                 compute_slices=int(info.sliceCount),
             )
         )
+    # nvidia-smi's order: by compute slices, then memory, then profile id.
+    out.sort(key=lambda p: (p.compute_slices, p.memory_bytes, p.profile_id))
     return tuple(out)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,19 +103,25 @@ def plan_publish(
     desired: Sequence[Mapping[str, Any]],
     existing: Sequence[Mapping[str, Any]],
     owner: dict[str, Any] | None,
+    stored_as: Mapping[str, tuple[dict[str, Any], dict[str, Any]]] | None = None,
 ) -> PublishPlan:
     """What to write so that `existing` (our slices as read) becomes `desired` (build_slices output).
 
     `owner` is the Node owner reference to set (None: leave owner references as they are).
+    `stored_as` maps a slice name to (comparable desired spec, comparable spec the server stored) of
+    our last write: a server that drops fields of disabled alpha features (taints without
+    DRADeviceTaints) stores something else than we sent, and that must not count as a change forever.
     """
     current = {s["metadata"]["name"]: s for s in existing}
     wanted = {s["metadata"]["name"]: s for s in desired}
     generations = {int(s["spec"].get("pool", {}).get("generation", 0)) for s in existing}
-    content_changed = (
-        set(current) != set(wanted)
-        or len(generations) > 1
-        or any(comparable_spec(current[n]["spec"]) != comparable_spec(wanted[n]["spec"]) for n in wanted)
-    )
+    remembered = stored_as or {}
+
+    def same(name: str) -> bool:
+        want, have = comparable_spec(wanted[name]["spec"]), comparable_spec(current[name]["spec"])
+        return want == have or remembered.get(name) == (want, have)
+
+    content_changed = set(current) != set(wanted) or len(generations) > 1 or not all(same(n) for n in wanted)
     generation = (max(generations, default=0) + 1) if content_changed else None
 
     creates: list[dict[str, Any]] = []
@@ -167,6 +174,7 @@ class SlicePublisher:
         max_attempts: int = 5,
         backoff_seconds: float = 1.0,
         max_backoff_seconds: float = 60.0,
+        conflict_backoff_seconds: float = 0.05,
     ) -> None:
         self.api = api
         self.driver_name = driver_name
@@ -175,6 +183,9 @@ class SlicePublisher:
         self.max_attempts = max_attempts
         self.backoff_seconds = backoff_seconds
         self.max_backoff_seconds = max_backoff_seconds
+        self.conflict_backoff_seconds = conflict_backoff_seconds
+        # Slice name -> (what we sent, what the server stored), both comparable; see plan_publish.
+        self._stored_as: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
 
     def _ours(self, obj: Mapping[str, Any]) -> bool:
         spec = obj.get("spec") or {}
@@ -206,21 +217,25 @@ class SlicePublisher:
         self._check_desired(desired)
         last: Exception | None = None
         for attempt in range(1, self.max_attempts + 1):
-            plan = plan_publish(desired, self.existing(), self._owner())
+            plan = plan_publish(desired, self.existing(), self._owner(), self._stored_as)
             try:
                 for obj in plan.creates:
-                    self._create(obj)
+                    self._remember(obj, self._create(obj))
                 for obj in plan.updates:
-                    self.api.replace("ResourceSlice", obj)
+                    self._remember(obj, self.api.replace("ResourceSlice", obj))
                 for name, version in plan.deletes:
                     # Precondition: a slice changed since we read it is re-read, not deleted blindly.
                     self.api.delete("ResourceSlice", name, resource_version=version or None)
+                    self._stored_as.pop(name, None)
             except (Conflict, AlreadyExists) as err:
                 last = err
                 log.info(
                     "slice write raced, re-reading node=%s driver=%s attempt=%d error=%r",
                     self.node_name, self.driver_name, attempt, str(err),
                 )
+                if attempt < self.max_attempts:
+                    # Another writer is active: back off a little so that we do not race it again at once.
+                    time.sleep(min(self.conflict_backoff_seconds * 2 ** (attempt - 1), 1.0))
                 continue
             result = PublishResult(
                 created=len(plan.creates),
@@ -242,15 +257,32 @@ class SlicePublisher:
             f"{self.max_attempts} attempts: {last}"
         )
 
-    def _create(self, obj: dict[str, Any]) -> None:
+    def _remember(self, sent: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
+        want, have = comparable_spec(sent["spec"]), comparable_spec(stored.get("spec") or {})
+        name = sent["metadata"]["name"]
+        self._stored_as[name] = (want, have)
+        if want != have:
+            dropped = sorted(
+                {k for d in want.get("devices", []) for k in d}
+                - {k for d in have.get("devices", []) for k in d}
+            ) or sorted(set(want) - set(have))
+            log.warning(
+                "server stored a different slice than sent node=%s driver=%s slice=%s dropped=%s "
+                "hint=%r",
+                self.node_name, self.driver_name, name, ",".join(dropped) or "values",
+                "alpha fields (taints: DRADeviceTaints, counters: DRAPartitionableDevices) are dropped "
+                "when their feature gate is off",
+            )
+
+    def _create(self, obj: dict[str, Any]) -> dict[str, Any]:
         try:
-            self.api.create("ResourceSlice", obj)
-        except AlreadyExists:
+            return self.api.create("ResourceSlice", obj)
+        except AlreadyExists as exists:
             name = obj["metadata"]["name"]
             try:
                 taken = self.api.get("ResourceSlice", name)
             except NotFound:
-                raise  # it went away again: the caller re-reads and retries
+                raise exists from None  # it went away again: the caller re-reads and retries
             if not self._ours(taken):
                 spec = taken.get("spec") or {}
                 raise PublishError(

@@ -306,29 +306,37 @@ def _max_concurrent(compute_total: int, pairs: Sequence[tuple[MigProfile, MigPla
 
     Coexisting = disjoint memory slices, compute slices within the GPU's total and each profile
     at most `count` times. Totals at least this large never reject a layout the hardware accepts;
-    the memory-slice counters are what rule out overlapping placements.
+    the memory-slice counters are what rule out overlapping placements. An exhaustive search over
+    non-overlapping placements: a few thousand sets for a GPU with 8 memory slices.
     """
-    names = ["memory", "compute-slices", *(c for _, c, _ in _ENGINE_FIELDS)]
-    best = dict.fromkeys(names, 0)
+    names = list(_profile_counters(pairs[0][0])) if pairs else []
     order = sorted(pairs, key=lambda pp: pp[1].start)
+    masks = [((1 << pl.size) - 1) << pl.start for _, pl in order]
+    vectors = [tuple(_profile_counters(p).values()) for p, _ in order]
+    profile_ids = {name: i for i, name in enumerate(dict.fromkeys(p.name for p, _ in order))}
+    which = [profile_ids[p.name] for p, _ in order]
+    limits = [1] * len(profile_ids)
+    for p, _ in order:
+        limits[profile_ids[p.name]] = max(p.count, 1)
+    compute = [p.compute_slices for p, _ in order]
+    best = [0] * len(names)
+    counts = [0] * len(profile_ids)
 
-    def walk(i: int, used_slices: frozenset[int], compute: int, counts: dict[str, int], sums: dict[str, int]) -> None:
-        for n in names:
-            best[n] = max(best[n], sums[n])
+    def walk(i: int, used: int, compute_used: int, sums: tuple[int, ...]) -> None:
+        for k, v in enumerate(sums):
+            if v > best[k]:
+                best[k] = v
         for j in range(i, len(order)):
-            profile, pl = order[j]
-            span = frozenset(range(pl.start, pl.start + pl.size))
-            if span & used_slices or counts.get(profile.name, 0) >= max(profile.count, 1):
+            if masks[j] & used or counts[which[j]] >= limits[which[j]]:
                 continue
-            if compute_total and compute + profile.compute_slices > compute_total:
+            if compute_total and compute_used + compute[j] > compute_total:
                 continue
-            pc = _profile_counters(profile)
-            counts[profile.name] = counts.get(profile.name, 0) + 1
-            walk(j + 1, used_slices | span, compute + profile.compute_slices, counts, {n: sums[n] + pc[n] for n in names})
-            counts[profile.name] -= 1
+            counts[which[j]] += 1
+            walk(j + 1, used | masks[j], compute_used + compute[j], tuple(a + b for a, b in zip(sums, vectors[j])))
+            counts[which[j]] -= 1
 
-    walk(0, frozenset(), 0, {}, dict.fromkeys(names, 0))
-    return best
+    walk(0, 0, 0, (0,) * len(names))
+    return dict(zip(names, best))
 
 
 # (compute slices, placements) -> _max_concurrent result; one per build_slices call, since the
@@ -341,7 +349,7 @@ def _gpu_counter_totals(gpu: Gpu, cache: _ShapeCache) -> dict[str, int]:
     if shape not in cache:
         cache[shape] = _max_concurrent(*shape)
     totals = dict(cache[shape])
-    totals["memory"] = max(totals["memory"], gpu.memory_bytes)
+    totals["memory"] = max(totals.get("memory", 0), gpu.memory_bytes)
     if gpu.compute_slices:
         totals["compute-slices"] = gpu.compute_slices
     for i in range(_memory_slice_count(gpu)):

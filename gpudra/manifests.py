@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,9 @@ class InputError(Exception):
 def _flatten(doc: Any, source: str, position: str) -> list[dict[str, Any]]:
     if doc is None:
         return []  # empty YAML documents (e.g. a trailing `---`) are skipped, as kubectl does
+    if isinstance(doc, list):
+        # A bare list of objects (a JSON array or YAML sequence) is read like a List's items.
+        return [obj for i, item in enumerate(doc) for obj in _flatten(item, source, f"{position} [{i}]")]
     if not isinstance(doc, dict):
         raise InputError(f"{source}: {position}: expected a Kubernetes object (a mapping), got {type(doc).__name__}")
     kind = doc.get("kind")
@@ -40,17 +43,15 @@ def _flatten(doc: Any, source: str, position: str) -> list[dict[str, Any]]:
 def parse_documents(text: str, source: str) -> list[dict[str, Any]]:
     """All objects in one file's text (JSON or YAML, one or many documents)."""
     stripped = text.lstrip()
-    docs: Iterable[Any]
     if stripped.startswith(("{", "[")):
         try:
             parsed = json.loads(text)
         except json.JSONDecodeError:
             parsed = None  # JSON is also YAML; let the YAML parser give the error for flow-style YAML
         else:
-            docs = parsed if isinstance(parsed, list) else [parsed]
-            return [obj for i, d in enumerate(docs) for obj in _flatten(d, source, f"document {i + 1}")]
+            return _flatten(parsed, source, "document 1")
     try:
-        docs = list(yaml.safe_load_all(text))
+        docs: list[Any] = list(yaml.safe_load_all(text))
     except yaml.YAMLError as err:
         raise InputError(f"{source}: not valid YAML or JSON: {err}") from None
     return [obj for i, d in enumerate(docs) for obj in _flatten(d, source, f"document {i + 1}")]

@@ -374,3 +374,36 @@ def test_run_loop_republishes_on_change_and_recovers_from_errors(apiserver: Any)
     got = stored(api)
     assert set(got) == {f"{NODE}-{DRIVER}-0", f"{NODE}-{DRIVER}-1"}
     assert generations(got) == {3}
+
+
+class TaintDroppingApi(RacingApi):
+    """A server with DRADeviceTaints off: it drops device taints on write, as Kubernetes drops disabled fields."""
+
+    @staticmethod
+    def _strip(obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        for d in obj["spec"].get("devices", []):
+            d.pop("taints", None)
+        return obj
+
+    def create(self, kind: str, obj: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
+        return self._api.create(kind, self._strip(obj))
+
+    def replace(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        return self._api.replace(kind, self._strip(obj))
+
+
+def test_fields_dropped_by_the_server_do_not_cause_endless_updates(apiserver: Any, caplog: pytest.LogCaptureFixture) -> None:
+    api: KubeApi = apiserver.api
+    pub = SlicePublisher(TaintDroppingApi(api), DRIVER, NODE)  # type: ignore[arg-type]
+    sick = desired([replace(h100(0), health=Health(xids=(79,)))])
+    with caplog.at_level("WARNING", logger="gpudra.publisher"):
+        assert pub.publish(sick).created == 1
+    assert "dropped=taints" in caplog.text
+    assert taints(stored(api))[gpu_device_name(h100(0))] == []
+    before = versions(stored(api))
+    again = pub.publish(sick)
+    assert (again.updated, again.generation) == (0, None)
+    assert versions(stored(api)) == before
+    # A real change is still published.
+    assert pub.publish(desired([h100(0), h100(1)])).generation == 2

@@ -35,35 +35,36 @@ def slice_list(slices: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from driver.discovery import discover
-    from driver.nvml import load_backend
+    from driver.nvml import NvmlUnavailable, ProfileError, load_backend
 
     try:
         settings = SliceSettings(
             node_name=args.node, driver_name=args.driver_name, partitionable=args.partitionable
         )
     except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"gpu-dra slices: {err}", file=sys.stderr)
         return 2
     try:
         nvml = load_backend(args.nvml)
-    except Exception as err:  # noqa: BLE001 - any backend failure is reported, never a traceback
-        print(
-            f"error: --nvml {args.nvml!r}: {err} (accepted: real, sim:PROFILE (a shipped profile name), "
-            "sim:/path/to/profile.yaml)",
-            file=sys.stderr,
-        )
+    except NvmlUnavailable as err:
+        print(f"gpu-dra slices: {err}", file=sys.stderr)
+        return 2
+    except ProfileError as err:
+        print(f"gpu-dra slices: invalid simulator profile:\n{err}", file=sys.stderr)
         return 2
     try:
         inventory = discover(nvml, args.node)
-    except Exception as err:  # noqa: BLE001
-        print(f"error: NVML discovery on node {args.node!r} failed: {err}", file=sys.stderr)
-        return 1
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001 - a failing shutdown must not hide the slices or the real error
+            pass
     for ident, message in inventory.skipped:
-        print(f"warning: GPU {ident} skipped: {message}", file=sys.stderr)
+        print(f"gpu-dra slices: warning: GPU {ident} skipped: {message}", file=sys.stderr)
     try:
         slices = build_slices(inventory, settings)
     except SliceBuildError as err:
-        print(f"error: node {args.node!r}: {err}", file=sys.stderr)
+        print(f"gpu-dra slices: node {args.node}: {err}", file=sys.stderr)
         return 1
     doc = slice_list(slices)
     if args.output == "json":

@@ -186,7 +186,15 @@ def _remove_stale_socket(path: Path) -> None:
         raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
 
 
+MAX_UNIX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
+
+
 def _bind(server: grpc.Server, path: Path) -> None:
+    if len(os.fsencode(str(path))) > MAX_UNIX_SOCKET_PATH:
+        raise RuntimeError(
+            f"unix socket path {path} is {len(os.fsencode(str(path)))} bytes; at most {MAX_UNIX_SOCKET_PATH} fit "
+            "(use a shorter --kubelet-dir or driver name)"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_socket(path)
     if server.add_insecure_port(f"unix://{path}") == 0:

@@ -12,6 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from gpudra.apiserver import resources as res
 from gpudra.apiserver import status as st
+from gpudra.apiserver.openapi import openapi_group_version, openapi_root
 from gpudra.apiserver.selectors import FieldSelector, LabelSelector, SelectorError
 from gpudra.apiserver.store import Filter, Store
 from gpudra.apiserver.tables import wants_table, to_table
@@ -153,6 +154,10 @@ class ApiHandler(BaseHTTPRequestHandler):
             return b"ok"
         if parts == ["version"]:
             return res.SERVER_VERSION
+        if parts[:2] == ["openapi", "v3"]:
+            if len(parts) == 2:
+                return openapi_root(reg)
+            return openapi_group_version(reg, "/".join(parts[2:])) or self._not_found_path(parts)
         if parts == ["api"]:
             return res.api_versions()
         if parts == ["apis"]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Hashable
-from typing import Any, TypeVar
+from typing import Any
 
 from gpudra.quantity import Quantity, QuantityError
 from gpudra.validation import names
@@ -25,7 +25,6 @@ from gpudra.validation.errors import (
 )
 
 Errors = list[FieldError]
-T = TypeVar("T")
 
 
 def get_map(value: Any, path: str, errs: Errors) -> dict[str, Any]:

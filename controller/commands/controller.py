@@ -1,0 +1,102 @@
+"""`gpu-dra controller`: the cluster agent (explanations, gang pre-allocation; in embedded mode also the
+scheduler and claim-controller roles). Runs until SIGTERM/SIGINT, then releases its lease."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+
+from controller.leader import LeaseTimings
+from controller.logfmt import configure
+from controller.manager import DEFAULT_DRIVER_NAME, ControllerConfig, ControllerManager, default_identity
+from gpudra.features import FeatureGateError, Features
+from gpudra.kubeapi import KubeApi
+
+log = logging.getLogger("gpudra.controller")
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster configuration)")
+    parser.add_argument("--embedded", action="store_true",
+                        help="also act as kube-scheduler and the resourceclaim controller (for `gpu-dra apiserver`)")
+    parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help="DRA driver name (default %(default)s)")
+    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    parser.add_argument("--metrics-host", default="0.0.0.0", help="address for the metrics server (default %(default)s)")
+    parser.add_argument("--gang-timeout", type=float, default=300.0,
+                        help="seconds a pre-allocated gang may wait for its pods before it is released (default %(default)s)")
+    parser.add_argument("--leader-elect", dest="leader_elect", action=argparse.BooleanOptionalAction, default=True,
+                        help="elect a leader through a coordination.k8s.io/v1 Lease (default on)")
+    parser.add_argument("--identity", default=None, help="leader-election identity (default: hostname + random suffix)")
+    parser.add_argument("--lease-namespace", default="kube-system", help="namespace of the Lease (default %(default)s)")
+    parser.add_argument("--lease-name", default="gpu-dra-controller", help="name of the Lease (default %(default)s)")
+    parser.add_argument("--lease-duration", type=float, default=15.0, help="seconds (default %(default)s)")
+    parser.add_argument("--renew-deadline", type=float, default=10.0, help="seconds (default %(default)s)")
+    parser.add_argument("--retry-period", type=float, default=2.0, help="seconds (default %(default)s)")
+    parser.add_argument("--resync-period", type=float, default=30.0, help="seconds between full relists (default %(default)s)")
+    parser.add_argument("--event-repeat", type=float, default=60.0,
+                        help="seconds before an unchanged explanation Event is posted again (default %(default)s)")
+    parser.add_argument("--feature", action="append", default=[], metavar="GATE[=true|false]",
+                        help="DRA feature gate (Kubernetes 1.35 defaults); repeatable")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def config_from_args(args: argparse.Namespace) -> ControllerConfig:
+    timings = LeaseTimings(args.lease_duration, args.renew_deadline, args.retry_period)
+    timings.validate()
+    if args.gang_timeout <= 0:
+        raise ValueError(f"--gang-timeout ({args.gang_timeout}) must be greater than 0 seconds")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise ValueError(f"--metrics-port ({args.metrics_port}) must be between 0 and 65535")
+    if args.resync_period <= 0:
+        raise ValueError(f"--resync-period ({args.resync_period}) must be greater than 0 seconds")
+    return ControllerConfig(
+        driver_name=args.driver_name,
+        embedded=args.embedded,
+        gang_timeout=args.gang_timeout,
+        leader_elect=args.leader_elect,
+        identity=args.identity or default_identity(),
+        lease_namespace=args.lease_namespace,
+        lease_name=args.lease_name,
+        timings=timings,
+        resync_period=args.resync_period,
+        event_repeat_interval=args.event_repeat,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        features=Features.parse(args.feature),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    configure(logging.DEBUG if args.verbose else logging.INFO)
+    try:
+        config = config_from_args(args)
+    except (ValueError, FeatureGateError) as err:
+        print(f"gpu-dra controller: {err}", file=sys.stderr)
+        return 2
+    try:
+        api = KubeApi.connect(kubeconfig=args.kubeconfig)
+    except Exception as err:  # noqa: BLE001 - any config loading failure is a usage error here
+        where = f"--kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster configuration"
+        print(f"gpu-dra controller: cannot load {where}: {err}", file=sys.stderr)
+        return 2
+    manager = ControllerManager(api, config)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal received; shutting down", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    manager.start()
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        manager.stop(release=True)
+        api.close()
+    return 0

@@ -1,0 +1,116 @@
+"""`gpu-dra plugin`: run the node agent (kubelet DRA plugin, slice publisher, health stream).
+
+Stops cleanly on SIGTERM/SIGINT: sockets removed, checkpoint closed. With `--device-plugin` the legacy
+device plugin shim (`driver.deviceplugin.start_device_plugin(agent)`, returning an object with `stop()`) is
+started beside it and shares the agent's checkpoint ledger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from driver.slices import DEFAULT_DRIVER_NAME
+
+DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
+DEFAULT_CDI_DIR = "/var/run/cdi"
+DEVICE_PLUGIN_MODULE = "driver.deviceplugin"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node", required=True, help="this node's name (the pool name)")
+    parser.add_argument("--nvml", required=True, help="real, sim:PROFILE or sim:/path/profile.yaml")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config)")
+    parser.add_argument("--kubelet-dir", default=DEFAULT_KUBELET_DIR, help=f"kubelet root dir (default {DEFAULT_KUBELET_DIR})")
+    parser.add_argument("--cdi-dir", default=DEFAULT_CDI_DIR, help=f"dynamic CDI spec dir (default {DEFAULT_CDI_DIR})")
+    parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help=f"DRA driver name (default {DEFAULT_DRIVER_NAME})")
+    parser.add_argument("--device-plugin", action="store_true", help="also serve the legacy device plugin (nvidia.com/gpu)")
+    parser.add_argument("--partitionable", action="store_true", help="publish MIG-capable GPUs as partitionable devices")
+    parser.add_argument("--reserved-gpus", default="", help="comma-separated GPU UUIDs kept for the device plugin (not published)")
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def _device_plugin_available() -> bool:
+    return importlib.util.find_spec(DEVICE_PLUGIN_MODULE) is not None
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=getattr(logging, args.log_level), stream=sys.stderr,
+        format="time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
+    if args.device_plugin and not _device_plugin_available():
+        print(
+            "error: --device-plugin: the device plugin shim (driver/deviceplugin.py) is not available in this build; "
+            "run without --device-plugin",
+            file=sys.stderr,
+        )
+        return 2
+    reserved = frozenset(u.strip() for u in args.reserved_gpus.split(",") if u.strip())
+    bad = sorted(u for u in reserved if not u.startswith("GPU-"))
+    if bad:
+        print(f"error: --reserved-gpus: {', '.join(bad)}: expected GPU UUIDs such as GPU-5f3c...", file=sys.stderr)
+        return 2
+
+    from driver.discovery import discover
+    from driver.health import HealthMonitor
+    from driver.nvml import NvmlUnavailable, ProfileError, load_backend
+    from driver.plugin.agent import AgentSettings, NodeAgent, crash_hook_from_env, kubeapi_claim_getter
+    from driver.publisher import SlicePublisher
+    from gpudra.kubeapi import KubeApi
+
+    try:
+        nvml = load_backend(args.nvml)
+    except (NvmlUnavailable, ProfileError) as exc:
+        print(f"error: --nvml {args.nvml}: {exc}", file=sys.stderr)
+        return 2
+    inventory = discover(nvml, args.node)
+    unknown = sorted(reserved - {g.uuid for g in inventory.gpus})
+    if unknown:
+        print(f"error: --reserved-gpus: {', '.join(unknown)}: not a GPU of this node", file=sys.stderr)
+        return 2
+    try:
+        api = KubeApi.connect(kubeconfig=args.kubeconfig)
+    except Exception as exc:
+        where = args.kubeconfig or "the in-cluster config"
+        print(f"error: --kubeconfig: cannot connect with {where}: {exc}", file=sys.stderr)
+        return 2
+    settings = AgentSettings(
+        node_name=args.node, driver_name=args.driver_name, kubelet_dir=Path(args.kubelet_dir), cdi_dir=Path(args.cdi_dir),
+        partitionable=args.partitionable, reserved_uuids=reserved, metrics_port=args.metrics_port,
+        real_nvml=args.nvml == "real",
+    )
+    agent = NodeAgent(
+        settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api),
+        publisher=SlicePublisher(api, args.driver_name, args.node), fault_hook=crash_hook_from_env(),
+        monitor_factory=lambda n, inv, cb: HealthMonitor(n, inv, cb),
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    shim: Any = None
+    agent.start()
+    try:
+        if args.device_plugin:
+            shim = importlib.import_module(DEVICE_PLUGIN_MODULE).start_device_plugin(agent)
+        while not stop.wait(1.0):
+            pass
+    finally:
+        if shim is not None:
+            shim.stop()
+        agent.stop()
+        api.close()
+    return 0

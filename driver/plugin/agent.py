@@ -1,0 +1,193 @@
+"""The node agent: NVML inventory + health monitor + slice publisher + preparer + kubelet plugin, wired together.
+
+`NodeAgent` is what `gpu-dra plugin` runs and what tests and the prepare benchmark start in-process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from driver.checkpoint import Checkpoint
+from driver.inventory import Health, Inventory
+from driver.plugin.health import DeviceHealthEntry, HealthBoard
+from driver.plugin.metrics import PluginMetrics
+from driver.plugin.server import KubeletPlugin, PluginPaths
+from driver.prepare import ClaimGetter, ClaimNotFound, FaultHook, Preparer, StartReport
+from driver.sharing import NvmlSharing
+from driver.slices import SliceSettings, build_slices, gpu_device_name, mig_device_name
+
+log = logging.getLogger("gpu-dra.agent")
+
+# Test-only fault hook: SIGKILL this process right after the named prepare/unprepare step (see tests/test_crash.py).
+CRASH_AFTER_ENV = "GPU_DRA_TEST_CRASH_AFTER"
+
+
+def crash_hook_from_env(environ: Mapping[str, str] = os.environ) -> FaultHook | None:
+    step = environ.get(CRASH_AFTER_ENV, "")
+    if not step:
+        return None
+
+    def hook(reached: str) -> None:
+        if reached == step:
+            log.warning("event=test-crash step=%s", reached)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+def kubeapi_claim_getter(api: Any) -> ClaimGetter:
+    from gpudra.kubeapi import NotFound
+
+    def get(namespace: str, name: str) -> Mapping[str, Any]:
+        try:
+            return api.get("ResourceClaim", name, namespace=namespace)
+        except NotFound as exc:
+            raise ClaimNotFound(f"{namespace}/{name}") from exc
+
+    return get
+
+
+@dataclass
+class AgentSettings:
+    node_name: str
+    driver_name: str
+    kubelet_dir: Path
+    cdi_dir: Path
+    partitionable: bool = False
+    reserved_uuids: frozenset[str] = frozenset()
+    metrics_port: int | None = None
+    watch_seconds: float = 1.0
+    boot_id_path: Path | None = None
+    real_nvml: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        *,
+        nvml: Any,
+        inventory: Inventory,
+        get_claim: ClaimGetter,
+        publisher: Any | None = None,
+        fault_hook: FaultHook | None = None,
+        monitor_factory: Callable[[Any, Inventory, Callable[[str, Health], None]], Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.paths = PluginPaths(settings.kubelet_dir, settings.driver_name)
+        self._nvml = nvml
+        self._inventory = inventory
+        self._health: dict[str, Health] = {}
+        self._lock = threading.Lock()
+        self._publisher = publisher
+        self._publish_changed = threading.Event()
+        self._stop = threading.Event()
+        self._publisher_thread: threading.Thread | None = None
+        kwargs: dict[str, Any] = {}
+        if settings.boot_id_path is not None:
+            kwargs["boot_id_path"] = settings.boot_id_path
+        self.checkpoint, self.load_report = Checkpoint.open(self.paths.plugin_dir, **kwargs)
+        for problem in self.load_report.problems:
+            log.error("event=checkpoint-corrupt problem=%r", problem)
+        self.preparer = Preparer(
+            driver_name=settings.driver_name, node_name=settings.node_name, get_claim=get_claim,
+            inventory=self.inventory, checkpoint=self.checkpoint, cdi_dir=settings.cdi_dir,
+            sharing_backend=NvmlSharing(nvml, real=settings.real_nvml), mps_root=self.paths.plugin_dir / "mps",
+            reserved=settings.reserved_uuids, fault_hook=fault_hook,
+        )
+        self.board = HealthBoard(self._health_entries())
+        self.metrics = PluginMetrics()
+        self.plugin = KubeletPlugin(
+            self.paths, self.preparer, self.board, metrics=self.metrics, on_registered=self._on_registered,
+            watch_seconds=settings.watch_seconds,
+        )
+        self._monitor = monitor_factory(nvml, inventory, self._on_health) if monitor_factory is not None else None
+        self.start_report: StartReport | None = None
+
+    def inventory(self) -> Inventory:
+        with self._lock:
+            if not self._health:
+                return self._inventory
+            gpus = []
+            for gpu in self._inventory.gpus:
+                health = self._health.get(gpu.uuid, gpu.health)
+                gpus.append(replace(gpu, health=health))
+            return replace(self._inventory, gpus=tuple(gpus))
+
+    def _health_entries(self) -> list[DeviceHealthEntry]:
+        inv = self.inventory()
+        pool = self.settings.node_name
+        entries = []
+        for gpu in inv.gpus:
+            if gpu.uuid in self.settings.reserved_uuids:
+                continue
+            msg = "" if gpu.health.healthy else f"xids={list(gpu.health.xids)} lost={gpu.health.lost}"
+            if not gpu.mig_enabled or self.settings.partitionable:
+                entries.append(DeviceHealthEntry(pool, gpu_device_name(gpu), gpu.health.healthy, msg))
+            for mig in gpu.mig_devices:
+                mig_health = self._health.get(mig.uuid, Health())
+                healthy = gpu.health.healthy and mig_health.healthy
+                entries.append(DeviceHealthEntry(pool, mig_device_name(gpu, mig), healthy, msg))
+        return entries
+
+    def _on_health(self, uuid: str, health: Health) -> None:
+        with self._lock:
+            self._health[uuid] = health
+        log.warning("event=health-change uuid=%s healthy=%s xids=%s lost=%s", uuid, health.healthy, list(health.xids), health.lost)
+        self.board.update(self._health_entries())
+        self._publish_changed.set()
+
+    def desired_slices(self) -> list[dict[str, Any]]:
+        return build_slices(
+            self.inventory(),
+            SliceSettings(
+                node_name=self.settings.node_name, driver_name=self.settings.driver_name,
+                partitionable=self.settings.partitionable, reserved_uuids=self.settings.reserved_uuids,
+            ),
+        )
+
+    def _on_registered(self) -> None:
+        if self._publisher is None:
+            return
+        if self._publisher_thread is None:
+            self._publisher_thread = threading.Thread(
+                target=self._publisher.run, args=(self.desired_slices, self._publish_changed, self._stop),
+                name="slice-publisher", daemon=True,
+            )
+            self._publisher_thread.start()
+        else:
+            # Re-registration (kubelet restart): the kubelet wiped our slices, publish again.
+            self._publish_changed.set()
+
+    def start(self) -> None:
+        self.start_report = self.preparer.start(self.load_report)
+        r = self.start_report
+        log.info(
+            "event=start node=%s driver=%s claims=%d rolled_back=%d orphans_removed=%d specs_rewritten=%d reapplied=%d",
+            self.settings.node_name, self.settings.driver_name, len(self.checkpoint.state.claims), len(r.rolled_back),
+            len(r.orphans_removed), len(r.specs_rewritten), len(r.reapplied),
+        )
+        for problem in r.problems:
+            log.error("event=start-problem problem=%r", problem)
+        if self.settings.metrics_port is not None:
+            self.metrics.serve(self.settings.metrics_port)
+        if self._monitor is not None:
+            self._monitor.start()
+        self.plugin.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._monitor is not None:
+            self._monitor.stop()
+        self.plugin.stop()
+        if self._publisher_thread is not None:
+            self._publisher_thread.join(timeout=5)
+        self.checkpoint.close()

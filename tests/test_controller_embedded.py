@@ -1,0 +1,225 @@
+"""Embedded mode: template expansion, placement, reservations, release, explanations, priority, quota."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.claims import generate_name
+from controller.explainer import REASON_QUOTA, REASON_UNSCHEDULABLE
+from controller.objects import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION
+from controller_helpers import (
+    claim,
+    claims_of,
+    create_all,
+    devices_of,
+    events_for,
+    gpu_class,
+    gpu_slice,
+    manager,
+    node,
+    node_of,
+    pod,
+    sim_slices,
+    template,
+)
+
+
+def _cluster(api: Any, nodes: tuple[str, ...] = ("node-a",)) -> None:
+    create_all(api, [gpu_class()])
+    for n in nodes:
+        create_all(api, [node(n), *sim_slices(n)])
+
+
+def test_generate_name_follows_kubernetes() -> None:
+    assert generate_name("train", "gpu") == "train-gpu-"
+    long = generate_name("p" * 60, "c" * 20)
+    # Both parts are cut proportionally and no trailing dash is added, as the resourceclaim controller does.
+    assert long == "p" * (60 * 57 // 82) + "-" + "c" * (20 * 57 // 82)
+    assert len(long) <= 57
+
+
+def test_template_expansion_creates_owned_claim_and_records_pod_status(apiserver: Any) -> None:
+    api = apiserver.api
+    _cluster(api)
+    create_all(api, [template("two-gpus", 2), pod("trainer", templates={"gpu": "two-gpus"})])
+    report = manager(api).step()
+    assert report.claims_created == 1 and report.pods_bound == 1
+
+    trainer = api.get("Pod", "trainer", "default")
+    (generated,) = claims_of(api).values()
+    meta = generated["metadata"]
+    assert meta["generateName"] == "trainer-gpu-" and meta["name"].startswith("trainer-gpu-")
+    assert meta["annotations"][POD_CLAIM_NAME_ANNOTATION] == "gpu"
+    assert meta["labels"] == {"app": "train"}
+    assert meta["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "trainer",
+                                        "uid": trainer["metadata"]["uid"], "controller": True,
+                                        "blockOwnerDeletion": True}]
+    assert trainer["status"]["resourceClaimStatuses"] == [{"name": "gpu", "resourceClaimName": meta["name"]}]
+    # Allocation: finalizer first, the devices, the consumer, and the pod bound where the devices are.
+    assert DELETE_PROTECTION_FINALIZER in meta["finalizers"]
+    assert len(devices_of(generated)) == 2
+    assert generated["status"]["reservedFor"] == [{"resource": "pods", "name": "trainer", "uid": trainer["metadata"]["uid"]}]
+    assert trainer["spec"]["nodeName"] == node_of(generated) == "node-a"
+
+
+def test_expansion_is_idempotent_across_passes(apiserver: Any) -> None:
+    api = apiserver.api
+    _cluster(api)
+    create_all(api, [template("one", 1), pod("p", templates={"a": "one", "b": "one"})])
+    m = manager(api)
+    m.step()
+    m.step()
+    claims = claims_of(api)
+    assert sorted(c["metadata"]["annotations"][POD_CLAIM_NAME_ANNOTATION] for c in claims.values()) == ["a", "b"]
+    assert len({d for c in claims.values() for d in devices_of(c)}) == 2
+
+
+def test_nvlink_match_attribute_picks_the_node_with_one_domain_big_enough(apiserver: Any) -> None:
+    api = apiserver.api
+    create_all(api, [
+        gpu_class(),
+        node("split"), gpu_slice("split", [("g0", "d1"), ("g1", "d1"), ("g2", "d2"), ("g3", "d2")]),
+        node("whole"), gpu_slice("whole", [("g0", "d9"), ("g1", "d9"), ("g2", "d9"), ("g3", "d9")]),
+        template("three-linked", 3, match_nvlink=True), pod("p", templates={"gpu": "three-linked"}),
+    ])
+    assert manager(api).step().pods_bound == 1
+    (c,) = claims_of(api).values()
+    assert node_of(c) == "whole"
+    assert sorted(devices_of(c)) == ["g0", "g1", "g2"]
+    assert api.get("Pod", "p", "default")["spec"]["nodeName"] == "whole"
+
+
+def test_shared_claim_reserved_for_each_pod_and_released_when_last_pod_goes(apiserver: Any) -> None:
+    api = apiserver.api
+    _cluster(api)
+    create_all(api, [claim("shared", 1), pod("a", claims={"gpu": "shared"}), pod("b", claims={"gpu": "shared"})])
+    m = manager(api)
+    assert m.step().pods_bound == 2
+    shared = api.get("ResourceClaim", "shared", "default")
+    assert sorted(r["name"] for r in shared["status"]["reservedFor"]) == ["a", "b"]
+    assert api.get("Pod", "a", "default")["spec"]["nodeName"] == api.get("Pod", "b", "default")["spec"]["nodeName"]
+
+    api.delete("Pod", "a", "default")
+    m.step()
+    shared = api.get("ResourceClaim", "shared", "default")
+    assert [r["name"] for r in shared["status"]["reservedFor"]] == ["b"]
+    assert devices_of(shared)
+
+    api.delete("Pod", "b", "default")
+    m.step()
+    shared = api.get("ResourceClaim", "shared", "default")
+    assert "allocation" not in shared["status"] and "reservedFor" not in shared["status"]
+    assert DELETE_PROTECTION_FINALIZER not in (shared["metadata"].get("finalizers") or [])
+
+
+def test_generated_claim_goes_with_its_pod_and_frees_devices(apiserver: Any) -> None:
+    api = apiserver.api
+    _cluster(api)
+    create_all(api, [template("all8", 8), pod("first", templates={"gpu": "all8"})])
+    m = manager(api)
+    assert m.step().pods_bound == 1
+    create_all(api, [pod("second", templates={"gpu": "all8"})])
+    assert m.step().pods_bound == 0  # all eight GPUs are held by the first pod
+
+    api.delete("Pod", "first", "default")
+    m.step()  # reservation dropped, deallocated, finalizer removed, claim deleted (owner gone)
+    m.step()
+    names = list(claims_of(api))
+    assert len(names) == 1 and names[0].startswith("second-gpu-")
+    assert api.get("Pod", "second", "default")["spec"]["nodeName"] == "node-a"
+
+
+def test_finished_pod_releases_its_claim(apiserver: Any) -> None:
+    api = apiserver.api
+    _cluster(api)
+    create_all(api, [claim("c", 8), pod("job", claims={"gpu": "c"})])
+    m = manager(api)
+    m.step()
+    api.patch("Pod", "job", {"status": {"phase": "Succeeded"}}, "default", subresource="status")
+    m.step()
+    c = api.get("ResourceClaim", "c", "default")
+    assert "allocation" not in c["status"]
+    create_all(api, [pod("next", claims={"gpu": "c"})])
+    assert m.step().pods_bound == 1
+
+
+def test_pod_that_cannot_fit_gets_an_event_and_claim_explanation_rate_limited(apiserver: Any) -> None:
+    api = apiserver.api
+    _cluster(api, ("node-a", "node-b"))
+    create_all(api, [template("nine", 9), pod("greedy", templates={"gpu": "nine"})])
+    m = manager(api)
+    report = m.step()
+    assert report.pods_bound == 0 and report.pods_unschedulable == 1
+    (event,) = [e for e in events_for(api, "greedy") if e["reason"] == REASON_UNSCHEDULABLE]
+    assert event["type"] == "Warning" and event["count"] == 1
+    assert event["message"].startswith("0/2 nodes are available: 2 nodes: ")
+    assert "needs 9 devices" in event["message"]
+    (c,) = claims_of(api).values()
+    assert c["metadata"]["annotations"]["gpu.nvidia.com/explanation"] == event["message"]
+
+    m.step()  # same reason again: not re-posted within the repeat interval
+    (event,) = [e for e in events_for(api, "greedy") if e["reason"] == REASON_UNSCHEDULABLE]
+    assert event["count"] == 1
+
+
+def test_unschedulable_pod_is_retried_when_devices_are_released(apiserver: Any) -> None:
+    api = apiserver.api
+    _cluster(api)
+    create_all(api, [claim("big", 6), pod("holder", claims={"gpu": "big"}),
+                     template("four", 4), pod("waiter", templates={"gpu": "four"})])
+    m = manager(api)
+    m.step()
+    assert not api.get("Pod", "waiter", "default")["spec"].get("nodeName")
+    api.delete("Pod", "holder", "default")
+    m.step()
+    assert api.get("Pod", "waiter", "default")["spec"]["nodeName"] == "node-a"
+    waiter_claim = next(c for n, c in claims_of(api).items() if n.startswith("waiter-"))
+    assert "gpu.nvidia.com/explanation" not in (waiter_claim["metadata"].get("annotations") or {})
+
+
+def test_pending_pods_are_placed_in_priority_order(apiserver: Any) -> None:
+    api = apiserver.api
+    _cluster(api)
+    create_all(api, [
+        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "high"}, "value": 1000},
+        template("all8", 8),
+        pod("low-early", templates={"gpu": "all8"}),
+        pod("high-late", templates={"gpu": "all8"}, priority_class="high"),
+    ])
+    m = manager(api)
+    m.step()
+    assert api.get("Pod", "high-late", "default")["spec"].get("nodeName") == "node-a"
+    assert not api.get("Pod", "low-early", "default")["spec"].get("nodeName")
+
+
+def test_device_quota_is_enforced_with_a_clear_reason(apiserver: Any) -> None:
+    api = apiserver.api
+    _cluster(api)
+    create_all(api, [
+        {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpus", "namespace": "default"},
+         "spec": {"hard": {"gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "3"}}},
+        template("two", 2), pod("first", templates={"gpu": "two"}), pod("second", templates={"gpu": "two"}),
+    ])
+    m = manager(api)
+    report = m.step()
+    assert report.pods_bound == 1
+    bound = [p for p in ("first", "second") if api.get("Pod", p, "default")["spec"].get("nodeName")]
+    blocked = "second" if bound == ["first"] else "first"
+    (event,) = [e for e in events_for(api, blocked) if e["reason"] == REASON_QUOTA]
+    assert "ResourceQuota default/gpus" in event["message"]
+    assert "spec.hard[gpu.nvidia.com.deviceclass.resource.k8s.io/devices] is 3" in event["message"]
+    assert "2 in use" in event["message"]
+
+
+def test_legacy_extended_resource_pods_honour_node_allocatable(apiserver: Any) -> None:
+    api = apiserver.api
+    create_all(api, [node("small", gpus=2), node("big", gpus=4),
+                     pod("three", gpus=3), pod("two-a", gpus=2), pod("two-b", gpus=2)])
+    m = manager(api)
+    m.step()
+    placed = {p: api.get("Pod", p, "default")["spec"].get("nodeName") for p in ("three", "two-a", "two-b")}
+    assert placed["three"] == "big"
+    assert sorted(n for n in (placed["two-a"], placed["two-b"]) if n) == ["small"]  # big has 1 left
+    waiting = next(p for p in ("two-a", "two-b") if not placed[p])
+    (event,) = [e for e in events_for(api, waiting) if e["reason"] == REASON_UNSCHEDULABLE]
+    assert "Insufficient nvidia.com/gpu" in event["message"]

@@ -1,0 +1,146 @@
+"""Gang pre-allocation: all-or-nothing, spread over nodes, NVLink domains, timeout release."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.objects import DELETE_PROTECTION_FINALIZER
+from controller_helpers import (
+    FakeWall,
+    claim,
+    claims_of,
+    create_all,
+    devices_of,
+    gpu_class,
+    gpu_slice,
+    manager,
+    node,
+    node_of,
+    pod,
+)
+
+
+def _gang(name: str, size: int, count: int, gpus: int) -> list[dict[str, Any]]:
+    labels = {"gpu.nvidia.com/gang": name, "gpu.nvidia.com/gang-size": str(size)}
+    return [claim(f"{name}-{i}", gpus, labels=labels) for i in range(count)]
+
+
+def _four_gpu_nodes(api: Any, *names: str, clique: tuple[str, int] | None = None) -> None:
+    for n in names:
+        create_all(api, [node(n), gpu_slice(n, [(f"g{i}", f"{n}-nvl") for i in range(4)], clique=clique)])
+
+
+def test_gang_waits_until_all_claims_exist(apiserver: Any) -> None:
+    api = apiserver.api
+    create_all(api, [gpu_class()])
+    _four_gpu_nodes(api, "node-a", "node-b")
+    create_all(api, _gang("job", 3, 2, 2))
+    m = manager(api, embedded=False)
+    report = m.step()
+    assert report.gangs.by_gang == {"default/job": "waiting"}
+    assert all("allocation" not in (c.get("status") or {}) for c in claims_of(api).values())
+    assert "2 of 3 claims exist" in claims_of(api)["job-0"]["metadata"]["annotations"]["gpu.nvidia.com/explanation"]
+
+    create_all(api, _gang("job", 3, 3, 2)[2:])
+    report = m.step()
+    assert report.gangs.by_gang == {"default/job": "allocated"}
+    claims = claims_of(api)
+    assert all(len(devices_of(c)) == 2 for c in claims.values())
+    assert all(DELETE_PROTECTION_FINALIZER in c["metadata"]["finalizers"] for c in claims.values())
+    # 3 x 2 GPUs do not fit on one 4-GPU node: the gang spans both, and no device is used twice.
+    assert {node_of(c) for c in claims.values()} == {"node-a", "node-b"}
+    picked = [(node_of(c), d) for c in claims.values() for d in devices_of(c)]
+    assert len(set(picked)) == 6
+    assert all("gpu.nvidia.com/explanation" not in (c["metadata"].get("annotations") or {}) for c in claims.values())
+
+
+def test_gang_that_does_not_fit_allocates_nothing_and_blocks_nothing(apiserver: Any) -> None:
+    api = apiserver.api
+    create_all(api, [gpu_class()])
+    _four_gpu_nodes(api, "node-a", "node-b")
+    create_all(api, [*_gang("huge", 3, 3, 4), claim("solo", 4), pod("solo-pod", claims={"gpu": "solo"})])
+    m = manager(api)
+    report = m.step()
+    assert report.gangs.by_gang == {"default/huge": "unschedulable"}
+    claims = claims_of(api)
+    assert all(not devices_of(claims[f"huge-{i}"]) for i in range(3))
+    assert "do not fit together" in claims["huge-0"]["metadata"]["annotations"]["gpu.nvidia.com/explanation"]
+    # The ordinary pod is placed: the failed gang held no device.
+    assert report.pods_bound == 1 and len(devices_of(claims["solo"])) == 4
+
+
+def test_gang_prefers_nodes_of_one_nvlink_clique(apiserver: Any) -> None:
+    api = apiserver.api
+    create_all(api, [gpu_class()])
+    _four_gpu_nodes(api, "lone")
+    _four_gpu_nodes(api, "rack-1", "rack-2", clique=("cluster-x", 7))
+    create_all(api, _gang("linked", 2, 2, 3))  # 2 x 3 GPUs: two nodes needed
+    report = manager(api, embedded=False).step()
+    assert report.gangs.by_gang == {"default/linked": "allocated"}
+    assert {node_of(c) for c in claims_of(api).values()} == {"rack-1", "rack-2"}
+
+
+def test_gang_released_after_timeout_when_no_pod_arrives_and_reallocated_for_a_pod(apiserver: Any) -> None:
+    api = apiserver.api
+    create_all(api, [gpu_class()])
+    _four_gpu_nodes(api, "node-a")
+    create_all(api, _gang("idle", 2, 2, 1))
+    wall = FakeWall()
+    m = manager(api, wall=wall, gang_timeout=60)
+    assert m.step().gangs.by_gang == {"default/idle": "allocated"}
+    wall.advance(30)
+    assert m.step().gangs.by_gang == {"default/idle": "allocated"}
+    wall.advance(31)
+    assert m.step().gangs.by_gang == {"default/idle": "released"}
+    claims = claims_of(api)
+    for c in claims.values():
+        assert not devices_of(c)
+        assert DELETE_PROTECTION_FINALIZER not in (c["metadata"].get("finalizers") or [])
+        assert "gpu.nvidia.com/gang-released-at" in c["metadata"]["annotations"]
+    assert m.step().gangs.by_gang == {"default/idle": "released"}  # not re-allocated while nobody wants it
+
+    create_all(api, [pod("worker-0", claims={"gpu": "idle-0"}), pod("worker-1", claims={"gpu": "idle-1"})])
+    report = m.step()
+    assert report.pods_bound == 2
+    assert m.step().gangs.by_gang == {"default/idle": "bound"}
+    wall.advance(3600)
+    assert m.step().gangs.by_gang == {"default/idle": "bound"}  # reserved: never released
+    assert all(devices_of(c) for c in claims_of(api).values())
+
+
+def test_gang_pods_land_where_the_gang_was_allocated(apiserver: Any) -> None:
+    api = apiserver.api
+    create_all(api, [gpu_class()])
+    _four_gpu_nodes(api, "node-a", "node-b")
+    create_all(api, _gang("ring", 2, 2, 3))
+    m = manager(api)
+    m.step()
+    create_all(api, [pod("r0", claims={"gpu": "ring-0"}), pod("r1", claims={"gpu": "ring-1"})])
+    assert m.step().pods_bound == 2
+    claims = claims_of(api)
+    assert api.get("Pod", "r0", "default")["spec"]["nodeName"] == node_of(claims["ring-0"])
+    assert api.get("Pod", "r1", "default")["spec"]["nodeName"] == node_of(claims["ring-1"])
+
+
+def test_claims_without_gang_labels_are_never_touched_in_cluster_mode(apiserver: Any) -> None:
+    api = apiserver.api
+    create_all(api, [gpu_class()])
+    _four_gpu_nodes(api, "node-a")
+    create_all(api, [claim("plain", 1), claim("half", 1, labels={"gpu.nvidia.com/gang": "x"})])
+    before = claims_of(api)
+    manager(api, embedded=False).step()
+    after = claims_of(api)
+    for name in ("plain", "half"):
+        assert after[name]["metadata"]["resourceVersion"] == before[name]["metadata"]["resourceVersion"]
+
+
+def test_invalid_gang_size_is_explained_and_not_allocated(apiserver: Any) -> None:
+    api = apiserver.api
+    create_all(api, [gpu_class()])
+    _four_gpu_nodes(api, "node-a")
+    create_all(api, [claim("bad-0", 1, labels={"gpu.nvidia.com/gang": "bad", "gpu.nvidia.com/gang-size": "two"})])
+    report = manager(api, embedded=False).step()
+    assert report.gangs.by_gang == {"default/bad": "unschedulable"}
+    c = claims_of(api)["bad-0"]
+    assert not devices_of(c)
+    assert "label gpu.nvidia.com/gang-size: 'two' is not a positive integer" in c["metadata"]["annotations"]["gpu.nvidia.com/explanation"]

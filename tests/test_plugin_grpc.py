@@ -1,0 +1,186 @@
+"""The kubelet plugin over real unix sockets, driven by the kubelet simulator against the embedded API server."""
+
+from __future__ import annotations
+
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from driver.inventory import Health
+from driver.kubeletsim import ClaimInfo, KubeletError, KubeletSim, Pod, RegistrationFailed, choose_service
+from driver.plugin.agent import NodeAgent
+from proto.pluginregistration.v1 import api_pb2 as reg_pb
+from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from tests.plugin_helpers import DRIVER, NODE, create_allocated_claim, short_tmp, start_agent
+
+
+def _wait(condition, what: str, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    # Overrides pytest's tmp_path here: its paths are too long for unix sockets.
+    with short_tmp() as path:
+        yield path
+
+
+@pytest.fixture
+def agent(tmp_path: Path, apiserver) -> Iterator[NodeAgent]:  # type: ignore[no-untyped-def]
+    a = start_agent(tmp_path, apiserver.api)
+    try:
+        yield a
+    finally:
+        a.stop()
+
+
+@pytest.fixture
+def kubelet(tmp_path: Path) -> Iterator[KubeletSim]:
+    k = KubeletSim(tmp_path / "kubelet")
+    try:
+        yield k
+    finally:
+        k.close()
+
+
+def _devices(agent: NodeAgent) -> list[str]:
+    return [d["name"] for s in agent.desired_slices() for d in s["spec"].get("devices", [])]
+
+
+def _info(claim: dict) -> ClaimInfo:  # type: ignore[type-arg]
+    return ClaimInfo(claim["metadata"]["namespace"], claim["metadata"]["uid"], claim["metadata"]["name"])
+
+
+def test_registration_and_slices_published(agent: NodeAgent, kubelet: KubeletSim, apiserver, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    plugin = kubelet.wait_for_plugin(DRIVER)
+    assert plugin.service == "v1.DRAPlugin" and plugin.health_advertised
+    assert plugin.endpoint == str(tmp_path / "kubelet" / "plugins" / DRIVER / "dra.sock")
+    for sock in (agent.paths.registration_socket, agent.paths.dra_socket):
+        assert stat.S_ISSOCK(sock.stat().st_mode) and sock.stat().st_mode & 0o777 == 0o600
+    assert agent.paths.plugin_dir.stat().st_mode & 0o777 == 0o700
+    assert agent.plugin.registration_status == (True, "")
+    _wait(lambda: len(apiserver.api.list("ResourceSlice")[0]) > 0, "slices")
+    slices, _ = apiserver.api.list("ResourceSlice")
+    assert {s["spec"]["nodeName"] for s in slices} == {NODE}
+
+
+def test_get_info_wire_answer(agent: NodeAgent) -> None:
+    with grpc.insecure_channel(f"unix://{agent.paths.registration_socket}") as ch:
+        info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb.InfoRequest(), timeout=5)
+        assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRIVER, str(agent.paths.dra_socket))
+        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+        with pytest.raises(grpc.RpcError) as failed:
+            reg_grpc.RegistrationStub(ch).NotifyRegistrationStatus(
+                reg_pb.RegistrationStatus(plugin_registered=False, error="kubelet says no"), timeout=5
+            )
+        assert "kubelet says no" in (failed.value.details() or "")
+    assert agent.plugin.registration_status == (False, "kubelet says no")
+
+
+def test_service_negotiation_rules() -> None:
+    assert choose_service(["v1.DRAPlugin", "v1beta1.DRAPlugin"]) == "v1.DRAPlugin"
+    assert choose_service(["v1beta1.DRAPlugin", "v1.DRAPlugin"]) == "v1beta1.DRAPlugin"
+    with pytest.raises(RegistrationFailed, match="empty list of supported gRPC services"):
+        choose_service([])
+    with pytest.raises(RegistrationFailed, match="none of services supported by the plugin"):
+        choose_service(["v1.DRAPlugin"], known=["v1beta1.DRAPlugin"])
+
+
+@pytest.mark.parametrize("known", [("v1.DRAPlugin", "v1beta1.DRAPlugin"), ("v1beta1.DRAPlugin",)])
+def test_prepare_and_unprepare_per_api_version(agent: NodeAgent, apiserver, tmp_path: Path, known: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+    kubelet = KubeletSim(tmp_path / "kubelet", known_services=known)
+    plugin = kubelet.wait_for_plugin(DRIVER)
+    assert plugin.service == known[0]
+    names = _devices(agent)
+    c1 = create_allocated_claim(apiserver.api, "c1", [("gpu", names[0])])
+    c2 = create_allocated_claim(apiserver.api, "c2", [("a", names[1]), ("b", names[2])])
+    pod = Pod("pod-1", [_info(c1), _info(c2)])
+    kubelet.prepare_pod(DRIVER, pod)  # one call with both claims
+    got = pod.prepared[c2["metadata"]["uid"]]
+    assert [(d.request_names, d.pool_name, d.device_name) for d in got] == [(("a",), NODE, names[1]), (("b",), NODE, names[2])]
+    assert got[0].cdi_device_ids == (f"k8s.gpu.nvidia.com/claim={c2['metadata']['uid']}-{names[1]}",)
+    cdi_files = sorted(p.name for p in (tmp_path / "cdi").iterdir())
+    assert cdi_files == sorted(f"k8s.gpu.nvidia.com-claim_{c['metadata']['uid']}.json" for c in (c1, c2))
+    # Idempotent: a repeated call (kubelet restart, retry) returns the same devices.
+    assert plugin.prepare([_info(c1)])[c1["metadata"]["uid"]] == pod.prepared[c1["metadata"]["uid"]]
+    kubelet.unprepare_pod(DRIVER, pod)
+    assert list((tmp_path / "cdi").iterdir()) == []
+    plugin.unprepare([_info(c1), _info(c2)])  # unprepare twice: not an error
+    kubelet.close()
+
+
+def test_per_claim_errors_fail_the_pod_but_not_the_server(agent: NodeAgent, kubelet: KubeletSim, apiserver) -> None:  # type: ignore[no-untyped-def]
+    plugin = kubelet.wait_for_plugin(DRIVER)
+    names = _devices(agent)
+    good = create_allocated_claim(apiserver.api, "good", [("gpu", names[0])])
+    pending = create_allocated_claim(apiserver.api, "pending", [("gpu", names[1])], allocate=False)
+    elsewhere = create_allocated_claim(apiserver.api, "elsewhere", [("gpu", names[2])], pool="node-b")
+    replaced = ClaimInfo("default", "00000000-0000-0000-0000-00000000dead", "good")
+    cases = [
+        (_info(pending), "is not allocated"),
+        (_info(elsewhere), "allocated from pool(s) node-b, but this node serves pool node-a"),
+        (replaced, "got replaced"),
+        (ClaimInfo("default", "u-missing", "missing"), "not found in the API server"),
+    ]
+    for info, expected in cases:
+        with pytest.raises(KubeletError) as failed:
+            kubelet.prepare_pod(DRIVER, Pod("p", [_info(good), info]))
+        assert f"NodePrepareResources failed for ResourceClaim {info.name}" in str(failed.value)
+        assert expected in str(failed.value)
+    # The good claim of those pods was prepared; the server still answers.
+    assert plugin.prepare([_info(good)])[good["metadata"]["uid"]][0].device_name == names[0]
+
+
+def test_health_stream_follows_changes(agent: NodeAgent, kubelet: KubeletSim) -> None:
+    plugin = kubelet.wait_for_plugin(DRIVER)
+    updates = []
+    got_two = threading.Event()
+
+    def follow() -> None:
+        for update in plugin.watch_health():
+            updates.append(update)
+            if len(updates) == 2:
+                got_two.set()
+                return
+
+    t = threading.Thread(target=follow, daemon=True)
+    t.start()
+    _wait(lambda: len(updates) >= 1, "first health message")
+    first = updates[0].devices
+    assert len(first) == len(_devices(agent)) and {h for _, _, h in first} == {"HEALTHY"}
+    gpu = agent.inventory().gpus[0]
+    agent._on_health(gpu.uuid, Health(xids=(48,)))  # what the NVML health monitor reports for a DBE
+    assert got_two.wait(10)
+    unhealthy = [(d, h) for _, d, h in updates[1].devices if h != "HEALTHY"]
+    assert len(unhealthy) == 1 and unhealthy[0][1] == "UNHEALTHY"
+    assert len(updates[1].devices) == len(first)  # always the full list
+
+
+def test_kubelet_restart_reregisters_and_republishes(agent: NodeAgent, kubelet: KubeletSim, apiserver) -> None:  # type: ignore[no-untyped-def]
+    kubelet.wait_for_plugin(DRIVER)
+    _wait(lambda: agent.plugin.registrations == 1 and len(apiserver.api.list("ResourceSlice")[0]) > 0, "first publish")
+    # A restarting kubelet wipes the node's slices and the plugins_registry dir content.
+    for s in apiserver.api.list("ResourceSlice")[0]:
+        apiserver.api.delete("ResourceSlice", s["metadata"]["name"])
+    agent.paths.registration_socket.unlink()
+    kubelet.restart()
+    _wait(lambda: agent.paths.registration_socket.exists(), "registration socket served again")
+    plugin = kubelet.wait_for_plugin(DRIVER)
+    assert plugin.service == "v1.DRAPlugin"
+    _wait(lambda: agent.plugin.registrations == 2, "second registration")
+    _wait(lambda: len(apiserver.api.list("ResourceSlice")[0]) > 0, "slices published again")
+
+
+def test_stop_removes_own_sockets(tmp_path: Path, apiserver) -> None:  # type: ignore[no-untyped-def]
+    a = start_agent(tmp_path, apiserver.api, publish=False)
+    a.stop()
+    assert not a.paths.registration_socket.exists() and not a.paths.dra_socket.exists()
