@@ -93,6 +93,8 @@ class ControllerManager:
         self._clock = clock
         self._wall = wall
         self._stop = threading.Event()
+        # The lease outlives the loop: it is released only after the last pass has finished.
+        self._elector_stop = threading.Event()
         self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pass_lock = threading.Lock()
@@ -264,7 +266,7 @@ class ControllerManager:
             self._spawn(f"informer-{kind}", lambda inf=informer: inf.run(self._stop))
         if self.elector is not None:
             elector = self.elector
-            self._spawn("leader-election", lambda: elector.run(self._stop, release_on_stop=lambda: self._release_on_stop))
+            self._spawn("leader-election", lambda: elector.run(self._elector_stop, release_on_stop=lambda: self._release_on_stop))
         self._spawn("reconcile", self._loop)
         log.info(
             "controller started",
@@ -328,8 +330,14 @@ class ControllerManager:
     def stop(self, *, release: bool = True, timeout: float = 10.0) -> None:
         """Stop every thread; `release=False` leaves the lease as a crash would (for failover tests)."""
         self._release_on_stop = release
+        if not release and self.elector is not None:
+            self.elector.abandon()  # a crash, as seen by the others: stop writing at once, keep the lease
         self._stop.set()
         self._wake.set()
+        for thread in self._threads:
+            if not thread.name.endswith("leader-election"):
+                thread.join(timeout)
+        self._elector_stop.set()
         for thread in self._threads:
             thread.join(timeout)
         self._threads.clear()

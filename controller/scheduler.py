@@ -243,6 +243,7 @@ class EmbeddedScheduler:
 
         if not self._write(pod, node, pending, allocations, [c for c in claims if o.allocation(c) is not None], state):
             return False
+        log.info("pod bound", extra={"pod": o.key(pod), "node": node, "claims": len(claims), "allocated": len(pending)})
         self._metrics.allocations.labels(path="scheduler").inc(len(pending))
         kind = "dra" if claims else ("extended-resource" if need_extended else "plain")
         self._metrics.bindings.labels(kind=kind).inc()
@@ -252,7 +253,6 @@ class EmbeddedScheduler:
         state.bound_per_node[node] += 1
         self._explainer.forget(pod, REASON_UNSCHEDULABLE)
         self._explainer.event(pod, REASON_SCHEDULED, f"Successfully assigned {o.key(pod)} to {node}", warning=False)
-        log.info("pod bound", extra={"pod": o.key(pod), "node": node, "claims": len(claims), "allocated": len(pending)})
         return True
 
     def _write(

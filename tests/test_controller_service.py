@@ -96,7 +96,6 @@ def test_command_runs_and_releases_the_lease_on_sigterm(apiserver: Any) -> None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, stderr
-    print(stderr)
     assert api.get("Lease", "gpu-dra-controller", "kube-system")["spec"]["holderIdentity"] == ""
     assert "msg=\"pod bound\"" in stderr and "node=node-a" in stderr
     assert "msg=\"lease released\"" in stderr

@@ -12,7 +12,7 @@ from gpudra.features import FeatureGateError, Features
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-f", "--filename", dest="files", action="append", required=True, metavar="FILE",
+    parser.add_argument("-f", "--filename", dest="files", action="extend", nargs="+", required=True, metavar="FILE",
                         help="YAML/JSON with Node, DeviceClass, ResourceSlice, ResourceClaim(Template), Pod objects (repeatable)")
     parser.add_argument("--node", help="allocate all pending claims together on this node (one scheduler Filter call)")
     parser.add_argument("--feature", action="append", default=[], metavar="GATE[=true|false]",

@@ -21,7 +21,7 @@ OpaqueHooks = Mapping[str, Callable[[dict[str, Any]], list[str]]]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-f", "--filename", dest="files", action="append", required=True, metavar="FILE",
+    parser.add_argument("-f", "--filename", dest="files", action="extend", nargs="+", required=True, metavar="FILE",
                         help="YAML or JSON manifest (multi-document and `kind: List` allowed; `-` for stdin); repeatable")
     parser.add_argument("-o", "--output", choices=["json", "text"], default="text", help="output format (default text)")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER,
@@ -57,11 +57,21 @@ def object_label(obj: Any) -> str:
     return f"{kind}/{namespace}/{name}" if namespace else f"{kind}/{name}"
 
 
+def is_dra_object(obj: Any) -> bool:
+    """Objects of the resource.k8s.io group (any version) are ours to check; a wrong version is an error."""
+    api_version = obj.get("apiVersion") if isinstance(obj, dict) else None
+    return not isinstance(api_version, str) or api_version.partition("/")[0] == "resource.k8s.io"
+
+
 def validate_all(objects: list[dict[str, Any]], cel: CelHook | None, opaque: OpaqueHooks) -> list[dict[str, Any]]:
     results = []
     for obj in objects:
+        if not is_dra_object(obj):
+            # Manifests mix Pods, RBAC and the like with DRA objects; those are reported as not checked.
+            results.append({"object": object_label(obj), "valid": True, "checked": False, "errors": []})
+            continue
         errors: list[FieldError] = validate_object(obj, cel=cel, opaque=opaque)
-        results.append({"object": object_label(obj), "valid": not errors, "errors": [str(e) for e in errors]})
+        results.append({"object": object_label(obj), "valid": not errors, "checked": True, "errors": [str(e) for e in errors]})
     return results
 
 
@@ -76,9 +86,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"results": results}, indent=2))
     else:
         for result in results:
-            print(f"{result['object']}: {'valid' if result['valid'] else 'invalid'}")
+            state = "valid" if result["valid"] else "invalid"
+            print(f"{result['object']}: {state if result['checked'] else 'not checked (not a resource.k8s.io object)'}")
             for error in result["errors"]:
                 print(f"  {error}")
         invalid_count = sum(not r["valid"] for r in results)
-        print(f"{len(results)} object(s), {invalid_count} invalid")
+        checked = sum(r["checked"] for r in results)
+        print(f"{checked} object(s) checked, {invalid_count} invalid, {len(results) - checked} not checked")
     return 1 if any(not r["valid"] for r in results) else 0
