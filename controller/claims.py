@@ -179,9 +179,13 @@ class ClaimLifecycle:
         pods: Iterable[Mapping[str, Any]],
         claims: Iterable[Mapping[str, Any]],
         templates: Mapping[str, Mapping[str, Any]],
-    ) -> list[str]:
-        """Create missing claims for pods' templates and record them in pod status; returns problems seen."""
+    ) -> tuple[int, list[str]]:
+        """Create missing claims for pods' templates and record them in pod status.
+
+        Returns how many claims were created and the problems seen (missing templates).
+        """
         problems: list[str] = []
+        created_count = 0
         claim_list = list(claims)
         for pod in pods:
             if o.pod_done(pod) or o.deleting(pod):
@@ -207,6 +211,7 @@ class ClaimLifecycle:
                         continue
                     claim_name = o.name(created)
                     claim_list.append(created)
+                    created_count += 1
                     self._metrics.claims_created.inc()
                     log.info(
                         "claim created from template",
@@ -214,7 +219,7 @@ class ClaimLifecycle:
                     )
                 statuses.append({"name": pc.pod_claim_name, "resourceClaimName": claim_name})
             self._record_statuses(pod, statuses)
-        return problems
+        return created_count, problems
 
     def _record_statuses(self, pod: Mapping[str, Any], statuses: list[dict[str, Any]]) -> None:
         current = {

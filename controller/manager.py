@@ -215,9 +215,8 @@ class ControllerManager:
         if self.config.embedded:
             with self._timed("claims"):
                 view = self.view()
-                before = len(view.claims)
-                problems += self.claims.expand_templates(view.pods.values(), view.claims.values(), view.templates)
-                created = len(self.stores["ResourceClaim"]) - before
+                created, missing = self.claims.expand_templates(view.pods.values(), view.claims.values(), view.templates)
+                problems += missing
                 view = self.view()
                 released = self.claims.release(view.claims.values(), view.pods)
                 deleted = self.claims.delete_orphans(self.view().claims.values(), self.view().pods_by_uid())
@@ -236,7 +235,8 @@ class ControllerManager:
         live = [o.uid(p) for p in self.stores["Pod"].values()]
         self.explainer.forget_pods(live)
         for problem in problems:
-            log.warning("reconcile problem", extra={"problem": problem})
+            # Users see these as Events on the pod (rate-limited); the log keeps them at debug level.
+            log.debug("reconcile problem", extra={"problem": problem})
         return PassReport(
             ran=True,
             claims_created=created,

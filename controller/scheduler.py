@@ -72,11 +72,22 @@ class PodClaims:
     silent: bool = False  # waiting for something this pass itself is creating: no event
 
 
-def gather_pod_claims(pod: Mapping[str, Any], claims_by_key: Mapping[str, Obj], driver: str) -> PodClaims:
+def gather_pod_claims(
+    pod: Mapping[str, Any],
+    claims_by_key: Mapping[str, Obj],
+    driver: str,
+    templates: Mapping[str, Obj] | None = None,
+) -> PodClaims:
     ns = o.namespace(pod)
     out: list[Obj] = []
     for pc in resolve_pod_claims(pod, claims_by_key.values()):
         if pc.claim_name is None:
+            if templates is not None and f"{ns}/{pc.template}" not in templates:
+                return PodClaims(
+                    [],
+                    f"spec.resourceClaims[{pc.pod_claim_name}].resourceClaimTemplateName: "
+                    f'resourceclaimtemplate "{pc.template}" not found in namespace {ns}',
+                )
             return PodClaims([], f"waiting for the ResourceClaim of pod claim {pc.pod_claim_name} to be created", silent=True)
         claim = claims_by_key.get(f"{ns}/{pc.claim_name}")
         if claim is None:
@@ -199,7 +210,7 @@ class EmbeddedScheduler:
         return ok, rejected
 
     def _schedule(self, pod: Obj, state: _PassState) -> bool:
-        gathered = gather_pod_claims(pod, state.claims_by_key, self.driver)
+        gathered = gather_pod_claims(pod, state.claims_by_key, self.driver, state.view.templates)
         if gathered.wait_reason:
             if not gathered.silent:
                 self._unschedulable(pod, [], gathered.wait_reason, event=gathered.wait_event, reason="waiting")

@@ -216,8 +216,10 @@ def _validate_edits(edits: Mapping[str, Any], path: str) -> list[str]:
 def write_claim_spec(cdi_dir: Path, claim_uid: str, spec: Mapping[str, Any]) -> Path:
     cdi_dir.mkdir(parents=True, exist_ok=True)
     path = cdi_dir / spec_file_name(claim_uid)
-    # Runtimes read the spec as another user: 0644 like every other CDI spec.
-    atomic_write(path, json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n", mode=0o644)
+    # Runtimes read the spec as another user: 0644 like every other CDI spec. Renamed into place so a reader
+    # never sees half a spec; not fsynced, because the CDI dir is tmpfs on real nodes and the preparer rewrites
+    # the specs of all completed claims at every start anyway.
+    atomic_write(path, json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n", mode=0o644, durable=False)
     return path
 
 

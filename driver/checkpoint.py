@@ -141,19 +141,24 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Write a file so that a crash leaves either the old or the new content, never a mix."""
+def atomic_write(path: Path, data: bytes, mode: int = 0o600, *, durable: bool = True) -> None:
+    """Write a file so that a crash leaves either the old or the new content, never a mix.
+
+    `durable=False` skips the fsyncs: still atomic for readers and across process crashes, not across power loss.
+    """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def _apply(data: dict[str, Any], ops: Iterable[list[Any]]) -> None:
@@ -406,24 +411,43 @@ class Checkpoint:
             self.refresh()
             yield
 
-    def commit(self, ops: list[Op]) -> None:
-        """Durably apply one transaction (call with the lock held)."""
+    def commit(self, ops: list[Op], *, durable: bool = True) -> None:
+        """Apply one transaction (call with the lock held).
+
+        `durable=False` appends without fdatasync: the line survives a process crash (it is in the page cache)
+        and the next durable commit flushes it too. Use it only for state that a power loss makes moot anyway
+        (PrepareStarted: after a reboot the CDI dir and GPU settings it guards are gone as well).
+        """
         if not ops:
             return
+        # Validate only what changes (the rest was validated when it was written): O(size of the change).
+        checked: list[tuple[Op, Any]] = []
+        for op in ops:
+            if op.section == "claims":
+                checked.append((op, None if op.value is None else ClaimRecord.model_validate(op.value)))
+            elif op.section == "ledger":
+                if op.value is not None and not (isinstance(op.value, list) and all(isinstance(h, str) for h in op.value)):
+                    raise ValueError(f"ledger entry {op.key}: holders must be a list of strings, got {op.value!r}")
+                checked.append((op, None if op.value is None else list(op.value)))
+            else:
+                raise ValueError(f"checkpoint section {op.section!r}: accepted sections: claims, ledger")
         seq = int(self._data.get("seq", 0)) + 1
         body = canonical_json({"seq": seq, "ops": [op.as_json() for op in ops]})
         line = sha256_hex(body).encode() + b" " + body + b"\n"
-        data = json.loads(canonical_json(self._data))
-        _apply(data, [op.as_json() for op in ops])
-        data["seq"] = seq
-        state = CheckpointData.model_validate(data)  # refuse to write what we could not read back
         fd = self._journal()
         os.write(fd, line)
-        os.fdatasync(fd)
+        if durable:
+            os.fdatasync(fd)
         self._journal_offset += len(line)
         self._journal_txns += 1
-        self._data = data
-        self._state = state
+        _apply(self._data, [op.as_json() for op in ops])
+        self._data["seq"] = seq
+        for op, value in checked:
+            table: dict[str, Any] = self._state.claims if op.section == "claims" else self._state.ledger
+            if value is None:
+                table.pop(op.key, None)
+            else:
+                table[op.key] = value
         if self._journal_txns >= self._compact_every:
             self.compact()
 

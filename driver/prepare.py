@@ -224,13 +224,18 @@ class Preparer:
             else:
                 report.orphans_removed = cdi.remove_orphans(self._cdi_dir, completed)
             existing = cdi.claim_spec_uids(self._cdi_dir)
+            # Every completed claim's spec is rewritten: specs are written without fsync (see cdi.write_claim_spec),
+            # so after a power loss this is what makes them whole again; after a reboot sharing is re-applied too.
             for uid, record in sorted(completed.items()):
-                if load_report.new_boot or uid not in existing:
-                    try:
-                        self._write_spec(record, reapply_sharing=load_report.new_boot)
-                        (report.reapplied if load_report.new_boot else report.specs_rewritten).append(uid)
-                    except (sharing.SharingError, KeyError, OSError) as exc:
-                        report.problems.append(f"claim {record.namespace}/{record.name} (uid {uid}): restoring it failed: {exc}")
+                try:
+                    self._write_spec(record, reapply_sharing=load_report.new_boot)
+                except (sharing.SharingError, KeyError, OSError) as exc:
+                    report.problems.append(f"claim {record.namespace}/{record.name} (uid {uid}): restoring it failed: {exc}")
+                    continue
+                if load_report.new_boot:
+                    report.reapplied.append(uid)
+                elif uid not in existing:
+                    report.specs_rewritten.append(uid)
         return report
 
     # ---- prepare -------------------------------------------------------------------------------------------
@@ -303,7 +308,9 @@ class Preparer:
             hold = self.ledger.hold_ops(holder, {d.gpu_uuid for d in devices})
         except LedgerConflict as exc:
             return ClaimResult(error=f"{ref}: {exc}; the device plugin must release these GPUs first")
-        self.checkpoint.commit([self.checkpoint.put_claim_op(started), *hold])
+        # Not fsynced: kill -9 keeps it (page cache) and a power loss also wipes the CDI dir and GPU settings it
+        # guards; the PrepareCompleted commit below flushes it with itself.
+        self.checkpoint.commit([self.checkpoint.put_claim_op(started), *hold], durable=False)
         self._fault("prepare-started")
         try:
             self._write_spec(started, reapply_sharing=True)

@@ -223,3 +223,15 @@ def test_legacy_extended_resource_pods_honour_node_allocatable(apiserver: Any) -
     waiting = next(p for p in ("two-a", "two-b") if not placed[p])
     (event,) = [e for e in events_for(api, waiting) if e["reason"] == REASON_UNSCHEDULABLE]
     assert "Insufficient nvidia.com/gpu" in event["message"]
+
+
+def test_missing_template_is_reported_on_the_pod(apiserver: Any) -> None:
+    api = apiserver.api
+    _cluster(api)
+    create_all(api, [pod("orphan", templates={"gpu": "nope"})])
+    report = manager(api).step()
+    assert report.pods_bound == 0 and claims_of(api) == {}
+    (event,) = [e for e in events_for(api, "orphan") if e["reason"] == REASON_UNSCHEDULABLE]
+    assert event["message"] == (
+        'spec.resourceClaims[gpu].resourceClaimTemplateName: resourceclaimtemplate "nope" not found in namespace default'
+    )

@@ -12,7 +12,7 @@ import pytest
 from controller.leader import LeaderElector, LeaseTimings
 from controller.metrics import ControllerMetrics
 from controller.writes import NotLeader, Writer
-from controller_helpers import FAST, claims_of, create_all, gpu_class, gpu_slice, manager, node, node_of, pod, template, devices_of
+from controller_helpers import claims_of, create_all, devices_of, gpu_class, gpu_slice, manager, node, node_of, pod, template
 
 
 class FakeClock:

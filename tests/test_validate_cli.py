@@ -69,8 +69,8 @@ def test_all_valid_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert code == 0
     assert out == {
         "results": [
-            {"object": "DeviceClass/gpu.nvidia.com", "valid": True, "errors": []},
-            {"object": "ResourceClaim/default/one-gpu", "valid": True, "errors": []},
+            {"object": "DeviceClass/gpu.nvidia.com", "valid": True, "checked": True, "errors": []},
+            {"object": "ResourceClaim/default/one-gpu", "valid": True, "checked": True, "errors": []},
         ]
     }
 
@@ -90,6 +90,7 @@ def test_invalid_list_exits_one_with_errors(tmp_path: Path, capsys: pytest.Captu
     assert out["results"][2] == {
         "object": "ResourceSlice/s",
         "valid": False,
+        "checked": True,
         "errors": ["spec: Required value: exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required"],
     }
     assert out["results"][3]["errors"] == [
@@ -123,7 +124,18 @@ def test_text_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert main(["validate", "-f", str(path)]) == 1
     text = capsys.readouterr().out
     assert "ResourceClaim/ns/c: invalid\n  spec.devices.requests[0].exactly.count: Invalid value: -1: must be greater than zero" in text
-    assert text.rstrip().endswith("2 object(s), 2 invalid")
+    assert text.rstrip().endswith("2 object(s) checked, 2 invalid, 0 not checked")
+
+
+def test_objects_outside_resource_k8s_io_are_reported_not_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "mixed.yaml"
+    path.write_text(VALID + "---\napiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: default}\n"
+                    "---\napiVersion: resource.k8s.io/v1beta1\nkind: DeviceClass\nmetadata: {name: old}\n")
+    code, out = run_json(capsys, str(path))
+    assert code == 1  # the v1beta1 object is ours to check and is refused
+    by_object = {r["object"]: r for r in out["results"]}
+    assert by_object["Pod/default/p"] == {"object": "Pod/default/p", "valid": True, "checked": False, "errors": []}
+    assert by_object["DeviceClass/old"]["checked"] and not by_object["DeviceClass/old"]["valid"]
 
 
 @pytest.mark.parametrize(
