@@ -126,7 +126,7 @@ class Explainer:
         if written:
             self._posted[memo_key] = _Posted(message, now, count)
             self._metrics.events.labels(reason=reason).inc()
-            log.info("event posted", extra={"pod": o.key(pod), "reason": reason, "message": message})
+            log.info("event posted", extra={"pod": o.key(pod), "reason": reason, "eventMessage": message})
         return written
 
     def _upsert_event(self, body: Obj) -> bool:

@@ -318,7 +318,7 @@ class ControllerManager:
                 log.info(
                     "pass",
                     extra={
-                        "created": report.claims_created,
+                        "claimsCreated": report.claims_created,
                         "released": report.claims_released,
                         "deleted": report.claims_deleted,
                         "bound": report.pods_bound,

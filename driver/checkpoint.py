@@ -52,6 +52,20 @@ class ClaimPhase(str, Enum):
     PREPARE_COMPLETED = "PrepareCompleted"
 
 
+class MigCreation(BaseModel):
+    """A MIG instance prepare creates for a partitionable placement (and unprepare or rollback destroys).
+
+    Recorded before it is created (PrepareStarted), so that a crash right after creating it still finds it."""
+
+    model_config = ConfigDict(frozen=True)
+    profile_id: int  # NVML's GPU-instance profile id (MigProfile.profile_id)
+    profile: str  # e.g. "3g.40gb", for messages
+    start: int
+    size: int
+    gpu_instance_id: int | None = None  # known once created
+    compute_instance_id: int | None = None
+
+
 class PreparedDevice(BaseModel):
     """One allocated device of a claim, as the kubelet will be told about it."""
 
@@ -64,6 +78,7 @@ class PreparedDevice(BaseModel):
     uuid: str  # the device's own UUID (GPU-... or MIG-...)
     gpu_uuid: str  # the physical GPU (the ledger key)
     sharing: dict[str, Any] | None = None  # the applied sharing config (GpuConfig model dump), None = exclusive
+    mig_created: MigCreation | None = None  # set when prepare creates the MIG device itself (partitionable)
 
 
 class ClaimRecord(BaseModel):

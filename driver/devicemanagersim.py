@@ -119,6 +119,7 @@ class DeviceManagerSim:
         self.endpoints: dict[str, PluginEndpoint] = {}
         self.entries: list[PodDeviceEntry] = []
         self.register_errors: list[str] = []
+        self.register_requests: list[Any] = []  # every RegisterRequest received, accepted or not
         self.registrations = 0
         self._cond = threading.Condition()
         self._server: grpc.Server | None = None
@@ -164,6 +165,7 @@ class DeviceManagerSim:
     # ---- registration -------------------------------------------------------------------------------------
 
     def register(self, request: Any) -> None:
+        self.register_requests.append(request)
         try:
             if request.version not in SUPPORTED_VERSIONS:
                 raise DeviceManagerError(

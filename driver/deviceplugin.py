@@ -427,6 +427,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         except AllocateError as exc:
             log.warning("event=allocate-refused resource=%s error=%r", self._shim.settings.resource_name, str(exc))
             context.abort(exc.code, str(exc))
+        except Exception as exc:  # e.g. the checkpoint could not be written: the kubelet retries the pod
+            log.exception("event=allocate-failed resource=%s", self._shim.settings.resource_name)
+            context.abort(grpc.StatusCode.INTERNAL, f"Allocate {self._shim.settings.resource_name}: {exc}")
         return pb.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -436,12 +439,13 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 PodSource = Callable[[], "frozenset[str] | None"]
 
 
-def _inode(path: Path) -> int | None:
+def _socket_identity(path: Path) -> tuple[int, int, int] | None:
+    """A socket file's identity; with ctime because a deleted socket's inode number is soon reused."""
     try:
         st = path.lstat()
     except FileNotFoundError:
         return None
-    return st.st_ino if stat.S_ISSOCK(st.st_mode) else None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns) if stat.S_ISSOCK(st.st_mode) else None
 
 
 class DevicePluginShim:
@@ -468,11 +472,13 @@ class DevicePluginShim:
         self._stop = threading.Event()
         self._lock = threading.Lock()  # server (re)creation and registration
         self._server: grpc.Server | None = None
-        self._own_inode: int | None = None
-        self._kubelet_inode: int | None = None
+        self._own_inode: tuple[int, int, int] | None = None
+        self._kubelet_inode: tuple[int, int, int] | None = None
         self._registered = False
         self._thread: threading.Thread | None = None
         self._last_dp_gpus: frozenset[str] | None = None
+        self._publish_lock = threading.Lock()
+        self._published_seq = -1
         self._pods_checked_at: float | None = None
         self._last_live: frozenset[str] | None = None
         self.registrations = 0
@@ -517,7 +523,7 @@ class DevicePluginShim:
             if self._server is not None:
                 self._server.stop(grace=grace).wait(grace + 1)
                 self._server = None
-            if self._own_inode is not None and _inode(self.settings.socket) == self._own_inode:
+            if self._own_inode is not None and _socket_identity(self.settings.socket) == self._own_inode:
                 self.settings.socket.unlink(missing_ok=True)
         if self._thread is not None:
             self._thread.join(timeout=self.settings.watch_seconds + 2)
@@ -530,7 +536,7 @@ class DevicePluginShim:
         path = self.settings.socket
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() or path.is_symlink():
-            if _inode(path) is None:
+            if _socket_identity(path) is None:
                 raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
             path.unlink()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="devplugin"))
@@ -539,7 +545,7 @@ class DevicePluginShim:
             raise RuntimeError(f"could not listen on unix socket {path}")
         server.start()
         self._server = server
-        self._own_inode = _inode(path)
+        self._own_inode = _socket_identity(path)
         self._registered = False
         log.info("event=serving socket=%s resource=%s", path, self.settings.resource_name)
 
@@ -549,11 +555,11 @@ class DevicePluginShim:
         with self._lock:
             if self._stop.is_set():
                 return False
-            if self._server is None or _inode(self.settings.socket) != self._own_inode:
+            if self._server is None or _socket_identity(self.settings.socket) != self._own_inode:
                 if self._server is not None:
                     log.warning("event=socket-lost socket=%s action=re-serve", self.settings.socket)
                 self._serve()
-            kubelet = _inode(self.settings.kubelet_socket)
+            kubelet = _socket_identity(self.settings.kubelet_socket)
             if kubelet is None:
                 self._registered = False
                 return False
@@ -587,6 +593,11 @@ class DevicePluginShim:
         """Release unused holds, publish the device list, and report ledger changes (for slice taints)."""
         kubelet, readable = self._read_kubelet_checkpoint()
         live = self._pods(check_pods)
+        if check_pods is None and live is not None and readable and stale_allocations(
+            device_plugin_allocations(self.checkpoint.state.ledger), kubelet, self.settings.resource_name, live
+        ):
+            # The cached pod list may predate a pod the kubelet admitted since: release nothing on its word alone.
+            live = self._pods(True)
         with self.checkpoint.locked():
             allocations = device_plugin_allocations(self.checkpoint.state.ledger)
             # An unreadable kubelet checkpoint says nothing about what is in use: release nothing on its account.
@@ -598,16 +609,22 @@ class DevicePluginShim:
             for holder in stale:
                 ops += self.ledger.release_ops(holder)
             self.checkpoint.commit(ops)
-            ledger = dict(self.checkpoint.state.ledger)
+            ledger, seq = dict(self.checkpoint.state.ledger), self.checkpoint.state.seq
         for holder in stale:
             log.info("event=released holder=%s gpus=%s", holder, ",".join(sorted(allocations[holder])))
-        self._publish(ledger)
+        self._publish(ledger, seq)
 
-    def _publish(self, ledger: Mapping[str, Sequence[str]]) -> None:
-        self.board.update(device_states(self.served(), ledger))
+    def _publish(self, ledger: Mapping[str, Sequence[str]], seq: int) -> None:
         dp = frozenset(u for u, hs in ledger.items() if any(h.startswith(DEVICE_PLUGIN_HOLDER_PREFIX) for h in hs))
-        if dp != self._last_dp_gpus:
+        with self._publish_lock:
+            # Two threads may publish snapshots out of order: never replace a newer ledger with an older one.
+            if seq < self._published_seq:
+                return
+            self._published_seq = seq
+            self.board.update(device_states(self.served(), ledger))
+            changed = dp != self._last_dp_gpus
             self._last_dp_gpus = dp
+        if changed:
             try:
                 self._on_ledger_change()
             except Exception:
@@ -698,10 +715,46 @@ class DevicePluginShim:
                 if sorted(hs) != sorted(ledger.get(u, ()))
             ]
             self.checkpoint.commit(ops)
-            ledger_now = dict(self.checkpoint.state.ledger)
+            ledger_now, seq = dict(self.checkpoint.state.ledger), self.checkpoint.state.seq
         for h in superseded:
             log.info("event=superseded holder=%s", h)
         for holder, ids in zip(holders, containers):
             log.info("event=allocated resource=%s holder=%s gpus=%s", resource, holder, ",".join(ids))
-        self._publish(ledger_now)
+        self._publish(ledger_now, seq)
         return [container_allocate_response([gpus[u] for u in ids]) for ids in containers]
+
+
+# ---- wiring into the node agent ------------------------------------------------------------------------------
+
+
+def pod_source(api: Any, node_name: str) -> PodSource:
+    """Pod UIDs bound to `node_name` that are still alive (phase neither Succeeded nor Failed), from the API."""
+
+    def live() -> frozenset[str]:
+        items, _ = api.list("Pod", field_selector=f"spec.nodeName={node_name}")
+        return frozenset(
+            str(p["metadata"]["uid"])
+            for p in items
+            if (p.get("status") or {}).get("phase") not in TERMINAL_POD_PHASES and (p.get("metadata") or {}).get("uid")
+        )
+
+    return live
+
+
+def start_device_plugin(
+    agent: Any, *, resource_name: str = DEFAULT_RESOURCE_NAME, api: Any | None = None, pods_seconds: float = 10.0
+) -> DevicePluginShim:
+    """Start the shim beside a started NodeAgent, on the agent's checkpoint ledger; its holds become slice taints."""
+    s = agent.settings
+    settings = DevicePluginSettings(
+        kubelet_dir=s.kubelet_dir, cdi_dir=s.cdi_dir, driver_name=s.driver_name, resource_name=resource_name,
+        reserved_uuids=s.reserved_uuids, watch_seconds=s.watch_seconds, pods_seconds=pods_seconds,
+    )
+    checkpoint: Checkpoint = agent.checkpoint
+    agent.extra_taints = lambda: slice_taints(agent.inventory(), checkpoint.state.ledger, s.driver_name)
+    shim = DevicePluginShim(
+        settings, inventory=agent.inventory, checkpoint=checkpoint, on_ledger_change=agent.request_publish,
+        live_pods=pod_source(api, s.node_name) if api is not None else None,
+    )
+    shim.start()
+    return shim

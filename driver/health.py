@@ -1,8 +1,15 @@
 """GPU health monitoring over an NVML backend: Xid events and GPUs that fall off the bus.
 
 Classification follows NVIDIA's device plugin: a handful of Xids report application faults
-(the GPU stays usable) and are ignored; every other critical Xid makes the device
-unhealthy. Xids that carry a GPU-instance id are charged to that MIG device only.
+(the GPU stays usable); every other critical Xid makes the device unhealthy. Application Xids
+are still recorded, so that the slice shows them as an informational taint (effect None) while
+the device stays HEALTHY on the health stream (`Health.healthy` ignores them). Xids that carry a
+GPU-instance id are charged to that MIG device only.
+
+Health is sticky, as in NVIDIA's drivers: an unhealthy or lost GPU stays so until the agent restarts,
+which is what follows a GPU reset (the simulator's "clear" of its faults models that reset); NVML
+has no event that says a GPU recovered, and a GPU that produced a double-bit ECC error must not
+come back on its own.
 
 The monitor never raises out of its loop: NVML errors are logged and retried with backoff.
 """
@@ -18,21 +25,13 @@ from typing import Any
 
 import pynvml
 
-from driver.inventory import Health, Inventory
+from driver.inventory import APPLICATION_XIDS, Health, Inventory
 
 log = logging.getLogger(__name__)
 
-# Application errors, as NVIDIA's device plugin skips them: the GPU is still healthy.
-APPLICATION_XIDS: frozenset[int] = frozenset(
-    {
-        13,  # graphics engine exception
-        31,  # GPU memory page fault
-        43,  # GPU stopped processing
-        45,  # preemptive cleanup, due to previous errors
-        68,  # video processor exception
-        109,  # context switch timeout
-    }
-)
+# APPLICATION_XIDS (driver.inventory), as NVIDIA's device plugin skips them: 13 graphics engine exception,
+# 31 GPU memory page fault, 43 GPU stopped processing, 45 preemptive cleanup after previous errors,
+# 68 video processor exception, 109 context switch timeout. The GPU is still healthy.
 
 # Known hardware/driver failures, for messages; any Xid not in APPLICATION_XIDS is critical.
 XID_DESCRIPTIONS: dict[int, str] = {
@@ -84,6 +83,8 @@ def _address(handle: Any) -> int | None:
 class HealthMonitor:
     """Watches the inventory's GPUs (and MIG devices) and calls `on_change(uuid, health)` on every change.
 
+    `ignored_xids` are dropped entirely (application Xids are recorded by default: see the module doc).
+
     Use `start()`/`stop()` for a background thread, or `setup()` + `poll_once()` to drive it step by step.
     """
 
@@ -94,7 +95,7 @@ class HealthMonitor:
         on_change: HealthCallback,
         *,
         wait_timeout_ms: int = 1000,
-        ignored_xids: Iterable[int] = APPLICATION_XIDS,
+        ignored_xids: Iterable[int] = (),
         max_backoff_s: float = 10.0,
     ) -> None:
         self._nvml = nvml
@@ -187,12 +188,22 @@ class HealthMonitor:
             log.warning("event=xid-unknown-device xid=%d", xid)
             return
         if xid in self._ignored:
-            log.info("event=xid-ignored device=%s xid=%d kind=application", watched.uuid, xid)
+            log.info("event=xid-ignored device=%s xid=%d", watched.uuid, xid)
             return
         gi = int(data.gpuInstanceId)
         target = watched.mig_by_gi.get(gi, watched.uuid) if gi != _NOT_A_MIG_INSTANCE else watched.uuid
-        log.warning("event=xid device=%s xid=%d description=%r", target, xid, describe_xid(xid))
+        log.warning("event=xid device=%s xid=%d kind=%s description=%r", target, xid, classify_xid(xid), describe_xid(xid))
         self._update(target, xid=xid, lost=xid == _XID_LOST and target == watched.uuid)
+
+    def update_inventory(self, inventory: Inventory) -> None:
+        """Follow MIG devices created or destroyed since setup, so their Xids are charged to them."""
+        by_uuid = {g.uuid: g for g in inventory.gpus}
+        with self._lock:
+            for addr, w in list(self._watched.items()):
+                gpu = by_uuid.get(w.uuid)
+                if gpu is not None:
+                    self._watched[addr] = replace(w, mig_by_gi={m.gpu_instance_id: m.uuid for m in gpu.mig_devices})
+            self._inventory = inventory
 
     def _probe_lost(self) -> None:
         """Between events, ask each GPU for something cheap: a lost GPU answers GPU_IS_LOST."""

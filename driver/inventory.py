@@ -64,16 +64,21 @@ class NvLink:
     remote_is_switch: bool = False
 
 
+# Xids that report application faults (NVIDIA's device plugin skips them): the GPU stays healthy and schedulable.
+APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+
+
 @dataclass(frozen=True)
 class Health:
     """Health signals of one GPU (or MIG device) as last seen by discovery or the health monitor."""
 
-    xids: tuple[int, ...] = ()  # critical Xid events seen, most recent last
+    xids: tuple[int, ...] = ()  # Xid events seen (application errors included), most recent last
     lost: bool = False  # fell off the bus / NVML_ERROR_GPU_IS_LOST
 
     @property
     def healthy(self) -> bool:
-        return not self.xids and not self.lost
+        """No lost GPU and no Xid other than an application error."""
+        return not self.lost and all(x in APPLICATION_XIDS for x in self.xids)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,15 @@
 The pure part (`plan_claim`) checks one ResourceClaim against this node and turns its allocation into the
 devices, configs and ledger holds to apply. `Preparer` does the I/O around it in a crash-safe order:
 
-    prepare:   checkpoint PrepareStarted (+ ledger holds)  ->  sharing  ->  CDI spec  ->  checkpoint PrepareCompleted
-    unprepare: CDI spec removed  ->  sharing undone  ->  checkpoint record deleted (+ ledger released)
+    prepare:   checkpoint PrepareStarted (+ ledger holds)  ->  [MIG instances created, PrepareStarted again with
+               their ids]  ->  sharing  ->  CDI spec  ->  checkpoint PrepareCompleted
+    unprepare: CDI spec removed  ->  sharing undone  ->  [MIG instances destroyed]  ->  checkpoint record deleted
+               (+ ledger released)
+
+Partitionable MIG (`partitionable=True`): a device allocated from a MIG placement that has no MIG device yet is
+created on demand at exactly that placement (MIG mode switched on first when the GPU holds no other claim); the
+intent is in the PrepareStarted record before anything is created, so a rollback finds and destroys it. A full GPU
+of a partitionable GPU is prepared only with no MIG instances on it (MIG mode is switched off for it).
 
 A crash between the steps leaves a PrepareStarted record (rolled back at the next start: its CDI spec and
 sharing are undone and the kubelet asks again) or a completed record whose unprepare is simply repeated.
@@ -23,10 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from driver import cdi, sharing
-from driver.checkpoint import Checkpoint, ClaimPhase, ClaimRecord, Ledger, LedgerConflict, LoadReport, PreparedDevice
+from driver import cdi, miginstances, sharing
+from driver.checkpoint import (
+    Checkpoint, ClaimPhase, ClaimRecord, Ledger, LedgerConflict, LoadReport, MigCreation, PreparedDevice,
+)
 from driver.config import ConfigError, GpuConfig, merge, parse
-from driver.inventory import Gpu, Inventory, MigDevice
+from driver.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 from driver.slices import gpu_device_name, mig_device_name
 
 log = logging.getLogger("gpu-dra.prepare")
@@ -71,14 +80,23 @@ ClaimGetter = Callable[[str, str], Mapping[str, Any]]
 class DeviceTarget:
     gpu: Gpu
     mig: MigDevice | None = None
+    # A partitionable MIG placement with no MIG device yet: prepare creates it.
+    placement: tuple[MigProfile, MigPlacement] | None = None
 
     @property
     def uuid(self) -> str:
+        """The device's UUID; empty for a placement whose MIG device does not exist yet."""
+        if self.placement is not None:
+            return ""
         return self.mig.uuid if self.mig is not None else self.gpu.uuid
 
 
-def device_index(inventory: Inventory, reserved: frozenset[str] = frozenset()) -> dict[str, DeviceTarget]:
-    """Device name -> the hardware behind it, with the names the slices publish."""
+def device_index(
+    inventory: Inventory, reserved: frozenset[str] = frozenset(), *, partitionable: bool = False
+) -> dict[str, DeviceTarget]:
+    """Device name -> the hardware behind it, with the names the slices publish.
+
+    An existing MIG device and the placement it occupies share one name; the existing device wins."""
     out: dict[str, DeviceTarget] = {}
     for gpu in inventory.gpus:
         if gpu.uuid in reserved:
@@ -86,6 +104,10 @@ def device_index(inventory: Inventory, reserved: frozenset[str] = frozenset()) -
         out[gpu_device_name(gpu)] = DeviceTarget(gpu)
         for mig in gpu.mig_devices:
             out[mig_device_name(gpu, mig)] = DeviceTarget(gpu, mig)
+        if partitionable and gpu.mig_capable:
+            for profile in gpu.mig_profiles:
+                for pl in profile.placements:
+                    out.setdefault(mig_device_name(gpu, profile, pl), DeviceTarget(gpu, placement=(profile, pl)))
     return out
 
 
@@ -192,6 +214,9 @@ class Preparer:
         mps_root: Path,
         reserved: frozenset[str] = frozenset(),
         fault_hook: FaultHook | None = None,
+        partitionable: bool = False,
+        nvml: Any | None = None,
+        on_inventory_change: Callable[[], None] | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.pool_name = node_name
@@ -204,6 +229,11 @@ class Preparer:
         self._mps_root = mps_root
         self._reserved = reserved
         self._fault = fault_hook or (lambda step: None)
+        self._partitionable = partitionable
+        # Creating MIG devices needs the NVML backend; without it placements stay unpreparable.
+        self._nvml = nvml
+        # Called after MIG instances were created or destroyed: the inventory (and the slices) changed.
+        self._inventory_changed = on_inventory_change or (lambda: None)
 
     # ---- start ---------------------------------------------------------------------------------------------
 
@@ -281,7 +311,7 @@ class Preparer:
             return ClaimResult(error=f"{ref}: reading it from the API server failed: {exc}")
         plan = plan_claim(
             ref, claim, driver_name=self.driver_name, pool_name=self.pool_name,
-            index=device_index(self._inventory(), self._reserved),
+            index=device_index(self._inventory(), self._reserved, partitionable=self._partitionable),
         )
         if isinstance(plan, str):
             return ClaimResult(error=plan)
@@ -300,6 +330,14 @@ class Preparer:
                 cdi_device_ids=[cdi.qualified_id(cdi.cdi_device_name(ref.uid, p.device_name))],
                 share_id=p.share_id, uuid=p.target.uuid, gpu_uuid=p.target.gpu.uuid,
                 sharing=dict(p.parameters) if p.parameters is not None else None,
+                mig_created=(
+                    MigCreation(
+                        profile_id=p.target.placement[0].profile_id, profile=p.target.placement[0].name,
+                        start=p.target.placement[1].start, size=p.target.placement[1].size,
+                    )
+                    if p.target.placement is not None
+                    else None
+                ),
             )
             for p in plan.devices
         ]
@@ -308,11 +346,15 @@ class Preparer:
             hold = self.ledger.hold_ops(holder, {d.gpu_uuid for d in devices})
         except LedgerConflict as exc:
             return ClaimResult(error=f"{ref}: {exc}; the device plugin must release these GPUs first")
-        # Not fsynced: kill -9 keeps it (page cache) and a power loss also wipes the CDI dir and GPU settings it
-        # guards; the PrepareCompleted commit below flushes it with itself.
+        mig_error = self._mig_preconditions(plan)
+        if mig_error:
+            return ClaimResult(error=f"{ref}: {mig_error}")
+        # Not fsynced: kill -9 keeps it (page cache) and a power loss also wipes the CDI dir, MIG instances and GPU
+        # settings it guards; the PrepareCompleted commit below flushes it with itself.
         self.checkpoint.commit([self.checkpoint.put_claim_op(started), *hold], durable=False)
         self._fault("prepare-started")
         try:
+            started = self._create_migs(started)
             self._write_spec(started, reapply_sharing=True)
         except Exception as exc:
             rollback_error = self._rollback(started)
@@ -323,6 +365,120 @@ class Preparer:
         self._fault("prepare-completed")
         log.info("event=prepared claim=%s/%s uid=%s devices=%s", ref.namespace, ref.name, ref.uid, ",".join(d.device_name for d in devices))
         return self._result(completed)
+
+    # ---- partitionable MIG -----------------------------------------------------------------------------------
+
+    def _other_claims_on(self, gpu_uuid: str, uid: str) -> list[ClaimRecord]:
+        return [
+            r for u, r in sorted(self.checkpoint.state.claims.items())
+            if u != uid and any(d.gpu_uuid == gpu_uuid for d in r.devices)
+        ]
+
+    def _mig_preconditions(self, plan: Plan) -> str:
+        """Check (and switch) MIG mode for the plan's devices on partitionable GPUs; an error text or ""."""
+        for p in plan.devices:
+            gpu = p.target.gpu
+            others = self._other_claims_on(gpu.uuid, plan.ref.uid)
+            names = ", ".join(f"{r.namespace}/{r.name}" for r in others)
+            if p.target.mig is not None:
+                owner = next(
+                    (r for r in others for d in r.devices if d.mig_created is not None and d.uuid == p.target.mig.uuid), None
+                )
+                if owner is not None:
+                    return (
+                        f"device {p.device_name}: MIG device {p.target.mig.uuid} was created for ResourceClaim "
+                        f"{owner.namespace}/{owner.name} and is still prepared for it"
+                    )
+                continue
+            if not (self._partitionable and gpu.mig_capable):
+                continue
+            if self._nvml is None:
+                return f"device {p.device_name}: preparing partitionable MIG devices needs the NVML backend, none is configured"
+            try:
+                current, _ = miginstances.mig_mode(self._nvml, gpu.uuid)
+                if p.target.placement is not None:
+                    full_holder = next((r for r in others for d in r.devices if d.uuid == gpu.uuid), None)
+                    if full_holder is not None:
+                        return (
+                            f"device {p.device_name}: GPU {gpu.uuid} is prepared as a full GPU for ResourceClaim "
+                            f"{full_holder.namespace}/{full_holder.name}; a MIG placement on it cannot be created"
+                        )
+                    if not current:
+                        if others:
+                            return (
+                                f"device {p.device_name}: MIG mode is off on GPU {gpu.uuid} and the GPU is in use by "
+                                f"ResourceClaim(s) {names}; MIG mode is only switched on when the GPU holds no other claim"
+                            )
+                        miginstances.set_mig_mode(self._nvml, gpu.uuid, True)
+                else:
+                    # A full GPU of a partitionable GPU: only without MIG instances, with MIG mode off.
+                    if gpu.mig_devices:
+                        return (
+                            f"device {p.device_name}: GPU {gpu.uuid} has {len(gpu.mig_devices)} MIG device(s); a full GPU "
+                            "is prepared only when MIG mode is off and no MIG instances exist"
+                        )
+                    if current:
+                        if others:
+                            return (
+                                f"device {p.device_name}: MIG mode is on on GPU {gpu.uuid} and the GPU is in use by "
+                                f"ResourceClaim(s) {names}; MIG mode is only switched off when the GPU holds no other claim"
+                            )
+                        miginstances.set_mig_mode(self._nvml, gpu.uuid, False)
+            except miginstances.MigError as exc:
+                return f"device {p.device_name}: {exc}"
+        return ""
+
+    def _create_migs(self, record: ClaimRecord) -> ClaimRecord:
+        """Create the record's on-demand MIG devices and commit their ids; raises MigError (the caller rolls back)."""
+        if not any(d.mig_created is not None and d.mig_created.gpu_instance_id is None for d in record.devices):
+            return record
+        assert self._nvml is not None  # _mig_preconditions refused the claim otherwise
+        devices: list[PreparedDevice] = []
+        try:
+            for d in record.devices:
+                m = d.mig_created
+                if m is None or m.gpu_instance_id is not None:
+                    devices.append(d)
+                    continue
+                created = miginstances.create(self._nvml, d.gpu_uuid, m.profile_id, m.start, m.size)
+                self._fault("mig-created")
+                devices.append(
+                    d.model_copy(update={
+                        "uuid": created.uuid,
+                        "mig_created": m.model_copy(update={
+                            "gpu_instance_id": created.gpu_instance_id, "compute_instance_id": created.compute_instance_id,
+                        }),
+                    })
+                )
+        finally:
+            self._inventory_changed()
+        updated = record.model_copy(update={"devices": devices})
+        self.checkpoint.commit([self.checkpoint.put_claim_op(updated)], durable=False)
+        log.info(
+            "event=mig-created claim=%s/%s uid=%s devices=%s", record.namespace, record.name, record.uid,
+            ",".join(f"{d.device_name}={d.uuid}" for d in devices if d.mig_created is not None),
+        )
+        return updated
+
+    def _destroy_migs(self, record: ClaimRecord) -> str:
+        """Destroy the MIG devices prepare created for the record (CI, then GI); an error text or ""."""
+        created = [d for d in record.devices if d.mig_created is not None]
+        if not created:
+            return ""
+        if self._nvml is None:
+            return (
+                f"ResourceClaim {record.namespace}/{record.name} (uid {record.uid}): it holds MIG devices this node "
+                "created, and no NVML backend is configured to destroy them"
+            )
+        try:
+            for d in created:
+                assert d.mig_created is not None
+                miginstances.destroy(self._nvml, d.gpu_uuid, d.mig_created.profile_id, d.mig_created.start)
+        except miginstances.MigError as exc:
+            return f"ResourceClaim {record.namespace}/{record.name} (uid {record.uid}): destroying its MIG device failed: {exc}"
+        finally:
+            self._inventory_changed()
+        return ""
 
     def _groups(self, record: ClaimRecord) -> list[tuple[GpuConfig | None, list[PreparedDevice]]]:
         """The claim's devices grouped by their effective config (one sharing application per group)."""
@@ -336,9 +492,11 @@ class Preparer:
 
     def _shared_devices(self, devices: Sequence[PreparedDevice]) -> list[sharing.SharedDevice]:
         by_uuid = {g.uuid: g for g in self._inventory().gpus}
+        # A device with no uuid is a MIG device that was never created: nothing was shared on it.
         return [
             sharing.SharedDevice(uuid=d.uuid, gpu_uuid=d.gpu_uuid, gpu_index=by_uuid[d.gpu_uuid].index if d.gpu_uuid in by_uuid else -1)
             for d in devices
+            if d.uuid
         ]
 
     def _write_spec(self, record: ClaimRecord, *, reapply_sharing: bool) -> None:
@@ -406,6 +564,9 @@ class Preparer:
                 sharing.undo(self._sharing, config, still_shared, self._shared_devices(devices), record.uid, self._mps_root)
         except sharing.SharingError as exc:
             return f"ResourceClaim {record.namespace}/{record.name} (uid {record.uid}): undoing its sharing setting failed: {exc}"
+        mig_error = self._destroy_migs(record)
+        if mig_error:
+            return mig_error
         self.checkpoint.commit(
             [self.checkpoint.delete_claim_op(record.uid), *self.ledger.release_ops(Ledger.dra_holder(record.uid))]
         )

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from driver.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
+from driver.inventory import APPLICATION_XIDS, Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -42,9 +42,8 @@ MAX_SLICE_NAME = 253
 MAX_DNS_LABEL = 63
 MAX_STRING_ATTRIBUTE = 64
 
-# Xids that NVIDIA's device plugin and DRA driver treat as application errors, not GPU faults:
-# the GPU stays schedulable, so their taint carries effect None (informational).
-APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+# APPLICATION_XIDS (driver.inventory): Xids NVIDIA treats as application errors, not GPU faults; the GPU stays
+# schedulable, so their taint carries effect None (informational).
 
 # MIG engine counts: (capacity name, counter name, MigProfile/MigDevice attribute).
 _ENGINE_FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -379,12 +378,15 @@ def _placement_device(
     gpu: Gpu, profile: MigProfile, pl: MigPlacement, inv: Inventory, settings: SliceSettings
 ) -> dict[str, Any]:
     name = mig_device_name(gpu, profile, pl)
+    # A MIG device that exists at this placement (created on demand, or beforehand) is shown with its uuid; the
+    # device and what it consumes stay the same, so the counters model does not change when instances come and go.
+    existing = next((m for m in gpu.mig_devices if m.profile == profile.name and m.placement.start == pl.start), None)
     consumed = _profile_counters(profile)
     for i in range(pl.start, pl.start + pl.size):
         consumed[f"memory-slice-{i}"] = 1
     device: dict[str, Any] = {
         "name": name,
-        "attributes": _mig_attributes(gpu, inv, profile.name, None),
+        "attributes": _mig_attributes(gpu, inv, profile.name, existing.uuid if existing is not None else None),
         "capacity": _mig_capacity(profile),
         "consumesCounters": [{"counterSet": counter_set_name(gpu), "counters": _counter_values(consumed)}],
     }

@@ -65,6 +65,7 @@ def create_allocated_claim(
 
 def start_agent(
     tmp: Path, api: KubeApi, *, profile: str = "dgx-h100", publish: bool = True, watch_seconds: float = 0.05,
+    partitionable: bool = False,
 ) -> NodeAgent:
     nvml = load_backend(f"sim:{profile}")
     inventory = discover(nvml, NODE)
@@ -73,7 +74,7 @@ def start_agent(
         boot.write_text("boot-1\n")
     settings = AgentSettings(
         node_name=NODE, driver_name=DRIVER, kubelet_dir=tmp / "kubelet", cdi_dir=tmp / "cdi", watch_seconds=watch_seconds,
-        boot_id_path=boot,
+        boot_id_path=boot, partitionable=partitionable,
     )
     agent = NodeAgent(
         settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api),

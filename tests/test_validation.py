@@ -217,7 +217,7 @@ def test_request_one_of_exactly_first_available() -> None:
 
 def test_request_names_and_limits() -> None:
     assert errors(claim({"requests": [exact("GPU")]})) == [f'spec.devices.requests[0].name: Invalid value: "GPU": {LABEL_MSG}']
-    assert errors(claim({"requests": [exact("gpu"), exact("gpu")]})) == ['spec.devices.requests[1].name: Duplicate value: "gpu"']
+    assert errors(claim({"requests": [exact("gpu"), exact("gpu")]})) == ['spec.devices.requests[1]: Duplicate value: "gpu"']
     many = [exact(f"r{i}") for i in range(33)]
     assert errors(claim({"requests": many})) == ["spec.devices.requests: Too many: 33: must have at most 32 items"]
     assert errors(claim({"requests": [exact(deviceClassName="")]})) == [
@@ -264,7 +264,7 @@ def test_first_available_rules() -> None:
     subs = [{"name": "a", "deviceClassName": "gpu.nvidia.com"}, {"name": "a", "deviceClassName": "x", "adminAccess": True}]
     assert errors(claim({"requests": [{"name": "gpu", "firstAvailable": subs}]})) == [
         "spec.devices.requests[0].firstAvailable[1].adminAccess: Forbidden: may only be set in `exactly`, not in a `firstAvailable` subrequest",
-        'spec.devices.requests[0].firstAvailable[1].name: Duplicate value: "a"',
+        'spec.devices.requests[0].firstAvailable[1]: Duplicate value: "a"',
     ]
     subs = [{"name": "big", "deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "count": 1}]
     assert errors(claim({"requests": [{"name": "gpu", "firstAvailable": subs}]})) == [
@@ -283,7 +283,6 @@ def test_tolerations() -> None:
     ]
     assert errors(claim({"requests": [exact(tolerations=tols)]})) == [
         'spec.devices.requests[0].exactly.tolerations[0].value: Invalid value: "x": must be empty for operator `Exists`',
-        'spec.devices.requests[0].exactly.tolerations[1].operator: Invalid value: "Equal": operator must be Exists when `key` is empty, which means "match all values and all keys"',
         'spec.devices.requests[0].exactly.tolerations[2].operator: Unsupported value: "Foo": supported values: "Equal", "Exists"',
         'spec.devices.requests[0].exactly.tolerations[3].effect: Unsupported value: "Bad": supported values: "NoExecute", "NoSchedule", "None"',
     ]
@@ -311,8 +310,9 @@ def test_constraints_and_config_references() -> None:
         f'spec.devices.constraints[1].requests[1]: Invalid value: "Bad": {LABEL_MSG}',
         f'spec.devices.constraints[1].requests[1]: Invalid value: "Bad": {REF_MSG}',
         f'spec.devices.constraints[1].matchAttribute: Invalid value: "missing-domain": {C_ID_MSG}',
-        'spec.devices.constraints[1].matchAttribute: Invalid value: "missing-domain": must include a domain',
-        "spec.devices.constraints[2].matchAttribute: Required value: name required",
+        'spec.devices.constraints[1].matchAttribute: Invalid value: "missing-domain": a fully qualified name must be a domain and a name separated by a slash',
+        f'spec.devices.constraints[2].matchAttribute: Invalid value: "": {C_ID_MSG}',
+        'spec.devices.constraints[2].matchAttribute: Invalid value: "": a fully qualified name must be a domain and a name separated by a slash',
         "spec.devices.constraints[3].matchAttribute: Required value",
         f'spec.devices.constraints[4].requests[0]: Invalid value: "alt/small": {REF_MSG}',
         f'spec.devices.constraints[4].requests[1]: Invalid value: "gpu/x/y": {REF_MSG}',
@@ -330,7 +330,7 @@ def test_constraints_and_config_references() -> None:
 def test_capacity_requests() -> None:
     req = exact(capacity={"requests": {"memory": "10Gi", "bad-key": "1", "cores": "lots"}})
     assert errors(claim({"requests": [req]})) == [
-        f'spec.devices.requests[0].exactly.capacity.requests[bad-key]: Invalid value: "bad-key": {C_ID_MSG}',
+        f'spec.devices.requests[0].exactly.capacity.requests: Invalid value: "bad-key": {C_ID_MSG}',
         "spec.devices.requests[0].exactly.capacity.requests[cores]: Invalid value: \"lots\": quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
     ]
 
@@ -444,7 +444,7 @@ def test_slice_device_limits() -> None:
     assert errors(a_slice([gpu(f"g{i}") for i in range(129)])) == ["spec.devices: Too many: 129: must have at most 128 items"]
     tainted = [gpu(f"g{i}", taints=[{"key": "k", "effect": "NoSchedule"}]) for i in range(65)]
     assert errors(a_slice(tainted)) == ["spec.devices: Too many: 65: must have at most 64 items"]
-    assert errors(a_slice([gpu("g"), gpu("g")])) == ['spec.devices[1].name: Duplicate value: "g"']
+    assert errors(a_slice([gpu("g"), gpu("g")])) == ['spec.devices[1]: Duplicate value: "g"']
 
 
 def test_attributes_and_capacity() -> None:
@@ -463,13 +463,13 @@ def test_attributes_and_capacity() -> None:
     device["capacity"] = {"memory": {"value": "80Gi"}, "bad": {"value": "1K"}, "missing": {}}
     out = errors(a_slice([device]))
     assert out == [
-        f'spec.devices[0].attributes[bad-name]: Invalid value: "bad-name": {C_ID_MSG}',
-        "spec.devices[0].attributes[none]: Required value: exactly one value must be specified",
+        f'spec.devices[0].attributes: Invalid value: "bad-name": {C_ID_MSG}',
+        'spec.devices[0].attributes[none]: Invalid value: "": exactly one value must be specified',
         'spec.devices[0].attributes[two]: Invalid value: {"int":1,"string":"x"}: exactly one value must be specified',
         "spec.devices[0].attributes[long].string: Too long: may not be more than 64 bytes",
         'spec.devices[0].attributes[ver].version: Invalid value: "v1.2.3": must be a string compatible with semver.org spec 2.0.0',
-        "spec.devices[0].attributes[/empty]: Required value: the domain must not be empty",
-        'spec.devices[0].attributes[a/b/c]: Invalid value: "a/b/c": must not contain more than one slash',
+        'spec.devices[0].attributes: Invalid value: "": the domain must not be empty',
+        'spec.devices[0].attributes: Invalid value: "a/b/c": must not contain more than one slash',
         "spec.devices[0].capacity[bad].value: Invalid value: \"1K\": unable to parse quantity's suffix",
         "spec.devices[0].capacity[missing].value: Required value",
     ]
@@ -480,7 +480,7 @@ def test_attributes_and_capacity() -> None:
     ]
     long_id = gpu()
     long_id["attributes"] = {"x" * 33: {"int": 1}}
-    assert errors(a_slice([long_id])) == [f"spec.devices[0].attributes[{'x' * 33}]: Too long: may not be more than 32 bytes"]
+    assert errors(a_slice([long_id])) == [f"spec.devices[0].attributes: Too long: may not be more than 32 bytes"]
 
 
 def test_taints() -> None:
@@ -498,11 +498,11 @@ def test_counters() -> None:
     counters = {"name": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"}, "Bad": {"value": "1"}}}
     obj = a_slice(sharedCounters=[counters, copy.deepcopy(counters), {"name": "", "counters": {}}])
     assert errors(obj) == [
-        f'spec.sharedCounters[0].counters[Bad]: Invalid value: "Bad": {LABEL_MSG}',
-        f'spec.sharedCounters[1].counters[Bad]: Invalid value: "Bad": {LABEL_MSG}',
+        f'spec.sharedCounters[0].counters: Invalid value: "Bad": {LABEL_MSG}',
+        f'spec.sharedCounters[1].counters: Invalid value: "Bad": {LABEL_MSG}',
         "spec.sharedCounters[2].name: Required value",
         "spec.sharedCounters[2].counters: Required value",
-        'spec.sharedCounters[1].name: Duplicate value: "gpu-0-counters"',
+        'spec.sharedCounters[1]: Duplicate value: "gpu-0-counters"',
     ]
     sets = [{"name": f"s{i}", "counters": {"c": {"value": "1"}}} for i in range(9)]
     assert errors(a_slice(sharedCounters=sets)) == ["spec.sharedCounters: Too many: 9: must have at most 8 items"]

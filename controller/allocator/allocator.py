@@ -23,6 +23,7 @@ from controller.allocator import capacity as cap
 from controller.allocator.errors import CANNOT_ALLOCATE, INVALID_POOLS, AllocationError, Unschedulable
 from controller.allocator.model import (
     MAX_RESULTS,
+    UNKNOWN_ATTRIBUTE,
     AttrValue,
     Claim,
     Constraint,
@@ -61,13 +62,24 @@ class _DeviceResult:
     consumed: dict[str, Quantity] | None = None
 
 
+def _comparable(state: "_MatchState", dev: Device) -> AttrValue | None:
+    """The device's value of the constrained attribute; None when it has none. A value of unknown type
+    cannot be compared with anything: that is an error in the input, not a mismatch."""
+    value = dev.attribute(state.attribute)
+    if value == UNKNOWN_ATTRIBUTE:
+        raise AllocationError(f"claim {state.claim}, constraint #{state.index}: device {device_id_str(dev.id)}: "
+                              f"attribute {state.attribute}: unsupported attribute value (none of int, bool, string, version is set)")
+    return value
+
+
 class _MatchState:
     """matchAttribute: every device in scope has the attribute with one value (type and value)."""
 
-    __slots__ = ("attribute", "requests", "value", "count")
+    __slots__ = ("attribute", "requests", "value", "count", "claim", "index")
 
-    def __init__(self, c: Constraint) -> None:
+    def __init__(self, c: Constraint, claim: str = "", index: int = 0) -> None:
         self.attribute, self.requests = c.attribute, c.requests
+        self.claim, self.index = claim, index
         self.value: AttrValue | None = None
         self.count = 0
 
@@ -81,7 +93,7 @@ class _MatchState:
     def add(self, req: Request, dev: Device) -> bool:
         if not self.applies(req):
             return True
-        value = dev.attribute(self.attribute)
+        value = _comparable(self, dev)
         if value is None:
             return False
         if self.count == 0:
@@ -103,14 +115,14 @@ class _DistinctState(_MatchState):
 
     __slots__ = ("seen",)
 
-    def __init__(self, c: Constraint) -> None:
-        super().__init__(c)
+    def __init__(self, c: Constraint, claim: str = "", index: int = 0) -> None:
+        super().__init__(c, claim, index)
         self.seen: dict[str, AttrValue] = {}
 
     def add(self, req: Request, dev: Device) -> bool:
         if not self.applies(req):
             return True
-        value = dev.attribute(self.attribute)
+        value = _comparable(self, dev)
         if value is None:
             return False
         base = req.parent or req.name
@@ -247,9 +259,9 @@ class _Run:
         states: list[_MatchState] = []
         for i, c in enumerate(claim.constraints):
             if c.kind == "match":
-                states.append(_MatchState(c))
+                states.append(_MatchState(c, key, i))
             elif c.kind == "distinct" and self.f.consumable_capacity:
-                states.append(_DistinctState(c))
+                states.append(_DistinctState(c, key, i))
             else:
                 # With DRAConsumableCapacity off the API server drops distinctAttribute, leaving an empty constraint.
                 raise AllocationError(f"claim {key}, constraint #{i}: empty constraint (unsupported constraint type?)")

@@ -20,6 +20,9 @@ MAX_RESULTS = 32  # resourceapi.AllocationResultsMaxSize
 ATTRIBUTE_KINDS = ("int", "bool", "string", "version")
 
 AttrValue = tuple[str, Any]
+# An attribute that sets none of the known value fields (a newer API's type): it exists, but no
+# constraint can compare it.
+UNKNOWN_ATTRIBUTE: AttrValue = ("", None)
 DeviceID = tuple[str, str, str]  # (driver, pool, device)
 
 _device_uids = itertools.count()
@@ -121,6 +124,8 @@ def parse_attribute(raw: Any, where: str) -> AttrValue:
     if not isinstance(raw, Mapping):
         raise AllocationError(f"{where}: must be an object with exactly one of int, bool, string, version")
     set_kinds = [k for k in ATTRIBUTE_KINDS if raw.get(k) is not None]
+    if not raw:
+        return UNKNOWN_ATTRIBUTE
     if len(set_kinds) != 1:
         raise AllocationError(f"{where}: exactly one of int, bool, string, version must be set")
     kind = set_kinds[0]

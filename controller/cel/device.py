@@ -84,6 +84,8 @@ class DeviceView:
         try:
             attributes: dict[str, dict[str, AttributeValue]] = {}
             for qualified, raw in (device.get("attributes") or {}).items():
+                if raw == {}:
+                    continue  # a value of a type this version does not know: invisible to CEL, as in Kubernetes
                 domain, ident = split_qualified_name(qualified, driver)
                 attributes.setdefault(domain, {})[ident] = parse_attribute(qualified, raw)
             capacity: dict[str, dict[str, Quantity]] = {}

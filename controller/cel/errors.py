@@ -27,6 +27,8 @@ _STATUS_PREFIX = re.compile(r"^[A-Z_]+: ")
 _STATUS_SUFFIX = re.compile(r" \[[A-Z_]+\]$")
 _MISSING_KEY = re.compile(r'^Key not found in map ?: ?"?(.*?)"?$')
 _NO_FIELD = re.compile(r"^no_such_field ?: ?(.*)$")
+# A comprehension (exists, all, map, ...) over a scalar: cel-cpp names only the internal range overload.
+_NOT_ITERABLE = re.compile(r"^No matching overloads found ?: ?<iter_range>$")
 
 
 def runtime_message(status: str) -> str:
@@ -38,6 +40,8 @@ def runtime_message(status: str) -> str:
     no_field = _NO_FIELD.match(text)
     if no_field:
         return f"no such key: {no_field.group(1)}"
+    if _NOT_ITERABLE.match(text):
+        return "got a scalar value (not a list or map), expected iterable type"
     return text
 
 

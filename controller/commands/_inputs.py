@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from controller.workload import KINDS
@@ -17,6 +17,7 @@ DEFAULT_DRIVER = "gpu.nvidia.com"
 class Inputs:
     objects: list[dict[str, Any]]
     errors: list[str]  # "Kind/ns/name: path: message" or read errors; non-empty means exit 2
+    warnings: list[str] = field(default_factory=list)  # API-validation findings that do not stop the command
 
 
 def _name(obj: dict[str, Any]) -> str:
@@ -28,7 +29,10 @@ def _name(obj: dict[str, Any]) -> str:
     return "/".join(parts)
 
 
-def read_inputs(paths: Sequence[str]) -> Inputs:
+def read_inputs(paths: Sequence[str], strict: bool = True) -> Inputs:
+    """Load the documents. With strict=False, API-validation findings inside `spec` become warnings: the
+    allocator, like kube-scheduler, judges the specs it is given and reports what it cannot use per claim,
+    with Kubernetes' texts. Unreadable documents and invalid kinds or metadata still fail the input."""
     from gpudra.manifests import load_objects
 
     try:
@@ -39,8 +43,11 @@ def read_inputs(paths: Sequence[str]) -> Inputs:
     for obj in objects:
         if not isinstance(obj.get("kind"), str):
             errors.append(f"{_name(obj)}: kind: required; accepted: {', '.join(KINDS)}")
-    errors += validate(objects)
-    return Inputs(objects, errors)
+    found = validate(objects)
+    if strict:
+        return Inputs(objects, errors + found)
+    in_spec = [e for e in found if e.split(": ", 1)[-1].startswith("spec.")]
+    return Inputs(objects, errors + [e for e in found if e not in in_spec], in_spec)
 
 
 def validate(objects: Sequence[dict[str, Any]]) -> list[str]:
@@ -66,6 +73,11 @@ def validate(objects: Sequence[dict[str, Any]]) -> list[str]:
         for err in validate_object(obj, cel=cel_check, opaque=opaque):
             errors.append(f"{_name(obj)}: {err}")
     return errors
+
+
+def report_warnings(warnings: Sequence[str]) -> None:
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
 
 
 def report_input_errors(errors: Sequence[str], output: str) -> int:

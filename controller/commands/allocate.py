@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from controller.commands._inputs import make_cel_env, read_inputs, report_input_errors
+from controller.commands._inputs import make_cel_env, read_inputs, report_input_errors, report_warnings
 from controller.offline import ClaimResult, Session
 from gpudra.features import FeatureGateError, Features
 
@@ -26,9 +26,10 @@ def run(args: argparse.Namespace) -> int:
         features = Features.parse(args.feature)
     except FeatureGateError as exc:
         return report_input_errors([str(exc)], args.output)
-    inputs = read_inputs(args.files)
+    inputs = read_inputs(args.files, strict=False)
     if inputs.errors:
         return report_input_errors(inputs.errors, args.output)
+    report_warnings(inputs.warnings)
     try:
         session = Session(inputs.objects, features, make_cel_env(), args.policy)
     except Exception as exc:  # noqa: BLE001 - malformed objects the validator let through: still exit 2, with the text

@@ -62,9 +62,9 @@ def load_device_file(path: str) -> list[NamedDevice]:
         raise InputError(f"{path}: must hold one device object {{driver, attributes, capacity, "
                          "allowMultipleAllocations}")
     doc = docs[0]
-    driver = doc.get("driver")
-    if not isinstance(driver, str) or not driver:
-        raise InputError(f"{path}: driver: required, a driver name such as gpu.nvidia.com")
+    driver = doc.get("driver", "")
+    if not isinstance(driver, str):
+        raise InputError(f"{path}: driver: must be a string, a driver name such as gpu.nvidia.com (empty is allowed)")
     for field_name in ("attributes", "capacity"):
         if doc.get(field_name) is not None and not isinstance(doc[field_name], dict):
             raise InputError(f"{path}: {field_name}: must be a map of qualified names to v1 values")

@@ -33,6 +33,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cdi-dir", default=DEFAULT_CDI_DIR, help=f"dynamic CDI spec dir (default {DEFAULT_CDI_DIR})")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help=f"DRA driver name (default {DEFAULT_DRIVER_NAME})")
     parser.add_argument("--device-plugin", action="store_true", help="also serve the legacy device plugin (nvidia.com/gpu)")
+    parser.add_argument(
+        "--device-plugin-resource", default="nvidia.com/gpu",
+        help="extended resource name the device plugin serves (default nvidia.com/gpu)",
+    )
     parser.add_argument("--partitionable", action="store_true", help="publish MIG-capable GPUs as partitionable devices")
     parser.add_argument("--reserved-gpus", default="", help="comma-separated GPU UUIDs kept for the device plugin (not published)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
@@ -55,6 +59,13 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.device_plugin:
+        from driver.deviceplugin import extended_resource_name_error
+
+        resource_error = extended_resource_name_error(args.device_plugin_resource)
+        if resource_error:
+            print(f"error: --device-plugin-resource: {resource_error}", file=sys.stderr)
+            return 2
     reserved = frozenset(u.strip() for u in args.reserved_gpus.split(",") if u.strip())
     bad = sorted(u for u in reserved if not u.startswith("GPU-"))
     if bad:
@@ -105,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
     agent.start()
     try:
         if args.device_plugin:
-            shim = importlib.import_module(DEVICE_PLUGIN_MODULE).start_device_plugin(agent)
+            shim = importlib.import_module(DEVICE_PLUGIN_MODULE).start_device_plugin(
+                agent, resource_name=args.device_plugin_resource, api=api
+            )
         while not stop.wait(1.0):
             pass
     finally:

@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,8 @@ class NodeAgent:
         self._lock = threading.Lock()
         self._publisher = publisher
         self._publish_changed = threading.Event()
+        # Device name -> extra slice taints; the device plugin shim sets it (ledger holds become NoSchedule taints).
+        self.extra_taints: Callable[[], Mapping[str, Sequence[Mapping[str, str]]]] = dict
         self._stop = threading.Event()
         self._publisher_thread: threading.Thread | None = None
         kwargs: dict[str, Any] = {}
@@ -102,6 +104,7 @@ class NodeAgent:
             inventory=self.inventory, checkpoint=self.checkpoint, cdi_dir=settings.cdi_dir,
             sharing_backend=NvmlSharing(nvml, real=settings.real_nvml), mps_root=self.paths.plugin_dir / "mps",
             reserved=settings.reserved_uuids, fault_hook=fault_hook,
+            partitionable=settings.partitionable, nvml=nvml, on_inventory_change=self.refresh_inventory,
         )
         self.board = HealthBoard(self._health_entries())
         self.metrics = PluginMetrics()
@@ -122,6 +125,26 @@ class NodeAgent:
                 gpus.append(replace(gpu, health=health))
             return replace(self._inventory, gpus=tuple(gpus))
 
+    def refresh_inventory(self) -> None:
+        """Rediscover after MIG instances were created or destroyed, then republish slices and health.
+
+        Health seen by the monitor is kept (it is keyed by UUID); a failed rediscovery keeps the old inventory, so
+        prepare's checks then fail per claim instead of crashing the agent."""
+        from driver.discovery import discover
+
+        try:
+            fresh = discover(self._nvml, self.settings.node_name)
+        except Exception:  # noqa: BLE001 - a long-running agent must not die on one failed NVML walk
+            log.exception("event=rediscover-failed node=%s", self.settings.node_name)
+            return
+        with self._lock:
+            self._inventory = fresh
+        update = getattr(self._monitor, "update_inventory", None)
+        if update is not None:
+            update(fresh)
+        self.board.update(self._health_entries())
+        self._publish_changed.set()
+
     def _health_entries(self) -> list[DeviceHealthEntry]:
         inv = self.inventory()
         pool = self.settings.node_name
@@ -129,7 +152,8 @@ class NodeAgent:
         for gpu in inv.gpus:
             if gpu.uuid in self.settings.reserved_uuids:
                 continue
-            msg = "" if gpu.health.healthy else f"xids={list(gpu.health.xids)} lost={gpu.health.lost}"
+            # Application Xids leave the device HEALTHY but are still worth a message (their taint has effect None).
+            msg = "" if gpu.health == Health() else f"xids={list(gpu.health.xids)} lost={gpu.health.lost}"
             if not gpu.mig_enabled or self.settings.partitionable:
                 entries.append(DeviceHealthEntry(pool, gpu_device_name(gpu), gpu.health.healthy, msg))
             for mig in gpu.mig_devices:
@@ -151,8 +175,13 @@ class NodeAgent:
             SliceSettings(
                 node_name=self.settings.node_name, driver_name=self.settings.driver_name,
                 partitionable=self.settings.partitionable, reserved_uuids=self.settings.reserved_uuids,
+                extra_taints=self.extra_taints(),
             ),
         )
+
+    def request_publish(self) -> None:
+        """Have the publisher rebuild and write the slices (e.g. after a ledger change)."""
+        self._publish_changed.set()
 
     def _on_registered(self) -> None:
         if self._publisher is None:

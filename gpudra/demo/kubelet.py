@@ -24,8 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from driver.devicemanagersim import DeviceManagerError, DeviceManagerSim
 from driver.kubeletsim import ClaimInfo, KubeletError, KubeletSim, Pod, PreparedDevice
 from gpudra.kubeapi import ApiError, KubeApi, NotFound
 
@@ -47,12 +48,6 @@ class LegacyGrant:
     device_ids: tuple[str, ...]
     envs: Mapping[str, str]
     cdi_devices: tuple[str, ...]
-
-
-class LegacyAllocator(Protocol):
-    """The kubelet's device manager for one node: picks healthy devices and calls the plugin's Allocate."""
-
-    def allocate(self, pod_uid: str, container: str, resource: str, count: int) -> LegacyGrant: ...
 
 
 @dataclass(frozen=True)
@@ -116,13 +111,13 @@ class NodeKubelet:
         kubelet_dir: Path,
         driver_name: str,
         *,
-        legacy: LegacyAllocator | None = None,
+        device_manager: DeviceManagerSim | None = None,
     ) -> None:
         self.api = api
         self.node_name = node_name
         self.driver_name = driver_name
         self.sim = KubeletSim(kubelet_dir)
-        self.legacy = legacy
+        self.device_manager = device_manager
         self.records: dict[str, PodRecord] = {}  # pod uid -> record
         self._lock = threading.Lock()
         self._events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
@@ -138,7 +133,10 @@ class NodeKubelet:
         self.sim.wait_for_plugin(self.driver_name, timeout=timeout)
 
     def start(self) -> None:
-        for name, target in (("watch", self._watch), ("worker", self._work)):
+        targets = [("watch", self._watch), ("worker", self._work)]
+        if self.device_manager is not None:
+            targets.append(("node-status", self._node_status))
+        for name, target in targets:
             t = threading.Thread(target=target, name=f"kubelet-{self.node_name}-{name}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -205,6 +203,33 @@ class NodeKubelet:
             return
         self._pods[uid] = pod
         self._sync(pod)
+
+    def _node_status(self) -> None:
+        """Node capacity/allocatable for the device plugin's resource follow its ListAndWatch, as the kubelet's do."""
+        assert self.device_manager is not None
+        dm = self.device_manager
+        last: tuple[int, int] | None = None
+
+        def counts(sim: DeviceManagerSim) -> tuple[int, int]:
+            health = sim.health(EXTENDED_GPU_RESOURCE)
+            return len(health), sum(1 for h in health.values() if h == "Healthy")
+
+        while not self._stop.is_set():
+            try:
+                dm.wait_for(lambda sim: counts(sim) != last, timeout=RETRY_SECONDS * 5)
+            except DeviceManagerError:
+                continue  # nothing changed; look again (and notice stop)
+            now = counts(dm)
+            try:
+                self.api.patch("Node", self.node_name, {"status": {
+                    "capacity": {EXTENDED_GPU_RESOURCE: str(now[0])}, "allocatable": {EXTENDED_GPU_RESOURCE: str(now[1])},
+                }}, subresource="status")
+            except ApiError as exc:
+                log.warning("event=node-status-failed node=%s error=%r", self.node_name, str(exc))
+                self._stop.wait(RETRY_SECONDS)
+                continue
+            last = now
+            log.info("event=node-status node=%s %s capacity=%d allocatable=%d", self.node_name, EXTENDED_GPU_RESOURCE, *now)
 
     # ---- one pod ----------------------------------------------------------------------------------------
 
@@ -288,9 +313,15 @@ class NodeKubelet:
                 count = _container_gpu_limit(container)
                 if count <= 0:
                     continue
-                if self.legacy is None:
+                if self.device_manager is None:
                     raise KubeletError(f"node {self.node_name} has no device plugin for {EXTENDED_GPU_RESOURCE}")
-                grants.append(self.legacy.allocate(uid, str(container.get("name")), EXTENDED_GPU_RESOURCE, count))
+                try:
+                    got = self.device_manager.allocate(uid, str(container.get("name")), EXTENDED_GPU_RESOURCE, count)
+                except DeviceManagerError as exc:
+                    raise KubeletError(str(exc)) from exc
+                grants.append(LegacyGrant(
+                    got.container, got.device_ids, dict(got.response.envs), tuple(c.name for c in got.response.cdi_devices)
+                ))
             with self._lock:
                 record.legacy = grants
 

@@ -51,6 +51,7 @@ class Child:
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    tier: int = 1  # stopped after every child of a higher tier (the API server is tier 0: stopped last)
     _log: IO[bytes] | None = None
 
     def alive(self) -> bool:
@@ -84,7 +85,7 @@ class ChildGroup:
     children: list[Child] = field(default_factory=list)
 
     def start(self, name: str, argv: Sequence[str], *, stdout_pipe: bool = False,
-              env: dict[str, str] | None = None) -> Child:
+              env: dict[str, str] | None = None, tier: int = 1) -> Child:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "wb")
@@ -96,7 +97,7 @@ class ChildGroup:
         except OSError:
             log.close()
             raise
-        child = Child(name, process, log_path, log)
+        child = Child(name, process, log_path, tier, log)
         self.children.append(child)
         return child
 
@@ -106,16 +107,18 @@ class ChildGroup:
                 raise child.failure("exited while the demo was running")
 
     def stop_all(self, grace: float = 5.0) -> dict[str, int | None]:
+        """Stop tier by tier, highest first; within a tier all children are signalled at once, then awaited."""
         codes: dict[str, int | None] = {}
-        for child in reversed(self.children):
-            # Signal everyone first so that they shut down in parallel, then wait.
-            if child.alive():
-                try:
-                    child.process.send_signal(signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + grace
-        for child in reversed(self.children):
-            codes[child.name] = child.stop(max(0.1, deadline - time.monotonic()))
+        for tier in sorted({c.tier for c in self.children}, reverse=True):
+            group = [c for c in reversed(self.children) if c.tier == tier]
+            for child in group:
+                if child.alive():
+                    try:
+                        child.process.send_signal(signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+            deadline = time.monotonic() + grace
+            for child in group:
+                codes[child.name] = child.stop(max(0.1, deadline - time.monotonic()))
         self.children.clear()
         return codes

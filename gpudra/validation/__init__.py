@@ -2,6 +2,13 @@
 
 `validate_object(obj)` returns every violation of an object as `FieldError`s with
 Kubernetes' field paths and messages; an empty list means the API server would accept it.
+
+Semantics are Kubernetes 1.35's, after v1 defaulting (allocationMode ExactCount, count 1, toleration
+operator Equal): duplicates are reported at the list item (`requests[1]`), map-key errors at the map
+(`attributes`), and a list over its limit reports only its size. Fields behind alpha gates
+(consumable capacity, distinctAttribute, extendedResourceName, ...) are validated as written and
+accepted: an API server with the gate off silently drops them on create, which an offline check of
+the file cannot model usefully, so we check what the user wrote.
 """
 
 from __future__ import annotations

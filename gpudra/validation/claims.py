@@ -10,6 +10,7 @@ from gpudra.validation.common import (
     CONFIG_MAX,
     Hooks,
     is_extended_resource_name,
+    validate_binding_conditions,
     validate_config_list,
     validate_node_selector,
     validate_opaque,
@@ -140,7 +141,6 @@ def validate_claim_spec(value: Any, path: str, hooks: Hooks) -> list[FieldError]
         requests_path,
         errs,
         item_key=_name_key,
-        key_child="name",
     )
 
     constraints_path = child(devices_path, "constraints")
@@ -182,7 +182,6 @@ def _validate_request(value: Any, path: str, hooks: Hooks) -> list[FieldError]:
             child(path, "firstAvailable"),
             errs,
             item_key=_name_key,
-            key_child="name",
         )
     else:
         errs.extend(_validate_exact(request.get("exactly"), child(path, "exactly"), hooks, subrequest=False))
@@ -214,7 +213,7 @@ def _validate_exact(value: Any, path: str, hooks: Hooks, subrequest: bool) -> li
         requests_path = child(capacity_path, "requests")
         for name, amount in map_entries(capacity.get("requests"), -1, requests_path, errs):
             item_path = key_path(requests_path, name, _QUALIFIED_KEY_MAX)
-            errs.extend(qualified_name(name, item_path))
+            errs.extend(qualified_name(name, requests_path))
             parse_quantity(amount, item_path, errs)
     return errs
 
@@ -346,6 +345,7 @@ def _validate_result(value: Any, path: str, names: RequestNames) -> list[FieldEr
     errs.extend(pool_name(get_str(result.get("pool"), child(path, "pool"), errs), child(path, "pool")))
     errs.extend(dns_label(get_str(result.get("device"), child(path, "device"), errs), child(path, "device")))
     get_bool(result.get("adminAccess"), child(path, "adminAccess"), errs)
+    errs.extend(validate_binding_conditions(result, path))
     errs.extend(validate_tolerations(result.get("tolerations"), child(path, "tolerations")))
     if result.get("shareID") is not None:
         errs.extend(_validate_uid(get_str(result.get("shareID"), child(path, "shareID"), errs), child(path, "shareID")))
@@ -402,9 +402,11 @@ def _validate_ip(value: Any, path: str) -> list[FieldError]:
     if not isinstance(value, str):
         return [invalid(path, value, "must be a string")]
     try:
-        ipaddress.ip_interface(value)
+        parsed = ipaddress.ip_interface(value)
     except ValueError:
-        return [invalid(path, value, "must be an IP address with a prefix length, e.g. 10.9.8.7/24 or 2001:db8::1/64")]
-    if "/" not in value:
-        return [invalid(path, value, "must be an IP address with a prefix length, e.g. 10.9.8.7/24 or 2001:db8::1/64")]
+        parsed = None
+    if parsed is None or "/" not in value:
+        return [invalid(path, value, "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)")]
+    if str(parsed) != value:
+        return [invalid(path, value, f"must be in canonical form ({parsed})")]
     return []

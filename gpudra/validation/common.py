@@ -10,6 +10,7 @@ from gpudra.validation import names
 from gpudra.validation.errors import (
     FieldError,
     child,
+    duplicate,
     forbidden,
     index,
     invalid,
@@ -37,6 +38,7 @@ TOLERATIONS_MAX = 16
 TAINTS_MAX = 16
 TAINT_EFFECTS = ["NoExecute", "NoSchedule", "None"]  # sorted, as Kubernetes lists them
 TOLERATION_OPERATORS = ["Equal", "Exists"]
+BINDING_CONDITIONS_MAX = 4
 
 CelChecker = Callable[[str, bool], "str | None"]
 OpaqueValidators = Mapping[str, Callable[[dict[str, Any]], list[str]]]
@@ -172,15 +174,8 @@ def validate_toleration(value: Any, path: str) -> list[FieldError]:
         if tol_value:
             errs.append(invalid(child(path, "value"), tol_value, "must be empty for operator `Exists`"))
     elif operator == "Equal":
+        # Unlike Pod tolerations, a DRA toleration with an empty key and Equal is accepted.
         errs.extend(label_value(tol_value, child(path, "value")))
-        if not tol_key:
-            errs.append(
-                invalid(
-                    child(path, "operator"),
-                    operator,
-                    'operator must be Exists when `key` is empty, which means "match all values and all keys"',
-                )
-            )
     else:
         errs.append(not_supported(child(path, "operator"), operator, TOLERATION_OPERATORS))
     effect = get_str(toleration.get("effect"), child(path, "effect"), errs)
@@ -267,3 +262,34 @@ def is_extended_resource_name(name: str) -> bool:
     if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
         return False
     return not names.qualified_name("requests." + name)
+
+
+def validate_binding_conditions(value: dict[str, Any], path: str) -> list[FieldError]:
+    """bindingConditions / bindingFailureConditions (DRADeviceBindingConditions, beta in 1.35), on a
+    device and on an allocation result: <= 4 label names each, unique, disjoint, and both or neither."""
+    errs: list[FieldError] = []
+    lists: dict[str, list[str]] = {}
+    for name in ("bindingConditions", "bindingFailureConditions"):
+        list_path = child(path, name)
+        items = get_list(value.get(name), list_path, errs)
+        lists[name] = [get_str(v, index(list_path, i), errs) for i, v in enumerate(items)]
+        if check_size(items, BINDING_CONDITIONS_MAX, list_path, errs):
+            for i, item in enumerate(lists[name]):
+                errs.extend(label_key(item, index(list_path, i)))
+    conditions, failures = lists["bindingConditions"], lists["bindingFailureConditions"]
+    for name, items in lists.items():
+        seen: set[str] = set()
+        for i, item in enumerate(items):
+            if item in seen:
+                errs.append(duplicate(index(child(path, name), i), item))
+            seen.add(item)
+    for i, item in enumerate(failures):
+        if item in conditions:
+            errs.append(
+                invalid(index(child(path, "bindingFailureConditions"), i), item, "bindingFailureConditions must not overlap with bindingConditions")
+            )
+    if not conditions and failures:
+        errs.append(invalid(child(path, "bindingConditions"), None, "bindingConditions are required to use bindingFailureConditions"))
+    if not failures and conditions:
+        errs.append(invalid(child(path, "bindingFailureConditions"), None, "bindingFailureConditions are required to use bindingConditions"))
+    return errs

@@ -107,9 +107,11 @@ def validate_list(
     path: str,
     errs: Errors,
     item_key: Callable[[Any], Hashable | None] | None = None,
-    key_child: str | None = None,
 ) -> None:
-    """validateSlice / validateSet: size, each item, then duplicates by key (first one wins)."""
+    """validateSlice / validateSet: size, each item, then duplicates by key (first one wins).
+
+    Since 1.35 a duplicate is reported at the item (`list[i]`), not at its key field, matching the
+    declarative `listType=map` validation that covers these lists."""
     if not check_size(items, maximum, path, errs):
         return
     for i, item in enumerate(items):
@@ -122,8 +124,7 @@ def validate_list(
         if k is None:
             continue
         if k in seen:
-            dup_path = index(path, i)
-            errs.append(duplicate(child(dup_path, key_child) if key_child else dup_path, k))
+            errs.append(duplicate(index(path, i), k))
         else:
             seen.add(k)
 
@@ -197,9 +198,9 @@ def c_identifier(value: str, path: str) -> Errors:
 
 
 def qualified_name(value: str, path: str) -> Errors:
-    """Attribute/capacity names: a C identifier <= 32, optionally `<domain>/` with a driver-name domain."""
-    if value == "":
-        return [required(path, "name required")]
+    """Attribute/capacity names: a C identifier <= 32, optionally `<domain>/` with a driver-name domain.
+
+    Kubernetes reports an empty name as a malformed C identifier, and empty parts as Invalid."""
     parts = value.split("/")
     if len(parts) == 1:
         return c_identifier(parts[0], path)
@@ -208,11 +209,11 @@ def qualified_name(value: str, path: str) -> Errors:
     errs: Errors = []
     domain, name = parts
     if not domain:
-        errs.append(required(path, "the domain must not be empty"))
+        errs.append(invalid(path, "", "the domain must not be empty"))
     else:
         errs.extend(driver_name(domain, path))
     if not name:
-        errs.append(required(path, "the name must not be empty"))
+        errs.append(invalid(path, "", "the name must not be empty"))
     else:
         errs.extend(c_identifier(name, path))
     return errs
@@ -220,8 +221,8 @@ def qualified_name(value: str, path: str) -> Errors:
 
 def fully_qualified_name(value: str, path: str) -> Errors:
     errs = qualified_name(value, path)
-    if value and "/" not in value:
-        errs.append(invalid(path, value, "must include a domain"))
+    if "/" not in value:
+        errs.append(invalid(path, value, "a fully qualified name must be a domain and a name separated by a slash"))
     return errs
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from gpudra.semver import is_semver
-from gpudra.validation.common import TAINTS_MAX, validate_node_name, validate_node_selector, validate_taint
+from gpudra.validation.capacity import validate_request_policy
+from gpudra.validation.common import (
+    TAINTS_MAX,
+    validate_binding_conditions,
+    validate_node_name,
+    validate_node_selector,
+    validate_taint,
+)
 from gpudra.validation.errors import FieldError, child, forbidden, index, invalid, required, too_long
 from gpudra.validation.fields import (
     check_size,
@@ -60,7 +67,7 @@ def validate_slice_spec(value: Any, path: str) -> list[FieldError]:
         selector_path = child(path, "nodeSelector")
         errs.extend(validate_node_selector(spec.get("nodeSelector"), selector_path))
         terms = spec["nodeSelector"].get("nodeSelectorTerms") if isinstance(spec["nodeSelector"], dict) else None
-        if isinstance(terms, list) and len(terms) != 1:
+        if terms is None or (isinstance(terms, list) and len(terms) != 1):
             errs.append(invalid(child(selector_path, "nodeSelectorTerms"), terms, "must have exactly one node selector term"))
     for flag in ("allNodes", "perDeviceNodeSelection"):
         if spec.get(flag) is not None:
@@ -88,7 +95,6 @@ def validate_slice_spec(value: Any, path: str) -> list[FieldError]:
         devices_path,
         errs,
         item_key=lambda d: d.get("name") if isinstance(d, dict) and isinstance(d.get("name"), str) else None,
-        key_child="name",
     )
 
     sets_path = child(path, "sharedCounters")
@@ -99,7 +105,6 @@ def validate_slice_spec(value: Any, path: str) -> list[FieldError]:
         sets_path,
         errs,
         item_key=lambda s: s.get("name") if isinstance(s, dict) and isinstance(s.get("name"), str) else None,
-        key_child="name",
     )
     return errs
 
@@ -132,17 +137,21 @@ def _validate_device(value: Any, path: str, per_device_node_selection: bool) -> 
     attributes_path = child(path, "attributes")
     for name, attribute in map_entries(attributes, -1, attributes_path, errs):
         item_path = key_path(attributes_path, name, _QUALIFIED_KEY_MAX)
-        errs.extend(qualified_name(name, item_path))
+        # Since 1.35 key errors name the map itself (declarative `eachKey`), value errors the entry.
+        errs.extend(qualified_name(name, attributes_path))
         errs.extend(_validate_attribute(attribute, item_path))
     multi = get_bool(device.get("allowMultipleAllocations"), child(path, "allowMultipleAllocations"), errs) is True
     capacity_path = child(path, "capacity")
     for name, entry in map_entries(capacity, -1, capacity_path, errs):
         item_path = key_path(capacity_path, name, _QUALIFIED_KEY_MAX)
-        errs.extend(qualified_name(name, item_path))
+        errs.extend(qualified_name(name, capacity_path))
         cap = get_map(entry, item_path, errs)
-        parse_quantity(cap.get("value"), child(item_path, "value"), errs)
+        value = parse_quantity(cap.get("value"), child(item_path, "value"), errs)
+        policy_path = child(item_path, "requestPolicy")
         if cap.get("requestPolicy") is not None and not multi:
-            errs.append(forbidden(child(item_path, "requestPolicy"), "allowMultipleAllocations must be true"))
+            errs.append(forbidden(policy_path, "allowMultipleAllocations must be true"))
+        elif cap.get("requestPolicy") is not None and value is not None:
+            errs.extend(validate_request_policy(cap.get("requestPolicy"), value, policy_path))
 
     taints_path = child(path, "taints")
     taints = get_list(device.get("taints"), taints_path, errs)
@@ -158,9 +167,9 @@ def _validate_device(value: Any, path: str, per_device_node_selection: bool) -> 
         consumes_path,
         errs,
         item_key=lambda c: c.get("counterSet") if isinstance(c, dict) and isinstance(c.get("counterSet"), str) else None,
-        key_child="counterSet",
     )
     errs.extend(_validate_device_node_fields(device, path, per_device_node_selection))
+    errs.extend(validate_binding_conditions(device, path))
     return errs
 
 
@@ -222,7 +231,7 @@ def _validate_attribute(value: Any, path: str) -> list[FieldError]:
         if len(version.encode()) > ATTRIBUTE_VALUE_MAX_LENGTH:
             errs.append(too_long(version_path, ATTRIBUTE_VALUE_MAX_LENGTH))
     if not present:
-        errs.append(required(path, "exactly one value must be specified"))
+        errs.append(invalid(path, "", "exactly one value must be specified"))
     elif len(present) > 1:
         errs.append(invalid(path, attribute, "exactly one value must be specified"))
     return errs
@@ -235,7 +244,7 @@ def _validate_counter_map(value: Any, maximum: int, path: str) -> list[FieldErro
         return errs
     for name, counter in map_entries(value, maximum, path, errs):
         item_path = key_path(path, name, 63)
-        errs.extend(dns_label(name, item_path))
+        errs.extend(dns_label(name, path))
         entry = get_map(counter, item_path, errs)
         parse_quantity(entry.get("value"), child(item_path, "value"), errs)
     return errs
