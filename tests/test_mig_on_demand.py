@@ -314,3 +314,20 @@ def test_placement_claim_over_grpc(short: Path, apiserver: Any) -> None:
     finally:
         kubelet.close()
         agent.stop()
+
+
+def test_xid_on_a_created_mig_device_is_charged_to_it(node: Node) -> None:
+    from driver.health import HealthMonitor
+    from driver.inventory import Health
+
+    changes: list[tuple[str, Health]] = []
+    monitor = HealthMonitor(node.nvml, node.inv, lambda uuid, health: changes.append((uuid, health)))
+    monitor.setup()
+    ref = node.add_claim("c1", "uid-1", [placement_name(node.gpu(7), "1g.10gb", 3)])
+    assert node.preparer.prepare([ref])["uid-1"].error == ""
+    monitor.update_inventory(node.inv)  # what the agent does after rediscovery
+    mig = node.gpu(7).mig_devices[0]
+    node.nvml.inject_xid(mig.uuid, 94)
+    assert monitor.poll_once(timeout_ms=1000)
+    assert changes == [(mig.uuid, Health(xids=(94,)))]
+    assert monitor.health(node.gpu(7).uuid).healthy

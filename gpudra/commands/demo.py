@@ -59,7 +59,11 @@ def run(args: argparse.Namespace) -> int:
         workdir.mkdir(parents=True, exist_ok=True)
         keep = True
     else:
-        workdir = Path(tempfile.mkdtemp(prefix="gpu-dra-demo-"))
+        # $TMPDIR can be long (macOS); /tmp keeps the node sockets under the unix path limit.
+        base = tempfile.gettempdir()
+        if len(base.encode()) + len("/gpu-dra-demo-XXXXXXXX") + len(LONGEST_SOCKET_SUFFIX) > MAX_SOCKET_PATH_BYTES:
+            base = "/tmp"
+        workdir = Path(tempfile.mkdtemp(prefix="gpu-dra-demo-", dir=base))
         keep = False
 
     from gpudra.demo import expect, observe, report

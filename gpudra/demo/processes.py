@@ -53,6 +53,7 @@ class Child:
     log_path: Path
     tier: int = 1  # stopped after every child of a higher tier (the API server is tier 0: stopped last)
     _log: IO[bytes] | None = None
+    signalled: bool = False
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -62,11 +63,22 @@ class Child:
         state = "still running" if code is None else f"exited with code {code}"
         return ChildFailed(f"{self.name} ({state}): {what}; last lines of {self.log_path}:\n{log_tail(self.log_path)}")
 
+    def terminate(self) -> None:
+        """SIGTERM once: a second one could land while the child's interpreter is finalizing, after its handler
+        is gone, and kill it mid-cleanup."""
+        if self.signalled or self.process.poll() is not None:
+            return
+        self.signalled = True
+        try:
+            self.process.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
     def stop(self, grace: float) -> int | None:
         """SIGTERM, wait up to `grace` seconds, then SIGKILL. Returns the exit code."""
         if self.process.poll() is None:
+            self.terminate()
             try:
-                self.process.send_signal(signal.SIGTERM)
                 self.process.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 self.process.kill()
@@ -112,11 +124,7 @@ class ChildGroup:
         for tier in sorted({c.tier for c in self.children}, reverse=True):
             group = [c for c in reversed(self.children) if c.tier == tier]
             for child in group:
-                if child.alive():
-                    try:
-                        child.process.send_signal(signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
+                child.terminate()
             deadline = time.monotonic() + grace
             for child in group:
                 codes[child.name] = child.stop(max(0.1, deadline - time.monotonic()))
