@@ -258,8 +258,10 @@ class Preparer:
             # so after a power loss this is what makes them whole again; after a reboot sharing is re-applied too.
             for uid, record in sorted(completed.items()):
                 try:
+                    if load_report.new_boot:
+                        record = self._recreate_migs(record)
                     self._write_spec(record, reapply_sharing=load_report.new_boot)
-                except (sharing.SharingError, KeyError, OSError) as exc:
+                except (sharing.SharingError, miginstances.MigError, KeyError, OSError) as exc:
                     report.problems.append(f"claim {record.namespace}/{record.name} (uid {uid}): restoring it failed: {exc}")
                     continue
                 if load_report.new_boot:
@@ -459,6 +461,25 @@ class Preparer:
             ",".join(f"{d.device_name}={d.uuid}" for d in devices if d.mig_created is not None),
         )
         return updated
+
+    def _recreate_migs(self, record: ClaimRecord) -> ClaimRecord:
+        """After a reboot: MIG instances are gone (MIG mode survives), so create the record's again, same placement."""
+        existing = {m.uuid for g in self._inventory().gpus for m in g.mig_devices}
+        missing = [d for d in record.devices if d.mig_created is not None and d.uuid not in existing]
+        if not missing or self._nvml is None:
+            return record
+        for d in missing:
+            if not miginstances.mig_mode(self._nvml, d.gpu_uuid)[0]:
+                miginstances.set_mig_mode(self._nvml, d.gpu_uuid, True)
+        pending = [
+            d.model_copy(update={"mig_created": d.mig_created.model_copy(update={"gpu_instance_id": None, "compute_instance_id": None})})
+            if d in missing and d.mig_created is not None
+            else d
+            for d in record.devices
+        ]
+        restored = self._create_migs(record.model_copy(update={"devices": pending}))
+        self.checkpoint.commit([self.checkpoint.put_claim_op(restored)])
+        return restored
 
     def _destroy_migs(self, record: ClaimRecord) -> str:
         """Destroy the MIG devices prepare created for the record (CI, then GI); an error text or ""."""

@@ -331,3 +331,22 @@ def test_xid_on_a_created_mig_device_is_charged_to_it(node: Node) -> None:
     assert monitor.poll_once(timeout_ms=1000)
     assert changes == [(mig.uuid, Health(xids=(94,)))]
     assert monitor.health(node.gpu(7).uuid).healthy
+
+
+def test_after_a_reboot_the_created_mig_device_is_created_again(node: Node) -> None:
+    ref = node.add_claim("c1", "uid-1", [placement_name(node.gpu(0), "2g.20gb", 4)])
+    assert node.preparer.prepare([ref])["uid-1"].error == ""
+    node.preparer.checkpoint.close()
+    # Reboot: a new boot id, and the GPUs come back without MIG instances (and here with MIG mode off too).
+    node.nvml = load_backend("sim:dgx-h100")
+    node.inv = discover(node.nvml, NODE)
+    (node.tmp / "boot_id").write_text("boot-2")
+    (node.tmp / "cdi" / cdi.spec_file_name("uid-1")).unlink()  # the CDI dir is tmpfs
+    restarted = node.new()
+    assert node.start_report.reapplied == ["uid-1"] and node.start_report.problems == []
+    assert node.sim_instances(0) == [("2g.20gb", 4, 2, True)]
+    mig = node.gpu(0).mig_devices[0]
+    record = restarted.checkpoint.claim("uid-1")
+    assert record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED and record.devices[0].uuid == mig.uuid
+    assert f"NVIDIA_VISIBLE_DEVICES={mig.uuid}" in spec_of(node, "uid-1")["devices"][0]["containerEdits"]["env"]
+    assert restarted.unprepare([ref]) == {"uid-1": ""} and node.sim_instances(0) == []

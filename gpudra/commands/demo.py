@@ -15,6 +15,7 @@ import signal
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from types import FrameType
 
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         keep = False
 
     from gpudra.demo import expect, observe, report
+    from gpudra.demo.processes import log_tail
     from gpudra.demo.runner import Demo, DemoFailed, DemoSettings
 
     def progress(line: str) -> None:
@@ -83,12 +85,20 @@ def run(args: argparse.Namespace) -> int:
         observed = demo.run()
     except DemoFailed as exc:
         failure = str(exc)
+    except Exception:  # noqa: BLE001 - a bug or an API error still ends in clean-up and a report
+        failure = traceback.format_exc()
     except (KeyboardInterrupt, _Terminated):
         interrupted = True
         progress("interrupted: stopping every process")
     finally:
-        codes = demo.close()
-        signal.signal(signal.SIGTERM, previous)
+        # A second Ctrl-C or SIGTERM must not cut the clean-up short and leave children behind.
+        previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            codes = demo.close()
+        finally:
+            signal.signal(signal.SIGINT, previous_int)
+            signal.signal(signal.SIGTERM, previous)
     if interrupted:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -99,8 +109,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         if observed is None:
             print(f"gpu-dra demo: failed: {failure}", file=sys.stderr)
+            for log in sorted((workdir / "logs").glob("*.log")):
+                print(f"--- last lines of {log.name}:\n{log_tail(log, 8)}", file=sys.stderr)
             if keep:
                 print(f"gpu-dra demo: logs are in {workdir / 'logs'}", file=sys.stderr)
+            if args.output == "json":
+                print(json.dumps({"ok": False, "error": failure, "wallSeconds": round(wall, 2), "workdir": shown_workdir}))
             return 1
         rows = observe.workloads(observed)
         util = observe.utilization(observed, rows)
