@@ -314,3 +314,11 @@ def test_kubelet_restart_makes_the_shim_register_again(node: Node) -> None:
     node.sim.allocate("pod-2", "main", RESOURCE, 6)
     with pytest.raises(DeviceManagerError):
         node.sim.allocate("pod-3", "main", RESOURCE, 1)
+
+
+def test_plugin_command_rejects_a_bad_resource_name(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpudra.cli import main
+
+    code = main(["plugin", "--node", "n1", "--nvml", "sim:t4-1", "--device-plugin", "--device-plugin-resource", "gpu"])
+    assert code == 2
+    assert "--device-plugin-resource: resource name 'gpu' is a native resource name" in capsys.readouterr().err
