@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from cel_expr_python import cel
 
@@ -12,7 +11,8 @@ from controller.cel.device import DeviceView
 from controller.cel.errors import CelCompileError, CelRuntimeError, compile_message, runtime_message
 from controller.cel.library import KubernetesLibrary
 from controller.cel.messages import DEVICE_TYPE, STRICT_DEVICE_TYPE, MessageTypes, build_message_types
-from controller.cel.values import quantity_to_message
+from controller.cel.values import MessageMemo, quantity_to_message, semver_to_message
+from gpudra.quantity import Quantity
 from gpudra.semver import Semver
 
 # resource.k8s.io/v1 CELSelectorExpressionMaxCost.
@@ -51,8 +51,13 @@ def cel_type_name(t: cel.Type) -> str:
     return "".join(out).strip()
 
 
-@dataclass(frozen=True)
-class _Key:
+# Devices whose activations share one cel-expr-python arena. Converting a device's data into a fresh arena
+# costs about a third more than into a warm one; a small group bounds how much memory one long-lived device
+# can keep alive (an arena is freed when the last activation using it is).
+_ARENA_GROUP = 32
+
+
+class _Key(NamedTuple):
     """Identifies evaluation data of a device: the environment and the empty domains it was padded with."""
 
     env: int
@@ -72,6 +77,7 @@ class Selector:
         self._attribute_domains = cost.attribute_domains
         self._capacity_domains = cost.capacity_domains
         self._base_key = _Key(id(env), frozenset(), frozenset())
+        self._pads_domains = bool(self._attribute_domains or self._capacity_domains)
 
     def matches(self, device: DeviceView) -> bool:
         """Evaluate against one device; raises CelRuntimeError with Kubernetes' text on any error."""
@@ -80,23 +86,26 @@ class Selector:
             # the limit is refused outright with the error Kubernetes gives when it hits the limit.
             raise CelRuntimeError(COST_EXCEEDED)
         key = self._base_key
-        if self._attribute_domains or self._capacity_domains:
+        if self._pads_domains:
             missing_attr = self._attribute_domains.difference(device.attributes)
             missing_cap = self._capacity_domains.difference(device.capacity)
             if missing_attr or missing_cap:
                 key = _Key(key.env, missing_attr, missing_cap)
-        activation = device.cached(key, lambda: self._env.activation(device, key.attribute_domains,
-                                                                      key.capacity_domains))
+        # The view's memo is read directly: this is the per-evaluation hot path.
+        cache = device._cel_cache
+        activation = cache.get(key)
+        if activation is None:
+            activation = cache[key] = self._env.activation(device, key.attribute_domains, key.capacity_domains)
         try:
             result = self._program.eval(activation)
         except Exception as err:  # cel-expr-python raises for a few conversion failures
             raise CelRuntimeError(runtime_message(str(err))) from None
-        if result.type() == cel.Type.ERROR:
-            raise CelRuntimeError(runtime_message(str(result.value())))
         value = result.value()
-        if not isinstance(value, bool):
-            raise CelRuntimeError(f"CEL result of type {cel_type_name(result.type())} could not be converted to bool")
-        return value
+        if value is True or value is False:
+            return value
+        if result.type() == cel.Type.ERROR:
+            raise CelRuntimeError(runtime_message(str(value)))
+        raise CelRuntimeError(f"CEL result of type {cel_type_name(result.type())} could not be converted to bool")
 
 
 class CelEnvironment:
@@ -122,6 +131,11 @@ class CelEnvironment:
                                    variables={"device": cel.Type.Map(cel.Type.STRING, cel.Type.DYN)},
                                    functions=library.runtime_declarations())
         self._cache: dict[str, Selector | CelCompileError] = {}
+        # Devices repeat the same versions and capacities; their messages are built once per value.
+        self._semver_messages = MessageMemo()
+        self._quantity_messages = MessageMemo()
+        self._arena: Any = None
+        self._arena_left = 0
 
     def compile(self, expression: str) -> Selector:
         """Compile (cached by expression); raises CelCompileError with Kubernetes' text."""
@@ -169,22 +183,36 @@ class CelEnvironment:
                    empty_capacity_domains: frozenset[str]) -> Any:
         """Evaluation data for a device; the given domains are added as empty maps, as Kubernetes returns an
         empty map for any unknown domain."""
+        semver = self._semver_message
         attributes: dict[str, dict[str, Any]] = {}
         for domain, ids in device.attributes.items():
-            attributes[domain] = {k: self._attribute(v) for k, v in ids.items()}
+            attributes[domain] = {k: semver(v) if type(v) is Semver else v for k, v in ids.items()}
         for domain in empty_attribute_domains:
             attributes[domain] = {}
+        quantity = self._quantity_message
         capacity: dict[str, dict[str, Any]] = {}
         for domain, ids in device.capacity.items():
-            capacity[domain] = {k: quantity_to_message(v, self._types.Quantity) for k, v in ids.items()}
+            capacity[domain] = {k: quantity(v) for k, v in ids.items()}
         for domain in empty_capacity_domains:
             capacity[domain] = {}
         data = {"driver": device.driver, "attributes": attributes, "capacity": capacity,
                 "allowMultipleAllocations": device.allow_multiple_allocations}
-        return self._runtime.Activation({"device": data})
+        if self._arena_left == 0:
+            self._arena = cel.Arena()
+            self._arena_left = _ARENA_GROUP
+        self._arena_left -= 1
+        return self._runtime.Activation({"device": data}, arena=self._arena)
 
-    def _attribute(self, value: Any) -> Any:
-        if isinstance(value, Semver):
-            return self._types.Semver(major=value.major, minor=value.minor, patch=value.patch,
-                                      prerelease=".".join(str(p) for p in value.prerelease))
-        return value
+    def _semver_message(self, value: Semver) -> Any:
+        # Keyed by the fields the message holds: a tuple hashes and compares in C, a Semver in Python.
+        key = (value.major, value.minor, value.patch, value.prerelease)
+        message = self._semver_messages.get(key)
+        if message is None:
+            message = self._semver_messages.put(key, semver_to_message(value, self._types.Semver))
+        return message
+
+    def _quantity_message(self, value: Quantity) -> Any:
+        message = self._quantity_messages.get(value)
+        if message is None:
+            message = self._quantity_messages.put(value, quantity_to_message(value, self._types.Quantity))
+        return message

@@ -18,7 +18,8 @@ from typing import Any
 from cel_expr_python import cel
 
 from controller.cel.messages import QUANTITY_TYPE, SEMVER_TYPE, MessageTypes
-from controller.cel.values import message_fraction, quantity_from_message, quantity_to_message
+from controller.cel.values import (MessageMemo, compare_quantity_messages, quantity_from_message, quantity_to_message,
+                                   semver_to_message)
 from gpudra.quantity import Quantity, QuantityError
 from gpudra.semver import Semver, SemverError
 
@@ -47,14 +48,21 @@ class KubernetesLibrary:
         self._types = types
         self.quantity_type = cel.Type(QUANTITY_TYPE)
         self.semver_type = cel.Type(SEMVER_TYPE)
+        # Selectors call quantity("40Gi") / semver("550.0.0") with the same literal for every device.
+        self._quantity_literals = MessageMemo()
+        self._semver_literals = MessageMemo()
 
     # ---- quantity -----------------------------------------------------------------------------
 
     def _quantity(self, text: str) -> Any:
+        cached = self._quantity_literals.get(text)
+        if cached is not None:
+            return cached
         try:
-            return quantity_to_message(Quantity.parse(text), self._types.Quantity)
+            message = quantity_to_message(Quantity.parse(text), self._types.Quantity)
         except QuantityError as err:
             raise ValueError(str(err)) from None
+        return self._quantity_literals.put(text, message)
 
     @staticmethod
     def _is_quantity(text: str) -> bool:
@@ -70,7 +78,7 @@ class KubernetesLibrary:
 
     @staticmethod
     def _q_compare(a: Any, b: Any) -> int:
-        return _cmp(message_fraction(a), message_fraction(b))
+        return compare_quantity_messages(a, b)
 
     def _q_add(self, a: Any, b: Any) -> Any:
         return self._arith(a, quantity_from_message(b), 1)
@@ -106,14 +114,16 @@ class KubernetesLibrary:
 
     # ---- semver -------------------------------------------------------------------------------
 
-    def _semver_message(self, v: Semver) -> Any:
-        return self._types.Semver(major=v.major, minor=v.minor, patch=v.patch, prerelease=".".join(str(p) for p in v.prerelease))
-
     def _semver(self, text: str, normalize: bool = False) -> Any:
+        key = (text, normalize)
+        cached = self._semver_literals.get(key)
+        if cached is not None:
+            return cached
         try:
-            return self._semver_message(Semver.parse(text, normalize=normalize))
+            message = semver_to_message(Semver.parse(text, normalize=normalize), self._types.Semver)
         except SemverError as err:
             raise ValueError(str(err)) from None
+        return self._semver_literals.put(key, message)
 
     @staticmethod
     def _is_semver(text: str, normalize: bool = False) -> bool:
@@ -271,13 +281,16 @@ class KubernetesLibrary:
             by_type[QUANTITY_TYPE if first == self.quantity_type else SEMVER_TYPE] = fn.impl
 
         def dispatch(*args: Any) -> Any:
-            receiver = args[0]
-            impl = by_type.get(getattr(getattr(receiver, "DESCRIPTOR", None), "full_name", ""))
-            if impl is None:
-                raise ValueError(f"no such overload: {name}")
-            if any(getattr(getattr(a, "DESCRIPTOR", None), "full_name", None) !=
-                   receiver.DESCRIPTOR.full_name for a in args[1:]):
+            receiver_type = _message_name(args[0])
+            impl = by_type.get(receiver_type)
+            if impl is None or any(_message_name(a) != receiver_type for a in args[1:]):
                 raise ValueError(f"no such overload: {name}")
             return impl(*args)
 
         return dispatch
+
+
+def _message_name(value: Any) -> str | None:
+    """The full protobuf type name of a message argument; None for a plain CEL value."""
+    descriptor = getattr(value, "DESCRIPTOR", None)
+    return descriptor.full_name if descriptor is not None else None

@@ -217,7 +217,8 @@ class Demo:
             return s if self._phase(s, "legacy-cuda") == "Running" else None
 
         st = self.wait("the legacy nvidia.com/gpu pod to run", legacy_running)
-        self.progress(f"  legacy-cuda (nvidia.com/gpu: 1, device plugin shim): Running on {self._where(st, 'legacy-cuda')}")
+        self.progress(f"  legacy-cuda arrives (nvidia.com/gpu: 1, through the device plugin shim): Running on "
+                      f"{self._where(st, 'legacy-cuda')}")
 
         self.apply(STEP_GANG)
         annotation = f"{self.s.driver_name}/explanation"
@@ -232,7 +233,7 @@ class Demo:
         allocated = [c for c in GANG_CLAIMS if ((st.claims.get(c) or {}).get("status") or {}).get("allocation")]
         why = st.claims[GANG_CLAIMS[0]]["metadata"]["annotations"][annotation]
         free = self._free_gpus(st)
-        self.progress(f"  gang pretrain (2x 8 GPUs): waiting all-or-nothing: {len(allocated)} of 2 claims allocated, "
+        self.progress(f"  gang pretrain arrives (2x 8 NVLink GPUs): waiting all-or-nothing: {len(allocated)} of 2 claims allocated, "
                       f"no GPU held (free whole GPUs: {', '.join(f'{n} {k}' for n, k in sorted(free.items()))}); {why}")
         return st
 
