@@ -44,7 +44,7 @@ def measure(seed: int, claims: int = CLAIMS) -> dict[str, Any]:
     agent = None
     kubelet = KubeletSim(work / "kubelet")
     try:
-        nvml = load_backend("sim:dgx-h100")
+        nvml = load_backend("sim:dgx-h100", node="bench-node")
         inventory = discover(nvml, "bench-node")
         names = [d["name"] for s in build_slices(inventory, SliceSettings(node_name="bench-node")) for d in s["spec"]["devices"]]
         api.create("Namespace", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}})

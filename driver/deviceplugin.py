@@ -4,11 +4,17 @@ NVIDIA's own stack refuses to run its device plugin and its DRA driver on one no
 the same GPUs. Here both paths go through one ledger (driver.checkpoint: GPU uuid -> holders), updated under the
 checkpoint lock that DRA prepare takes (a thread lock plus flock), so no GPU is ever given to both:
 
-- a GPU prepared for a DRA claim is reported `Unhealthy` in ListAndWatch, so the kubelet does not offer it;
+- a GPU prepared for a DRA claim is reported `Unhealthy` in ListAndWatch, so the kubelet does not offer it; so is a
+  GPU whose devices the scheduler has allocated to a claim of our driver on this node that is not prepared yet
+  (driver.allocatedclaims, from the API server), which closes the window between the scheduler's allocation and
+  NodePrepareResources in which the kubelet could otherwise hand that GPU to a legacy pod. Those allocations only
+  shape what is reported and refused; the ledger remains the authority for holds, and without the API server the
+  shim falls back to the ledger alone;
 - a GPU the device plugin allocated is tainted `<driver>/device-plugin: NoSchedule` in the ResourceSlice
   (`slice_taints`, fed to SliceSettings.extra_taints), so the scheduler stops offering it to claims;
-- Allocate of a GPU DRA holds fails with FAILED_PRECONDITION naming the GPU and the claim, and DRA prepare of a
-  GPU the device plugin holds fails with a per-claim error (driver.prepare).
+- Allocate of a GPU DRA holds (prepared, or allocated to a claim not yet prepared) fails with FAILED_PRECONDITION
+  naming the GPU and the claim, and DRA prepare of a GPU the device plugin holds fails with a per-claim error
+  (driver.prepare).
 
 Wire order (kubelet-wire.md 3): serve `<kubelet dir>/device-plugins/<socket>` first, then Register on
 `kubelet.sock` (the kubelet dials back inside Register). A watch loop re-serves the socket and registers again
@@ -46,6 +52,7 @@ from typing import Any
 import grpc
 
 from driver import cdi, kubeletcheckpoint
+from driver.allocatedclaims import AllocatedClaims
 from driver.checkpoint import DEVICE_PLUGIN_HOLDER_PREFIX, DRA_HOLDER_PREFIX, Checkpoint, Ledger, Op, atomic_write
 from driver.inventory import Gpu, Inventory
 from driver.slices import gpu_device_name, mig_device_name
@@ -127,7 +134,25 @@ def served_gpus(inventory: Inventory, reserved: frozenset[str]) -> tuple[Gpu, ..
     return tuple(sorted(gpus, key=lambda g: (g.pci_bus_id, g.uuid)))
 
 
-def device_states(gpus: Iterable[Gpu], ledger: Mapping[str, Sequence[str]]) -> tuple[DeviceState, ...]:
+def allocated_gpus(gpus: Iterable[Gpu], allocated: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...]]:
+    """GPU uuid -> labels of the claims allocated one of its devices (the GPU, its MIG devices or MIG placements),
+    from `allocated`: device name -> claim labels (driver.allocatedclaims)."""
+    out: dict[str, tuple[str, ...]] = {}
+    if not allocated:
+        return out
+    for gpu in gpus:
+        names = [gpu_device_name(gpu)] + [mig_device_name(gpu, m) for m in gpu.mig_devices]
+        names += [mig_device_name(gpu, p, pl) for p in gpu.mig_profiles for pl in p.placements]
+        labels = sorted({label for name in names for label in allocated.get(name, ())})
+        if labels:
+            out[gpu.uuid] = tuple(labels)
+    return out
+
+
+def device_states(
+    gpus: Iterable[Gpu], ledger: Mapping[str, Sequence[str]], allocated: Mapping[str, Sequence[str]] | None = None
+) -> tuple[DeviceState, ...]:
+    """The device list; `allocated` is GPU uuid -> claims allocated it but not necessarily prepared yet."""
     out = []
     for g in gpus:
         reasons = []
@@ -136,6 +161,9 @@ def device_states(gpus: Iterable[Gpu], ledger: Mapping[str, Sequence[str]]) -> t
         dra = sorted(h[len(DRA_HOLDER_PREFIX):] for h in ledger.get(g.uuid, ()) if h.startswith(DRA_HOLDER_PREFIX))
         if dra:
             reasons.append(f"prepared for DRA claim(s) {', '.join(dra)}")
+        pending = (allocated or {}).get(g.uuid, ())
+        if pending:
+            reasons.append(f"allocated to DRA {', '.join(pending)}")
         out.append(DeviceState(g.uuid, not reasons, g.numa_node, "; ".join(reasons)))
     return tuple(out)
 
@@ -459,6 +487,7 @@ class DevicePluginShim:
         checkpoint: Checkpoint,
         on_ledger_change: Callable[[], None] = lambda: None,
         live_pods: PodSource | None = None,
+        allocations: AllocatedClaims | None = None,
         max_workers: int = 8,
     ) -> None:
         self.settings = settings
@@ -467,6 +496,7 @@ class DevicePluginShim:
         self.ledger = Ledger(checkpoint)
         self._on_ledger_change = on_ledger_change
         self._live_pods = live_pods
+        self._allocations = allocations
         self._max_workers = max_workers
         self.board = _Board()
         self._stop = threading.Event()
@@ -503,6 +533,10 @@ class DevicePluginShim:
             )
         else:
             log.warning("event=no-gpus resource=%s reserved=%s", self.settings.resource_name, sorted(self.settings.reserved_uuids))
+        if self._allocations is not None:
+            # List once before the first device list, so a restarted shim never offers an allocated GPU.
+            self._allocations.resync()
+            self._allocations.start(on_change=self.republish)
         self.refresh()
         self.tick()
         self._thread = threading.Thread(target=self._run, name="device-plugin-watch", daemon=True)
@@ -519,6 +553,8 @@ class DevicePluginShim:
     def stop(self, grace: float = 1.0) -> None:
         self._stop.set()
         self.board.close()
+        if self._allocations is not None:
+            self._allocations.stop()
         with self._lock:
             if self._server is not None:
                 self._server.stop(grace=grace).wait(grace + 1)
@@ -614,6 +650,18 @@ class DevicePluginShim:
             log.info("event=released holder=%s gpus=%s", holder, ",".join(sorted(allocations[holder])))
         self._publish(ledger, seq)
 
+    def allocated(self) -> dict[str, tuple[str, ...]]:
+        """GPU uuid -> claims the scheduler allocated it to (empty without an API server)."""
+        if self._allocations is None:
+            return {}
+        return allocated_gpus(self.served(), self._allocations.snapshot())
+
+    def republish(self) -> None:
+        """Publish the device list again (the allocated claims changed; the ledger did not)."""
+        with self.checkpoint.locked():
+            ledger, seq = dict(self.checkpoint.state.ledger), self.checkpoint.state.seq
+        self._publish(ledger, seq)
+
     def _publish(self, ledger: Mapping[str, Sequence[str]], seq: int) -> None:
         dp = frozenset(u for u, hs in ledger.items() if any(h.startswith(DEVICE_PLUGIN_HOLDER_PREFIX) for h in hs))
         with self._publish_lock:
@@ -621,7 +669,7 @@ class DevicePluginShim:
             if seq < self._published_seq:
                 return
             self._published_seq = seq
-            self.board.update(device_states(self.served(), ledger))
+            self.board.update(device_states(self.served(), ledger, self.allocated()))
             changed = dp != self._last_dp_gpus
             self._last_dp_gpus = dp
         if changed:
@@ -691,10 +739,14 @@ class DevicePluginShim:
                 u: [h for h in ledger.get(u, ()) if h.startswith(DRA_HOLDER_PREFIX)] for u in wanted
             }
             conflicts = {u: hs for u, hs in conflicts.items() if hs}
-            if conflicts:
+            # Allocated by the scheduler but not prepared yet: the kubelet will prepare it for DRA shortly.
+            pending = {u: labels for u, labels in self.allocated().items() if u in wanted and u not in conflicts}
+            if conflicts or pending:
                 parts = "; ".join(
-                    f"GPU {u} is prepared for {' and '.join(self._claim_text(h) for h in hs)} through DRA"
-                    for u, hs in sorted(conflicts.items())
+                    [f"GPU {u} is prepared for {' and '.join(self._claim_text(h) for h in hs)} through DRA"
+                     for u, hs in sorted(conflicts.items())]
+                    + [f"GPU {u} is allocated to {' and '.join(labels)} through DRA (not yet prepared)"
+                       for u, labels in sorted(pending.items())]
                 )
                 raise AllocateError(
                     grpc.StatusCode.FAILED_PRECONDITION,
@@ -742,7 +794,8 @@ def pod_source(api: Any, node_name: str) -> PodSource:
 
 
 def start_device_plugin(
-    agent: Any, *, resource_name: str = DEFAULT_RESOURCE_NAME, api: Any | None = None, pods_seconds: float = 10.0
+    agent: Any, *, resource_name: str = DEFAULT_RESOURCE_NAME, api: Any | None = None, pods_seconds: float = 10.0,
+    allocations_resync_seconds: float = 60.0,
 ) -> DevicePluginShim:
     """Start the shim beside a started NodeAgent, on the agent's checkpoint ledger; its holds become slice taints."""
     s = agent.settings
@@ -755,6 +808,8 @@ def start_device_plugin(
     shim = DevicePluginShim(
         settings, inventory=agent.inventory, checkpoint=checkpoint, on_ledger_change=agent.request_publish,
         live_pods=pod_source(api, s.node_name) if api is not None else None,
+        allocations=AllocatedClaims(api, s.driver_name, s.node_name, resync_seconds=allocations_resync_seconds)
+        if api is not None else None,
     )
     shim.start()
     return shim

@@ -60,7 +60,7 @@ def node(name: str, *, gpus: int | None = None, labels: Mapping[str, str] | None
 
 def sim_slices(node_name: str, profile: str = "sim:dgx-a100") -> list[dict[str, Any]]:
     """What the node agent would publish for a simulated machine."""
-    return build_slices(discover(load_backend(profile), node_name), SliceSettings(node_name=node_name, driver_name=DRIVER))
+    return build_slices(discover(load_backend(profile, node=node_name), node_name), SliceSettings(node_name=node_name, driver_name=DRIVER))
 
 
 def gpu_slice(node_name: str, devices: Iterable[tuple[str, str]], *, clique: tuple[str, int] | None = None) -> dict[str, Any]:

@@ -67,7 +67,7 @@ def start_agent(
     tmp: Path, api: KubeApi, *, profile: str = "dgx-h100", publish: bool = True, watch_seconds: float = 0.05,
     partitionable: bool = False,
 ) -> NodeAgent:
-    nvml = load_backend(f"sim:{profile}")
+    nvml = load_backend(f"sim:{profile}", node=NODE)
     inventory = discover(nvml, NODE)
     boot = tmp / "boot_id"
     if not boot.exists():

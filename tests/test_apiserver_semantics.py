@@ -17,9 +17,12 @@ def _wait_deleted(api: KubeApi, kind: str, name: str, namespace: str | None = No
     """Block on a watch until `name` is gone (the collector runs in the background)."""
     stop = threading.Event()
     field = f"metadata.name={name}"
-    if api.try_get(kind, name, namespace) is None:
+    current = api.try_get(kind, name, namespace)
+    if current is None:
         return
-    for etype, _ in api.watch(kind, namespace=namespace, field_selector=field, stop=stop):
+    # Watch from the version just read, so a deletion between the read and the watch is still delivered.
+    since = current["metadata"]["resourceVersion"]
+    for etype, _ in api.watch(kind, namespace=namespace, field_selector=field, resource_version=since, stop=stop):
         if etype == "DELETED":
             stop.set()
             return

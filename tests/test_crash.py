@@ -68,7 +68,7 @@ def _device_names(work: Path) -> list[str]:
     from driver.nvml import load_backend
     from driver.slices import gpu_device_name
 
-    return [gpu_device_name(g) for g in discover(load_backend("sim:dgx-h100"), NODE).gpus]
+    return [gpu_device_name(g) for g in discover(load_backend("sim:dgx-h100", node=NODE), NODE).gpus]
 
 
 @pytest.mark.slow

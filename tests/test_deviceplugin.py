@@ -42,7 +42,7 @@ DRIVER = "gpu.nvidia.com"
 
 
 def inv(profile: str) -> Inventory:
-    return discover(load_backend(f"sim:{profile}"), "node-a")
+    return discover(load_backend(f"sim:{profile}", node="node-a"), "node-a")
 
 
 # ---- pure parts ------------------------------------------------------------------------------------------
@@ -322,3 +322,71 @@ def test_plugin_command_rejects_a_bad_resource_name(capsys: pytest.CaptureFixtur
     code = main(["plugin", "--node", "n1", "--nvml", "sim:t4-1", "--device-plugin", "--device-plugin-resource", "gpu"])
     assert code == 2
     assert "--device-plugin-resource: resource name 'gpu' is a native resource name" in capsys.readouterr().err
+
+
+# ---- claims allocated but not yet prepared -------------------------------------------------------------------
+
+
+def _claim(name: str, results: object, uid: str = "u1") -> dict[str, object]:
+    return {"metadata": {"namespace": "ns", "name": name, "uid": uid},
+            "status": {"allocation": {"devices": {"results": results}}}}
+
+
+def test_allocated_devices_are_filtered_by_driver_and_pool() -> None:
+    from driver.allocatedclaims import claims_by_device, devices_by_claim
+
+    claims = [
+        _claim("ours", [{"driver": DRIVER, "pool": "node-a", "device": "gpu-aaa"},
+                        {"driver": "other.example.com", "pool": "node-a", "device": "gpu-bbb"},
+                        {"driver": DRIVER, "pool": "node-b", "device": "gpu-ccc"}]),
+        _claim("also", [{"driver": DRIVER, "pool": "node-a", "device": "gpu-aaa"}], uid="u2"),
+        _claim("garbage", "not a list"),
+        {"metadata": {"namespace": "ns", "name": "unallocated"}, "status": {}},
+        {"metadata": {"namespace": "ns", "name": "no-status"}, "status": None},
+    ]
+    by_device = claims_by_device(devices_by_claim(claims, DRIVER, "node-a"))
+    assert by_device == {"gpu-aaa": ("ResourceClaim ns/also (uid u2)", "ResourceClaim ns/ours (uid u1)")}
+
+
+def test_allocated_gpu_is_reported_unhealthy_with_the_claim() -> None:
+    from driver.deviceplugin import allocated_gpus, device_states
+    from driver.slices import gpu_device_name, mig_device_name
+
+    gpus = inv("dgx-a100-mig").gpus
+    whole = next(g for g in gpus if not g.mig_enabled)
+    migged = next(g for g in gpus if g.mig_devices)
+    allocated = allocated_gpus(gpus, {gpu_device_name(whole): ("ResourceClaim ns/a (uid 1)",),
+                                      mig_device_name(migged, migged.mig_devices[0]): ("ResourceClaim ns/b (uid 2)",),
+                                      "gpu-not-on-this-node": ("ResourceClaim ns/c (uid 3)",)})
+    assert allocated == {whole.uuid: ("ResourceClaim ns/a (uid 1)",), migged.uuid: ("ResourceClaim ns/b (uid 2)",)}
+    states = {s.id: s for s in device_states(gpus, {}, allocated)}
+    assert not states[whole.uuid].healthy and "allocated to DRA ResourceClaim ns/a (uid 1)" in states[whole.uuid].reason
+    assert sum(1 for s in states.values() if not s.healthy) == 2
+
+
+class _FailingApi:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.fail = True
+
+    def list(self, kind: str) -> tuple[list[dict[str, object]], str]:
+        self.calls += 1
+        if self.fail:
+            raise ConnectionError("connection refused")
+        return [_claim("ours", [{"driver": DRIVER, "pool": "node-a", "device": "gpu-aaa"}])], "7"
+
+
+def test_unreachable_api_falls_back_to_the_ledger_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
+    from driver.allocatedclaims import AllocatedClaims
+
+    api = _FailingApi()
+    claims = AllocatedClaims(api, DRIVER, "node-a")
+    api.fail = False
+    assert claims.resync() and claims.snapshot() == {"gpu-aaa": ("ResourceClaim ns/ours (uid u1)",)}
+    api.fail = True
+    with caplog.at_level("WARNING", logger="gpu-dra.allocatedclaims"):
+        assert not claims.resync() and not claims.resync()
+    assert claims.snapshot() == {} and not claims.reachable
+    assert sum("claims-unavailable" in r.getMessage() for r in caplog.records) == 1
+    api.fail = False
+    assert claims.resync() and claims.reachable and claims.snapshot() == {"gpu-aaa": ("ResourceClaim ns/ours (uid u1)",)}

@@ -106,7 +106,7 @@ def work() -> Iterator[Path]:
 
 @pytest.mark.slow
 def test_faults_reach_health_stream_and_slice_taints(work: Path, apiserver: Any) -> None:
-    gpus = discover(load_backend("sim:dgx-h100"), NODE).gpus
+    gpus = discover(load_backend("sim:dgx-h100", node=NODE), NODE).gpus
     dbe, app, lost, other = gpus[0], gpus[1], gpus[2], gpus[3]
     name = {g.uuid: gpu_device_name(g) for g in gpus}
     faults = work / "faults.json"

@@ -46,7 +46,7 @@ class Node:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.nvml = load_backend("sim:dgx-h100")
+        self.nvml = load_backend("sim:dgx-h100", node=NODE)
         self.inv = discover(self.nvml, NODE)
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.changes = 0
@@ -150,7 +150,7 @@ def test_placement_claim_creates_the_instance_there_and_unprepare_destroys_it(no
     assert created is not None and (created.start, created.size, created.gpu_instance_id) == (4, 4, mig.gpu_instance_id)
     assert record.devices[0].uuid == mig.uuid
     # Republished: the placement device now shows the MIG uuid and still consumes the same counters.
-    before = published(discover(load_backend("sim:dgx-h100"), NODE))[name]
+    before = published(discover(load_backend("sim:dgx-h100", node=NODE), NODE))[name]
     after = published(node.inv)[name]
     assert after["attributes"]["uuid"] == {"string": mig.uuid} and "uuid" not in before["attributes"]
     assert after["consumesCounters"] == before["consumesCounters"]
@@ -338,7 +338,7 @@ def test_after_a_reboot_the_created_mig_device_is_created_again(node: Node) -> N
     assert node.preparer.prepare([ref])["uid-1"].error == ""
     node.preparer.checkpoint.close()
     # Reboot: a new boot id, and the GPUs come back without MIG instances (and here with MIG mode off too).
-    node.nvml = load_backend("sim:dgx-h100")
+    node.nvml = load_backend("sim:dgx-h100", node=NODE)
     node.inv = discover(node.nvml, NODE)
     (node.tmp / "boot_id").write_text("boot-2")
     (node.tmp / "cdi" / cdi.spec_file_name("uid-1")).unlink()  # the CDI dir is tmpfs

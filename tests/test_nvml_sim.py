@@ -339,3 +339,93 @@ def test_every_shipped_profile_loads() -> None:
         profile = load_profile(name)
         assert profile.name == name
         assert profile.driver_version == "580.95.05" and profile.cuda_driver_version == 13000
+
+
+# ---- node identity: nodes running one profile never share GPU identities ----------------------------------
+
+
+def _identities(profile: str, node: str | None) -> tuple[list[str], list[str], set[str | None]]:
+    from driver.discovery import discover
+    from driver.slices import gpu_device_name, mig_device_name
+
+    inv = discover(load_backend(f"sim:{profile}", node=node), node or "n")
+    uuids = [g.uuid for g in inv.gpus] + [m.uuid for g in inv.gpus for m in g.mig_devices]
+    names = [gpu_device_name(g) for g in inv.gpus] + [mig_device_name(g, m) for g in inv.gpus for m in g.mig_devices]
+    return uuids, names, {g.nvlink_domain for g in inv.gpus}
+
+
+@pytest.mark.parametrize("profile", ["dgx-a100", "dgx-a100-mig"])
+def test_two_nodes_of_one_profile_have_disjoint_identities(profile: str) -> None:
+    uuids_1, names_1, domains_1 = _identities(profile, "a100-1")
+    uuids_2, names_2, domains_2 = _identities(profile, "a100-2")
+    assert len(uuids_1) == len(uuids_2) == len(set(uuids_1)) > 0
+    assert not set(uuids_1) & set(uuids_2)
+    assert not set(names_1) & set(names_2)
+    assert domains_1 != {None} and not domains_1 & domains_2
+    assert all(u.startswith(("GPU-", "MIG-")) for u in uuids_1 + uuids_2)
+    # the profile's PCI layout is a per-machine fact and stays as written
+    sims = [load_backend(f"sim:{profile}", node=n) for n in ("a100-1", "a100-2")]
+    buses = [[s.nvmlDeviceGetPciInfo(s.nvmlDeviceGetHandleByIndex(i)).busId for i in range(s.nvmlDeviceGetCount())] for s in sims]
+    assert buses[0] == buses[1]
+
+
+def test_node_identity_is_stable_and_absent_without_a_node() -> None:
+    assert _identities("dgx-a100-mig", "a100-1") == _identities("dgx-a100-mig", "a100-1")
+    verbatim, _, _ = _identities("dgx-a100", None)
+    assert verbatim[: len(load_profile("dgx-a100").gpus)] == [g.uuid for g in load_profile("dgx-a100").gpus]
+    assert not set(verbatim) & set(_identities("dgx-a100", "a100-1")[0])
+
+
+def test_node_uuids_keep_formats_and_explicit_mig_uuids() -> None:
+    from driver.nvml.profile import node_uuid, profile_for_node
+
+    base = load_profile("dgx-a100-mig")
+    gpu0 = base.gpus[0]
+    explicit = "MIG-11111111-2222-3333-4444-555555555555"
+    migs = (gpu0.mig_devices[0].model_copy(update={"uuid": explicit}),) + gpu0.mig_devices[1:]
+    profile = base.model_copy(update={"gpus": (gpu0.model_copy(update={"mig_devices": migs}),) + base.gpus[1:]})
+    mine = profile_for_node(profile, "node-x")
+    assert mine.gpus[0].uuid == node_uuid("node-x", gpu0.uuid) != gpu0.uuid
+    assert mine.gpus[0].mig_devices[0].uuid == node_uuid("node-x", explicit) != explicit
+    pattern = r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+    import re
+
+    assert all(re.fullmatch(pattern, g.uuid) for g in mine.gpus)
+    assert re.fullmatch(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", mine.gpus[0].mig_devices[0].uuid)
+    sim = SimulatedNvml(profile, node="node-x")
+    sim.nvmlInit()
+    mig = sim.nvmlDeviceGetMigDeviceHandleByIndex(sim.nvmlDeviceGetHandleByIndex(0), 0)
+    assert sim.nvmlDeviceGetUUID(mig) == node_uuid("node-x", explicit)
+    with pytest.raises(ValueError, match="node name is empty"):
+        profile_for_node(profile, "")
+
+
+def test_fabric_membership_stays_shared_across_nodes() -> None:
+    from driver.discovery import discover
+
+    domains = [{g.nvlink_domain for g in discover(load_backend("sim:gb200-nvl", node=n), n).gpus} for n in ("tray-1", "tray-2")]
+    # one multi-node NVLink fabric: the cluster UUID + clique id, which the nodes of the fabric share
+    assert domains[0] == domains[1] and len(domains[0]) == 1 and None not in domains[0]
+
+
+def test_faults_name_the_nodes_own_uuids(tmp_path: Path) -> None:
+    from driver.discovery import discover
+
+    faults = tmp_path / "faults.json"
+    sim = load_backend(f"sim:dgx-a100?faults={faults}", node="a100-2")
+    gpus = discover(sim, "a100-2").gpus
+    es = sim.nvmlEventSetCreate()
+    for i in range(sim.nvmlDeviceGetCount()):
+        sim.nvmlDeviceRegisterEvents(sim.nvmlDeviceGetHandleByIndex(i), pynvml.nvmlEventTypeXidCriticalError, es)
+    # the profile's own UUID is not a GPU of this node: no event
+    append_xid(faults, load_profile("dgx-a100").gpus[1].uuid, 48)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        sim.nvmlEventSetWait_v2(es, 0)
+    append_xid(faults, gpus[1].uuid, 48)
+    event = sim.nvmlEventSetWait_v2(es, 0)
+    assert (sim.nvmlDeviceGetUUID(event.device), event.eventData) == (gpus[1].uuid, 48)
+    sim.mark_lost(gpus[2].uuid)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        sim.nvmlDeviceGetMemoryInfo(sim.nvmlDeviceGetHandleByIndex(2))
+    with pytest.raises(ValueError, match="no GPU or MIG device"):
+        sim.inject_xid(load_profile("dgx-a100").gpus[0].uuid, 13)

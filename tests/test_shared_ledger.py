@@ -75,7 +75,7 @@ class Node:
 
 
 def _node(tmp: Path, *, profile: str = "l40s-4", reserved: frozenset[str] = frozenset(), api: Any = None) -> Node:
-    nvml = load_backend(f"sim:{profile}")
+    nvml = load_backend(f"sim:{profile}", node=NODE)
     inventory = discover(nvml, NODE)
     (tmp / "boot").write_text("b1\n")
     claims = Claims()
@@ -210,7 +210,7 @@ def test_concurrent_prepares_and_allocates_never_share_a_gpu(node: Node) -> None
 
 def test_static_split_serves_only_reserved_gpus() -> None:
     with short_tmp() as tmp:
-        inventory = discover(load_backend("sim:l40s-4"), NODE)
+        inventory = discover(load_backend("sim:l40s-4", node=NODE), NODE)
         reserved = frozenset(g.uuid for g in inventory.gpus[:2])
         node = _node(tmp, reserved=reserved)
         try:
@@ -255,6 +255,39 @@ def test_finished_pod_in_the_api_releases_and_republishes(apiserver) -> None:  #
             _stop(node)
 
 
+def test_allocated_claim_withholds_its_gpu_until_deallocated(apiserver) -> None:  # type: ignore[no-untyped-def]
+    """Between the scheduler's allocation and NodePrepareResources the GPU is already withheld from legacy pods."""
+    api = apiserver.api
+    with short_tmp() as tmp:
+        node = _node(tmp, api=api)
+        try:
+            g0, g1 = node.gpus[0], node.gpus[1]
+            node.sim.wait_for(lambda s: set(s.health(RESOURCE).values()) == {HEALTHY} and len(s.health(RESOURCE)) == 4)
+            # another driver's claim, and one of ours for another node's pool, withhold nothing
+            create_allocated_claim(api, "elsewhere", [("gpu", gpu_device_name(g1))], pool="node-b")
+            claim = create_allocated_claim(api, "pending", [("gpu", gpu_device_name(g0))])
+            node.sim.wait_for(lambda s: s.health(RESOURCE)[g0.uuid] == UNHEALTHY, timeout=30)
+            assert node.sim.health(RESOURCE)[g1.uuid] == HEALTHY
+            assert node.agent.checkpoint.state.ledger == {}  # allocated only: the ledger holds nothing yet
+            with pytest.raises(grpc.RpcError) as refused:
+                _allocate(node, [g0.uuid])
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert f"GPU {g0.uuid} is allocated to ResourceClaim default/pending (uid {claim['metadata']['uid']})" in (
+                refused.value.details() or ""
+            )
+            assert node.agent.checkpoint.state.ledger == {}
+            with pytest.raises(DeviceManagerError, match="requested 4 nvidia.com/gpu, available 3"):
+                node.sim.allocate("pod-1", "main", RESOURCE, 4)
+            current = api.get("ResourceClaim", "pending", namespace="default")
+            current["status"] = {}
+            api.replace_status("ResourceClaim", current)
+            node.sim.wait_for(lambda s: s.health(RESOURCE)[g0.uuid] == HEALTHY, timeout=30)
+            _allocate(node, [g0.uuid])
+            assert [h.split(":", 1)[0] for h in node.agent.checkpoint.state.ledger[g0.uuid]] == ["deviceplugin"]
+        finally:
+            _stop(node)
+
+
 def _tainted(api: Any) -> set[str]:
     items, _ = api.list("ResourceSlice", field_selector=f"spec.nodeName={NODE}")
     return {d["name"] for s in items for d in s["spec"].get("devices", []) if TAINT["key"] in {t["key"] for t in d.get("taints", [])}}
@@ -275,7 +308,7 @@ def test_ledger_survives_a_node_agent_restart(apiserver) -> None:  # type: ignor
         sim = DeviceManagerSim(tmp / "kubelet")
         sim.start()
         kubelet = KubeletSim(tmp / "kubelet")
-        gpus = discover(load_backend("sim:l40s-4"), NODE).gpus
+        gpus = discover(load_backend("sim:l40s-4", node=NODE), NODE).gpus
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         cmd = [sys.executable, "-m", "gpudra.cli", "plugin", "--node", NODE, "--nvml", "sim:l40s-4", "--device-plugin",
                "--kubeconfig", str(apiserver.kubeconfig), "--kubelet-dir", str(tmp / "kubelet"),

@@ -566,7 +566,7 @@ def test_every_shipped_profile_builds_valid_slices(profile: str, partitionable: 
     discovery = _optional("driver.discovery", "discover")
     if profile not in _shipped_profiles():
         pytest.skip("no simulator profile is shipped yet")
-    inv = discovery.discover(nvml_mod.load_backend(f"sim:{profile}"), "sim-node")
+    inv = discovery.discover(nvml_mod.load_backend(f"sim:{profile}", node="sim-node"), "sim-node")
     assert inv.gpus, f"profile {profile} has no GPUs"
     s = build_slices(inv, settings(node_name="sim-node", partitionable=partitionable))
     structurally_valid(s)

@@ -33,7 +33,7 @@ def test_json_output_is_a_list_of_the_nodes_slices(capsys: pytest.CaptureFixture
     assert code == 0, err
     doc = json.loads(out)
     assert doc["apiVersion"] == "v1" and doc["kind"] == "List"
-    expected = build_slices(discover(load_backend("sim:dgx-h100"), "worker-1"), SliceSettings(node_name="worker-1"))
+    expected = build_slices(discover(load_backend("sim:dgx-h100", node="worker-1"), "worker-1"), SliceSettings(node_name="worker-1"))
     assert doc["items"] == expected
     assert len(all_devices(doc)) == 8
     for s in doc["items"]:
@@ -52,7 +52,7 @@ def test_yaml_is_the_default_and_matches_json(capsys: pytest.CaptureFixture[str]
 def test_mig_profile_publishes_mig_devices(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(capsys, "--nvml", "sim:h100-mig", "--node", "n1", "-o", "json")
     assert code == 0
-    inv = discover(load_backend("sim:h100-mig"), "n1")
+    inv = discover(load_backend("sim:h100-mig", node="n1"), "n1")
     devices = all_devices(json.loads(out))
     migs = [d for d in devices if d["attributes"]["type"]["string"] == "mig"]
     assert len(migs) == sum(len(g.mig_devices) for g in inv.gpus if g.mig_enabled) > 0

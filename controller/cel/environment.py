@@ -9,6 +9,7 @@ from cel_expr_python import cel
 from controller.cel.cost import CostEstimate, estimate_checked_cost
 from controller.cel.device import DeviceView
 from controller.cel.errors import CelCompileError, CelRuntimeError, compile_message, runtime_message
+from controller.cel.fold import fold_literals
 from controller.cel.library import KubernetesLibrary
 from controller.cel.messages import DEVICE_TYPE, STRICT_DEVICE_TYPE, MessageTypes, build_message_types
 from controller.cel.values import MessageMemo, quantity_to_message, semver_to_message
@@ -163,6 +164,9 @@ class CelEnvironment:
             program = self._runtime.compile(expression, disable_check=True)
         except Exception as err:
             raise CelCompileError(compile_message(str(err))) from None
+        folded = fold_literals(program.serialize(), self._types)
+        if folded is not None:
+            program = self._runtime.deserialize(folded)
         return Selector(self, expression, program, cost)
 
     def estimate_cost(self, expression: str) -> int:

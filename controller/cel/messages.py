@@ -7,8 +7,9 @@ Two groups live in one private descriptor pool:
   ``==`` on messages compares fields, so each message holds a normalised form whose field equality is
   Kubernetes' semantic equality (``quantity("1Gi") == quantity("1073741824")``; build metadata ignored for
   semver). ``kubernetes.DRADevice`` declares the ``device`` variable for the type checker only.
-- ``cel.expr.CheckedExpr`` and the parts of cel-spec's syntax.proto/checked.proto it references, so that
-  ``Expression.serialize()`` can be read back for the cost estimate. No PyPI package ships these stubs.
+- ``cel.expr.CheckedExpr``/``cel.expr.ParsedExpr`` and the parts of cel-spec's syntax.proto/checked.proto they
+  reference, so that ``Expression.serialize()`` can be read back for the cost estimate and for folding
+  literal quantities and semvers. No PyPI package ships these stubs.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ SEMVER_TYPE = "kubernetes.Semver"
 DEVICE_TYPE = "kubernetes.DRADevice"
 STRICT_DEVICE_TYPE = "kubernetes.DRADeviceStrict"
 CHECKED_EXPR_TYPE = "cel.expr.CheckedExpr"
+PARSED_EXPR_TYPE = "cel.expr.ParsedExpr"
 
 
 def _field(msg: descriptor_pb2.DescriptorProto, name: str, number: int, kind: int,
@@ -165,6 +167,10 @@ def _cel_expr_file() -> descriptor_pb2.FileDescriptorProto:
         _field(e, "value", 2, _F.TYPE_MESSAGE, value)
         _field(checked, name, number, _F.TYPE_MESSAGE, f".cel.expr.CheckedExpr.{entry_name}", _REP)
     _field(checked, "expr", 4, _F.TYPE_MESSAGE, E)
+
+    # What an unchecked Expression.serialize() holds; source_info (3) is kept as an unknown field.
+    parsed = _message(fdp, "ParsedExpr")
+    _field(parsed, "expr", 2, _F.TYPE_MESSAGE, E)
     return fdp
 
 
@@ -176,6 +182,7 @@ class MessageTypes:
     Quantity: Any
     Semver: Any
     CheckedExpr: Any
+    ParsedExpr: Any
 
 
 def build_message_types() -> MessageTypes:
@@ -188,4 +195,4 @@ def build_message_types() -> MessageTypes:
         return message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
 
     return MessageTypes(pool=pool, Quantity=cls(QUANTITY_TYPE), Semver=cls(SEMVER_TYPE),
-                        CheckedExpr=cls(CHECKED_EXPR_TYPE))
+                        CheckedExpr=cls(CHECKED_EXPR_TYPE), ParsedExpr=cls(PARSED_EXPR_TYPE))

@@ -136,7 +136,7 @@ def inventory_table(inv: Inventory) -> str:
 def run(args: argparse.Namespace) -> int:
     node = args.node or socket.gethostname()
     try:
-        nvml = load_backend(args.nvml)
+        nvml = load_backend(args.nvml, node=node)
     except NvmlUnavailable as exc:
         print(f"gpu-dra inventory: {exc}", file=sys.stderr)
         return 2

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from gpudra.kubeapi import KubeApi
 
     try:
-        nvml = load_backend(args.nvml)
+        nvml = load_backend(args.nvml, node=args.node)
     except (NvmlUnavailable, ProfileError) as exc:
         print(f"error: --nvml {args.nvml}: {exc}", file=sys.stderr)
         return 2

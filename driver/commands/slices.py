@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpu-dra slices: {err}", file=sys.stderr)
         return 2
     try:
-        nvml = load_backend(args.nvml)
+        nvml = load_backend(args.nvml, node=args.node)
     except NvmlUnavailable as err:
         print(f"gpu-dra slices: {err}", file=sys.stderr)
         return 2

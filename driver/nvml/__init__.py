@@ -1,6 +1,6 @@
 """NVML backends: the real library through pynvml, or the simulator over a profile.
 
-`load_backend(spec)` returns an initialised object with pynvml's function names, return
+`load_backend(spec, node=None)` returns an initialised object with pynvml's function names, return
 types and errors, plus `pcie_root(pci_bus_id)` (the one topology fact NVML lacks).
 """
 
@@ -91,8 +91,11 @@ def parse_sim_spec(spec: str) -> tuple[str, str | None]:
     return name, faults
 
 
-def load_backend(spec: str) -> Any:
+def load_backend(spec: str, node: str | None = None) -> Any:
     """An initialised NVML backend for "real", "sim:NAME" or "sim:/path/profile.yaml" (optionally "?faults=FILE").
+
+    `node` is the node the backend serves: the simulator derives that node's own GPU and MIG UUIDs from it
+    (real NVML reports the hardware's and ignores it). Without it simulated UUIDs are the profile's verbatim.
 
     Raises NvmlUnavailable (real NVML missing, bad spec) or ProfileError (bad profile).
     """
@@ -100,7 +103,7 @@ def load_backend(spec: str) -> Any:
         return _load_real()
     if spec.startswith("sim:"):
         name, faults = parse_sim_spec(spec)
-        sim = SimulatedNvml(load_profile(name), faults_path=faults)
+        sim = SimulatedNvml(load_profile(name), faults_path=faults, node=node)
         sim.nvmlInit()
         return sim
     raise NvmlUnavailable(f"--nvml {spec!r}: accepted: real, sim:NAME ({', '.join(shipped_profiles())}) or sim:/path/profile.yaml")

@@ -8,6 +8,7 @@ profiles for their own hardware.
 
 from __future__ import annotations
 
+import uuid as uuidlib
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -231,6 +232,38 @@ def _check_mig_layout(where: str, model: GpuModelSpec, devices: tuple[MigDeviceS
     max_compute = max((p.slices for p in model.mig_profiles), default=0)
     if compute > max_compute:
         raise ValueError(f"{where}.migDevices: {compute} compute slices used, the GPU has {max_compute}")
+
+
+# Namespace of the per-node UUIDs (a fixed uuid5 of the project's name, so derived UUIDs never change).
+NODE_UUID_NAMESPACE = uuidlib.uuid5(uuidlib.NAMESPACE_DNS, "gpu-dra.sim.node-identity")
+
+
+def node_uuid(node: str, profile_uuid: str) -> str:
+    """The UUID a GPU or MIG device of `profile_uuid` has on `node`: same prefix (GPU-/MIG-), uuid5 body.
+
+    Real GPUs never share UUIDs, so two simulated nodes running one profile must not either; deriving them
+    from the node name keeps them stable across restarts of the same node (stable device names)."""
+    prefix, _, _ = profile_uuid.partition("-")
+    return f"{prefix}-{uuidlib.uuid5(NODE_UUID_NAMESPACE, f'{node}/{profile_uuid}')}"
+
+
+def profile_for_node(profile: Profile, node: str) -> Profile:
+    """`profile` as node `node` reports it: every GPU and explicit MIG UUID derived from (node, profile UUID).
+
+    PCI ids, topology and the fabric cluster UUID and clique id stay as written: they are either per-machine
+    facts that repeat across identical machines or, for the fabric, shared by all nodes of one NVLink fabric."""
+    if not node:
+        raise ValueError("profile_for_node: node name is empty; accepted: the node's name")
+    gpus = tuple(
+        gpu.model_copy(update={
+            "uuid": node_uuid(node, gpu.uuid),
+            "mig_devices": tuple(
+                dev.model_copy(update={"uuid": node_uuid(node, dev.uuid)}) if dev.uuid else dev for dev in gpu.mig_devices
+            ),
+        })
+        for gpu in profile.gpus
+    )
+    return profile.model_copy(update={"gpus": gpus})
 
 
 def shipped_profiles() -> list[str]:

@@ -25,7 +25,7 @@ from typing import Any
 import pynvml
 
 from driver.nvml.faults import CallFault, Faults, error_code, read_faults
-from driver.nvml.profile import GpuModelSpec, GpuSpec, MigProfileSpec, Profile, nvml_constant
+from driver.nvml.profile import GpuModelSpec, GpuSpec, MigProfileSpec, Profile, nvml_constant, profile_for_node
 
 _GPU_BASE = 0x1000_0000
 _GPU_STRIDE = 0x10000
@@ -147,10 +147,15 @@ def _mig_uuid(gpu_uuid: str, profile: str, start: int) -> str:
 
 
 class SimulatedNvml:
-    """NVML over a Profile. Construct with `SimulatedNvml(profile, faults_path=None)`."""
+    """NVML over a Profile. Construct with `SimulatedNvml(profile, faults_path=None, node=None)`.
 
-    def __init__(self, profile: Profile, faults_path: str | Path | None = None) -> None:
-        self.profile = profile
+    With `node`, GPU and MIG UUIDs are the node's own (`profile_for_node`), so that nodes running one profile
+    never share GPU identities; `self.profile` is then that node's profile. Without it the profile's UUIDs are
+    used verbatim."""
+
+    def __init__(self, profile: Profile, faults_path: str | Path | None = None, node: str | None = None) -> None:
+        self.node = node
+        self.profile = profile_for_node(profile, node) if node else profile
         self._lock = threading.Condition(threading.RLock())
         self._init_count = 0
         self._faults_path = Path(faults_path) if faults_path else None
@@ -163,8 +168,8 @@ class SimulatedNvml:
         self._event_sets: dict[int, _EventSet] = {}
         self._next_event_set = _EVENTSET_BASE
         self._gpus: list[_SimGpu] = []
-        for i, spec in enumerate(profile.gpus):
-            model = profile.models[spec.model]
+        for i, spec in enumerate(self.profile.gpus):
+            model = self.profile.models[spec.model]
             gpu = _SimGpu(
                 index=i,
                 spec=spec,

@@ -7,9 +7,12 @@ deadline, never on fixed sleeps.
 
 Arrival order matters and is part of the story: the gang controller allocates a gang as soon as all its claims
 exist and fit, so the gang arrives after the two trainings are placed (as a job queued behind running work
-does); the legacy pod arrives after the DRA workloads are running, because the device plugin learns which GPUs
-DRA holds only when a claim is prepared (a legacy pod admitted between a claim's allocation and its prepare
-could take the same GPU, and the later prepare would then be refused by the shared ledger).
+does). The legacy pod still arrives after the DRA workloads are running, although the device plugin shim now
+withholds a GPU as soon as the scheduler allocates it to a claim (driver.allocatedclaims): the opposite window
+stays open. A GPU the device plugin hands to a legacy pod is withheld from the scheduler only once the node agent
+republishes its ResourceSlice with the device-plugin taint, and a claim allocated that GPU in the meantime is
+refused at prepare and stays allocated to it until the legacy pod ends: the notebook on the same V100 node would
+then be stuck in some runs. Applying the legacy pod once the DRA pods are placed keeps every run the same.
 """
 
 from __future__ import annotations
@@ -294,7 +297,7 @@ class Demo:
         for spec in self.s.nodes:
             dirs = cluster.node_dirs(self.s.workdir, spec.name)
             disks[spec.name] = disk.read_node(dirs.cdi, dirs.plugin_dir(self.s.driver_name))
-        gpus = {spec.name: len(discover(load_backend(f"sim:{spec.profile}"), spec.name).gpus) for spec in self.s.nodes}
+        gpus = {spec.name: len(discover(load_backend(f"sim:{spec.profile}", node=spec.name), spec.name).gpus) for spec in self.s.nodes}
         return Observed(act1, final, records, disks, gpus, NAMESPACE, self.s.driver_name)
 
     def close(self) -> dict[str, int | None]:
