@@ -68,9 +68,9 @@ def load_objects(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
             else:
                 text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
-            raise InputError(f"{source}: no such file") from None
+            raise InputError(f"{source}: cannot read: no such file") from None
         except IsADirectoryError:
-            raise InputError(f"{source}: is a directory, expected a YAML or JSON file") from None
+            raise InputError(f"{source}: cannot read: is a directory, expected a YAML or JSON file") from None
         except UnicodeDecodeError as err:
             raise InputError(f"{source}: not UTF-8 text: {err}") from None
         except OSError as err:

@@ -9,18 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from controller.cel import CelCompileError, CelEnvironment, CelRuntimeError, DeviceView
-
-
-class InputError(Exception):
-    """An input file is unreadable or malformed (exit 2)."""
+from gpudra.manifests import InputError, load_objects
 
 
 @dataclass(frozen=True)
@@ -40,25 +34,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", choices=["json", "table"], default="table")
 
 
-def _load_documents(path: str) -> Iterator[Any]:
-    """YAML/JSON documents of a file; ``kind: List`` documents are flattened into their items."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-        docs = list(yaml.safe_load_all(text))
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"{path}: cannot read: {err}") from None
-    except yaml.YAMLError as err:
-        raise InputError(f"{path}: not valid YAML/JSON: {err}") from None
-    for doc in docs:
-        if isinstance(doc, dict) and doc.get("kind") == "List" and isinstance(doc.get("items"), list):
-            yield from doc["items"]
-        elif doc is not None:
-            yield doc
-
-
 def load_device_file(path: str) -> list[NamedDevice]:
-    docs = list(_load_documents(path))
-    if len(docs) != 1 or not isinstance(docs[0], dict):
+    docs = load_objects([path])
+    if len(docs) != 1:
         raise InputError(f"{path}: must hold one device object {{driver, attributes, capacity, "
                          "allowMultipleAllocations}")
     doc = docs[0]
@@ -78,8 +56,8 @@ def load_device_file(path: str) -> list[NamedDevice]:
 def load_slice_files(paths: list[str]) -> list[NamedDevice]:
     devices: list[NamedDevice] = []
     for path in paths:
-        for doc in _load_documents(path):
-            if not isinstance(doc, dict) or doc.get("kind") != "ResourceSlice":
+        for doc in load_objects([path]):
+            if doc.get("kind") != "ResourceSlice":
                 continue
             spec = doc.get("spec")
             name = (doc.get("metadata") or {}).get("name", "<unnamed>")

@@ -2,36 +2,19 @@
 
 from __future__ import annotations
 
-import importlib
 import threading
 from typing import Any
 
 from gpudra.apiserver.store import Admission
-
-DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
-
-
-def _optional(module: str, attr: str) -> Any:
-    """`module.attr`, or None when that module is not part of this installation."""
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (module == exc.name or module.startswith(exc.name + ".")):
-            return None
-        raise
-    return getattr(mod, attr, None)
+from gpudra.validation import validate_object
+from gpudra.validation.installed import DEFAULT_DRIVER_NAME, cel_checker, opaque_validators
 
 
-def validation_admission(driver_name: str = DEFAULT_DRIVER_NAME) -> Admission | None:
-    """An admission callable running `gpudra.validation.validate_object` (with the CEL checker and our opaque
-    config validator when those are installed), or None when gpudra.validation is not available."""
-    validate_object = _optional("gpudra.validation", "validate_object")
-    if validate_object is None:
-        return None
-    checker_cls = _optional("controller.cel.check", "Checker")
-    cel = checker_cls() if checker_cls is not None else None
-    validate_parameters = _optional("driver.config", "validate_parameters")
-    opaque = {driver_name: validate_parameters} if validate_parameters is not None else None
+def validation_admission(driver_name: str = DEFAULT_DRIVER_NAME) -> Admission:
+    """An admission callable running `gpudra.validation.validate_object` with the CEL checker and our opaque
+    config validator where those are installed."""
+    cel = cel_checker()
+    opaque = opaque_validators(driver_name)
     # The CEL checker caches compiled environments; one validation at a time keeps that cache consistent.
     lock = threading.Lock()
 
