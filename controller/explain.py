@@ -156,22 +156,12 @@ class Explainer:
 
     def _selector_miss(self, dev: Device, class_name: str, class_selectors: Sequence[str | None], request: Request,
                        claim: Claim) -> str:
-        for i, expr in enumerate(class_selectors):
-            if expr is None:
-                continue
-            res = self.allocator.selector_matches(dev, expr)
-            if isinstance(res, str):
-                raise AllocationError(f"class {class_name}: selector #{i}: {res}")
-            if not res:
-                return f"selector #{i} of class {class_name}"
-        for i, expr in enumerate(request.selectors):
-            if expr is None:
-                continue
-            res = self.allocator.selector_matches(dev, expr)
-            if isinstance(res, str):
-                raise AllocationError(f"claim {claim.key}: selector #{i}: {res}")
-            if not res:
-                return f"selector #{i} of request {request.full_name} of claim {claim.key}"
+        i = self.allocator.first_selector_miss(dev, class_selectors, f"class {class_name}")
+        if i is not None:
+            return f"selector #{i} of class {class_name}"
+        i = self.allocator.first_selector_miss(dev, request.selectors, f"claim {claim.key}")
+        if i is not None:
+            return f"selector #{i} of request {request.full_name} of claim {claim.key}"
         return ""
 
     def _counters_fit(self, dev: Device, pool: Pool) -> bool:

@@ -98,10 +98,6 @@ class LeaderElector:
         with self._lock:
             return self._last_renew is not None and self._monotonic() - self._last_renew < self.timings.renew_deadline
 
-    def observed_holder(self) -> str:
-        with self._lock:
-            return str((self._observed_spec or {}).get("holderIdentity") or "")
-
     def _set_leading(self, renewed_at: float | None) -> None:
         with self._lock:
             was = self._last_renew is not None

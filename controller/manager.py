@@ -29,12 +29,11 @@ from controller.metrics import ControllerMetrics, MetricsServer
 from controller.scheduler import EmbeddedScheduler, PendingExplainer
 from controller.view import View
 from controller.writes import NotLeader, Writer
+from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.features import Features
 from gpudra.kubeapi import ApiError, KubeApi
 
 log = logging.getLogger("gpudra.controller.manager")
-
-DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 
 # Kinds every mode watches, and the extra ones embedded mode (the scheduler/controller-manager role) needs.
 CLUSTER_KINDS: tuple[str, ...] = ("Pod", "ResourceClaim", "ResourceSlice", "DeviceClass", "Node")
@@ -219,7 +218,9 @@ class ControllerManager:
                 problems += missing
                 view = self.view()
                 released = self.claims.release(view.claims.values(), view.pods)
-                deleted = self.claims.delete_orphans(self.view().claims.values(), self.view().pods_by_uid())
+                # Each step sees the previous step's writes: the writer updates the caches it reads from.
+                view = self.view()
+                deleted = self.claims.delete_orphans(view.claims.values(), view.pods_by_uid())
         with self._timed("gang"):
             gangs = self.gangs.reconcile(self.view())
         self.metrics.set_gang_states(gangs.states)

@@ -37,6 +37,12 @@ def key(obj: Mapping[str, Any]) -> str:
     return f"{ns}/{name(obj)}" if ns else name(obj)
 
 
+def claim_key(obj: Mapping[str, Any]) -> str:
+    """`namespace/name` of a namespaced object, an omitted namespace read as `default`: offline manifests
+    leave it out, as kubectl applies them into the default namespace."""
+    return f"{namespace(obj) or 'default'}/{meta(obj).get('name', '')}"
+
+
 def labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
     value = meta(obj).get("labels")
     return value if isinstance(value, Mapping) else {}

@@ -10,6 +10,7 @@ from controller.allocator import AllocationError, ClusterSnapshot, Unschedulable
 from controller.allocator.model import Claim
 from controller.explain import Explainer, NodeReason, summarize
 from controller.scoring import Placement, Placer, Policy
+from controller.objects import claim_key
 from controller.workload import Unit, Workload, build_workload
 from gpudra.features import Features
 
@@ -28,10 +29,6 @@ class ClaimResult:
         return {"claim": self.claim, "outcome": self.outcome, "node": self.node, "allocation": self.allocation,
                 "message": self.message}
 
-
-def _key(claim: Mapping[str, Any]) -> str:
-    meta = claim.get("metadata") or {}
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
 
 
 class Session:
@@ -54,7 +51,7 @@ class Session:
         for unit in self.workload.units:
             results += [ClaimResult(k, "error", None, None, m) for k, m in unit.errors]
             pending += unit.claims
-        keys = [_key(c) for c in pending]
+        keys = [claim_key(c) for c in pending]
         try:
             claims = [parse_claim(c) for c in pending]
             outcome = self.placer.allocator.allocate(node, claims) if claims else []
@@ -75,7 +72,7 @@ class Session:
             results += [ClaimResult(k, "error", None, None, m) for k, m in unit.errors]
             if not unit.claims:
                 continue
-            keys = [_key(c) for c in unit.claims]
+            keys = [claim_key(c) for c in unit.claims]
             candidates = self.workload.node_candidates(unit, all_nodes)
             try:
                 claims = self._parse(unit)
@@ -103,7 +100,7 @@ class Session:
         out: list[dict[str, Any]] = []
         all_nodes = [self.snapshot.nodes[n] for n in self.snapshot.node_names]
         for unit in self.workload.units:
-            keys = [_key(c) for c in unit.claims]
+            keys = [claim_key(c) for c in unit.claims]
             entry: dict[str, Any] = {"owner": unit.owner, "claims": keys, "errors": [m for _, m in unit.errors]}
             if unit.claims:
                 candidates = self.workload.node_candidates(unit, all_nodes)

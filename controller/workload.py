@@ -15,13 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.allocator.nodes import Node, NodeSelector
+from controller.objects import claim_key
 
 KINDS = ("Node", "DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "Pod")
 
-
-def _key(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
 
 
 @dataclass
@@ -73,13 +70,13 @@ def build_workload(objects: Iterable[Mapping[str, Any]]) -> Workload:
             claims.append(dict(obj))
             order.append(("claim", claims[-1]))
         elif kind == "ResourceClaimTemplate":
-            templates[_key(obj)] = obj
+            templates[claim_key(obj)] = obj
         elif kind == "Pod":
             pods.append(dict(obj))
             order.append(("pod", pods[-1]))
         else:
-            ignored.append(f"{kind}/{_key(obj)}")
-    by_key = {_key(c): c for c in claims}
+            ignored.append(f"{kind}/{claim_key(obj)}")
+    by_key = {claim_key(c): c for c in claims}
     referenced: set[str] = set()
     units: list[Unit] = []
     generated: list[dict[str, Any]] = []
@@ -92,8 +89,8 @@ def build_workload(objects: Iterable[Mapping[str, Any]]) -> Workload:
     for kind, obj in order:
         if kind == "pod":
             units.append(obj.pop("_unit"))
-        elif _key(obj) not in referenced and not (obj.get("status") or {}).get("allocation"):
-            units.append(Unit(owner=f"ResourceClaim {_key(obj)}", claims=[obj]))
+        elif claim_key(obj) not in referenced and not (obj.get("status") or {}).get("allocation"):
+            units.append(Unit(owner=f"ResourceClaim {claim_key(obj)}", claims=[obj]))
     return Workload(nodes, classes, slices, allocated, units, ignored)
 
 

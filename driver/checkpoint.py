@@ -37,6 +37,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from driver.atomicfile import atomic_write, fsync_dir
+
 CHECKPOINT_VERSION = 1
 SNAPSHOT_NAME = "checkpoint.json"
 JOURNAL_NAME = "checkpoint.journal"
@@ -146,34 +148,6 @@ def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
         return path.read_text().strip()
     except OSError:
         return ""
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes, mode: int = 0o600, *, durable: bool = True) -> None:
-    """Write a file so that a crash leaves either the old or the new content, never a mix.
-
-    `durable=False` skips the fsyncs: still atomic for readers and across process crashes, not across power loss.
-    """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    if durable:
-        fsync_dir(path.parent)
 
 
 def _apply(data: dict[str, Any], ops: Iterable[list[Any]]) -> None:

@@ -40,7 +40,6 @@ import json
 import logging
 import re
 import secrets
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -53,9 +52,11 @@ import grpc
 
 from driver import cdi, kubeletcheckpoint
 from driver.allocatedclaims import AllocatedClaims
-from driver.checkpoint import DEVICE_PLUGIN_HOLDER_PREFIX, DRA_HOLDER_PREFIX, Checkpoint, Ledger, Op, atomic_write
+from driver.atomicfile import atomic_write
+from driver.checkpoint import DEVICE_PLUGIN_HOLDER_PREFIX, DRA_HOLDER_PREFIX, Checkpoint, Ledger, Op
 from driver.inventory import Gpu, Inventory
 from driver.slices import gpu_device_name, mig_device_name
+from driver.unixsocket import SocketIdentity, listen, socket_identity
 from proto.deviceplugin.v1beta1 import api_pb2 as pb
 from proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
@@ -67,7 +68,6 @@ UNHEALTHY = "Unhealthy"
 DEVICE_PLUGIN_DIR = "device-plugins"
 KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_RESOURCE_NAME = "nvidia.com/gpu"
-MAX_DEVICE_ID = 63
 REGISTER_TIMEOUT_SECONDS = 15.0  # the kubelet dials back within Register (10 s): leave it room
 LEGACY_CDI_CLASS = "gpu"
 LEGACY_CDI_KIND = f"{cdi.CDI_VENDOR}/{LEGACY_CDI_CLASS}"
@@ -467,15 +467,6 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 PodSource = Callable[[], "frozenset[str] | None"]
 
 
-def _socket_identity(path: Path) -> tuple[int, int, int] | None:
-    """A socket file's identity; with ctime because a deleted socket's inode number is soon reused."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns) if stat.S_ISSOCK(st.st_mode) else None
-
-
 class DevicePluginShim:
     """Serves the device plugin on its socket, keeps it registered and the ledger reconciled."""
 
@@ -502,7 +493,7 @@ class DevicePluginShim:
         self._stop = threading.Event()
         self._lock = threading.Lock()  # server (re)creation and registration
         self._server: grpc.Server | None = None
-        self._own_inode: tuple[int, int, int] | None = None
+        self._own_identity: SocketIdentity | None = None
         self._kubelet_inode: tuple[int, int, int] | None = None
         self._registered = False
         self._thread: threading.Thread | None = None
@@ -559,7 +550,7 @@ class DevicePluginShim:
             if self._server is not None:
                 self._server.stop(grace=grace).wait(grace + 1)
                 self._server = None
-            if self._own_inode is not None and _socket_identity(self.settings.socket) == self._own_inode:
+            if self._own_identity is not None and socket_identity(self.settings.socket) == self._own_identity:
                 self.settings.socket.unlink(missing_ok=True)
         if self._thread is not None:
             self._thread.join(timeout=self.settings.watch_seconds + 2)
@@ -570,18 +561,12 @@ class DevicePluginShim:
         if self._server is not None:
             self._server.stop(grace=None)
         path = self.settings.socket
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() or path.is_symlink():
-            if _socket_identity(path) is None:
-                raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
-            path.unlink()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="devplugin"))
         pb_grpc.add_DevicePluginServicer_to_server(DevicePluginServicer(self), server)
-        if server.add_insecure_port(f"unix://{path}") == 0:
-            raise RuntimeError(f"could not listen on unix socket {path}")
+        listen(server, path)
         server.start()
         self._server = server
-        self._own_inode = _socket_identity(path)
+        self._own_identity = socket_identity(path)
         self._registered = False
         log.info("event=serving socket=%s resource=%s", path, self.settings.resource_name)
 
@@ -591,11 +576,11 @@ class DevicePluginShim:
         with self._lock:
             if self._stop.is_set():
                 return False
-            if self._server is None or _socket_identity(self.settings.socket) != self._own_inode:
+            if self._server is None or socket_identity(self.settings.socket) != self._own_identity:
                 if self._server is not None:
                     log.warning("event=socket-lost socket=%s action=re-serve", self.settings.socket)
                 self._serve()
-            kubelet = _socket_identity(self.settings.kubelet_socket)
+            kubelet = socket_identity(self.settings.kubelet_socket)
             if kubelet is None:
                 self._registered = False
                 return False

@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from driver.unixsocket import SocketIdentity, socket_identity
 from proto.dra.v1 import api_pb2 as dra_v1
 from proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
@@ -106,8 +107,17 @@ class RegisteredPlugin:
     def close(self) -> None:
         self._channel.close()
 
-    def _claims(self, claims: Sequence[ClaimInfo]) -> list[Any]:
-        return [self._pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
+    def _call(self, op: str, claims: Sequence[ClaimInfo], timeout: float) -> Any:
+        """One NodePrepareResources/NodeUnprepareResources call, its response checked as the kubelet does."""
+        request = getattr(self._pb, f"{op}Request")(
+            claims=[self._pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
+        )
+        try:
+            response = getattr(self._stub, op)(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise KubeletError(f"{op}: {exc.code().name}: {exc.details()}") from exc
+        self._check(op, claims, response)
+        return response
 
     def _check(self, op: str, claims: Sequence[ClaimInfo], response: Any) -> None:
         by_uid = {c.uid: c for c in claims}
@@ -122,13 +132,7 @@ class RegisteredPlugin:
 
     def prepare(self, claims: Sequence[ClaimInfo], timeout: float = CALL_TIMEOUT_SECONDS) -> dict[str, list[PreparedDevice]]:
         """One NodePrepareResources call; raises KubeletError as the kubelet would fail the pod."""
-        try:
-            response = self._stub.NodePrepareResources(
-                self._pb.NodePrepareResourcesRequest(claims=self._claims(claims)), timeout=timeout
-            )
-        except grpc.RpcError as exc:
-            raise KubeletError(f"NodePrepareResources: {exc.code().name}: {exc.details()}") from exc
-        self._check("NodePrepareResources", claims, response)
+        response = self._call("NodePrepareResources", claims, timeout)
         out: dict[str, list[PreparedDevice]] = {}
         for uid, entry in response.claims.items():
             out[uid] = [
@@ -142,13 +146,8 @@ class RegisteredPlugin:
         return out
 
     def unprepare(self, claims: Sequence[ClaimInfo], timeout: float = CALL_TIMEOUT_SECONDS) -> None:
-        try:
-            response = self._stub.NodeUnprepareResources(
-                self._pb.NodeUnprepareResourcesRequest(claims=self._claims(claims)), timeout=timeout
-            )
-        except grpc.RpcError as exc:
-            raise KubeletError(f"NodeUnprepareResources: {exc.code().name}: {exc.details()}") from exc
-        self._check("NodeUnprepareResources", claims, response)
+        """One NodeUnprepareResources call; raises KubeletError as the kubelet would fail the pod."""
+        self._call("NodeUnprepareResources", claims, timeout)
 
     def watch_health(self) -> Iterator[HealthUpdate]:
         """Follow the health stream (each message is the complete device list); ends when the stream does."""
@@ -183,7 +182,7 @@ class KubeletSim:
         self.registry_dir = kubelet_dir / "plugins_registry"
         self.known_services = tuple(known_services)
         self.plugins: dict[str, RegisteredPlugin] = {}  # driver name -> newest registered instance
-        self._registered_sockets: dict[Path, int] = {}  # socket path -> inode we registered
+        self._registered_sockets: dict[Path, SocketIdentity] = {}  # socket path -> the socket we registered
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -225,7 +224,9 @@ class KubeletSim:
             if old is not None:
                 old.close()
             self.plugins[plugin.name] = plugin
-            self._registered_sockets[socket] = socket.stat().st_ino
+            identity = socket_identity(socket)
+            if identity is not None:
+                self._registered_sockets[socket] = identity
         return plugin
 
     def _validate(self, info: Any, socket: Path) -> RegisteredPlugin:
@@ -241,11 +242,8 @@ class KubeletSim:
         """Register sockets that are new or were replaced since last time (what inotify would trigger)."""
         done = []
         for socket in self.sockets():
-            try:
-                inode = socket.stat().st_ino
-            except FileNotFoundError:
-                continue
-            if self._registered_sockets.get(socket) == inode:
+            identity = socket_identity(socket)
+            if identity is None or self._registered_sockets.get(socket) == identity:
                 continue
             done.append(self.register(socket))
         return done
@@ -271,23 +269,23 @@ class KubeletSim:
 
     # ---- pods ---------------------------------------------------------------------------------------------
 
+    def _plugin(self, driver_name: str) -> RegisteredPlugin:
+        plugin = self.plugins.get(driver_name)
+        if plugin is None:
+            raise KubeletError(f"DRA driver {driver_name} is not registered")
+        return plugin
+
     def prepare_pod(self, driver_name: str, pod: Pod) -> None:
         """One call with all of the pod's claims for this driver that are not prepared yet."""
         pending = [c for c in pod.claims if c.uid not in pod.prepared]
         if not pending:
             return
-        plugin = self.plugins.get(driver_name)
-        if plugin is None:
-            raise KubeletError(f"DRA driver {driver_name} is not registered")
-        pod.prepared.update(plugin.prepare(pending))
+        pod.prepared.update(self._plugin(driver_name).prepare(pending))
 
     def unprepare_pod(self, driver_name: str, pod: Pod) -> None:
         prepared = [c for c in pod.claims if c.uid in pod.prepared]
         if not prepared:
             return
-        plugin = self.plugins.get(driver_name)
-        if plugin is None:
-            raise KubeletError(f"DRA driver {driver_name} is not registered")
-        plugin.unprepare(prepared)
+        self._plugin(driver_name).unprepare(prepared)
         for c in prepared:
             pod.prepared.pop(c.uid, None)

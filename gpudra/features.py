@@ -59,7 +59,3 @@ class Features:
         """Gate name -> state, for reports."""
         by_field = {f.name: getattr(self, f.name) for f in fields(self)}
         return {gate: by_field[attr] for gate, attr in _GATE_FIELDS.items()}
-
-    @classmethod
-    def all_enabled(cls) -> "Features":
-        return cls(**{f.name: True for f in fields(cls)})

@@ -77,3 +77,14 @@ def load_objects(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
             raise InputError(f"{source}: cannot read: {err.strerror or err}") from None
         objects.extend(parse_documents(text, source))
     return objects
+
+
+def object_label(obj: Any) -> str:
+    """`Kind/ns/name` for namespaced objects, `Kind/name` otherwise: how messages name an input object."""
+    if not isinstance(obj, dict):
+        return "?"
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    kind = str(obj.get("kind") or "?")
+    name = str(meta.get("name") or meta.get("generateName") or "")
+    namespace = meta.get("namespace")
+    return f"{kind}/{namespace}/{name}" if namespace else f"{kind}/{name}"

@@ -468,12 +468,8 @@ def _exact_add(au: int, ae: int, bu: int, be: int) -> tuple[int, int]:
     return au * 10 ** (ae - low) + bu * 10 ** (be - low), low
 
 
-def parse_quantity(text: str) -> Quantity:
-    """Shorthand for Quantity.parse."""
-    return Quantity.parse(text)
-
-
 def is_quantity(text: str) -> bool:
+    """Whether `text` parses as a Kubernetes quantity (CEL's isQuantity)."""
     try:
         Quantity.parse(text)
     except QuantityError:

@@ -46,10 +46,6 @@ class PrereleaseIdentifier:
     text: str
     number: int | None = None
 
-    @property
-    def is_numeric(self) -> bool:
-        return self.number is not None
-
     def compare(self, other: "PrereleaseIdentifier") -> int:
         if self.number is not None and other.number is not None:
             return (self.number > other.number) - (self.number < other.number)
@@ -184,6 +180,7 @@ class Semver:
 
 
 def is_semver(text: str, normalize: bool = False) -> bool:
+    """Whether `text` parses as a semver (CEL's isSemver; `normalize` as in Semver.parse)."""
     try:
         Semver.parse(text, normalize)
     except SemverError:

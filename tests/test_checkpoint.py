@@ -191,3 +191,17 @@ def test_files_are_private(tmp_path: Path) -> None:
         cp.compact()
     assert (tmp_path / "p").stat().st_mode & 0o777 == 0o700
     assert (tmp_path / "p" / "checkpoint.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_atomic_write_replaces_whole_file_and_leaves_no_temp_on_failure(tmp_path: Path) -> None:
+    from driver.atomicfile import atomic_write
+
+    target = tmp_path / "state.json"
+    atomic_write(target, b"old")
+    atomic_write(target, b"new", mode=0o644, durable=False)
+    assert target.read_bytes() == b"new"
+    # A failed write (here: the data is not bytes) keeps the old content and no temp file.
+    with pytest.raises(TypeError):
+        atomic_write(target, "not bytes")  # type: ignore[arg-type]
+    assert target.read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]

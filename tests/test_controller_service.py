@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.explainer import REASON_UNSCHEDULABLE
-from controller.logfmt import LogfmtFormatter, format_fields
+from gpudra.logfmt import LogfmtFormatter, format_fields
 from controller.metrics import sample_value
 from controller_helpers import claims_of, create_all, devices_of, events_for, gpu_class, gpu_slice, manager, node, pod, template, claim
 

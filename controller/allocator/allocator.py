@@ -160,6 +160,19 @@ class Allocator:
 
     # ---- selectors ------------------------------------------------------------------------------
 
+    def first_selector_miss(self, dev: Device, selectors: Sequence[str | None], owner: str) -> int | None:
+        """Index of the first selector `dev` does not match, None when it matches them all. A selector that
+        fails to compile or evaluate is fatal for the claim, as in kube-scheduler: AllocationError naming `owner`."""
+        for i, expr in enumerate(selectors):
+            if expr is None:
+                continue
+            res = self.selector_matches(dev, expr)
+            if isinstance(res, str):
+                raise AllocationError(f"{owner}: selector #{i}: {res}")
+            if not res:
+                return i
+        return None
+
     def selector_matches(self, dev: Device, expr: str) -> bool | str:
         """True/False, or the error text (compile errors start with 'CEL compile error: ')."""
         key = (dev.uid, expr)
@@ -389,24 +402,12 @@ class _Run:
         hit = self.match_cache.get(key)
         if hit is not None:
             return hit
-        ok = self._selectors(dev, rd.klass.selectors, f"class {rd.klass.name}") and self._selectors(
-            dev, rd.request.selectors, f"claim {self.claims[ci].key}"
-        )
+        ok = (self.a.first_selector_miss(dev, rd.klass.selectors, f"class {rd.klass.name}") is None
+              and self.a.first_selector_miss(dev, rd.request.selectors, f"claim {self.claims[ci].key}") is None)
         if ok and dev.slice.per_device:
             ok = node_matches(self.node, dev.node_name, dev.all_nodes, dev.node_selector)
         self.match_cache[key] = ok
         return ok
-
-    def _selectors(self, dev: Device, selectors: Sequence[str | None], owner: str) -> bool:
-        for i, expr in enumerate(selectors):
-            if expr is None:
-                continue
-            res = self.a.selector_matches(dev, expr)
-            if isinstance(res, str):
-                raise AllocationError(f"{owner}: selector #{i}: {res}")
-            if not res:
-                return False
-        return True
 
     def _capacity_fits(self, request: Request, dev: Device) -> bool:
         did = dev.id

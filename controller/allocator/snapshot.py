@@ -9,6 +9,7 @@ from controller.allocator.errors import AllocationError
 from controller.allocator.model import DeviceClass, DeviceID, Slice, parse_class, parse_slice
 from controller.allocator.nodes import Node
 from controller.allocator.pools import Pool, gather_pools
+from controller.objects import claim_key
 from gpudra.features import Features
 
 
@@ -57,8 +58,7 @@ class ClusterSnapshot:
         self.allocated_by: dict[DeviceID, str] = {}
         for claim in allocated_claims:
             alloc = ((claim.get("status") or {}).get("allocation")) or {}
-            meta = claim.get("metadata") or {}
-            self.commit(f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}", alloc)
+            self.commit(claim_key(claim), alloc)
         self._pools: dict[tuple[str, Features], list[Pool]] = {}
         self.selector_cache: dict[tuple[int, str], bool | AllocationError] = {}
 
@@ -82,7 +82,7 @@ class ClusterSnapshot:
             self._pools[key] = found
         return found
 
-    def commit(self, claim_key: str, allocation: Mapping[str, Any]) -> None:
+    def commit(self, owner: str, allocation: Mapping[str, Any]) -> None:
         """Mark the devices of an allocation result as in use (adminAccess results never are)."""
         results = ((allocation.get("devices") or {}).get("results")) or []
         for r in results:
@@ -92,7 +92,7 @@ class ClusterSnapshot:
             if r.get("shareID"):
                 if r.get("consumedCapacity"):
                     self.shared_consumed.setdefault(did, []).append(r["consumedCapacity"])
-                self.allocated_by.setdefault(did, claim_key)
+                self.allocated_by.setdefault(did, owner)
                 continue
             self.allocated.add(did)
-            self.allocated_by[did] = claim_key
+            self.allocated_by[did] = owner

@@ -20,8 +20,8 @@ from cel_expr_python import cel
 from controller.cel.messages import QUANTITY_TYPE, SEMVER_TYPE, MessageTypes
 from controller.cel.values import (MessageMemo, compare_quantity_messages, quantity_from_message, quantity_to_message,
                                    semver_to_message)
-from gpudra.quantity import Quantity, QuantityError
-from gpudra.semver import Semver, SemverError
+from gpudra.quantity import Quantity, QuantityError, is_quantity
+from gpudra.semver import Semver, SemverError, is_semver
 
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
@@ -63,14 +63,6 @@ class KubernetesLibrary:
         except QuantityError as err:
             raise ValueError(str(err)) from None
         return self._quantity_literals.put(text, message)
-
-    @staticmethod
-    def _is_quantity(text: str) -> bool:
-        try:
-            Quantity.parse(text)
-        except QuantityError:
-            return False
-        return True
 
     @staticmethod
     def _sign(q: Any) -> int:
@@ -125,13 +117,6 @@ class KubernetesLibrary:
             raise ValueError(str(err)) from None
         return self._semver_literals.put(key, message)
 
-    @staticmethod
-    def _is_semver(text: str, normalize: bool = False) -> bool:
-        try:
-            Semver.parse(text, normalize=normalize)
-        except SemverError:
-            return False
-        return True
 
     @staticmethod
     def _from_semver_message(msg: Any) -> Semver:
@@ -207,7 +192,7 @@ class KubernetesLibrary:
         DYN = cel.Type.DYN
         return [
             _Fn("quantity", "string_to_quantity", Q, (S,), False, self._quantity),
-            _Fn("isQuantity", "is_quantity_string", B, (S,), False, self._is_quantity),
+            _Fn("isQuantity", "is_quantity_string", B, (S,), False, is_quantity),
             _Fn("sign", "quantity_sign", I, (Q,), False, self._sign),
             _Fn("isGreaterThan", "quantity_is_greater_than", B, (Q, Q), True,
                 lambda a, b: self._q_compare(a, b) == 1),
@@ -222,8 +207,8 @@ class KubernetesLibrary:
             _Fn("sub", "quantity_sub_int", Q, (Q, I), True, self._q_sub_int),
             _Fn("semver", "string_to_semver", V, (S,), False, self._semver),
             _Fn("semver", "string_bool_to_semver", V, (S, B), False, self._semver),
-            _Fn("isSemver", "is_semver_string", B, (S,), False, self._is_semver),
-            _Fn("isSemver", "is_semver_string_bool", B, (S, B), False, self._is_semver),
+            _Fn("isSemver", "is_semver_string", B, (S,), False, is_semver),
+            _Fn("isSemver", "is_semver_string_bool", B, (S, B), False, is_semver),
             _Fn("isGreaterThan", "semver_is_greater_than", B, (V, V), True, lambda a, b: self._v_compare(a, b) == 1),
             _Fn("isLessThan", "semver_is_less_than", B, (V, V), True, lambda a, b: self._v_compare(a, b) == -1),
             _Fn("compareTo", "semver_compare_to", I, (V, V), True, self._v_compare),

@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from controller.commands._inputs import make_cel_env, read_inputs, report_input_errors, report_warnings
+from controller.cel import CelEnvironment
+from controller.commands._inputs import read_inputs, report_input_errors, report_warnings
 from controller.offline import ClaimResult, Session
 from gpudra.features import FeatureGateError, Features
 
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         return report_input_errors(inputs.errors, args.output)
     report_warnings(inputs.warnings)
     try:
-        session = Session(inputs.objects, features, make_cel_env(), args.policy)
+        session = Session(inputs.objects, features, CelEnvironment(), args.policy)
     except Exception as exc:  # noqa: BLE001 - malformed objects the validator let through: still exit 2, with the text
         return report_input_errors([str(exc)], args.output)
     if args.node is not None and args.node not in session.snapshot.nodes:

@@ -11,10 +11,11 @@ import threading
 from types import FrameType
 
 from controller.leader import LeaseTimings
-from controller.logfmt import configure
-from controller.manager import DEFAULT_DRIVER_NAME, ControllerConfig, ControllerManager, default_identity
+from controller.manager import ControllerConfig, ControllerManager, default_identity
+from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.features import FeatureGateError, Features
 from gpudra.kubeapi import KubeApi
+from gpudra.logfmt import configure
 
 log = logging.getLogger("gpudra.controller")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from controller.commands._inputs import make_cel_env, read_inputs, report_input_errors
+from controller.cel import CelEnvironment
+from controller.commands._inputs import read_inputs, report_input_errors
 from controller.offline import Session
 from gpudra.features import FeatureGateError, Features
 
@@ -27,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     if inputs.errors:
         return report_input_errors(inputs.errors, args.output)
     try:
-        session = Session(inputs.objects, features, make_cel_env())
+        session = Session(inputs.objects, features, CelEnvironment())
     except Exception as exc:  # noqa: BLE001 - malformed objects the validator let through
         return report_input_errors([str(exc)], args.output)
     units = session.explain_all()

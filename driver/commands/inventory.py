@@ -8,9 +8,8 @@ import socket
 import sys
 from typing import Any
 
-from driver.discovery import discover
+from driver.commands.nvmlinventory import discover_once
 from driver.inventory import Gpu, Inventory, MigDevice, MigProfile
-from driver.nvml import NvmlUnavailable, ProfileError, load_backend
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -135,21 +134,9 @@ def inventory_table(inv: Inventory) -> str:
 
 def run(args: argparse.Namespace) -> int:
     node = args.node or socket.gethostname()
-    try:
-        nvml = load_backend(args.nvml, node=node)
-    except NvmlUnavailable as exc:
-        print(f"gpu-dra inventory: {exc}", file=sys.stderr)
+    inv = discover_once(args.nvml, node, "gpu-dra inventory")
+    if inv is None:
         return 2
-    except ProfileError as exc:
-        print(f"gpu-dra inventory: invalid simulator profile:\n{exc}", file=sys.stderr)
-        return 2
-    try:
-        inv = discover(nvml, node)
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001 - shutdown failure must not hide the inventory or its error
-            pass
     if args.output == "json":
         print(json.dumps(inventory_to_json(inv), indent=2))
     else:

@@ -34,8 +34,7 @@ def slice_list(slices: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from driver.discovery import discover
-    from driver.nvml import NvmlUnavailable, ProfileError, load_backend
+    from driver.commands.nvmlinventory import discover_once
 
     try:
         settings = SliceSettings(
@@ -44,21 +43,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"gpu-dra slices: {err}", file=sys.stderr)
         return 2
-    try:
-        nvml = load_backend(args.nvml, node=args.node)
-    except NvmlUnavailable as err:
-        print(f"gpu-dra slices: {err}", file=sys.stderr)
+    inventory = discover_once(args.nvml, args.node, "gpu-dra slices")
+    if inventory is None:
         return 2
-    except ProfileError as err:
-        print(f"gpu-dra slices: invalid simulator profile:\n{err}", file=sys.stderr)
-        return 2
-    try:
-        inventory = discover(nvml, args.node)
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001 - a failing shutdown must not hide the slices or the real error
-            pass
     for ident, message in inventory.skipped:
         print(f"gpu-dra slices: warning: GPU {ident} skipped: {message}", file=sys.stderr)
     try:

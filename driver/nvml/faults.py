@@ -14,13 +14,13 @@ file content wins.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pynvml
+
+from driver.atomicfile import atomic_write
 
 FAULTS_ENV = "GPU_DRA_SIM_FAULTS"
 
@@ -123,7 +123,9 @@ def write_faults(
         frozenset(lost),
         tuple(fail_calls),
     )
-    _write_atomic(Path(path), json.dumps(faults.to_json(), indent=2) + "\n")
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(target, (json.dumps(faults.to_json(), indent=2) + "\n").encode())
 
 
 def append_xid(path: str | Path, uuid: str, xid: int) -> None:
@@ -135,17 +137,3 @@ def append_xid(path: str | Path, uuid: str, xid: int) -> None:
         lost=current.lost,
         fail_calls=current.fail_calls,
     )
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

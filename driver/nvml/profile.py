@@ -11,11 +11,11 @@ from __future__ import annotations
 import uuid as uuidlib
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import pynvml
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 PROFILE_PACKAGE = "driver.nvml.profiles"
 
@@ -33,6 +33,18 @@ def _enum_names(prefix: str) -> list[str]:
     return sorted(name[len(prefix):] for name in dir(pynvml) if name.startswith(prefix) and name != prefix + "COUNT")
 
 
+def _nvml_enum(prefix: str, what: str) -> AfterValidator:
+    """A field check that the value names one of pynvml's `<prefix>*` constants."""
+
+    def check(value: str) -> str:
+        allowed = _enum_names(prefix)
+        if value not in allowed:
+            raise ValueError(f"unknown {what} {value!r}; accepted: {', '.join(allowed)}")
+        return value
+
+    return AfterValidator(check)
+
+
 def nvml_constant(prefix: str, suffix: str) -> int:
     """The value of pynvml's `<prefix><suffix>` constant (e.g. NVML_BRAND_ + NVIDIA)."""
     return int(getattr(pynvml, prefix + suffix))
@@ -41,7 +53,9 @@ def nvml_constant(prefix: str, suffix: str) -> int:
 class MigProfileSpec(_Model):
     """One GPU-instance profile as `nvidia-smi mig -lgip` / -lgipp report it."""
 
-    profile: str = Field(description="NVML_GPU_INSTANCE_PROFILE_<profile>, e.g. 1_SLICE, 1_SLICE_REV1")
+    profile: Annotated[str, _nvml_enum("NVML_GPU_INSTANCE_PROFILE_", "GPU instance profile")] = Field(
+        description="NVML_GPU_INSTANCE_PROFILE_<profile>, e.g. 1_SLICE, 1_SLICE_REV1"
+    )
     id: int = Field(ge=0, description="the profile id nvidia-smi shows (19 for 1g.10gb)")
     name: str = Field(pattern=r"^\d+g\.\d+gb(\+me|\+gfx|-me)?$")
     slices: int = Field(ge=1, le=8, description="compute slices (the 'Ng' part)")
@@ -57,14 +71,6 @@ class MigProfileSpec(_Model):
     placement_starts: tuple[int, ...] = Field(alias="placementStarts", min_length=1)
     placement_size: int = Field(alias="placementSize", ge=1, le=8)
 
-    @field_validator("profile")
-    @classmethod
-    def _known_profile(cls, value: str) -> str:
-        allowed = _enum_names("NVML_GPU_INSTANCE_PROFILE_")
-        if value not in allowed:
-            raise ValueError(f"unknown GPU instance profile {value!r}; accepted: {', '.join(allowed)}")
-        return value
-
     @property
     def enum_value(self) -> int:
         return nvml_constant("NVML_GPU_INSTANCE_PROFILE_", self.profile)
@@ -74,8 +80,8 @@ class GpuModelSpec(_Model):
     """Facts of one GPU product, shared by all GPUs of that model in the profile."""
 
     product_name: str = Field(alias="productName", min_length=1)
-    brand: str = "NVIDIA"
-    architecture: str
+    brand: Annotated[str, _nvml_enum("NVML_BRAND_", "brand")] = "NVIDIA"
+    architecture: Annotated[str, _nvml_enum("NVML_DEVICE_ARCH_", "architecture")]
     cuda_compute_capability: str = Field(alias="cudaComputeCapability", pattern=r"^\d+\.\d+$")
     memory_mib: int = Field(alias="memoryMiB", ge=1)
     pci_device_id: int = Field(alias="pciDeviceId", ge=0)
@@ -83,22 +89,6 @@ class GpuModelSpec(_Model):
     nvlink_count: int = Field(default=0, alias="nvlinkCount", ge=0, le=pynvml.NVML_NVLINK_MAX_LINKS)
     mig_profiles: tuple[MigProfileSpec, ...] = Field(default=(), alias="migProfiles")
     fabric_capable: bool = Field(default=False, alias="fabricCapable")
-
-    @field_validator("brand")
-    @classmethod
-    def _known_brand(cls, value: str) -> str:
-        allowed = _enum_names("NVML_BRAND_")
-        if value not in allowed:
-            raise ValueError(f"unknown brand {value!r}; accepted: {', '.join(allowed)}")
-        return value
-
-    @field_validator("architecture")
-    @classmethod
-    def _known_arch(cls, value: str) -> str:
-        allowed = _enum_names("NVML_DEVICE_ARCH_")
-        if value not in allowed:
-            raise ValueError(f"unknown architecture {value!r}; accepted: {', '.join(allowed)}")
-        return value
 
     @model_validator(mode="after")
     def _unique_profiles(self) -> GpuModelSpec:

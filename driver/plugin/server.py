@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +28,7 @@ import grpc
 from driver.plugin.health import DeviceHealthEntry, HealthBoard, truncate_message
 from driver.plugin.metrics import PluginMetrics
 from driver.prepare import ClaimRef, ClaimResult, Preparer
+from driver.unixsocket import SocketIdentity, listen, socket_identity
 from proto.dra.v1 import api_pb2 as dra_v1
 from proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
@@ -175,32 +175,6 @@ class RegistrationServicer:
         return reg_pb.RegistrationStatusResponse()
 
 
-def _remove_stale_socket(path: Path) -> None:
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISSOCK(mode):
-        path.unlink()
-    else:
-        raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
-
-
-MAX_UNIX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
-
-
-def _bind(server: grpc.Server, path: Path) -> None:
-    if len(os.fsencode(str(path))) > MAX_UNIX_SOCKET_PATH:
-        raise RuntimeError(
-            f"unix socket path {path} is {len(os.fsencode(str(path)))} bytes; at most {MAX_UNIX_SOCKET_PATH} fit "
-            "(use a shorter --kubelet-dir or driver name)"
-        )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_socket(path)
-    if server.add_insecure_port(f"unix://{path}") == 0:
-        raise RuntimeError(f"could not listen on unix socket {path}")
-
-
 class KubeletPlugin:
     """Serves the DRA socket and the registration socket and keeps the registration socket alive."""
 
@@ -226,7 +200,7 @@ class KubeletPlugin:
         self._lock = threading.Lock()
         self._dra_server: grpc.Server | None = None
         self._reg_server: grpc.Server | None = None
-        self._reg_inode: int | None = None
+        self._reg_identity: SocketIdentity | None = None
         self._watcher: threading.Thread | None = None
         self.registered = threading.Event()
         self.registration_status: tuple[bool, str] | None = None
@@ -241,7 +215,7 @@ class KubeletPlugin:
             DraServicer(self.preparer, self.metrics, dra_v1beta1, "v1beta1"), server
         )
         health_grpc.add_DRAResourceHealthServicer_to_server(HealthServicer(self.board, self._stopping), server)
-        _bind(server, self.paths.dra_socket)
+        listen(server, self.paths.dra_socket)
         server.start()
         os.chmod(self.paths.dra_socket, 0o600)
         self._dra_server = server
@@ -278,11 +252,11 @@ class KubeletPlugin:
             self.registry_dir_ready()
             server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg"))
             reg_grpc.add_RegistrationServicer_to_server(RegistrationServicer(self.paths, self._on_status), server)
-            _bind(server, self.paths.registration_socket)
+            listen(server, self.paths.registration_socket)
             server.start()
             os.chmod(self.paths.registration_socket, 0o600)
             self._reg_server = server
-            self._reg_inode = self.paths.registration_socket.stat().st_ino
+            self._reg_identity = socket_identity(self.paths.registration_socket)
             self.registered.clear()
             log.info("event=registration-socket socket=%s", self.paths.registration_socket)
 
@@ -290,11 +264,8 @@ class KubeletPlugin:
         self.paths.registry_dir.mkdir(parents=True, exist_ok=True)
 
     def _registration_socket_intact(self) -> bool:
-        try:
-            st = self.paths.registration_socket.lstat()
-        except FileNotFoundError:
-            return False
-        return stat.S_ISSOCK(st.st_mode) and st.st_ino == self._reg_inode
+        identity = socket_identity(self.paths.registration_socket)
+        return identity is not None and identity == self._reg_identity
 
     def _watch(self) -> None:
         while not self._stopping.wait(self._watch_seconds):

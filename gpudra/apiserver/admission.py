@@ -5,9 +5,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.apiserver.store import Admission
 from gpudra.validation import validate_object
-from gpudra.validation.installed import DEFAULT_DRIVER_NAME, cel_checker, opaque_validators
+from gpudra.validation.installed import cel_checker, opaque_validators
 
 
 def validation_admission(driver_name: str = DEFAULT_DRIVER_NAME) -> Admission:

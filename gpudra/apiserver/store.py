@@ -100,10 +100,6 @@ class Store:
         items.sort(key=lambda kv: kv[0])
         return [obj for _, obj in items if flt.matches(obj)], rv
 
-    def exists_uid(self, uid: str) -> bool:
-        with self._cond:
-            return uid in self._by_uid
-
     # ----- writing -------------------------------------------------------------------------------------------
 
     def _next_uid(self) -> str:

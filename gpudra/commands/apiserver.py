@@ -8,6 +8,7 @@ import sys
 import threading
 from types import FrameType
 
+from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.apiserver import EmbeddedApiServer
 from gpudra.apiserver.admission import validation_admission
 from gpudra.apiserver.persistence import StateFileError
@@ -20,8 +21,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig-out", metavar="FILE", help="write a kubeconfig for this server to FILE")
     parser.add_argument("--state", metavar="FILE",
                         help="load objects from FILE at start and persist them there (atomically) while running")
-    parser.add_argument("--driver-name", default="gpu.nvidia.com",
-                        help="driver whose opaque configuration admission validates (default gpu.nvidia.com)")
+    parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
+                        help="driver whose opaque configuration admission validates (default %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,53 +8,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpudra.manifests import InputError, load_objects
+from gpudra import DEFAULT_DRIVER_NAME
+from gpudra.manifests import InputError, load_objects, object_label
 from gpudra.validation import FieldError, validate_object
-
-DEFAULT_DRIVER = "gpu.nvidia.com"
-
-CelHook = Callable[[str, bool], "str | None"]
-OpaqueHooks = Mapping[str, Callable[[dict[str, Any]], list[str]]]
+from gpudra.validation.common import CelChecker, OpaqueValidators
+from gpudra.validation.installed import cel_checker, opaque_validators
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--filename", dest="files", action="extend", nargs="+", required=True, metavar="FILE",
                         help="YAML or JSON manifest (multi-document and `kind: List` allowed; `-` for stdin); repeatable")
     parser.add_argument("-o", "--output", choices=["json", "text"], default="text", help="output format (default text)")
-    parser.add_argument("--driver-name", default=DEFAULT_DRIVER,
-                        help=f"driver whose opaque parameters are checked with our config schema (default {DEFAULT_DRIVER})")
-
-
-def cel_hook() -> CelHook | None:
-    """The CEL compile/cost checker from the controller package."""
-    try:
-        from controller.cel import check
-    except ImportError:  # the cluster-side package is optional in a node-only install
-        return None
-    return check
-
-
-def opaque_hooks(driver_name: str) -> dict[str, Callable[[dict[str, Any]], list[str]]]:
-    """Our GpuConfig schema check for opaque parameters addressed to our driver."""
-    try:
-        from driver.config import validate_parameters
-    except ImportError:  # the node-side package is optional in a cluster-only install
-        return {}
-    return {driver_name: validate_parameters}
-
-
-def object_label(obj: Any) -> str:
-    """`Kind/ns/name` for namespaced objects, `Kind/name` otherwise."""
-    if not isinstance(obj, dict):
-        return "?"
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-    kind = str(obj.get("kind") or "?")
-    name = str(meta.get("name") or meta.get("generateName") or "")
-    namespace = meta.get("namespace")
-    return f"{kind}/{namespace}/{name}" if namespace else f"{kind}/{name}"
+    parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
+                        help=f"driver whose opaque parameters are checked with our config schema (default {DEFAULT_DRIVER_NAME})")
 
 
 def is_dra_object(obj: Any) -> bool:
@@ -63,7 +31,7 @@ def is_dra_object(obj: Any) -> bool:
     return not isinstance(api_version, str) or api_version.partition("/")[0] == "resource.k8s.io"
 
 
-def validate_all(objects: list[dict[str, Any]], cel: CelHook | None, opaque: OpaqueHooks) -> list[dict[str, Any]]:
+def validate_all(objects: list[dict[str, Any]], cel: CelChecker | None, opaque: OpaqueValidators) -> list[dict[str, Any]]:
     results = []
     for obj in objects:
         if not is_dra_object(obj):
@@ -81,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    results = validate_all(objects, cel_hook(), opaque_hooks(args.driver_name))
+    results = validate_all(objects, cel_checker(), opaque_validators(args.driver_name))
     if args.output == "json":
         print(json.dumps({"results": results}, indent=2))
     else:

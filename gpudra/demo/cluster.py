@@ -54,10 +54,6 @@ class NodeDirs:
     def plugin_dir(self, driver_name: str) -> Path:
         return self.kubelet / "plugins" / driver_name
 
-    @property
-    def device_plugins(self) -> Path:
-        return self.kubelet / "device-plugins"
-
 
 def node_dirs(workdir: Path, node: str) -> NodeDirs:
     return NodeDirs(workdir / "nodes" / node)

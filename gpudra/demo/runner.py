@@ -30,6 +30,7 @@ from driver.devicemanagersim import DeviceManagerSim
 from driver.discovery import discover
 from driver.kubeletsim import KubeletError
 from driver.nvml import load_backend
+from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.demo import cluster, disk
 from gpudra.demo.kubelet import NodeKubelet
 from gpudra.demo.observe import ApiState, Observed
@@ -59,7 +60,7 @@ class DemoFailed(RuntimeError):
 @dataclass
 class DemoSettings:
     workdir: Path
-    driver_name: str = "gpu.nvidia.com"
+    driver_name: str = DEFAULT_DRIVER_NAME
     step_timeout: float = 45.0
     nodes: tuple[cluster.NodeSpec, ...] = cluster.NODES
     progress: Callable[[str], None] = lambda line: None

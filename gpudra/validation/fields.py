@@ -14,7 +14,6 @@ from gpudra.quantity import Quantity, QuantityError
 from gpudra.validation import names
 from gpudra.validation.errors import (
     FieldError,
-    child,
     duplicate,
     index,
     invalid,

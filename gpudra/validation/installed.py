@@ -11,9 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.validation.common import CelChecker, OpaqueValidators
-
-DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 
 
 def _optional(module: str, attr: str) -> Any:

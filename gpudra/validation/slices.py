@@ -101,7 +101,7 @@ def validate_slice_spec(value: Any, path: str) -> list[FieldError]:
     validate_list(
         get_list(spec.get("sharedCounters"), sets_path, errs),
         MAX_COUNTER_SETS,
-        _validate_counter_set,
+        lambda item, item_path: _validate_counters_of(item, item_path, "name", MAX_COUNTERS_PER_SET),
         sets_path,
         errs,
         item_key=lambda s: s.get("name") if isinstance(s, dict) and isinstance(s.get("name"), str) else None,
@@ -163,7 +163,7 @@ def _validate_device(value: Any, path: str, per_device_node_selection: bool) -> 
     validate_list(
         get_list(device.get("consumesCounters"), consumes_path, errs),
         MAX_CONSUMES_COUNTERS,
-        _validate_counter_consumption,
+        lambda item, item_path: _validate_counters_of(item, item_path, "counterSet", MAX_COUNTERS_PER_CONSUMPTION),
         consumes_path,
         errs,
         item_key=lambda c: c.get("counterSet") if isinstance(c, dict) and isinstance(c.get("counterSet"), str) else None,
@@ -250,25 +250,15 @@ def _validate_counter_map(value: Any, maximum: int, path: str) -> list[FieldErro
     return errs
 
 
-def _validate_counter_set(value: Any, path: str) -> list[FieldError]:
+def _validate_counters_of(value: Any, path: str, name_field: str, max_counters: int) -> list[FieldError]:
+    """A shared counter set (`name`) or a device's consumption of one (`counterSet`): the same shape, a
+    DNS-label reference and a counter map, with different field names and limits."""
     errs: list[FieldError] = []
-    counter_set = get_map(value, path, errs)
-    name = get_str(counter_set.get("name"), child(path, "name"), errs)
+    entry = get_map(value, path, errs)
+    name = get_str(entry.get(name_field), child(path, name_field), errs)
     if not name:
-        errs.append(required(child(path, "name"), ""))
+        errs.append(required(child(path, name_field), ""))
     else:
-        errs.extend(dns_label(name, child(path, "name")))
-    errs.extend(_validate_counter_map(counter_set.get("counters"), MAX_COUNTERS_PER_SET, child(path, "counters")))
-    return errs
-
-
-def _validate_counter_consumption(value: Any, path: str) -> list[FieldError]:
-    errs: list[FieldError] = []
-    consumption = get_map(value, path, errs)
-    counter_set = get_str(consumption.get("counterSet"), child(path, "counterSet"), errs)
-    if not counter_set:
-        errs.append(required(child(path, "counterSet"), ""))
-    else:
-        errs.extend(dns_label(counter_set, child(path, "counterSet")))
-    errs.extend(_validate_counter_map(consumption.get("counters"), MAX_COUNTERS_PER_CONSUMPTION, child(path, "counters")))
+        errs.extend(dns_label(name, child(path, name_field)))
+    errs.extend(_validate_counter_map(entry.get("counters"), max_counters, child(path, "counters")))
     return errs

@@ -1,4 +1,4 @@
-"""Structured `key=value` log lines (logfmt) for the controller's long-running loops."""
+"""Structured `key=value` log lines (logfmt) for long-running loops on either side (controller, node plugin)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ def quote(value: object) -> str:
 
 
 def format_fields(fields: Mapping[str, object]) -> str:
+    """`key=value ...` in the mapping's order."""
     return " ".join(f"{key}={quote(value)}" for key, value in fields.items())
 
 

@@ -1,0 +1,28 @@
+"""What the one-shot commands (`inventory`, `slices`) share: one discovery through an NVML backend spec."""
+
+from __future__ import annotations
+
+import sys
+
+from driver.discovery import discover
+from driver.inventory import Inventory
+from driver.nvml import NvmlUnavailable, ProfileError, load_backend
+
+
+def discover_once(nvml_spec: str, node: str, prog: str) -> Inventory | None:
+    """Load the backend, discover, shut NVML down; on a backend error print it as `prog: ...` and return None."""
+    try:
+        nvml = load_backend(nvml_spec, node=node)
+    except NvmlUnavailable as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None
+    except ProfileError as exc:
+        print(f"{prog}: invalid simulator profile:\n{exc}", file=sys.stderr)
+        return None
+    try:
+        return discover(nvml, node)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001 - a failing shutdown must not hide the inventory or the real error
+            pass
