@@ -107,11 +107,14 @@ class Store:
         raw = f"{self._uid_prefix}{self._uid_counter:012x}"
         return f"{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:32]}"
 
+    def _admits(self, rt: ResourceType) -> bool:
+        return self._admission is not None and rt.group == "resource.k8s.io"
+
     def _admit(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         errors = o.metadata_errors(obj)
         if old is not None:
             errors.extend(o.immutability_errors(rt, obj, old))
-        if self._admission is not None and rt.group == "resource.k8s.io":
+        if self._admits(rt):
             try:
                 errors.extend(self._admission(obj, old))
             except Exception as exc:  # a broken validator must not take the server down
@@ -206,15 +209,18 @@ class Store:
         if not name and not generate:
             raise st.invalid(rt, "", ["metadata.name: Required value: name or generateName is required"])
         o.prepare_create(rt, obj)
-        if not name:
-            # Validate the prefix with a representative suffix so the error names the prefix's problem.
-            errors = o.name_errors(rt, generate[:58] + "xxxxx")
-            if errors:
-                raise st.invalid(rt, generate, [e.replace("metadata.name", "metadata.generateName") for e in errors])
-        else:
-            errors = o.name_errors(rt, name)
-            if errors:
-                raise st.invalid(rt, name, errors)
+        # Objects that go through admission have their names checked there, together with everything else,
+        # so that one 422 lists all of an object's errors as Kubernetes does.
+        if not self._admits(rt):
+            if not name:
+                # Validate the prefix with a representative suffix so the error names the prefix's problem.
+                errors = o.name_errors(rt, generate[:58] + "xxxxx")
+                if errors:
+                    raise st.invalid(rt, generate, [e.replace("metadata.name", "metadata.generateName") for e in errors])
+            else:
+                errors = o.name_errors(rt, name)
+                if errors:
+                    raise st.invalid(rt, name, errors)
         self._admit(rt, name or generate, obj, None)
         with self._cond:
             self._check_namespace(rt, namespace, name or generate)
