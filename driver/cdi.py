@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from driver.atomicfile import atomic_write
+from gpudra.atomicfile import atomic_write
 
 CDI_VENDOR = "k8s.gpu.nvidia.com"
 CDI_CLASS = "claim"

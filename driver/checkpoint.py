@@ -37,7 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from driver.atomicfile import atomic_write, fsync_dir
+from gpudra.atomicfile import atomic_write, fsync_dir
 
 CHECKPOINT_VERSION = 1
 SNAPSHOT_NAME = "checkpoint.json"

@@ -52,7 +52,7 @@ import grpc
 
 from driver import cdi, kubeletcheckpoint
 from driver.allocatedclaims import AllocatedClaims
-from driver.atomicfile import atomic_write
+from gpudra.atomicfile import atomic_write
 from driver.checkpoint import DEVICE_PLUGIN_HOLDER_PREFIX, DRA_HOLDER_PREFIX, Checkpoint, Ledger, Op
 from driver.inventory import Gpu, Inventory
 from driver.slices import gpu_device_name, mig_device_name

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from driver.atomicfile import atomic_write
+from gpudra.atomicfile import atomic_write
 
 CHECKPOINT_FILE = "kubelet_internal_checkpoint"
 NO_TOPOLOGY_NUMA = -1

@@ -194,7 +194,7 @@ def test_files_are_private(tmp_path: Path) -> None:
 
 
 def test_atomic_write_replaces_whole_file_and_leaves_no_temp_on_failure(tmp_path: Path) -> None:
-    from driver.atomicfile import atomic_write
+    from gpudra.atomicfile import atomic_write
 
     target = tmp_path / "state.json"
     atomic_write(target, b"old")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pynvml
 
-from driver.atomicfile import atomic_write
+from gpudra.atomicfile import atomic_write
 
 FAULTS_ENV = "GPU_DRA_SIM_FAULTS"
 

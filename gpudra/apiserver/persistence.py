@@ -1,39 +1,17 @@
-"""Crash-safe state files: write a temp file, fsync it, rename it over the target, fsync the directory."""
+"""The embedded API server's state file: written crash-safe, read back with errors that name the file."""
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    directory = path.parent
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+from gpudra.atomicfile import atomic_write
 
 
 def atomic_write_json(path: Path, value: Any) -> None:
-    atomic_write_bytes(path, json.dumps(value, separators=(",", ":")).encode())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(value, separators=(",", ":")).encode())
 
 
 class StateFileError(ValueError):

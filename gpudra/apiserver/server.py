@@ -13,7 +13,8 @@ from typing import Any
 import yaml
 
 from gpudra.apiserver.handler import ApiHandler
-from gpudra.apiserver.persistence import atomic_write_bytes, atomic_write_json, read_state
+from gpudra.apiserver.persistence import atomic_write_json, read_state
+from gpudra.atomicfile import atomic_write
 from gpudra.apiserver.resources import DEFAULT_REGISTRY, Registry
 from gpudra.apiserver.status import StatusError
 from gpudra.apiserver.store import Admission, Store
@@ -161,5 +162,6 @@ class EmbeddedApiServer:
         if not self.url:
             raise RuntimeError("write_kubeconfig: the server has not been started; call start() first")
         target = Path(path)
-        atomic_write_bytes(target, yaml.safe_dump(self.kubeconfig(), sort_keys=False).encode())
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, yaml.safe_dump(self.kubeconfig(), sort_keys=False).encode())
         return target
