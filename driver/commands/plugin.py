@@ -1,15 +1,12 @@
 """`gpu-dra plugin`: run the node agent (kubelet DRA plugin, slice publisher, health stream).
 
 Stops cleanly on SIGTERM/SIGINT: sockets removed, checkpoint closed. With `--device-plugin` the legacy
-device plugin shim (`driver.deviceplugin.start_device_plugin(agent)`, returning an object with `stop()`) is
-started beside it and shares the agent's checkpoint ledger.
+device plugin shim is started beside it and shares the agent's checkpoint ledger.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import logging
 import signal
 import sys
@@ -18,11 +15,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from driver.slices import DEFAULT_DRIVER_NAME
+from gpudra import DEFAULT_DRIVER_NAME, logfmt
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
 DEFAULT_CDI_DIR = "/var/run/cdi"
-DEVICE_PLUGIN_MODULE = "driver.deviceplugin"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -43,22 +39,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
-def _device_plugin_available() -> bool:
-    return importlib.util.find_spec(DEVICE_PLUGIN_MODULE) is not None
-
-
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=getattr(logging, args.log_level), stream=sys.stderr,
-        format="time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )
-    if args.device_plugin and not _device_plugin_available():
-        print(
-            "error: --device-plugin: the device plugin shim (driver/deviceplugin.py) is not available in this build; "
-            "run without --device-plugin",
-            file=sys.stderr,
-        )
-        return 2
+    logfmt.configure(getattr(logging, args.log_level))
     if args.device_plugin:
         from driver.deviceplugin import extended_resource_name_error
 
@@ -116,9 +98,9 @@ def run(args: argparse.Namespace) -> int:
     agent.start()
     try:
         if args.device_plugin:
-            shim = importlib.import_module(DEVICE_PLUGIN_MODULE).start_device_plugin(
-                agent, resource_name=args.device_plugin_resource, api=api
-            )
+            from driver.deviceplugin import start_device_plugin
+
+            shim = start_device_plugin(agent, resource_name=args.device_plugin_resource, api=api)
         while not stop.wait(1.0):
             pass
     finally:
