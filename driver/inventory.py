@@ -38,6 +38,34 @@ class MigProfile:
     compute_slices: int = 0
 
 
+# Xids that report application faults (NVIDIA's device plugin skips them): the GPU stays healthy and schedulable.
+APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+
+
+@dataclass(frozen=True)
+class Health:
+    """Health signals of one GPU (or MIG device) as last seen by discovery or the health monitor."""
+
+    xids: tuple[int, ...] = ()  # Xid events seen (application errors included), most recent last
+    lost: bool = False  # fell off the bus / NVML_ERROR_GPU_IS_LOST
+
+    @property
+    def healthy(self) -> bool:
+        """No lost GPU and no Xid other than an application error."""
+        return not self.lost and all(x in APPLICATION_XIDS for x in self.xids)
+
+    def combined(self, own: Health) -> Health:
+        """The health of a device that fails with its parent: `self` the parent's, `own` the device's own.
+
+        A MIG device is unusable when its GPU is lost or has a critical Xid, and also when an Xid was charged
+        to it alone. The order of parent and own Xids is not recorded; the device's own go last, so that when
+        both have a critical Xid the published taint names the device's own fault.
+        """
+        if own == Health():
+            return self
+        return Health(xids=(*self.xids, *own.xids), lost=self.lost or own.lost)
+
+
 @dataclass(frozen=True)
 class MigDevice:
     """An existing MIG device (a GPU instance with its full compute instance)."""
@@ -54,6 +82,9 @@ class MigDevice:
     ofa_engines: int
     gpu_instance_id: int
     compute_instance_id: int
+    # Faults charged to this MIG device alone (Xids carrying its GPU-instance id); the parent GPU's own
+    # faults live in Gpu.health and apply to every MIG device on it (see Health.combined).
+    health: Health = field(default_factory=Health)
 
 
 @dataclass(frozen=True)
@@ -62,23 +93,6 @@ class NvLink:
     active: bool
     remote_pci_bus_id: str | None  # None when the remote end is an NVSwitch or unknown
     remote_is_switch: bool = False
-
-
-# Xids that report application faults (NVIDIA's device plugin skips them): the GPU stays healthy and schedulable.
-APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
-
-
-@dataclass(frozen=True)
-class Health:
-    """Health signals of one GPU (or MIG device) as last seen by discovery or the health monitor."""
-
-    xids: tuple[int, ...] = ()  # Xid events seen (application errors included), most recent last
-    lost: bool = False  # fell off the bus / NVML_ERROR_GPU_IS_LOST
-
-    @property
-    def healthy(self) -> bool:
-        """No lost GPU and no Xid other than an application error."""
-        return not self.lost and all(x in APPLICATION_XIDS for x in self.xids)
 
 
 @dataclass(frozen=True)

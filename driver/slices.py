@@ -16,6 +16,9 @@ Naming (all DNS labels, <= 63 characters):
 
 Health is published as device taints (`DRADeviceTaints` is alpha in 1.35: the API server stores the
 field in v1 whatever the gate; schedulers without the gate ignore it, so it is advisory there).
+A MIG device (and the placement it occupies) is tainted from its parent GPU's health combined with its
+own (`MigDevice.health`: Xids charged to its GPU instance), so a parent fault taints every MIG device on
+that GPU and a MIG device's own Xid taints only that device.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from driver.inventory import APPLICATION_XIDS, Gpu, Inventory, MigDevice, MigPlacement, MigProfile
+from driver.inventory import APPLICATION_XIDS, Gpu, Health, Inventory, MigDevice, MigPlacement, MigProfile
 
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -182,19 +185,28 @@ def _string(v: str) -> dict[str, Any]:
 # --- health --------------------------------------------------------------------------------
 
 
-def health_taints(gpu: Gpu, driver_name: str) -> list[dict[str, str]]:
-    """Taints for an unhealthy GPU; an empty list for a healthy one (recovery removes them)."""
+def health_taints(health: Health, driver_name: str) -> list[dict[str, str]]:
+    """Taints for an unhealthy device; an empty list for a healthy one (recovery removes them).
+
+    `health` is a full GPU's own, or for a MIG device its parent's combined with its own
+    (`mig_health`), so a parent fault taints every MIG device while a MIG device's own Xid taints only it.
+    """
     taints: list[dict[str, str]] = []
-    if gpu.health.lost:
+    if health.lost:
         taints.append({"key": f"{driver_name}/gpu-lost", "effect": "NoSchedule"})
-    if gpu.health.xids:
+    if health.xids:
         # One Xid taint: the most recent fault if there is one, else the most recent application error.
-        faults = [x for x in gpu.health.xids if x not in APPLICATION_XIDS]
-        xid = faults[-1] if faults else gpu.health.xids[-1]
+        faults = [x for x in health.xids if x not in APPLICATION_XIDS]
+        xid = faults[-1] if faults else health.xids[-1]
         taints.append(
             {"key": f"{driver_name}/xid", "value": str(xid), "effect": "NoSchedule" if faults else "None"}
         )
     return taints
+
+
+def mig_health(gpu: Gpu, mig: MigDevice | None) -> Health:
+    """The health a MIG device (or a MIG placement, `mig` the device living there or None) is published with."""
+    return gpu.health if mig is None else gpu.health.combined(mig.health)
 
 
 def _taints_for(name: str, base: Sequence[Mapping[str, str]], settings: SliceSettings) -> list[dict[str, str]]:
@@ -251,7 +263,7 @@ def _gpu_device(gpu: Gpu, inv: Inventory, settings: SliceSettings) -> dict[str, 
         "attributes": attrs,
         "capacity": {"memory": {"value": binary_quantity(gpu.memory_bytes)}},
     }
-    taints = _taints_for(name, health_taints(gpu, settings.driver_name), settings)
+    taints = _taints_for(name, health_taints(gpu.health, settings.driver_name), settings)
     if taints:
         device["taints"] = taints
     return device
@@ -273,7 +285,7 @@ def _mig_device(gpu: Gpu, mig: MigDevice, inv: Inventory, settings: SliceSetting
     name = mig_device_name(gpu, mig)
     attrs = _mig_attributes(gpu, inv, mig.profile, mig.uuid)
     device: dict[str, Any] = {"name": name, "attributes": attrs, "capacity": _mig_capacity(mig)}
-    taints = _taints_for(name, health_taints(gpu, settings.driver_name), settings)
+    taints = _taints_for(name, health_taints(mig_health(gpu, mig), settings.driver_name), settings)
     if taints:
         device["taints"] = taints
     return device
@@ -390,7 +402,9 @@ def _placement_device(
         "capacity": _mig_capacity(profile),
         "consumesCounters": [{"counterSet": counter_set_name(gpu), "counters": _counter_values(consumed)}],
     }
-    taints = _taints_for(name, health_taints(gpu, settings.driver_name), settings)
+    # A fault charged to the MIG device living here taints the placement: they share one name, and the faulty
+    # instance stays until its claim is unprepared (a recreated instance has a new UUID and starts healthy).
+    taints = _taints_for(name, health_taints(mig_health(gpu, existing), settings.driver_name), settings)
     if taints:
         device["taints"] = taints
     return device

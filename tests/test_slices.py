@@ -20,6 +20,7 @@ from driver.slices import (
     counter_set_name,
     gpu_device_name,
     mig_device_name,
+    mig_health,
     semver_of,
     slice_name,
 )
@@ -421,6 +422,73 @@ def test_mig_devices_and_placements_inherit_parent_health() -> None:
     for part in (False, True):
         for dev in devices(build_slices(inventory([gpu]), settings(partitionable=part))):
             assert dev["taints"] == [{"key": "gpu.nvidia.com/xid", "value": "94", "effect": "NoSchedule"}]
+
+
+def _sick_mig(health: Health, parent: Health = Health()) -> Gpu:
+    """An H100 with two 3g.40gb MIG devices, the first (placement 0) carrying `health` of its own."""
+    gpu = replace(with_mig(h100(0), [("3g.40gb", 0), ("3g.40gb", 4)]), health=parent)
+    first, second = gpu.mig_devices
+    return replace(gpu, mig_devices=(replace(first, health=health), second))
+
+
+@pytest.mark.parametrize("partitionable", [False, True])
+def test_mig_own_xid_taints_only_that_mig_device(partitionable: bool) -> None:
+    gpu = _sick_mig(Health(xids=(94,)))
+    first, second = (mig_device_name(gpu, m) for m in gpu.mig_devices)
+    devs = by_name(build_slices(inventory([gpu]), settings(partitionable=partitionable)))
+    assert devs[first]["taints"] == [{"key": "gpu.nvidia.com/xid", "value": "94", "effect": "NoSchedule"}]
+    untainted = [d for name, d in devs.items() if name != first]
+    assert second in devs and untainted and all("taints" not in d for d in untainted)
+    # The parent's own health is untouched: in partitionable mode the full GPU stays untainted.
+    if partitionable:
+        assert "taints" not in devs[gpu_device_name(gpu)]
+
+
+@pytest.mark.parametrize("partitionable", [False, True])
+def test_parent_fault_taints_every_mig_device_even_with_own_application_xid(partitionable: bool) -> None:
+    gpu = _sick_mig(Health(xids=(13,)), parent=Health(xids=(48,), lost=True))
+    for dev in devices(build_slices(inventory([gpu]), settings(partitionable=partitionable))):
+        assert {(t["key"], t.get("value"), t["effect"]) for t in dev["taints"]} == {
+            ("gpu.nvidia.com/gpu-lost", None, "NoSchedule"),
+            ("gpu.nvidia.com/xid", "48", "NoSchedule"),
+        }, dev["name"]
+
+
+def test_mig_application_xid_is_informational_on_that_device_only() -> None:
+    gpu = _sick_mig(Health(xids=(31,)))
+    first, second = (mig_device_name(gpu, m) for m in gpu.mig_devices)
+    devs = by_name(build_slices(inventory([gpu]), settings()))
+    assert devs[first]["taints"] == [{"key": "gpu.nvidia.com/xid", "value": "31", "effect": "None"}]
+    assert "taints" not in devs[second]
+
+
+def test_mig_own_fault_is_shown_over_parent_application_xid_and_parent_fault_over_own_application_xid() -> None:
+    own_fault = _sick_mig(Health(xids=(94,)), parent=Health(xids=(13,)))
+    devs = by_name(build_slices(inventory([own_fault]), settings()))
+    first, second = (mig_device_name(own_fault, m) for m in own_fault.mig_devices)
+    assert devs[first]["taints"] == [{"key": "gpu.nvidia.com/xid", "value": "94", "effect": "NoSchedule"}]
+    assert devs[second]["taints"] == [{"key": "gpu.nvidia.com/xid", "value": "13", "effect": "None"}]
+    # Both faulted: the device's own Xid is the one published.
+    both = _sick_mig(Health(xids=(94,)), parent=Health(xids=(48,)))
+    devs = by_name(build_slices(inventory([both]), settings()))
+    assert devs[first]["taints"] == [{"key": "gpu.nvidia.com/xid", "value": "94", "effect": "NoSchedule"}]
+    assert devs[second]["taints"] == [{"key": "gpu.nvidia.com/xid", "value": "48", "effect": "NoSchedule"}]
+
+
+def test_mig_health_combines_parent_and_own() -> None:
+    gpu = _sick_mig(Health(xids=(31,)), parent=Health(xids=(13,)))
+    first, second = gpu.mig_devices
+    assert mig_health(gpu, first) == Health(xids=(13, 31))
+    assert mig_health(gpu, second) == gpu.health
+    assert mig_health(gpu, None) == gpu.health
+    assert mig_health(gpu, first).healthy
+    assert not mig_health(replace(gpu, health=Health(lost=True)), first).healthy
+
+
+def test_mig_taints_keep_slices_structurally_valid() -> None:
+    gpu = _sick_mig(Health(xids=(94,)), parent=Health(xids=(13,)))
+    for part in (False, True):
+        structurally_valid(build_slices(inventory([gpu]), settings(partitionable=part)))
 
 
 def test_recovery_removes_taints() -> None:
