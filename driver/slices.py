@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driver.inventory import APPLICATION_XIDS, Gpu, Health, Inventory, MigDevice, MigPlacement, MigProfile
+from gpudra import DEFAULT_DRIVER_NAME
 
-DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 STANDARD_DOMAIN = "resource.kubernetes.io"
 
 # Kubernetes' ResourceSlice limits (resource.k8s.io/v1, 1.35).

@@ -9,7 +9,8 @@ from typing import Any
 
 import yaml
 
-from driver.slices import DEFAULT_DRIVER_NAME, SliceBuildError, SliceSettings, build_slices
+from driver.slices import SliceBuildError, SliceSettings, build_slices
+from gpudra import DEFAULT_DRIVER_NAME
 
 
 def register(parser: argparse.ArgumentParser) -> None:
