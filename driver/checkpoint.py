@@ -83,6 +83,18 @@ class PreparedDevice(BaseModel):
     mig_created: MigCreation | None = None  # set when prepare creates the MIG device itself (partitionable)
 
 
+class MpsDaemonRecord(BaseModel):
+    """An MPS control daemon prepare runs for some of a claim's devices (one per MPS config group).
+
+    Recorded with PrepareStarted, before the daemon starts, so that a rollback after a crash stops it and a
+    restarted agent can check a completed claim's daemon and start it again."""
+
+    model_config = ConfigDict(frozen=True)
+    pipe_dir: str
+    log_dir: str
+    device_names: list[str]  # the claim's devices it serves (their UUIDs are in `devices`)
+
+
 class ClaimRecord(BaseModel):
     model_config = ConfigDict(frozen=True)
     uid: str
@@ -90,6 +102,7 @@ class ClaimRecord(BaseModel):
     name: str
     phase: ClaimPhase
     devices: list[PreparedDevice]
+    mps_daemons: list[MpsDaemonRecord] = Field(default_factory=list)
 
 
 class CheckpointData(BaseModel):

@@ -25,6 +25,7 @@ Per-claim problems become per-claim errors; nothing here raises for bad input.
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,9 +33,10 @@ from typing import Any
 
 from driver import cdi, miginstances, sharing
 from driver.checkpoint import (
-    Checkpoint, ClaimPhase, ClaimRecord, Ledger, LedgerConflict, LoadReport, MigCreation, PreparedDevice,
+    Checkpoint, ClaimPhase, ClaimRecord, Ledger, LedgerConflict, LoadReport, MigCreation, MpsDaemonRecord, PreparedDevice,
 )
 from driver.config import ConfigError, GpuConfig, merge, parse
+from driver.gputools import MpsDirs
 from driver.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 from driver.slices import gpu_device_name, mig_device_name
 
@@ -197,6 +199,7 @@ class StartReport:
     orphans_removed: list[str] = field(default_factory=list)
     specs_rewritten: list[str] = field(default_factory=list)
     reapplied: list[str] = field(default_factory=list)
+    mps_restarted: list[str] = field(default_factory=list)  # completed claims whose MPS daemon was found dead
     problems: list[str] = field(default_factory=list)
 
 
@@ -260,6 +263,8 @@ class Preparer:
                 try:
                     if load_report.new_boot:
                         record = self._recreate_migs(record)
+                    elif self._restore_mps(record):
+                        report.mps_restarted.append(uid)
                     self._write_spec(record, reapply_sharing=load_report.new_boot)
                 except (sharing.SharingError, miginstances.MigError, KeyError, OSError) as exc:
                     report.problems.append(f"claim {record.namespace}/{record.name} (uid {uid}): restoring it failed: {exc}")
@@ -344,6 +349,7 @@ class Preparer:
             for p in plan.devices
         ]
         started = ClaimRecord(uid=ref.uid, namespace=ref.namespace, name=ref.name, phase=ClaimPhase.PREPARE_STARTED, devices=devices)
+        started = started.model_copy(update={"mps_daemons": self._planned_mps_daemons(started)})
         try:
             hold = self.ledger.hold_ops(holder, {d.gpu_uuid for d in devices})
         except LedgerConflict as exc:
@@ -511,6 +517,40 @@ class Preparer:
             groups[key][1].append(d)
         return list(groups.values())
 
+    def _planned_mps_daemons(self, record: ClaimRecord) -> list[MpsDaemonRecord]:
+        """One MPS daemon per MPS config group of the claim, with its directories (recorded before it starts)."""
+        out = []
+        for config, devices in self._groups(record):
+            if sharing.is_mps(config):
+                dirs = sharing.mps_dirs(self._mps_root, record.uid, len(out))
+                out.append(
+                    MpsDaemonRecord(pipe_dir=str(dirs.pipe), log_dir=str(dirs.log), device_names=[d.device_name for d in devices])
+                )
+        return out
+
+    def _mps_dirs(self, record: ClaimRecord, config: GpuConfig | None, devices: Sequence[PreparedDevice]) -> MpsDirs | None:
+        if not sharing.is_mps(config):
+            return None
+        names = [d.device_name for d in devices]
+        for daemon in record.mps_daemons:
+            if daemon.device_names == names:
+                return MpsDirs(pipe=Path(daemon.pipe_dir), log=Path(daemon.log_dir))
+        # A record written before daemons were recorded: its claim's directories were the first daemon's.
+        return sharing.mps_dirs(self._mps_root, record.uid)
+
+    def _restore_mps(self, record: ClaimRecord) -> bool:
+        """After an agent restart: start a completed claim's MPS daemons again if they died; True if any did."""
+        restarted = False
+        for config, devices in self._groups(record):
+            dirs = self._mps_dirs(record, config, devices)
+            if dirs is not None and config is not None and not self._sharing.mps_running(dirs):
+                sharing.start_mps(self._sharing, config, self._shared_devices(devices), dirs)
+                log.warning(
+                    "event=mps-daemon-restarted claim=%s/%s uid=%s pipe_dir=%s", record.namespace, record.name, record.uid, dirs.pipe,
+                )
+                restarted = True
+        return restarted
+
     def _shared_devices(self, devices: Sequence[PreparedDevice]) -> list[sharing.SharedDevice]:
         by_uuid = {g.uuid: g for g in self._inventory().gpus}
         # A device with no uuid is a MIG device that was never created: nothing was shared on it.
@@ -527,11 +567,9 @@ class Preparer:
         for config, devices in self._groups(record):
             container = sharing.ContainerSharing()
             if config is not None:
-                container = (
-                    sharing.apply(self._sharing, config, self._shared_devices(devices), record.uid, self._mps_root)
-                    if reapply_sharing
-                    else sharing.apply(_NoHardware(), config, self._shared_devices(devices), record.uid, self._mps_root)
-                )
+                dirs = self._mps_dirs(record, config, devices)
+                backend: sharing.SharingBackend = self._sharing if reapply_sharing else _NoHardware()
+                container = sharing.apply(backend, config, self._shared_devices(devices), dirs)
                 for note in container.notes:
                     log.warning("event=sharing-note claim=%s/%s uid=%s note=%r", record.namespace, record.name, record.uid, note)
             for d in devices:
@@ -582,9 +620,13 @@ class Preparer:
         still_shared = {d.gpu_uuid for r in others for d in r.devices if d.sharing is not None and (d.sharing.get("sharing"))}
         try:
             for config, devices in self._groups(record):
-                sharing.undo(self._sharing, config, still_shared, self._shared_devices(devices), record.uid, self._mps_root)
+                dirs = self._mps_dirs(record, config, devices)
+                for note in sharing.undo(self._sharing, config, still_shared, self._shared_devices(devices), dirs):
+                    log.warning("event=sharing-note claim=%s/%s uid=%s note=%r", record.namespace, record.name, record.uid, note)
         except sharing.SharingError as exc:
             return f"ResourceClaim {record.namespace}/{record.name} (uid {record.uid}): undoing its sharing setting failed: {exc}"
+        if record.mps_daemons or any(sharing.is_mps(config) for config, _ in self._groups(record)):
+            shutil.rmtree(self._mps_root / record.uid, ignore_errors=True)
         mig_error = self._destroy_migs(record)
         if mig_error:
             return mig_error
@@ -596,10 +638,23 @@ class Preparer:
 
 
 class _NoHardware:
-    """A sharing backend that touches nothing: rebuilding a spec's edits for an already-applied config."""
+    """A sharing backend that touches nothing: rebuilding a spec's edits for an already-applied config
+    (an MPS daemon counts as running, so none is started)."""
 
     def set_compute_mode(self, gpu_uuid: str, mode: int) -> None:
         return None
 
-    def set_timeslice(self, gpu_uuid: str, level: int) -> bool:
+    def set_timeslice(self, gpu_uuid: str, level: int) -> None:
+        return None
+
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+        return None
+
+    def mps_command(self, dirs: MpsDirs, command: str) -> str:
+        return ""
+
+    def mps_stop(self, dirs: MpsDirs) -> None:
+        return None
+
+    def mps_running(self, dirs: MpsDirs) -> bool:
         return True

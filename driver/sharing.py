@@ -1,26 +1,31 @@
-"""Applying a claim's sharing setting to its GPUs: compute modes through NVML, MPS directories and client env.
+"""Applying a claim's sharing setting to its GPUs: compute mode, timeslice interval, MPS control daemons.
 
-- TimeSlicing: the GPU's compute mode is set to DEFAULT (several processes share it by time slicing). The
-  interval is NVIDIA's compute-policy timeslice (Default 0, Short 1, Medium 2, Long 3), which NVML does not
-  expose; on the real backend it is set with `nvidia-smi compute-policy --set-timeslice`, on the simulator it is
-  only recorded (the simulator has no timeslice setting) and reported as such in the result.
-- MPS: the compute mode is set to EXCLUSIVE_PROCESS (one MPS server owns the GPU); the claim gets private pipe
-  and log directories, mounted into its containers with CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY, and
-  the MPS client limits CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT. Starting the MPS
-  control daemon for the claim is not done by this process (see the report in docs).
+- TimeSlicing: the GPU's compute mode is set to DEFAULT (several processes share it by time slicing) and its
+  timeslice interval to the config's level (Default 0, Short 1, Medium 2, Long 3) through the backend's
+  `set_timeslice` (nvidia-smi compute-policy on a node, recorded state in the simulator). The interval is a
+  setting of the full GPU: for MIG devices it is left alone and a note says so. When the last claim sharing a
+  GPU is unprepared, the interval goes back to Default.
+- MPS: the compute mode is set to EXCLUSIVE_PROCESS (the MPS server is the one process owning the GPU), then an
+  MPS control daemon is started for the claim's devices with the claim's private pipe and log directories and
+  CUDA_VISIBLE_DEVICES set to their UUIDs, and the config's limits are sent to it
+  (`set_default_active_thread_percentage`, `set_default_device_pinned_mem_limit <uuid> <MiB>M`). The
+  directories are mounted into the claim's containers (CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY), and
+  the limits are also given as client env vars. Unprepare sends `quit` and restores the DEFAULT compute mode.
 - MIG devices: compute mode is a property of the parent GPU, so it is set there.
+
+The backend (`SharingBackend`) is the same method set for real GPUs and the simulator; nothing here knows which.
 """
 
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from driver.config import GpuConfig, SharingStrategy
+from driver.gputools import GpuToolError, MpsDirs
 
 COMPUTE_MODE_DEFAULT = 0
 COMPUTE_MODE_EXCLUSIVE_PROCESS = 3
@@ -36,17 +41,22 @@ class SharingError(RuntimeError):
 class SharingBackend(Protocol):
     def set_compute_mode(self, gpu_uuid: str, mode: int) -> None: ...
 
-    def set_timeslice(self, gpu_uuid: str, level: int) -> bool:
-        """Returns False when the backend cannot set the interval (recorded only)."""
-        ...
+    def set_timeslice(self, gpu_uuid: str, level: int) -> None: ...
+
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None: ...
+
+    def mps_command(self, dirs: MpsDirs, command: str) -> str: ...
+
+    def mps_stop(self, dirs: MpsDirs) -> None: ...
+
+    def mps_running(self, dirs: MpsDirs) -> bool: ...
 
 
 class NvmlSharing:
-    """Sharing through an NVML backend (driver.nvml.load_backend's object)."""
+    """Sharing through an NVML backend (driver.nvml.load_backend's object, real or simulated)."""
 
-    def __init__(self, nvml: Any, *, real: bool) -> None:
+    def __init__(self, nvml: Any) -> None:
         self._nvml = nvml
-        self._real = real
 
     def set_compute_mode(self, gpu_uuid: str, mode: int) -> None:
         try:
@@ -56,18 +66,34 @@ class NvmlSharing:
         except Exception as exc:  # pynvml raises NVMLError subclasses; report them per claim
             raise SharingError(f"GPU {gpu_uuid}: setting the compute mode to {mode} failed: {exc}") from exc
 
-    def set_timeslice(self, gpu_uuid: str, level: int) -> bool:
-        if not self._real:
-            return False
-        smi = shutil.which("nvidia-smi")
-        if smi is None:
-            raise SharingError(f"GPU {gpu_uuid}: nvidia-smi is needed to set the timeslice interval and was not found")
-        done = subprocess.run(
-            [smi, "compute-policy", "-i", gpu_uuid, f"--set-timeslice={level}"], capture_output=True, text=True, timeout=30
-        )
-        if done.returncode != 0:
-            raise SharingError(f"GPU {gpu_uuid}: nvidia-smi compute-policy --set-timeslice={level} failed: {done.stderr.strip()}")
-        return True
+    def set_timeslice(self, gpu_uuid: str, level: int) -> None:
+        try:
+            self._nvml.set_timeslice(gpu_uuid, level)
+        except GpuToolError as exc:
+            raise SharingError(f"GPU {gpu_uuid}: setting the timeslice interval to level {level} failed: {exc}") from exc
+
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+        try:
+            self._nvml.mps_start(dirs, device_uuids)
+        except GpuToolError as exc:
+            raise SharingError(
+                f"GPU(s) {', '.join(device_uuids)}: starting the MPS control daemon (pipe directory {dirs.pipe}) failed: {exc}"
+            ) from exc
+
+    def mps_command(self, dirs: MpsDirs, command: str) -> str:
+        try:
+            return str(self._nvml.mps_command(dirs, command))
+        except GpuToolError as exc:
+            raise SharingError(f"MPS control daemon (pipe directory {dirs.pipe}): {command!r} failed: {exc}") from exc
+
+    def mps_stop(self, dirs: MpsDirs) -> None:
+        try:
+            self._nvml.mps_stop(dirs)
+        except GpuToolError as exc:
+            raise SharingError(f"MPS control daemon (pipe directory {dirs.pipe}): stopping it failed: {exc}") from exc
+
+    def mps_running(self, dirs: MpsDirs) -> bool:
+        return bool(self._nvml.mps_running(dirs))
 
 
 @dataclass(frozen=True)
@@ -75,6 +101,10 @@ class SharedDevice:
     uuid: str
     gpu_uuid: str
     gpu_index: int
+
+    @property
+    def is_full_gpu(self) -> bool:
+        return self.uuid == self.gpu_uuid
 
 
 @dataclass(frozen=True)
@@ -86,59 +116,117 @@ class ContainerSharing:
     notes: tuple[str, ...] = ()
 
 
-def mps_dirs(mps_root: Path, claim_uid: str) -> tuple[Path, Path]:
-    base = mps_root / claim_uid
-    return base / "pipe", base / "log"
+def mps_dirs(mps_root: Path, claim_uid: str, ordinal: int = 0) -> MpsDirs:
+    """The directories of a claim's `ordinal`-th MPS daemon (a claim has one per distinct MPS config)."""
+    base = mps_root / claim_uid if ordinal == 0 else mps_root / claim_uid / str(ordinal)
+    return MpsDirs(pipe=base / "pipe", log=base / "log")
+
+
+def is_mps(config: GpuConfig | None) -> bool:
+    return config is not None and config.sharing is not None and config.sharing.strategy is SharingStrategy.MPS
+
+
+def mps_commands(config: GpuConfig, devices: Sequence[SharedDevice]) -> list[str]:
+    """The control commands that put a config's limits on a freshly started daemon, in order."""
+    mps = config.sharing.mps if config.sharing is not None else None
+    if mps is None:
+        return []
+    out = []
+    if mps.default_active_thread_percentage is not None:
+        out.append(f"set_default_active_thread_percentage {mps.default_active_thread_percentage}")
+    for d in devices:
+        limit = mps.pinned_limit_bytes(d.uuid, d.gpu_index)
+        if limit is not None:
+            out.append(f"set_default_device_pinned_mem_limit {d.uuid} {max(1, limit // (1024 * 1024))}M")
+    return out
+
+
+def _gpus(devices: Sequence[SharedDevice]) -> list[str]:
+    return sorted({d.gpu_uuid for d in devices})
+
+
+def start_mps(backend: SharingBackend, config: GpuConfig, devices: Sequence[SharedDevice], dirs: MpsDirs) -> bool:
+    """Make sure the daemon runs with the config's limits; True if it had to be started."""
+    for gpu in _gpus(devices):
+        backend.set_compute_mode(gpu, COMPUTE_MODE_EXCLUSIVE_PROCESS)
+    dirs.pipe.mkdir(parents=True, exist_ok=True)
+    dirs.log.mkdir(parents=True, exist_ok=True)
+    if backend.mps_running(dirs):
+        return False
+    backend.mps_start(dirs, [d.uuid for d in devices])
+    # Defaults apply to MPS servers the daemon starts later, i.e. to the claim's first client onwards.
+    for command in mps_commands(config, devices):
+        backend.mps_command(dirs, command)
+    return True
 
 
 def apply(
-    backend: SharingBackend, config: GpuConfig | None, devices: Sequence[SharedDevice], claim_uid: str, mps_root: Path
+    backend: SharingBackend, config: GpuConfig | None, devices: Sequence[SharedDevice], mps: MpsDirs | None
 ) -> ContainerSharing:
-    """Apply one config to the devices it covers (idempotent: re-applying after a reboot is safe)."""
+    """Apply one config to the devices it covers (idempotent: re-applying after a reboot is safe).
+
+    `mps` is the daemon's directories; required for an MPS config."""
     if config is None or config.sharing is None:
         return ContainerSharing()
-    gpus = sorted({d.gpu_uuid for d in devices})
     if config.sharing.strategy is SharingStrategy.TIME_SLICING:
         level = config.sharing.time_slicing.interval.level if config.sharing.time_slicing else 0
         notes = []
-        for gpu in gpus:
+        for gpu in _gpus(devices):
             backend.set_compute_mode(gpu, COMPUTE_MODE_DEFAULT)
-            if not backend.set_timeslice(gpu, level):
-                notes.append(f"GPU {gpu}: timeslice level {level} recorded; this NVML backend cannot set it")
+            if any(d.is_full_gpu for d in devices if d.gpu_uuid == gpu):
+                backend.set_timeslice(gpu, level)
+            elif level != 0:
+                notes.append(
+                    f"GPU {gpu}: the timeslice interval is a setting of the full GPU; not changed for its MIG device(s)"
+                )
         return ContainerSharing(notes=tuple(notes))
-    for gpu in gpus:
-        backend.set_compute_mode(gpu, COMPUTE_MODE_EXCLUSIVE_PROCESS)
-    pipe, log = mps_dirs(mps_root, claim_uid)
-    pipe.mkdir(parents=True, exist_ok=True)
-    log.mkdir(parents=True, exist_ok=True)
+    if mps is None:
+        raise SharingError("an MPS config needs the MPS control daemon's directories")
+    start_mps(backend, config, devices, mps)
     env = {"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE_IN_CONTAINER, "CUDA_MPS_LOG_DIRECTORY": MPS_LOG_IN_CONTAINER}
-    mps = config.sharing.mps
-    if mps is not None:
-        if mps.default_active_thread_percentage is not None:
-            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps.default_active_thread_percentage)
+    settings = config.sharing.mps
+    if settings is not None:
+        if settings.default_active_thread_percentage is not None:
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(settings.default_active_thread_percentage)
         # Client limits are per CUDA device ordinal as the container sees them (claim order).
         limits = []
         for ordinal, d in enumerate(devices):
-            limit = mps.pinned_limit_bytes(d.uuid, d.gpu_index)
+            limit = settings.pinned_limit_bytes(d.uuid, d.gpu_index)
             if limit is not None:
                 limits.append(f"{ordinal}={max(1, limit // (1024 * 1024))}M")
         if limits:
             env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(limits)
     mounts = [
-        {"hostPath": str(pipe), "containerPath": MPS_PIPE_IN_CONTAINER, "options": ["rbind", "rw"]},
-        {"hostPath": str(log), "containerPath": MPS_LOG_IN_CONTAINER, "options": ["rbind", "rw"]},
+        {"hostPath": str(mps.pipe), "containerPath": MPS_PIPE_IN_CONTAINER, "options": ["rbind", "rw"]},
+        {"hostPath": str(mps.log), "containerPath": MPS_LOG_IN_CONTAINER, "options": ["rbind", "rw"]},
     ]
     return ContainerSharing(env=env, mounts=mounts)
 
 
 def undo(
     backend: SharingBackend, config: GpuConfig | None, gpus_still_shared: set[str], devices: Sequence[SharedDevice],
-    claim_uid: str, mps_root: Path,
-) -> None:
-    """Return the GPUs to the default compute mode unless another prepared claim still shares them."""
+    mps: MpsDirs | None,
+) -> list[str]:
+    """Stop the config's MPS daemon, then return the GPUs to the default compute mode and timeslice unless
+    another prepared claim still shares them. Safe to repeat (a rollback after a crash does).
+
+    A failure to restore the timeslice is returned as a note, not raised: the interval only tunes scheduling,
+    and an unprepare that can never finish would keep the claim's pods from terminating."""
+    notes: list[str] = []
     if config is None or config.sharing is None:
-        return
-    for gpu in sorted({d.gpu_uuid for d in devices} - gpus_still_shared):
+        return notes
+    if config.sharing.strategy is SharingStrategy.MPS and mps is not None:
+        if backend.mps_running(mps):
+            backend.mps_stop(mps)
+        shutil.rmtree(mps.pipe, ignore_errors=True)
+        shutil.rmtree(mps.log, ignore_errors=True)
+    for gpu in sorted(set(_gpus(devices)) - gpus_still_shared):
         backend.set_compute_mode(gpu, COMPUTE_MODE_DEFAULT)
-    if config.sharing.strategy is SharingStrategy.MPS:
-        shutil.rmtree(mps_root / claim_uid, ignore_errors=True)
+        if config.sharing.strategy is SharingStrategy.TIME_SLICING and any(
+            d.is_full_gpu for d in devices if d.gpu_uuid == gpu
+        ):
+            try:
+                backend.set_timeslice(gpu, 0)
+            except SharingError as exc:
+                notes.append(f"the timeslice interval stays as it was: {exc}")
+    return notes

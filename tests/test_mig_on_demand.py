@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import pytest
 from driver import cdi
 from driver.checkpoint import Checkpoint, ClaimPhase
 from driver.discovery import discover
+from driver.gputools import MpsDirs
 from driver.inventory import Gpu, Inventory, MigPlacement, MigProfile
 from driver.kubeletsim import ClaimInfo, KubeletSim, Pod
 from driver.nvml import load_backend
@@ -37,8 +38,20 @@ class NoSharing:
     def set_compute_mode(self, gpu_uuid: str, mode: int) -> None:
         return None
 
-    def set_timeslice(self, gpu_uuid: str, level: int) -> bool:
-        return True
+    def set_timeslice(self, gpu_uuid: str, level: int) -> None:
+        return None
+
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+        return None
+
+    def mps_command(self, dirs: MpsDirs, command: str) -> str:
+        return ""
+
+    def mps_stop(self, dirs: MpsDirs) -> None:
+        return None
+
+    def mps_running(self, dirs: MpsDirs) -> bool:
+        return False
 
 
 class Node:

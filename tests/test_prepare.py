@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,7 @@ import pytest
 
 from driver import cdi
 from driver.checkpoint import Checkpoint, ClaimPhase, Ledger
+from driver.gputools import MpsDirs
 from driver.inventory import Inventory
 from driver.prepare import ClaimNotFound, ClaimRef, Preparer
 from driver.sharing import COMPUTE_MODE_DEFAULT, COMPUTE_MODE_EXCLUSIVE_PROCESS
@@ -28,13 +29,26 @@ class RecordingSharing:
     def __init__(self) -> None:
         self.modes: dict[str, int] = {}
         self.timeslices: dict[str, int] = {}
+        self.mps: dict[Path, list[str]] = {}  # running daemons: pipe dir -> commands received
 
     def set_compute_mode(self, gpu_uuid: str, mode: int) -> None:
         self.modes[gpu_uuid] = mode
 
-    def set_timeslice(self, gpu_uuid: str, level: int) -> bool:
+    def set_timeslice(self, gpu_uuid: str, level: int) -> None:
         self.timeslices[gpu_uuid] = level
-        return True
+
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+        self.mps[dirs.pipe] = []
+
+    def mps_command(self, dirs: MpsDirs, command: str) -> str:
+        self.mps[dirs.pipe].append(command)
+        return ""
+
+    def mps_stop(self, dirs: MpsDirs) -> None:
+        del self.mps[dirs.pipe]
+
+    def mps_running(self, dirs: MpsDirs) -> bool:
+        return dirs.pipe in self.mps
 
 
 class Claims:

@@ -80,7 +80,6 @@ def run(args: argparse.Namespace) -> int:
     settings = AgentSettings(
         node_name=args.node, driver_name=args.driver_name, kubelet_dir=Path(args.kubelet_dir), cdi_dir=Path(args.cdi_dir),
         partitionable=args.partitionable, reserved_uuids=reserved, metrics_port=args.metrics_port,
-        real_nvml=args.nvml == "real",
     )
     agent = NodeAgent(
         settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api),

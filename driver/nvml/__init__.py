@@ -1,16 +1,21 @@
 """NVML backends: the real library through pynvml, or the simulator over a profile.
 
 `load_backend(spec, node=None)` returns an initialised object with pynvml's function names, return
-types and errors, plus `pcie_root(pci_bus_id)` (the one topology fact NVML lacks).
+types and errors, plus `pcie_root(pci_bus_id)` (the one topology fact NVML lacks) and the GPU settings NVML
+has no call for: `set_timeslice(gpu_uuid, level)` and MPS control daemons (`mps_start(dirs, device_uuids)`,
+`mps_command(dirs, command)`, `mps_stop(dirs)`, `mps_running(dirs)`), which raise `GpuToolError`. The real
+backend runs NVIDIA's tools for them (driver.gputools), the simulator keeps them as state.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+from driver.gputools import MpsDirs, NvidiaTools
 from driver.nvml.faults import FAULTS_ENV
 from driver.nvml.profile import ProfileError, load_profile, shipped_profiles
 from driver.nvml.sim import SimulatedNvml
@@ -39,9 +44,10 @@ def sysfs_pcie_root(pci_bus_id: str, devices_dir: Path = SYSFS_PCI_DEVICES) -> s
 class RealNvml:
     """pynvml itself, plus `pcie_root` from sysfs. Attribute access is forwarded to the module."""
 
-    def __init__(self, module: Any, devices_dir: Path = SYSFS_PCI_DEVICES) -> None:
+    def __init__(self, module: Any, devices_dir: Path = SYSFS_PCI_DEVICES, tools: NvidiaTools | None = None) -> None:
         self._module = module
         self._devices_dir = devices_dir
+        self._tools = tools or NvidiaTools()
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("nvml"):
@@ -50,6 +56,21 @@ class RealNvml:
 
     def pcie_root(self, pci_bus_id: str) -> str | None:
         return sysfs_pcie_root(pci_bus_id, self._devices_dir)
+
+    def set_timeslice(self, gpu_uuid: str, level: int) -> None:
+        self._tools.set_timeslice(gpu_uuid, level)
+
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+        self._tools.mps_start(dirs, device_uuids)
+
+    def mps_command(self, dirs: MpsDirs, command: str) -> str:
+        return self._tools.mps_command(dirs, command)
+
+    def mps_stop(self, dirs: MpsDirs) -> None:
+        self._tools.mps_stop(dirs)
+
+    def mps_running(self, dirs: MpsDirs) -> bool:
+        return self._tools.mps_running(dirs)
 
 
 _UNAVAILABLE_HINT = (

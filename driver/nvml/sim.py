@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 import time
 import uuid as uuidlib
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pynvml
 
+from driver.gputools import TIMESLICE_LEVELS, GpuToolError, MpsDirs
 from driver.nvml.faults import CallFault, Faults, error_code, read_faults
 from driver.nvml.profile import GpuModelSpec, GpuSpec, MigProfileSpec, Profile, nvml_constant, profile_for_node
 
@@ -133,7 +136,26 @@ class _SimGpu:
     mig_pending: bool
     migs: list[_SimMig] = field(default_factory=list)
     compute_mode: int = pynvml.NVML_COMPUTEMODE_DEFAULT
+    timeslice: int = 0  # nvidia-smi compute-policy level; NVML has no call for it
     lost: bool = False
+
+
+@dataclass(frozen=True)
+class SimMpsDaemon:
+    """A simulated MPS control daemon, as the simulator's `mps_daemon(dirs)` reports it."""
+
+    device_uuids: tuple[str, ...]
+    log_dir: str
+    running: bool = True
+    starts: int = 1
+    active_thread_percentage: int | None = None
+    # device (as named in the command: UUID or CUDA ordinal) -> limit as written ("4096M")
+    pinned_limits: tuple[tuple[str, str], ...] = ()
+    commands: tuple[str, ...] = ()
+
+
+_TOOL_FUNCTIONS = ("set_timeslice", "mps_start", "mps_command", "mps_stop")
+_MPS_LIMIT = re.compile(r"^[1-9][0-9]*[MG]$")
 
 
 @dataclass
@@ -193,6 +215,8 @@ class SimulatedNvml:
             gpu.migs.sort(key=lambda m: m.start)
             self._gpus.append(gpu)
         self._by_address = {g.address: g for g in self._gpus}
+        self._mps: dict[str, SimMpsDaemon] = {}  # pipe dir -> daemon
+        self._tool_faults: list[tuple[str, str | None, str]] = []  # (function, uuid or None, stderr)
 
     # ------------------------------------------------------------------ fault injection
 
@@ -230,11 +254,28 @@ class SimulatedNvml:
         with self._lock:
             self._fail_calls.append(CallFault(function_name, error.upper(), uuid))
 
+    def fail_tool(self, function_name: str, uuid: str | None = None, stderr: str = "simulated failure") -> None:
+        """Make a tool facility (set_timeslice, mps_start, mps_command, mps_stop) fail with `stderr`, as the
+        real tool exiting non-zero would (for one GPU/MIG device, or for all when uuid is None)."""
+        if function_name not in _TOOL_FUNCTIONS:
+            raise ValueError(f"fail_tool: {function_name!r} is not one of {', '.join(_TOOL_FUNCTIONS)}")
+        with self._lock:
+            self._tool_faults.append((function_name, uuid, stderr))
+
+    def kill_mps(self, dirs: MpsDirs) -> None:
+        """The MPS control daemon of `dirs` dies (its control socket stops answering)."""
+        with self._lock:
+            daemon = self._mps.get(str(dirs.pipe))
+            if daemon is None:
+                raise ValueError(f"kill_mps: no MPS daemon was started with pipe directory {dirs.pipe}")
+            self._mps[str(dirs.pipe)] = replace(daemon, running=False)
+
     def clear(self) -> None:
-        """Forget in-process faults (lost GPUs, failing calls, undelivered events)."""
+        """Forget in-process faults (lost GPUs, failing calls, failing tools, undelivered events)."""
         with self._lock:
             self._lost.clear()
             self._fail_calls.clear()
+            self._tool_faults.clear()
             for es in self._event_sets.values():
                 es.queue.clear()
 
@@ -247,6 +288,100 @@ class SimulatedNvml:
             if g.spec.pci_bus_id.lower() == want or g.spec.pci_bus_id.lower().endswith(want[-12:]):
                 return g.spec.pcie_root
         return None
+
+    # ------------------------------------------------------------------ GPU tools (nvidia-smi, MPS; not NVML)
+
+    def _tool_fault(self, fname: str, uuids: tuple[str, ...], what: str) -> None:
+        for function, uuid, stderr in self._tool_faults:
+            if function == fname and (uuid is None or uuid in uuids):
+                raise GpuToolError(f"{what} exited with status 1: {stderr}")
+
+    def _tool_gpu(self, uuid: str, what: str) -> tuple[_SimGpu, _SimMig | None]:
+        gpu, mig = self._find_uuid(uuid)
+        if gpu is None:
+            raise GpuToolError(f"{what} exited with status 1: No device found with UUID {uuid}")
+        if self._is_lost(gpu):
+            raise GpuToolError(f"{what} exited with status 1: GPU {gpu.spec.uuid} is lost")
+        return gpu, mig
+
+    def set_timeslice(self, gpu_uuid: str, level: int) -> None:
+        what = f"`nvidia-smi compute-policy -i {gpu_uuid} --set-timeslice {level}`"
+        with self._lock:
+            self._refresh_faults()
+            gpu, mig = self._tool_gpu(gpu_uuid, what)
+            if mig is not None:
+                raise GpuToolError(f"{what} exited with status 1: the timeslice is a setting of a full GPU, {gpu_uuid} is a MIG device")
+            if level not in TIMESLICE_LEVELS:
+                raise GpuToolError(f"{what} exited with status 1: timeslice must be one of {TIMESLICE_LEVELS}")
+            self._tool_fault("set_timeslice", (gpu_uuid,), what)
+            gpu.timeslice = level
+
+    def get_timeslice(self, gpu_uuid: str) -> int:
+        """The simulated GPU's timeslice level (what `nvidia-smi compute-policy -l` would list)."""
+        with self._lock:
+            gpu, mig = self._find_uuid(gpu_uuid)
+            if gpu is None or mig is not None:
+                raise ValueError(f"get_timeslice: no GPU with uuid {gpu_uuid!r} in profile {self.profile.name}")
+            return gpu.timeslice
+
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+        what = f"`CUDA_VISIBLE_DEVICES={','.join(device_uuids)} nvidia-cuda-mps-control -d`"
+        with self._lock:
+            self._refresh_faults()
+            for uuid in device_uuids:
+                self._tool_gpu(uuid, what)
+            self._tool_fault("mps_start", tuple(device_uuids), what)
+            previous = self._mps.get(str(dirs.pipe))
+            if previous is not None and previous.running:
+                raise GpuToolError(f"{what} exited with status 1: An instance of this daemon is already running")
+            self._mps[str(dirs.pipe)] = SimMpsDaemon(
+                device_uuids=tuple(device_uuids), log_dir=str(dirs.log), starts=(previous.starts + 1) if previous else 1,
+            )
+
+    def mps_command(self, dirs: MpsDirs, command: str) -> str:
+        what = f"`echo {command} | nvidia-cuda-mps-control`"
+        with self._lock:
+            daemon = self._mps.get(str(dirs.pipe))
+            if daemon is None or not daemon.running:
+                raise GpuToolError(f"{what} exited with status 1: Cannot find MPS control daemon process")
+            self._tool_fault("mps_command", daemon.device_uuids, what)
+            words = command.split()
+            daemon = replace(daemon, commands=(*daemon.commands, command))
+            reply = ""
+            if words == ["quit"]:
+                daemon = replace(daemon, running=False)
+            elif len(words) == 2 and words[0] == "set_default_active_thread_percentage":
+                if not words[1].isdigit() or not 1 <= int(words[1]) <= 100:
+                    raise GpuToolError(f"{what} exited with status 1: invalid percentage {words[1]!r}")
+                daemon = replace(daemon, active_thread_percentage=int(words[1]))
+            elif words == ["get_default_active_thread_percentage"]:
+                reply = f"{daemon.active_thread_percentage or 100}.0\n"
+            elif len(words) == 3 and words[0] == "set_default_device_pinned_mem_limit":
+                ordinals = [str(i) for i in range(len(daemon.device_uuids))]
+                if words[1] not in daemon.device_uuids and words[1] not in ordinals:
+                    raise GpuToolError(f"{what} exited with status 1: device {words[1]} is not visible to this daemon")
+                if not _MPS_LIMIT.match(words[2]):
+                    raise GpuToolError(f"{what} exited with status 1: invalid limit {words[2]!r}, expected e.g. 4096M or 10G")
+                limits = dict(daemon.pinned_limits)
+                limits[words[1]] = words[2]
+                daemon = replace(daemon, pinned_limits=tuple(sorted(limits.items())))
+            else:
+                raise GpuToolError(f"{what} exited with status 1: unsupported command {command!r}")
+            self._mps[str(dirs.pipe)] = daemon
+            return reply
+
+    def mps_stop(self, dirs: MpsDirs) -> None:
+        self.mps_command(dirs, "quit")
+
+    def mps_running(self, dirs: MpsDirs) -> bool:
+        with self._lock:
+            daemon = self._mps.get(str(dirs.pipe))
+            return daemon is not None and daemon.running
+
+    def mps_daemon(self, dirs: MpsDirs) -> SimMpsDaemon | None:
+        """The simulated daemon last started with `dirs` (running or stopped), None if never started."""
+        with self._lock:
+            return self._mps.get(str(dirs.pipe))
 
     # ------------------------------------------------------------------ internals
 

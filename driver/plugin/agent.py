@@ -21,7 +21,7 @@ from driver.plugin.metrics import PluginMetrics
 from driver.plugin.server import KubeletPlugin, PluginPaths
 from driver.prepare import ClaimGetter, ClaimNotFound, FaultHook, Preparer, StartReport
 from driver.sharing import NvmlSharing
-from driver.slices import SliceSettings, build_slices, gpu_device_name, mig_device_name
+from driver.slices import SliceSettings, build_slices, gpu_device_name, mig_device_name, mig_health
 
 log = logging.getLogger("gpu-dra.agent")
 
@@ -65,8 +65,13 @@ class AgentSettings:
     metrics_port: int | None = None
     watch_seconds: float = 1.0
     boot_id_path: Path | None = None
-    real_nvml: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _health_entry(pool: str, device: str, health: Health) -> DeviceHealthEntry:
+    # Application Xids leave the device HEALTHY but are still worth a message (their taint has effect None).
+    msg = "" if health == Health() else f"xids={list(health.xids)} lost={health.lost}"
+    return DeviceHealthEntry(pool, device, health.healthy, msg)
 
 
 class NodeAgent:
@@ -102,7 +107,7 @@ class NodeAgent:
         self.preparer = Preparer(
             driver_name=settings.driver_name, node_name=settings.node_name, get_claim=get_claim,
             inventory=self.inventory, checkpoint=self.checkpoint, cdi_dir=settings.cdi_dir,
-            sharing_backend=NvmlSharing(nvml, real=settings.real_nvml), mps_root=self.paths.plugin_dir / "mps",
+            sharing_backend=NvmlSharing(nvml), mps_root=self.paths.plugin_dir / "mps",
             reserved=settings.reserved_uuids, fault_hook=fault_hook,
             partitionable=settings.partitionable, nvml=nvml, on_inventory_change=self.refresh_inventory,
         )
@@ -116,13 +121,14 @@ class NodeAgent:
         self.start_report: StartReport | None = None
 
     def inventory(self) -> Inventory:
+        """The discovered inventory with the monitor's health folded in, per GPU and per MIG device (by UUID)."""
         with self._lock:
             if not self._health:
                 return self._inventory
             gpus = []
             for gpu in self._inventory.gpus:
-                health = self._health.get(gpu.uuid, gpu.health)
-                gpus.append(replace(gpu, health=health))
+                migs = tuple(replace(m, health=self._health.get(m.uuid, m.health)) for m in gpu.mig_devices)
+                gpus.append(replace(gpu, health=self._health.get(gpu.uuid, gpu.health), mig_devices=migs))
             return replace(self._inventory, gpus=tuple(gpus))
 
     def refresh_inventory(self) -> None:
@@ -152,14 +158,11 @@ class NodeAgent:
         for gpu in inv.gpus:
             if gpu.uuid in self.settings.reserved_uuids:
                 continue
-            # Application Xids leave the device HEALTHY but are still worth a message (their taint has effect None).
-            msg = "" if gpu.health == Health() else f"xids={list(gpu.health.xids)} lost={gpu.health.lost}"
             if not gpu.mig_enabled or self.settings.partitionable:
-                entries.append(DeviceHealthEntry(pool, gpu_device_name(gpu), gpu.health.healthy, msg))
+                entries.append(_health_entry(pool, gpu_device_name(gpu), gpu.health))
             for mig in gpu.mig_devices:
-                mig_health = self._health.get(mig.uuid, Health())
-                healthy = gpu.health.healthy and mig_health.healthy
-                entries.append(DeviceHealthEntry(pool, mig_device_name(gpu, mig), healthy, msg))
+                # The same combination the slices are tainted from, so stream and taints agree.
+                entries.append(_health_entry(pool, mig_device_name(gpu, mig), mig_health(gpu, mig)))
         return entries
 
     def _on_health(self, uuid: str, health: Health) -> None:

@@ -1,0 +1,136 @@
+"""NVIDIA's command-line tools for the GPU settings NVML does not expose: timeslice interval and MPS.
+
+- `nvidia-smi compute-policy -i <GPU uuid> --set-timeslice <level>` sets a GPU's time-slice interval
+  (levels: 0 default, 1 short, 2 medium, 3 long; the same numbers NVIDIA's DRA driver uses).
+- `nvidia-cuda-mps-control -d` starts an MPS control daemon; its pipe and log directories come from
+  CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY and the GPUs it serves from CUDA_VISIBLE_DEVICES.
+  Commands (`set_default_active_thread_percentage 50`, `set_default_device_pinned_mem_limit <uuid> 4096M`,
+  `quit`) are written to `nvidia-cuda-mps-control`'s stdin with the same pipe directory, which connects to
+  the daemon through `<pipe dir>/control`.
+
+`NvidiaTools` runs them through a `CommandRunner` (the subprocess one on a node, a recording one in tests);
+failures raise `GpuToolError` with the command and its stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+NVIDIA_SMI = "nvidia-smi"
+MPS_CONTROL = "nvidia-cuda-mps-control"
+MPS_CONTROL_SOCKET = "control"
+TIMESLICE_LEVELS = (0, 1, 2, 3)
+COMMAND_TIMEOUT_S = 30.0
+
+
+class GpuToolError(RuntimeError):
+    """A tool was missing, failed or timed out; the message names the command and carries its stderr."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class CommandRunner(Protocol):
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: str | None = None) -> CommandResult:
+        """Run argv (argv[0] looked up on PATH) with extra env vars on top of this process's environment.
+
+        Raises GpuToolError when the program is missing or does not finish in time."""
+        ...
+
+
+class SubprocessRunner:
+    def __init__(self, timeout_s: float = COMMAND_TIMEOUT_S) -> None:
+        self._timeout_s = timeout_s
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: str | None = None) -> CommandResult:
+        full_env = {**os.environ, **(env or {})}
+        program = shutil.which(argv[0], path=full_env.get("PATH"))
+        if program is None:
+            raise GpuToolError(f"{argv[0]} was not found on PATH ({full_env.get('PATH', '')}); it comes with the NVIDIA driver")
+        # Output goes to files, not pipes: `nvidia-cuda-mps-control -d` leaves a daemon behind that may keep
+        # inherited descriptors open, and waiting for EOF on a pipe would then hang until the timeout.
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            try:
+                done = subprocess.run(
+                    [program, *argv[1:]], input=(stdin or "").encode(), stdout=out, stderr=err, env=full_env,
+                    timeout=self._timeout_s, check=False,
+                )
+            except subprocess.TimeoutExpired as exc:
+                raise GpuToolError(f"{' '.join(argv)} did not finish within {self._timeout_s:g}s") from exc
+            except OSError as exc:
+                raise GpuToolError(f"{' '.join(argv)} could not be run: {exc}") from exc
+            out.seek(0)
+            err.seek(0)
+            return CommandResult(done.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+
+
+@dataclass(frozen=True)
+class MpsDirs:
+    """One MPS control daemon's directories on the host (its identity: one daemon per pipe directory)."""
+
+    pipe: Path
+    log: Path
+
+    def env(self) -> dict[str, str]:
+        return {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe), "CUDA_MPS_LOG_DIRECTORY": str(self.log)}
+
+
+def control_socket_alive(pipe_dir: Path) -> bool:
+    """Whether an MPS control daemon listens on `<pipe_dir>/control` (a stale socket file refuses connections)."""
+    path = pipe_dir / MPS_CONTROL_SOCKET
+    if not path.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(2.0)
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def _describe(argv: Sequence[str], result: CommandResult) -> str:
+    detail = result.stderr.strip() or result.stdout.strip() or "no output"
+    return f"`{' '.join(argv)}` exited with status {result.returncode}: {detail}"
+
+
+class NvidiaTools:
+    """Timeslice and MPS control through NVIDIA's tools, as the real NVML backend offers them."""
+
+    def __init__(self, runner: CommandRunner | None = None) -> None:
+        self._runner = runner or SubprocessRunner()
+
+    def _run(self, argv: Sequence[str], env: Mapping[str, str] | None = None, stdin: str | None = None) -> str:
+        result = self._runner.run(argv, env=env, stdin=stdin)
+        if result.returncode != 0:
+            raise GpuToolError(_describe(argv, result))
+        return result.stdout
+
+    def set_timeslice(self, gpu_uuid: str, level: int) -> None:
+        if level not in TIMESLICE_LEVELS:
+            raise GpuToolError(f"GPU {gpu_uuid}: timeslice level {level} is not one of {TIMESLICE_LEVELS}")
+        self._run([NVIDIA_SMI, "compute-policy", "-i", gpu_uuid, "--set-timeslice", str(level)])
+
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+        self._run([MPS_CONTROL, "-d"], env={**dirs.env(), "CUDA_VISIBLE_DEVICES": ",".join(device_uuids)})
+
+    def mps_command(self, dirs: MpsDirs, command: str) -> str:
+        return self._run([MPS_CONTROL], env=dirs.env(), stdin=command + "\n")
+
+    def mps_stop(self, dirs: MpsDirs) -> None:
+        self._run([MPS_CONTROL], env=dirs.env(), stdin="quit\n")
+
+    def mps_running(self, dirs: MpsDirs) -> bool:
+        return control_socket_alive(dirs.pipe)
