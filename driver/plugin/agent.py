@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,6 @@ class AgentSettings:
     metrics_port: int | None = None
     watch_seconds: float = 1.0
     boot_id_path: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _health_entry(pool: str, device: str, health: Health) -> DeviceHealthEntry:
