@@ -10,6 +10,9 @@
   devices, so that the variable is identical whichever subset of the claim a container gets and CDI's
   last-wins env merging cannot drop a device), the GPU node `/dev/nvidia<minor>`, the control nodes, for MIG
   devices the nvidia-caps access nodes of the GPU instance and compute instance, and sharing edits.
+- the spec's top-level containerEdits carry what every device needs from the host driver install (libraries,
+  binaries, firmware, IPC sockets and the nvidia-cdi-hook hooks; driver/driverfiles.py), so that a runtime with
+  plain CDI support and no NVIDIA runtime hook still gives the container a working CUDA; empty on the simulator.
 
 MIG capability minors follow the NVIDIA kernel module's fixed table (/proc/driver/nvidia-caps/mig-minors):
 `config` 1, `monitor` 2, then per GPU minor 15 GPU instances of 9 entries each (the GI `access` entry and 8
@@ -44,6 +47,7 @@ KNOWN_VERSIONS: tuple[str, ...] = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", 
 _NAME_PART = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 _DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 _ENV = re.compile(r"^[^=]+=")
+HOOK_NAMES: tuple[str, ...] = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 
 
 def mig_cap_minors(gpu_minor: int, gpu_instance_id: int, compute_instance_id: int) -> tuple[int, int]:
@@ -76,8 +80,14 @@ class DeviceEdits:
     mounts: Sequence[Mapping[str, Any]] = ()  # sharing mounts: {hostPath, containerPath, options}
 
 
-def claim_spec(claim_uid: str, devices: Sequence[DeviceEdits]) -> dict[str, Any]:
-    """The CDI spec of one claim (pure)."""
+def claim_spec(
+    claim_uid: str, devices: Sequence[DeviceEdits], common: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The CDI spec of one claim (pure).
+
+    `common` holds edits for every device (the driver's libraries, binaries and hooks, see driver/driverfiles.py);
+    they go to the spec's top-level containerEdits, which a runtime applies whenever any of its devices is
+    requested, so a container that gets several of the claim's devices gets them once."""
     if not devices:
         raise ValueError(f"claim {claim_uid}: a CDI spec needs at least one device")
     visible = ",".join(d.uuid for d in devices)
@@ -93,6 +103,8 @@ def claim_spec(claim_uid: str, devices: Sequence[DeviceEdits]) -> dict[str, Any]
             edits["mounts"] = [dict(m) for m in d.mounts]
         out_devices.append({"name": cdi_device_name(claim_uid, d.device_name), "containerEdits": edits})
     spec: dict[str, Any] = {"cdiVersion": "", "kind": CDI_KIND, "devices": out_devices}
+    if common:
+        spec["containerEdits"] = {k: list(v) for k, v in common.items() if v}
     spec["cdiVersion"] = minimum_version(spec)
     return spec
 
@@ -207,6 +219,30 @@ def _validate_edits(edits: Mapping[str, Any], path: str) -> list[str]:
     for j, m in enumerate(edits.get("mounts") or []):
         if not isinstance(m, Mapping) or not m.get("hostPath") or not m.get("containerPath"):
             errors.append(f"{path}.mounts[{j}]: hostPath and containerPath are required")
+            continue
+        errors += [f"{path}.mounts[{j}].{k}: unknown field" for k in m if k not in {"hostPath", "containerPath", "options", "type"}]
+        options = m.get("options", [])
+        if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
+            errors.append(f"{path}.mounts[{j}].options: must be a list of strings")
+    for j, h in enumerate(edits.get("hooks") or []):
+        where = f"{path}.hooks[{j}]"
+        if not isinstance(h, Mapping):
+            errors.append(f"{where}: must be an object")
+            continue
+        errors += [f"{where}.{k}: unknown field" for k in h if k not in {"hookName", "path", "args", "env", "timeout"}]
+        if h.get("hookName") not in HOOK_NAMES:
+            errors.append(f"{where}.hookName: {h.get('hookName')!r} must be one of {', '.join(HOOK_NAMES)}")
+        if not isinstance(h.get("path"), str) or not h["path"].startswith("/"):
+            errors.append(f"{where}.path: required, an absolute path")
+        args = h.get("args", [])
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            errors.append(f"{where}.args: must be a list of strings")
+        for k, env in enumerate(h.get("env") or []):
+            if not isinstance(env, str) or not _ENV.match(env):
+                errors.append(f"{where}.env[{k}]: {env!r} must be NAME=VALUE")
+        timeout = h.get("timeout")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0):
+            errors.append(f"{where}.timeout: {timeout!r} must be a whole number of seconds above 0")
     return errors
 
 

@@ -220,8 +220,11 @@ class Preparer:
         partitionable: bool = False,
         nvml: Any | None = None,
         on_inventory_change: Callable[[], None] | None = None,
+        common_edits: Mapping[str, Any] | None = None,
     ) -> None:
         self.driver_name = driver_name
+        # Edits every claim spec carries at its top level: the driver's files (driver/driverfiles.py).
+        self._common_edits: Mapping[str, Any] = dict(common_edits or {})
         self.pool_name = node_name
         self._get_claim = get_claim
         self._inventory = inventory
@@ -589,7 +592,7 @@ class Preparer:
         # Keep the claim's device order in the spec.
         order = {d.device_name: i for i, d in enumerate(record.devices)}
         edits.sort(key=lambda e: order[e.device_name])
-        cdi.write_claim_spec(self._cdi_dir, record.uid, cdi.claim_spec(record.uid, edits))
+        cdi.write_claim_spec(self._cdi_dir, record.uid, cdi.claim_spec(record.uid, edits, self._common_edits))
 
     # ---- unprepare -----------------------------------------------------------------------------------------
 

@@ -27,6 +27,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config)")
     parser.add_argument("--kubelet-dir", default=DEFAULT_KUBELET_DIR, help=f"kubelet root dir (default {DEFAULT_KUBELET_DIR})")
     parser.add_argument("--cdi-dir", default=DEFAULT_CDI_DIR, help=f"dynamic CDI spec dir (default {DEFAULT_CDI_DIR})")
+    parser.add_argument(
+        "--driver-root", default="/",
+        help="where the host's NVIDIA driver install is visible (default /); its libraries, binaries, firmware "
+        "and sockets go into every claim's CDI spec",
+    )
+    parser.add_argument(
+        "--host-driver-root", default="/",
+        help="where that driver install is on the host (default /; e.g. /run/nvidia/driver for a driver container)",
+    )
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help=f"DRA driver name (default {DEFAULT_DRIVER_NAME})")
     parser.add_argument("--device-plugin", action="store_true", help="also serve the legacy device plugin (nvidia.com/gpu)")
     parser.add_argument(
@@ -48,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
         if resource_error:
             print(f"error: --device-plugin-resource: {resource_error}", file=sys.stderr)
             return 2
+    if not args.host_driver_root.startswith("/"):
+        print(f"error: --host-driver-root: {args.host_driver_root!r}: expected an absolute path on the host", file=sys.stderr)
+        return 2
     reserved = frozenset(u.strip() for u in args.reserved_gpus.split(",") if u.strip())
     bad = sorted(u for u in reserved if not u.startswith("GPU-"))
     if bad:
@@ -80,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     settings = AgentSettings(
         node_name=args.node, driver_name=args.driver_name, kubelet_dir=Path(args.kubelet_dir), cdi_dir=Path(args.cdi_dir),
         partitionable=args.partitionable, reserved_uuids=reserved, metrics_port=args.metrics_port,
+        driver_root=Path(args.driver_root), host_driver_root=args.host_driver_root,
     )
     agent = NodeAgent(
         settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api),

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from driver.checkpoint import Checkpoint
+from driver.driverfiles import DriverFiles
+from driver.driverfiles import discover as discover_driver_files
 from driver.inventory import Health, Inventory
 from driver.plugin.health import DeviceHealthEntry, HealthBoard
 from driver.plugin.metrics import PluginMetrics
@@ -65,6 +67,10 @@ class AgentSettings:
     metrics_port: int | None = None
     watch_seconds: float = 1.0
     boot_id_path: Path | None = None
+    # Where the host's driver install is visible to the agent (None: add no driver files to the specs), and
+    # where that same tree is on the host, which is what the specs must name.
+    driver_root: Path | None = None
+    host_driver_root: str = "/"
 
 
 def _health_entry(pool: str, device: str, health: Health) -> DeviceHealthEntry:
@@ -103,12 +109,14 @@ class NodeAgent:
         self.checkpoint, self.load_report = Checkpoint.open(self.paths.plugin_dir, **kwargs)
         for problem in self.load_report.problems:
             log.error("event=checkpoint-corrupt problem=%r", problem)
+        self.driver_files = self._discover_driver_files(inventory)
         self.preparer = Preparer(
             driver_name=settings.driver_name, node_name=settings.node_name, get_claim=get_claim,
             inventory=self.inventory, checkpoint=self.checkpoint, cdi_dir=settings.cdi_dir,
             sharing_backend=NvmlSharing(nvml), mps_root=self.paths.plugin_dir / "mps",
             reserved=settings.reserved_uuids, fault_hook=fault_hook,
             partitionable=settings.partitionable, nvml=nvml, on_inventory_change=self.refresh_inventory,
+            common_edits=self.driver_files.container_edits(),
         )
         self.board = HealthBoard(self._health_entries())
         self.metrics = PluginMetrics()
@@ -118,6 +126,25 @@ class NodeAgent:
         )
         self._monitor = monitor_factory(nvml, inventory, self._on_health) if monitor_factory is not None else None
         self.start_report: StartReport | None = None
+
+    def _discover_driver_files(self, inventory: Inventory) -> DriverFiles:
+        """Once per agent start: the driver install does not change under a running driver (an upgrade
+        reloads the kernel module, which restarts everything on the node, this agent included)."""
+        root = self.settings.driver_root
+        if root is None:
+            return DriverFiles()
+        try:
+            files = discover_driver_files(root, inventory.driver_version, host_root=self.settings.host_driver_root)
+        except Exception:  # noqa: BLE001 - an unreadable driver root must not stop the agent; specs stay minimal
+            log.exception("event=driver-files-failed root=%s", root)
+            return DriverFiles()
+        for note in files.notes:
+            log.warning("event=driver-files-note root=%s note=%r", root, note)
+        log.info(
+            "event=driver-files root=%s host_root=%s version=%s mounts=%d hooks=%d",
+            root, self.settings.host_driver_root, inventory.driver_version, len(files.mounts), len(files.hooks),
+        )
+        return files
 
     def inventory(self) -> Inventory:
         """The discovered inventory with the monitor's health folded in, per GPU and per MIG device (by UUID)."""
