@@ -44,7 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -270,9 +270,10 @@ def container_allocate_response(gpus: Sequence[Gpu]) -> Any:
     return resp
 
 
-def legacy_cdi_spec(gpus: Sequence[Gpu]) -> dict[str, Any]:
+def legacy_cdi_spec(gpus: Sequence[Gpu], common: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One static spec for the GPUs the device plugin serves (kind k8s.gpu.nvidia.com/gpu, device name = UUID).
 
+    `common` is the driver files' container edits (driver.driverfiles), the same the per-claim DRA specs carry.
     NVIDIA_VISIBLE_DEVICES is not in the spec: the set a container gets is only known at Allocate, which sets it
     through the response's envs (a per-device value would be overwritten by CDI's last-wins env merging)."""
     if not gpus:
@@ -283,7 +284,7 @@ def legacy_cdi_spec(gpus: Sequence[Gpu]) -> dict[str, Any]:
         "devices": [
             {"name": g.uuid, "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{g.minor}"}]}} for g in gpus
         ],
-        "containerEdits": {"deviceNodes": [{"path": p} for p in cdi.CONTROL_DEVICE_NODES]},
+        "containerEdits": {**(common or {}), "deviceNodes": [{"path": p} for p in cdi.CONTROL_DEVICE_NODES]},
     }
     spec["cdiVersion"] = cdi.minimum_version(spec)
     return spec
@@ -354,6 +355,8 @@ class DevicePluginSettings:
     watch_seconds: float = 1.0
     # How often pods are listed to release the GPUs of finished pods (when a pod source is given).
     pods_seconds: float = 10.0
+    # The host driver's files as CDI container edits (libraries, binaries, hooks); empty on the simulator.
+    common_edits: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         error = extended_resource_name_error(self.resource_name)
@@ -519,7 +522,7 @@ class DevicePluginShim:
             self.settings.cdi_dir.mkdir(parents=True, exist_ok=True)
             atomic_write(
                 self.settings.cdi_dir / LEGACY_SPEC_FILE,
-                json.dumps(legacy_cdi_spec(gpus), indent=2, sort_keys=True).encode() + b"\n",
+                json.dumps(legacy_cdi_spec(gpus, self.settings.common_edits), indent=2, sort_keys=True).encode() + b"\n",
                 mode=0o644,
             )
         else:
@@ -787,6 +790,7 @@ def start_device_plugin(
     settings = DevicePluginSettings(
         kubelet_dir=s.kubelet_dir, cdi_dir=s.cdi_dir, driver_name=s.driver_name, resource_name=resource_name,
         reserved_uuids=s.reserved_uuids, watch_seconds=s.watch_seconds, pods_seconds=pods_seconds,
+        common_edits=agent.driver_files.container_edits(),
     )
     checkpoint: Checkpoint = agent.checkpoint
     agent.extra_taints = lambda: slice_taints(agent.inventory(), checkpoint.state.ledger, s.driver_name)

@@ -135,6 +135,21 @@ def test_allocate_response_and_cdi_spec() -> None:
     assert all(set(d.permissions) <= set("rwm") for d in resp.devices)
 
 
+def test_legacy_cdi_spec_carries_the_driver_files() -> None:
+    gpus = inv("l40s-4").gpus[:1]
+    common = {
+        "mounts": [{"hostPath": "/usr/lib64/libcuda.so.580.95.05", "containerPath": "/usr/lib64/libcuda.so.580.95.05",
+                    "options": ["ro", "nosuid", "nodev", "bind"]}],
+        "hooks": [{"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook",
+                   "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", "/usr/lib64"]}],
+    }
+    spec = legacy_cdi_spec(gpus, common)
+    assert cdi.validate_spec(spec) == []
+    edits = spec["containerEdits"]
+    assert edits["mounts"] == common["mounts"] and edits["hooks"] == common["hooks"]
+    assert [n["path"] for n in edits["deviceNodes"]] == list(cdi.CONTROL_DEVICE_NODES)
+
+
 def test_kubelet_checkpoint_reads_the_kubelet_format() -> None:
     # The shape the kubelet writes (1.21+): NUMA-keyed DeviceIDs, base64 AllocResp, a checksum we do not verify.
     raw = {
