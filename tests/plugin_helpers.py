@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import signal
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +29,19 @@ def short_tmp() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 30.0) -> int:
+    """SIGTERM, then SIGKILL if it does not exit in time: a failing test must not leave a process behind."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+    return proc.returncode
 
 
 def create_allocated_claim(

@@ -206,7 +206,8 @@ def test_concurrent_writers_lose_no_updates(apiserver: Any) -> None:
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
     assert errors == []
     assert api.get("Lease", "counter", "default")["metadata"]["annotations"]["n"] == str(writers * increments)
 
@@ -222,7 +223,8 @@ def test_concurrent_merge_patches_all_apply(apiserver: Any) -> None:
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
     assert len(api.get("Node", "n")["metadata"]["labels"]) == 20
 
 

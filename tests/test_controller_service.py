@@ -32,7 +32,7 @@ def test_metrics_endpoint_exposes_the_counters(apiserver: Any) -> None:
         m.step()
         port = m.metrics_port
         assert port
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
     finally:
         m.stop()
     assert sample_value(text, "gpudra_controller_allocations_total", {"path": "scheduler"}) == 1
@@ -79,18 +79,18 @@ def test_command_runs_and_releases_the_lease_on_sigterm(apiserver: Any) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpudra.cli", "controller", "--kubeconfig", str(apiserver.kubeconfig), "--embedded",
-         "--identity", "cmd", "--lease-duration", "2", "--renew-deadline", "1.5", "--retry-period", "0.2"],
+         "--identity", "cmd", "--lease-duration", "15", "--renew-deadline", "10", "--retry-period", "0.2"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while not api.get("Pod", "p", "default")["spec"].get("nodeName"):
             assert proc.poll() is None, proc.communicate()[1]
             assert time.monotonic() < deadline, "the controller did not bind the pod"
             time.sleep(0.05)
         assert api.get("Lease", "gpu-dra-controller", "kube-system")["spec"]["holderIdentity"] == "cmd"
         proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=20)
+        _, stderr = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()

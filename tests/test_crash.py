@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from driver.kubeletsim import ClaimInfo, KubeletError, KubeletSim
-from tests.plugin_helpers import DRIVER, NODE, create_allocated_claim, short_tmp
+from tests.plugin_helpers import DRIVER, NODE, create_allocated_claim, short_tmp, stop_process
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,22 +33,22 @@ class PluginProcess:
         env.pop("GPU_DRA_TEST_CRASH_AFTER", None)
         if crash_after:
             env["GPU_DRA_TEST_CRASH_AFTER"] = crash_after
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpudra.cli", "plugin", "--node", NODE, "--nvml", "sim:dgx-h100",
-             "--kubeconfig", str(self.kubeconfig), "--kubelet-dir", str(self.work / "kubelet"),
-             "--cdi-dir", str(self.work / "cdi"), "--log-level", "WARNING"],
-            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(self.work / "plugin.log", "ab"),
-        )
+        with open(self.work / "plugin.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gpudra.cli", "plugin", "--node", NODE, "--nvml", "sim:dgx-h100",
+                 "--kubeconfig", str(self.kubeconfig), "--kubelet-dir", str(self.work / "kubelet"),
+                 "--cdi-dir", str(self.work / "cdi"), "--log-level", "WARNING"],
+                env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,
+            )
 
     def wait_killed(self) -> int:
         assert self.proc is not None
         return self.proc.wait(timeout=30)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        self.proc = None
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            stop_process(proc)
 
 
 @pytest.fixture

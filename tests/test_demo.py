@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +49,46 @@ def workdir() -> Iterator[Path]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _demo(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "gpudra.cli", "demo", *args], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+Demo = Callable[..., "subprocess.Popen[str]"]
+
+
+@pytest.fixture
+def demo(workdir: Path) -> Iterator[Demo]:
+    """Starts `gpu-dra demo`; whatever happens in the test, the demo and its children are gone afterwards."""
+    started: list[subprocess.Popen[str]] = []
+
+    def launch(*args: str) -> subprocess.Popen[str]:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen([sys.executable, "-m", "gpudra.cli", "demo", *args], cwd=REPO, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        started.append(proc)
+        return proc
+
+    try:
+        yield launch
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # the demo stops its children on SIGTERM
+                try:
+                    proc.communicate(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.communicate()
+        # Children a killed demo could not stop: they carry this test's unique work dir.
+        for pid, _ in _processes_mentioning_with_pids(str(workdir)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _processes_mentioning(text: str) -> list[str]:
     """Command lines of live processes that name `text` (the demo's children carry the work dir)."""
+    return [cmdline for _, cmdline in _processes_mentioning_with_pids(text)]
+
+
+def _processes_mentioning_with_pids(text: str) -> list[tuple[int, str]]:
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -67,7 +99,7 @@ def _processes_mentioning(text: str) -> list[str]:
         except OSError:
             continue
         if text in cmdline and "zombie" not in state:
-            found.append(cmdline)
+            found.append((int(entry.name), cmdline))
     return found
 
 
@@ -81,8 +113,8 @@ def _read_checkpoint(workdir: Path, node: str) -> Any:
 
 
 @pytest.mark.slow
-def test_demo_report_matches_disk(workdir: Path) -> None:
-    proc = _demo("-o", "json", "--workdir", str(workdir))
+def test_demo_report_matches_disk(workdir: Path, demo: Demo) -> None:
+    proc = demo("-o", "json", "--workdir", str(workdir))
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}"
     report = json.loads(out)
@@ -170,8 +202,8 @@ def test_demo_report_matches_disk(workdir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_demo_sigterm_stops_every_child(workdir: Path) -> None:
-    proc = _demo("-o", "json", "--workdir", str(workdir))
+def test_demo_sigterm_stops_every_child(workdir: Path, demo: Demo) -> None:
+    proc = demo("-o", "json", "--workdir", str(workdir))
     assert proc.stderr is not None
     # Wait until the nodes are up (a progress line), then stop the demo as a supervisor would.
     for line in proc.stderr:
@@ -187,10 +219,10 @@ def test_demo_sigterm_stops_every_child(workdir: Path) -> None:
     assert _processes_mentioning(str(workdir)) == []
 
 
-def test_demo_rejects_a_workdir_in_use(workdir: Path) -> None:
+def test_demo_rejects_a_workdir_in_use(workdir: Path, demo: Demo) -> None:
     workdir.mkdir(parents=True)
     (workdir / "left-over").write_text("x")
-    proc = _demo("--workdir", str(workdir))
+    proc = demo("--workdir", str(workdir))
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert f"--workdir {workdir}: must be empty" in err and out == ""

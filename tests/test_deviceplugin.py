@@ -234,7 +234,7 @@ def test_register_and_list_and_watch(node: Node) -> None:
     assert request.endpoint == node.shim.settings.socket.name and "/" not in request.endpoint
     assert request.options.get_preferred_allocation_available and not request.options.pre_start_required
     assert node.shim.settings.socket.parent == node.tmp / "kubelet" / "device-plugins"
-    node.sim.wait_for(_eight)
+    node.sim.wait_for(_eight, timeout=30)
     devices = node.sim.devices(RESOURCE)
     gpus = node.inventory[0].gpus
     assert set(devices) == {g.uuid for g in gpus}
@@ -244,18 +244,18 @@ def test_register_and_list_and_watch(node: Node) -> None:
 
 
 def test_health_change_sends_a_new_full_list(node: Node) -> None:
-    node.sim.wait_for(_eight)
+    node.sim.wait_for(_eight, timeout=30)
     sick = node.inventory[0].gpus[3]
     gpus = list(node.inventory[0].gpus)
     gpus[3] = replace(sick, health=Health(xids=(48,)))
     node.inventory[0] = replace(node.inventory[0], gpus=tuple(gpus))
     node.shim.refresh()
-    node.sim.wait_for(lambda s: s.health(RESOURCE).get(sick.uuid) == UNHEALTHY)
+    node.sim.wait_for(lambda s: s.health(RESOURCE).get(sick.uuid) == UNHEALTHY, timeout=30)
     assert sum(1 for h in node.sim.health(RESOURCE).values() if h == HEALTHY) == 7  # still the full list
 
 
 def test_allocate_through_the_device_manager(node: Node) -> None:
-    node.sim.wait_for(_eight)
+    node.sim.wait_for(_eight, timeout=30)
     got = node.sim.allocate("pod-1", "main", RESOURCE, 4)
     numa0 = [g.uuid for g in node.inventory[0].gpus if g.numa_node == 0]
     assert got.preferred == tuple(numa0) and got.device_ids == tuple(numa0)
@@ -275,7 +275,7 @@ def test_allocate_through_the_device_manager(node: Node) -> None:
 
 
 def test_finished_pod_releases_its_gpus(node: Node) -> None:
-    node.sim.wait_for(_eight)
+    node.sim.wait_for(_eight, timeout=30)
     got = node.sim.allocate("pod-1", "main", RESOURCE, 2)
     node.shim.refresh()
     assert set(node.checkpoint.state.ledger) == set(got.device_ids)  # listed by the kubelet: kept
@@ -286,20 +286,20 @@ def test_finished_pod_releases_its_gpus(node: Node) -> None:
 
 def test_raw_wire_paths_and_errors(node: Node) -> None:
     with grpc.insecure_channel(f"unix://{node.shim.settings.socket}") as channel:
-        options = channel.unary_unary("/v1beta1.DevicePlugin/GetDevicePluginOptions")(b"", timeout=5)
+        options = channel.unary_unary("/v1beta1.DevicePlugin/GetDevicePluginOptions")(b"", timeout=30)
         assert pb.DevicePluginOptions.FromString(options).get_preferred_allocation_available
         stub = pb_grpc.DevicePluginStub(channel)
         with pytest.raises(grpc.RpcError) as err:
-            stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["GPU-nope"])]), timeout=5)
+            stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["GPU-nope"])]), timeout=30)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "container_requests[0].devices_ids: GPU-nope not served by this device plugin" in err.value.details()
         with pytest.raises(grpc.RpcError) as err:
             stub.GetPreferredAllocation(
                 pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(
-                    available_deviceIDs=[node.inventory[0].gpus[0].uuid], allocation_size=2)]), timeout=5,
+                    available_deviceIDs=[node.inventory[0].gpus[0].uuid], allocation_size=2)]), timeout=30,
             )
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "allocation_size 2" in err.value.details()
-        assert stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=[]), timeout=5) == pb.PreStartContainerResponse()
+        assert stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=[]), timeout=30) == pb.PreStartContainerResponse()
 
 
 def test_device_manager_validates_register_like_the_kubelet(node: Node) -> None:
@@ -317,11 +317,11 @@ def test_device_manager_validates_register_like_the_kubelet(node: Node) -> None:
 
 
 def test_kubelet_restart_makes_the_shim_register_again(node: Node) -> None:
-    node.sim.wait_for(_eight)
+    node.sim.wait_for(_eight, timeout=30)
     node.sim.allocate("pod-1", "main", RESOURCE, 2)
     node.sim.restart()  # deletes our socket, recreates kubelet.sock, keeps its checkpoint
     # The shim counts a registration once Register returns, just after the kubelet side recorded it.
-    node.sim.wait_for(lambda s: s.registrations == 2 and _eight(s) and node.shim.registrations == 2)
+    node.sim.wait_for(lambda s: s.registrations == 2 and _eight(s) and node.shim.registrations == 2, timeout=30)
     assert node.shim.settings.socket.is_socket()
     # The kubelet's checkpoint survived: the two GPUs are still in use and stay held; six remain allocatable.
     node.shim.refresh()

@@ -9,7 +9,6 @@ NVIDIA's drivers: clearing the faults changes nothing until the agent restarts, 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -25,7 +24,7 @@ from driver.kubeletsim import HealthUpdate, KubeletSim, RegisteredPlugin
 from driver.nvml import load_backend
 from driver.nvml.faults import append_xid, read_faults, write_faults
 from driver.slices import gpu_device_name
-from tests.plugin_helpers import DRIVER, NODE, short_tmp
+from tests.plugin_helpers import DRIVER, NODE, short_tmp, stop_process
 
 REPO = Path(__file__).resolve().parent.parent
 DEADLINE_S = 60.0
@@ -50,18 +49,18 @@ class Plugin:
     def start(self) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         env.pop("GPU_DRA_SIM_FAULTS", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpudra.cli", "plugin", "--node", NODE, "--nvml", f"sim:dgx-h100?faults={self.faults}",
-             "--kubeconfig", str(self.kubeconfig), "--kubelet-dir", str(self.work / "kubelet"),
-             "--cdi-dir", str(self.work / "cdi"), "--log-level", "WARNING"],
-            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(self.work / "plugin.log", "ab"),
-        )
+        with open(self.work / "plugin.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gpudra.cli", "plugin", "--node", NODE, "--nvml", f"sim:dgx-h100?faults={self.faults}",
+                 "--kubeconfig", str(self.kubeconfig), "--kubelet-dir", str(self.work / "kubelet"),
+                 "--cdi-dir", str(self.work / "cdi"), "--log-level", "WARNING"],
+                env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,
+            )
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        self.proc = None
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            stop_process(proc)
 
 
 class HealthFollower:

@@ -19,7 +19,7 @@ from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from tests.plugin_helpers import DRIVER, NODE, create_allocated_claim, short_tmp, start_agent
 
 
-def _wait(condition, what: str, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+def _wait(condition, what: str, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -61,7 +61,7 @@ def _info(claim: dict) -> ClaimInfo:  # type: ignore[type-arg]
 
 
 def test_registration_and_slices_published(agent: NodeAgent, kubelet: KubeletSim, apiserver, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    plugin = kubelet.wait_for_plugin(DRIVER)
+    plugin = kubelet.wait_for_plugin(DRIVER, timeout=60)
     assert plugin.service == "v1.DRAPlugin" and plugin.health_advertised
     assert plugin.endpoint == str(tmp_path / "kubelet" / "plugins" / DRIVER / "dra.sock")
     for sock in (agent.paths.registration_socket, agent.paths.dra_socket):
@@ -75,12 +75,12 @@ def test_registration_and_slices_published(agent: NodeAgent, kubelet: KubeletSim
 
 def test_get_info_wire_answer(agent: NodeAgent) -> None:
     with grpc.insecure_channel(f"unix://{agent.paths.registration_socket}") as ch:
-        info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb.InfoRequest(), timeout=5)
+        info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb.InfoRequest(), timeout=30)
         assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRIVER, str(agent.paths.dra_socket))
         assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
         with pytest.raises(grpc.RpcError) as failed:
             reg_grpc.RegistrationStub(ch).NotifyRegistrationStatus(
-                reg_pb.RegistrationStatus(plugin_registered=False, error="kubelet says no"), timeout=5
+                reg_pb.RegistrationStatus(plugin_registered=False, error="kubelet says no"), timeout=30
             )
         assert "kubelet says no" in (failed.value.details() or "")
     assert agent.plugin.registration_status == (False, "kubelet says no")
@@ -98,7 +98,14 @@ def test_service_negotiation_rules() -> None:
 @pytest.mark.parametrize("known", [("v1.DRAPlugin", "v1beta1.DRAPlugin"), ("v1beta1.DRAPlugin",)])
 def test_prepare_and_unprepare_per_api_version(agent: NodeAgent, apiserver, tmp_path: Path, known: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
     kubelet = KubeletSim(tmp_path / "kubelet", known_services=known)
-    plugin = kubelet.wait_for_plugin(DRIVER)
+    try:
+        _prepare_and_unprepare(agent, apiserver, tmp_path, kubelet, known)
+    finally:
+        kubelet.close()
+
+
+def _prepare_and_unprepare(agent: NodeAgent, apiserver, tmp_path: Path, kubelet: KubeletSim, known: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+    plugin = kubelet.wait_for_plugin(DRIVER, timeout=60)
     assert plugin.service == known[0]
     names = _devices(agent)
     c1 = create_allocated_claim(apiserver.api, "c1", [("gpu", names[0])])
@@ -115,11 +122,10 @@ def test_prepare_and_unprepare_per_api_version(agent: NodeAgent, apiserver, tmp_
     kubelet.unprepare_pod(DRIVER, pod)
     assert list((tmp_path / "cdi").iterdir()) == []
     plugin.unprepare([_info(c1), _info(c2)])  # unprepare twice: not an error
-    kubelet.close()
 
 
 def test_per_claim_errors_fail_the_pod_but_not_the_server(agent: NodeAgent, kubelet: KubeletSim, apiserver) -> None:  # type: ignore[no-untyped-def]
-    plugin = kubelet.wait_for_plugin(DRIVER)
+    plugin = kubelet.wait_for_plugin(DRIVER, timeout=60)
     names = _devices(agent)
     good = create_allocated_claim(apiserver.api, "good", [("gpu", names[0])])
     pending = create_allocated_claim(apiserver.api, "pending", [("gpu", names[1])], allocate=False)
@@ -141,7 +147,7 @@ def test_per_claim_errors_fail_the_pod_but_not_the_server(agent: NodeAgent, kube
 
 
 def test_health_stream_follows_changes(agent: NodeAgent, kubelet: KubeletSim) -> None:
-    plugin = kubelet.wait_for_plugin(DRIVER)
+    plugin = kubelet.wait_for_plugin(DRIVER, timeout=60)
     updates = []
     got_two = threading.Event()
 
@@ -159,14 +165,14 @@ def test_health_stream_follows_changes(agent: NodeAgent, kubelet: KubeletSim) ->
     assert len(first) == len(_devices(agent)) and {h for _, _, h in first} == {"HEALTHY"}
     gpu = agent.inventory().gpus[0]
     agent._on_health(gpu.uuid, Health(xids=(48,)))  # what the NVML health monitor reports for a DBE
-    assert got_two.wait(10)
+    assert got_two.wait(30)
     unhealthy = [(d, h) for _, d, h in updates[1].devices if h != "HEALTHY"]
     assert len(unhealthy) == 1 and unhealthy[0][1] == "UNHEALTHY"
     assert len(updates[1].devices) == len(first)  # always the full list
 
 
 def test_kubelet_restart_reregisters_and_republishes(agent: NodeAgent, kubelet: KubeletSim, apiserver) -> None:  # type: ignore[no-untyped-def]
-    kubelet.wait_for_plugin(DRIVER)
+    kubelet.wait_for_plugin(DRIVER, timeout=60)
     _wait(lambda: agent.plugin.registrations == 1 and len(apiserver.api.list("ResourceSlice")[0]) > 0, "first publish")
     # A restarting kubelet wipes the node's slices and the plugins_registry dir content.
     for s in apiserver.api.list("ResourceSlice")[0]:
@@ -174,7 +180,7 @@ def test_kubelet_restart_reregisters_and_republishes(agent: NodeAgent, kubelet: 
     agent.paths.registration_socket.unlink()
     kubelet.restart()
     _wait(lambda: agent.paths.registration_socket.exists(), "registration socket served again")
-    plugin = kubelet.wait_for_plugin(DRIVER)
+    plugin = kubelet.wait_for_plugin(DRIVER, timeout=60)
     assert plugin.service == "v1.DRAPlugin"
     _wait(lambda: agent.plugin.registrations == 2, "second registration")
     _wait(lambda: len(apiserver.api.list("ResourceSlice")[0]) > 0, "slices published again")

@@ -34,7 +34,7 @@ from driver.publisher import SlicePublisher
 from driver.slices import gpu_device_name
 from proto.deviceplugin.v1beta1 import api_pb2 as pb
 from proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from tests.plugin_helpers import DRIVER, NODE, create_allocated_claim, short_tmp
+from tests.plugin_helpers import DRIVER, NODE, create_allocated_claim, short_tmp, stop_process
 
 RESOURCE = "nvidia.com/gpu"
 TAINT = {"key": f"{DRIVER}/device-plugin", "effect": "NoSchedule"}
@@ -112,7 +112,7 @@ def _allocate(node: Node, ids: list[str]) -> Any:
     """One device plugin Allocate for these exact GPUs, as the kubelet sends it."""
     with grpc.insecure_channel(f"unix://{node.shim.settings.socket}") as channel:
         return pb_grpc.DevicePluginStub(channel).Allocate(
-            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]), timeout=10
+            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]), timeout=30
         )
 
 
@@ -122,11 +122,11 @@ def _kinds(ledger: Mapping[str, list[str]]) -> dict[str, set[str]]:
 
 def test_dra_prepared_gpu_is_unhealthy_and_refused_to_the_device_plugin(node: Node) -> None:
     g0 = node.gpus[0]
-    node.sim.wait_for(lambda s: len(s.devices(RESOURCE)) == 4)
+    node.sim.wait_for(lambda s: len(s.devices(RESOURCE)) == 4, timeout=30)
     ref = node.claims.add("train", "uid-train", [g0])
     assert node.agent.preparer.prepare([ref])[ref.uid].error == ""
     node.shim.refresh()
-    node.sim.wait_for(lambda s: s.health(RESOURCE)[g0.uuid] == UNHEALTHY)
+    node.sim.wait_for(lambda s: s.health(RESOURCE)[g0.uuid] == UNHEALTHY, timeout=30)
     with pytest.raises(DeviceManagerError, match="requested 4 nvidia.com/gpu, available 3"):
         node.sim.allocate("pod-1", "main", RESOURCE, 4)
     with pytest.raises(grpc.RpcError) as err:
@@ -137,12 +137,12 @@ def test_dra_prepared_gpu_is_unhealthy_and_refused_to_the_device_plugin(node: No
     # Unprepare gives the GPU back to the device plugin.
     assert node.agent.preparer.unprepare([ref]) == {ref.uid: ""}
     node.shim.refresh()
-    node.sim.wait_for(lambda s: s.health(RESOURCE)[g0.uuid] == HEALTHY)
+    node.sim.wait_for(lambda s: s.health(RESOURCE)[g0.uuid] == HEALTHY, timeout=30)
     assert len(node.sim.allocate("pod-1", "main", RESOURCE, 4).device_ids) == 4
 
 
 def test_device_plugin_gpu_is_tainted_and_refused_to_dra(node: Node) -> None:
-    node.sim.wait_for(lambda s: len(s.devices(RESOURCE)) == 4)
+    node.sim.wait_for(lambda s: len(s.devices(RESOURCE)) == 4, timeout=30)
     got = node.sim.allocate("pod-1", "main", RESOURCE, 1)
     held = next(g for g in node.gpus if g.uuid == got.device_ids[0])
     slices = node.agent.desired_slices()
@@ -214,7 +214,7 @@ def test_static_split_serves_only_reserved_gpus() -> None:
         reserved = frozenset(g.uuid for g in inventory.gpus[:2])
         node = _node(tmp, reserved=reserved)
         try:
-            node.sim.wait_for(lambda s: len(s.devices(RESOURCE)) == 2)
+            node.sim.wait_for(lambda s: len(s.devices(RESOURCE)) == 2, timeout=30)
             assert set(node.sim.devices(RESOURCE)) == reserved
             published = {d["name"] for s in node.agent.desired_slices() for d in s["spec"]["devices"]}
             assert published == {gpu_device_name(g) for g in inventory.gpus[2:]}
@@ -232,8 +232,8 @@ def test_finished_pod_in_the_api_releases_and_republishes(apiserver) -> None:  #
         node = _node(tmp, api=api)
         kubelet = KubeletSim(tmp / "kubelet")
         try:
-            kubelet.wait_for_plugin(DRIVER)  # the DRA registration starts the slice publisher
-            node.sim.wait_for(lambda s: len(s.devices(RESOURCE)) == 4)
+            kubelet.wait_for_plugin(DRIVER, timeout=60)  # the DRA registration starts the slice publisher
+            node.sim.wait_for(lambda s: len(s.devices(RESOURCE)) == 4, timeout=30)
             pod = api.create("Pod", {"metadata": {"name": "legacy", "namespace": "default"}, "spec": {
                 "nodeName": NODE, "containers": [{"name": "main", "image": "cuda", "resources": {"limits": {RESOURCE: "1"}}}]}})
             got = node.sim.allocate(pod["metadata"]["uid"], "main", RESOURCE, 1)
@@ -262,7 +262,7 @@ def test_allocated_claim_withholds_its_gpu_until_deallocated(apiserver) -> None:
         node = _node(tmp, api=api)
         try:
             g0, g1 = node.gpus[0], node.gpus[1]
-            node.sim.wait_for(lambda s: set(s.health(RESOURCE).values()) == {HEALTHY} and len(s.health(RESOURCE)) == 4)
+            node.sim.wait_for(lambda s: set(s.health(RESOURCE).values()) == {HEALTHY} and len(s.health(RESOURCE)) == 4, timeout=30)
             # another driver's claim, and one of ours for another node's pool, withhold nothing
             create_allocated_claim(api, "elsewhere", [("gpu", gpu_device_name(g1))], pool="node-b")
             claim = create_allocated_claim(api, "pending", [("gpu", gpu_device_name(g0))])
@@ -346,9 +346,9 @@ def test_ledger_survives_a_node_agent_restart(apiserver) -> None:  # type: ignor
             sim.wait_for(lambda s: s.health(RESOURCE).get(free.uuid) == UNHEALTHY, timeout=30)
             assert [u for u, h in sim.health(RESOURCE).items() if h == HEALTHY and u not in held] != []
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=30)
-            log.close()
+            try:
+                stop_process(proc)
+            finally:
+                log.close()
             kubelet.close()
             sim.stop()

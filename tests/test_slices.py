@@ -488,7 +488,10 @@ def test_mig_health_combines_parent_and_own() -> None:
 def test_mig_taints_keep_slices_structurally_valid() -> None:
     gpu = _sick_mig(Health(xids=(94,)), parent=Health(xids=(13,)))
     for part in (False, True):
-        structurally_valid(build_slices(inventory([gpu]), settings(partitionable=part)))
+        slices = build_slices(inventory([gpu]), settings(partitionable=part))
+        # Every device sits on the faulted GPU, so the schema check below covers a taint on each of them.
+        assert devices(slices) and all(d.get("taints") for d in devices(slices))
+        structurally_valid(slices)  # raises kubernetes_validate.ValidationError on a schema violation
 
 
 def test_recovery_removes_taints() -> None:
@@ -515,7 +518,10 @@ def test_extra_taints_from_ledger() -> None:
 def test_tainted_slices_are_structurally_valid() -> None:
     gpus = [replace(h100(0), health=Health(xids=(13,))), replace(h100(1), health=Health(lost=True, xids=(79,)))]
     for part in (False, True):
-        structurally_valid(build_slices(inventory(gpus), settings(partitionable=part)))
+        slices = build_slices(inventory(gpus), settings(partitionable=part))
+        # Both GPUs are faulted, so the schema check below covers a taint on every device.
+        assert devices(slices) and all(d.get("taints") for d in devices(slices))
+        structurally_valid(slices)  # raises kubernetes_validate.ValidationError on a schema violation
 
 
 # --- static split and ownership --------------------------------------------------------------
