@@ -10,7 +10,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from controller.cel.device import DeviceView
+from controller.cel.environment import CelEnvironment
+from driver.discovery import discover
 from driver.inventory import Gpu, Health
+from driver.nvml import load_backend, shipped_profiles
 from driver.slices import (
     APPLICATION_XIDS,
     SliceBuildError,
@@ -24,6 +28,8 @@ from driver.slices import (
     semver_of,
     slice_name,
 )
+from gpudra import validation
+from gpudra.quantity import Quantity
 from tests.gpu_fixtures import H100_PROFILES, MIB, h100, inventory, t4, with_mig
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -124,9 +130,8 @@ def test_binary_quantity_is_canonical(n: int, text: str) -> None:
 
 
 def test_binary_quantity_matches_shared_quantity_type() -> None:
-    quantity = pytest.importorskip("gpudra.quantity")
     for n in (0, 1, 1536, 81559 * MIB, 80 * 1024**3, 15360 * MIB):
-        parsed = quantity.Quantity.parse(binary_quantity(n))
+        parsed = Quantity.parse(binary_quantity(n))
         assert parsed.as_int() == n
         assert str(parsed) == binary_quantity(n)
 
@@ -568,16 +573,7 @@ def _all_shapes() -> list[list[dict[str, Any]]]:
     ]
 
 
-def _optional(module: str, attr: str) -> Any:
-    """A module of another part that may not have landed yet: skip (with the reason) until it has."""
-    mod = pytest.importorskip(module)
-    if not hasattr(mod, attr):
-        pytest.skip(f"{module}.{attr} is not available yet")
-    return mod
-
-
 def test_slices_pass_project_validation() -> None:
-    validation = _optional("gpudra.validation", "validate_object")
     for slices in _all_shapes():
         for s in slices:
             errors = validation.validate_object(s)
@@ -587,24 +583,26 @@ def test_slices_pass_project_validation() -> None:
 # --- docs/attributes.md ----------------------------------------------------------------------
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "attributes.md"
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def _doc_selectors() -> list[str]:
-    # Every backquoted expression that reads `device.`, except the `<name>` placeholders of the intro.
-    return [m for m in re.findall(r"`([^`]+)`", DOC.read_text()) if "device." in m and "<" not in m]
+    # Every backquoted expression that reads `device.` in the attribute docs and in the README's attribute
+    # table, except the `<name>` placeholders and the prose's `device.attributes[...]`.
+    readme_table = [line for line in README.read_text().splitlines() if line.startswith("| ")]
+    texts = [DOC.read_text(), "\n".join(readme_table)]
+    return [m for t in texts for m in re.findall(r"`([^`]+)`", t) if "device." in m and "<" not in m and "..." not in m]
 
 
 def test_every_documented_selector_compiles_and_matches_a_published_device() -> None:
-    cel = _optional("controller.cel.environment", "CelEnvironment")
-    view = _optional("controller.cel.device", "DeviceView")
     gpus = [
         replace(h100(0), fabric_cluster_uuid="5a2b8c3d-0000-1111-2222-333344445555", fabric_clique_id=7),
         with_mig(h100(1), [("3g.40gb", 0), ("1g.10gb+me", 6)]),
     ]
     published = devices(build_slices(inventory(gpus + [t4(0)]), settings()))
     published += devices(build_slices(inventory(gpus), settings(partitionable=True)))
-    views = [view.DeviceView.from_slice_device("gpu.nvidia.com", d) for d in published]
-    env = cel.CelEnvironment()
+    views = [DeviceView.from_slice_device("gpu.nvidia.com", d) for d in published]
+    env = CelEnvironment()
     selectors = _doc_selectors()
     assert len(selectors) >= 25
     for expr in selectors:
@@ -624,31 +622,16 @@ def test_every_published_attribute_and_capacity_is_documented() -> None:
 # --- shipped simulator profiles ----------------------------------------------------------------
 
 
-def _shipped_profiles() -> list[str]:
-    try:
-        from driver.nvml import shipped_profiles
-
-        return shipped_profiles()
-    except ImportError:  # the simulator's profile package has not landed yet
-        return []
-
-
-@pytest.mark.parametrize("profile", _shipped_profiles() or ["<none shipped yet>"])
+@pytest.mark.parametrize("profile", shipped_profiles())
 @pytest.mark.parametrize("partitionable", [False, True])
 def test_every_shipped_profile_builds_valid_slices(profile: str, partitionable: bool) -> None:
-    nvml_mod = _optional("driver.nvml", "load_backend")
-    discovery = _optional("driver.discovery", "discover")
-    if profile not in _shipped_profiles():
-        pytest.skip("no simulator profile is shipped yet")
-    inv = discovery.discover(nvml_mod.load_backend(f"sim:{profile}", node="sim-node"), "sim-node")
+    inv = discover(load_backend(f"sim:{profile}", node="sim-node"), "sim-node")
     assert inv.gpus, f"profile {profile} has no GPUs"
     s = build_slices(inv, settings(node_name="sim-node", partitionable=partitionable))
     structurally_valid(s)
     names = [d["name"] for d in devices(s)]
     assert len(names) == len(set(names))
     assert all(DNS_LABEL.match(n) for n in names)
-    validation = pytest.importorskip("gpudra.validation")
-    if hasattr(validation, "validate_object"):
-        for x in s:
-            errors = validation.validate_object(x)
-            assert errors == [], [str(e) for e in errors]
+    for x in s:
+        errors = validation.validate_object(x)
+        assert errors == [], [str(e) for e in errors]
