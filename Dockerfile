@@ -6,7 +6,9 @@ COPY gpudra ./gpudra
 COPY driver ./driver
 COPY controller ./controller
 COPY proto ./proto
+COPY manifests /opt/gpu-dra/manifests
 RUN pip install --no-cache-dir . && rm -rf /src
 USER 0
 ENTRYPOINT []
+# `docker run IMAGE gpu-dra demo --manifests /opt/gpu-dra/manifests` runs the demo inside the image.
 CMD ["gpu-dra", "--help"]

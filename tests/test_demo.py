@@ -226,3 +226,12 @@ def test_demo_rejects_a_workdir_in_use(workdir: Path, demo: Demo) -> None:
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert f"--workdir {workdir}: must be empty" in err and out == ""
+
+
+def test_demo_names_missing_manifests(tmp_path: Path, workdir: Path, demo: Demo) -> None:
+    (tmp_path / "examples").mkdir()
+    proc = demo("--manifests", str(tmp_path), "--workdir", str(workdir))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and out == ""
+    assert f"--manifests {tmp_path}: missing {tmp_path / 'base' / 'deviceclasses.yaml'}" in err
+    assert not workdir.exists()  # nothing was started

@@ -30,6 +30,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="keep sockets, CDI specs, checkpoints and logs in DIR (default: a temporary dir, removed)")
     parser.add_argument("--step-timeout", type=float, default=45.0, metavar="SECONDS",
                         help="how long one step may take before the demo gives up (default %(default)s)")
+    parser.add_argument("--manifests", metavar="DIR",
+                        help="the project's manifests/ directory with base/deviceclasses.yaml and examples/ "
+                             "(default: the checkout's; an installed copy, e.g. the container image, names its own)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
 
@@ -44,6 +47,14 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.step_timeout <= 0:
         print(f"gpu-dra demo: --step-timeout {args.step_timeout}: must be greater than 0 seconds", file=sys.stderr)
+        return 2
+    from gpudra.demo.cluster import DEFAULT_MANIFESTS, Manifests
+
+    manifests = Manifests(Path(args.manifests).absolute() if args.manifests else DEFAULT_MANIFESTS)
+    missing = manifests.missing()
+    if missing:
+        print(f"gpu-dra demo: --manifests {manifests.root}: missing {', '.join(str(p) for p in missing)}; "
+              "give the project's manifests/ directory (it holds base/deviceclasses.yaml and examples/)", file=sys.stderr)
         return 2
     if args.workdir:
         workdir = Path(args.workdir).absolute()
@@ -77,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.monotonic()
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    demo = Demo(DemoSettings(workdir=workdir, step_timeout=args.step_timeout, progress=progress))
+    demo = Demo(DemoSettings(workdir=workdir, manifests=manifests, step_timeout=args.step_timeout, progress=progress))
     failure = ""
     observed = None
     interrupted = False

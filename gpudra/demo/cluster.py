@@ -14,9 +14,27 @@ from gpudra.kubeapi import AlreadyExists, KubeApi
 from gpudra.manifests import load_objects
 from gpudra.demo.processes import PROJECT_ROOT
 
-MANIFESTS = PROJECT_ROOT / "manifests"
-DEVICE_CLASSES = MANIFESTS / "base" / "deviceclasses.yaml"
-EXAMPLES = MANIFESTS / "examples"
+# The checkout's manifests; an installed copy (e.g. the container image) is pointed at its own with --manifests.
+DEFAULT_MANIFESTS = PROJECT_ROOT / "manifests"
+
+
+@dataclass(frozen=True)
+class Manifests:
+    """Where the demo reads its DeviceClasses and example workloads from."""
+
+    root: Path
+
+    @property
+    def device_classes(self) -> Path:
+        return self.root / "base" / "deviceclasses.yaml"
+
+    @property
+    def examples(self) -> Path:
+        return self.root / "examples"
+
+    def missing(self) -> list[Path]:
+        """The files the demo needs that are not there."""
+        return [p for p in (self.device_classes, self.examples / "00-namespace.yaml") if not p.is_file()]
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 EXTENDED_GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -95,8 +113,8 @@ def apply_order(objects: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return sorted((dict(o) for o in objects), key=rank)
 
 
-def example_objects(files: Sequence[Path] | None = None) -> list[dict[str, Any]]:
-    return load_objects(sorted(files) if files is not None else sorted(EXAMPLES.glob("*.yaml")))
+def example_objects(files: Sequence[Path]) -> list[dict[str, Any]]:
+    return load_objects(sorted(str(f) for f in files))
 
 
 def create_all(api: KubeApi, objects: Iterable[Mapping[str, Any]]) -> list[str]:

@@ -60,6 +60,7 @@ class DemoFailed(RuntimeError):
 @dataclass
 class DemoSettings:
     workdir: Path
+    manifests: cluster.Manifests = cluster.Manifests(cluster.DEFAULT_MANIFESTS)
     driver_name: str = DEFAULT_DRIVER_NAME
     step_timeout: float = 45.0
     nodes: tuple[cluster.NodeSpec, ...] = cluster.NODES
@@ -131,7 +132,8 @@ class Demo:
             line += chunk
         url = line.decode().splitlines()[0].strip()
         self.r.api = KubeApi.connect(kubeconfig=str(self.kubeconfig))
-        cluster.create_all(self.api, cluster.example_objects([cluster.EXAMPLES / "00-namespace.yaml", cluster.DEVICE_CLASSES]))
+        manifests = self.s.manifests
+        cluster.create_all(self.api, cluster.example_objects([manifests.examples / "00-namespace.yaml", manifests.device_classes]))
         self.progress(f"control plane: gpu-dra apiserver at {url}; namespace {NAMESPACE}, PriorityClass and DeviceClasses "
                       f"{', '.join(sorted(c['metadata']['name'] for c in self.api.list('DeviceClass')[0]))} created")
         self.r.children.start("controller", gpu_dra_command("controller", "--kubeconfig", str(self.kubeconfig), "--embedded"))
@@ -187,7 +189,7 @@ class Demo:
     # ---- the acts ---------------------------------------------------------------------------------------
 
     def apply(self, files: tuple[str, ...]) -> None:
-        cluster.create_all(self.api, cluster.example_objects([cluster.EXAMPLES / f for f in files]))
+        cluster.create_all(self.api, cluster.example_objects([self.s.manifests.examples / f for f in files]))
 
     @staticmethod
     def _phase(state: ApiState, pod: str) -> str:
