@@ -83,24 +83,43 @@ class PodClaim:
 
 def generated_claim_for(pod: Mapping[str, Any], pod_claim_name: str, claims: Iterable[Mapping[str, Any]]) -> Obj | None:
     """A claim already generated for this pod claim (covers a crash between create and the pod status update)."""
-    pod_uid = o.uid(pod)
-    for claim in claims:
-        if (
-            o.namespace(claim) == o.namespace(pod)
-            and o.controller_owner_uid(claim) == pod_uid
-            and o.annotations(claim).get(POD_CLAIM_NAME_ANNOTATION) == pod_claim_name
-        ):
-            return dict(claim)
-    return None
+    found = GeneratedClaims(claims).find(pod, pod_claim_name)
+    return dict(found) if found is not None else None
 
 
-def resolve_pod_claims(pod: Mapping[str, Any], claims: Iterable[Mapping[str, Any]]) -> list[PodClaim]:
+class GeneratedClaims:
+    """Claims generated from templates, by (namespace, owning pod UID, pod claim name).
+
+    Built once per pass so that resolving every pending pod does not scan every claim (O(pods x claims)).
+    The first claim seen for a key wins, as a linear scan in the same order would pick it.
+    """
+
+    def __init__(self, claims: Iterable[Mapping[str, Any]] = ()) -> None:
+        self._by_owner: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+        for claim in claims:
+            self.add(claim)
+
+    def add(self, claim: Mapping[str, Any]) -> None:
+        owner = o.controller_owner_uid(claim)
+        pcn = o.annotations(claim).get(POD_CLAIM_NAME_ANNOTATION)
+        if owner and isinstance(pcn, str):
+            self._by_owner.setdefault((o.namespace(claim), owner, pcn), claim)
+
+    def find(self, pod: Mapping[str, Any], pod_claim_name: str) -> Mapping[str, Any] | None:
+        pod_uid = o.uid(pod)
+        if not pod_uid:
+            return None
+        return self._by_owner.get((o.namespace(pod), pod_uid, pod_claim_name))
+
+
+def resolve_pod_claims(pod: Mapping[str, Any], claims: Iterable[Mapping[str, Any]] | GeneratedClaims) -> list[PodClaim]:
     statuses = {
         str(s.get("name")): s.get("resourceClaimName")
         for s in o.list_field(o.section(pod, "status"), "resourceClaimStatuses")
         if isinstance(s, Mapping)
     }
-    claim_list = list(claims)
+    index: GeneratedClaims | None = claims if isinstance(claims, GeneratedClaims) else None
+    pending_claims = None if index is not None else claims
     out: list[PodClaim] = []
     for entry in o.list_field(o.section(pod, "spec"), "resourceClaims"):
         if not isinstance(entry, Mapping):
@@ -114,7 +133,10 @@ def resolve_pod_claims(pod: Mapping[str, Any], claims: Iterable[Mapping[str, Any
             continue
         generated = statuses.get(pcn)
         if not generated:
-            found = generated_claim_for(pod, pcn, claim_list)
+            if index is None:
+                # Indexed lazily: pods whose status already names their claims never need it.
+                index = GeneratedClaims(pending_claims or ())
+            found = index.find(pod, pcn)
             generated = o.name(found) if found else None
         out.append(PodClaim(pcn, str(template), str(generated) if generated else None))
     return out
@@ -186,11 +208,11 @@ class ClaimLifecycle:
         """
         problems: list[str] = []
         created_count = 0
-        claim_list = list(claims)
+        index = GeneratedClaims(claims)
         for pod in pods:
             if o.pod_done(pod) or o.deleting(pod):
                 continue
-            resolved = resolve_pod_claims(pod, claim_list)
+            resolved = resolve_pod_claims(pod, index)
             if not any(pc.template for pc in resolved):
                 continue
             statuses: list[dict[str, Any]] = []
@@ -210,7 +232,7 @@ class ClaimLifecycle:
                     if created is None:
                         continue
                     claim_name = o.name(created)
-                    claim_list.append(created)
+                    index.add(created)
                     created_count += 1
                     self._metrics.claims_created.inc()
                     log.info(

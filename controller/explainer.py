@@ -122,17 +122,21 @@ class Explainer:
             "lastTimestamp": stamp,
             "count": count,
         }
-        written = self._upsert_event(body)
+        written = self._upsert_event(body, likely_new=previous is None)
         if written:
             self._posted[memo_key] = _Posted(message, now, count)
             self._metrics.events.labels(reason=reason).inc()
             log.info("event posted", extra={"pod": o.key(pod), "reason": reason, "eventMessage": message})
         return written
 
-    def _upsert_event(self, body: Obj) -> bool:
+    def _upsert_event(self, body: Obj, *, likely_new: bool) -> bool:
+        # An event this instance has not posted is usually new: create first and read only when it already
+        # exists (an earlier incarnation posted it), which saves a GET per scheduled pod.
+        if likely_new and self._writer.create("Event", body) is not None:
+            return True
         existing = self._writer.read("Event", body)
         if existing is None:
-            return self._writer.create("Event", body) is not None
+            return False if likely_new else self._writer.create("Event", body) is not None
 
         def refresh(fresh: Obj) -> Obj:
             fresh["message"] = body["message"]

@@ -24,7 +24,7 @@ from typing import Any
 from controller import objects as o
 from controller.allocator import AllocationError, ClusterSnapshot, Node, parse_claim
 from controller.cel import CelEnvironment
-from controller.claims import resolve_pod_claims
+from controller.claims import GeneratedClaims, resolve_pod_claims
 from controller.commit import AllocationCommitter, allocation_devices, used_devices
 from controller.explain import NodeReason, explain, summarize
 from controller.explainer import REASON_GANG_WAITING, REASON_QUOTA, REASON_SCHEDULED, REASON_UNSCHEDULABLE, Explainer
@@ -62,6 +62,13 @@ def unavailable_message(total_nodes: int, reasons: Iterable[NodeReason]) -> str:
     return f"0/{total_nodes} nodes are available: {summarize(list(reasons))}"
 
 
+def _pod_shape(pod: Mapping[str, Any]) -> str:
+    """What node_rejects reads from a pod, as a key: pods alike in it get the same verdict on every node."""
+    spec = o.section(pod, "spec")
+    # repr never fails on odd input; two spellings of one selector only cost a second cache entry.
+    return repr((spec.get("nodeSelector"), spec.get("tolerations")))
+
+
 @dataclass(frozen=True)
 class PodClaims:
     """A pod's claims in spec order, or why the pod must wait before placement is even tried."""
@@ -77,10 +84,11 @@ def gather_pod_claims(
     claims_by_key: Mapping[str, Obj],
     driver: str,
     templates: Mapping[str, Obj] | None = None,
+    generated: GeneratedClaims | None = None,
 ) -> PodClaims:
     ns = o.namespace(pod)
     out: list[Obj] = []
-    for pc in resolve_pod_claims(pod, claims_by_key.values()):
+    for pc in resolve_pod_claims(pod, generated if generated is not None else claims_by_key.values()):
         if pc.claim_name is None:
             if templates is not None and f"{ns}/{pc.template}" not in templates:
                 return PodClaims(
@@ -123,6 +131,11 @@ class _PassState:
     extended_free: dict[str, int]
     node_objects: dict[str, Obj]
     bound_per_node: Counter[str]
+    generated: GeneratedClaims
+    node_names: list[str]
+    allocator_nodes: dict[str, Node]
+    # Per pod shape (nodeSelector and tolerations, all node_rejects reads of a pod): node -> why not, or None.
+    node_verdicts: dict[str, dict[str, str | None]]
 
 
 class EmbeddedScheduler:
@@ -162,6 +175,10 @@ class EmbeddedScheduler:
             extended_free=free_by_node(view.nodes.values(), view.pods.values()),
             node_objects=node_objects,
             bound_per_node=bound,
+            generated=GeneratedClaims(fresh),
+            node_names=sorted(node_objects) if node_objects else list(snapshot.node_names),
+            allocator_nodes={name: as_allocator_node(n) for name, n in node_objects.items()},
+            node_verdicts={},
         )
 
     def reconcile(self, view: View) -> SchedulerOutcome:
@@ -190,14 +207,20 @@ class EmbeddedScheduler:
     # -- one pod -----------------------------------------------------------------------------------
 
     def _candidate_nodes(self, pod: Obj, claims: list[Obj], need_extended: int, state: _PassState) -> tuple[list[str], list[NodeReason]]:
-        names = sorted(state.node_objects) if state.node_objects else list(state.snapshot.node_names)
         ok: list[str] = []
         rejected: list[NodeReason] = []
-        for name in names:
+        verdicts = state.node_verdicts.setdefault(_pod_shape(pod), {})
+        for name in state.node_names:
             node_obj = state.node_objects.get(name)
-            why = node_rejects(pod, node_obj) if node_obj is not None else None
+            if node_obj is None:
+                why = None
+            elif name in verdicts:
+                why = verdicts[name]
+            else:
+                why = verdicts[name] = node_rejects(pod, node_obj)
             if why is None:
-                node = as_allocator_node(node_obj) if node_obj is not None else Node.inferred(name)
+                cached = state.allocator_nodes.get(name)
+                node = cached if cached is not None else Node.inferred(name)
                 why = allocation_rejects(claims, node)
             if why is None and need_extended:
                 free = state.extended_free.get(name, 0)
@@ -210,7 +233,7 @@ class EmbeddedScheduler:
         return ok, rejected
 
     def _schedule(self, pod: Obj, state: _PassState) -> bool:
-        gathered = gather_pod_claims(pod, state.claims_by_key, self.driver, state.view.templates)
+        gathered = gather_pod_claims(pod, state.claims_by_key, self.driver, state.view.templates, state.generated)
         if gathered.wait_reason:
             if not gathered.silent:
                 self._unschedulable(pod, [], gathered.wait_reason, event=gathered.wait_event, reason="waiting")

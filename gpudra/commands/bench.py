@@ -1,4 +1,4 @@
-"""`gpu-dra bench allocate|prepare|cel`: dispatch to the benchmark that lives beside the code it measures."""
+"""`gpu-dra bench allocate|prepare|cel|schedule`: dispatch to the benchmark that lives beside the code it measures."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ BENCHMARKS: dict[str, str] = {
     "allocate": "controller.bench_allocate",
     "cel": "controller.bench_cel",
     "prepare": "driver.bench_prepare",
+    "schedule": "controller.bench_schedule",
 }
 
 

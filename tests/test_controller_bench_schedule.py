@@ -1,0 +1,49 @@
+"""`gpu-dra bench schedule` on a small shape: it places every pod and its verification catches a double allocation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controller.bench_schedule import BenchFailed, Shape, measure, pod_object, verify
+from controller_helpers import create_all, gpu_class, node, sim_slices, template
+from gpudra.kubeapi import KubeApi
+
+
+def test_small_run_binds_every_pod_and_reports_figures() -> None:
+    doc = measure(3, Shape(nodes=3, pods=8, timeout=60.0))
+    assert doc["benchmark"] == "schedule" and doc["pods"] == 8 and doc["nodes"] == 3
+    assert doc["gpusRequested"] <= doc["gpus"] == 24
+    assert doc["podsPerSecond"] > 0 and 0 < doc["p50Ms"] <= doc["p99Ms"] <= doc["maxMs"]
+    assert doc["controllerPasses"] >= 1
+
+
+def test_more_gpus_than_the_cluster_has_is_refused() -> None:
+    with pytest.raises(BenchFailed, match="more than the 8"):
+        measure(1, Shape(nodes=1, pods=40))
+
+
+def _allocated(api: KubeApi, claim_name: str, pod_name: str, device: str) -> None:
+    pod_obj = api.get("Pod", pod_name, "default")
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": claim_name, "namespace": "default",
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod_name,
+                                              "uid": pod_obj["metadata"]["uid"], "controller": True}]},
+            "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+    created = api.create("ResourceClaim", body)
+    created["status"] = {"allocation": {"devices": {"results": [
+        {"request": "gpus", "driver": "gpu.nvidia.com", "pool": "n1", "device": device}]}}}
+    api.replace_status("ResourceClaim", created)
+    api.bind_pod("default", pod_name, "n1")
+
+
+def test_verify_reports_a_device_allocated_twice(apiserver: Any) -> None:
+    api = apiserver.api
+    create_all(api, [gpu_class(), node("n1"), *sim_slices("n1"), template("gpu-1")])
+    create_all(api, [pod_object("pod-a", 1), pod_object("pod-b", 1)])
+    device = sim_slices("n1")[0]["spec"]["devices"][0]["name"]
+    _allocated(api, "a", "pod-a", device)
+    _allocated(api, "b", "pod-b", device)
+    with pytest.raises(BenchFailed, match=f"gpu.nvidia.com/n1/{device} allocated twice"):
+        verify(api, {"pod-a": 1, "pod-b": 1})
