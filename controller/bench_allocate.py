@@ -76,7 +76,8 @@ def scenario_b(seed: int) -> tuple[ClusterSnapshot, list[dict[str, Any]]]:
 SCENARIOS: dict[str, Callable[[int], tuple[ClusterSnapshot, list[dict[str, Any]]]]] = {"a": scenario_a, "b": scenario_b}
 
 
-def _percentile(sorted_values: list[float], p: float) -> float:
+def percentile(sorted_values: list[float], p: float) -> float:
+    """The `p`th percentile (0-100) of already sorted values, taken at the nearest index; 0.0 for none."""
     if not sorted_values:
         return 0.0
     k = min(len(sorted_values) - 1, max(0, round(p / 100 * (len(sorted_values) - 1))))
@@ -101,8 +102,8 @@ def measure(name: str, seed: int, cel_env: Any) -> dict[str, Any]:
     elapsed = time.perf_counter() - start
     latencies.sort()
     return {"claims": len(claim_dicts), "allocated": allocated, "seconds": round(elapsed, 3),
-            "claimsPerSecond": round(len(claim_dicts) / elapsed, 1), "p50Ms": round(_percentile(latencies, 50), 3),
-            "p99Ms": round(_percentile(latencies, 99), 3), "maxMs": round(latencies[-1], 3) if latencies else 0.0}
+            "claimsPerSecond": round(len(claim_dicts) / elapsed, 1), "p50Ms": round(percentile(latencies, 50), 3),
+            "p99Ms": round(percentile(latencies, 99), 3), "maxMs": round(latencies[-1], 3) if latencies else 0.0}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,16 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from controller import objects as o
+from controller.bench_allocate import percentile
 from controller.manager import ControllerConfig, ControllerManager
 from driver.discovery import discover
 from driver.nvml import load_backend
 from driver.slices import SliceSettings, build_slices
+from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.apiserver import EmbeddedApiServer
 from gpudra.apiserver.admission import validation_admission
 from gpudra.kubeapi import KubeApi
 from gpudra.manifests import load_objects
 
-DRIVER = "gpu.nvidia.com"
+DRIVER = DEFAULT_DRIVER_NAME
 NAMESPACE = "default"
 DEVICE_CLASSES = Path(__file__).resolve().parents[1] / "manifests" / "base" / "deviceclasses.yaml"
 PROFILE = "sim:dgx-a100"
@@ -116,13 +118,6 @@ def populate(api: KubeApi, nodes: int) -> None:
             api.create("ResourceSlice", piece)
 
 
-def _percentile(sorted_values: list[float], p: float) -> float:
-    if not sorted_values:
-        return 0.0
-    k = min(len(sorted_values) - 1, max(0, round(p / 100 * (len(sorted_values) - 1))))
-    return sorted_values[k]
-
-
 def verify(api: KubeApi, sizes: Mapping[str, int]) -> None:
     """Every pod bound, each claim allocated on its pod's node with the requested count, no device twice."""
     pods = {o.name(p): p for p in api.list("Pod", namespace=NAMESPACE)[0]}
@@ -193,7 +188,6 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
             created_at[name] = time.perf_counter()
         created = time.perf_counter()
         finished = watcher.all_bound.wait(shape.timeout)
-        end = time.perf_counter()
         if watcher.error:
             raise BenchFailed(watcher.error)
         if not finished:
@@ -212,8 +206,8 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
     return {
         "benchmark": "schedule",
         "podsPerSecond": round(len(sizes) / elapsed, 1),
-        "p50Ms": round(_percentile(latencies, 50), 1),
-        "p99Ms": round(_percentile(latencies, 99), 1),
+        "p50Ms": round(percentile(latencies, 50), 1),
+        "p99Ms": round(percentile(latencies, 99), 1),
         "maxMs": round(latencies[-1], 1),
         "seconds": round(elapsed, 2),
         # The pods are created while the controller already places them (same process, same GIL).

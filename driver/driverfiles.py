@@ -304,6 +304,7 @@ def scan(root: Path, version: str) -> RootSnapshot:
                     continue
     bin_dirs = _existing_dirs(root, BIN_DIRS)
     hook_dirs = _existing_dirs(root, HOOK_DIRS)
+    # HOOK_DIRS holds every BIN_DIR, so one pass over it notes the binaries `plan` looks up in either list.
     for d in hook_dirs:
         for name in (*BINARIES, HOOK_BINARY):
             note_file(posixpath.join(d, name))

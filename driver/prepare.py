@@ -621,14 +621,16 @@ class Preparer:
         self._fault("unprepare-cdi-removed")
         others = [r for u, r in self.checkpoint.state.claims.items() if u != record.uid]
         still_shared = {d.gpu_uuid for r in others for d in r.devices if d.sharing is not None and (d.sharing.get("sharing"))}
+        groups = self._groups(record)
         try:
-            for config, devices in self._groups(record):
+            for config, devices in groups:
                 dirs = self._mps_dirs(record, config, devices)
                 for note in sharing.undo(self._sharing, config, still_shared, self._shared_devices(devices), dirs):
                     log.warning("event=sharing-note claim=%s/%s uid=%s note=%r", record.namespace, record.name, record.uid, note)
         except sharing.SharingError as exc:
             return f"ResourceClaim {record.namespace}/{record.name} (uid {record.uid}): undoing its sharing setting failed: {exc}"
-        if record.mps_daemons or any(sharing.is_mps(config) for config, _ in self._groups(record)):
+        if record.mps_daemons or any(sharing.is_mps(config) for config, _ in groups):
+            # undo removed each daemon's pipe and log dirs; this removes the claim's dir holding them.
             shutil.rmtree(self._mps_root / record.uid, ignore_errors=True)
         mig_error = self._destroy_migs(record)
         if mig_error:

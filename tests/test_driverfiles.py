@@ -3,6 +3,7 @@ and clean degradation when the root or the hook binary is missing."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from driver import cdi
+from driver.commands import plugin
 from driver.discovery import discover as discover_inventory
 from driver.driverfiles import (
     DATA_MOUNT_OPTIONS,
@@ -249,3 +251,18 @@ def test_agent_on_a_root_without_driver_writes_todays_spec(tmp_path: Path) -> No
         agent.checkpoint.close()
     assert "containerEdits" not in spec
     assert agent.driver_files.mounts == () and agent.driver_files.hooks == ()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--nvml", "real"], Path("/")),
+        (["--nvml", "sim:dgx-a100"], None),
+        (["--nvml", "sim:dgx-a100", "--driver-root", "/driver-root"], Path("/driver-root")),
+        (["--nvml", "real", "--driver-root", "/run/nvidia/driver"], Path("/run/nvidia/driver")),
+    ],
+)
+def test_plugin_scans_the_host_root_only_for_real_gpus_unless_told(argv: list[str], expected: Path | None) -> None:
+    parser = argparse.ArgumentParser()
+    plugin.register(parser)
+    assert plugin._driver_root(parser.parse_args(["--node", "n1", *argv])) == expected

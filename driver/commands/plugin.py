@@ -28,9 +28,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubelet-dir", default=DEFAULT_KUBELET_DIR, help=f"kubelet root dir (default {DEFAULT_KUBELET_DIR})")
     parser.add_argument("--cdi-dir", default=DEFAULT_CDI_DIR, help=f"dynamic CDI spec dir (default {DEFAULT_CDI_DIR})")
     parser.add_argument(
-        "--driver-root", default="/",
-        help="where the host's NVIDIA driver install is visible (default /); its libraries, binaries, firmware "
-        "and sockets go into every claim's CDI spec",
+        "--driver-root",
+        help="where the host's NVIDIA driver install is visible (default / with --nvml real, none with a simulator); "
+        "its libraries, binaries, firmware and sockets go into every claim's CDI spec",
     )
     parser.add_argument(
         "--host-driver-root", default="/",
@@ -46,6 +46,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reserved-gpus", default="", help="comma-separated GPU UUIDs kept for the device plugin (not published)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def _driver_root(args: argparse.Namespace) -> Path | None:
+    # Simulated GPUs have no driver install: scanning this machine's / would put whatever NVIDIA files it
+    # happens to hold (of another driver version) into the simulated claims' specs.
+    if args.driver_root:
+        return Path(args.driver_root)
+    return Path("/") if args.nvml == "real" else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     settings = AgentSettings(
         node_name=args.node, driver_name=args.driver_name, kubelet_dir=Path(args.kubelet_dir), cdi_dir=Path(args.cdi_dir),
         partitionable=args.partitionable, reserved_uuids=reserved, metrics_port=args.metrics_port,
-        driver_root=Path(args.driver_root), host_driver_root=args.host_driver_root,
+        driver_root=_driver_root(args), host_driver_root=args.host_driver_root,
     )
     agent = NodeAgent(
         settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api),

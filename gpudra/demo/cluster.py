@@ -35,6 +35,8 @@ class Manifests:
     def missing(self) -> list[Path]:
         """The files the demo needs that are not there."""
         return [p for p in (self.device_classes, self.examples / "00-namespace.yaml") if not p.is_file()]
+
+
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 EXTENDED_GPU_RESOURCE = "nvidia.com/gpu"
 
