@@ -15,7 +15,6 @@ import argparse
 import gc
 import json
 import random
-import resource
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 from controller.allocator import ClusterSnapshot, parse_claim
 from controller.scoring import Placement, Placer
 from controller.workload import claim_from_template
+from gpudra.benchstats import peak_rss_mib, percentile
 from gpudra.features import Features
 
 
@@ -76,14 +76,6 @@ def scenario_b(seed: int) -> tuple[ClusterSnapshot, list[dict[str, Any]]]:
 SCENARIOS: dict[str, Callable[[int], tuple[ClusterSnapshot, list[dict[str, Any]]]]] = {"a": scenario_a, "b": scenario_b}
 
 
-def percentile(sorted_values: list[float], p: float) -> float:
-    """The `p`th percentile (0-100) of already sorted values, taken at the nearest index; 0.0 for none."""
-    if not sorted_values:
-        return 0.0
-    k = min(len(sorted_values) - 1, max(0, round(p / 100 * (len(sorted_values) - 1))))
-    return sorted_values[k]
-
-
 def measure(name: str, seed: int, cel_env: Any) -> dict[str, Any]:
     snapshot, claim_dicts = SCENARIOS[name](seed)
     placer = Placer(snapshot, Features(), cel_env)
@@ -117,9 +109,8 @@ def run(args: argparse.Namespace) -> int:
     seed = int(getattr(args, "seed", 1) or 1)
     results = {w: measure(w, seed, CelEnvironment()) for w in wanted}
     head = results[wanted[0]]
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     doc = {"benchmark": "allocate", "claimsPerSecond": head["claimsPerSecond"], "p50Ms": head["p50Ms"],
-           "p99Ms": head["p99Ms"], "peakRssMiB": round(peak, 1), "seed": seed, "scenarios": results}
+           "p99Ms": head["p99Ms"], "peakRssMiB": peak_rss_mib(), "seed": seed, "scenarios": results}
     if getattr(args, "output", "table") == "json":
         print(json.dumps(doc, indent=2))
     else:

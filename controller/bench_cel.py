@@ -20,13 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import resource
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 from controller.cel import CelEnvironment, DeviceView
+from gpudra.benchstats import peak_rss_mib, percentile
 
 DEVICES = 10_000
 DRIVER = "gpu.nvidia.com"
@@ -111,13 +111,13 @@ def measure(seed: int) -> dict[str, Any]:
         "evaluations": evaluations,
         "matches": sum(results),
         "evalsPerSecond": round(evaluations / elapsed, 1),
-        "p50Ms": round(statistics.median(latencies) * 1000, 4),
-        "p99Ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000, 4),
+        "p50Ms": round(percentile(latencies, 50) * 1000, 4),
+        "p99Ms": round(percentile(latencies, 99) * 1000, 4),
         "latencySamples": len(latencies),
         "clockOverheadMs": round(_clock_overhead(clock) * 1000, 5),
         "method": "evalsPerSecond: all evaluations timed as one batch over cold device views; "
                   "p50Ms/p99Ms: each evaluation timed alone on a sample of fresh views",
-        "peakRssMiB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peakRssMiB": peak_rss_mib(),
         "seed": seed,
     }
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import resource
 import threading
 import time
 from collections.abc import Mapping
@@ -27,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from controller import objects as o
-from controller.bench_allocate import percentile
 from controller.manager import ControllerConfig, ControllerManager
 from driver.discovery import discover
 from driver.nvml import load_backend
@@ -35,6 +33,7 @@ from driver.slices import SliceSettings, build_slices
 from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.apiserver import EmbeddedApiServer
 from gpudra.apiserver.admission import validation_admission
+from gpudra.benchstats import peak_rss_mib, percentile
 from gpudra.kubeapi import KubeApi
 from gpudra.manifests import load_objects
 
@@ -212,7 +211,7 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
         "seconds": round(elapsed, 2),
         # The pods are created while the controller already places them (same process, same GIL).
         "createSeconds": round(created - start, 2),
-        "peakRssMiB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peakRssMiB": peak_rss_mib(),
         "pods": len(sizes),
         "nodes": shape.nodes,
         "gpus": capacity,

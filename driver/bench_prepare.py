@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import resource
 import shutil
 import statistics
 import tempfile
@@ -19,13 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpudra.benchstats import peak_rss_mib, percentile
+
 CLAIMS = 1000
 TARGET_P99_MS = 25.0
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def measure(seed: int, claims: int = CLAIMS) -> dict[str, Any]:
@@ -91,20 +87,20 @@ def measure(seed: int, claims: int = CLAIMS) -> dict[str, Any]:
             plugin.unprepare([old])
             unprepare_ms.append((time.perf_counter() - t) * 1000)
         total = time.perf_counter() - started
-        p99 = _percentile(prepare_ms, 0.99)
+        p99 = percentile(prepare_ms, 99)
         return {
             "benchmark": "prepare",
             "seed": seed,
             "claims": claims,
             "devicesPerClaimMean": round(statistics.fmean(device_counts), 2),
             "claimsPerSecond": round(claims / total, 1),
-            "p50Ms": round(_percentile(prepare_ms, 0.50), 3),
+            "p50Ms": round(percentile(prepare_ms, 50), 3),
             "p99Ms": round(p99, 3),
-            "unprepareP50Ms": round(_percentile(unprepare_ms, 0.50), 3),
-            "unprepareP99Ms": round(_percentile(unprepare_ms, 0.99), 3),
+            "unprepareP50Ms": round(percentile(unprepare_ms, 50), 3),
+            "unprepareP99Ms": round(percentile(unprepare_ms, 99), 3),
             "targetP99Ms": TARGET_P99_MS,
             "meetsTarget": p99 <= TARGET_P99_MS,
-            "peakRssMiB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "peakRssMiB": peak_rss_mib(),
         }
     finally:
         kubelet.close()
