@@ -341,6 +341,7 @@ class SimulatedNvml:
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
         what = f"`echo {command} | nvidia-cuda-mps-control`"
         with self._lock:
+            self._refresh_faults()  # a fault file written by another process applies to every call, as to the others
             daemon = self._mps.get(str(dirs.pipe))
             if daemon is None or not daemon.running:
                 raise GpuToolError(f"{what} exited with status 1: Cannot find MPS control daemon process")
