@@ -22,6 +22,7 @@ from typing import Any
 from controller.allocator import ClusterSnapshot, parse_claim
 from controller.scoring import Placement, Placer
 from controller.workload import claim_from_template
+from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.benchstats import peak_rss_mib, percentile
 from gpudra.features import Features
 
@@ -46,7 +47,7 @@ def scenario_a(seed: int) -> tuple[ClusterSnapshot, list[dict[str, Any]]]:
 
 def scenario_b(seed: int) -> tuple[ClusterSnapshot, list[dict[str, Any]]]:
     rng = random.Random(seed)
-    driver = "gpu.nvidia.com"
+    driver = DEFAULT_DRIVER_NAME
     slices = []
     for n in range(1000):
         node = f"gpu-node-{n:04d}"

@@ -26,10 +26,11 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.cel import CelEnvironment, DeviceView
+from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.benchstats import peak_rss_mib, percentile
 
 DEVICES = 10_000
-DRIVER = "gpu.nvidia.com"
+DRIVER = DEFAULT_DRIVER_NAME
 _PRODUCTS = (("NVIDIA H100 80GB HBM3", "Hopper", "80Gi", "9.0"), ("NVIDIA A100-SXM4-40GB", "Ampere", "40Gi", "8.0"),
              ("NVIDIA L4", "Ada Lovelace", "24Gi", "8.9"), ("NVIDIA H200", "Hopper", "141Gi", "9.0"))
 

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from controller.allocator import AllocationError, Allocator, Claim, ClusterSnapshot, Unschedulable
 from controller.allocator.model import Constraint, Device
+from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.features import Features
 
 Policy = Literal["binpack", "spread"]
@@ -88,7 +89,7 @@ class Placer:
         features: Features | None = None,
         cel_env: Any = None,
         policy: Policy = "binpack",
-        topology_domain: str = "gpu.nvidia.com",
+        topology_domain: str = DEFAULT_DRIVER_NAME,
     ) -> None:
         self.snapshot = snapshot
         self.topology_domain = topology_domain
