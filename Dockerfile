@@ -6,6 +6,9 @@ COPY gpudra ./gpudra
 COPY driver ./driver
 COPY controller ./controller
 COPY proto ./proto
+COPY cli ./cli
+COPY sim ./sim
+COPY bench ./bench
 COPY manifests /opt/gpu-dra/manifests
 RUN pip install --no-cache-dir . && rm -rf /src
 USER 0

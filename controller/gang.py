@@ -25,8 +25,8 @@ from controller import objects as o
 from controller.allocator import AllocationError, parse_claim
 from controller.cel import CelEnvironment
 from controller.commit import AllocationCommitter, allocation_devices, used_devices
-from controller.explain import explain, summarize
-from controller.explainer import Explainer
+from controller.diagnosis import explain, summarize
+from controller.explanation_writer import ExplanationWriter
 from controller.metrics import GANG_STATES, ControllerMetrics
 from controller.objects import Obj
 from controller.scoring import NoPlacement, Placer
@@ -172,7 +172,7 @@ class GangController:
     def __init__(
         self,
         writer: Writer,
-        explainer: Explainer,
+        explainer: ExplanationWriter,
         metrics: ControllerMetrics,
         *,
         driver_name: str,

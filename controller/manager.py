@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 
 from controller import objects as o
 from controller.claims import ClaimLifecycle
-from controller.explainer import Explainer
+from controller.explanation_writer import ExplanationWriter
 from controller.gang import GangController, GangSummary
 from controller.informer import Informer, Store
 from controller.leader import LeaderElector, LeaseTimings
@@ -118,7 +118,7 @@ class ControllerManager:
         else:
             self.metrics.leader.set(1)
         self.writer = Writer(api, self.metrics, may_write=self.may_write, observe=self._observe, forget=self._forget)
-        self.explainer = Explainer(
+        self.explainer = ExplanationWriter(
             self.writer,
             self.metrics,
             driver_name=config.driver_name,

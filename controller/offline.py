@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from controller.allocator import AllocationError, ClusterSnapshot, Unschedulable, parse_claim
 from controller.allocator.model import Claim
-from controller.explain import Explainer, NodeReason, summarize
+from controller.diagnosis import Diagnoser, NodeReason, summarize
 from controller.scoring import Placement, Placer, Policy
 from controller.objects import claim_key
 from controller.workload import Unit, Workload, build_workload
@@ -39,7 +39,7 @@ class Session:
         w = self.workload
         self.snapshot = ClusterSnapshot(w.slices, w.classes, w.allocated, w.nodes or None)
         self.placer = Placer(self.snapshot, self.features, cel_env, policy)
-        self.explainer = Explainer(self.snapshot, self.features, allocator=self.placer.allocator)
+        self.explainer = Diagnoser(self.snapshot, self.features, allocator=self.placer.allocator)
 
     def _parse(self, unit: Unit) -> list[Claim]:
         return [parse_claim(c) for c in unit.claims]

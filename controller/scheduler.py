@@ -26,8 +26,8 @@ from controller.allocator import AllocationError, ClusterSnapshot, Node, parse_c
 from controller.cel import CelEnvironment
 from controller.claims import GeneratedClaims, resolve_pod_claims
 from controller.commit import AllocationCommitter, allocation_devices, used_devices
-from controller.explain import NodeReason, explain, summarize
-from controller.explainer import REASON_GANG_WAITING, REASON_QUOTA, REASON_SCHEDULED, REASON_UNSCHEDULABLE, Explainer
+from controller.diagnosis import NodeReason, explain, summarize
+from controller.explanation_writer import REASON_GANG_WAITING, REASON_QUOTA, REASON_SCHEDULED, REASON_UNSCHEDULABLE, ExplanationWriter
 from controller.extended import free_by_node, pod_request
 from controller.gang import gang_label, is_gang_claim
 from controller.metrics import ControllerMetrics
@@ -142,7 +142,7 @@ class EmbeddedScheduler:
     def __init__(
         self,
         writer: Writer,
-        explainer: Explainer,
+        explainer: ExplanationWriter,
         metrics: ControllerMetrics,
         *,
         features: Features,
@@ -333,7 +333,7 @@ class EmbeddedScheduler:
 class PendingExplainer:
     """Cluster mode: kube-scheduler allocates; we explain pods that wait on claims that cannot fit."""
 
-    def __init__(self, explainer: Explainer, metrics: ControllerMetrics, *, features: Features, driver_name: str) -> None:
+    def __init__(self, explainer: ExplanationWriter, metrics: ControllerMetrics, *, features: Features, driver_name: str) -> None:
         self._explainer = explainer
         self._metrics = metrics
         self._features = features

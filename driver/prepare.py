@@ -35,7 +35,7 @@ from driver import cdi, miginstances, sharing
 from driver.checkpoint import (
     Checkpoint, ClaimPhase, ClaimRecord, Ledger, LedgerConflict, LoadReport, MigCreation, MpsDaemonRecord, PreparedDevice,
 )
-from driver.config import ConfigError, GpuConfig, merge, parse
+from gpudra.deviceconfig import ConfigError, GpuConfig, merge, parse
 from driver.gputools import MpsDirs
 from driver.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 from driver.slices import gpu_device_name, mig_device_name

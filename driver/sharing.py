@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from driver.config import GpuConfig, SharingStrategy
+from gpudra.deviceconfig import GpuConfig, SharingStrategy
 from driver.gputools import GpuToolError, MpsDirs
 
 COMPUTE_MODE_DEFAULT = 0

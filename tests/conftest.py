@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpudra.apiserver import EmbeddedApiServer
-from gpudra.apiserver.admission import validation_admission
+from controller.validationhooks import validation_admission
 from gpudra.kubeapi import KubeApi
 
 

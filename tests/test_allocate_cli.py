@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpudra.cli import main
+from cli.main import main
 from tests.alloc_fixtures import claim, device, klass, request, slice_
 
 GPU = "gpu.nvidia.com"

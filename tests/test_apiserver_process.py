@@ -120,7 +120,7 @@ def test_cli_serves_until_sigterm_and_persists(tmp_path: Path) -> None:
     state = tmp_path / "state.json"
     kubeconfig = tmp_path / "kubeconfig"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "gpudra.cli", "apiserver", "--state", str(state),
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "apiserver", "--state", str(state),
                              "--kubeconfig-out", str(kubeconfig)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, cwd=ROOT)
     try:
@@ -143,7 +143,7 @@ def test_cli_serves_until_sigterm_and_persists(tmp_path: Path) -> None:
 
 def test_cli_refuses_non_loopback_address() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "gpudra.cli", "apiserver", "--address", "0.0.0.0"],
+    done = subprocess.run([sys.executable, "-m", "cli.main", "apiserver", "--address", "0.0.0.0"],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=60, check=False)
     assert done.returncode == 2
     assert "not a loopback address" in done.stderr and done.stdout == ""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudra.cli import main
+from cli.main import main
 
 DEVICE = """\
 driver: gpu.nvidia.com

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from driver import config
-from driver.config import ConfigError, SharingStrategy, TimeSliceInterval
+from gpudra import deviceconfig as config
+from gpudra.deviceconfig import ConfigError, SharingStrategy, TimeSliceInterval
 
 BASE = {"apiVersion": "gpu.nvidia.com/v1alpha1", "kind": "GpuConfig"}
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpudra.cli import main
+from cli.main import main
 from tests.conformance_builders import (
     ALL, CLASS_A, CLASS_B, DRIVER_A, DRIVER_B, MAX, NODE1, NODE2, PER_DEVICE, REGION1, TAINT_NO_EXECUTE,
     TAINT_NO_SCHEDULE, TAINT_NONE, TOL_NO_EXECUTE, TOL_NO_SCHEDULE, TOL_NO_SCHEDULE_KEY1, Case, alloc, all_req, attrs,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpudra.cli import main
+from cli.main import main
 
 DRA = "dra.example.com"
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from gpudra.cli import main
+from cli.main import main
 
 GOOD = "foo"
 GOOD2 = "bar"

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from controller.bench_schedule import BenchFailed, Shape, measure, pod_object, verify
+from bench.schedule import BenchFailed, Shape, measure, pod_object, verify
 from controller_helpers import create_all, gpu_class, node, sim_slices, template
 from gpudra.kubeapi import KubeApi
 

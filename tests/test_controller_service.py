@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from controller.explainer import REASON_UNSCHEDULABLE
+from controller.explanation_writer import REASON_UNSCHEDULABLE
 from gpudra.logfmt import LogfmtFormatter, format_fields
 from controller.metrics import sample_value
 from controller_helpers import claims_of, create_all, devices_of, events_for, gpu_class, gpu_slice, manager, node, pod, template, claim
@@ -78,7 +78,7 @@ def test_command_runs_and_releases_the_lease_on_sigterm(apiserver: Any) -> None:
                      template("one", 1), pod("p", templates={"gpu": "one"})])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpudra.cli", "controller", "--kubeconfig", str(apiserver.kubeconfig), "--embedded",
+        [sys.executable, "-m", "cli.main", "controller", "--kubeconfig", str(apiserver.kubeconfig), "--embedded",
          "--identity", "cmd", "--lease-duration", "15", "--renew-deadline", "10", "--retry-period", "0.2"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -103,7 +103,7 @@ def test_command_runs_and_releases_the_lease_on_sigterm(apiserver: Any) -> None:
 
 def test_command_rejects_bad_timings_with_the_flag_names() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "gpudra.cli", "controller", "--lease-duration", "5", "--renew-deadline", "10"],
+        [sys.executable, "-m", "cli.main", "controller", "--lease-duration", "5", "--renew-deadline", "10"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.kubeletsim import ClaimInfo, KubeletError, KubeletSim
+from sim.kubelet.dra import ClaimInfo, KubeletError, KubeletSim
 from tests.plugin_helpers import DRIVER, NODE, create_allocated_claim, short_tmp, stop_process
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ class PluginProcess:
             env["GPU_DRA_TEST_CRASH_AFTER"] = crash_after
         with open(self.work / "plugin.log", "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gpudra.cli", "plugin", "--node", NODE, "--nvml", "sim:dgx-h100",
+                [sys.executable, "-m", "cli.main", "plugin", "--node", NODE, "--nvml", "sim:dgx-h100",
                  "--kubeconfig", str(self.kubeconfig), "--kubelet-dir", str(self.work / "kubelet"),
                  "--cdi-dir", str(self.work / "cdi"), "--log-level", "WARNING"],
                 env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,

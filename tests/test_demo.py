@@ -59,7 +59,7 @@ def demo(workdir: Path) -> Iterator[Demo]:
 
     def launch(*args: str) -> subprocess.Popen[str]:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        proc = subprocess.Popen([sys.executable, "-m", "gpudra.cli", "demo", *args], cwd=REPO, env=env, text=True,
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "demo", *args], cwd=REPO, env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         started.append(proc)
         return proc

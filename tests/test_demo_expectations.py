@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudra.demo import expect
-from gpudra.demo.cluster import apply_order, node_object
-from gpudra.demo.disk import NodeDisk
-from gpudra.demo.kubelet import pod_claim_names
-from gpudra.demo.observe import ApiState, ClaimRow, DeviceRow, Observed, WorkloadRow
+from sim.demo import expect
+from sim.demo.cluster import apply_order, node_object
+from sim.demo.disk import NodeDisk
+from sim.kubelet.pods import pod_claim_names
+from sim.demo.observe import ApiState, ClaimRow, DeviceRow, Observed, WorkloadRow
 
 DRIVER = "gpu.nvidia.com"
 

@@ -28,7 +28,7 @@ from driver.deviceplugin import (
     served_gpus,
     stale_allocations,
 )
-from driver.devicemanagersim import DeviceManagerError, DeviceManagerSim
+from sim.kubelet.devicemanager import DeviceManagerError, DeviceManagerSim
 from driver.discovery import discover
 from driver.inventory import Health, Inventory
 from driver.kubeletcheckpoint import KubeletCheckpoint, PodDeviceEntry
@@ -332,7 +332,7 @@ def test_kubelet_restart_makes_the_shim_register_again(node: Node) -> None:
 
 
 def test_plugin_command_rejects_a_bad_resource_name(capsys: pytest.CaptureFixture[str]) -> None:
-    from gpudra.cli import main
+    from cli.main import main
 
     code = main(["plugin", "--node", "n1", "--nvml", "sim:t4-1", "--device-plugin", "--device-plugin-resource", "gpu"])
     assert code == 2

@@ -9,7 +9,7 @@ import pytest
 from driver.discovery import cuda_version_text, discover, normalize_bus_id, nvlink_domain_id
 from driver.inventory import Inventory, MigPlacement
 from driver.nvml import load_backend
-from driver.nvml.profile import shipped_profiles
+from sim.nvml.profile import shipped_profiles
 
 MIB = 1024 * 1024
 

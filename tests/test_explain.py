@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from controller.allocator import ClusterSnapshot, parse_claim
 from controller.cel import CelEnvironment
-from controller.explain import Explainer, NodeReason, explain, summarize
+from controller.diagnosis import Diagnoser, NodeReason, explain, summarize
 from tests.alloc_fixtures import DRIVER, allocation, claim, device, klass, node, request, slice_
 
 CEL = CelEnvironment()
 
 
-def explainer(slices: list[dict], classes: list[dict] | None = None, allocated: list[dict] | None = None) -> Explainer:
-    return Explainer(ClusterSnapshot(slices, classes or [klass()], allocated or []), cel_env=CEL)
+def explainer(slices: list[dict], classes: list[dict] | None = None, allocated: list[dict] | None = None) -> Diagnoser:
+    return Diagnoser(ClusterSnapshot(slices, classes or [klass()], allocated or []), cel_env=CEL)
 
 
 def test_selector_false_names_class_selector() -> None:
@@ -39,7 +39,7 @@ def test_constraint_mismatch_counts_largest_group() -> None:
 def test_pool_incomplete_and_no_devices() -> None:
     ex = explainer([slice_("s", "n1", "p", [device("d0")], count=2)])
     assert ex.explain_node("n1", [parse_claim(claim())]).code == "pool-incomplete"
-    ex = Explainer(ClusterSnapshot([], [klass()], [], [node("n1")]), cel_env=CEL)
+    ex = Diagnoser(ClusterSnapshot([], [klass()], [], [node("n1")]), cel_env=CEL)
     assert ex.explain_node("n1", [parse_claim(claim())]).code == "no-devices"
 
 

@@ -12,7 +12,7 @@ from driver.discovery import discover
 from driver.health import APPLICATION_XIDS, HealthMonitor, classify_xid, describe_xid
 from driver.inventory import Health, Inventory
 from driver.nvml import load_backend
-from driver.nvml.sim import SimulatedNvml
+from sim.nvml.simulator import SimulatedNvml
 
 
 def _setup(profile: str = "dgx-a100-mig") -> tuple[SimulatedNvml, Inventory, HealthMonitor, list[tuple[str, Health]]]:
@@ -76,7 +76,7 @@ def test_lost_gpu_via_event_and_via_probe() -> None:
 
 
 def test_faults_file_reaches_a_running_monitor(tmp_path: Any) -> None:
-    from driver.nvml.faults import write_faults
+    from sim.nvml.faults import write_faults
 
     path = tmp_path / "faults.json"
     nvml = load_backend(f"sim:t4-1?faults={path}")

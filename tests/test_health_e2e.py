@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from driver.discovery import discover
-from driver.kubeletsim import HealthUpdate, KubeletSim, RegisteredPlugin
+from sim.kubelet.dra import HealthUpdate, KubeletSim, RegisteredPlugin
 from driver.nvml import load_backend
-from driver.nvml.faults import append_xid, read_faults, write_faults
+from sim.nvml.faults import append_xid, read_faults, write_faults
 from driver.slices import gpu_device_name
 from tests.plugin_helpers import DRIVER, NODE, short_tmp, stop_process
 
@@ -51,7 +51,7 @@ class Plugin:
         env.pop("GPU_DRA_SIM_FAULTS", None)
         with open(self.work / "plugin.log", "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gpudra.cli", "plugin", "--node", NODE, "--nvml", f"sim:dgx-h100?faults={self.faults}",
+                [sys.executable, "-m", "cli.main", "plugin", "--node", NODE, "--nvml", f"sim:dgx-h100?faults={self.faults}",
                  "--kubeconfig", str(self.kubeconfig), "--kubelet-dir", str(self.work / "kubelet"),
                  "--cdi-dir", str(self.work / "cdi"), "--log-level", "WARNING"],
                 env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudra.cli import main
+from cli.main import main
 
 GPU_KEYS = {
     "uuid", "productName", "architecture", "memoryBytes", "cudaComputeCapability", "pciBusID", "pcieRoot", "numaNode",
@@ -81,7 +81,7 @@ def test_bad_profile_exits_2_naming_the_field(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_faults_file_shows_up_as_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from driver.nvml.faults import write_faults
+    from sim.nvml.faults import write_faults
 
     uuid = _json(capsys, "--nvml", "sim:dgx-h100", "--node", "n")["gpus"][3]["uuid"]
     faults = tmp_path / "faults.json"

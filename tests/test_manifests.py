@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gpudra.cli import main as gpu_dra
+from cli.main import main as gpu_dra
 from gpudra.manifests import load_objects
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,9 +20,9 @@ import pytest
 from driver.discovery import discover
 from driver.health import HealthMonitor
 from driver.inventory import Gpu
-from driver.kubeletsim import HealthUpdate, KubeletSim, RegisteredPlugin
+from sim.kubelet.dra import HealthUpdate, KubeletSim, RegisteredPlugin
 from driver.nvml import load_backend
-from driver.nvml.faults import append_xid, write_faults
+from sim.nvml.faults import append_xid, write_faults
 from driver.plugin.agent import AgentSettings, NodeAgent, kubeapi_claim_getter
 from driver.publisher import SlicePublisher
 from driver.slices import gpu_device_name, mig_device_name

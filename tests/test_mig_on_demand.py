@@ -19,7 +19,7 @@ from driver.checkpoint import Checkpoint, ClaimPhase
 from driver.discovery import discover
 from driver.gputools import MpsDirs
 from driver.inventory import Gpu, Inventory, MigPlacement, MigProfile
-from driver.kubeletsim import ClaimInfo, KubeletSim, Pod
+from sim.kubelet.dra import ClaimInfo, KubeletSim, Pod
 from driver.nvml import load_backend
 from driver.plugin.agent import NodeAgent
 from driver.prepare import ClaimNotFound, ClaimRef, Preparer

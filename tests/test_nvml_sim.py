@@ -10,11 +10,11 @@ import pynvml
 import pytest
 
 from driver.nvml import NvmlUnavailable, ProfileError, load_backend, sysfs_pcie_root
-from driver.nvml.faults import CallFault, FAULTS_ENV, append_xid, read_faults, write_faults
-from driver.nvml.profile import load_profile, shipped_profiles
-from driver.nvml.sim import SimulatedNvml
+from sim.nvml.faults import CallFault, FAULTS_ENV, append_xid, read_faults, write_faults
+from sim.nvml.profile import load_profile, shipped_profiles
+from sim.nvml.simulator import SimulatedNvml
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "driver" / "nvml" / "profiles"
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "sim" / "nvml" / "profiles"
 
 
 def _sim(name: str = "dgx-a100-mig", faults: Path | None = None) -> SimulatedNvml:
@@ -377,7 +377,7 @@ def test_node_identity_is_stable_and_absent_without_a_node() -> None:
 
 
 def test_node_uuids_keep_formats_and_explicit_mig_uuids() -> None:
-    from driver.nvml.profile import node_uuid, profile_for_node
+    from sim.nvml.profile import node_uuid, profile_for_node
 
     base = load_profile("dgx-a100-mig")
     gpu0 = base.gpus[0]

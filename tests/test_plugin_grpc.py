@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from driver.inventory import Health
-from driver.kubeletsim import ClaimInfo, KubeletError, KubeletSim, Pod, RegistrationFailed, choose_service
+from sim.kubelet.dra import ClaimInfo, KubeletError, KubeletSim, Pod, RegistrationFailed, choose_service
 from driver.plugin.agent import NodeAgent
 from proto.pluginregistration.v1 import api_pb2 as reg_pb
 from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc

@@ -23,10 +23,10 @@ import pytest
 
 from driver.checkpoint import Ledger
 from driver.deviceplugin import HEALTHY, UNHEALTHY, DevicePluginShim, start_device_plugin
-from driver.devicemanagersim import DeviceManagerError, DeviceManagerSim
+from sim.kubelet.devicemanager import DeviceManagerError, DeviceManagerSim
 from driver.discovery import discover
 from driver.inventory import Gpu
-from driver.kubeletsim import ClaimInfo, KubeletError, KubeletSim
+from sim.kubelet.dra import ClaimInfo, KubeletError, KubeletSim
 from driver.nvml import load_backend
 from driver.plugin.agent import AgentSettings, NodeAgent, kubeapi_claim_getter
 from driver.prepare import ClaimNotFound, ClaimRef
@@ -310,7 +310,7 @@ def test_ledger_survives_a_node_agent_restart(apiserver) -> None:  # type: ignor
         kubelet = KubeletSim(tmp / "kubelet")
         gpus = discover(load_backend("sim:l40s-4", node=NODE), NODE).gpus
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        cmd = [sys.executable, "-m", "gpudra.cli", "plugin", "--node", NODE, "--nvml", "sim:l40s-4", "--device-plugin",
+        cmd = [sys.executable, "-m", "cli.main", "plugin", "--node", NODE, "--nvml", "sim:l40s-4", "--device-plugin",
                "--kubeconfig", str(apiserver.kubeconfig), "--kubelet-dir", str(tmp / "kubelet"),
                "--cdi-dir", str(tmp / "cdi"), "--log-level", "WARNING"]
         log = open(tmp / "plugin.log", "ab")

@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 
 from driver.checkpoint import Checkpoint, ClaimPhase
-from driver.config import parse
+from gpudra.deviceconfig import parse
 from driver.discovery import discover
 from driver.gputools import GpuToolError, MpsDirs, NvidiaTools, control_socket_alive
 from driver.inventory import Inventory
-from driver.nvml import RealNvml, SimulatedNvml, load_backend
+from driver.nvml import RealNvml, load_backend
+from sim.nvml import SimulatedNvml
 from driver.prepare import ClaimNotFound, ClaimRef, Preparer
 from driver.sharing import (
     COMPUTE_MODE_DEFAULT, COMPUTE_MODE_EXCLUSIVE_PROCESS, NvmlSharing, SharedDevice, SharingError, apply, mps_dirs, undo,

@@ -13,9 +13,9 @@ import yaml
 from driver.discovery import discover
 from driver.nvml import load_backend
 from driver.slices import SliceSettings, build_slices
-from gpudra.cli import main
+from cli.main import main
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "driver" / "nvml" / "profiles"
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "sim" / "nvml" / "profiles"
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

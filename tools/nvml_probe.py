@@ -1,7 +1,7 @@
 """Probe a real GPU machine: the discovered inventory plus the raw NVML MIG answers behind it.
 
 Run on a machine with NVIDIA GPUs:  python tools/nvml_probe.py [--nvml real] > probe.json
-Compare its MIG tables with driver/nvml/profiles/*.yaml to keep the simulator honest.
+Compare its MIG tables with sim/nvml/profiles/*.yaml to keep the simulator honest.
 Without a driver it exits 2 with one line saying so.
 """
 

@@ -1,1 +1,1 @@
-"""Subcommand modules of gpu-dra (see gpudra.cli)."""
+"""Subcommand modules of gpu-dra (see cli.main)."""

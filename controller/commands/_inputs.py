@@ -11,7 +11,7 @@ from typing import Any
 from controller.workload import KINDS
 from gpudra.manifests import InputError, load_objects, object_label
 from gpudra.validation import validate_object
-from gpudra.validation.installed import cel_checker, opaque_validators
+from controller.validationhooks import cel_checker, opaque_validators
 
 
 @dataclass

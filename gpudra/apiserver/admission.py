@@ -5,17 +5,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.apiserver.store import Admission
 from gpudra.validation import validate_object
-from gpudra.validation.installed import cel_checker, opaque_validators
+from gpudra.validation.common import CelChecker, OpaqueValidators
 
 
-def validation_admission(driver_name: str = DEFAULT_DRIVER_NAME) -> Admission:
-    """An admission callable running `gpudra.validation.validate_object` with the CEL checker and our opaque
-    config validator where those are installed."""
-    cel = cel_checker()
-    opaque = opaque_validators(driver_name)
+def validating_admission(cel: CelChecker | None, opaque: OpaqueValidators) -> Admission:
+    """An admission callable running `gpudra.validation.validate_object` with the given CEL checker and opaque
+    config validators (the caller supplies them: the shared package knows neither the CEL engine nor a driver)."""
     # The CEL checker caches compiled environments; one validation at a time keeps that cache consistent.
     lock = threading.Lock()
 

@@ -1,0 +1,1 @@
+"""Benchmarks: fixed seeds, printed figures; apart from the product and from the tests."""

@@ -1,0 +1,122 @@
+"""`gpu-dra bench allocate [-o json] [--scenario a|b|all] [--seed N]`: placement throughput and latency.
+
+(a) kube-scheduler scheduler_perf's SchedulingWithResourceClaimTemplate shape: 500 nodes x 10 devices
+    (one slice per node), a device class with a driver selector, 5000 one-device claims from a
+    template, placed one after another until the cluster is full.
+(b) 1000 nodes x 8 GPUs (NVLink domains of 8, or two of 4), class and request CEL selectors, 4- and
+    8-GPU claims with matchAttribute on gpu.nvidia.com/nvlinkDomain.
+Each placement runs the full Placer (allocator per candidate node, scoring, commit); latency is per
+claim (per placement), wall-clock, single thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from controller.allocator import ClusterSnapshot, parse_claim
+from controller.scoring import Placement, Placer
+from controller.workload import claim_from_template
+from gpudra import DEFAULT_DRIVER_NAME
+from bench.stats import peak_rss_mib, percentile
+from gpudra.features import Features
+
+
+def _slice(node: str, driver: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-{driver}"},
+            "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": devices}}
+
+
+def scenario_a(seed: int) -> tuple[ClusterSnapshot, list[dict[str, Any]]]:
+    driver = "test-driver.cdi.k8s.io"
+    slices = [_slice(f"node-{n:03d}", driver, [{"name": f"device-{d}"} for d in range(10)]) for n in range(500)]
+    cls = {"kind": "DeviceClass", "metadata": {"name": "test-class"},
+           "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}}
+    template = {"kind": "ResourceClaimTemplate", "metadata": {"name": "test-claim-template", "namespace": "default"},
+                "spec": {"spec": {"devices": {"requests": [{"name": "req-0", "exactly": {"deviceClassName": "test-class"}}]}}}}
+    claims = [claim_from_template(template, {"metadata": {"name": f"pod-{i:04d}", "namespace": "default"}}, "resource")
+              for i in range(5000)]
+    return ClusterSnapshot(slices, [cls]), claims
+
+
+def scenario_b(seed: int) -> tuple[ClusterSnapshot, list[dict[str, Any]]]:
+    rng = random.Random(seed)
+    driver = DEFAULT_DRIVER_NAME
+    slices = []
+    for n in range(1000):
+        node = f"gpu-node-{n:04d}"
+        split = rng.random() < 0.3
+        devices = []
+        for g in range(8):
+            domain = f"{node}-nvl{g // 4 if split else 0}"
+            devices.append({"name": f"gpu-{g}", "attributes": {
+                "type": {"string": "gpu"}, "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                "nvlinkDomain": {"string": domain}, "numaNode": {"int": g // 4}, "index": {"int": g}},
+                "capacity": {"memory": {"value": "80Gi"}}})
+        slices.append(_slice(node, driver, devices))
+    cls = {"kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
+           "spec": {"selectors": [{"cel": {"expression":
+                                           f'device.driver == "{driver}" && device.attributes["{driver}"].type == "gpu"'}}]}}
+    claims = []
+    for i in range(1400):
+        count = 8 if rng.random() < 0.4 else 4
+        claims.append({"kind": "ResourceClaim", "metadata": {"name": f"train-{i:04d}", "namespace": "ml"}, "spec": {"devices": {
+            "requests": [{"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": count, "selectors": [
+                {"cel": {"expression": f'device.attributes["{driver}"].productName.startsWith("NVIDIA H100") && '
+                                       f'device.capacity["{driver}"].memory.compareTo(quantity("40Gi")) >= 0'}}]}}],
+            "constraints": [{"requests": ["gpus"], "matchAttribute": f"{driver}/nvlinkDomain"}]}}})
+    return ClusterSnapshot(slices, [cls]), claims
+
+
+SCENARIOS: dict[str, Callable[[int], tuple[ClusterSnapshot, list[dict[str, Any]]]]] = {"a": scenario_a, "b": scenario_b}
+
+
+def measure(name: str, seed: int, cel_env: Any) -> dict[str, Any]:
+    snapshot, claim_dicts = SCENARIOS[name](seed)
+    placer = Placer(snapshot, Features(), cel_env)
+    latencies: list[float] = []
+    allocated = 0
+    gc.collect()
+    start = time.perf_counter()
+    for obj in claim_dicts:
+        t0 = time.perf_counter()
+        claim = parse_claim(obj)
+        placed = placer.place([claim])
+        if isinstance(placed, Placement):
+            placer.commit([claim.key], placed.allocations, placed.node)
+            allocated += 1
+        latencies.append((time.perf_counter() - t0) * 1000)
+    elapsed = time.perf_counter() - start
+    latencies.sort()
+    return {"claims": len(claim_dicts), "allocated": allocated, "seconds": round(elapsed, 3),
+            "claimsPerSecond": round(len(claim_dicts) / elapsed, 1), "p50Ms": round(percentile(latencies, 50), 3),
+            "p99Ms": round(percentile(latencies, 99), 3), "maxMs": round(latencies[-1], 3) if latencies else 0.0}
+
+
+def run(args: argparse.Namespace) -> int:
+    from controller.cel import CelEnvironment
+
+    wanted = ["a", "b"] if getattr(args, "scenario", "all") == "all" else [args.scenario]
+    unknown = [w for w in wanted if w not in SCENARIOS]
+    if unknown:
+        print(f"--scenario {unknown[0]!r}: unknown scenario; accepted: a, b, all")
+        return 2
+    seed = int(getattr(args, "seed", 1) or 1)
+    results = {w: measure(w, seed, CelEnvironment()) for w in wanted}
+    head = results[wanted[0]]
+    doc = {"benchmark": "allocate", "claimsPerSecond": head["claimsPerSecond"], "p50Ms": head["p50Ms"],
+           "p99Ms": head["p99Ms"], "peakRssMiB": peak_rss_mib(), "seed": seed, "scenarios": results}
+    if getattr(args, "output", "table") == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        for w, r in results.items():
+            print(f"scenario {w}: {r['claims']} claims ({r['allocated']} allocated) in {r['seconds']} s: "
+                  f"{r['claimsPerSecond']} claims/s, p50 {r['p50Ms']} ms, p99 {r['p99Ms']} ms, max {r['maxMs']} ms")
+        print(f"peak RSS {doc['peakRssMiB']} MiB")
+    return 0

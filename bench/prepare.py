@@ -1,0 +1,121 @@
+"""`gpu-dra bench prepare`: NodePrepareResources / NodeUnprepareResources latency over the real gRPC path.
+
+An embedded API server holds 1000 allocated claims of 1-8 devices (fixed seed); the node agent runs in this
+process on real unix sockets with a simulated DGX H100; the kubelet simulator prepares each claim (one call per
+claim, as for single-claim pods) and then unprepares it. Every call includes the API read, CDI spec write and
+the fsynced checkpoint transactions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.stats import peak_rss_mib, percentile
+
+CLAIMS = 1000
+TARGET_P99_MS = 25.0
+
+
+def measure(seed: int, claims: int = CLAIMS) -> dict[str, Any]:
+    from driver.discovery import discover
+    from sim.kubelet.dra import ClaimInfo, KubeletSim
+    from driver.nvml import load_backend
+    from driver.plugin.agent import AgentSettings, NodeAgent, kubeapi_claim_getter
+    from driver.slices import SliceSettings, build_slices
+    from gpudra.apiserver import EmbeddedApiServer
+    from gpudra.kubeapi import KubeApi
+
+    rng = random.Random(seed)
+    work = Path(tempfile.mkdtemp(prefix="gdb-", dir="/tmp"))
+    server = EmbeddedApiServer()
+    api = KubeApi.connect(url=server.start())
+    agent = None
+    kubelet = KubeletSim(work / "kubelet")
+    try:
+        nvml = load_backend("sim:dgx-h100", node="bench-node")
+        inventory = discover(nvml, "bench-node")
+        names = [d["name"] for s in build_slices(inventory, SliceSettings(node_name="bench-node")) for d in s["spec"]["devices"]]
+        api.create("Namespace", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}})
+        refs: list[ClaimInfo] = []
+        device_counts = []
+        for i in range(claims):
+            n = rng.randint(1, min(8, len(names)))
+            chosen = rng.sample(names, n)
+            device_counts.append(n)
+            obj = {
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": f"claim-{i}", "namespace": "bench"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": n}}]}},
+            }
+            created = api.create("ResourceClaim", obj, namespace="bench")
+            created["status"] = {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "bench-node", "device": d} for d in chosen
+            ]}}}
+            api.replace_status("ResourceClaim", created)
+            refs.append(ClaimInfo("bench", created["metadata"]["uid"], f"claim-{i}"))
+        settings = AgentSettings(
+            node_name="bench-node", driver_name="gpu.nvidia.com", kubelet_dir=work / "kubelet", cdi_dir=work / "cdi",
+        )
+        agent = NodeAgent(settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api))
+        agent.start()
+        plugin = kubelet.wait_for_plugin("gpu.nvidia.com")
+        prepare_ms: list[float] = []
+        unprepare_ms: list[float] = []
+        # Claims come and go like pods: at most 16 prepared at once.
+        window: list[ClaimInfo] = []
+        started = time.perf_counter()
+        for ref in refs:
+            t = time.perf_counter()
+            plugin.prepare([ref])
+            prepare_ms.append((time.perf_counter() - t) * 1000)
+            window.append(ref)
+            if len(window) > 16:
+                old = window.pop(0)
+                t = time.perf_counter()
+                plugin.unprepare([old])
+                unprepare_ms.append((time.perf_counter() - t) * 1000)
+        for old in window:
+            t = time.perf_counter()
+            plugin.unprepare([old])
+            unprepare_ms.append((time.perf_counter() - t) * 1000)
+        total = time.perf_counter() - started
+        p99 = percentile(prepare_ms, 99)
+        return {
+            "benchmark": "prepare",
+            "seed": seed,
+            "claims": claims,
+            "devicesPerClaimMean": round(statistics.fmean(device_counts), 2),
+            "claimsPerSecond": round(claims / total, 1),
+            "p50Ms": round(percentile(prepare_ms, 50), 3),
+            "p99Ms": round(p99, 3),
+            "unprepareP50Ms": round(percentile(unprepare_ms, 50), 3),
+            "unprepareP99Ms": round(percentile(unprepare_ms, 99), 3),
+            "targetP99Ms": TARGET_P99_MS,
+            "meetsTarget": p99 <= TARGET_P99_MS,
+            "peakRssMiB": peak_rss_mib(),
+        }
+    finally:
+        kubelet.close()
+        if agent is not None:
+            agent.stop()
+        api.close()
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = measure(getattr(args, "seed", 1))
+    if getattr(args, "output", "table") == "json":
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:>22}  {value}")
+    return 0

@@ -1,0 +1,237 @@
+"""`gpu-dra bench schedule [-o json] [--seed N]`: the embedded controller placing pods end to end.
+
+An in-process embedded API server (validation admission on, as in the tests) holds 100 simulated DGX A100
+nodes (8 GPUs each, slices as the node agent publishes them), the project's DeviceClasses and three
+ResourceClaimTemplates (1, 2 and 4 GPUs). The controller runs in embedded mode on its own threads
+(informers + reconcile loop, no leader election), exactly as `gpu-dra controller --embedded` does. Then 400
+pods (1, 2 or 4 GPUs, drawn with a fixed seed) are created back to back; a watch on a second connection
+records when each pod gets its nodeName.
+
+Measured: pods/s from the first create until the last pod is bound, per-pod latency (create returned ->
+binding seen by the watch) p50/p99, controller passes, peak RSS of the whole process (API server included).
+The outcome is verified afterwards from the API: every pod bound, every claim allocated on its pod's node
+with the requested number of devices, no device allocated twice. Any violation fails the run (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controller import objects as o
+from controller.manager import ControllerConfig, ControllerManager
+from driver.discovery import discover
+from driver.nvml import load_backend
+from driver.slices import SliceSettings, build_slices
+from gpudra import DEFAULT_DRIVER_NAME
+from gpudra.apiserver import EmbeddedApiServer
+from controller.validationhooks import validation_admission
+from bench.stats import peak_rss_mib, percentile
+from gpudra.kubeapi import KubeApi
+from gpudra.manifests import load_objects
+
+DRIVER = DEFAULT_DRIVER_NAME
+NAMESPACE = "default"
+DEVICE_CLASSES = Path(__file__).resolve().parents[1] / "manifests" / "base" / "deviceclasses.yaml"
+PROFILE = "sim:dgx-a100"
+GPUS_PER_NODE = 8
+# (GPUs per pod, weight): 1.8 GPUs per pod on average, so 400 pods take about 90% of 100 x 8 GPUs.
+POD_SHAPES: tuple[tuple[int, float], ...] = ((1, 0.5), (2, 0.35), (4, 0.15))
+
+
+class BenchFailed(Exception):
+    """The run did not reach the expected outcome; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    nodes: int = 100
+    pods: int = 400
+    timeout: float = 600.0
+
+
+@dataclass
+class BindWatch:
+    """Records, from a watch on its own connection, when each pod was first seen with a nodeName."""
+
+    api: KubeApi
+    bound_at: dict[str, float] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+    all_bound: threading.Event = field(default_factory=threading.Event)
+    expected: int = 0
+    error: str = ""
+
+    def run(self, resource_version: str) -> None:
+        try:
+            for _, pod in self.api.watch("Pod", namespace=NAMESPACE, resource_version=resource_version, stop=self.stop):
+                if o.section(pod, "spec").get("nodeName") and o.name(pod) not in self.bound_at:
+                    self.bound_at[o.name(pod)] = time.perf_counter()
+                    if len(self.bound_at) >= self.expected:
+                        self.all_bound.set()
+        except Exception as err:  # noqa: BLE001 - reported by the main thread, which fails the run
+            self.error = f"pod watch failed: {err}"
+            self.all_bound.set()
+
+
+def node_object(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}
+
+
+def template(count: int) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": f"gpu-{count}", "namespace": NAMESPACE},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": count}}]}}}}
+
+
+def pod_object(name: str, gpus: int) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"gpus": str(gpus)}},
+            "spec": {"containers": [{"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": f"gpu-{gpus}"}]}}
+
+
+def pod_sizes(seed: int, pods: int) -> list[int]:
+    rng = random.Random(seed)
+    counts = [c for c, _ in POD_SHAPES]
+    weights = [w for _, w in POD_SHAPES]
+    return rng.choices(counts, weights, k=pods)
+
+
+def populate(api: KubeApi, nodes: int) -> None:
+    for obj in load_objects([DEVICE_CLASSES]):
+        api.create("DeviceClass", obj)
+    for count in sorted({c for c, _ in POD_SHAPES}):
+        api.create("ResourceClaimTemplate", template(count), namespace=NAMESPACE)
+    for n in range(nodes):
+        name = f"node-{n:03d}"
+        api.create("Node", node_object(name))
+        inventory = discover(load_backend(PROFILE, node=name), name)
+        for piece in build_slices(inventory, SliceSettings(node_name=name, driver_name=DRIVER)):
+            api.create("ResourceSlice", piece)
+
+
+def verify(api: KubeApi, sizes: Mapping[str, int]) -> None:
+    """Every pod bound, each claim allocated on its pod's node with the requested count, no device twice."""
+    pods = {o.name(p): p for p in api.list("Pod", namespace=NAMESPACE)[0]}
+    claims = api.list("ResourceClaim", namespace=NAMESPACE)[0]
+    problems: list[str] = []
+    unbound = sorted(n for n in sizes if not o.section(pods.get(n, {}), "spec").get("nodeName"))
+    if unbound:
+        problems.append(f"{len(unbound)} pods not bound (first: {', '.join(unbound[:5])})")
+    owners = {o.uid(p): p for p in pods.values()}
+    holder: dict[tuple[str, str, str], str] = {}
+    seen_pods: set[str] = set()
+    for claim in claims:
+        owner = owners.get(o.controller_owner_uid(claim) or "")
+        if owner is None:
+            problems.append(f"claim {o.key(claim)}: no owning pod")
+            continue
+        seen_pods.add(o.name(owner))
+        devices = o.allocated_devices(claim)
+        want = sizes.get(o.name(owner), -1)
+        if len(devices) != want:
+            problems.append(f"claim {o.key(claim)}: {len(devices)} devices allocated, pod {o.name(owner)} asked for {want}")
+        node = o.section(owner, "spec").get("nodeName")
+        for device in devices:
+            if device[1] != node:
+                problems.append(f"claim {o.key(claim)}: device {'/'.join(device)} is not on the pod's node {node}")
+            if device in holder:
+                problems.append(f"device {'/'.join(device)} allocated twice: claims {holder[device]} and {o.key(claim)}")
+            holder[device] = o.key(claim)
+    missing = sorted(set(sizes) - seen_pods)
+    if missing:
+        problems.append(f"{len(missing)} pods have no claim (first: {', '.join(missing[:5])})")
+    if problems:
+        raise BenchFailed("; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else ""))
+
+
+def _passes(manager: ControllerManager) -> int:
+    value = manager.metrics.registry.get_sample_value("gpudra_controller_reconcile_seconds_count", {"concern": "gang"})
+    return int(value or 0)
+
+
+def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
+    sizes = {f"pod-{i:04d}": g for i, g in enumerate(pod_sizes(seed, shape.pods))}
+    capacity = shape.nodes * GPUS_PER_NODE
+    if sum(sizes.values()) > capacity:
+        raise BenchFailed(f"--seed {seed}: the pods ask for {sum(sizes.values())} GPUs, more than the {capacity} "
+                          "the cluster has; choose another seed")
+    server = EmbeddedApiServer(admission=validation_admission(DRIVER))
+    url = server.start()
+    api = KubeApi.connect(url=url)
+    watch_api = KubeApi.connect(url=url)
+    config = ControllerConfig(driver_name=DRIVER, embedded=True, leader_elect=False, identity="bench-schedule",
+                              tick=1.0, resync_period=600.0)
+    manager = ControllerManager(api, config)
+    watcher = BindWatch(watch_api, expected=len(sizes))
+    try:
+        populate(api, shape.nodes)
+        manager.start()
+        if not manager.wait_synced(60.0):
+            raise BenchFailed("the controller's informers did not sync within 60 s")
+        _, rv = api.list("Pod", namespace=NAMESPACE)
+        watch_thread = threading.Thread(target=watcher.run, args=(str(rv),), name="bench-bind-watch", daemon=True)
+        watch_thread.start()
+        passes_before = _passes(manager)
+        created_at: dict[str, float] = {}
+        start = time.perf_counter()
+        for name, gpus in sizes.items():
+            api.create("Pod", pod_object(name, gpus), namespace=NAMESPACE)
+            created_at[name] = time.perf_counter()
+        created = time.perf_counter()
+        finished = watcher.all_bound.wait(shape.timeout)
+        if watcher.error:
+            raise BenchFailed(watcher.error)
+        if not finished:
+            raise BenchFailed(f"only {len(watcher.bound_at)} of {len(sizes)} pods bound within {shape.timeout:.0f} s")
+        end = max(watcher.bound_at.values())
+        passes = _passes(manager) - passes_before
+        verify(api, sizes)
+    finally:
+        watcher.stop.set()
+        manager.stop()
+        api.close()
+        watch_api.close()
+        server.stop()
+    latencies = sorted((watcher.bound_at[n] - created_at[n]) * 1000 for n in sizes)
+    elapsed = end - start
+    return {
+        "benchmark": "schedule",
+        "podsPerSecond": round(len(sizes) / elapsed, 1),
+        "p50Ms": round(percentile(latencies, 50), 1),
+        "p99Ms": round(percentile(latencies, 99), 1),
+        "maxMs": round(latencies[-1], 1),
+        "seconds": round(elapsed, 2),
+        # The pods are created while the controller already places them (same process, same GIL).
+        "createSeconds": round(created - start, 2),
+        "peakRssMiB": peak_rss_mib(),
+        "pods": len(sizes),
+        "nodes": shape.nodes,
+        "gpus": capacity,
+        "gpusRequested": sum(sizes.values()),
+        "controllerPasses": passes,
+        "seed": seed,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    seed = int(getattr(args, "seed", 1) or 1)
+    try:
+        doc = measure(seed)
+    except BenchFailed as err:
+        print(f"bench schedule FAILED: {err}")
+        return 1
+    if getattr(args, "output", "table") == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        print(f"{doc['pods']} pods ({doc['gpusRequested']} GPUs) on {doc['nodes']} nodes x {GPUS_PER_NODE} GPUs bound in "
+              f"{doc['seconds']} s: {doc['podsPerSecond']} pods/s, p50 {doc['p50Ms']} ms, p99 {doc['p99Ms']} ms, "
+              f"max {doc['maxMs']} ms; {doc['controllerPasses']} controller passes; peak RSS {doc['peakRssMiB']} MiB")
+    return 0

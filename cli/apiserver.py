@@ -1,0 +1,55 @@
+"""`gpu-dra apiserver`: run the embedded Kubernetes-compatible control plane on loopback until signalled."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from types import FrameType
+
+from gpudra import DEFAULT_DRIVER_NAME
+from gpudra.apiserver import EmbeddedApiServer
+from controller.validationhooks import validation_admission
+from gpudra.apiserver.persistence import StateFileError
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=0, help="TCP port (default: a free port)")
+    parser.add_argument("--address", default="127.0.0.1",
+                        help="loopback address to listen on (default 127.0.0.1; non-loopback addresses are refused)")
+    parser.add_argument("--kubeconfig-out", metavar="FILE", help="write a kubeconfig for this server to FILE")
+    parser.add_argument("--state", metavar="FILE",
+                        help="load objects from FILE at start and persist them there (atomically) while running")
+    parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
+                        help="driver whose opaque configuration admission validates (default %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        server = EmbeddedApiServer(args.address, args.port, state_file=args.state,
+                                   admission=validation_admission(args.driver_name))
+        url = server.start()
+    except (ValueError, OSError, StateFileError) as exc:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        print(f"gpu-dra apiserver: cannot start on {args.address}:{args.port}: {detail}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        if args.kubeconfig_out:
+            server.write_kubeconfig(args.kubeconfig_out)
+        print(url, flush=True)
+        print(f"level=info component=apiserver msg=serving url={url} state={args.state or '-'} "
+              f"kubeconfig={args.kubeconfig_out or '-'}", file=sys.stderr, flush=True)
+        while not stop.wait(3600):
+            pass
+    finally:
+        server.stop()
+    print("level=info component=apiserver msg=stopped", file=sys.stderr, flush=True)
+    return 0

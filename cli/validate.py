@@ -1,0 +1,64 @@
+"""`gpu-dra validate -f FILE... [-o json]`: Kubernetes' resource.k8s.io/v1 validation rules, offline.
+
+Exit codes: 0 when every object is valid, 1 when any is invalid, 2 when an input cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from gpudra import DEFAULT_DRIVER_NAME
+from gpudra.manifests import InputError, load_objects, object_label
+from gpudra.validation import FieldError, validate_object
+from gpudra.validation.common import CelChecker, OpaqueValidators
+from controller.validationhooks import cel_checker, opaque_validators
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-f", "--filename", dest="files", action="extend", nargs="+", required=True, metavar="FILE",
+                        help="YAML or JSON manifest (multi-document and `kind: List` allowed; `-` for stdin); repeatable")
+    parser.add_argument("-o", "--output", choices=["json", "text"], default="text", help="output format (default text)")
+    parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
+                        help=f"driver whose opaque parameters are checked with our config schema (default {DEFAULT_DRIVER_NAME})")
+
+
+def is_dra_object(obj: Any) -> bool:
+    """Objects of the resource.k8s.io group (any version) are ours to check; a wrong version is an error."""
+    api_version = obj.get("apiVersion") if isinstance(obj, dict) else None
+    return not isinstance(api_version, str) or api_version.partition("/")[0] == "resource.k8s.io"
+
+
+def validate_all(objects: list[dict[str, Any]], cel: CelChecker | None, opaque: OpaqueValidators) -> list[dict[str, Any]]:
+    results = []
+    for obj in objects:
+        if not is_dra_object(obj):
+            # Manifests mix Pods, RBAC and the like with DRA objects; those are reported as not checked.
+            results.append({"object": object_label(obj), "valid": True, "checked": False, "errors": []})
+            continue
+        errors: list[FieldError] = validate_object(obj, cel=cel, opaque=opaque)
+        results.append({"object": object_label(obj), "valid": not errors, "checked": True, "errors": [str(e) for e in errors]})
+    return results
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        objects = load_objects(args.files)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    results = validate_all(objects, cel_checker(), opaque_validators(args.driver_name))
+    if args.output == "json":
+        print(json.dumps({"results": results}, indent=2))
+    else:
+        for result in results:
+            state = "valid" if result["valid"] else "invalid"
+            print(f"{result['object']}: {state if result['checked'] else 'not checked (not a resource.k8s.io object)'}")
+            for error in result["errors"]:
+                print(f"  {error}")
+        invalid_count = sum(not r["valid"] for r in results)
+        checked = sum(r["checked"] for r in results)
+        print(f"{checked} object(s) checked, {invalid_count} invalid, {len(results) - checked} not checked")
+    return 1 if any(not r["valid"] for r in results) else 0

@@ -1,0 +1,234 @@
+"""Why claims cannot be allocated on a node, as a structured reason, and a summary over many nodes.
+
+Explanations are computed only after the allocator has failed, by classifying each device of the
+node for each request (pool state, class and request selectors, use by other claims, taints,
+counters, capacity) and, when enough devices are individually usable, by checking the claim's
+constraints against the usable devices.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.allocator import AllocationError, Allocator, Claim, ClusterSnapshot, Unschedulable
+from controller.allocator import capacity as cap
+from controller.allocator.model import Device, Request
+from controller.allocator.nodes import node_matches
+from controller.allocator.pools import Pool, binding_enabled
+from gpudra.features import Features
+
+
+@dataclass(frozen=True)
+class NodeReason:
+    """`code` is one of: fits, error, no-devices, pool-incomplete, pool-invalid, selector, in-use, taint,
+    counters, capacity, not-enough, constraint, unschedulable."""
+
+    node: str
+    code: str
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "code": self.code, "message": self.message, "details": self.details}
+
+
+class Diagnoser:
+    def __init__(self, snapshot: ClusterSnapshot, features: Features | None = None, cel_env: Any = None,
+                 allocator: Allocator | None = None) -> None:
+        self.snapshot = snapshot
+        self.features = features or Features()
+        self.allocator = allocator or Allocator(snapshot, self.features, cel_env)
+
+    def explain_node(self, node: str, claims: Sequence[Claim], outcome: Unschedulable | None = None) -> NodeReason:
+        if outcome is None:
+            try:
+                result = self.allocator.allocate(node, claims)
+            except AllocationError as exc:
+                return NodeReason(node, "error", str(exc))
+            if not isinstance(result, Unschedulable):
+                return NodeReason(node, "fits", "the claims fit on this node")
+            outcome = result
+        pools = self.snapshot.pools(node, self.features)
+        usable_by_request: list[tuple[Claim, Request, list[Device]]] = []
+        for claim in claims:
+            for entry in claim.requests:
+                # For firstAvailable the last alternative is the least demanding one by convention; explain the
+                # first one that fails on its own, or the last one when all do.
+                alternatives = entry.subrequests or ((entry.exact,) if entry.exact else ())
+                reason: NodeReason | None = None
+                for request in alternatives:
+                    try:
+                        reason, usable = self._request(node, claim, request, pools)
+                    except AllocationError as exc:
+                        return NodeReason(node, "error", str(exc))
+                    if reason is None:
+                        usable_by_request.append((claim, request, usable))
+                        break
+                if reason is not None:
+                    return reason
+        for claim in claims:
+            found = self._constraints(node, claim, [(r, u) for c, r, u in usable_by_request if c is claim])
+            if found is not None:
+                return found
+        if outcome.reason != "cannot allocate all claims":
+            return NodeReason(node, "unschedulable", outcome.reason)
+        needed = sum(_needed(r) for _, r, _ in usable_by_request)
+        return NodeReason(node, "not-enough", f"the claims together need {needed} devices that are usable at the same time"
+                          " (requests compete for the same devices)", {"needed": needed})
+
+    def _request(self, node: str, claim: Claim, request: Request, pools: list[Pool]) -> tuple[NodeReason | None, list[Device]]:
+        snap, f = self.snapshot, self.features
+        klass = snap.classes.get(request.class_name)
+        if klass is None:
+            raise AllocationError(f"claim {claim.key}, request {request.name}: could not retrieve device class {request.class_name}")
+        counts: Counter[str] = Counter()
+        selector_misses: Counter[str] = Counter()
+        users: Counter[str] = Counter()
+        usable: list[Device] = []
+        bad_pools = [p for p in pools if p.incomplete or p.invalid]
+        binding = binding_enabled(f)
+        for pool in pools:
+            if pool.incomplete or pool.invalid:
+                continue
+            for sl in pool.slices:
+                for dev in sl.devices:
+                    counts["devices"] += 1
+                    if not binding and dev.binding_conditions:
+                        counts["binding"] += 1
+                        continue
+                    miss = self._selector_miss(dev, klass.name, klass.selectors, request, claim)
+                    if miss:
+                        selector_misses[miss] += 1
+                        continue
+                    if sl.per_device and not node_matches(snap.node(node), dev.node_name, dev.all_nodes, dev.node_selector):
+                        counts["elsewhere"] += 1
+                        continue
+                    did = dev.id
+                    if not request.admin and did in snap.allocated:
+                        users[snap.allocated_by.get(did, "?")] += 1
+                        continue
+                    if f.device_taints and any(
+                        t.effect in ("NoSchedule", "NoExecute") and not any(tol.tolerates(t) for tol in request.tolerations)
+                        for t in dev.taints
+                    ):
+                        counts["taint"] += 1
+                        continue
+                    if dev.consumes_counters and (not f.partitionable_devices or not self._counters_fit(dev, pool)):
+                        counts["counters"] += 1
+                        continue
+                    if f.consumable_capacity and not self._capacity_fits(dev, request):
+                        counts["capacity"] += 1
+                        continue
+                    usable.append(dev)
+        need = _needed(request)
+        if len(usable) >= max(need, 1):
+            return None, usable
+        details: dict[str, Any] = {"claim": claim.key, "request": request.full_name, "needed": need, "usable": len(usable)}
+        if counts["devices"] == 0:
+            if bad_pools:
+                p = bad_pools[0]
+                if p.incomplete:
+                    return NodeReason(node, "pool-incomplete", f"resource pool {p.id} is incomplete (being updated)", details), usable
+                return NodeReason(node, "pool-invalid", f"resource pool {p.id} is invalid: {p.invalid_reason}", details), usable
+            return NodeReason(node, "no-devices", "no devices are published for this node", details), usable
+        in_use = sum(users.values())
+        if selector_misses and not usable and not in_use and not any(counts[k] for k in ("taint", "counters", "capacity")):
+            top, _ = selector_misses.most_common(1)[0]
+            return NodeReason(node, "selector", f"no device matches {top}", {**details, "selectors": dict(selector_misses)}), usable
+        parts = []
+        if in_use:
+            owners = ", ".join(sorted(users)[:3]) + (", ..." if len(users) > 3 else "")
+            parts.append(f"{in_use} in use by {owners}")
+        for key, text in (("taint", "tainted (taint not tolerated)"), ("counters", "without enough shared counters left"),
+                          ("capacity", "without enough capacity left")):
+            if counts[key]:
+                parts.append(f"{counts[key]} {text}")
+        code = "in-use" if in_use else next((k for k in ("taint", "counters", "capacity") if counts[k]), "not-enough")
+        matching = len(usable) + in_use + counts["taint"] + counts["counters"] + counts["capacity"]
+        msg = f"request {request.full_name} of claim {claim.key} needs {need} device{'s' if need != 1 else ''}; " \
+              f"usable: {len(usable)} of {matching} matching"
+        if parts:
+            msg += ": " + ", ".join(parts)
+        return NodeReason(node, code, msg, {**details, "inUseBy": dict(users), **{k: v for k, v in counts.items() if k != "devices"}}), usable
+
+    def _selector_miss(self, dev: Device, class_name: str, class_selectors: Sequence[str | None], request: Request,
+                       claim: Claim) -> str:
+        i = self.allocator.first_selector_miss(dev, class_selectors, f"class {class_name}")
+        if i is not None:
+            return f"selector #{i} of class {class_name}"
+        i = self.allocator.first_selector_miss(dev, request.selectors, f"claim {claim.key}")
+        if i is not None:
+            return f"selector #{i} of request {request.full_name} of claim {claim.key}"
+        return ""
+
+    def _counters_fit(self, dev: Device, pool: Pool) -> bool:
+        avail: dict[tuple[str, str], Any] = {}
+        for set_name, counters in pool.counter_sets.items():
+            for n, c in counters.items():
+                avail[(set_name, n)] = cap._q((c or {}).get("value", "0"))
+        for sl in [*pool.slices, *pool.other_slices]:
+            for other in sl.devices:
+                if other.id in self.snapshot.allocated:
+                    for set_name, counters in other.consumes_counters:
+                        for n, c in counters.items():
+                            if (set_name, n) in avail:
+                                avail[(set_name, n)] = avail[(set_name, n)] - cap._q((c or {}).get("value", "0"))
+        for set_name, counters in dev.consumes_counters:
+            for n, c in counters.items():
+                have = avail.get((set_name, n))
+                if have is None or have < cap._q((c or {}).get("value", "0")):
+                    return False
+        return True
+
+    def _capacity_fits(self, dev: Device, request: Request) -> bool:
+        consumed: dict[str, Any] = {}
+        for entry in self.snapshot.shared_consumed.get(dev.id, ()):
+            cap.add_into(consumed, entry)
+        return cap.fits(dev.raw.get("capacity") or {}, request.capacity, consumed, {})
+
+    def _constraints(self, node: str, claim: Claim, usable: list[tuple[Request, list[Device]]]) -> NodeReason | None:
+        for c in claim.constraints:
+            if c.kind != "match":
+                continue
+            scoped = [(r, devs) for r, devs in usable if not c.requests or r.name in c.requests or
+                      (r.parent is not None and (r.parent in c.requests or r.full_name in c.requests))]
+            need = sum(_needed(r) for r, _ in scoped)
+            if need <= 1:
+                continue
+            groups: Counter[Any] = Counter()
+            devices = {d.uid: d for _, devs in scoped for d in devs}
+            for d in devices.values():
+                value = d.attribute(c.attribute)
+                if value is not None:
+                    groups[value] += 1
+            best = max(groups.values(), default=0)
+            if best < need:
+                return NodeReason(node, "constraint", f"only {best} of {need} free devices share {c.attribute}",
+                                  {"claim": claim.key, "attribute": c.attribute, "needed": need, "largestGroup": best})
+        return None
+
+
+def _needed(request: Request) -> int:
+    return 1 if request.mode == "All" else max(request.count, 0)
+
+
+def summarize(reasons: Iterable[NodeReason], limit: int = 5) -> str:
+    """'412 nodes: no device matches selector #0 of class gpu; 88 nodes: only 3 of 4 free devices share ...'."""
+    counts = Counter(r.message for r in reasons if r.code != "fits")
+    total = sum(counts.values())
+    if not total:
+        return "no nodes"
+    parts = [f"{n} node{'s' if n != 1 else ''}: {msg}" for msg, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    if len(parts) > limit:
+        rest = sum(n for msg, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[limit:])
+        parts = parts[:limit] + [f"{rest} more nodes for other reasons"]
+    return "; ".join(parts)
+
+
+def explain(snapshot: ClusterSnapshot, claims: Sequence[Claim], nodes: Iterable[str] | None = None,
+            features: Features | None = None, cel_env: Any = None, explainer: Diagnoser | None = None) -> list[NodeReason]:
+    ex = explainer or Diagnoser(snapshot, features, cel_env)
+    return [ex.explain_node(n, claims) for n in (nodes if nodes is not None else snapshot.node_names)]

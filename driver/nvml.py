@@ -1,0 +1,131 @@
+"""NVML backends: the real library through pynvml, or the simulator over a profile.
+
+`load_backend(spec, node=None)` returns an initialised object with pynvml's function names, return
+types and errors, plus `pcie_root(pci_bus_id)` (the one topology fact NVML lacks) and the GPU settings NVML
+has no call for: `set_timeslice(gpu_uuid, level)` and MPS control daemons (`mps_start(dirs, device_uuids)`,
+`mps_command(dirs, command)`, `mps_stop(dirs)`, `mps_running(dirs)`), which raise `GpuToolError`. The real
+backend runs NVIDIA's tools for them (driver.gputools), the simulator keeps them as state.
+
+The simulator is part of the testbed (`sim.nvml`), not of the product: `_simulator()` is the one place where
+product code reaches it, imported only when a `sim:` spec is asked for, so a node running `--nvml real` never
+loads it and an image without the testbed says so instead of failing to import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from driver.gputools import MpsDirs, NvidiaTools
+
+__all__ = ["NvmlUnavailable", "ProfileError", "RealNvml", "load_backend", "shipped_profiles", "sysfs_pcie_root"]
+
+SYSFS_PCI_DEVICES = Path("/sys/bus/pci/devices")
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used: the library or the NVIDIA driver is missing, or the spec is wrong."""
+
+
+class ProfileError(ValueError):
+    """A simulator profile that cannot be loaded: the message names the file and the field path."""
+
+
+def _simulator() -> ModuleType:
+    """The testbed's NVML simulator (`sim.nvml`); the only import of the testbed from product code."""
+    try:
+        import sim.nvml
+    except ModuleNotFoundError as exc:
+        if exc.name in ("sim", "sim.nvml"):
+            raise NvmlUnavailable("the NVML simulator (package `sim`) is not part of this installation; use --nvml real") from exc
+        raise
+    return sim.nvml
+
+
+def shipped_profiles() -> list[str]:
+    """Names of the simulator profiles this installation ships (empty without the testbed)."""
+    try:
+        return _simulator().shipped_profiles()
+    except NvmlUnavailable:
+        return []
+
+
+def sysfs_pcie_root(pci_bus_id: str, devices_dir: Path = SYSFS_PCI_DEVICES) -> str | None:
+    """The PCIe root complex of a device: the `pciDDDD:BB` component of its resolved sysfs path."""
+    try:
+        resolved = (devices_dir / pci_bus_id.lower()).resolve(strict=True)
+    except OSError:
+        return None
+    for part in resolved.parts:
+        if part.startswith("pci") and ":" in part:
+            return part
+    return None
+
+
+class RealNvml:
+    """pynvml itself, plus `pcie_root` from sysfs. Attribute access is forwarded to the module."""
+
+    def __init__(self, module: Any, devices_dir: Path = SYSFS_PCI_DEVICES, tools: NvidiaTools | None = None) -> None:
+        self._module = module
+        self._devices_dir = devices_dir
+        self._tools = tools or NvidiaTools()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("nvml"):
+            return getattr(self._module, name)
+        raise AttributeError(name)
+
+    def pcie_root(self, pci_bus_id: str) -> str | None:
+        return sysfs_pcie_root(pci_bus_id, self._devices_dir)
+
+    def set_timeslice(self, gpu_uuid: str, level: int) -> None:
+        self._tools.set_timeslice(gpu_uuid, level)
+
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+        self._tools.mps_start(dirs, device_uuids)
+
+    def mps_command(self, dirs: MpsDirs, command: str) -> str:
+        return self._tools.mps_command(dirs, command)
+
+    def mps_stop(self, dirs: MpsDirs) -> None:
+        self._tools.mps_stop(dirs)
+
+    def mps_running(self, dirs: MpsDirs) -> bool:
+        return self._tools.mps_running(dirs)
+
+
+_UNAVAILABLE_HINT = (
+    "NVML is not available: the NVIDIA driver (libnvidia-ml.so.1) was not found or could not be initialised ({detail}). "
+    "On a machine without NVIDIA GPUs use the simulator, e.g. --nvml sim:dgx-h100 (shipped profiles: {profiles}) "
+    "or --nvml sim:/path/to/profile.yaml"
+)
+
+
+def _load_real() -> RealNvml:
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise NvmlUnavailable(_UNAVAILABLE_HINT.format(detail=f"the nvidia-ml-py package is not installed: {exc}",
+                                                       profiles=", ".join(shipped_profiles()))) from exc
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise NvmlUnavailable(_UNAVAILABLE_HINT.format(detail=str(exc), profiles=", ".join(shipped_profiles()))) from exc
+    return RealNvml(pynvml)
+
+
+def load_backend(spec: str, node: str | None = None) -> Any:
+    """An initialised NVML backend for "real", "sim:NAME" or "sim:/path/profile.yaml" (optionally "?faults=FILE").
+
+    `node` is the node the backend serves: the simulator derives that node's own GPU and MIG UUIDs from it
+    (real NVML reports the hardware's and ignores it). Without it simulated UUIDs are the profile's verbatim.
+
+    Raises NvmlUnavailable (real NVML missing, bad spec) or ProfileError (bad profile).
+    """
+    if spec == "real":
+        return _load_real()
+    if spec.startswith("sim:"):
+        return _simulator().load_simulator(spec, node=node)
+    raise NvmlUnavailable(f"--nvml {spec!r}: accepted: real, sim:NAME ({', '.join(shipped_profiles())}) or sim:/path/profile.yaml")

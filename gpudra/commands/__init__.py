@@ -1,1 +1,0 @@
-"""One module per `gpu-dra` subcommand; each exposes `register(parser)` and `run(args) -> int`."""

@@ -1,0 +1,1 @@
+"""Subcommand modules of gpu-dra that belong to the testbed (see cli.main)."""

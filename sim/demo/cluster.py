@@ -1,0 +1,146 @@
+"""The demo cluster: its nodes, their directories and Node objects, and applying manifests to the API server.
+
+Pure builders (node layout, Node objects, the order objects are applied in) plus two small API helpers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpudra.kubeapi import AlreadyExists, KubeApi
+from gpudra.manifests import load_objects
+from sim.demo.processes import PROJECT_ROOT
+
+# The checkout's manifests; an installed copy (e.g. the container image) is pointed at its own with --manifests.
+DEFAULT_MANIFESTS = PROJECT_ROOT / "manifests"
+
+
+@dataclass(frozen=True)
+class Manifests:
+    """Where the demo reads its DeviceClasses and example workloads from."""
+
+    root: Path
+
+    @property
+    def device_classes(self) -> Path:
+        return self.root / "base" / "deviceclasses.yaml"
+
+    @property
+    def examples(self) -> Path:
+        return self.root / "examples"
+
+    def missing(self) -> list[Path]:
+        """The files the demo needs that are not there."""
+        return [p for p in (self.device_classes, self.examples / "00-namespace.yaml") if not p.is_file()]
+
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+EXTENDED_GPU_RESOURCE = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    profile: str  # a shipped NVML simulator profile
+    device_plugin: bool = False  # also serve the legacy nvidia.com/gpu device plugin
+
+
+# Two DGX A100 (8 NVLink-connected GPUs each), a V100 quad that also serves legacy pods, an H100 node with MIG.
+NODES: tuple[NodeSpec, ...] = (
+    NodeSpec("a100-1", "dgx-a100"),
+    NodeSpec("a100-2", "dgx-a100"),
+    NodeSpec("v100-1", "v100-4", device_plugin=True),
+    NodeSpec("h100-1", "h100-mig"),
+)
+
+
+@dataclass(frozen=True)
+class NodeDirs:
+    """Where one node's kubelet state lives under the work dir."""
+
+    root: Path
+
+    @property
+    def kubelet(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def cdi(self) -> Path:
+        return self.root / "cdi"
+
+    def plugin_dir(self, driver_name: str) -> Path:
+        return self.kubelet / "plugins" / driver_name
+
+
+def node_dirs(workdir: Path, node: str) -> NodeDirs:
+    return NodeDirs(workdir / "nodes" / node)
+
+
+def node_object(name: str, *, gpu_allocatable: int | None = None) -> dict[str, Any]:
+    """The Node a kubelet registers: hostname label, capacity, Ready. GPUs through DRA are not node resources;
+    `nvidia.com/gpu` appears only on nodes whose device plugin reported devices."""
+    resources: dict[str, str] = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+    if gpu_allocatable is not None:
+        resources[EXTENDED_GPU_RESOURCE] = str(gpu_allocatable)
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {HOSTNAME_LABEL: name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"},
+        },
+        "spec": {},
+        "status": {
+            "capacity": dict(resources),
+            "allocatable": dict(resources),
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "kubelet is posting ready status (simulated)"}],
+            "nodeInfo": {"kubeletVersion": "v1.35.0", "operatingSystem": "linux", "architecture": "amd64"},
+        },
+    }
+
+
+# Objects other objects depend on go first, then pods (as `kubectl apply -f dir/` sorts by kind).
+_KIND_ORDER = ("Namespace", "PriorityClass", "DeviceClass", "ResourceClaimTemplate", "ResourceClaim", "Pod")
+
+
+def apply_order(objects: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    def rank(obj: Mapping[str, Any]) -> int:
+        kind = str(obj.get("kind"))
+        return _KIND_ORDER.index(kind) if kind in _KIND_ORDER else len(_KIND_ORDER)
+
+    return sorted((dict(o) for o in objects), key=rank)
+
+
+def example_objects(files: Sequence[Path]) -> list[dict[str, Any]]:
+    return load_objects(sorted(str(f) for f in files))
+
+
+def create_all(api: KubeApi, objects: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Create each object (in apply order); an object that already exists is left as it is."""
+    created = []
+    for obj in apply_order(objects):
+        kind = str(obj["kind"])
+        body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
+        try:
+            api.create(kind, body)
+        except AlreadyExists:
+            continue
+        meta = obj.get("metadata") or {}
+        created.append(f"{kind}/{meta.get('namespace') + '/' if meta.get('namespace') else ''}{meta.get('name')}")
+    return created
+
+
+def register_node(api: KubeApi, node: Mapping[str, Any]) -> dict[str, Any]:
+    """Create the Node and write its status (a kubelet registers, then posts status)."""
+    body = {k: v for k, v in node.items() if k not in ("apiVersion", "kind")}
+    try:
+        stored = api.create("Node", body)
+    except AlreadyExists:
+        stored = api.get("Node", str(node["metadata"]["name"]))
+    if (stored.get("status") or {}).get("allocatable") != node["status"]["allocatable"]:
+        stored = api.patch("Node", str(node["metadata"]["name"]), {"status": node["status"]}, subresource="status")
+    return stored

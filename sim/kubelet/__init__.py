@@ -1,0 +1,1 @@
+"""The kubelet, simulated: its DRA side (`dra`), its device manager (`devicemanager`) and its pod workers (`pods`)."""
