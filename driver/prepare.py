@@ -35,7 +35,7 @@ from driver import cdi, miginstances, sharing
 from driver.checkpoint import (
     Checkpoint, ClaimPhase, ClaimRecord, Ledger, LedgerConflict, LoadReport, MigCreation, MpsDaemonRecord, PreparedDevice,
 )
-from gpudra.deviceconfig import ConfigError, GpuConfig, merge, parse
+from gpudra.deviceconfig import GPU_DEVICE, MIG_DEVICE, Candidate, ConfigError, GpuConfig, parse, select
 from driver.gputools import MpsDirs
 from driver.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 from driver.slices import gpu_device_name, mig_device_name
@@ -155,8 +155,9 @@ def plan_claim(
             f"{ref}: status.allocation.devices.results: allocated from pool(s) {', '.join(wrong_pool)}, "
             f"but this node serves pool {pool_name}"
         )
-    # Our configs, class configs before claim configs (later wins), each parsed once.
-    configs: list[tuple[int, dict[str, Any], GpuConfig]] = []
+    # Our configs, class configs before claim configs (NVIDIA's precedence: later wins), each parsed once.
+    candidates: list[Candidate] = []
+    raw_by_config: dict[int, Mapping[str, Any]] = {}
     raw_configs = devices.get("config") or []
     ordered = sorted(enumerate(raw_configs), key=lambda ic: 0 if ic[1].get("source") == "FromClass" else 1)
     for i, entry in ordered:
@@ -164,11 +165,13 @@ def plan_claim(
         if opaque.get("driver") != driver_name:
             continue
         parameters = opaque.get("parameters")
+        where = f"status.allocation.devices.config[{i}].opaque.parameters"
         try:
-            configs.append((i, entry, parse(parameters)))
+            parsed = parse(parameters)
         except ConfigError as exc:
-            where = f"status.allocation.devices.config[{i}].opaque.parameters"
             return f"{ref}: {where}: " + "; ".join(f"{where}.{e}" if not e.startswith("parameters") else e for e in exc.errors)
+        candidates.append(Candidate(config=parsed, requests=tuple(entry.get("requests") or ()), where=where))
+        raw_by_config[id(parsed)] = parameters
     planned: list[PlannedDevice] = []
     for r in results:
         name = str(r.get("device"))
@@ -176,18 +179,15 @@ def plan_claim(
         if target is None:
             return f"{ref}: device {name} of pool {pool_name} is not a device this node has (or it is reserved for the device plugin)"
         request = str(r.get("request", ""))
-        applicable: list[GpuConfig] = []
-        winning: Mapping[str, Any] | None = None
-        for i, entry, parsed in configs:
-            requests = entry.get("requests") or []
-            if not requests or request in requests or _base_request(request) in requests:
-                applicable.append(parsed)
-                winning = entry["opaque"]["parameters"]
-        config = merge(applicable)
+        is_mig = target.mig is not None or target.placement is not None
+        try:
+            config = select(candidates, request, MIG_DEVICE if is_mig else GPU_DEVICE)
+        except ConfigError as exc:
+            return f"{ref}: device {name}: " + "; ".join(exc.errors)
         planned.append(
             PlannedDevice(
                 request=_base_request(request), device_name=name, share_id=r.get("shareID"), target=target,
-                config=config, parameters=winning if config is not None else None,
+                config=config, parameters=raw_by_config[id(config)] if config is not None else None,
             )
         )
     return Plan(ref=ref, pool=pool_name, devices=tuple(planned))

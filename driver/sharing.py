@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpudra.deviceconfig import GpuConfig, SharingStrategy
+from gpudra.deviceconfig import ConfigError, GpuConfig, SharingStrategy
 from driver.gputools import GpuToolError, MpsDirs
 
 COMPUTE_MODE_DEFAULT = 0
@@ -126,6 +126,18 @@ def is_mps(config: GpuConfig | None) -> bool:
     return config is not None and config.sharing is not None and config.sharing.strategy is SharingStrategy.MPS
 
 
+def pinned_limits(config: GpuConfig, devices: Sequence[SharedDevice]) -> dict[str, int]:
+    """The pinned device memory limit (MiB) of each device of one MPS daemon, by UUID (NVIDIA's semantics:
+    index keys count the daemon's devices sorted by UUID); SharingError if a key names none of them."""
+    mps = config.sharing.mps if config.sharing is not None else None
+    if mps is None:
+        return {}
+    try:
+        return mps.pinned_limits_mib([d.uuid for d in devices])
+    except ConfigError as exc:
+        raise SharingError("; ".join(exc.errors)) from exc
+
+
 def mps_commands(config: GpuConfig, devices: Sequence[SharedDevice]) -> list[str]:
     """The control commands that put a config's limits on a freshly started daemon, in order."""
     mps = config.sharing.mps if config.sharing is not None else None
@@ -134,10 +146,8 @@ def mps_commands(config: GpuConfig, devices: Sequence[SharedDevice]) -> list[str
     out = []
     if mps.default_active_thread_percentage is not None:
         out.append(f"set_default_active_thread_percentage {mps.default_active_thread_percentage}")
-    for d in devices:
-        limit = mps.pinned_limit_bytes(d.uuid, d.gpu_index)
-        if limit is not None:
-            out.append(f"set_default_device_pinned_mem_limit {d.uuid} {max(1, limit // (1024 * 1024))}M")
+    for uuid, mib in sorted(pinned_limits(config, devices).items()):
+        out.append(f"set_default_device_pinned_mem_limit {uuid} {mib}M")
     return out
 
 
@@ -153,9 +163,10 @@ def start_mps(backend: SharingBackend, config: GpuConfig, devices: Sequence[Shar
     dirs.log.mkdir(parents=True, exist_ok=True)
     if backend.mps_running(dirs):
         return False
-    backend.mps_start(dirs, [d.uuid for d in devices])
+    limits_commands = mps_commands(config, devices)  # a bad per-device key fails before anything starts
+    backend.mps_start(dirs, sorted(d.uuid for d in devices))
     # Defaults apply to MPS servers the daemon starts later, i.e. to the claim's first client onwards.
-    for command in mps_commands(config, devices):
+    for command in limits_commands:
         backend.mps_command(dirs, command)
     return True
 
@@ -188,14 +199,13 @@ def apply(
     if settings is not None:
         if settings.default_active_thread_percentage is not None:
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(settings.default_active_thread_percentage)
-        # Client limits are per CUDA device ordinal as the container sees them (claim order).
-        limits = []
-        for ordinal, d in enumerate(devices):
-            limit = settings.pinned_limit_bytes(d.uuid, d.gpu_index)
-            if limit is not None:
-                limits.append(f"{ordinal}={max(1, limit // (1024 * 1024))}M")
+        # Client limits are per CUDA device ordinal, the daemon's devices sorted by UUID (its CUDA_VISIBLE_DEVICES).
+        limits = pinned_limits(config, devices)
         if limits:
-            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(limits)
+            ordinals = sorted(d.uuid for d in devices)
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
+                f"{i}={limits[u]}M" for i, u in enumerate(ordinals) if u in limits
+            )
     mounts = [
         {"hostPath": str(mps.pipe), "containerPath": MPS_PIPE_IN_CONTAINER, "options": ["rbind", "rw"]},
         {"hostPath": str(mps.log), "containerPath": MPS_LOG_IN_CONTAINER, "options": ["rbind", "rw"]},

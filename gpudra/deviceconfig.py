@@ -1,30 +1,41 @@
-"""Our opaque device configuration: the `parameters` a ResourceClaim or DeviceClass passes to this driver.
+"""The opaque device configuration: the `parameters` a ResourceClaim or DeviceClass passes to this driver.
 
-    apiVersion: gpu.nvidia.com/v1alpha1
-    kind: GpuConfig
+The API is NVIDIA's (k8s-dra-driver-gpu, `resource.nvidia.com/v1beta1`), field for field, so claims written
+for NVIDIA's driver carry over unchanged:
+
+    apiVersion: resource.nvidia.com/v1beta1
+    kind: GpuConfig                    # full GPUs; MigDeviceConfig for MIG devices
     sharing:
       strategy: TimeSlicing            # or MPS
-      timeSlicingConfig:
+      timeSlicingConfig:               # GpuConfig only (the interval is a setting of the full GPU)
         interval: Default              # Default | Short | Medium | Long
       mpsConfig:                       # only with strategy MPS
-        defaultActiveThreadPercentage: 50          # 1..100
-        defaultPinnedDeviceMemoryLimit: 10Gi       # positive quantity
-        defaultPerDevicePinnedMemoryLimit:         # GPU index or UUID -> positive quantity
-          "0": 4Gi
+        defaultActiveThreadPercentage: 50          # 0..100
+        defaultPinnedDeviceMemoryLimit: 10Gi       # at least 1Mi
+        defaultPerDevicePinnedMemoryLimit:         # device -> limit, overriding the default
+          "0": 4Gi                                 # key: a UUID of one of the daemon's devices, or an index
+                                                   # into them sorted by UUID (NVIDIA's CUDA_VISIBLE_DEVICES order)
 
-The field names follow NVIDIA's k8s-dra-driver-gpu GpuConfig (`timeSlicingConfig`, `mpsConfig`) so existing
-claims read naturally; the group is ours (`gpu.nvidia.com`, the driver name) and the version starts at
-v1alpha1. One kind covers full GPUs and MIG devices. Unknown fields are errors, never ignored: a typo in a
-sharing setting must not silently give a workload an exclusive GPU.
+Our earlier `gpu.nvidia.com/v1alpha1` `GpuConfig` stays accepted as an alias with the same fields; unlike
+NVIDIA's GpuConfig it applies to MIG devices too (it was our one kind for both), and its active thread
+percentage starts at 1 as it always did. NVIDIA's other kinds (`VfioDeviceConfig`,
+`ComputeDomainChannelConfig`, `ComputeDomainDaemonConfig`) configure things gpu-dra does not do (VFIO
+passthrough, IMEX channels); they are refused by the validator, with that reason, so admission rejects them
+rather than a pod waiting forever at prepare.
 
-`validate_parameters` is the single validator (used by `gpu-dra validate`, API admission and prepare);
-`parse` turns valid parameters into the typed model.
+Unknown fields are errors, never ignored (NVIDIA's driver decodes strictly as well): a typo in a sharing
+setting must not silently give a workload an exclusive GPU.
+
+`validate_parameters` is the single validator (used by `gpu-dra validate`, API admission, `allocate` and
+prepare); `parse` turns valid parameters into the typed model; `select` picks the config that applies to one
+allocated device, with NVIDIA's precedence.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -32,10 +43,23 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpudra.quantity import Quantity, QuantityError
 
-API_GROUP = "gpu.nvidia.com"
-API_VERSION = f"{API_GROUP}/v1alpha1"
-SUPPORTED_API_VERSIONS: tuple[str, ...] = (API_VERSION,)
+API_GROUP = "resource.nvidia.com"
+API_VERSION = f"{API_GROUP}/v1beta1"
+ALIAS_API_VERSION = "gpu.nvidia.com/v1alpha1"
+SUPPORTED_API_VERSIONS: tuple[str, ...] = (API_VERSION, ALIAS_API_VERSION)
 KIND = "GpuConfig"
+MIG_KIND = "MigDeviceConfig"
+KINDS: dict[str, tuple[str, ...]] = {API_VERSION: (KIND, MIG_KIND), ALIAS_API_VERSION: (KIND,)}
+# NVIDIA's kinds for what gpu-dra does not do, with the reason given to the user.
+UNSUPPORTED_KINDS: dict[str, str] = {
+    "VfioDeviceConfig": "VFIO passthrough (vfio-pci GPUs for virtual machines) is not supported by gpu-dra",
+    "ComputeDomainChannelConfig": "ComputeDomains and their IMEX channels are not supported by gpu-dra",
+    "ComputeDomainDaemonConfig": "ComputeDomains and their IMEX daemons are not supported by gpu-dra",
+}
+MIB = 1024 * 1024
+
+GPU_DEVICE = "gpu"
+MIG_DEVICE = "mig"
 
 _UUID_KEY = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
 _INDEX_KEY = re.compile(r"^(0|[1-9][0-9]{0,3})$")
@@ -70,14 +94,31 @@ class MpsConfig(BaseModel):
     # Keyed by GPU index ("0") or UUID; overrides the default for that device.
     default_per_device_pinned_memory_limit: dict[str, Quantity] = Field(default_factory=dict)
 
-    def pinned_limit_bytes(self, uuid: str, index: int) -> int | None:
-        """The pinned device memory limit for one device, per-device entries winning over the default."""
-        for key in (uuid, str(index)):
-            if key in self.default_per_device_pinned_memory_limit:
-                return self.default_per_device_pinned_memory_limit[key].as_int()
+    def pinned_limits_mib(self, uuids: list[str] | tuple[str, ...]) -> dict[str, int]:
+        """The pinned device memory limit (MiB) of each of an MPS daemon's devices, NVIDIA's way.
+
+        `uuids` are the daemon's devices; an index key counts them sorted by UUID. The default applies to every
+        device, per-device entries override it. A key that names none of the devices is an error (raised as
+        ConfigError), as in NVIDIA's driver: the limit was meant for some device and must not be dropped."""
+        ordered = sorted(uuids)
+        limits: dict[str, int] = {}
         if self.default_pinned_device_memory_limit is not None:
-            return self.default_pinned_device_memory_limit.as_int()
-        return None
+            mib = self.default_pinned_device_memory_limit.as_int() // MIB
+            limits = {u: mib for u in ordered}
+        errors = []
+        for key, limit in self.default_per_device_pinned_memory_limit.items():
+            if key in ordered:
+                limits[key] = limit.as_int() // MIB
+            elif _INDEX_KEY.match(key) and int(key) < len(ordered):
+                limits[ordered[int(key)]] = limit.as_int() // MIB
+            else:
+                errors.append(
+                    f"sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[{key}]: names no device of this MPS daemon; "
+                    f"accepted: a UUID of {', '.join(ordered) or 'its devices'} or an index from 0 to {len(ordered) - 1}"
+                )
+        if errors:
+            raise ConfigError(errors)
+        return limits
 
 
 class Sharing(BaseModel):
@@ -88,10 +129,18 @@ class Sharing(BaseModel):
 
 
 class GpuConfig(BaseModel):
+    """One parsed config, of either kind (`kind` says which)."""
+
     model_config = ConfigDict(frozen=True)
     api_version: str = API_VERSION
     kind: str = KIND
     sharing: Sharing | None = None
+
+    def applies_to(self, device_type: str) -> bool:
+        """Whether this config may configure a device of `device_type` ("gpu" or "mig")."""
+        if self.api_version == ALIAS_API_VERSION:
+            return True
+        return device_type == (MIG_DEVICE if self.kind == MIG_KIND else GPU_DEVICE)
 
 
 class ConfigError(ValueError):
@@ -137,13 +186,16 @@ def _positive_quantity(value: object, path: str) -> tuple[Quantity | None, list[
     if q.sign() <= 0:
         return None, [f"{path}: must be a positive quantity, got {str(value)!r}"]
     try:
-        q.as_int()
+        size = q.as_int()
     except (ValueError, OverflowError):
         return None, [f"{path}: must be a whole number of bytes that fits int64, got {str(value)!r}"]
+    if size < MIB:
+        # MPS takes limits in whole MiB (NVIDIA's driver refuses a limit under 1Mi too).
+        return None, [f"{path}: must be at least 1Mi, got {str(value)!r}"]
     return q, []
 
 
-def _validate_mps(mps: object, path: str) -> list[str]:
+def _validate_mps(mps: object, path: str, min_percentage: int) -> list[str]:
     if not isinstance(mps, Mapping):
         return [f"{path}: must be an object, got {_type_name(mps)}"]
     allowed = ("defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit", "defaultPerDevicePinnedMemoryLimit")
@@ -151,9 +203,11 @@ def _validate_mps(mps: object, path: str) -> list[str]:
     if "defaultActiveThreadPercentage" in mps:
         pct = mps["defaultActiveThreadPercentage"]
         if isinstance(pct, bool) or not isinstance(pct, int):
-            errors.append(f"{path}.defaultActiveThreadPercentage: must be an integer from 1 to 100, got {_type_name(pct)}")
-        elif not 1 <= pct <= 100:
-            errors.append(f"{path}.defaultActiveThreadPercentage: must be from 1 to 100, got {pct}")
+            errors.append(
+                f"{path}.defaultActiveThreadPercentage: must be an integer from {min_percentage} to 100, got {_type_name(pct)}"
+            )
+        elif not min_percentage <= pct <= 100:
+            errors.append(f"{path}.defaultActiveThreadPercentage: must be from {min_percentage} to 100, got {pct}")
     if "defaultPinnedDeviceMemoryLimit" in mps:
         errors += _positive_quantity(mps["defaultPinnedDeviceMemoryLimit"], f"{path}.defaultPinnedDeviceMemoryLimit")[1]
     if "defaultPerDevicePinnedMemoryLimit" in mps:
@@ -165,23 +219,25 @@ def _validate_mps(mps: object, path: str) -> list[str]:
             for key, limit in per_device.items():
                 if not (_INDEX_KEY.match(str(key)) or _UUID_KEY.match(str(key))):
                     errors.append(
-                        f"{ppath}[{key}]: key must be a GPU index (\"0\", \"1\", ...) or a UUID (\"GPU-...\" or \"MIG-...\")"
+                        f"{ppath}[{key}]: key must be a device index (\"0\", \"1\", ...) or a UUID (\"GPU-...\" or \"MIG-...\")"
                     )
                 errors += _positive_quantity(limit, f"{ppath}[{key}]")[1]
     return errors
 
 
-def _validate_sharing(sharing: object, path: str) -> list[str]:
+def _validate_sharing(sharing: object, path: str, *, mig: bool, min_percentage: int) -> list[str]:
     if not isinstance(sharing, Mapping):
         return [f"{path}: must be an object, got {_type_name(sharing)}"]
-    errors = _unknown_fields(sharing, path, ("strategy", "timeSlicingConfig", "mpsConfig"))
+    # MigDeviceConfig has no timeSlicingConfig: the interval is a setting of the full GPU.
+    fields = ("strategy", "mpsConfig") if mig else ("strategy", "timeSlicingConfig", "mpsConfig")
+    errors = _unknown_fields(sharing, path, fields)
     strategies = tuple(s.value for s in SharingStrategy)
     strategy = sharing.get("strategy")
     if strategy is None:
         errors.append(f"{path}.strategy: required; accepted values: {_accepted(strategies)}")
     elif strategy not in strategies:
         errors.append(f"{path}.strategy: unsupported value {strategy!r}; accepted values: {_accepted(strategies)}")
-    if "timeSlicingConfig" in sharing:
+    if "timeSlicingConfig" in sharing and not mig:
         tpath = f"{path}.timeSlicingConfig"
         ts = sharing["timeSlicingConfig"]
         if strategy in strategies and strategy != SharingStrategy.TIME_SLICING.value:
@@ -197,27 +253,41 @@ def _validate_sharing(sharing: object, path: str) -> list[str]:
         mpath = f"{path}.mpsConfig"
         if strategy in strategies and strategy != SharingStrategy.MPS.value:
             errors.append(f"{mpath}: only allowed with strategy \"MPS\", strategy is {strategy!r}")
-        errors += _validate_mps(sharing["mpsConfig"], mpath)
+        errors += _validate_mps(sharing["mpsConfig"], mpath, min_percentage)
     return errors
 
 
 def validate_parameters(parameters: object) -> list[str]:
     """All problems with one opaque `parameters` object, as "field.path: message" (empty when valid)."""
     if not isinstance(parameters, Mapping):
-        return [f"parameters: must be an object with apiVersion {API_VERSION!r} and kind {KIND!r}, got {_type_name(parameters)}"]
-    errors = _unknown_fields(parameters, "", ("apiVersion", "kind", "sharing"))
+        return [
+            f"parameters: must be an object with apiVersion {API_VERSION!r} and kind {KIND!r} or {MIG_KIND!r}, "
+            f"got {_type_name(parameters)}"
+        ]
     api_version = parameters.get("apiVersion")
+    kind = parameters.get("kind")
+    if api_version == API_VERSION and kind in UNSUPPORTED_KINDS:
+        # Say why rather than list fields: nothing in such an object could make it acceptable here.
+        return [
+            f"kind: {kind} is not supported: {UNSUPPORTED_KINDS[kind]}; accepted kinds of {API_VERSION}: "
+            f"{_accepted(KINDS[API_VERSION])}"
+        ]
+    errors = _unknown_fields(parameters, "", ("apiVersion", "kind", "sharing"))
     if api_version is None:
         errors.append(f"apiVersion: required; accepted values: {_accepted(SUPPORTED_API_VERSIONS)}")
     elif api_version not in SUPPORTED_API_VERSIONS:
         errors.append(f"apiVersion: unsupported value {api_version!r}; accepted values: {_accepted(SUPPORTED_API_VERSIONS)}")
-    kind = parameters.get("kind")
+    kinds = KINDS.get(str(api_version), (KIND, MIG_KIND))
     if kind is None:
-        errors.append(f"kind: required; accepted values: \"{KIND}\"")
-    elif kind != KIND:
-        errors.append(f"kind: unsupported value {kind!r}; accepted values: \"{KIND}\"")
+        errors.append(f"kind: required; accepted values: {_accepted(kinds)}")
+    elif kind not in kinds:
+        errors.append(f"kind: unsupported value {kind!r}; accepted values: {_accepted(kinds)}")
     if "sharing" in parameters and parameters["sharing"] is not None:
-        errors += _validate_sharing(parameters["sharing"], "sharing")
+        errors += _validate_sharing(
+            parameters["sharing"], "sharing", mig=kind == MIG_KIND,
+            # NVIDIA's API accepts 0; our v1alpha1 always started at 1.
+            min_percentage=1 if api_version == ALIAS_API_VERSION else 0,
+        )
     return errors
 
 
@@ -253,10 +323,35 @@ def parse(parameters: object) -> GpuConfig:
     )
 
 
-def merge(configs: list[GpuConfig]) -> GpuConfig | None:
-    """The effective config of one device from the configs that apply to it, in allocation order.
+@dataclass(frozen=True)
+class Candidate:
+    """A config of the allocation that is addressed to this driver, with the requests it names."""
 
-    The allocation lists class configs first and claim configs after them; the last one wins as a whole
-    (NVIDIA's driver does the same), so a claim can override its class's sharing setting.
-    """
-    return configs[-1] if configs else None
+    config: GpuConfig
+    requests: tuple[str, ...] = ()
+    where: str = ""
+
+
+def _names(request: str, requests: tuple[str, ...]) -> bool:
+    # A config naming a request covers its subrequests ("req/sub") too.
+    return request in requests or request.split("/", 1)[0] in requests
+
+
+def select(candidates: list[Candidate], request: str, device_type: str) -> GpuConfig | None:
+    """The config of one allocated device, NVIDIA's way: `candidates` in allocation order (class configs, then
+    claim configs); the last one that names the device's request wins, or else the last one naming no request
+    whose kind fits the device (a GpuConfig for all requests skips MIG devices and the other way round).
+
+    A config that names the request but is of the wrong kind for the device is an error (ConfigError), as in
+    NVIDIA's driver: the user asked for a setting the device cannot take."""
+    for c in reversed(candidates):
+        if c.requests and _names(request, c.requests):
+            if not c.config.applies_to(device_type):
+                raise ConfigError([
+                    f"{c.where or 'config'}: a {c.config.kind} cannot be applied to a device of type {device_type!r} "
+                    f"(request {request!r}); use {KIND if device_type == GPU_DEVICE else MIG_KIND} for it"
+                ])
+            return c.config
+        if not c.requests and c.config.applies_to(device_type):
+            return c.config
+    return None

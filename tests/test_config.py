@@ -42,18 +42,26 @@ def test_mps_limits_per_device_override_default() -> None:
     assert parsed.sharing is not None and parsed.sharing.mps is not None
     mps = parsed.sharing.mps
     assert mps.default_active_thread_percentage == 50
-    assert mps.pinned_limit_bytes("GPU-x", 0) == 10 * 2**30
-    assert mps.pinned_limit_bytes("GPU-x", 1) == 2 * 2**30
-    assert mps.pinned_limit_bytes("GPU-abc", 0) == 2**30
+    # NVIDIA's semantics: index keys count the daemon's devices sorted by UUID; UUID keys name one of them.
+    assert mps.pinned_limits_mib(["GPU-x", "GPU-abc", "GPU-b"]) == {"GPU-abc": 1024, "GPU-b": 2048, "GPU-x": 10240}
+    with pytest.raises(ConfigError) as info:
+        mps.pinned_limits_mib(["GPU-x"])
+    assert info.value.errors == [
+        "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[1]: names no device of this MPS daemon; "
+        "accepted: a UUID of GPU-x or an index from 0 to 0",
+        "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[GPU-abc]: names no device of this MPS daemon; "
+        "accepted: a UUID of GPU-x or an index from 0 to 0",
+    ]
 
 
 @pytest.mark.parametrize(
     "parameters,expected",
     [
         ("nope", "parameters: must be an object"),
-        ({"kind": "GpuConfig"}, 'apiVersion: required; accepted values: "gpu.nvidia.com/v1alpha1"'),
-        ({**BASE, "apiVersion": "resource.nvidia.com/v1beta1"}, "apiVersion: unsupported value 'resource.nvidia.com/v1beta1'"),
+        ({"kind": "GpuConfig"}, 'apiVersion: required; accepted values: "resource.nvidia.com/v1beta1", "gpu.nvidia.com/v1alpha1"'),
+        ({**BASE, "apiVersion": "resource.nvidia.com/v1"}, "apiVersion: unsupported value 'resource.nvidia.com/v1'"),
         ({**BASE, "kind": "MigConfig"}, "kind: unsupported value 'MigConfig'; accepted values: \"GpuConfig\""),
+        ({**BASE, "kind": "MigDeviceConfig"}, "kind: unsupported value 'MigDeviceConfig'; accepted values: \"GpuConfig\""),
         ({**BASE, "sharnig": {}}, 'sharnig: unknown field; accepted fields: "apiVersion", "kind", "sharing"'),
         ({**BASE, "sharing": {}}, 'sharing.strategy: required; accepted values: "TimeSlicing", "MPS"'),
         ({**BASE, "sharing": {"strategy": "Exclusive"}}, "sharing.strategy: unsupported value 'Exclusive'"),
@@ -82,8 +90,12 @@ def test_mps_limits_per_device_override_default() -> None:
             "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: must be a positive quantity",
         ),
         (
+            {**BASE, "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1000Ki"}}},
+            "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: must be at least 1Mi, got '1000Ki'",
+        ),
+        (
             {**BASE, "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"gpu0": "1Gi"}}}},
-            "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[gpu0]: key must be a GPU index",
+            "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[gpu0]: key must be a device index",
         ),
     ],
 )
@@ -95,8 +107,79 @@ def test_invalid_parameters_name_field_and_accepted_values(parameters: object, e
     assert info.value.errors == errors
 
 
-def test_merge_last_wins() -> None:
-    a = config.parse({**BASE, "sharing": {"strategy": "TimeSlicing"}})
-    b = config.parse(BASE)
-    assert config.merge([a, b]) is b
-    assert config.merge([]) is None
+NV = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
+NV_MIG = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig"}
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        NV,
+        NV_MIG,
+        {**NV, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}},
+        {**NV, "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}},
+        {**NV_MIG, "sharing": {"strategy": "TimeSlicing"}},
+        {
+            **NV_MIG,
+            "sharing": {
+                "strategy": "MPS",
+                "mpsConfig": {"defaultActiveThreadPercentage": 25, "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi"}},
+            },
+        },
+    ],
+)
+def test_nvidia_api_is_accepted(parameters: dict) -> None:
+    assert config.validate_parameters(parameters) == []
+    parsed = config.parse(parameters)
+    assert (parsed.api_version, parsed.kind) == (parameters["apiVersion"], parameters["kind"])
+
+
+@pytest.mark.parametrize(
+    "parameters,expected",
+    [
+        (
+            {**NV_MIG, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}},
+            'sharing.timeSlicingConfig: unknown field; accepted fields: "strategy", "mpsConfig"',
+        ),
+        (
+            {**NV, "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 101}}},
+            "sharing.mpsConfig.defaultActiveThreadPercentage: must be from 0 to 100, got 101",
+        ),
+        (
+            {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig", "iommu": {}},
+            "kind: VfioDeviceConfig is not supported: VFIO passthrough (vfio-pci GPUs for virtual machines) is not "
+            'supported by gpu-dra; accepted kinds of resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig"',
+        ),
+        (
+            {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig", "domainID": "x"},
+            "kind: ComputeDomainChannelConfig is not supported: ComputeDomains and their IMEX channels are not supported",
+        ),
+    ],
+)
+def test_nvidia_api_errors(parameters: dict, expected: str) -> None:
+    errors = config.validate_parameters(parameters)
+    assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_select_follows_nvidia_precedence() -> None:
+    ts = config.parse({**NV, "sharing": {"strategy": "TimeSlicing"}})
+    mps = config.parse({**NV, "sharing": {"strategy": "MPS"}})
+    mig = config.parse({**NV_MIG, "sharing": {"strategy": "MPS"}})
+    alias = config.parse(BASE)
+    C = config.Candidate
+    # Last config naming the request wins over later ones naming no request... and over earlier ones.
+    cands = [C(ts), C(mps, ("a",)), C(mig)]
+    assert config.select(cands, "a", "gpu") is mps
+    assert config.select(cands, "a/sub", "gpu") is mps  # a subrequest is covered by its parent's name
+    # A config for all requests applies only to its kind of device.
+    assert config.select(cands, "b", "gpu") is ts
+    assert config.select(cands, "b", "mig") is mig
+    assert config.select([C(ts)], "b", "mig") is None
+    # Our v1alpha1 GpuConfig applies to both kinds.
+    assert config.select([C(alias)], "b", "mig") is alias
+    # Naming a request whose device is of the other kind is an error.
+    with pytest.raises(ConfigError) as info:
+        config.select([C(ts, ("a",), "spec.devices.config[0]")], "a", "mig")
+    assert info.value.errors == [
+        "spec.devices.config[0]: a GpuConfig cannot be applied to a device of type 'mig' (request 'a'); use MigDeviceConfig for it"
+    ]

@@ -46,6 +46,9 @@ MPS = {
     },
 }
 
+# One device per daemon: a per-device key "1" would name no device of it (an error, as in NVIDIA's driver).
+MPS_ONE = {**CFG, "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "4Gi"}}}
+
 _FAKE_TOOL = """#!{python}
 import json, os, sys
 record = {{
@@ -171,7 +174,7 @@ def test_real_mps_start_limits_and_stop(tools: FakeTools, sim: SimulatedNvml, tm
         "tool": "nvidia-cuda-mps-control", "argv": ["-d"], "stdin": "",
         "env": {**env, "CUDA_VISIBLE_DEVICES": f"{dev[0].uuid},{dev[1].uuid}"},
     }
-    # GPU index 1 has its own limit; the default covers the other.
+    # The second of the daemon's devices (sorted by UUID) has its own limit; the default covers the other.
     assert [(c["argv"], c["stdin"], c["env"]) for c in calls[1:]] == [
         ([], "set_default_active_thread_percentage 50\n", {**env, "CUDA_VISIBLE_DEVICES": None}),
         ([], f"set_default_device_pinned_mem_limit {dev[0].uuid} 4096M\n", {**env, "CUDA_VISIBLE_DEVICES": None}),
@@ -207,7 +210,7 @@ def test_real_mps_start_failure(tools: FakeTools, sim: SimulatedNvml, tmp: Path)
     tools.write("nvidia-cuda-mps-control", code=1, stderr="An instance of this daemon is already running\n")
     dev = _devices(discover(sim, NODE), 1)
     with pytest.raises(SharingError) as err:
-        apply(NvmlSharing(RealNvml(sim)), parse(MPS), dev, mps_dirs(tmp / "mps", "uid-1"))
+        apply(NvmlSharing(RealNvml(sim)), parse(MPS_ONE), dev, mps_dirs(tmp / "mps", "uid-1"))
     assert dev[0].uuid in str(err.value) and "already running" in str(err.value)
 
 
@@ -313,7 +316,7 @@ def test_sim_mps_daemon_lifecycle(node: Node, sim: SimulatedNvml) -> None:
 
 
 def test_sim_agent_restart_keeps_or_restarts_daemon(node: Node, sim: SimulatedNvml) -> None:
-    ref = node.add("mps", "uid-mps", [0], MPS)
+    ref = node.add("mps", "uid-mps", [0], MPS_ONE)
     assert node.preparer.prepare([ref])["uid-mps"].error == ""
     dirs = mps_dirs(node.tmp / "mps", "uid-mps")
     node.restart()
@@ -330,7 +333,7 @@ def test_sim_agent_restart_keeps_or_restarts_daemon(node: Node, sim: SimulatedNv
 
 def test_sim_rolled_back_claim_stops_its_daemon(node: Node, sim: SimulatedNvml) -> None:
     node.crash_at = "cdi-written"  # the daemon runs, PrepareCompleted was never written
-    ref = node.add("mps", "uid-mps", [0], MPS)
+    ref = node.add("mps", "uid-mps", [0], MPS_ONE)
     assert "crash at cdi-written" in node.preparer.prepare([ref])["uid-mps"].error
     record = node.preparer.checkpoint.claim("uid-mps")
     assert record is not None and record.phase is ClaimPhase.PREPARE_STARTED
@@ -344,7 +347,7 @@ def test_sim_rolled_back_claim_stops_its_daemon(node: Node, sim: SimulatedNvml) 
 
 def test_sim_mps_failure_is_a_per_claim_error(node: Node, sim: SimulatedNvml) -> None:
     sim.fail_tool("mps_start", node.uuid(0), "Failed to start MPS control daemon")
-    ref = node.add("mps", "uid-mps", [0], MPS)
+    ref = node.add("mps", "uid-mps", [0], MPS_ONE)
     error = node.preparer.prepare([ref])["uid-mps"].error
     assert "ResourceClaim ns/mps" in error and node.uuid(0) in error and "Failed to start MPS control daemon" in error
     assert node.preparer.checkpoint.claim("uid-mps") is None
