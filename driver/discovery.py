@@ -121,6 +121,19 @@ def discover(nvml: Any, node_name: str, *, pcie_root_of: PcieRootLookup | None =
     )
 
 
+# nvmlDeviceGetAddressingMode values, named as go-nvlib's GetAddressingModeAsString (NVIDIA's driver publishes these).
+ADDRESSING_MODES: dict[int, str] = {
+    pynvml.NVML_DEVICE_ADDRESSING_MODE_NONE: "None",
+    pynvml.NVML_DEVICE_ADDRESSING_MODE_HMM: "HMM",
+    pynvml.NVML_DEVICE_ADDRESSING_MODE_ATS: "ATS",
+}
+
+
+def _not_supported(*_args: Any) -> Any:
+    """Stands in for an NVML entry point the backend lacks (an older pynvml or driver)."""
+    raise pynvml.NVMLError_FunctionNotFound(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+
 def _optional(fn: Callable[..., Any], *args: Any) -> Any:
     try:
         return fn(*args)
@@ -155,6 +168,7 @@ def _discover_gpu(
 
     nvlinks = _nvlinks(nvml, handle)
     fabric = _fabric(nvml, handle)
+    mode = _optional(getattr(nvml, "nvmlDeviceGetAddressingMode", _not_supported), handle)
     facts = _LinkFacts(
         gpu_links={l.remote_pci_bus_id for l in nvlinks if l.active and l.remote_pci_bus_id and not l.remote_is_switch},
         switch_links=sum(1 for l in nvlinks if l.active and l.remote_is_switch),
@@ -182,6 +196,7 @@ def _discover_gpu(
         memory_slices=max((p.start + p.size for prof in profiles for p in prof.placements), default=0),
         compute_slices=max((prof.compute_slices for prof in profiles), default=0),
         health=Health(),
+        addressing_mode=ADDRESSING_MODES.get(int(mode)) if mode is not None else None,
     )
     return gpu, facts, mig_skips
 

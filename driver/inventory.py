@@ -121,6 +121,8 @@ class Gpu:
     memory_slices: int = 0
     compute_slices: int = 0
     health: Health = field(default_factory=Health)
+    # NVML's memory addressing mode on coherent-memory platforms: "HMM", "ATS" or "None"; None where unsupported.
+    addressing_mode: str | None = None
 
 
 @dataclass(frozen=True)

@@ -249,6 +249,10 @@ def _common_attributes(gpu: Gpu, inv: Inventory, first: Mapping[str, dict[str, A
         attrs["fabricCliqueID"] = {"int": gpu.fabric_clique_id}
     if gpu.pcie_root:
         attrs[f"{STANDARD_DOMAIN}/pcieRoot"] = _string(gpu.pcie_root)
+    # A MIG device carries its GPU's bus id and addressing mode too, as NVIDIA's driver publishes them.
+    attrs[f"{STANDARD_DOMAIN}/pciBusID"] = _string(gpu.pci_bus_id)
+    if gpu.addressing_mode:
+        attrs["addressingMode"] = _string(gpu.addressing_mode)
     return attrs
 
 
@@ -257,7 +261,6 @@ def _gpu_device(gpu: Gpu, inv: Inventory, settings: SliceSettings) -> dict[str, 
     attrs = _common_attributes(gpu, inv, {"type": _string("gpu"), "uuid": _string(gpu.uuid)})
     attrs["migCapable"] = {"bool": gpu.mig_capable}
     attrs["migEnabled"] = {"bool": gpu.mig_enabled}
-    attrs[f"{STANDARD_DOMAIN}/pciBusID"] = _string(gpu.pci_bus_id)
     device: dict[str, Any] = {
         "name": name,
         "attributes": attrs,

@@ -35,6 +35,8 @@ PRODUCTS: dict[str, Product] = {
     "l40s-4": Product("NVIDIA L40S", 4, 46068, "8.9", "Ada Lovelace", "Nvidia", False, "none"),
     "v100-4": Product("Tesla V100-SXM2-32GB", 4, 32768, "7.0", "Volta", "Tesla", False, "mesh"),
     "t4-1": Product("Tesla T4", 1, 15360, "7.5", "Turing", "Tesla", False, "none"),
+    "dgx-a100-40gb": Product("NVIDIA A100-SXM4-40GB", 8, 40960, "8.0", "Ampere", "Nvidia", True, "switch"),
+    "a30-4": Product("NVIDIA A30", 4, 24576, "8.0", "Ampere", "Nvidia", True, "none"),
     "gb200-nvl": Product("NVIDIA GB200", 4, 189471, "10.0", "Blackwell", "Nvidia", False, "fabric"),
 }
 
@@ -47,6 +49,23 @@ A100_80GB = [
     ("3g.40gb", 2, 40192, 42, 3, 2, 0, 0, [0, 4], 4),
     ("4g.40gb", 1, 40192, 56, 4, 2, 0, 0, [0], 4),
     ("7g.80gb", 1, 80896, 98, 7, 5, 1, 1, [0], 8),
+]
+# NVIDIA MIG User Guide, A100-SXM4-40GB and A30-24GB.
+A100_40GB = [
+    ("1g.5gb", 7, 4864, 14, 1, 0, 0, 0, [0, 1, 2, 3, 4, 5, 6], 1),
+    ("1g.5gb+me", 1, 4864, 14, 1, 1, 1, 1, [0, 1, 2, 3, 4, 5, 6], 1),
+    ("1g.10gb", 4, 9856, 14, 1, 1, 0, 0, [0, 2, 4, 6], 2),
+    ("2g.10gb", 3, 9856, 28, 2, 1, 0, 0, [0, 2, 4], 2),
+    ("3g.20gb", 2, 19968, 42, 3, 2, 0, 0, [0, 4], 4),
+    ("4g.20gb", 1, 19968, 56, 4, 2, 0, 0, [0], 4),
+    ("7g.40gb", 1, 40192, 98, 7, 5, 1, 1, [0], 8),
+]
+A30_24GB = [
+    ("1g.6gb", 4, 5952, 14, 1, 0, 0, 0, [0, 1, 2, 3], 1),
+    ("1g.6gb+me", 1, 5952, 14, 1, 1, 1, 1, [0, 1, 2, 3], 1),
+    ("2g.12gb", 2, 12032, 28, 2, 2, 0, 0, [0, 2], 2),
+    ("2g.12gb+me", 1, 12032, 28, 2, 2, 1, 1, [0, 2], 2),
+    ("4g.24gb", 1, 24192, 56, 4, 4, 1, 1, [0], 4),
 ]
 H100_80GB = [
     ("1g.10gb", 7, 9984, 16, 1, 1, 1, 0, [0, 1, 2, 3, 4, 5, 6], 1),
@@ -144,6 +163,24 @@ def test_a100_mig_table() -> None:
     assert [p.profile_id for p in gpu.mig_profiles] == [19, 20, 15, 14, 9, 5, 0]
     assert [p.compute_slices for p in gpu.mig_profiles] == [1, 1, 1, 2, 3, 4, 7]
     assert all(p.encoders == 0 for p in gpu.mig_profiles)
+
+
+def test_a100_40gb_and_a30_mig_tables() -> None:
+    a100 = _discover("dgx-a100-40gb")
+    assert _table(a100) == [tuple(row) for row in A100_40GB]
+    assert (a100.gpus[0].memory_slices, a100.gpus[0].compute_slices) == (8, 7)
+    # NVIDIA's quickstart "half-balanced" layout: GPUs 0-3 in MIG mode, 4-7 full.
+    assert [sorted(m.profile for m in g.mig_devices) for g in a100.gpus[:4]] == [["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]] * 4
+    assert not any(g.mig_enabled for g in a100.gpus[4:])
+    a30 = _discover("a30-4")
+    assert _table(a30) == [tuple(row) for row in A30_24GB]
+    assert (a30.gpus[0].memory_slices, a30.gpus[0].compute_slices) == (4, 4)
+    assert [p.profile_id for p in a30.gpus[0].mig_profiles] == [14, 21, 5, 6, 0]
+
+
+def test_addressing_mode_where_nvml_reports_one() -> None:
+    assert {g.addressing_mode for g in _discover("gb200-nvl").gpus} == {"ATS"}
+    assert {g.addressing_mode for g in _discover("dgx-h100").gpus} == {None}
 
 
 @pytest.mark.parametrize("profile", ["dgx-h100", "h100-mig"])

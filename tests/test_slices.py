@@ -204,6 +204,12 @@ def test_fabric_attributes() -> None:
     assert dev["attributes"]["fabricCliqueID"] == {"int": 7}
 
 
+def test_addressing_mode_on_gpus_and_their_mig_devices() -> None:
+    gpu = with_mig(replace(h100(0), addressing_mode="ATS"), [("3g.40gb", 4)])
+    devs = devices(build_slices(inventory([gpu, h100(1)]), settings()))
+    assert [d["attributes"].get("addressingMode") for d in devs] == [{"string": "ATS"}, None]
+
+
 def test_mig_enabled_gpu_publishes_its_mig_devices_not_the_full_gpu() -> None:
     gpu = with_mig(h100(0), [("3g.40gb", 4), ("2g.20gb", 0), ("1g.10gb", 2)])
     plain = h100(1)
@@ -216,7 +222,8 @@ def test_mig_enabled_gpu_publishes_its_mig_devices_not_the_full_gpu() -> None:
     assert three["attributes"]["uuid"] == {"string": gpu.mig_devices[0].uuid}
     assert three["attributes"]["parentUUID"] == {"string": gpu.uuid}
     assert three["attributes"]["profile"] == {"string": "3g.40gb"}
-    assert "resource.kubernetes.io/pciBusID" not in three["attributes"]
+    # The parent's bus id, as NVIDIA's driver publishes it on MIG devices (selectors keep one GPU's MIG devices).
+    assert three["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": gpu.pci_bus_id}
     assert three["attributes"]["resource.kubernetes.io/pcieRoot"] == {"string": gpu.pcie_root}
     assert three["capacity"] == {
         "memory": {"value": "40192Mi"},

@@ -87,6 +87,9 @@ class GpuModelSpec(_Model):
     nvlink_count: int = Field(default=0, alias="nvlinkCount", ge=0, le=pynvml.NVML_NVLINK_MAX_LINKS)
     mig_profiles: tuple[MigProfileSpec, ...] = Field(default=(), alias="migProfiles")
     fabric_capable: bool = Field(default=False, alias="fabricCapable")
+    # nvmlDeviceGetAddressingMode: HMM or ATS on coherent-memory platforms (Grace), None there when inactive;
+    # unset where the platform does not support it (NVML answers NOT_SUPPORTED).
+    addressing_mode: Literal["None", "HMM", "ATS"] | None = Field(default=None, alias="addressingMode")
 
     @model_validator(mode="after")
     def _unique_profiles(self) -> GpuModelSpec:

@@ -648,6 +648,13 @@ class SimulatedNvml:
         with self._lock:
             return self._gpu("nvmlDeviceGetMinorNumber", handle).minor
 
+    def nvmlDeviceGetAddressingMode(self, handle: Any) -> int:
+        with self._lock:
+            gpu = self._gpu("nvmlDeviceGetAddressingMode", handle)
+            if gpu.model.addressing_mode is None:
+                _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            return nvml_constant("NVML_DEVICE_ADDRESSING_MODE_", str(gpu.model.addressing_mode).upper())
+
     def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
         with self._lock:
             gpu = self._gpu("nvmlDeviceGetNumaNodeId", handle)
