@@ -14,7 +14,7 @@ from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.manifests import InputError, load_objects, object_label
 from gpudra.validation import FieldError, validate_object
 from gpudra.validation.common import CelChecker, OpaqueValidators
-from controller.validationhooks import cel_checker, opaque_validators
+from controller.validationhooks import cel_checker, opaque_validators, unsupported_class_errors
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +39,8 @@ def validate_all(objects: list[dict[str, Any]], cel: CelChecker | None, opaque: 
             results.append({"object": object_label(obj), "valid": True, "checked": False, "errors": []})
             continue
         errors: list[FieldError] = validate_object(obj, cel=cel, opaque=opaque)
-        results.append({"object": object_label(obj), "valid": not errors, "checked": True, "errors": [str(e) for e in errors]})
+        texts = [str(e) for e in errors] + unsupported_class_errors(obj)
+        results.append({"object": object_label(obj), "valid": not texts, "checked": True, "errors": texts})
     return results
 
 

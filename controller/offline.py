@@ -34,8 +34,8 @@ class ClaimResult:
 class Session:
     def __init__(self, objects: Iterable[Mapping[str, Any]], features: Features | None = None, cel_env: Any = None,
                  policy: Policy = "binpack") -> None:
-        self.workload: Workload = build_workload(objects)
         self.features = features or Features()
+        self.workload: Workload = build_workload(objects, self.features.extended_resource)
         w = self.workload
         self.snapshot = ClusterSnapshot(w.slices, w.classes, w.allocated, w.nodes or None)
         self.placer = Placer(self.snapshot, self.features, cel_env, policy)
@@ -68,14 +68,18 @@ class Session:
         """Pods and standalone claims one after another on the best node; each placement holds its devices."""
         results: list[ClaimResult] = []
         all_nodes = [self.snapshot.nodes[n] for n in self.snapshot.node_names]
+        placed_on: dict[str, str] = {}  # claims placed earlier in this run (several pods may share one claim)
         for unit in self.workload.units:
             results += [ClaimResult(k, "error", None, None, m) for k, m in unit.errors]
-            if not unit.claims:
+            pending = [c for c in unit.claims if claim_key(c) not in placed_on]
+            if not pending:
                 continue
-            keys = [claim_key(c) for c in unit.claims]
-            candidates = self.workload.node_candidates(unit, all_nodes)
+            keys = [claim_key(c) for c in pending]
+            # A pod whose shared claim is already allocated can only run where that claim's devices are.
+            pinned = {placed_on[claim_key(c)] for c in unit.claims if claim_key(c) in placed_on}
+            candidates = [n for n in self.workload.node_candidates(unit, all_nodes) if not pinned or n in pinned]
             try:
-                claims = self._parse(unit)
+                claims = [parse_claim(c) for c in pending]
                 if not candidates:
                     raise _NoNodes(f"{unit.owner}: no node matches the pod's nodeName, nodeSelector and allocated claims")
                 placed = self.placer.place(claims, candidates)
@@ -87,6 +91,7 @@ class Session:
                 continue
             if isinstance(placed, Placement):
                 self.placer.commit(keys, placed.allocations, placed.node)
+                placed_on.update({k: placed.node for k in keys})
                 results += [ClaimResult(k, "allocated", placed.node, a, f"allocated on node {placed.node}")
                             for k, a in zip(keys, placed.allocations)]
                 continue

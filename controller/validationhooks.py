@@ -1,4 +1,5 @@
-"""The validation hooks gpu-dra installs: the CEL checker and our GpuConfig opaque-parameter check.
+"""The validation hooks gpu-dra installs: the CEL checker, our opaque-parameter check, and the refusal of
+NVIDIA's DeviceClasses for what gpu-dra does not do.
 
 Every caller (`gpu-dra validate`, `allocate`/`explain`, the embedded API server's admission) gets the same hooks
 from here, so an object is judged the same way offline and by the server.
@@ -6,12 +7,24 @@ from here, so an object is judged the same way offline and by the server.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.apiserver.admission import validating_admission
 from gpudra.apiserver.store import Admission
 from gpudra.deviceconfig import validate_parameters
 from gpudra.validation.common import CelChecker, OpaqueValidators
 from controller.cel.check import Checker
+
+# DeviceClasses of NVIDIA's DRA driver for features gpu-dra does not have, with the reason the user is given.
+# A claim naming one of them could never be allocated here; saying so at admission beats a pod pending forever.
+UNSUPPORTED_CLASSES: dict[str, str] = {
+    "vfio.gpu.nvidia.com": "NVIDIA's VFIO passthrough class; gpu-dra does not support VFIO passthrough (vfio-pci GPUs for virtual machines)",
+    "imex.nvidia.com": "NVIDIA's IMEX channel class; gpu-dra does not support IMEX channels or ComputeDomains",
+    "compute-domain-daemon.nvidia.com": "NVIDIA's ComputeDomain daemon class; gpu-dra does not support ComputeDomains (IMEX)",
+    "compute-domain-default-channel.nvidia.com": "NVIDIA's ComputeDomain channel class; gpu-dra does not support ComputeDomains (IMEX)",
+}
 
 
 def cel_checker() -> CelChecker:
@@ -24,6 +37,51 @@ def opaque_validators(driver_name: str = DEFAULT_DRIVER_NAME) -> OpaqueValidator
     return {driver_name: validate_parameters}
 
 
+def _requests(spec: Mapping[str, Any], path: str) -> list[tuple[str, Any]]:
+    devices = spec.get("devices") if isinstance(spec.get("devices"), Mapping) else {}
+    out: list[tuple[str, Any]] = []
+    for i, request in enumerate(devices.get("requests") or []):
+        if not isinstance(request, Mapping):
+            continue
+        rpath = f"{path}.devices.requests[{i}]"
+        if isinstance(request.get("exactly"), Mapping):
+            out.append((f"{rpath}.exactly.deviceClassName", request["exactly"].get("deviceClassName")))
+        for j, sub in enumerate(request.get("firstAvailable") or []):
+            if isinstance(sub, Mapping):
+                out.append((f"{rpath}.firstAvailable[{j}].deviceClassName", sub.get("deviceClassName")))
+    return out
+
+
+def unsupported_class_errors(obj: object) -> list[str]:
+    """Errors for a DeviceClass, ResourceClaim or ResourceClaimTemplate that names one of UNSUPPORTED_CLASSES."""
+    if not isinstance(obj, Mapping):
+        return []
+    kind = obj.get("kind")
+    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    if kind == "DeviceClass":
+        name = (obj.get("metadata") or {}).get("name") if isinstance(obj.get("metadata"), Mapping) else None
+        if name in UNSUPPORTED_CLASSES:
+            return [f"metadata.name: Unsupported value: {name!r}: {UNSUPPORTED_CLASSES[name]}"]
+        return []
+    if kind == "ResourceClaimTemplate":
+        inner = spec.get("spec") if isinstance(spec.get("spec"), Mapping) else {}
+        found = _requests(inner, "spec.spec")
+    elif kind == "ResourceClaim":
+        found = _requests(spec, "spec")
+    else:
+        return []
+    return [
+        f"{path}: Unsupported value: {name!r}: {UNSUPPORTED_CLASSES[name]}"
+        for path, name in found
+        if isinstance(name, str) and name in UNSUPPORTED_CLASSES
+    ]
+
+
 def validation_admission(driver_name: str = DEFAULT_DRIVER_NAME) -> Admission:
-    """The embedded API server's admission: Kubernetes' validation with both hooks."""
-    return validating_admission(cel_checker(), opaque_validators(driver_name))
+    """The embedded API server's admission: Kubernetes' validation with both hooks, then our class refusals."""
+    kubernetes = validating_admission(cel_checker(), opaque_validators(driver_name))
+
+    def admit(obj: dict[str, Any], old: dict[str, Any] | None) -> list[str]:
+        return kubernetes(obj, old) + unsupported_class_errors(obj)
+
+    return admit

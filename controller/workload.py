@@ -15,9 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.allocator.nodes import Node, NodeSelector
+from controller.extended import class_for_resource, dra_extended_requests, extended_resource_claim
 from controller.objects import claim_key
 
 KINDS = ("Node", "DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "Pod")
+# Workload controllers whose pod template is placed as `replicas` pods (Job: `parallelism`), named
+# `<name>-<i>`, in the controller's namespace: what their pods would ask for, without running the controller.
+POD_TEMPLATE_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "Job")
 
 
 
@@ -55,7 +59,9 @@ class Workload:
         return sorted(names)
 
 
-def build_workload(objects: Iterable[Mapping[str, Any]]) -> Workload:
+def build_workload(objects: Iterable[Mapping[str, Any]], extended_resource: bool = False) -> Workload:
+    """`extended_resource`: the DRAExtendedResource gate; pods asking for an extended resource that a DeviceClass
+    backs get the special claim the scheduler would create (see controller/extended.py)."""
     nodes, classes, slices, claims, templates, pods, ignored = [], [], [], [], {}, [], []
     order: list[tuple[str, dict[str, Any]]] = []
     for obj in objects:
@@ -74,16 +80,22 @@ def build_workload(objects: Iterable[Mapping[str, Any]]) -> Workload:
         elif kind == "Pod":
             pods.append(dict(obj))
             order.append(("pod", pods[-1]))
+        elif kind in POD_TEMPLATE_KINDS:
+            for pod in pods_of(obj):
+                pods.append(pod)
+                order.append(("pod", pod))
         else:
             ignored.append(f"{kind}/{claim_key(obj)}")
     by_key = {claim_key(c): c for c in claims}
     referenced: set[str] = set()
     units: list[Unit] = []
     generated: list[dict[str, Any]] = []
+    backing = class_for_resource(classes)
     for kind, obj in order:
         if kind != "pod":
             continue
         unit = _pod_unit(obj, by_key, templates, referenced, generated)
+        _add_extended_claim(unit, obj, backing, extended_resource)
         obj["_unit"] = unit
     allocated = [c for c in [*claims, *generated] if (c.get("status") or {}).get("allocation")]
     for kind, obj in order:
@@ -134,6 +146,36 @@ def _pod_unit(pod: Mapping[str, Any], claims: dict[str, dict[str, Any]], templat
         elif claim not in unit.claims:
             unit.claims.append(claim)
     return unit
+
+
+def pods_of(controller: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pods a Deployment, ReplicaSet, StatefulSet or Job would create."""
+    meta = controller.get("metadata") or {}
+    spec = controller.get("spec") or {}
+    count = spec.get("parallelism" if controller.get("kind") == "Job" else "replicas", 1)
+    count = count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else 1
+    template = spec.get("template") or {}
+    tmeta = template.get("metadata") or {}
+    pods = []
+    for i in range(count):
+        pod_meta = {**copy.deepcopy(tmeta), "name": f"{meta.get('name', '')}-{i}", "namespace": meta.get("namespace") or "default"}
+        pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": copy.deepcopy(template.get("spec") or {})})
+    return pods
+
+
+def _add_extended_claim(unit: Unit, pod: Mapping[str, Any], backing: Mapping[str, str], gate: bool) -> None:
+    requests, _ = dra_extended_requests(pod, backing)
+    if not requests:
+        return
+    meta = pod.get("metadata") or {}
+    key = f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}-extended-resources"
+    if not gate:
+        resources = sorted({r["exactly"]["deviceClassName"] for r in requests})
+        unit.errors.append((key, f"{unit.owner}: asks for an extended resource backed by DeviceClass(es) {', '.join(resources)} "
+                                 "(DRAExtendedResource), but that feature gate is off; pass --feature DRAExtendedResource"))
+        return
+    # The scheduler's name is generated (`<pod>-extended-resources-xxxxx`); offline it is fixed, so output is stable.
+    unit.claims.append(extended_resource_claim(pod, requests, key.split("/", 1)[1]))
 
 
 def claim_from_template(template: Mapping[str, Any], pod: Mapping[str, Any], entry_name: str) -> dict[str, Any]:

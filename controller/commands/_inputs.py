@@ -11,7 +11,7 @@ from typing import Any
 from controller.workload import KINDS
 from gpudra.manifests import InputError, load_objects, object_label
 from gpudra.validation import validate_object
-from controller.validationhooks import cel_checker, opaque_validators
+from controller.validationhooks import cel_checker, opaque_validators, unsupported_class_errors
 
 
 @dataclass
@@ -48,7 +48,7 @@ def validate(objects: Sequence[dict[str, Any]]) -> list[str]:
     for obj in objects:
         if obj.get("kind") not in ("DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate"):
             continue
-        for err in validate_object(obj, cel=cel, opaque=opaque):
+        for err in [*validate_object(obj, cel=cel, opaque=opaque), *unsupported_class_errors(obj)]:
             errors.append(f"{object_label(obj)}: {err}")
     return errors
 
