@@ -17,6 +17,8 @@ from typing import Any
 
 from gpudra import DEFAULT_DRIVER_NAME, logfmt
 
+log = logging.getLogger(__name__)
+
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
 DEFAULT_CDI_DIR = "/var/run/cdi"
 
@@ -45,6 +47,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitionable", action="store_true", help="publish MIG-capable GPUs as partitionable devices")
     parser.add_argument("--reserved-gpus", default="", help="comma-separated GPU UUIDs kept for the device plugin (not published)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument(
+        "--node-labels", action="store_true",
+        help="set GPU Feature Discovery's labels (nvidia.com/gpu.product, gpu.count, gpu.memory, ...) on this node",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
@@ -54,6 +60,17 @@ def _driver_root(args: argparse.Namespace) -> Path | None:
     if args.driver_root:
         return Path(args.driver_root)
     return Path("/") if args.nvml == "real" else None
+
+
+def _label_node(api: Any, node: str, inventory: Any) -> bool:
+    from driver.nodelabels import apply_node_labels
+
+    try:
+        apply_node_labels(api, node, inventory)
+    except Exception as exc:  # noqa: BLE001 - any API failure: keep serving claims, try again later
+        log.warning("event=node-labels-failed node=%s error=%r", node, str(exc))
+        return False
+    return True
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,13 +133,20 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     shim: Any = None
     agent.start()
+    labels_pending = bool(args.node_labels)
     try:
         if args.device_plugin:
             from driver.deviceplugin import start_device_plugin
 
             shim = start_device_plugin(agent, resource_name=args.device_plugin_resource, api=api)
-        while not stop.wait(1.0):
-            pass
+        tick = 0
+        while True:
+            # Labels are retried every 30 s until they are set (the Node may not exist yet); a failure only logs.
+            if labels_pending and tick % 30 == 0:
+                labels_pending = not _label_node(api, args.node, inventory)
+            if stop.wait(1.0):
+                break
+            tick += 1
     finally:
         if shim is not None:
             shim.stop()
