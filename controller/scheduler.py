@@ -5,7 +5,9 @@ EmbeddedScheduler, per pass:
 - per pod: its claims must all exist (template claims are created by ClaimLifecycle first); claims already
   allocated pin the pod to their nodes; the others are allocated together on the best node
   (controller.scoring.Placer over the allocator, one Filter call per node); legacy `nvidia.com/gpu` requests
-  need Node allocatable minus what bound pods request; namespace device quotas are checked;
+  need Node allocatable minus what bound pods request, unless a DeviceClass backs them (DRAExtendedResource:
+  the pod then gets Kubernetes' special claim `<pod>-extended-resources-xxxxx`, created, allocated and named
+  in the pod's status.extendedResourceClaimStatus before binding); namespace device quotas are checked;
 - before writing, the chosen devices are checked free against a fresh list of claims (plus this pass's own
   writes); then finalizer + allocation + reservedFor per claim, then pods/binding. A failed step undoes the
   earlier ones of that pod;
@@ -28,7 +30,9 @@ from controller.claims import GeneratedClaims, resolve_pod_claims
 from controller.commit import AllocationCommitter, allocation_devices, used_devices
 from controller.diagnosis import NodeReason, explain, summarize
 from controller.explanation_writer import REASON_GANG_WAITING, REASON_QUOTA, REASON_SCHEDULED, REASON_UNSCHEDULABLE, ExplanationWriter
-from controller.extended import free_by_node, pod_request
+from controller.extended import (
+    EXTENDED_GPU_RESOURCE, class_for_resource, dra_extended_requests, extended_resource_claim, free_by_node, pod_request,
+)
 from controller.gang import gang_label, is_gang_claim
 from controller.metrics import ControllerMetrics
 from controller.nodefit import allocation_rejects, as_allocator_node, node_rejects
@@ -240,6 +244,17 @@ class EmbeddedScheduler:
             return False
         claims = gathered.claims
         need_extended = pod_request(pod)
+        special: Obj | None = None
+        mappings: list[dict[str, str]] = []
+        if self._features.extended_resource:
+            special, mappings, wait = self._extended_claim(pod, state)
+            if wait:
+                self._unschedulable(pod, [], wait, reason="waiting")
+                return False
+            if special is not None:
+                claims = [*claims, special]
+                if any(m["resourceName"] == EXTENDED_GPU_RESOURCE for m in mappings):
+                    need_extended = 0  # served by DRA, not by a device plugin's allocatable
         candidates, rejected = self._candidate_nodes(pod, claims, need_extended, state)
         total_nodes = len(candidates) + len(rejected)
         pending = [c for c in claims if o.allocation(c) is None]
@@ -275,7 +290,17 @@ class EmbeddedScheduler:
             log.warning("chosen devices are no longer free; retrying next pass", extra={"pod": o.key(pod), "node": node})
             return False
 
+        if special is not None and o.allocation(special) is None:
+            created = self._create_special(pod, special, mappings)
+            if created is None:
+                return False
+            index = next(i for i, c in enumerate(pending) if c is special)
+            pending = [*pending[:index], created, *pending[index + 1:]]
         if not self._write(pod, node, pending, allocations, [c for c in claims if o.allocation(c) is not None], state):
+            if special is not None and o.allocation(special) is None:
+                # Undo the special claim and the pod's pointer to it; the next pass starts afresh.
+                self._writer.delete("ResourceClaim", pending[index])
+                self._writer.patch_status("Pod", pod, {"status": {"extendedResourceClaimStatus": None}})
             return False
         log.info("pod bound", extra={"pod": o.key(pod), "node": node, "claims": len(claims), "allocated": len(pending)})
         self._metrics.allocations.labels(path="scheduler").inc(len(pending))
@@ -288,6 +313,33 @@ class EmbeddedScheduler:
         self._explainer.forget(pod, REASON_UNSCHEDULABLE)
         self._explainer.event(pod, REASON_SCHEDULED, f"Successfully assigned {o.key(pod)} to {node}", warning=False)
         return True
+
+    def _extended_claim(self, pod: Obj, state: _PassState) -> tuple[Obj | None, list[dict[str, str]], str]:
+        """The pod's special claim for DRA-backed extended resources: the one its status names if that exists
+        (an earlier pass created it), else an unsaved one to allocate; (None, [], "") when it asks for none."""
+        requests, mappings = dra_extended_requests(pod, class_for_resource(state.view.classes.values()))
+        if not requests:
+            return None, [], ""
+        named = o.section(o.section(pod, "status"), "extendedResourceClaimStatus").get("resourceClaimName")
+        if named:
+            existing = state.claims_by_key.get(f"{o.namespace(pod)}/{named}")
+            if existing is None:
+                return None, [], f'resourceclaim "{named}" (the pod\'s extended resource claim) not found'
+            return existing, mappings, ""
+        return extended_resource_claim(pod, requests, f"{o.name(pod)}-extended-resources"), mappings, ""
+
+    def _create_special(self, pod: Obj, special: Obj, mappings: list[dict[str, str]]) -> Obj | None:
+        """Create the special claim (generated name) and record it in the pod's status, as kube-scheduler does."""
+        body = {**special, "metadata": {**o.meta(special), "name": None, "generateName": f"{o.name(pod)}-extended-resources-"}}
+        del body["metadata"]["name"]
+        created = self._writer.create("ResourceClaim", body)
+        if created is None:
+            return None
+        status = {"status": {"extendedResourceClaimStatus": {"resourceClaimName": o.name(created), "requestMappings": mappings}}}
+        if self._writer.patch_status("Pod", pod, status) is None:
+            self._writer.delete("ResourceClaim", created)
+            return None
+        return created
 
     def _write(
         self,

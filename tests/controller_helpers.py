@@ -11,6 +11,7 @@ from controller.manager import ControllerConfig, ControllerManager
 from driver.discovery import discover
 from driver.nvml import load_backend
 from driver.slices import SliceSettings, build_slices
+from gpudra.features import Features
 from gpudra.kubeapi import KubeApi
 
 DRIVER = "gpu.nvidia.com"
@@ -32,11 +33,12 @@ class FakeWall:
 
 
 def manager(api: KubeApi, *, embedded: bool = True, leader_elect: bool = False, identity: str = "test",
-            wall: FakeWall | None = None, gang_timeout: float = 60.0, metrics_port: int | None = None) -> ControllerManager:
+            wall: FakeWall | None = None, gang_timeout: float = 60.0, metrics_port: int | None = None,
+            features: Features | None = None) -> ControllerManager:
     config = ControllerConfig(
         driver_name=DRIVER, embedded=embedded, gang_timeout=gang_timeout, leader_elect=leader_elect,
         identity=identity, timings=FAST, tick=0.05, resync_period=5.0, metrics_port=metrics_port,
-        metrics_host="127.0.0.1",
+        metrics_host="127.0.0.1", features=features or Features(),
     )
     return ControllerManager(api, config, wall=wall or FakeWall())
 

@@ -235,3 +235,30 @@ def test_missing_template_is_reported_on_the_pod(apiserver: Any) -> None:
     assert event["message"] == (
         'spec.resourceClaims[gpu].resourceClaimTemplateName: resourceclaimtemplate "nope" not found in namespace default'
     )
+
+
+def test_dra_extended_resource_pod_gets_its_special_claim(apiserver: Any) -> None:
+    """DRAExtendedResource: `nvidia.com/gpu` backed by the gpu.nvidia.com class (extendedResourceName), as NVIDIA's
+    Helm chart sets it; the node has no device plugin allocatable, so only DRA can serve the pod."""
+    from controller.extended import EXTENDED_CLAIM_ANNOTATION
+    from gpudra.features import Features
+
+    api = apiserver.api
+    cls = gpu_class("gpu.nvidia.com")
+    cls["spec"]["extendedResourceName"] = "nvidia.com/gpu"
+    create_all(api, [cls, node("node-a"), *sim_slices("node-a"), pod("legacy", gpus=2)])
+    report = manager(api, features=Features(extended_resource=True)).step()
+    assert report.pods_bound == 1
+    legacy = api.get("Pod", "legacy", "default")
+    (special,) = claims_of(api).values()
+    meta = special["metadata"]
+    assert meta["name"].startswith("legacy-extended-resources-") and meta["annotations"] == {EXTENDED_CLAIM_ANNOTATION: "true"}
+    assert special["spec"]["devices"]["requests"] == [
+        {"name": "container-0-request-0", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 2}}
+    ]
+    assert len(devices_of(special)) == 2 and node_of(special) == legacy["spec"]["nodeName"] == "node-a"
+    assert legacy["status"]["extendedResourceClaimStatus"] == {
+        "resourceClaimName": meta["name"],
+        "requestMappings": [{"containerName": "main", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"}],
+    }
+    assert special["status"]["reservedFor"] == [{"resource": "pods", "name": "legacy", "uid": legacy["metadata"]["uid"]}]
