@@ -121,6 +121,7 @@ class PlannedDevice:
     target: DeviceTarget
     config: GpuConfig | None
     parameters: Mapping[str, Any] | None  # the winning opaque parameters, kept in the checkpoint
+    consumed: Mapping[str, str] | None = None  # consumedCapacity of a GPU shared by capacity
 
 
 @dataclass(frozen=True)
@@ -184,10 +185,20 @@ def plan_claim(
             config = select(candidates, request, MIG_DEVICE if is_mig else GPU_DEVICE)
         except ConfigError as exc:
             return f"{ref}: device {name}: " + "; ".join(exc.errors)
+        parameters = raw_by_config[id(config)] if config is not None else None
+        consumed = r.get("consumedCapacity") or None
+        if consumed and not is_mig:
+            # A GPU shared by capacity: the claim's part is enforced through MPS, whatever else was configured.
+            consumed = {str(k): str(v) for k, v in consumed.items()}
+            parameters = sharing.capacity_parameters(consumed)
+            try:
+                config = parse(parameters)
+            except ConfigError as exc:
+                return f"{ref}: device {name}: status.allocation.devices.results consumedCapacity: " + "; ".join(exc.errors)
         planned.append(
             PlannedDevice(
                 request=_base_request(request), device_name=name, share_id=r.get("shareID"), target=target,
-                config=config, parameters=raw_by_config[id(config)] if config is not None else None,
+                config=config, parameters=parameters, consumed=consumed if consumed and not is_mig else None,
             )
         )
     return Plan(ref=ref, pool=pool_name, devices=tuple(planned))
@@ -340,6 +351,7 @@ class Preparer:
                 cdi_device_ids=[cdi.qualified_id(cdi.cdi_device_name(ref.uid, p.device_name))],
                 share_id=p.share_id, uuid=p.target.uuid, gpu_uuid=p.target.gpu.uuid,
                 sharing=dict(p.parameters) if p.parameters is not None else None,
+                consumed_capacity=dict(p.consumed) if p.consumed is not None else None,
                 mig_created=(
                     MigCreation(
                         profile_id=p.target.placement[0].profile_id, profile=p.target.placement[0].name,
@@ -525,7 +537,10 @@ class Preparer:
         out = []
         for config, devices in self._groups(record):
             if sharing.is_mps(config):
-                dirs = sharing.mps_dirs(self._mps_root, record.uid, len(out))
+                dirs = (
+                    sharing.shared_mps_dirs(self._mps_root, devices[0].gpu_uuid) if _by_capacity(devices)
+                    else sharing.mps_dirs(self._mps_root, record.uid, len(out))
+                )
                 out.append(
                     MpsDaemonRecord(pipe_dir=str(dirs.pipe), log_dir=str(dirs.log), device_names=[d.device_name for d in devices])
                 )
@@ -547,7 +562,7 @@ class Preparer:
         for config, devices in self._groups(record):
             dirs = self._mps_dirs(record, config, devices)
             if dirs is not None and config is not None and not self._sharing.mps_running(dirs):
-                sharing.start_mps(self._sharing, config, self._shared_devices(devices), dirs)
+                sharing.start_mps(self._sharing, config, self._shared_devices(devices), dirs, shared=_by_capacity(devices))
                 log.warning(
                     "event=mps-daemon-restarted claim=%s/%s uid=%s pipe_dir=%s", record.namespace, record.name, record.uid, dirs.pipe,
                 )
@@ -572,7 +587,7 @@ class Preparer:
             if config is not None:
                 dirs = self._mps_dirs(record, config, devices)
                 backend: sharing.SharingBackend = self._sharing if reapply_sharing else _NoHardware()
-                container = sharing.apply(backend, config, self._shared_devices(devices), dirs)
+                container = sharing.apply(backend, config, self._shared_devices(devices), dirs, shared=_by_capacity(devices))
                 for note in container.notes:
                     log.warning("event=sharing-note claim=%s/%s uid=%s note=%r", record.namespace, record.name, record.uid, note)
             for d in devices:
@@ -625,6 +640,10 @@ class Preparer:
         try:
             for config, devices in groups:
                 dirs = self._mps_dirs(record, config, devices)
+                if _by_capacity(devices) and any(
+                    d.consumed_capacity is not None and d.gpu_uuid == devices[0].gpu_uuid for r in others for d in r.devices
+                ):
+                    dirs = None  # the GPU's shared daemon still serves other claims
                 for note in sharing.undo(self._sharing, config, still_shared, self._shared_devices(devices), dirs):
                     log.warning("event=sharing-note claim=%s/%s uid=%s note=%r", record.namespace, record.name, record.uid, note)
         except sharing.SharingError as exc:
@@ -640,6 +659,11 @@ class Preparer:
         )
         self._fault("unprepare-committed")
         return ""
+
+
+def _by_capacity(devices: Sequence[PreparedDevice]) -> bool:
+    """Devices of a GPU shared by capacity: served by that GPU's one MPS daemon."""
+    return any(d.consumed_capacity is not None for d in devices)
 
 
 class _NoHardware:

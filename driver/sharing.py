@@ -155,15 +155,37 @@ def _gpus(devices: Sequence[SharedDevice]) -> list[str]:
     return sorted({d.gpu_uuid for d in devices})
 
 
-def start_mps(backend: SharingBackend, config: GpuConfig, devices: Sequence[SharedDevice], dirs: MpsDirs) -> bool:
-    """Make sure the daemon runs with the config's limits; True if it had to be started."""
+def shared_mps_dirs(mps_root: Path, gpu_uuid: str) -> MpsDirs:
+    """The one MPS daemon of a GPU shared by capacity: every claim on that GPU is a client of it."""
+    base = mps_root / "shared" / gpu_uuid
+    return MpsDirs(pipe=base / "pipe", log=base / "log")
+
+
+def capacity_parameters(consumed: Mapping[str, Any]) -> dict[str, Any]:
+    """The MPS config that enforces a claim's part of a GPU shared by capacity: its `computeShare` as the active
+    thread percentage and its `memory` as the pinned device memory limit (what the scheduler counted)."""
+    from gpudra.deviceconfig import API_VERSION, KIND
+
+    mps: dict[str, Any] = {"defaultActiveThreadPercentage": int(str(consumed.get("computeShare", "100")))}
+    if consumed.get("memory") is not None:
+        mps["defaultPinnedDeviceMemoryLimit"] = str(consumed["memory"])
+    return {"apiVersion": API_VERSION, "kind": KIND, "sharing": {"strategy": "MPS", "mpsConfig": mps}}
+
+
+def start_mps(
+    backend: SharingBackend, config: GpuConfig, devices: Sequence[SharedDevice], dirs: MpsDirs, *, shared: bool = False
+) -> bool:
+    """Make sure the daemon runs with the config's limits; True if it had to be started.
+
+    `shared`: the GPU's daemon for claims sharing it by capacity. It gets no default limits (they would apply to
+    every claim's clients); each claim's limits reach its own clients through their environment."""
     for gpu in _gpus(devices):
         backend.set_compute_mode(gpu, COMPUTE_MODE_EXCLUSIVE_PROCESS)
     dirs.pipe.mkdir(parents=True, exist_ok=True)
     dirs.log.mkdir(parents=True, exist_ok=True)
     if backend.mps_running(dirs):
         return False
-    limits_commands = mps_commands(config, devices)  # a bad per-device key fails before anything starts
+    limits_commands = [] if shared else mps_commands(config, devices)  # a bad per-device key fails before anything starts
     backend.mps_start(dirs, sorted(d.uuid for d in devices))
     # Defaults apply to MPS servers the daemon starts later, i.e. to the claim's first client onwards.
     for command in limits_commands:
@@ -172,7 +194,8 @@ def start_mps(backend: SharingBackend, config: GpuConfig, devices: Sequence[Shar
 
 
 def apply(
-    backend: SharingBackend, config: GpuConfig | None, devices: Sequence[SharedDevice], mps: MpsDirs | None
+    backend: SharingBackend, config: GpuConfig | None, devices: Sequence[SharedDevice], mps: MpsDirs | None,
+    *, shared: bool = False,
 ) -> ContainerSharing:
     """Apply one config to the devices it covers (idempotent: re-applying after a reboot is safe).
 
@@ -193,7 +216,7 @@ def apply(
         return ContainerSharing(notes=tuple(notes))
     if mps is None:
         raise SharingError("an MPS config needs the MPS control daemon's directories")
-    start_mps(backend, config, devices, mps)
+    start_mps(backend, config, devices, mps, shared=shared)
     env = {"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE_IN_CONTAINER, "CUDA_MPS_LOG_DIRECTORY": MPS_LOG_IN_CONTAINER}
     settings = config.sharing.mps
     if settings is not None:

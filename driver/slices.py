@@ -76,6 +76,9 @@ class SliceSettings:
     extra_taints: Mapping[str, Sequence[Mapping[str, str]]] = field(default_factory=dict)
     # When set, every slice is owned by the Node so that deleting the Node garbage-collects them.
     node_uid: str | None = None
+    # DRAConsumableCapacity: full GPUs are shared by capacity (allowMultipleAllocations; `memory` and
+    # `computeShare` consumed per claim, enforced at prepare through MPS client limits).
+    shared_capacity: bool = False
 
     def __post_init__(self) -> None:
         if not _is_dns_subdomain(self.node_name, MAX_SLICE_NAME):
@@ -90,6 +93,9 @@ class SliceSettings:
             )
         if self.generation < 0:
             raise ValueError(f"SliceSettings.generation {self.generation}: must be >= 0")
+        if self.shared_capacity and self.partitionable:
+            raise ValueError("SliceSettings: shared capacity and partitionable devices exclude each other (a full GPU "
+                             "shared by capacity cannot also be split into MIG placements)")
 
 
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -266,10 +272,29 @@ def _gpu_device(gpu: Gpu, inv: Inventory, settings: SliceSettings) -> dict[str, 
         "attributes": attrs,
         "capacity": {"memory": {"value": binary_quantity(gpu.memory_bytes)}},
     }
+    if settings.shared_capacity and not settings.partitionable:
+        device.update(shared_capacity(gpu))
     taints = _taints_for(name, health_taints(gpu.health, settings.driver_name), settings)
     if taints:
         device["taints"] = taints
     return device
+
+
+# The compute share of a GPU shared by capacity, in percent: what MPS's active thread percentage limits.
+COMPUTE_SHARE = "computeShare"
+
+
+def shared_capacity(gpu: Gpu) -> dict[str, Any]:
+    """A full GPU that several claims share by capacity: each takes `memory` (whole GiB, the whole GPU when it
+    asks for none) and `computeShare` (1..100 percent, all of it when it asks for none)."""
+    memory = binary_quantity(gpu.memory_bytes)
+    return {
+        "allowMultipleAllocations": True,
+        "capacity": {
+            "memory": {"value": memory, "requestPolicy": {"default": memory, "validRange": {"min": "1Gi", "step": "1Gi"}}},
+            COMPUTE_SHARE: {"value": "100", "requestPolicy": {"default": "100", "validRange": {"min": "1", "max": "100", "step": "1"}}},
+        },
+    }
 
 
 def _mig_attributes(gpu: Gpu, inv: Inventory, profile: str, uuid: str | None) -> dict[str, dict[str, Any]]:

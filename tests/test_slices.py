@@ -603,10 +603,11 @@ def _doc_selectors() -> list[str]:
 
 def test_every_documented_selector_compiles_and_matches_a_published_device() -> None:
     gpus = [
-        replace(h100(0), fabric_cluster_uuid="5a2b8c3d-0000-1111-2222-333344445555", fabric_clique_id=7),
+        replace(h100(0), fabric_cluster_uuid="5a2b8c3d-0000-1111-2222-333344445555", fabric_clique_id=7, addressing_mode="ATS"),
         with_mig(h100(1), [("3g.40gb", 0), ("1g.10gb+me", 6)]),
     ]
     published = devices(build_slices(inventory(gpus + [t4(0)]), settings()))
+    published += devices(build_slices(inventory([h100(2)]), settings(shared_capacity=True)))
     published += devices(build_slices(inventory(gpus), settings(partitionable=True)))
     views = [DeviceView.from_slice_device("gpu.nvidia.com", d) for d in published]
     env = CelEnvironment()
@@ -620,9 +621,9 @@ def test_every_documented_selector_compiles_and_matches_a_published_device() -> 
 
 def test_every_published_attribute_and_capacity_is_documented() -> None:
     documented = set(re.findall(r"^\| `([^`]+)` \|", DOC.read_text(), re.M))
-    gpus = [replace(h100(0), fabric_cluster_uuid="c", fabric_clique_id=7), with_mig(h100(1), [("3g.40gb", 0)]), t4(0)]
-    for part in (False, True):
-        for d in devices(build_slices(inventory(gpus), settings(partitionable=part))):
+    gpus = [replace(h100(0), fabric_cluster_uuid="c", fabric_clique_id=7, addressing_mode="HMM"), with_mig(h100(1), [("3g.40gb", 0)]), t4(0)]
+    for part, shared in ((False, False), (True, False), (False, True)):
+        for d in devices(build_slices(inventory(gpus), settings(partitionable=part, shared_capacity=shared))):
             assert set(d["attributes"]) | set(d.get("capacity", {})) <= documented, d["name"]
 
 

@@ -45,6 +45,11 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="extended resource name the device plugin serves (default nvidia.com/gpu)",
     )
     parser.add_argument("--partitionable", action="store_true", help="publish MIG-capable GPUs as partitionable devices")
+    parser.add_argument(
+        "--shared-capacity", action="store_true",
+        help="publish full GPUs shared by capacity (memory, computeShare; DRAConsumableCapacity); prepare enforces each "
+             "claim's part with MPS limits",
+    )
     parser.add_argument("--reserved-gpus", default="", help="comma-separated GPU UUIDs kept for the device plugin (not published)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     parser.add_argument(
@@ -85,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.host_driver_root.startswith("/"):
         print(f"error: --host-driver-root: {args.host_driver_root!r}: expected an absolute path on the host", file=sys.stderr)
         return 2
+    if args.shared_capacity and args.partitionable:
+        print("error: --shared-capacity and --partitionable exclude each other: a GPU shared by capacity cannot also "
+              "be split into MIG placements", file=sys.stderr)
+        return 2
     reserved = frozenset(u.strip() for u in args.reserved_gpus.split(",") if u.strip())
     bad = sorted(u for u in reserved if not u.startswith("GPU-"))
     if bad:
@@ -116,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     settings = AgentSettings(
         node_name=args.node, driver_name=args.driver_name, kubelet_dir=Path(args.kubelet_dir), cdi_dir=Path(args.cdi_dir),
-        partitionable=args.partitionable, reserved_uuids=reserved, metrics_port=args.metrics_port,
+        partitionable=args.partitionable, shared_capacity=args.shared_capacity, reserved_uuids=reserved,
+        metrics_port=args.metrics_port,
         driver_root=_driver_root(args), host_driver_root=args.host_driver_root,
     )
     agent = NodeAgent(

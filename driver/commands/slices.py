@@ -27,6 +27,11 @@ def register(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="publish MIG-capable GPUs as shared counters plus every MIG placement (DRAPartitionableDevices)",
     )
+    parser.add_argument(
+        "--shared-capacity",
+        action="store_true",
+        help="publish full GPUs shared by capacity: memory and computeShare per claim (DRAConsumableCapacity)",
+    )
     parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
 
 
@@ -39,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         settings = SliceSettings(
-            node_name=args.node, driver_name=args.driver_name, partitionable=args.partitionable
+            node_name=args.node, driver_name=args.driver_name, partitionable=args.partitionable,
+            shared_capacity=args.shared_capacity,
         )
     except ValueError as err:
         print(f"gpu-dra slices: {err}", file=sys.stderr)

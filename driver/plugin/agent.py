@@ -63,6 +63,7 @@ class AgentSettings:
     kubelet_dir: Path
     cdi_dir: Path
     partitionable: bool = False
+    shared_capacity: bool = False  # full GPUs shared by capacity (DRAConsumableCapacity)
     reserved_uuids: frozenset[str] = frozenset()
     metrics_port: int | None = None
     watch_seconds: float = 1.0
@@ -204,7 +205,7 @@ class NodeAgent:
             SliceSettings(
                 node_name=self.settings.node_name, driver_name=self.settings.driver_name,
                 partitionable=self.settings.partitionable, reserved_uuids=self.settings.reserved_uuids,
-                extra_taints=self.extra_taints(),
+                extra_taints=self.extra_taints(), shared_capacity=self.settings.shared_capacity,
             ),
         )
 
