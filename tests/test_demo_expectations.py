@@ -84,6 +84,9 @@ def test_pod_claim_names_wait_for_generated_names() -> None:
     assert pod_claim_names(pod) is None
     pod["status"] = {"resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": "p-gpus-abcde"}]}
     assert pod_claim_names(pod) == ["p-gpus-abcde", "fixed"]
+    # DRAExtendedResource: the scheduler's special claim is named in the pod's status.
+    pod["status"]["extendedResourceClaimStatus"] = {"resourceClaimName": "p-extended-resources-xyz12", "requestMappings": []}
+    assert pod_claim_names(pod) == ["p-gpus-abcde", "fixed", "p-extended-resources-xyz12"]
 
 
 def test_apply_order_and_node_object() -> None:

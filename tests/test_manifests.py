@@ -51,7 +51,7 @@ def test_every_kustomization_lists_existing_files() -> None:
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-@pytest.mark.parametrize("overlay", ["", "extended-resource", "kind/overlay"])
+@pytest.mark.parametrize("overlay", ["", "extended-resource", "kind/overlay", "shared-capacity"])
 def test_kustomization_builds(overlay: str) -> None:
     out = subprocess.run(
         ["kubectl", "kustomize", str(MANIFESTS / overlay)], capture_output=True, text=True, timeout=60, check=True
@@ -65,5 +65,12 @@ def test_kustomization_builds(overlay: str) -> None:
     has_extended_class = any(o["kind"] == "DeviceClass" and o["spec"].get("extendedResourceName") for o in objects)
     assert has_extended_class == (overlay == "extended-resource")
     assert ("--device-plugin" in args) != has_extended_class
+    # GFD labels are on everywhere, with the RBAC to patch the agent's Node; sharing by capacity only in its overlay.
+    assert "--node-labels" in args and ("--shared-capacity" in args) == (overlay == "shared-capacity")
+    role = next(o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "gpu-dra-node-agent")
+    assert any("nodes" in r["resources"] and "patch" in r["verbs"] for r in role["rules"])
+    if has_extended_class:
+        (cls,) = [o for o in objects if o["kind"] == "DeviceClass" and o["spec"].get("extendedResourceName")]
+        assert (cls["metadata"]["name"], cls["spec"]["extendedResourceName"]) == ("gpu.nvidia.com", "nvidia.com/gpu")
     for obj in objects:
         kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)

@@ -98,6 +98,10 @@ def pod_claim_names(pod: Mapping[str, Any]) -> list[str] | None:
             if not generated:
                 return None
             names.append(str(generated))
+    # DRAExtendedResource: the scheduler's special claim for extended resources backed by a DeviceClass.
+    extended = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if extended:
+        names.append(str(extended))
     return names
 
 
