@@ -163,6 +163,29 @@ spec:
     _pod("gpu-test3", "pod2", [("ctr", None)], [{"name": "shared-gpu", "ref": "resourceClaimName", "value": "single-gpu"}], "shared-gpu"),
 ])
 
+# gpu-test7: one pod, two containers, each with its own claim from one template.
+GPU_TEST7 = "---".join([
+    _ns("gpu-test7"),
+    _template("gpu-test7", "single-gpu", ONE_GPU),
+    "\n" + yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": "gpu-test7", "name": "gpu-pod"}, "spec": {
+        "containers": [{"name": f"ctr{i}", "image": "ubuntu:22.04", "resources": {"claims": [{"name": f"gpu{i}"}]}} for i in (0, 1)],
+        "resourceClaims": [{"name": f"gpu{i}", "resourceClaimTemplateName": "single-gpu"} for i in (0, 1)],
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    }}),
+])
+
+# gpu-test8: one pod, one claim with two GPUs.
+GPU_TEST8 = "---".join([
+    _ns("gpu-test8"),
+    _template("gpu-test8", "double-gpu", """      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpu.nvidia.com
+          count: 2
+"""),
+    _pod("gpu-test8", "gpu-pod", [("ctr0", None)], [{"name": "twogpus", "ref": "resourceClaimTemplateName", "value": "double-gpu"}], "twogpus"),
+])
+
 
 def _mig_request(name: str, profile: str) -> str:
     return f"""      - name: {name}
@@ -434,8 +457,10 @@ def _allocate(tmp: Path, capsys: pytest.CaptureFixture[str], node: SimNode, spec
         (GPU_TEST1, ["gpu-test1/pod1-gpu", "gpu-test1/pod2-gpu"]),
         (GPU_TEST2, ["gpu-test2/pod-shared-gpu"]),
         (GPU_TEST3, ["gpu-test3/single-gpu"]),
+        (GPU_TEST7, ["gpu-test7/gpu-pod-gpu0", "gpu-test7/gpu-pod-gpu1"]),
+        (GPU_TEST8, ["gpu-test8/gpu-pod-twogpus"]),
     ],
-    ids=["gpu-test1", "gpu-test2", "gpu-test3"],
+    ids=["gpu-test1", "gpu-test2", "gpu-test3", "gpu-test7", "gpu-test8"],
 )
 def test_plain_gpu_specs(tmp: Path, capsys: pytest.CaptureFixture[str], spec: str, claims: list[str], classes: str) -> None:
     node = SimNode(tmp, "dgx-a100-40gb")
@@ -443,7 +468,7 @@ def test_plain_gpu_specs(tmp: Path, capsys: pytest.CaptureFixture[str], spec: st
     assert [r["claim"] for r in results] == claims
     node.prepare(results)
     uuids = [u for r in results for u in node.uuid_of(r)]
-    assert len(set(uuids)) == len(claims)  # distinct full GPUs
+    assert len(set(uuids)) == len(uuids) == len(claims) + (1 if spec is GPU_TEST8 else 0)  # distinct full GPUs
     assert all(r["allocation"]["devices"]["results"][0]["device"].startswith("gpu-") for r in results)
 
 
@@ -626,3 +651,45 @@ def test_extended_resource_pod_gets_a_dra_claim_offline(tmp: Path, capsys: pytes
         "Pod default/legacy: asks for an extended resource backed by DeviceClass(es) gpu.nvidia.com (DRAExtendedResource), "
         "but that feature gate is off; pass --feature DRAExtendedResource"
     )
+
+
+# NVIDIA's demo/specs/extended-resources shapes: `nvidia.com/gpu` through gpu.nvidia.com, and a MIG profile through
+# a DeviceClass of its own with `extendedResourceName: nvidia.com/mig-<profile>`.
+MIG_EXTENDED = """
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: mig-1g-10gb.gpu.nvidia.com
+spec:
+  selectors:
+  - cel:
+      expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig' && device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"
+  extendedResourceName: nvidia.com/mig-1g.10gb
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  namespace: default
+  name: mig-pod
+spec:
+  restartPolicy: Never
+  containers:
+  - name: cuda-container
+    image: ubuntu:22.04
+    resources:
+      limits:
+        nvidia.com/mig-1g.10gb: 1
+"""
+
+
+def test_extended_resource_mig_profile_class(tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    node = SimNode(tmp, "h100-mig")
+    spec_file = _write(tmp, "spec.yaml", HELM_CLASSES, MIG_EXTENDED)
+    rc, doc = _run(capsys, "validate", "-f", spec_file)
+    assert rc == 0, doc
+    rc, doc = _run(capsys, "allocate", "-f", spec_file, node.slices_file(tmp), "--feature", "DRAExtendedResource")
+    assert rc == 0, doc
+    (result,) = doc["results"]
+    (device,) = result["allocation"]["devices"]["results"]
+    assert result["claim"] == "default/mig-pod-extended-resources" and "-mig-1g-10gb-" in device["device"]
+    node.prepare([result])
