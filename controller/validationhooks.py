@@ -44,6 +44,8 @@ def _requests(spec: Mapping[str, Any], path: str) -> list[tuple[str, Any]]:
         if not isinstance(request, Mapping):
             continue
         rpath = f"{path}.devices.requests[{i}]"
+        if "deviceClassName" in request:  # resource.k8s.io/v1beta1 keeps the request's fields flat
+            out.append((f"{rpath}.deviceClassName", request.get("deviceClassName")))
         if isinstance(request.get("exactly"), Mapping):
             out.append((f"{rpath}.exactly.deviceClassName", request["exactly"].get("deviceClassName")))
         for j, sub in enumerate(request.get("firstAvailable") or []):
