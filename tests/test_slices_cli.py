@@ -97,3 +97,13 @@ def test_invalid_driver_name_is_a_usage_error(capsys: pytest.CaptureFixture[str]
     code, _, err = run_cli(capsys, "--nvml", "sim:t4-1", "--node", "n1", "--driver-name", "Not A Driver")
     assert code == 2
     assert "driver_name 'Not A Driver'" in err
+
+
+def test_shared_capacity(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "--nvml", "sim:l40s-4", "--node", "n1", "--shared-capacity", "-o", "json")
+    assert code == 0
+    devices = all_devices(json.loads(out))
+    assert len(devices) == 4 and all(d["allowMultipleAllocations"] for d in devices)
+    assert {d["capacity"]["computeShare"]["value"] for d in devices} == {"100"}
+    code, _, err = run_cli(capsys, "--nvml", "sim:t4-1", "--node", "n1", "--shared-capacity", "--partitionable")
+    assert code == 2 and "exclude each other" in err
