@@ -399,12 +399,27 @@ class SimNode:
         self.tmp = tmp
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         (tmp / "boot_id").write_text("boot-1")
-        checkpoint, report = Checkpoint.open(tmp / "plugin", boot_id_path=tmp / "boot_id")
-        self.preparer = Preparer(
+        self.crash_at: str | None = None
+        self.preparer = self._new()
+
+    def _new(self) -> Preparer:
+        checkpoint, report = Checkpoint.open(self.tmp / "plugin", boot_id_path=self.tmp / "boot_id")
+        preparer = Preparer(
             driver_name=DRIVER, node_name=NODE, get_claim=self._get, inventory=lambda: discover(self.nvml, NODE),
-            checkpoint=checkpoint, cdi_dir=tmp / "cdi", sharing_backend=NvmlSharing(self.nvml), mps_root=tmp / "mps",
+            checkpoint=checkpoint, cdi_dir=self.tmp / "cdi", sharing_backend=NvmlSharing(self.nvml),
+            mps_root=self.tmp / "mps", fault_hook=self._hook,
         )
-        self.preparer.start(report)
+        self.start_report = preparer.start(report)
+        return preparer
+
+    def _hook(self, step: str) -> None:
+        if step == self.crash_at:
+            raise RuntimeError(f"crash at {step}")
+
+    def restart(self) -> None:
+        """The node agent restarting: a new Preparer over the same checkpoint, CDI and MPS directories."""
+        self.preparer.checkpoint.close()
+        self.preparer = self._new()
 
     def _get(self, namespace: str, name: str) -> Mapping[str, Any]:
         try:
@@ -415,10 +430,10 @@ class SimNode:
     def slices_file(self, tmp: Path) -> str:
         return _write(tmp, "slices.yaml", yaml.safe_dump_all(_slices(self.nvml)))
 
-    def prepare(self, results: list[dict[str, Any]]) -> dict[str, ClaimRef]:
+    def prepare(self, results: list[dict[str, Any]], first_uid: int = 0) -> dict[str, ClaimRef]:
         """Prepare every allocated claim; all must succeed. Returns claim key -> ref."""
         refs = {}
-        for i, r in enumerate(results):
+        for i, r in enumerate(results, start=first_uid):
             ns, name = r["claim"].split("/")
             uid = f"uid-{i}"
             self.claims[(ns, name)] = {"metadata": {"namespace": ns, "name": name, "uid": uid}, "status": {"allocation": r["allocation"]}}

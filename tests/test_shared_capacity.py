@@ -14,6 +14,7 @@ import yaml
 
 from cli.main import main
 from driver.cdi import SPEC_PREFIX
+from driver.prepare import ClaimRef
 from driver.sharing import COMPUTE_MODE_DEFAULT, COMPUTE_MODE_EXCLUSIVE_PROCESS, shared_mps_dirs
 from driver.slices import SliceSettings, build_slices
 from driver.discovery import discover
@@ -103,3 +104,31 @@ def test_two_claims_share_a_gpu_a_third_is_refused_and_mps_limits_each(tmp: Path
     assert node.preparer.unprepare([second]) == {second.uid: ""}
     assert not node.nvml.mps_daemon(shared_mps_dirs(tmp / "mps", gpu)).running
     assert node.nvml.nvmlDeviceGetComputeMode(handle) == COMPUTE_MODE_DEFAULT
+
+
+def test_shared_daemon_survives_restarts_and_a_rolled_back_claim(tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    node = SimNode(tmp, "t4-1")
+    slices = build_slices(discover(node.nvml, NODE), SliceSettings(node_name=NODE, driver_name=DRIVER, shared_capacity=True))
+    path = tmp / "in.yaml"
+    path.write_text(HELM_CLASSES + "\n---\n" + yaml.safe_dump_all([*slices, _claim("a", "8Gi", "50"), _claim("b", "6Gi", "40")]))
+    assert main(["allocate", "-f", str(path), "--feature", "DRAConsumableCapacity", "-o", "json"]) == 0
+    a, b = json.loads(capsys.readouterr().out)["results"]
+    node.prepare([a])
+    (gpu,) = node.uuid_of(a)
+    dirs = shared_mps_dirs(tmp / "mps", gpu)
+    # A second claim whose prepare dies after its spec was written: rolled back, the first claim's daemon stays.
+    node.crash_at = "cdi-written"
+    ns, name = b["claim"].split("/")
+    node.claims[(ns, name)] = {"metadata": {"namespace": ns, "name": name, "uid": "uid-b"}, "status": {"allocation": b["allocation"]}}
+    ref_b = ClaimRef("uid-b", ns, name)
+    assert "crash at cdi-written" in node.preparer.prepare([ref_b])["uid-b"].error
+    node.crash_at = None
+    node.restart()
+    assert node.preparer.checkpoint.claim("uid-b") is None and node.start_report.problems == []
+    daemon = node.nvml.mps_daemon(dirs)
+    assert daemon is not None and daemon.running and daemon.starts == 1
+    # The daemon dies with the agent down: the restarted agent starts it again for the claim that uses it.
+    node.nvml.kill_mps(dirs)
+    node.restart()
+    assert node.start_report.mps_restarted == ["uid-0"]
+    assert node.nvml.mps_daemon(dirs).running and node.nvml.mps_daemon(dirs).starts == 2
