@@ -91,7 +91,7 @@ class MpsConfig(BaseModel):
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
     default_active_thread_percentage: int | None = None
     default_pinned_device_memory_limit: Quantity | None = None
-    # Keyed by GPU index ("0") or UUID; overrides the default for that device.
+    # Keyed by one of the daemon's device UUIDs or an index into them sorted by UUID; overrides the default.
     default_per_device_pinned_memory_limit: dict[str, Quantity] = Field(default_factory=dict)
 
     def pinned_limits_mib(self, uuids: list[str] | tuple[str, ...]) -> dict[str, int]:
