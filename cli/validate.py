@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from gpudra import DEFAULT_DRIVER_NAME
-from gpudra.manifests import InputError, load_objects, object_label
+from gpudra.manifests import InputError, fill_namespace, load_objects, object_label
 from gpudra.validation import FieldError, validate_object
 from gpudra.validation.common import CelChecker, OpaqueValidators
 from controller.validationhooks import cel_checker, opaque_validators, unsupported_class_errors
@@ -20,6 +20,8 @@ from controller.validationhooks import cel_checker, opaque_validators, unsupport
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--filename", dest="files", action="extend", nargs="+", required=True, metavar="FILE",
                         help="YAML or JSON manifest (multi-document and `kind: List` allowed; `-` for stdin); repeatable")
+    parser.add_argument("-n", "--namespace", default="default",
+                        help="namespace of namespaced objects that name none (as kubectl apply -n; default: default)")
     parser.add_argument("-o", "--output", choices=["json", "text"], default="text", help="output format (default text)")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
                         help=f"driver whose opaque parameters are checked with our config schema (default {DEFAULT_DRIVER_NAME})")
@@ -46,7 +48,7 @@ def validate_all(objects: list[dict[str, Any]], cel: CelChecker | None, opaque: 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        objects = load_objects(args.files)
+        objects = fill_namespace(load_objects(args.files), args.namespace)
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

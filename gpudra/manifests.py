@@ -88,3 +88,22 @@ def object_label(obj: Any) -> str:
     name = str(meta.get("name") or meta.get("generateName") or "")
     namespace = meta.get("namespace")
     return f"{kind}/{namespace}/{name}" if namespace else f"{kind}/{name}"
+
+
+# Kinds gpu-dra reads that live in a namespace (what kubectl fills in from -n or its context when a manifest
+# names none); everything else it reads (Node, DeviceClass, ResourceSlice, ...) is cluster-scoped.
+NAMESPACED_INPUT_KINDS = frozenset({
+    "ResourceClaim", "ResourceClaimTemplate", "Pod", "Deployment", "ReplicaSet", "StatefulSet", "Job", "ResourceQuota",
+})
+
+
+def fill_namespace(objects: Sequence[dict[str, Any]], namespace: str) -> list[dict[str, Any]]:
+    """Objects of namespaced kinds without metadata.namespace get `namespace`, as `kubectl apply -n` does
+    (manifests written for kubectl often name none). Returns new dicts; the input is not modified."""
+    out = []
+    for obj in objects:
+        meta = obj.get("metadata")
+        if obj.get("kind") in NAMESPACED_INPUT_KINDS and isinstance(meta, dict) and not meta.get("namespace"):
+            obj = {**obj, "metadata": {**meta, "namespace": namespace}}
+        out.append(obj)
+    return out

@@ -708,3 +708,65 @@ def test_extended_resource_mig_profile_class(tmp: Path, capsys: pytest.CaptureFi
     (device,) = result["allocation"]["devices"]["results"]
     assert result["claim"] == "default/mig-pod-extended-resources" and "-mig-1g-10gb-" in device["device"]
     node.prepare([result])
+
+
+# The shape of NVIDIA's tests/bats specs: no metadata.namespace (they are applied with kubectl -n), a MIG
+# device chosen by capacity, a MigDeviceConfig.
+MIG_TS_NO_NAMESPACE = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: rct-mig1g-ts
+spec:
+  spec:
+    devices:
+      requests:
+      - name: mig1gts
+        exactly:
+          deviceClassName: mig.nvidia.com
+          selectors:
+          - cel:
+              expression: |
+                device.capacity['gpu.nvidia.com'].multiprocessors.isGreaterThan(quantity("10"))
+      config:
+      - requests: ["mig1gts"]
+        opaque:
+          driver: gpu.nvidia.com
+          parameters:
+            apiVersion: resource.nvidia.com/v1beta1
+            kind: MigDeviceConfig
+            sharing:
+              strategy: TimeSlicing
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: pod-mig1g
+spec:
+  containers:
+  - name: ctr
+    image: ubuntu:24.04
+    resources:
+      claims:
+      - name: migdev
+  resourceClaims:
+  - name: migdev
+    resourceClaimTemplateName: rct-mig1g-ts
+"""
+
+
+@pytest.mark.parametrize("namespace", [None, "batssuite"])
+def test_manifests_without_namespace_take_the_given_one(
+    tmp: Path, capsys: pytest.CaptureFixture[str], namespace: str | None,
+) -> None:
+    node = SimNode(tmp, "dgx-a100-40gb")
+    spec_file = _write(tmp, "spec.yaml", HELM_CLASSES, MIG_TS_NO_NAMESPACE)
+    flag = ["-n", namespace] if namespace else []
+    rc, doc = _run(capsys, "validate", "-f", spec_file, *flag)
+    assert rc == 0, doc
+    assert "ResourceClaimTemplate/" + (namespace or "default") + "/rct-mig1g-ts" in [r["object"] for r in doc["results"]]
+    rc, doc = _run(capsys, "allocate", "-f", spec_file, node.slices_file(tmp), *flag)
+    assert rc == 0, doc
+    (result,) = doc["results"]
+    assert result["claim"] == f"{namespace or 'default'}/pod-mig1g-migdev"
+    node.prepare([result])  # a MigDeviceConfig with TimeSlicing applies to the MIG device

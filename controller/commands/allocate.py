@@ -19,6 +19,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--feature", action="append", default=[], metavar="GATE[=true|false]",
                         help="feature gate (Kubernetes 1.35 defaults otherwise), e.g. DRAPartitionableDevices")
     parser.add_argument("--policy", choices=["binpack", "spread"], default="binpack", help="node scoring policy")
+    parser.add_argument("-n", "--namespace", default="default",
+                        help="namespace of namespaced objects that name none (as kubectl apply -n; default: default)")
     parser.add_argument("-o", "--output", choices=["json", "yaml", "table"], default="table")
 
 
@@ -27,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         features = Features.parse(args.feature)
     except FeatureGateError as exc:
         return report_input_errors([str(exc)], args.output)
-    inputs = read_inputs(args.files, strict=False)
+    inputs = read_inputs(args.files, strict=False, namespace=args.namespace)
     if inputs.errors:
         return report_input_errors(inputs.errors, args.output)
     report_warnings(inputs.warnings)

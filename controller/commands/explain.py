@@ -16,6 +16,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="YAML/JSON with Node, DeviceClass, ResourceSlice, ResourceClaim(Template), Pod objects (repeatable)")
     parser.add_argument("--feature", action="append", default=[], metavar="GATE[=true|false]",
                         help="feature gate (Kubernetes 1.35 defaults otherwise)")
+    parser.add_argument("-n", "--namespace", default="default",
+                        help="namespace of namespaced objects that name none (as kubectl apply -n; default: default)")
     parser.add_argument("-o", "--output", choices=["json", "table"], default="table")
 
 
@@ -24,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
         features = Features.parse(args.feature)
     except FeatureGateError as exc:
         return report_input_errors([str(exc)], args.output)
-    inputs = read_inputs(args.files)
+    inputs = read_inputs(args.files, namespace=args.namespace)
     if inputs.errors:
         return report_input_errors(inputs.errors, args.output)
     try:
