@@ -20,8 +20,9 @@ from controller.validationhooks import cel_checker, opaque_validators, unsupport
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--filename", dest="files", action="extend", nargs="+", required=True, metavar="FILE",
                         help="YAML or JSON manifest (multi-document and `kind: List` allowed; `-` for stdin); repeatable")
-    parser.add_argument("-n", "--namespace", default="default",
-                        help="namespace of namespaced objects that name none (as kubectl apply -n; default: default)")
+    parser.add_argument("-n", "--namespace",
+                        help="namespace for namespaced objects that name none, as kubectl apply -n (without it such "
+                             "objects are judged as written: metadata.namespace is required)")
     parser.add_argument("-o", "--output", choices=["json", "text"], default="text", help="output format (default text)")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
                         help=f"driver whose opaque parameters are checked with our config schema (default {DEFAULT_DRIVER_NAME})")
@@ -48,7 +49,9 @@ def validate_all(objects: list[dict[str, Any]], cel: CelChecker | None, opaque: 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        objects = fill_namespace(load_objects(args.files), args.namespace)
+        objects = load_objects(args.files)
+        if args.namespace:
+            objects = fill_namespace(objects, args.namespace)
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

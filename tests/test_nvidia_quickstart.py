@@ -762,7 +762,10 @@ def test_manifests_without_namespace_take_the_given_one(
     node = SimNode(tmp, "dgx-a100-40gb")
     spec_file = _write(tmp, "spec.yaml", HELM_CLASSES, MIG_TS_NO_NAMESPACE)
     flag = ["-n", namespace] if namespace else []
-    rc, doc = _run(capsys, "validate", "-f", spec_file, *flag)
+    # validate judges objects as written unless told the namespace, as the API server's validation would.
+    rc, doc = _run(capsys, "validate", "-f", spec_file)
+    assert rc == 1 and any("metadata.namespace: Required value" in e for r in doc["results"] for e in r["errors"])
+    rc, doc = _run(capsys, "validate", "-f", spec_file, "-n", namespace or "default")
     assert rc == 0, doc
     assert "ResourceClaimTemplate/" + (namespace or "default") + "/rct-mig1g-ts" in [r["object"] for r in doc["results"]]
     rc, doc = _run(capsys, "allocate", "-f", spec_file, node.slices_file(tmp), *flag)
