@@ -12,6 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from gpudra.apiserver import resources as res
 from gpudra.apiserver import status as st
+from gpudra.apiserver.podpriority import admit_pod_priority
 from gpudra.apiserver.openapi import openapi_group_version, openapi_root
 from gpudra.apiserver.selectors import FieldSelector, LabelSelector, SelectorError
 from gpudra.apiserver.store import Filter, Store
@@ -240,7 +241,10 @@ class ApiHandler(BaseHTTPRequestHandler):
                     self._list(r, query)
                 return
             if method == "POST":
-                obj = store.create(r.rt, r.namespace, r.stored(self._body()))
+                body = r.stored(self._body())
+                if r.rt.kind == "Pod":
+                    body = admit_pod_priority(store, self.ctx.registry, body)
+                obj = store.create(r.rt, r.namespace, body)
                 self._send_json(201, r.shown(obj))
                 return
             raise st.method_not_allowed(f"{method} is not supported on the collection {r.rt.plural}; "
