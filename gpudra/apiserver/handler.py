@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 from gpudra.apiserver import resources as res
 from gpudra.apiserver import status as st
 from gpudra.apiserver.podpriority import admit_pod_priority
-from gpudra.apiserver.openapi import openapi_group_version, openapi_root
+from gpudra.apiserver.openapi import openapi_group_version, openapi_root, openapi_v2, openapi_v2_protobuf
 from gpudra.apiserver.selectors import FieldSelector, LabelSelector, SelectorError
 from gpudra.apiserver.store import Filter, Store
 from gpudra.apiserver.tables import INCLUDE_OBJECT, to_table, wants_table
@@ -21,6 +21,8 @@ from gpudra.conversion import ConversionError, from_storage, split_api_version, 
 
 _CONVERTED_KINDS = frozenset({"DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice",
                               "DeviceTaintRule"})
+# kube-openapi answers the "...spec.v2@v1.0+protobuf" Accept with this Content-Type (no "@": mime would refuse it).
+_OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
 _WATCH_POLL_S = 1.0  # how often an idle watch checks for shutdown and its deadline
 _MAX_BODY = 64 * 1024 * 1024
 
@@ -166,7 +168,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         if method == "GET":
             doc = self._discovery(parts, reg)
             if doc is not None:
-                if isinstance(doc, bytes):
+                if isinstance(doc, tuple):
+                    self._send(200, doc[0], doc[1])
+                elif isinstance(doc, bytes):
                     self._send(200, doc, "text/plain; charset=utf-8")
                 else:
                     self._send_json(200, doc)
@@ -180,11 +184,15 @@ class ApiHandler(BaseHTTPRequestHandler):
         route = self._resolve(group, version, rest, path)
         self._serve(method, route, query)
 
-    def _discovery(self, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | None:
+    def _discovery(self, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | tuple[bytes, str] | None:
         if parts in (["healthz"], ["readyz"], ["livez"]):
             return b"ok"
         if parts == ["version"]:
             return res.SERVER_VERSION
+        if parts == ["openapi", "v2"]:
+            if "protobuf" in (self.headers.get("Accept") or ""):
+                return openapi_v2_protobuf(reg), _OPENAPI_V2_PROTOBUF
+            return openapi_v2(reg)
         if parts[:2] == ["openapi", "v3"]:
             if len(parts) == 2:
                 return openapi_root(reg)

@@ -15,12 +15,12 @@ from gpudra.conversion import served_versions
 ALL_VERBS: tuple[str, ...] = ("create", "delete", "get", "list", "patch", "update", "watch")
 SERVER_VERSION: dict[str, str] = {
     "major": "1",
-    "minor": "35",
-    "gitVersion": "v1.35.0",
+    "minor": "37",
+    "gitVersion": "v1.37.0",
     "gitCommit": "embedded",
     "gitTreeState": "clean",
-    "buildDate": "2025-12-17T00:00:00Z",
-    "goVersion": "go1.25.5",
+    "buildDate": "2026-08-19T00:00:00Z",
+    "goVersion": "go1.26.0",
     "compiler": "gc",
     "platform": "linux/amd64",
 }
