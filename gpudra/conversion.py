@@ -5,7 +5,8 @@ v1beta2 has v1's shapes, so converting it changes only `apiVersion`. v1beta1 dif
 (Kubernetes' pkg/apis/resource/v1beta1/conversion.go):
 
 - a DeviceRequest carries the "exactly one kind of device" fields flat (deviceClassName, selectors,
-  allocationMode, count, adminAccess, tolerations, capacity) where v1 nests them under `exactly`;
+  allocationMode, count, adminAccess, tolerations, capacity, derivedAttributes) where v1 nests them under
+  `exactly`;
   when any of them is set, v1 gets an `exactly` holding them. Before that, v1beta1's defaulting applies
   (a request without firstAvailable gets allocationMode ExactCount, and count 1 for ExactCount), so a
   request naming only a class still converts to an `exactly` request, as on a real server.
@@ -33,7 +34,7 @@ SERVED_VERSIONS: dict[str, tuple[str, ...]] = {
 }
 # The DeviceRequest fields v1beta1 keeps flat and v1 keeps under `exactly`, in v1's field order.
 _EXACT_FIELDS = ("deviceClassName", "selectors", "allocationMode", "count", "adminAccess", "tolerations",
-                 "capacity")
+                 "capacity", "derivedAttributes")
 
 
 class ConversionError(ValueError):
