@@ -361,8 +361,8 @@ def printer_for(kind: str) -> Printer:
 
 
 def column_definitions(kind: str) -> list[dict[str, Any]]:
-    return [{"name": name, "type": typ, "format": "name" if (name, typ, prio, doc) in (_NAME,) else "",
-             "description": doc, "priority": prio} for name, typ, prio, doc in printer_for(kind).columns]
+    return [{"name": name, "type": typ, "format": "name" if name == "Name" else "", "description": doc,
+             "priority": prio} for name, typ, prio, doc in printer_for(kind).columns]
 
 
 def table_row(rt: ResourceType, obj: dict[str, Any], include: str, shown: dict[str, Any] | None = None,
