@@ -194,3 +194,18 @@ def test_an_object_read_through_v1beta1_parses_as_the_client_model() -> None:
     shown = from_storage(stored, "v1beta1")
     model = k.ApiClient()._ApiClient__deserialize(shown, "V1beta1ResourceSlice")  # the client's own decoding
     assert model.spec.devices[0].basic.capacity["memory"].value == "80Gi"
+
+
+def test_no_other_type_differs_between_versions() -> None:
+    """Every model reachable from the served kinds has v1's fields in v1beta2 and v1beta1, except the two that
+    conversion handles, so nothing else can be lost or misplaced by a round trip."""
+    from gpudra.apiserver.openapi import definitions
+    from gpudra.apiserver.resources import DEFAULT_REGISTRY
+
+    differing = set()
+    for model in definitions(DEFAULT_REGISTRY).names:
+        for prefix in ("V1beta1", "V1beta2"):
+            twin = "V1" + model[len(prefix):]
+            if model.startswith(prefix) and hasattr(k, twin) and _client_fields(model) != _client_fields(twin):
+                differing.add(model)
+    assert differing == {"V1beta1Device", "V1beta1DeviceRequest"}
