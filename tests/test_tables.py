@@ -3,7 +3,7 @@ test_apiserver_versions.py and test_kubectl.py)."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import pytest
 
@@ -60,3 +60,39 @@ def test_pod_cells_follow_the_container_states() -> None:
     deleting = {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "2026-01-01T00:59:00Z"},
                 "status": {"phase": "Running"}}
     assert table_row(rt, deleting, "None", now=now)["cells"][2] == "Terminating"
+
+
+def test_pod_init_containers_and_sidecars() -> None:
+    rt = DEFAULT_REGISTRY.by_kind("Pod")
+    assert rt is not None
+    now = datetime(2026, 1, 1, 1, 0, 0, tzinfo=timezone.utc)
+    spec = {"initContainers": [{"name": "setup"}, {"name": "proxy", "restartPolicy": "Always"}],
+            "containers": [{"name": "main"}]}
+    waiting = {"metadata": {"name": "p"}, "spec": spec, "status": {"phase": "Pending", "initContainerStatuses": [
+        {"name": "setup", "restartCount": 1, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}}
+    cells = table_row(rt, waiting, "None", now=now)["cells"]
+    assert cells[1:4] == ["0/2", "Init:CrashLoopBackOff", "1"]
+    started = {"metadata": {"name": "p"}, "spec": spec, "status": {
+        "phase": "Running", "conditions": [{"type": "Initialized", "status": "True"}],
+        "initContainerStatuses": [
+            {"name": "setup", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+            {"name": "proxy", "started": True, "ready": True, "restartCount": 3, "state": {"running": {}}}],
+        "containerStatuses": [{"name": "main", "ready": True, "state": {"running": {}}}]}}
+    assert table_row(rt, started, "None", now=now)["cells"][1:4] == ["2/2", "Running", "3"]
+
+
+def test_quota_prints_what_the_quota_controller_recorded() -> None:
+    rt = DEFAULT_REGISTRY.by_kind("ResourceQuota")
+    assert rt is not None
+    quota = {"metadata": {"name": "q", "creationTimestamp": "2026-01-01T00:00:00Z"},
+             "spec": {"hard": {"pods": "10", "limits.memory": "8Gi"}},
+             "status": {"hard": {"pods": "10", "limits.memory": "8Gi", "requests.cpu": "4"},
+                        "used": {"pods": "2"}}}
+    now = datetime(2026, 1, 1, 0, 0, 30, tzinfo=timezone.utc)
+    assert table_row(rt, quota, "None", now=now)["cells"] == ["q", "pods: 2/10, requests.cpu: 0/4",
+                                                              "limits.memory: 0/8Gi", "30s"]
+    assert table_row(rt, {**quota, "status": {}}, "None", now=now)["cells"][1:3] == ["", ""]
+
+
+def test_reserved_is_only_said_of_allocated_claims() -> None:
+    assert claim_state({"status": {"reservedFor": [{"name": "p"}]}}) == "pending"

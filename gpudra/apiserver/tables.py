@@ -105,24 +105,70 @@ def _or_none(value: Any) -> Any:
 # ----- pods ------------------------------------------------------------------------------------------------------
 
 
+def _later(a: datetime | None, b: datetime | None) -> datetime | None:
+    return b if a is None or (b is not None and b > a) else a
+
+
 def _pod_cells(pod: dict[str, Any], now: datetime) -> list[Any]:
     status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
-    containers = _list(pod, "spec", "containers")
+    total = len(_list(pod, "spec", "containers"))
     reason = status.get("phase") or ""
     if status.get("reason"):
         reason = status["reason"]
     for cond in _list(status, "conditions"):
         if cond.get("type") == "PodScheduled" and cond.get("reason") == "SchedulingGated":
             reason = "SchedulingGated"
-    restarts = 0
+    init_specs = {c.get("name"): c for c in _list(pod, "spec", "initContainers")}
+    sidecars = {name for name, c in init_specs.items() if c.get("restartPolicy") == "Always"}
+    total += len(sidecars)
+    restarts = sidecar_restarts = 0
     last_restart: datetime | None = None
+    last_sidecar_restart: datetime | None = None
     ready = 0
+    initializing = False
+    init_statuses = _list(status, "initContainerStatuses")
+    for i, cs in enumerate(init_statuses):
+        restarts += int(cs.get("restartCount") or 0)
+        finished = _parse_time(_get(cs, "lastState", "terminated", "finishedAt"))
+        last_restart = _later(last_restart, finished)
+        if cs.get("name") in sidecars:
+            sidecar_restarts += int(cs.get("restartCount") or 0)
+            last_sidecar_restart = _later(last_sidecar_restart, finished)
+        terminated = _get(cs, "state", "terminated")
+        waiting_reason = _get(cs, "state", "waiting", "reason")
+        if isinstance(terminated, dict) and int(terminated.get("exitCode") or 0) == 0:
+            continue
+        if cs.get("name") in sidecars and cs.get("started"):
+            ready += 1 if cs.get("ready") else 0
+            continue
+        if isinstance(terminated, dict):
+            if terminated.get("reason"):
+                reason = "Init:" + terminated["reason"]
+            elif terminated.get("signal"):
+                reason = f"Init:Signal:{terminated['signal']}"
+            else:
+                reason = f"Init:ExitCode:{terminated.get('exitCode', 0)}"
+        elif waiting_reason and waiting_reason != "PodInitializing":
+            reason = "Init:" + waiting_reason
+        else:
+            reason = f"Init:{i}/{len(init_specs)}"
+        initializing = True
+        break
+    initialized = any(c.get("type") == "Initialized" and c.get("status") == "True"
+                      for c in _list(status, "conditions"))
+    if not initializing or initialized:
+        reason, restarts, last_restart, ready = _container_states(status, reason, sidecar_restarts,
+                                                                  last_sidecar_restart, ready)
+    return _pod_row(pod, status, ready, total, reason, restarts, last_restart, now)
+
+
+def _container_states(status: dict[str, Any], reason: str, restarts: int, last_restart: datetime | None,
+                      ready: int) -> tuple[str, int, datetime | None, int]:
+    """The regular containers, last first: their restarts, readiness and the reason the last one gives."""
     has_running = False
     for cs in reversed(_list(status, "containerStatuses")):
         restarts += int(cs.get("restartCount") or 0)
-        finished = _parse_time(_get(cs, "lastState", "terminated", "finishedAt"))
-        if finished is not None and (last_restart is None or finished > last_restart):
-            last_restart = finished
+        last_restart = _later(last_restart, _parse_time(_get(cs, "lastState", "terminated", "finishedAt")))
         state = cs.get("state") if isinstance(cs.get("state"), dict) else {}
         waiting, terminated = state.get("waiting"), state.get("terminated")
         if isinstance(waiting, dict) and waiting.get("reason"):
@@ -138,6 +184,11 @@ def _pod_cells(pod: dict[str, Any], now: datetime) -> list[Any]:
     if reason == "Completed" and has_running:
         ready_cond = any(c.get("type") == "Ready" and c.get("status") == "True" for c in _list(status, "conditions"))
         reason = "Running" if ready_cond else "NotReady"
+    return reason, restarts, last_restart, ready
+
+
+def _pod_row(pod: dict[str, Any], status: dict[str, Any], ready: int, total: int, reason: str, restarts: int,
+             last_restart: datetime | None, now: datetime) -> list[Any]:
     if _get(pod, "metadata", "deletionTimestamp"):
         if status.get("reason") == "NodeLost":
             reason = "Unknown"
@@ -154,7 +205,7 @@ def _pod_cells(pod: dict[str, Any], now: datetime) -> list[Any]:
         gates_text = f"{sum(1 for g in gates if g.get('conditionType') in true_conds)}/{len(gates)}"
     else:
         gates_text = "<none>"
-    return [_get(pod, "metadata", "name"), f"{ready}/{len(containers)}", reason, restarts_text,
+    return [_get(pod, "metadata", "name"), f"{ready}/{total}", reason, restarts_text,
             since(_get(pod, "metadata", "creationTimestamp"), now), _or_none(ip),
             _or_none(_get(pod, "spec", "nodeName")), _or_none(status.get("nominatedNodeName")), gates_text]
 
@@ -234,14 +285,15 @@ def _event_cells(ev: dict[str, Any], now: datetime) -> list[Any]:
 
 
 def _quota_cells(quota: dict[str, Any], now: datetime) -> list[Any]:
+    # What the quota controller has recorded (status.hard), as upstream prints it: nothing before it has run.
     requests, limits = [], []
     used = _get(quota, "status", "used") or {}
     hard = _get(quota, "status", "hard") or {}
-    for resource in sorted(_get(quota, "spec", "hard") or {}):
+    for resource in sorted(hard):
         text = f"{resource}: {used.get(resource, '0')}/{hard.get(resource, '0')}"
         (limits if resource.split(".")[0] == "limits" and "." in resource else requests).append(text)
-    return [_get(quota, "metadata", "name"), since(_get(quota, "metadata", "creationTimestamp"), now),
-            ", ".join(requests), ", ".join(limits)]
+    return [_get(quota, "metadata", "name"), ", ".join(requests), ", ".join(limits),
+            since(_get(quota, "metadata", "creationTimestamp"), now)]
 
 
 def claim_state(claim: dict[str, Any]) -> str:
@@ -254,8 +306,8 @@ def claim_state(claim: dict[str, Any]) -> str:
             states.append("pending")
     else:
         states.append("allocated")
-    if _get(claim, "status", "reservedFor"):
-        states.append("reserved")
+        if _get(claim, "status", "reservedFor"):
+            states.append("reserved")
     return ",".join(states)
 
 
@@ -321,10 +373,11 @@ PRINTERS: dict[str, Printer] = {
     "Namespace": Printer((_NAME, ("Status", "string", 0, "The status of the namespace"), _AGE),
                          lambda o, now: [_get(o, "metadata", "name"), _get(o, "status", "phase") or "", _age(o, now)]),
     "ResourceQuota": Printer((
-        _NAME, _AGE,
+        _NAME,
         ("Request", "string", 0, "Request represents a minimum amount of cpu/memory that a container may consume."),
         ("Limit", "string", 0, "Limits control the maximum amount of cpu/memory that a container may use "
                                "independent of contention on the node."),
+        _AGE,
     ), _quota_cells),
     "Lease": Printer((_NAME, ("Holder", "string", 0, "The holder of the lease"), _AGE),
                      lambda o, now: [_get(o, "metadata", "name"), _get(o, "spec", "holderIdentity") or "",
