@@ -94,3 +94,22 @@ def test_registered_nodes_report_what_describe_shows_and_keep_a_lease(apiserver:
     finally:
         stop.set()
         beat.join(timeout=5)
+
+
+def test_v1beta1_objects_created_through_the_server_are_scheduled(apiserver: Any) -> None:
+    import json
+    import urllib.request
+
+    api = apiserver.api
+    _cluster(api)
+    template = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "single-gpu", "namespace": "default"},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "deviceClassName": "gpu.nvidia.com"}]}}}}
+    req = urllib.request.Request(
+        apiserver.url + "/apis/resource.k8s.io/v1beta1/namespaces/default/resourceclaimtemplates",
+        data=json.dumps(template).encode(), method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as resp:
+        assert resp.status == 201
+    create_all(api, [pod("pod1", templates={"gpu": "single-gpu"})])
+    manager(api).step()
+    assert api.get("Pod", "pod1", "default")["spec"].get("nodeName") == "node-a"

@@ -312,7 +312,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             labels = LabelSelector.parse(query.get("labelSelector"))
             fields = FieldSelector.parse(query.get("fieldSelector"))
             fields.check_fields(lambda f: r.rt.field_value({}, f) is not None, r.rt.selectable_fields,
-                                f'"{r.rt.kind}" in version "{r.rt.api_version}"')
+                                f'"{r.rt.kind}" in version "{r.rt.api_version_at(r.version or r.rt.version)}"')
         except SelectorError as exc:
             raise st.bad_request(str(exc))
         return Filter(r.rt, r.namespace or None, labels, fields)
