@@ -38,7 +38,12 @@ _EXACT_FIELDS = ("deviceClassName", "selectors", "allocationMode", "count", "adm
 
 
 class ConversionError(ValueError):
-    """An object cannot be converted: unknown version or kind. The message names what is accepted."""
+    """An object cannot be converted: unknown version or kind, or a moved structure of the wrong type.
+    `path` is the field at fault; the message names what is accepted."""
+
+    def __init__(self, message: str, path: str = "apiVersion") -> None:
+        super().__init__(message)
+        self.path = path
 
 
 def split_api_version(api_version: Any) -> tuple[str, str]:
@@ -114,17 +119,20 @@ def _map_requests(spec: Any, fn: Any) -> Any:
     return {**spec, "devices": devices}
 
 
-def _device_v1beta1_to_v1(device: Any) -> Any:
+def _device_v1beta1_to_v1(device: Any, path: str) -> Any:
     if not isinstance(device, dict):
         return device
     out = {k: v for k, v in device.items() if k != "basic"}
     basic = device.get("basic")
     if isinstance(basic, dict):
         out.update(basic)
+    elif basic is not None:
+        # kube-apiserver's decoder refuses it too; dropping it would accept a device without its properties.
+        raise ConversionError(f"must be an object (BasicDevice), got {type(basic).__name__}", f"{path}.basic")
     return out
 
 
-def _device_v1_to_v1beta1(device: Any) -> Any:
+def _device_v1_to_v1beta1(device: Any, path: str) -> Any:
     if not isinstance(device, dict):
         return device
     return {"name": device["name"], "basic": {k: v for k, v in device.items() if k != "name"}} \
@@ -136,7 +144,7 @@ def _slice_spec(spec: Any, device_fn: Any, to_v1: bool) -> Any:
         return spec
     out = dict(spec)
     if isinstance(out.get("devices"), list):
-        out["devices"] = [device_fn(d) for d in out["devices"]]
+        out["devices"] = [device_fn(d, f"spec.devices[{i}]") for i, d in enumerate(out["devices"])]
     if to_v1:
         # v1beta1's nodeName and allNodes are plain values whose zero means unset; v1's are pointers.
         if out.get("nodeName") == "":
@@ -205,6 +213,6 @@ def normalize_objects(objects: list[dict[str, Any]]) -> tuple[list[dict[str, Any
             out.append(to_storage(obj))
         except ConversionError as exc:
             meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-            errors.append(f"{obj.get('kind') or '?'}/{meta.get('name') or ''}: apiVersion: {exc}")
+            errors.append(f"{obj.get('kind') or '?'}/{meta.get('name') or ''}: {exc.path}: {exc}")
             out.append(obj)
     return out, errors

@@ -209,3 +209,15 @@ def test_no_other_type_differs_between_versions() -> None:
             if model.startswith(prefix) and hasattr(k, twin) and _client_fields(model) != _client_fields(twin):
                 differing.add(model)
     assert differing == {"V1beta1Device", "V1beta1DeviceRequest"}
+
+
+def test_a_basic_of_the_wrong_type_is_refused_not_dropped() -> None:
+    bad = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceSlice", "metadata": {"name": "s"},
+           "spec": {"devices": [{"name": "ok", "basic": {}}, {"name": "gpu-0", "basic": "A100"}]}}
+    with pytest.raises(ConversionError) as err:
+        to_storage(bad)
+    assert err.value.path == "spec.devices[1].basic" and "must be an object" in str(err.value)
+    from gpudra.validation import validate_object
+
+    assert [str(e) for e in validate_object(bad)] == [
+        "spec.devices[1].basic: Invalid value: must be an object (BasicDevice), got str"]

@@ -68,7 +68,7 @@ class Route:
         try:
             return to_storage({**body, "apiVersion": self.rt.api_version_at(version), "kind": self.rt.kind})
         except ConversionError as exc:
-            raise st.bad_request(str(exc))
+            raise st.bad_request(f"{self.rt.kind} in {self.rt.api_version_at(version)}: {exc.path}: {exc}")
 
 
 def _encode(value: Any) -> bytes:

@@ -61,7 +61,7 @@ def validate_object(
     try:
         obj = to_storage(obj)
     except ConversionError as exc:
-        return [invalid("apiVersion", api_version, str(exc))]
+        return [FieldError(exc.path, f"Invalid value: {exc}")]
 
     errs = validate_object_meta(obj.get("metadata"), namespaced=kind in NAMESPACED_KINDS)
     if kind == "DeviceClass":
