@@ -191,6 +191,7 @@ def test_server_side_apply_says_it_is_not_available(apiserver: Any, tmp_path: Pa
     path = _write(tmp_path, "s.yaml", [_slice_list(["n1"])])
     done = kubectl(apiserver, "apply", "--server-side", "-f", path, check=False)
     assert done.returncode != 0 and "Server-side apply not available on the server" in done.stderr
+    assert "use client-side apply: kubectl apply without --server-side" in done.stderr
 
 
 def test_device_taint_rules_through_kubectl(apiserver: Any, tmp_path: Path) -> None:

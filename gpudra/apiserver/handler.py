@@ -23,6 +23,8 @@ _CONVERTED_KINDS = frozenset({"DeviceClass", "ResourceClaim", "ResourceClaimTemp
                               "DeviceTaintRule"})
 # kube-openapi answers the "...spec.v2@v1.0+protobuf" Accept with this Content-Type (no "@": mime would refuse it).
 _OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
+_NO_SERVER_SIDE_APPLY = ("server-side apply is not supported by gpu-dra's embedded control plane (it keeps no "
+                         "field managers); use client-side apply: kubectl apply without --server-side")
 _WATCH_POLL_S = 1.0  # how often an idle watch checks for shutdown and its deadline
 _MAX_BODY = 64 * 1024 * 1024
 
@@ -65,6 +67,8 @@ class Route:
                                  f"expected API version ({self.rt.api_version_at(self.version or self.rt.version)});"
                                  f" {self.rt.kind} is served at "
                                  + ", ".join(self.rt.api_version_at(v) for v in self.rt.versions))
+        if version == self.rt.version:
+            return body  # already the storage version: nothing to convert (the hot path of every agent)
         try:
             return to_storage({**body, "apiVersion": self.rt.api_version_at(version), "kind": self.rt.kind})
         except ConversionError as exc:
@@ -274,6 +278,10 @@ class ApiHandler(BaseHTTPRequestHandler):
                 kind = "merge"
             elif ctype == "application/json-patch+json":
                 kind = "json"
+            elif ctype == "application/apply-patch+yaml":
+                self._body()
+                # 415 is what makes kubectl say "Server-side apply not available on the server".
+                raise st.StatusError(415, "UnsupportedMediaType", _NO_SERVER_SIDE_APPLY)
             else:
                 self._body()
                 raise st.unsupported_media_type(ctype)
