@@ -221,3 +221,22 @@ def test_a_basic_of_the_wrong_type_is_refused_not_dropped() -> None:
 
     assert [str(e) for e in validate_object(bad)] == [
         "spec.devices[1].basic: Invalid value: must be an object (BasicDevice), got str"]
+
+
+def test_the_cel_debugger_reads_v1beta1_slices(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from cli.main import main
+
+    path = tmp_path / "old.yaml"
+    path.write_text(json.dumps({
+        "apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceSlice", "metadata": {"name": "s"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "n1",
+                 "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "gpu-0", "basic": {"attributes": {"productName": {"string": "A100"}},
+                                                         "capacity": {"memory": {"value": "80Gi"}}}}]}}))
+    rc = main(["cel", 'device.attributes["gpu.nvidia.com"].productName == "A100" && '
+                      'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) > 0',
+               "-f", str(path), "-o", "json"])
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["results"] == [{"device": "gpu.nvidia.com/n1/gpu-0", "match": True}]
