@@ -258,3 +258,12 @@ def test_openapi_v2_is_served_as_json_and_protobuf(apiserver: Any) -> None:
         body = resp.read()
         assert resp.headers["Content-Type"] == "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
     assert body.startswith(b"\n\x032.0") and b"io.k8s.api.resource.v1.ResourceClaim" in body
+
+
+def test_the_system_priority_classes_exist_from_the_start(apiserver: Any) -> None:
+    classes = {pc["metadata"]["name"]: pc for pc in apiserver.api.list("PriorityClass")[0]}
+    assert classes["system-node-critical"]["value"] == 2000001000
+    assert classes["system-cluster-critical"]["value"] == 2000000000
+    pod = apiserver.api.create("Pod", {"metadata": {"name": "agent", "namespace": "kube-system"}, "spec": {
+        "priorityClassName": "system-node-critical", "containers": [{"name": "c", "image": "i"}]}})
+    assert pod["spec"]["priority"] == 2000001000

@@ -15,8 +15,20 @@ from gpudra.apiserver.selectors import FieldSelector, LabelSelector
 from gpudra.apiserver.store import Filter, Store
 
 DEFAULT_PREEMPTION_POLICY = "PreemptLowerPriority"
-# Kubernetes' built-in classes exist on every cluster even before anyone creates them.
+# Kubernetes' built-in classes: kube-apiserver creates them at start, so they exist on every cluster.
 SYSTEM_CLASSES = {"system-node-critical": 2000001000, "system-cluster-critical": 2000000000}
+_SYSTEM_DESCRIPTIONS = {
+    "system-node-critical": "Used for system critical pods that must not be moved from their current node.",
+    "system-cluster-critical": "Used for system critical pods that must run in the cluster, but can be moved to "
+                               "another node if necessary.",
+}
+
+
+def system_priority_classes() -> list[dict[str, Any]]:
+    """The PriorityClasses kube-apiserver bootstraps."""
+    return [{"metadata": {"name": name}, "value": value, "globalDefault": False,
+             "description": _SYSTEM_DESCRIPTIONS[name], "preemptionPolicy": DEFAULT_PREEMPTION_POLICY}
+            for name, value in SYSTEM_CLASSES.items()]
 
 
 def _classes(store: Store, registry: Registry) -> list[dict[str, Any]]:
