@@ -144,3 +144,24 @@ def test_allocate_reads_v1beta1_and_writes_v1(tmp_path: Path, capsys: pytest.Cap
     assert (result["request"], result["pool"], result["device"]) == ("gpu", "n1", "gpu-0")
     main(["validate", "-f", path, "-o", "json"])
     assert all(r["valid"] for r in json.loads(capsys.readouterr().out)["results"])
+
+
+def test_rule_status_conditions_are_validated_as_metav1_conditions() -> None:
+    from gpudra.validation import validate_object
+
+    good = {"type": "EvictionInProgress", "status": "False", "reason": "NoEffect", "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    obj = {**rule("r", {}), "status": {"conditions": [good]}}
+    assert validate_object(obj) == []
+    bad = {**rule("r", {}), "status": {"conditions": [good, {**good, "status": "Maybe", "reason": "no spaces",
+                                                                  "lastTransitionTime": None}]}}
+    assert [str(e) for e in validate_object(bad)] == [
+        'status.conditions[1].type: Duplicate value: "EvictionInProgress"',
+        'status.conditions[1].status: Unsupported value: "Maybe": supported values: "False", "True", "Unknown"',
+        "status.conditions[1].lastTransitionTime: Required value: must be set",
+        'status.conditions[1].reason: Invalid value: "no spaces": a condition reason must start with alphabetic '
+        "character, optionally followed by a string of alphanumeric characters or '_,:', and must end with an "
+        "alphanumeric character or '_' (e.g. 'my_name',  or 'MY_NAME',  or 'MyName',  or 'ReasonA,ReasonB',  or "
+        "'ReasonA:ReasonB', regex used for validation is '[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?')"]
+    many = {**rule("r", {}), "status": {"conditions": [{**good, "type": f"T{i}"} for i in range(9)]}}
+    assert [str(e) for e in validate_object(many)] == ["status.conditions: Too many: 9: must have at most 8 items"]
