@@ -17,8 +17,9 @@ from typing import Any
 from controller.allocator.nodes import Node, NodeSelector
 from controller.extended import class_for_resource, dra_extended_requests, extended_resource_claim
 from controller.objects import claim_key
+from controller.taintrules import apply_taint_rules
 
-KINDS = ("Node", "DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "Pod")
+KINDS = ("Node", "DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "Pod", "DeviceTaintRule")
 # Workload controllers whose pod template is placed as `replicas` pods (Job: `parallelism`), named
 # `<name>-<i>`, in the controller's namespace: what their pods would ask for, without running the controller.
 POD_TEMPLATE_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "Job")
@@ -63,6 +64,7 @@ def build_workload(objects: Iterable[Mapping[str, Any]], extended_resource: bool
     """`extended_resource`: the DRAExtendedResource gate; pods asking for an extended resource that a DeviceClass
     backs get the special claim the scheduler would create (see controller/extended.py)."""
     nodes, classes, slices, claims, templates, pods, ignored = [], [], [], [], {}, [], []
+    taint_rules: list[dict[str, Any]] = []
     order: list[tuple[str, dict[str, Any]]] = []
     for obj in objects:
         kind = obj.get("kind")
@@ -84,6 +86,8 @@ def build_workload(objects: Iterable[Mapping[str, Any]], extended_resource: bool
             for pod in pods_of(obj):
                 pods.append(pod)
                 order.append(("pod", pod))
+        elif kind == "DeviceTaintRule":
+            taint_rules.append(dict(obj))
         else:
             ignored.append(f"{kind}/{claim_key(obj)}")
     by_key = {claim_key(c): c for c in claims}
@@ -103,7 +107,7 @@ def build_workload(objects: Iterable[Mapping[str, Any]], extended_resource: bool
             units.append(obj.pop("_unit"))
         elif claim_key(obj) not in referenced and not (obj.get("status") or {}).get("allocation"):
             units.append(Unit(owner=f"ResourceClaim {claim_key(obj)}", claims=[obj]))
-    return Workload(nodes, classes, slices, allocated, units, ignored)
+    return Workload(nodes, classes, apply_taint_rules(slices, taint_rules), allocated, units, ignored)
 
 
 def _pod_unit(pod: Mapping[str, Any], claims: dict[str, dict[str, Any]], templates: Mapping[str, Mapping[str, Any]],
