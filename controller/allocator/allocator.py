@@ -168,10 +168,20 @@ class Allocator:
                 continue
             res = self.selector_matches(dev, expr)
             if isinstance(res, str):
-                raise AllocationError(f"{owner}: selector #{i}: {res}")
+                raise AllocationError(self._selector_error(owner, i, dev, res))
             if not res:
                 return i
         return None
+
+    def _selector_error(self, owner: str, index: int, dev: Device, text: str) -> str:
+        """Kubernetes' wording for a selector failure. Since 1.37 a runtime error names the device and a
+        missing key gets a hint (cel.EnhanceRuntimeError); compile errors are unchanged."""
+        if not self.features.at_least("1.37") or not text.startswith("CEL runtime error: "):
+            return f"{owner}: selector #{index}: {text}"
+        if "no such key:" in text:
+            text += (". consider using CEL optional chaining (.? followed by orValue()) or guarding the check "
+                     "with has() for optional fields")
+        return f"{owner}: selector #{index} on device {dev.slice.driver}/{dev.slice.pool}/{dev.name}: {text}"
 
     def selector_matches(self, dev: Device, expr: str) -> bool | str:
         """True/False, or the error text (compile errors start with 'CEL compile error: ')."""
@@ -506,7 +516,9 @@ class _Run:
             avail[set_name] = {n: cap._q((c or {}).get("value", "0")) for n, c in counters.items()}
         for sl in [*pool.slices, *pool.other_slices]:
             for dev in sl.devices:
-                if (sl.driver, sl.pool, dev.name) not in self.snap.allocated:
+                # A device held through shares consumes its counters too (kubernetes#138893, 1.36).
+                did = (sl.driver, sl.pool, dev.name)
+                if did not in self.snap.allocated and did not in self.snap.shared_allocated:
                     continue
                 for set_name, counters in dev.consumes_counters:
                     target = avail.get(set_name, {})
@@ -585,17 +597,22 @@ class _Run:
             if not wanted:
                 config.append({"source": "FromClaim", **body})
                 continue
-            # Like Kubernetes, the config is appended once per request (or chosen subrequest) it names.
+            # Up to 1.36 Kubernetes appended the config once per request (or chosen subrequest) it names;
+            # 1.37 appends it once (kubernetes#138990).
+            once = self.f.at_least("1.37")
             for ri, entry in enumerate(claim.requests):
-                if entry.name in wanted:
+                if entry.name in wanted or self._chosen_sub(ci, ri) in wanted:
                     config.append({"source": "FromClaim", "requests": wanted, **body})
-                    continue
-                rd = self.req[(ci, ri, 0)]
-                if not rd.is_sub:
-                    continue
-                chosen = self.req[(ci, ri, rd.selected_sub)].request.full_name
-                if chosen in wanted:
-                    config.append({"source": "FromClaim", "requests": wanted, **body})
+                    if once:
+                        break
+        if self.f.at_least("1.37"):
+            # 1.37: a config that covers every request (by name or by its chosen subrequest) is written with
+            # empty `requests`, which means "all".
+            for item in config:
+                requests = item.get("requests")
+                if requests and all(entry.name in requests or self._chosen_sub(ci, ri) in requests
+                                    for ri, entry in enumerate(claim.requests)):
+                    item.pop("requests")
         alloc: dict[str, Any] = {"devices": {"results": out_results}}
         if config:
             alloc["devices"]["config"] = config
@@ -603,6 +620,11 @@ class _Run:
         if selector is not None:
             alloc["nodeSelector"] = selector
         return alloc
+
+    def _chosen_sub(self, ci: int, ri: int) -> str | None:
+        """`request/subrequest` chosen for a firstAvailable request, None for an exactly request."""
+        rd = self.req[(ci, ri, 0)]
+        return self.req[(ci, ri, rd.selected_sub)].request.full_name if rd.is_sub else None
 
     def _node_selector(self, ci: int) -> dict[str, Any] | None:
         fields: list[dict[str, Any]] = []

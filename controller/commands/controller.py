@@ -13,7 +13,9 @@ from types import FrameType
 from controller.leader import LeaseTimings
 from controller.manager import ControllerConfig, ControllerManager, default_identity
 from gpudra import DEFAULT_DRIVER_NAME
-from gpudra.features import FeatureGateError, Features
+from gpudra.features import FeatureGateError
+from gpudra.features import add_arguments as add_feature_arguments
+from gpudra.features import from_arguments as features_from_arguments
 from gpudra.kubeapi import KubeApi
 from gpudra.logfmt import configure
 
@@ -40,8 +42,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resync-period", type=float, default=30.0, help="seconds between full relists (default %(default)s)")
     parser.add_argument("--event-repeat", type=float, default=60.0,
                         help="seconds before an unchanged explanation Event is posted again (default %(default)s)")
-    parser.add_argument("--feature", action="append", default=[], metavar="GATE[=true|false]",
-                        help="DRA feature gate (Kubernetes 1.35 defaults); repeatable")
+    add_feature_arguments(parser, "DRA feature gate")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -67,7 +68,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         event_repeat_interval=args.event_repeat,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
-        features=Features.parse(args.feature),
+        features=features_from_arguments(args),
     )
 
 

@@ -153,7 +153,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if parts in (["healthz"], ["readyz"], ["livez"]):
             return b"ok"
         if parts == ["version"]:
-            return res.SERVER_VERSION
+            return res.server_version(self.ctx.kubernetes_version)
         if parts[:2] == ["openapi", "v3"]:
             if len(parts) == 2:
                 return openapi_root(reg)

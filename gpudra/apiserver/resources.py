@@ -11,17 +11,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ALL_VERBS: tuple[str, ...] = ("create", "delete", "get", "list", "patch", "update", "watch")
-SERVER_VERSION: dict[str, str] = {
-    "major": "1",
-    "minor": "35",
-    "gitVersion": "v1.35.0",
-    "gitCommit": "embedded",
-    "gitTreeState": "clean",
-    "buildDate": "2025-12-17T00:00:00Z",
-    "goVersion": "go1.25.5",
-    "compiler": "gc",
-    "platform": "linux/amd64",
+# The patch release and build date each minor's /version reports (the embedded server speaks that release's API).
+_RELEASES: dict[str, tuple[str, str, str]] = {
+    "1.34": ("v1.34.3", "2025-12-09T00:00:00Z", "go1.24.11"),
+    "1.35": ("v1.35.0", "2025-12-17T00:00:00Z", "go1.25.5"),
+    "1.36": ("v1.36.2", "2026-06-10T00:00:00Z", "go1.26.3"),
+    "1.37": ("v1.37.0", "2026-08-26T00:00:00Z", "go1.26.5"),
 }
+
+
+def server_version(kubernetes_version: str = "1.37") -> dict[str, str]:
+    """The /version document of the release the server is started for."""
+    git_version, build_date, go_version = _RELEASES[kubernetes_version]
+    major, minor = kubernetes_version.split(".")
+    return {"major": major, "minor": minor, "gitVersion": git_version, "gitCommit": "embedded",
+            "gitTreeState": "clean", "buildDate": build_date, "goVersion": go_version, "compiler": "gc",
+            "platform": "linux/amd64"}
+
+
+SERVER_VERSION: dict[str, str] = server_version()
 
 
 def _path(obj: dict[str, Any], dotted: str) -> Any:

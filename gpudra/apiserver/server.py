@@ -54,8 +54,9 @@ class EmbeddedApiServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, state_file: str | Path | None = None,
                  admission: Admission | None = None, *, bookmark_interval: float = 60.0,
                  history_limit: int = 20000, registry: Registry = DEFAULT_REGISTRY,
-                 persist_interval: float = 0.5) -> None:
+                 persist_interval: float = 0.5, kubernetes_version: str = "1.37") -> None:
         check_loopback(host)
+        self.kubernetes_version = kubernetes_version
         self.host = host
         self.port = port
         self.state_file = Path(state_file) if state_file else None
