@@ -263,3 +263,21 @@ def test_both_health_versions_stream_the_same_devices(agent: NodeAgent) -> None:
     finally:
         channel.close()
     assert first[0] == first[1] and len(first[0]) == len(_devices(agent))
+
+
+def test_health_stream_resends_unchanged_list() -> None:
+    """The kubelet reads a device as Unknown 30 s after its last report: the stream repeats the list meanwhile."""
+    from driver.plugin.health import DeviceHealthEntry, HealthBoard
+    from driver.plugin.server import HEALTH_RESEND_SECONDS, HealthServicer
+
+    assert HEALTH_RESEND_SECONDS < 30
+    board = HealthBoard([DeviceHealthEntry("pool", "gpu-0", True)])
+
+    class Context:
+        def is_active(self) -> bool:
+            return True
+
+    stream = HealthServicer(board, threading.Event(), resend_seconds=0.0).NodeWatchResources(None, Context())
+    first, second = next(stream), next(stream)  # the second comes with no change on the board
+    assert [d.device.device_name for d in second.devices] == [d.device.device_name for d in first.devices] == ["gpu-0"]
+    board.close()

@@ -49,6 +49,9 @@ SUPPORTED_SERVICES: tuple[str, ...] = (
 )
 # Streams re-check for shutdown this often; health changes wake them at once.
 _STREAM_POLL_SECONDS = 1.0
+# The kubelet stamps each reported device with the time it received the report and treats it as Unknown 30 s
+# later (healthInfoCache.getHealthInfo): the full list is sent again at least this often even when nothing changed.
+HEALTH_RESEND_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -134,10 +137,12 @@ class DraServicer:
 class HealthServicer:
     """DRAResourceHealth of one API version (`health_pb`: the v1 or v1alpha1 messages, identical field for field)."""
 
-    def __init__(self, board: HealthBoard, stopping: threading.Event, health_pb: Any = health_v1) -> None:
+    def __init__(self, board: HealthBoard, stopping: threading.Event, health_pb: Any = health_v1,
+                 resend_seconds: float = HEALTH_RESEND_SECONDS) -> None:
         self._board = board
         self._stopping = stopping
         self._pb = health_pb
+        self._resend = resend_seconds
 
     def _response(self, updated: int, entries: tuple[DeviceHealthEntry, ...]) -> Any:
         health_pb = self._pb
@@ -155,14 +160,19 @@ class HealthServicer:
     def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         version, updated, entries = self._board.snapshot()
         yield self._response(updated, entries)
+        sent = time.monotonic()
         while context.is_active() and not self._stopping.is_set():
             newer = self._board.wait_newer(version, _STREAM_POLL_SECONDS)
             if newer is None:
                 if self._board.closed:
                     return
+                if time.monotonic() - sent >= self._resend:
+                    yield self._response(updated, entries)  # unchanged: keeps the kubelet's entries fresh
+                    sent = time.monotonic()
                 continue
             version, updated, entries = newer
             yield self._response(updated, entries)
+            sent = time.monotonic()
 
 
 class RegistrationServicer:

@@ -192,15 +192,23 @@ class RegisteredPlugin:
     def health_advertised(self) -> bool:
         return bool(self.health_service)
 
-    def watch_health(self) -> Iterator[HealthUpdate]:
+    def watch_health(self, stop: threading.Event | None = None) -> Iterator[HealthUpdate]:
         """Follow the health stream of the chosen version (each message is the complete device list); ends when
-        the stream does."""
+        the stream does, or when `stop` is set (the stream is cancelled at once)."""
         if not self.health_service:
             return
         health_pb, health_grpc = _HEALTH_MODULES[self.health_service]
         stub = health_grpc.DRAResourceHealthStub(self._channel)
         names = {v.number: v.name for v in health_pb.HealthStatus.DESCRIPTOR.values}
         stream = stub.NodeWatchResources(health_pb.NodeWatchResourcesRequest())
+        if stop is not None:
+            def cancel_on_stop() -> None:
+                while not stop.wait(0.2):
+                    if stream.done():
+                        return
+                stream.cancel()
+
+            threading.Thread(target=cancel_on_stop, name="health-stream-cancel", daemon=True).start()
         with_messages = self.dialect.health_messages
         try:
             for response in stream:

@@ -10,7 +10,9 @@ node agent's real sockets; this module drives it from the API server, as the kub
   device plugin Allocate per container; then pods/status says Running (containers started);
 - `finish()` is what containers exiting with code 0 amount to: the claims are unprepared and pods/status
   says Succeeded; a deleted pod is unprepared too;
-- a pod whose admission fails is retried on the next event or retry tick, as pod workers resync.
+- a pod whose admission fails is retried on the next event or retry tick, as pod workers resync;
+- running pods' `allocatedResourcesStatus` follows the driver's health stream (`sim.kubelet.podhealth`), as a
+  1.36+ kubelet writes it.
 
 What each pod got (CDI device ids, device plugin grants) is kept for the demo's report.
 """
@@ -28,6 +30,7 @@ from typing import Any
 
 from sim.kubelet.devicemanager import DeviceManagerError, DeviceManagerSim
 from sim.kubelet.dra import ClaimInfo, KubeletError, KubeletSim, Pod, PreparedDevice
+from sim.kubelet.podhealth import PodHealthReporter, RunningPod
 from gpudra.kubeapi import ApiError, KubeApi, NotFound
 
 log = logging.getLogger("sim.kubelet.pods")
@@ -112,11 +115,13 @@ class NodeKubelet:
         driver_name: str,
         *,
         device_manager: DeviceManagerSim | None = None,
+        kubernetes_version: str = "1.37",
     ) -> None:
         self.api = api
         self.node_name = node_name
         self.driver_name = driver_name
-        self.sim = KubeletSim(kubelet_dir)
+        self.sim = KubeletSim(kubelet_dir, kubernetes_version=kubernetes_version)
+        self.health = PodHealthReporter(api, self.sim, driver_name, self._running_pods)
         self.device_manager = device_manager
         self.records: dict[str, PodRecord] = {}  # pod uid -> record
         self._lock = threading.Lock()
@@ -140,10 +145,12 @@ class NodeKubelet:
             t = threading.Thread(target=target, name=f"kubelet-{self.node_name}-{name}", daemon=True)
             t.start()
             self._threads.append(t)
+        self.health.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._events.put(("STOP", {}))
+        self.health.stop()
         for t in self._threads:
             t.join(timeout=5)
         self._threads.clear()
@@ -160,6 +167,11 @@ class NodeKubelet:
             return {uid: PodRecord(r.namespace, r.name, r.uid, r.phase, list(r.claims), list(r.legacy), r.last_error,
                                    r.unprepared)
                     for uid, r in self.records.items()}
+
+    def _running_pods(self) -> list[RunningPod]:
+        with self._lock:
+            return [RunningPod(r.namespace, r.name, r.uid, {c.claim.name: c.devices for c in r.claims})
+                    for r in self.records.values() if r.phase == "Running" and r.claims]
 
     # ---- threads ----------------------------------------------------------------------------------------
 
