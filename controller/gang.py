@@ -240,7 +240,10 @@ class GangController:
     # -- the pass ----------------------------------------------------------------------------------
 
     def reconcile(self, view: View) -> GangSummary:
-        gangs = group_gangs(view.claims.values(), self.driver)
+        from controller.podgroups import pod_group_gangs  # it builds on Gang: imported here, not at the top
+
+        # Label-named gangs, then the gangs of PodGroups (Workload API) whose minCount pods exist.
+        gangs = group_gangs(view.claims.values(), self.driver) + pod_group_gangs(view)
         states: Counter[str] = Counter({s: 0 for s in GANG_STATES})
         by_gang: dict[str, str] = {}
         changed = 0

@@ -37,7 +37,7 @@ log = logging.getLogger("gpudra.controller.manager")
 
 # Kinds every mode watches, and the extra ones embedded mode (the scheduler/controller-manager role) needs.
 CLUSTER_KINDS: tuple[str, ...] = ("Pod", "ResourceClaim", "ResourceSlice", "DeviceClass", "Node")
-EMBEDDED_KINDS: tuple[str, ...] = ("ResourceClaimTemplate", "PriorityClass", "ResourceQuota")
+EMBEDDED_KINDS: tuple[str, ...] = ("ResourceClaimTemplate", "PriorityClass", "ResourceQuota", "PodGroup")
 
 
 def default_identity() -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 from controller import bindingconditions
 from controller import objects as o
+from controller import podgroups
 from controller.allocator import AllocationError, ClusterSnapshot, Node, parse_claim
 from controller.cel import CelEnvironment
 from controller.claims import GeneratedClaims, resolve_pod_claims
@@ -236,6 +237,10 @@ class EmbeddedScheduler:
         return ok, rejected
 
     def _schedule(self, pod: Obj, state: _PassState) -> bool:
+        group_wait = podgroups.wait_reason(pod, state.view, state.claims_by_key)
+        if group_wait:
+            self._unschedulable(pod, [], group_wait, event=REASON_GANG_WAITING, reason="waiting")
+            return False
         gathered = gather_pod_claims(pod, state.claims_by_key, self.driver, state.view.templates, state.generated)
         if gathered.wait_reason:
             if not gathered.silent:

@@ -20,6 +20,7 @@ class View:
     templates: dict[str, Obj] = field(default_factory=dict)
     priority_classes: dict[str, Obj] = field(default_factory=dict)
     quotas: dict[str, Obj] = field(default_factory=dict)
+    pod_groups: dict[str, Obj] = field(default_factory=dict)  # scheduling.k8s.io PodGroups (embedded mode)
 
     @classmethod
     def from_stores(cls, stores: Mapping[str, Store]) -> "View":
@@ -36,6 +37,7 @@ class View:
             templates=grab("ResourceClaimTemplate"),
             priority_classes=grab("PriorityClass"),
             quotas=grab("ResourceQuota"),
+            pod_groups=grab("PodGroup"),
         )
 
     def pods_by_uid(self) -> dict[str, Obj]:

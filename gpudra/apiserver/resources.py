@@ -147,6 +147,9 @@ DEFAULT_REGISTRY = Registry(
         ResourceType("", "v1", "resourcequotas", "ResourceQuota", True, ("quota",), has_status=True),
         ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True),
         ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),
+        # The Workload API as Kubernetes 1.37 serves it (KEP-4671; GenericWorkload).
+        ResourceType("scheduling.k8s.io", "v1beta1", "workloads", "Workload", True),
+        ResourceType("scheduling.k8s.io", "v1beta1", "podgroups", "PodGroup", True, has_status=True),
         ResourceType("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False),
         ResourceType("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False,
                      field_labels=("spec.driver", "spec.nodeName")),
