@@ -13,6 +13,10 @@ from typing import Any
 from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.manifests import InputError, load_objects, object_label
 from gpudra.validation import FieldError, validate_object
+from gpudra.validation.meta import validate_object_meta
+from gpudra.validation.workloads import API_VERSION as WORKLOAD_API_VERSION
+from gpudra.validation.workloads import KINDS as WORKLOAD_KINDS
+from gpudra.validation.workloads import validate_workload_api_object
 from gpudra.validation.common import CelChecker, OpaqueValidators
 from controller.validationhooks import cel_checker, opaque_validators
 
@@ -31,9 +35,19 @@ def is_dra_object(obj: Any) -> bool:
     return not isinstance(api_version, str) or api_version.partition("/")[0] == "resource.k8s.io"
 
 
+def is_workload_api_object(obj: Any) -> bool:
+    """Workload and PodGroup of scheduling.k8s.io/v1beta1 (Kubernetes 1.37's Workload API) are checked too."""
+    return isinstance(obj, dict) and obj.get("apiVersion") == WORKLOAD_API_VERSION and obj.get("kind") in WORKLOAD_KINDS
+
+
 def validate_all(objects: list[dict[str, Any]], cel: CelChecker | None, opaque: OpaqueValidators) -> list[dict[str, Any]]:
     results = []
     for obj in objects:
+        if is_workload_api_object(obj):
+            found = [*validate_object_meta(obj.get("metadata"), namespaced=True), *validate_workload_api_object(obj)]
+            results.append({"object": object_label(obj), "valid": not found, "checked": True,
+                            "errors": [str(e) for e in found]})
+            continue
         if not is_dra_object(obj):
             # Manifests mix Pods, RBAC and the like with DRA objects; those are reported as not checked.
             results.append({"object": object_label(obj), "valid": True, "checked": False, "errors": []})

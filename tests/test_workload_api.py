@@ -152,3 +152,41 @@ def test_pod_waits_for_its_pod_group_to_exist_and_basic_groups_schedule_alone(ap
     create_all(api, [pod_group("missing", None)])  # a basic group: no gang semantics
     _steps(ctl, 3)
     assert _bound(api, "lonely")[0] in ("node-a", "node-b")
+
+
+def test_validate_cli_checks_workload_api_objects(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    import yaml
+
+    from cli.main import main
+
+    path = tmp_path / "groups.yaml"
+    path.write_text(yaml.safe_dump_all([pod_group("ok"), pod_group("bad", 0)]))
+    assert main(["validate", "-f", str(path), "-o", "json"]) == 1
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert [(r["object"], r["valid"]) for r in results] == [("PodGroup/default/ok", True), ("PodGroup/default/bad", False)]
+    assert "spec.schedulingPolicy.gang.minCount" in results[1]["errors"][0]
+
+
+@pytest.mark.parametrize(("variant", "pods"), [
+    ("examples/gang-16gpu.yaml", ("gang-worker-0", "gang-worker-1")),
+    ("workload-api/gang-16gpu.yaml", ("pretrain-worker-0", "pretrain-worker-1")),
+])
+def test_the_readme_gang_both_ways_lands_in_embedded_mode(apiserver: Any, variant: str, pods: tuple[str, str]) -> None:
+    """manifests/examples/gang-16gpu.yaml (labels) and manifests/workload-api/gang-16gpu.yaml (PodGroup) place the
+    same way: both 8-GPU workers, one per A100 node."""
+    from pathlib import Path
+
+    from gpudra.manifests import load_objects
+
+    api = apiserver.api
+    api.create("Namespace", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpu-demo"}})
+    create_all(api, [gpu_class()])
+    for n in ("node-a", "node-b"):
+        create_all(api, [node(n), *sim_slices(n)])
+    root = Path(__file__).resolve().parent.parent / "manifests"
+    create_all(api, load_objects([str(root / variant)]))
+    _steps(manager(api), 5)
+    nodes = [api.get("Pod", p, "gpu-demo")["spec"].get("nodeName") for p in pods]
+    assert sorted(map(str, nodes)) == ["node-a", "node-b"], (variant, nodes)
