@@ -189,7 +189,7 @@ class GangController:
         self._features = features
         self._wall = wall
         self._fresh_claims = fresh_claims
-        self._cel = CelEnvironment()
+        self._cel = CelEnvironment(features=features)
         self._committer = AllocationCommitter(
             writer,
             drop_annotations=(explainer.annotation, released_at_annotation(driver_name)),

@@ -159,7 +159,7 @@ class EmbeddedScheduler:
         self._features = features
         self._fresh_claims = fresh_claims
         self.driver = driver_name
-        self._cel = CelEnvironment()
+        self._cel = CelEnvironment(features=features)
         self._committer = AllocationCommitter(writer, drop_annotations=(explainer.annotation,))
 
     def _start_pass(self, view: View) -> _PassState:
@@ -374,7 +374,7 @@ class PendingExplainer:
         self._metrics = metrics
         self._features = features
         self.driver = driver_name
-        self._cel = CelEnvironment()
+        self._cel = CelEnvironment(features=features)
 
     def reconcile(self, view: View) -> int:
         waiting = 0

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         return report_input_errors(inputs.errors, args.output)
     report_warnings(inputs.warnings)
     try:
-        session = Session(inputs.objects, features, CelEnvironment(), args.policy)
+        session = Session(inputs.objects, features, CelEnvironment(features=features), args.policy)
     except Exception as exc:  # noqa: BLE001 - malformed objects the validator let through: still exit 2, with the text
         return report_input_errors([str(exc)], args.output)
     if args.node is not None and args.node not in session.snapshot.nodes:

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     if inputs.errors:
         return report_input_errors(inputs.errors, args.output)
     try:
-        session = Session(inputs.objects, features, CelEnvironment())
+        session = Session(inputs.objects, features, CelEnvironment(features=features))
     except Exception as exc:  # noqa: BLE001 - malformed objects the validator let through
         return report_input_errors([str(exc)], args.output)
     units = session.explain_all()
