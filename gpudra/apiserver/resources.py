@@ -158,6 +158,21 @@ DEFAULT_REGISTRY = Registry(
     )
 )
 
+# Types a release serves only from some version on (beta APIs gpu-dra uses, enabled where the kind config enables
+# them): the Workload API's scheduling.k8s.io/v1beta1 arrived in 1.37 (1.35/1.36 had alpha versions, off).
+_INTRODUCED: dict[tuple[str, str], str] = {
+    ("scheduling.k8s.io", "workloads"): "1.37",
+    ("scheduling.k8s.io", "podgroups"): "1.37",
+}
+
+
+def registry_for(kubernetes_version: str) -> Registry:
+    """DEFAULT_REGISTRY less what `kubernetes_version` ("1.34".."1.37") does not serve."""
+    minor = int(kubernetes_version.split(".")[1])
+    keep = tuple(rt for rt in DEFAULT_REGISTRY.types
+                 if int(_INTRODUCED.get((rt.group, rt.plural), "1.0").split(".")[1]) <= minor)
+    return DEFAULT_REGISTRY if len(keep) == len(DEFAULT_REGISTRY.types) else Registry(types=keep)
+
 
 def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:
     main: dict[str, Any] = {
