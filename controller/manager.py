@@ -23,6 +23,7 @@ from controller import objects as o
 from controller.claims import ClaimLifecycle
 from controller.explanation_writer import ExplanationWriter
 from controller.gang import GangController, GangSummary
+from controller.podgroupclaims import PodGroupClaims
 from controller.informer import Informer, Store
 from controller.leader import LeaderElector, LeaseTimings
 from controller.metrics import ControllerMetrics, MetricsServer
@@ -128,6 +129,7 @@ class ControllerManager:
             repeat_interval=config.event_repeat_interval,
         )
         self.claims = ClaimLifecycle(self.writer, self.metrics)
+        self.pod_group_claims = PodGroupClaims(self.writer)
         self.gangs = GangController(
             self.writer,
             self.explainer,
@@ -214,10 +216,18 @@ class ControllerManager:
         if self.config.embedded:
             with self._timed("claims"):
                 view = self.view()
-                created, missing = self.claims.expand_templates(view.pods.values(), view.claims.values(), view.templates)
+                held: set[str] = set()
+                if self.config.features.workload_resource_claims:
+                    # Claims a PodGroup shares first, so member pods never get per-pod claims for them.
+                    created, held = self.pod_group_claims.sync(view)
+                    view = self.view()
+                pods = [p for p in view.pods.values() if o.key(p) not in held]
+                made, missing = self.claims.expand_templates(pods, view.claims.values(), view.templates)
+                created += made
                 problems += missing
                 view = self.view()
-                released = self.claims.release(view.claims.values(), view.pods)
+                released = self.claims.release(view.claims.values(), view.pods,
+                                               view.pod_groups if self.config.features.workload_resource_claims else None)
                 # Each step sees the previous step's writes: the writer updates the caches it reads from.
                 view = self.view()
                 deleted = self.claims.delete_orphans(view.claims.values(), view.pods_by_uid())

@@ -23,7 +23,7 @@ from typing import Any
 
 from controller import bindingconditions
 from controller import objects as o
-from controller import podgroups
+from controller import podgroupclaims, podgroups
 from controller.allocator import AllocationError, ClusterSnapshot, Node, parse_claim
 from controller.cel import CelEnvironment
 from controller.claims import GeneratedClaims, resolve_pod_claims
@@ -321,14 +321,14 @@ class EmbeddedScheduler:
             self._metrics.failures.labels(reason="write-failed").inc()
 
         for claim, alloc in zip(pending, allocations):
-            stored = self._committer.allocate(claim, bindingconditions.stamp(alloc), pod)
+            stored = self._committer.allocate(claim, bindingconditions.stamp(alloc), self._consumer(claim, pod, state))
             if stored is None:
                 undo()
                 return False
             done.append((stored, True))
             state.claims_by_key[o.key(stored)] = stored
         for claim in allocated:
-            stored = self._committer.reserve(claim, pod)
+            stored = self._committer.reserve(claim, self._consumer(claim, pod, state))
             if stored is None:
                 undo()
                 return False
@@ -341,6 +341,12 @@ class EmbeddedScheduler:
             undo()
             return False
         return True
+
+    def _consumer(self, claim: Obj, pod: Obj, state: _PassState) -> Obj:
+        """The pod, or its PodGroup for a claim the group shares (DRAWorkloadResourceClaims)."""
+        if not self._features.workload_resource_claims:
+            return pod
+        return podgroupclaims.consumer_for(claim, pod, state.view)
 
     def _binding_gate(self, pod: Obj, claims: list[Obj]) -> str:
         """KEP-5007 PreBind: BIND; WAIT while a device's binding conditions are not all true (the claims keep their

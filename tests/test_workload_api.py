@@ -190,3 +190,52 @@ def test_the_readme_gang_both_ways_lands_in_embedded_mode(apiserver: Any, varian
     _steps(manager(api), 5)
     nodes = [api.get("Pod", p, "gpu-demo")["spec"].get("nodeName") for p in pods]
     assert sorted(map(str, nodes)) == ["node-a", "node-b"], (variant, nodes)
+
+
+def _shared_pod(name: str) -> dict[str, Any]:
+    claim = {"name": "shared", "resourceClaimTemplateName": "two-gpus"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"schedulingGroup": {"podGroupName": "team"}, "resourceClaims": [claim],
+                     "containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": "shared"}]}}]}}
+
+
+def _manager_with(api: Any, *gates: str) -> Any:
+    from controller.manager import ControllerConfig, ControllerManager
+    from controller_helpers import DRIVER, FAST, FakeWall
+    from gpudra.features import Features
+
+    config = ControllerConfig(driver_name=DRIVER, embedded=True, gang_timeout=60.0, leader_elect=False, identity="test",
+                              timings=FAST, tick=0.05, resync_period=5.0, features=Features.parse(list(gates)))
+    return ControllerManager(api, config, wall=FakeWall())
+
+
+def test_pod_group_shares_one_claim_with_its_pods(apiserver: Any) -> None:
+    """DRAWorkloadResourceClaims (beta, off in 1.37): the group's template becomes one claim, reserved for the
+    PodGroup, and both pods run on its devices."""
+    api = apiserver.api
+    create_all(api, [gpu_class(), template("two-gpus", 2), node("node-a"), *sim_slices("node-a")])
+    group = pod_group("team", None, resourceClaims=[{"name": "shared", "resourceClaimTemplateName": "two-gpus"}])
+    create_all(api, [group, _shared_pod("team-0"), _shared_pod("team-1")])
+    _steps(_manager_with(api, "DRAWorkloadResourceClaims"), 4)
+    claims, _ = api.list("ResourceClaim", namespace="default")
+    assert len(claims) == 1
+    (claim,) = claims
+    stored_group = api.get("PodGroup", "team", "default")
+    assert claim["metadata"]["ownerReferences"][0]["kind"] == "PodGroup"
+    assert stored_group["status"]["resourceClaimStatuses"] == [{"name": "shared", "resourceClaimName": claim["metadata"]["name"]}]
+    assert claim["status"]["reservedFor"] == [{"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "team",
+                                              "uid": stored_group["metadata"]["uid"]}]
+    for name in ("team-0", "team-1"):
+        pod = api.get("Pod", name, "default")
+        assert pod["spec"]["nodeName"] == "node-a"
+        assert pod["status"]["resourceClaimStatuses"] == [{"name": "shared", "resourceClaimName": claim["metadata"]["name"]}]
+
+
+def test_without_the_gate_each_pod_gets_its_own_claim(apiserver: Any) -> None:
+    api = apiserver.api
+    create_all(api, [gpu_class(), template("two-gpus", 2), node("node-a"), *sim_slices("node-a")])
+    group = pod_group("team", None, resourceClaims=[{"name": "shared", "resourceClaimTemplateName": "two-gpus"}])
+    create_all(api, [group, _shared_pod("team-0"), _shared_pod("team-1")])
+    _steps(_manager_with(api), 4)
+    claims, _ = api.list("ResourceClaim", namespace="default")
+    assert len(claims) == 2 and all(c["status"]["reservedFor"][0]["resource"] == "pods" for c in claims)

@@ -305,7 +305,9 @@ class NodeKubelet:
             cstatus = claim.get("status") or {}
             if not cstatus.get("allocation"):
                 raise _NotReady(f"ResourceClaim {record.namespace}/{name} is not allocated")
-            if not any(r.get("uid") == uid for r in cstatus.get("reservedFor") or []):
+            group = ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
+            if not any(r.get("uid") == uid or (group and r.get("resource") == "podgroups" and r.get("name") == group)
+                       for r in cstatus.get("reservedFor") or []):  # a PodGroup's shared claim counts for its pods
                 raise _NotReady(f"ResourceClaim {record.namespace}/{name} is not reserved for this pod")
             results = ((cstatus["allocation"].get("devices") or {}).get("results")) or []
             if any(r.get("driver") == self.driver_name for r in results):
