@@ -56,6 +56,8 @@ GATES: tuple[Gate, ...] = (
         GateStage("1.33", False, "alpha"), GateStage("1.36", True, "beta"), GateStage("1.37", True, "GA"))),
     Gate("DRAExtendedResource", "extended_resource", (
         GateStage("1.34", False, "alpha"), GateStage("1.36", True, "beta"), GateStage("1.37", True, "GA", True))),
+    # Beta and on in 1.37 (MinCompatibilityVersion 1.37: off when emulating an older release).
+    Gate("DRAFractionalCapacityRange", "fractional_capacity_range", (GateStage("1.37", True, "beta"),)),
     Gate("DRAListTypeAttributes", "list_type_attributes", (GateStage("1.36", False, "alpha"),)),
     Gate("DRAPartitionableDevices", "partitionable_devices", (
         GateStage("1.33", False, "alpha"), GateStage("1.36", True, "beta"))),
@@ -104,6 +106,7 @@ class Features:
     device_taint_rules: bool = True
     device_taints: bool = True
     extended_resource: bool = True
+    fractional_capacity_range: bool = True
     list_type_attributes: bool = False
     partitionable_devices: bool = True
     prioritized_list: bool = True

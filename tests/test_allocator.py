@@ -368,3 +368,19 @@ def test_failed_search_is_bounded() -> None:
 def test_unsupported_allocation_mode_is_fatal() -> None:
     with pytest.raises(AllocationError, match="unsupported count mode Some"):
         run([simple_slice()], [claim(requests=[request(allocationMode="Some")])])
+
+
+def test_fractional_capacity_range_rounds_in_milli_units_from_1_37() -> None:
+    """DRAFractionalCapacityRange (1.37): a range with a fractional step rounds requests up in milli units; before,
+    every value is rounded up to an integer first (so 0.25 of a 0.2+0.1k range consumed 1)."""
+    from controller.allocator import capacity as cap
+
+    policy = {"default": "200m", "validRange": {"min": "200m", "max": "1", "step": "100m"}}
+    device_capacity = {"cores": {"value": "1", "requestPolicy": policy}}
+    assert str(cap.consumption(device_capacity, {"cores": "250m"}, fractional=True)["cores"]) == "300m"
+    assert str(cap.consumption(device_capacity, {"cores": "250m"}, fractional=False)["cores"]) == "1"
+    assert Features.for_version("1.37").fractional_capacity_range
+    assert not Features.for_version("1.36").fractional_capacity_range
+    # Three 0.3 shares fit in one core with milli arithmetic; with integers each consumes 1.
+    assert cap.fits(device_capacity, {"cores": "250m"}, {"cores": cap._q("600m")}, {}, True)
+    assert not cap.fits(device_capacity, {"cores": "250m"}, {"cores": cap._q("600m")}, {}, False)

@@ -14,6 +14,7 @@ EXPECTED = {
     "DRADeviceTaintRules": (None, False, False, True),
     "DRADeviceTaints": (False, False, True, True),
     "DRAExtendedResource": (False, False, True, True),
+    "DRAFractionalCapacityRange": (None, None, None, True),
     "DRAListTypeAttributes": (None, None, False, False),
     "DRAPartitionableDevices": (False, False, True, True),
     "DRAPrioritizedList": (True, True, True, True),

@@ -424,7 +424,8 @@ class _Run:
         consumed: dict[str, Quantity] = {}
         for entry in self.snap.shared_consumed.get(did, ()):
             cap.add_into(consumed, entry)
-        return cap.fits(dev.raw.get("capacity") or {}, request.capacity, consumed, self.allocating_capacity.get(did, {}))
+        return cap.fits(dev.raw.get("capacity") or {}, request.capacity, consumed, self.allocating_capacity.get(did, {}),
+                        self.f.fractional_capacity_range)
 
     def _allocate_device(self, ci: int, rd: _ReqData, dev: Device, pool: Pool, must: bool) -> Callable[[], None] | None:
         request = rd.request
@@ -459,7 +460,7 @@ class _Run:
                 release_counters()
                 return None
             if multi:
-                consumed = cap.consumption(dev.raw.get("capacity") or {}, request.capacity)
+                consumed = cap.consumption(dev.raw.get("capacity") or {}, request.capacity, self.f.fractional_capacity_range)
                 share_id = self._share_id(ci, did)
         states = self.constraints[ci]
         for i, state in enumerate(states):

@@ -47,7 +47,7 @@ _DEVICE_NODE_FIELDS = (
 )
 
 
-def validate_slice_spec(value: Any, path: str) -> list[FieldError]:
+def validate_slice_spec(value: Any, path: str, *, fractional: bool = True) -> list[FieldError]:
     errs: list[FieldError] = []
     spec = get_map(value, path, errs)
     driver_path = child(path, "driver")
@@ -91,7 +91,7 @@ def validate_slice_spec(value: Any, path: str) -> list[FieldError]:
     validate_list(
         devices,
         MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if advanced else MAX_DEVICES,
-        lambda item, p: _validate_device(item, p, per_device),
+        lambda item, p: _validate_device(item, p, per_device, fractional),
         devices_path,
         errs,
         item_key=lambda d: d.get("name") if isinstance(d, dict) and isinstance(d.get("name"), str) else None,
@@ -123,7 +123,7 @@ def _validate_pool(value: Any, path: str) -> list[FieldError]:
     return errs
 
 
-def _validate_device(value: Any, path: str, per_device_node_selection: bool) -> list[FieldError]:
+def _validate_device(value: Any, path: str, per_device_node_selection: bool, fractional: bool = True) -> list[FieldError]:
     errs: list[FieldError] = []
     device = get_map(value, path, errs)
     errs.extend(dns_label(get_str(device.get("name"), child(path, "name"), errs), child(path, "name")))
@@ -151,7 +151,7 @@ def _validate_device(value: Any, path: str, per_device_node_selection: bool) -> 
         if cap.get("requestPolicy") is not None and not multi:
             errs.append(forbidden(policy_path, "allowMultipleAllocations must be true"))
         elif cap.get("requestPolicy") is not None and value is not None:
-            errs.extend(validate_request_policy(cap.get("requestPolicy"), value, policy_path))
+            errs.extend(validate_request_policy(cap.get("requestPolicy"), value, policy_path, fractional=fractional))
 
     taints_path = child(path, "taints")
     taints = get_list(device.get("taints"), taints_path, errs)
