@@ -8,8 +8,8 @@ device ready in the claim's `status.devices`, or the failure with the Preparer's
 whose allocation goes away before the kubelet took it over (binding timed out, the pod was deleted) is
 unprepared again, which destroys the MIG instance.
 
-Claims are listed every `interval` seconds (the API has no field selector for a claim's node); one pass is
-`sync_once`, which tests drive directly.
+Claims are watched (the API has no field selector for a claim's node, so the watch covers all claims and this
+loop picks its own); `handle` acts on one claim, `sync_once` on a full list (tests drive it directly).
 """
 
 from __future__ import annotations
@@ -54,56 +54,67 @@ class MigBinder:
             self._thread.join(timeout)
 
     def _run(self, stop: threading.Event) -> None:
-        while not stop.wait(self.interval):
+        while not stop.is_set():
             try:
-                self.sync_once()
-            except Exception as exc:  # noqa: BLE001 - the API may be away for a while; the next pass retries
-                log.warning("event=binder-pass-failed error=%r", str(exc))
+                for kind, claim in self.api.watch("ResourceClaim", stop=stop):
+                    self.handle(claim, deleted=kind == "DELETED")
+            except Exception as exc:  # noqa: BLE001 - the API may be away for a while; the watch starts again
+                log.warning("event=binder-watch-failed error=%r", str(exc))
+                stop.wait(self.interval)
 
     def _mine(self, claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         return [r for r in bc.conditioned_results(claim, self.driver) if r.get("pool") == self.pool
                 and self.ready_condition in (r.get("bindingConditions") or [])]
 
     def sync_once(self) -> BinderReport:
+        """One pass over all claims (what the watch delivers one by one), then the release of claims gone."""
         report = BinderReport()
         claims, _ = self.api.list("ResourceClaim")
-        by_uid = {str(c["metadata"].get("uid")): c for c in claims}
         for claim in claims:
-            mine = self._mine(claim)
-            if not mine or not (claim.get("status") or {}).get("reservedFor"):
-                continue
-            if (claim.get("metadata") or {}).get("deletionTimestamp"):
-                continue
-            state = bc.binding_state({**claim, "status": {**claim["status"], "allocation": {
-                "devices": {"results": mine}}}})
-            if state.state != bc.PENDING:
-                continue
-            meta = claim["metadata"]
-            ref = ClaimRef(namespace=str(meta["namespace"]), name=str(meta["name"]), uid=str(meta["uid"]))
-            result = self.preparer.prepare([ref])[ref.uid]
-            if result.error:
-                self._report(claim, mine, ok=False, message=result.error)
-                report.failed.append(f"{ref.namespace}/{ref.name}")
-                log.warning("event=mig-binding-failed claim=%s/%s error=%r", ref.namespace, ref.name, result.error)
-                continue
-            self._ahead[ref.uid] = ref
-            self._report(claim, mine, ok=True, message="MIG instance created")
-            report.ready.append(f"{ref.namespace}/{ref.name}")
-            log.info("event=mig-binding-ready claim=%s/%s", ref.namespace, ref.name)
-        for uid, ref in list(self._ahead.items()):
-            if self.preparer.checkpoint.claim(uid) is None:
-                self._ahead.pop(uid)  # the kubelet took it over and has unprepared it since
-                continue
-            claim = by_uid.get(uid)
-            if claim is not None and self._mine(claim):
-                continue
-            # Deallocated (binding failed or timed out) or deleted before the pod ever started here.
-            errors = self.preparer.unprepare([ref])
-            if not errors.get(uid):
-                self._ahead.pop(uid)
-                report.released.append(f"{ref.namespace}/{ref.name}")
-                log.info("event=mig-binding-released claim=%s/%s", ref.namespace, ref.name)
+            self.handle(claim, report=report)
+        live = {str(c["metadata"].get("uid")) for c in claims}
+        for uid in [u for u in self._ahead if u not in live]:
+            self._release(uid, report)
         return report
+
+    def handle(self, claim: Mapping[str, Any], *, deleted: bool = False, report: BinderReport | None = None) -> None:
+        """Act on one claim: prepare it ahead and report ready/failed, or release what was prepared ahead."""
+        report = report if report is not None else BinderReport()
+        meta = claim.get("metadata") or {}
+        uid = str(meta.get("uid"))
+        mine = [] if deleted else self._mine(claim)
+        if not mine:
+            if uid in self._ahead:
+                self._release(uid, report)
+            return
+        if not (claim.get("status") or {}).get("reservedFor") or meta.get("deletionTimestamp"):
+            return
+        state = bc.binding_state({**claim, "status": {**claim["status"], "allocation": {"devices": {"results": mine}}}})
+        if state.state != bc.PENDING:
+            return
+        ref = ClaimRef(namespace=str(meta["namespace"]), name=str(meta["name"]), uid=uid)
+        result = self.preparer.prepare([ref])[ref.uid]
+        if result.error:
+            self._report(claim, mine, ok=False, message=result.error)
+            report.failed.append(f"{ref.namespace}/{ref.name}")
+            log.warning("event=mig-binding-failed claim=%s/%s error=%r", ref.namespace, ref.name, result.error)
+            return
+        self._ahead[ref.uid] = ref
+        self._report(claim, mine, ok=True, message="MIG instance created")
+        report.ready.append(f"{ref.namespace}/{ref.name}")
+        log.info("event=mig-binding-ready claim=%s/%s", ref.namespace, ref.name)
+
+    def _release(self, uid: str, report: BinderReport) -> None:
+        """A claim prepared ahead lost its allocation here (binding failed or timed out) or is gone."""
+        ref = self._ahead[uid]
+        if self.preparer.checkpoint.claim(uid) is None:
+            self._ahead.pop(uid)  # the kubelet took it over and has unprepared it since
+            return
+        errors = self.preparer.unprepare([ref])
+        if not errors.get(uid):
+            self._ahead.pop(uid)
+            report.released.append(f"{ref.namespace}/{ref.name}")
+            log.info("event=mig-binding-released claim=%s/%s", ref.namespace, ref.name)
 
     def _report(self, claim: Mapping[str, Any], results: list[Mapping[str, Any]], *, ok: bool, message: str) -> None:
         now = bc.now_rfc3339()
