@@ -4,7 +4,8 @@ and run through `gpu-dra allocate --node N -o json`: exact results, node selecto
 Claims live in namespace "default", so upstream's "claim claim-0, ..." reads "claim default/claim-0, ..." here, as
 kube-scheduler prints it (klog.KObj). Every case runs at 1.35 and at 1.37 (`--kubernetes-version`) where those
 releases can run it; cases whose outcome changed in 1.37 carry both expectations (`changed_in_1_37`). Cases of the
-alpha DRAListTypeAttributes (list-valued attributes, off by default through 1.37) are not transcribed."""
+alpha DRAListTypeAttributes (list-valued attributes, off by default through 1.37) run with the gate turned on
+(and the two "disabled" cases with it off)."""
 
 from __future__ import annotations
 
@@ -911,3 +912,111 @@ def test_unsupported_kubernetes_version_is_an_input_error(tmp_path: Path, capsys
     path = _write(tmp_path, CASES[1].objects())
     assert main(["allocate", "-f", path, "--kubernetes-version", "1.33", "-o", "json"]) == 2
     assert "supported versions are 1.34, 1.35, 1.36, 1.37" in json.loads(capsys.readouterr().out)["errors"][0]
+
+
+# ---- list-type attributes (KEP-5491, DRAListTypeAttributes: alpha in 1.36 and 1.37) -----------------------------
+# Upstream's Features{ListTypeAttributes: true} is `--feature DRAListTypeAttributes=true` at 1.37.
+
+def s_(value: str) -> dict[str, Any]:
+    return {"string": value}
+
+
+def _la(*devices: tuple[str, str, Any]) -> list[dict[str, Any]]:
+    return [slice_("slice-1", NODE1, P1, A, *(dev(d, None, {attr: value}) for d, attr, value in devices))]
+
+
+def _lc(kind: str, attr: str, *counts: int) -> dict[str, Any]:
+    constraint = {kind: f"{A}/{attr}"}
+    return c0(*(req("req-0", CLASS_A, n) for n in counts), constraints=[constraint])
+
+
+M, DA = "matchAttribute", "distinctAttribute"
+STR, INT_, BOOL_, VER = "stringAttribute", "numa", "boolAttribute", "driverVersion"
+LIST_RUNS = [
+    Case("list-attributes-match-constaint-scalar-string-values", [_lc(M, STR, 2)], [CA],
+         _la((D1, STR, s_("value1")), (D2, STR, s_("value1"))), [local(res("req-0", A, P1, D1), res("req-0", A, P1, D2))]),
+    Case("list-attributes-match-constaint-list-of-string-values-with-common-elements", [_lc(M, STR, 2)], [CA],
+         _la((D1, STR, {"strings": ["value1", "value2", "value3"]}), (D2, STR, {"strings": ["value2", "value3", "value4"]})),
+         [local(res("req-0", A, P1, D1), res("req-0", A, P1, D2))]),
+    Case("list-attributes-match-constaint-list-of-string-values-with-partially-common-elements", [_lc(M, STR, 3)], [CA],
+         _la((D1, STR, {"strings": ["value1", "value2"]}), (D2, STR, {"strings": ["value2", "value3"]}),
+             (D3, STR, {"strings": ["value3", "value1"]})), None),
+    Case("list-attributes-match-constaint-list-of-string-values-without-common-elements", [_lc(M, STR, 1, 1)], [CA],
+         _la((D1, STR, {"strings": ["value1", "value2"]}), (D2, STR, {"strings": ["value3", "value4"]})), None),
+    Case("list-attributes-match-constaint-mixed-scalar-and-list-of-string-values-with-common-elements", [_lc(M, STR, 2)], [CA],
+         _la((D1, STR, s_("value1")), (D2, STR, {"strings": ["value1", "value2"]})),
+         [local(res("req-0", A, P1, D1), res("req-0", A, P1, D2))]),
+    Case("list-attributes-match-constaint-mixed-scalar-and-list-of-string-values-with-partially-common-elements",
+         [_lc(M, STR, 3)], [CA],
+         _la((D1, STR, s_("value1")), (D2, STR, {"strings": ["value1", "value2"]}), (D3, STR, {"strings": ["value2", "value3"]})),
+         None),
+    Case("list-attributes-match-constaint-mixed-scalar-and-list-of-string-values-without-common-elements", [_lc(M, STR, 2)], [CA],
+         _la((D1, STR, s_("value1")), (D2, STR, {"strings": ["value2", "value3"]})), None),
+    Case("list-attributes-match-constaint-list-of-int-values-with-common-elements", [_lc(M, INT_, 2)], [CA],
+         _la((D1, INT_, {"ints": [0, 1, 2]}), (D2, INT_, {"ints": [1, 2, 3]})), [local(res("req-0", A, P1, D1), res("req-0", A, P1, D2))]),
+    Case("list-attributes-match-constaint-list-of-bool-values-with-common-elements", [_lc(M, BOOL_, 2)], [CA],
+         _la((D1, BOOL_, {"bools": [True, False]}), (D2, BOOL_, {"bools": [True]})),
+         [local(res("req-0", A, P1, D1), res("req-0", A, P1, D2))]),
+    Case("list-attributes-match-constaint-list-of-version-values-with-common-elements", [_lc(M, VER, 2)], [CA],
+         _la((D1, VER, {"versions": ["1.0.0", "1.1.0", "2.0.0"]}), (D2, VER, {"versions": ["1.1.0", "2.0.0", "2.1.0"]})),
+         [local(res("req-0", A, P1, D1), res("req-0", A, P1, D2))]),
+    Case("list-attributes-match-constaint-with-empty-or-unknown-type", [_lc(M, STR, 2)], [CA],
+         _la((D1, STR, {}), (D2, STR, {"strings": []})), "unsupported attribute value"),
+    Case("list-attributes-distinct-constraint-scalar-string-values-all-distinct", [_lc(DA, STR, 2)], [CA],
+         _la((D1, STR, s_("value1")), (D2, STR, s_("value2"))), [local(res("req-0", A, P1, D1), res("req-0", A, P1, D2))]),
+    Case("list-attributes-distinct-constraint-scalar-string-values-not-distinct", [_lc(DA, STR, 2)], [CA],
+         _la((D1, STR, s_("value1")), (D2, STR, s_("value1"))), None),
+    Case("list-attributes-distinct-constraint-list-of-string-values-all-distinct", [_lc(DA, STR, 2)], [CA],
+         _la((D1, STR, {"strings": ["value1", "value2"]}), (D2, STR, {"strings": ["value2", "value3"]}),
+             (D3, STR, {"strings": ["value3", "value4"]})), [local(res("req-0", A, P1, D1), res("req-0", A, P1, D3))]),
+    Case("list-attributes-distinct-constraint-list-of-string-values-with-common-elements", [_lc(DA, STR, 2)], [CA],
+         _la((D1, STR, {"strings": ["value1", "value2", "value3"]}), (D2, STR, {"strings": ["value2", "value4", "value5"]})), None),
+    Case("list-attributes-distinct-constraint-mixed-scalar-and-list-all-distinct", [_lc(DA, STR, 2)], [CA],
+         _la((D1, STR, s_("value1")), (D2, STR, {"strings": ["value1", "value2"]}), (D3, STR, {"strings": ["value2", "value3"]})),
+         [local(res("req-0", A, P1, D1), res("req-0", A, P1, D3))]),
+    Case("list-attributes-distinct-constraint-mixed-scalar-and-list-with-common-elements", [_lc(DA, STR, 2)], [CA],
+         _la((D1, STR, s_("value1")), (D2, STR, {"strings": ["value1", "value2"]})), None),
+    Case("list-attributes-distinct-constraint-list-of-int-values-all-distinct", [_lc(DA, INT_, 2)], [CA],
+         _la((D1, INT_, {"ints": [0, 1]}), (D2, INT_, {"ints": [1, 2]}), (D3, INT_, {"ints": [2, 3]})),
+         [local(res("req-0", A, P1, D1), res("req-0", A, P1, D3))]),
+    Case("list-attributes-distinct-constraint-list-of-bool-values-all-distinct", [_lc(DA, BOOL_, 2)], [CA],
+         _la((D1, BOOL_, {"bools": [True]}), (D2, BOOL_, {"bools": [True, False]}), (D3, BOOL_, {"bools": [False]})),
+         [local(res("req-0", A, P1, D1), res("req-0", A, P1, D3))]),
+    Case("list-attributes-distinct-constraint-list-of-version-values-all-distinct", [_lc(DA, VER, 2)], [CA],
+         _la((D1, VER, {"versions": ["1.0.0", "1.1.0"]}), (D2, VER, {"versions": ["1.1.0", "2.0.0"]}),
+             (D3, VER, {"versions": ["2.0.0", "2.1.0"]})), [local(res("req-0", A, P1, D1), res("req-0", A, P1, D3))]),
+    Case("list-attributes-distinct-constaint-with-empty-or-unknown-type", [_lc(DA, VER, 2)], [CA],
+         _la((D1, VER, {"versions": []}), (D2, VER, {})), "unsupported attribute value"),
+]
+LIST_DISABLED = [
+    Case("list-attributes-disabled-match-constraint-with-lists", [_lc(M, STR, 2)], [CA],
+         _la((D1, STR, {"strings": ["value1", "value2", "value3"]}), (D2, STR, {"strings": ["value2", "value3", "value4"]})), None),
+    Case("list-attributes-disabled-distinct-constraint-with-lists", [_lc(DA, STR, 2)], [CA],
+         _la((D1, STR, {"strings": ["value1", "value2", "value3"]}), (D2, STR, {"strings": ["value2", "value3", "value4"]})), None,
+         features=("ConsumableCapacity",)),
+]
+
+
+@pytest.mark.parametrize("case", LIST_RUNS, ids=[c.name for c in LIST_RUNS])
+def test_upstream_list_attribute_case(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "in.yaml"
+    path.write_text(yaml.safe_dump_all(case.objects()))
+    rc = main(["allocate", "-f", str(path), "--node", case.node, "--feature", "DRAListTypeAttributes=true", "-o", "json"])
+    results = json.loads(capsys.readouterr().out)["results"]
+    _check(case, rc, results)
+
+
+@pytest.mark.parametrize("case", LIST_DISABLED, ids=[c.name for c in LIST_DISABLED])
+def test_upstream_list_attribute_case_gate_off(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, results = run_case(case, tmp_path, capsys, "1.37")
+    _check(case, rc, results)
+
+
+def _check(case: Case, rc: int, results: list[dict[str, Any]]) -> None:
+    if isinstance(case.expect, str):
+        assert rc == 1 and all(r["outcome"] == "error" and case.expect in r["message"] for r in results), results
+    elif case.expect is None:
+        assert rc == 1 and all(r["outcome"] == "unschedulable" for r in results), results
+    else:
+        assert rc == 0, results
+        assert [_normalize(r["allocation"]) for r in results] == [_normalize(e) for e in case.expect]

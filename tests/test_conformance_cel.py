@@ -2,9 +2,9 @@
 `gpu-dra cel EXPR --device FILE -o json`: match results, compile errors and runtime errors by their upstream text.
 
 Every case runs with 1.37's environments (the default); the `includes` cases of KEP-5491 also pin the releases
-without it. Not transcribed: the cases whose devices carry list-valued attributes (DRAListTypeAttributes, alpha in
-1.36 and 1.37; list attribute values are not modelled) and the per-case worst-case cost figures (the CLI reports
-results, not costs; `includes`' cost of 48 is checked by test_includes_cost, the limit by "expensive")."""
+without it, and the list-type attribute cases run as upstream's do. Not transcribed: the per-case worst-case cost
+figures (the CLI reports results, not costs; `includes`' cost of 48 is checked by test_includes_cost, the limit by
+"expensive")."""
 
 from __future__ import annotations
 
@@ -136,6 +136,36 @@ CASES = [
             attributes={"attr": s("fish")}, features=("DRAListTypeAttributes",)),
     CelCase("includes-function-before-1.37", f'{ATTR}.name.includes(1)', driver=DRA, attributes={"name": {"int": 1}},
             version="1.36", compile_error="undeclared reference to 'includes'"),
+    # List-type attributes (KEP-5491): lists reach CEL as lists, `includes` tests membership.
+    CelCase("list-result-type-causes-match-error", f"{ATTR}.names", driver=DRA, attributes={"names": {"strings": ["fish", "bird"]}},
+            match_error="CEL result of type list could not be converted to bool"),
+    CelCase("includes-function-can-evaluate", f'{ATTR}.name.includes("fish")', True, driver=DRA,
+            attributes={"name": {"strings": ["fish", "bird"]}}),
+    *(CelCase(f"list-of-{kind}", f"{ATTR}.names.size() == 2", True, driver=DRA, attributes={"names": {field_: values}})
+      for kind, field_, values in (("bool", "bools", [True, False]), ("int", "ints", [1, 2]),
+                                   ("string", "strings", ["fish", "bird"]), ("semver", "versions", ["1.0.0", "2.0.0"]))),
+    CelCase("macro-on-list-of-int", f"{ATTR}.names.exists(x, x > 0)", True, driver=DRA, attributes={"names": {"ints": [1, 2]}}),
+    CelCase("macro-on-list-of-string", f'{ATTR}.names.all(x, x != "")', True, driver=DRA,
+            attributes={"names": {"strings": ["fish", "bird"]}}),
+    CelCase("macro-on-list-of-semver", f'{ATTR}.names.all(x, x.isGreaterThan(semver("0.0.1")))', True, driver=DRA,
+            attributes={"names": {"versions": ["1.0.0", "2.0.0"]}}),
+    CelCase("includes-function-on-bool-list-positive", f"{ATTR}.name.includes(true)", True, driver=DRA, attributes={"name": {"bools": [True, False]}}),
+    CelCase("includes-function-on-bool-list-negative", f"{ATTR}.name.includes(false)", False, driver=DRA, attributes={"name": {"bools": [True, True]}}),
+    CelCase("includes-function-on-int-list-positive", f"{ATTR}.name.includes(1)", True, driver=DRA, attributes={"name": {"ints": [1, 2]}}),
+    CelCase("includes-function-on-int-list-negative", f"{ATTR}.name.includes(3)", False, driver=DRA, attributes={"name": {"ints": [1, 2]}}),
+    CelCase("includes-function-on-string-list-positive", f'{ATTR}.name.includes("fish")', True, driver=DRA,
+            attributes={"name": {"strings": ["fish", "bird"]}}),
+    CelCase("includes-function-on-string-list-negative", f'{ATTR}.name.includes("cat")', False, driver=DRA,
+            attributes={"name": {"strings": ["fish", "bird"]}}),
+    CelCase("includes-function-on-semver-list-positive", f'{ATTR}.name.includes(semver("1.0.0"))', True, driver=DRA,
+            attributes={"name": {"versions": ["1.0.0", "2.0.0"]}}),
+    CelCase("includes-function-on-semver-list-negative", f'{ATTR}.name.includes(semver("3.0.0"))', False, driver=DRA,
+            attributes={"name": {"versions": ["1.0.0", "2.0.0"]}}),
+    CelCase("includes-function-on-very-long-list-positive", f'{ATTR}.name.includes("value-48")', False, driver=DRA,
+            attributes={"name": {"strings": [f"value-{i}" for i in range(48)]}}),
+    CelCase("includes-function-on-very-long-list-runtime-error", f'{ATTR}.name.includes("value-49")', driver=DRA,
+            attributes={"name": {"strings": [f"value-{i}" for i in range(49)]}},
+            match_error="'includes' function cannot be applied to lists longer than 48 values"),
     CelCase("macro-exists-on-version", f'{ATTR}.name.exists(x, x.isGreaterThan(semver("0.0.1")))', driver=DRA,
             attributes={"name": {"version": "1.0.0"}}, match_error="expected iterable type"),
 ]

@@ -22,6 +22,7 @@ from typing import Any
 from controller.allocator import capacity as cap
 from controller.allocator.errors import CANNOT_ALLOCATE, INVALID_POOLS, AllocationError, Unschedulable
 from controller.allocator.model import (
+    LIST_KINDS,
     MAX_RESULTS,
     UNKNOWN_ATTRIBUTE,
     AttrValue,
@@ -72,16 +73,31 @@ def _comparable(state: "_MatchState", dev: Device) -> AttrValue | None:
     return value
 
 
+def _as_set(value: AttrValue) -> tuple[str, frozenset[Any]]:
+    """KEP-5491's attributeAsSet: a scalar or a list as (element kind, set of values)."""
+    kind, raw = value
+    if kind in LIST_KINDS:
+        return LIST_KINDS[kind], frozenset(raw)
+    return kind, frozenset((raw,))
+
+
+def _intersects(a: tuple[str, frozenset[Any]], b: tuple[str, frozenset[Any]]) -> bool:
+    return a[0] == b[0] and bool(a[1] & b[1])
+
+
 class _MatchState:
-    """matchAttribute: every device in scope has the attribute with one value (type and value)."""
+    """matchAttribute: every device in scope has the attribute with one value (type and value). With
+    DRAListTypeAttributes (`lists`), the devices' values taken as sets must have a common element."""
 
-    __slots__ = ("attribute", "requests", "value", "count", "claim", "index")
+    __slots__ = ("attribute", "requests", "value", "count", "claim", "index", "lists", "common")
 
-    def __init__(self, c: Constraint, claim: str = "", index: int = 0) -> None:
+    def __init__(self, c: Constraint, claim: str = "", index: int = 0, lists: bool = False) -> None:
         self.attribute, self.requests = c.attribute, c.requests
         self.claim, self.index = claim, index
         self.value: AttrValue | None = None
         self.count = 0
+        self.lists = lists
+        self.common: tuple[str, frozenset[Any]] | None = None
 
     def applies(self, req: Request) -> bool:
         if not self.requests:
@@ -96,6 +112,19 @@ class _MatchState:
         value = _comparable(self, dev)
         if value is None:
             return False
+        if self.lists:
+            as_set = _as_set(value)
+            if self.count == 0:
+                self.common, self.count = as_set, 1
+                return True
+            if self.common is None or not _intersects(self.common, as_set):
+                return False
+            # Like Kubernetes, the running intersection only narrows: removing a device does not widen it again.
+            self.common = (as_set[0], self.common[1] & as_set[1])
+            self.count += 1
+            return True
+        if value[0] in LIST_KINDS:
+            return False  # without the gate a list value matches nothing
         if self.count == 0:
             self.value, self.count = value, 1
             return True
@@ -115,8 +144,8 @@ class _DistinctState(_MatchState):
 
     __slots__ = ("seen",)
 
-    def __init__(self, c: Constraint, claim: str = "", index: int = 0) -> None:
-        super().__init__(c, claim, index)
+    def __init__(self, c: Constraint, claim: str = "", index: int = 0, lists: bool = False) -> None:
+        super().__init__(c, claim, index, lists)
         self.seen: dict[str, AttrValue] = {}
 
     def add(self, req: Request, dev: Device) -> bool:
@@ -126,7 +155,13 @@ class _DistinctState(_MatchState):
         if value is None:
             return False
         base = req.parent or req.name
-        if self.count and any(v == value for v in self.seen.values()):
+        if self.lists:
+            # DRAListTypeAttributes: the new value set must be disjoint from every one seen.
+            if self.count and any(_intersects(_as_set(v), _as_set(value)) for v in self.seen.values()):
+                return False
+        elif value[0] in LIST_KINDS:
+            return False  # without the gate a list value is of no known type
+        elif self.count and any(v == value for v in self.seen.values()):
             return False
         self.seen[base] = value
         self.count += 1
@@ -242,7 +277,8 @@ class _Run:
             self._prepare_claim(ci, claim)
         # Memoising failures is only sound when the outcome of a sub-search depends on the set of
         # devices picked so far, not on their order: distinctAttribute and shared devices break that.
-        self.memo_ok = not any(isinstance(c, _DistinctState) for cs in self.constraints for c in cs) and not (
+        # A list-type matchAttribute's running intersection depends on the order of picks too.
+        self.memo_ok = not any(isinstance(c, _DistinctState) or c.lists for cs in self.constraints for c in cs) and not (
             self.f.consumable_capacity and any(d.allow_multiple for p in self.pools for s in p.slices for d in s.devices)
         )
         outcome = self._one(0, 0, 0, 0, False)
@@ -282,9 +318,9 @@ class _Run:
         states: list[_MatchState] = []
         for i, c in enumerate(claim.constraints):
             if c.kind == "match":
-                states.append(_MatchState(c, key, i))
+                states.append(_MatchState(c, key, i, self.f.list_type_attributes))
             elif c.kind == "distinct" and self.f.consumable_capacity:
-                states.append(_DistinctState(c, key, i))
+                states.append(_DistinctState(c, key, i, self.f.list_type_attributes))
             else:
                 # With DRAConsumableCapacity off the API server drops distinctAttribute, leaving an empty constraint.
                 raise AllocationError(f"claim {key}, constraint #{i}: empty constraint (unsupported constraint type?)")

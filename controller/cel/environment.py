@@ -107,7 +107,9 @@ class Selector:
             return value
         if result.type() == cel.Type.ERROR:
             raise CelRuntimeError(runtime_message(str(value)))
-        raise CelRuntimeError(f"CEL result of type {cel_type_name(result.type())} could not be converted to bool")
+        # A runtime value's type is named without parameters, as cel-go's ref.Val.Type() does ("list", "map").
+        raise CelRuntimeError(f"CEL result of type {cel_type_name(result.type()).partition('(')[0]} could not be "
+                              "converted to bool")
 
 
 class CelEnvironment:
@@ -195,7 +197,9 @@ class CelEnvironment:
         semver = self._semver_message
         attributes: dict[str, dict[str, Any]] = {}
         for domain, ids in device.attributes.items():
-            attributes[domain] = {k: semver(v) if type(v) is Semver else v for k, v in ids.items()}
+            attributes[domain] = {k: semver(v) if type(v) is Semver else
+                                  [semver(x) if type(x) is Semver else x for x in v] if type(v) is list else v
+                                  for k, v in ids.items()}
         for domain in empty_attribute_domains:
             attributes[domain] = {}
         quantity = self._quantity_message
