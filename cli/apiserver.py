@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         server = EmbeddedApiServer(args.address, args.port, state_file=args.state,
-                                   admission=validation_admission(args.driver_name), kubernetes_version=version)
+                                   admission=validation_admission(args.driver_name, version), kubernetes_version=version)
         url = server.start()
     except (ValueError, OSError, StateFileError) as exc:
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
