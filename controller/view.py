@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from controller import objects as o
 from controller.informer import Store
 from controller.objects import Obj
+from controller.taintrules import apply_taint_rules
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class View:
     priority_classes: dict[str, Obj] = field(default_factory=dict)
     quotas: dict[str, Obj] = field(default_factory=dict)
     pod_groups: dict[str, Obj] = field(default_factory=dict)  # scheduling.k8s.io PodGroups (embedded mode)
+    taint_rules: dict[str, Obj] = field(default_factory=dict)
 
     @classmethod
     def from_stores(cls, stores: Mapping[str, Store]) -> "View":
@@ -38,14 +40,17 @@ class View:
             priority_classes=grab("PriorityClass"),
             quotas=grab("ResourceQuota"),
             pod_groups=grab("PodGroup"),
+            taint_rules=grab("DeviceTaintRule"),
         )
 
     def pods_by_uid(self) -> dict[str, Obj]:
         return {o.uid(p): p for p in self.pods.values() if o.uid(p)}
 
     def sorted_slices(self) -> list[Obj]:
-        """Slices in name order: the allocator searches slices in input order, so fix one."""
-        return [self.slices[k] for k in sorted(self.slices)]
+        """Slices in name order (the allocator searches slices in input order, so fix one), with the taints of
+        the DeviceTaintRules added to the devices they select."""
+        slices = [self.slices[k] for k in sorted(self.slices)]
+        return apply_taint_rules(slices, [self.taint_rules[k] for k in sorted(self.taint_rules)])
 
     def allocated_claims(self) -> list[Obj]:
         return [c for c in self.claims.values() if o.allocation(c) is not None]

@@ -64,6 +64,7 @@ KINDS: dict[str, KindInfo] = {
     "PodGroup": KindInfo("scheduling.k8s.io", "v1beta1", "podgroups", True),
     "DeviceClass": KindInfo("resource.k8s.io", "v1", "deviceclasses", False),
     "ResourceSlice": KindInfo("resource.k8s.io", "v1", "resourceslices", False),
+    "DeviceTaintRule": KindInfo("resource.k8s.io", "v1", "devicetaintrules", False),
     "ResourceClaim": KindInfo("resource.k8s.io", "v1", "resourceclaims", True),
     "ResourceClaimTemplate": KindInfo("resource.k8s.io", "v1", "resourceclaimtemplates", True),
 }

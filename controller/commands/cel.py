@@ -17,6 +17,7 @@ from controller.cel import CelCompileError, CelEnvironment, CelRuntimeError, Dev
 from gpudra.features import FeatureGateError, Features
 from gpudra.features import add_arguments as add_feature_arguments
 from gpudra.features import from_arguments as features_from_arguments
+from gpudra.conversion import normalize_objects
 from gpudra.manifests import InputError, load_objects
 
 
@@ -60,7 +61,10 @@ def load_device_file(path: str) -> list[NamedDevice]:
 def load_slice_files(paths: list[str]) -> list[NamedDevice]:
     devices: list[NamedDevice] = []
     for path in paths:
-        for doc in load_objects([path]):
+        objects, errors = normalize_objects(load_objects([path]))  # v1beta1 and v1beta2 slices read as v1
+        if errors:
+            raise InputError(f"{path}: {errors[0]}")
+        for doc in objects:
             if doc.get("kind") != "ResourceSlice":
                 continue
             spec = doc.get("spec")

@@ -10,13 +10,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudra.conversion import served_versions
+
 ALL_VERBS: tuple[str, ...] = ("create", "delete", "get", "list", "patch", "update", "watch")
 # The patch release and build date each minor's /version reports (the embedded server speaks that release's API).
 _RELEASES: dict[str, tuple[str, str, str]] = {
     "1.34": ("v1.34.3", "2025-12-09T00:00:00Z", "go1.24.11"),
     "1.35": ("v1.35.0", "2025-12-17T00:00:00Z", "go1.25.5"),
     "1.36": ("v1.36.2", "2026-06-10T00:00:00Z", "go1.26.3"),
-    "1.37": ("v1.37.0", "2026-08-26T00:00:00Z", "go1.26.5"),
+    "1.37": ("v1.37.0", "2026-08-19T00:00:00Z", "go1.26.0"),
 }
 
 
@@ -66,6 +68,16 @@ class ResourceType:
     field_prefixes: tuple[str, ...] = ()
     categories: tuple[str, ...] = ()
     extra_subresources: tuple[str, ...] = ()
+    # Every version the type is served at, preferred first; `version` (the storage version) when empty.
+    # Objects are stored at `version` and converted (gpudra.conversion) for the others.
+    served: tuple[str, ...] = ()
+
+    @property
+    def versions(self) -> tuple[str, ...]:
+        return self.served or (self.version,)
+
+    def api_version_at(self, version: str) -> str:
+        return f"{self.group}/{version}" if self.group else version
 
     @property
     def api_version(self) -> str:
@@ -110,7 +122,8 @@ class Registry:
 
     def __post_init__(self) -> None:
         for rt in self.types:
-            self._by_route[(rt.group, rt.version, rt.plural)] = rt
+            for version in rt.versions:
+                self._by_route[(rt.group, version, rt.plural)] = rt
             self._by_kind[rt.kind] = rt
 
     def by_route(self, group: str, version: str, plural: str) -> ResourceType | None:
@@ -120,15 +133,17 @@ class Registry:
         return self._by_kind.get(kind)
 
     def group_versions(self) -> dict[str, list[str]]:
+        """Served versions per group, the preferred (storage) version first, then newest to oldest."""
         out: dict[str, list[str]] = {}
         for rt in self.types:
             versions = out.setdefault(rt.group, [])
-            if rt.version not in versions:
-                versions.append(rt.version)
+            for version in rt.versions:
+                if version not in versions:
+                    versions.append(version)
         return out
 
     def in_group_version(self, group: str, version: str) -> Iterable[ResourceType]:
-        return (rt for rt in self.types if rt.group == group and rt.version == version)
+        return (rt for rt in self.types if rt.group == group and version in rt.versions)
 
 
 DEFAULT_REGISTRY = Registry(
@@ -150,11 +165,16 @@ DEFAULT_REGISTRY = Registry(
         # The Workload API as Kubernetes 1.37 serves it (KEP-4671; GenericWorkload).
         ResourceType("scheduling.k8s.io", "v1beta1", "workloads", "Workload", True),
         ResourceType("scheduling.k8s.io", "v1beta1", "podgroups", "PodGroup", True, has_status=True),
-        ResourceType("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False),
+        ResourceType("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False,
+                     served=served_versions("DeviceClass")),
         ResourceType("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False,
-                     field_labels=("spec.driver", "spec.nodeName")),
-        ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, has_status=True),
-        ResourceType("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True),
+                     field_labels=("spec.driver", "spec.nodeName"), served=served_versions("ResourceSlice")),
+        ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, has_status=True,
+                     served=served_versions("ResourceClaim")),
+        ResourceType("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True,
+                     served=served_versions("ResourceClaimTemplate")),
+        ResourceType("resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", False, has_status=True,
+                     served=served_versions("DeviceTaintRule")),
     )
 )
 
