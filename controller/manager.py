@@ -53,6 +53,8 @@ class ControllerConfig:
     driver_name: str = DEFAULT_DRIVER_NAME
     embedded: bool = False
     gang_timeout: float = 300.0
+    # KEP-5007: how long the embedded scheduler waits for device binding conditions (DynamicResourcesArgs).
+    binding_timeout: float = 600.0
     leader_elect: bool = True
     identity: str = field(default_factory=default_identity)
     lease_namespace: str = "kube-system"
@@ -150,6 +152,7 @@ class ControllerManager:
             features=config.features,
             fresh_claims=self._fresh_claims,
             driver_name=config.driver_name,
+            binding_timeout=config.binding_timeout,
         )
         self.pending = PendingExplainer(self.explainer, self.metrics, features=config.features, driver_name=config.driver_name)
         self.taint_evictor = TaintEvictor(self.writer, self.explainer)

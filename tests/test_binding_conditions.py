@@ -181,3 +181,16 @@ def test_failure_condition_deallocates_and_the_agent_releases_the_instance(work:
         _wait(lambda: not _migs(agent), "the MIG instance destroyed")
     finally:
         agent.stop()
+
+
+def test_controller_binding_timeout_flag() -> None:
+    import argparse
+
+    from controller.commands.controller import config_from_args, register
+
+    parser = argparse.ArgumentParser()
+    register(parser)
+    assert config_from_args(parser.parse_args([])).binding_timeout == 600.0
+    assert config_from_args(parser.parse_args(["--binding-timeout", "60"])).binding_timeout == 60.0
+    with pytest.raises(ValueError, match="--binding-timeout"):
+        config_from_args(parser.parse_args(["--binding-timeout", "0.5"]))
