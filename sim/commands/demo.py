@@ -34,6 +34,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="the project's manifests/ directory with base/deviceclasses.yaml and examples/ "
                              "(default: the checkout's; an installed copy, e.g. the container image, names its own)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--runtime", choices=["auto", "podman", "none"], default="auto",
+                        help="container runtime of the simulated kubelets: podman (containers start for real with "
+                             "their CDI devices; needs root, podman, runc, busybox-static), none (pods are marked "
+                             "Running after prepare), auto (podman when it can run here, else none; default)")
 
 
 class _Terminated(BaseException):
@@ -78,6 +82,14 @@ def run(args: argparse.Namespace) -> int:
         workdir = Path(tempfile.mkdtemp(prefix="gpu-dra-demo-", dir=base))
         keep = False
 
+    from sim.runtime import choose
+
+    try:
+        runtime = choose(args.runtime)
+    except ValueError as exc:
+        print(f"gpu-dra demo: --runtime {args.runtime}: {exc}", file=sys.stderr)
+        return 2
+
     from sim.demo import expect, observe, report
     from sim.demo.processes import log_tail
     from sim.demo.runner import Demo, DemoFailed, DemoSettings
@@ -87,8 +99,10 @@ def run(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr, flush=True)
 
     start = time.monotonic()
+    progress(f"runtime: {runtime.kind}: {runtime.reason}")
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    demo = Demo(DemoSettings(workdir=workdir, manifests=manifests, step_timeout=args.step_timeout, progress=progress))
+    demo = Demo(DemoSettings(workdir=workdir, manifests=manifests, step_timeout=args.step_timeout, progress=progress,
+                             runtime=runtime.kind))
     failure = ""
     observed = None
     interrupted = False

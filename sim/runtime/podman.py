@@ -127,6 +127,7 @@ class ContainerRequest:
     command: tuple[str, ...]  # argv; empty: DEFAULT_COMMAND
     env: Mapping[str, str] = field(default_factory=dict)
     cdi_devices: tuple[str, ...] = ()
+    log_path: Path | None = None  # where podman writes its k8s-file log (default: the node's logs/<name>.log)
 
 
 @dataclass(frozen=True)
@@ -232,8 +233,10 @@ class PodmanRuntime:
         seen.mkdir(parents=True)
         conmon_pidfile = self.state_dir / "conmon" / f"{name}.pid"
         conmon_pidfile.unlink(missing_ok=True)
+        log_file = request.log_path or self.state_dir / "logs" / f"{name}.log"
+        log_file.parent.mkdir(parents=True, exist_ok=True)
         args = ["run", "-d", "--name", name, *RUN_FLAGS,
-                "--log-driver", "k8s-file", "--log-opt", f"path={self.log_path(name)}",
+                "--log-driver", "k8s-file", "--log-opt", f"path={log_file}",
                 "--conmon-pidfile", str(conmon_pidfile),
                 "-v", f"{self.state_dir / 'probe'}:{PROBE_DIR}:ro", "-v", f"{seen}:{SEEN_DIR}"]
         for key, value in request.env.items():
@@ -294,13 +297,18 @@ class PodmanRuntime:
 
     # ---- what a container printed and saw -----------------------------------------------------------------
 
-    def log_path(self, name: str) -> Path:
-        return self.state_dir / "logs" / f"{name}.log"
+    def log_path(self, name: str) -> Path | None:
+        with self._lock:
+            c = self._containers.get(name)
+        if c is None:
+            return None
+        return c.request.log_path or self.state_dir / "logs" / f"{name}.log"
 
     def logs(self, name: str) -> str:
         """The container's output as text (stdout and stderr interleaved, as `kubectl logs` prints them)."""
+        path = self.log_path(name)
         try:
-            raw = self.log_path(name).read_text(errors="replace")
+            raw = path.read_text(errors="replace") if path is not None else ""
         except FileNotFoundError:
             return ""
         return "".join(parse_k8s_file(raw))
