@@ -262,6 +262,10 @@ class Demo:
 
         def gang_waiting() -> ApiState | None:
             s = self.state()
+            ended = [p for p in TRAININGS if self._phase(s, p) != "Running"]
+            if ended:
+                raise DemoFailed(f"the trainings {', '.join(ended)} ended before the gang was judged: act 1 took longer "
+                                 f"than their {TRAINING_SECONDS:.0f} s (a very loaded machine?)")
             waiting = all(self._event(s, p, "GpuDraGangWaiting") for p in GANG_PODS)
             explained = all(annotation in ((s.claims.get(c) or {}).get("metadata") or {}).get("annotations", {}) for c in GANG_CLAIMS)
             return s if waiting and explained else None
@@ -332,6 +336,8 @@ class Demo:
         self.start_nodes()
         act1 = self.act1()
         self.act2()
+        if self.s.runtime == "podman":
+            self.wait("every running container to record what it saw", self._all_probed)
         final = self.state()
         records = {name: k.snapshot() for name, k in self.r.kubelets.items()}
         disks = {}
@@ -339,7 +345,11 @@ class Demo:
             dirs = cluster.node_dirs(self.s.workdir, spec.name)
             disks[spec.name] = disk.read_node(dirs.cdi, dirs.plugin_dir(self.s.driver_name))
         gpus = {spec.name: len(discover(load_backend(f"sim:{spec.profile}", node=spec.name), spec.name).gpus) for spec in self.s.nodes}
-        return Observed(act1, final, records, disks, gpus, NAMESPACE, self.s.driver_name)
+        return Observed(act1, final, records, disks, gpus, NAMESPACE, self.s.driver_name, self.s.runtime)
+
+    def _all_probed(self) -> bool:
+        return all(c.seen is not None or not c.running for k in self.r.kubelets.values()
+                   for r in k.snapshot().values() for c in r.containers)
 
     def close(self) -> dict[str, int | None]:
         """Stop everything this run started, kubelets first (they call into the agents), then the processes."""

@@ -55,7 +55,7 @@ class ContainerRuntime(Protocol):
 
     def status(self, name: str) -> ContainerStatus: ...
 
-    def remove(self, name: str) -> None: ...
+    def remove(self, name: str, grace_seconds: int = 1) -> None: ...
 
     def seen(self, name: str) -> Seen | None: ...
 
@@ -285,7 +285,7 @@ class NodeKubelet:
                 names = [c.runtime_name for r in self.records.values() for c in r.containers]
             for name in names:
                 try:
-                    self.runtime.remove(name)
+                    self.runtime.remove(name, grace_seconds=0)  # the node is going away
                 except RuntimeError_ as exc:
                     log.warning("event=container-remove-failed node=%s container=%s error=%r", self.node_name, name, str(exc))
         self.sim.close()

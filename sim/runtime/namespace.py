@@ -6,8 +6,9 @@ in its own mount namespace (`unshare --mount --propagation private`, nothing pro
 
 - /dev is an overlay of the host's /dev with a tmpfs upper dir, so character devices can be `mknod`ed without
   touching the host (/dev/pts, /dev/shm, /dev/mqueue are moved into the overlay first);
-- the node's CDI dir is bind-mounted on /var/run/cdi (when the host has no such dir, a tmpfs is mounted on the
-  directory /var/run points to and the dir is made there) and /etc/cdi, when present, is masked by an empty tmpfs.
+- the directory /var/run points to is a fresh tmpfs, the node's CDI dir is bind-mounted on its `cdi`, and
+  /etc/cdi, when present, is masked by an empty tmpfs; podman's run root and tmp dir live in that tmpfs too
+  (podman refuses a run root longer than 50 characters, which a state dir under a work dir easily is).
 
 Every later command is run inside it with `nsenter --target PID --mount`. The mounts vanish with the
 namespace, i.e. when the holder and the containers started in it (their conmon monitors) are gone.
@@ -23,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 SETUP_TIMEOUT_SECONDS = 30.0
+# Inside the namespace: the tmpfs on /var/run's directory.
+PRIVATE_RUN = os.path.realpath("/var/run")
 
 _SETUP = r"""
 set -eu
@@ -34,12 +37,10 @@ for sub in pts shm mqueue; do
   if mountpoint -q "/dev/$sub"; then mount --move "/dev/$sub" "$state/dev/$sub"; fi
 done
 mount --move "$state/dev" /dev
-if [ ! -d /var/run/cdi ]; then
-  run="$(readlink -f /var/run)"
-  mount -t tmpfs -o mode=0755 gpu-dra-run "$run"
-  mkdir -p "$run/cdi"
-fi
-mount --bind "$cdi" /var/run/cdi
+run="$(readlink -f /var/run)"
+mount -t tmpfs -o mode=0755 gpu-dra-run "$run"
+mkdir -p "$run/cdi"
+mount --bind "$cdi" "$run/cdi"
 if [ -d /etc/cdi ]; then mount -t tmpfs -o mode=0755,ro gpu-dra-etc-cdi /etc/cdi; fi
 echo ready
 exec sleep 2147483647

@@ -4,7 +4,8 @@ What the kubelet asks of containerd after NodePrepareResources, done with podman
 shared/reference/cdi-runtime.md): each container is started from the busybox rootfs (sim.runtime.rootfs) with
 the CDI device ids of its claims and of the device plugin, the pod's env and command, inside the node's private
 mount namespace (sim.runtime.namespace), where /var/run/cdi is the node's CDI dir and the NVIDIA device nodes the
-specs name exist as character devices. podman keeps its storage, run and tmp dirs under the node's state dir.
+specs name exist as character devices. podman keeps its storage under the node's state dir and its run and tmp
+dirs in the namespace's private /run.
 
 Before the container's command, a probe script records what the container itself sees (its `nvidia-smi -L`,
 `NVIDIA_VISIBLE_DEVICES` and NVIDIA device nodes) into a per-container directory; `seen()` reads it.
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sim.runtime.namespace import NamespaceError, PrivateMountNamespace
+from sim.runtime.namespace import PRIVATE_RUN, NamespaceError, PrivateMountNamespace
 from sim.runtime.rootfs import PROBE_DIR, SEEN_DIR
 
 log = logging.getLogger("sim.runtime")
@@ -172,8 +173,8 @@ class PodmanRuntime:
         self.cdi_dir = cdi_dir
         self.rootfs = rootfs
         self.ns = PrivateMountNamespace(state_dir / "ns", cdi_dir)
-        self._global = [podman, "--root", str(state_dir / "storage"), "--runroot", str(state_dir / "runroot"),
-                        "--tmpdir", str(state_dir / "tmp"), "--storage-driver", "vfs", "--events-backend", "file",
+        self._global = [podman, "--root", str(state_dir / "storage"), "--runroot", f"{PRIVATE_RUN}/podman",
+                        "--tmpdir", f"{PRIVATE_RUN}/libpod", "--storage-driver", "vfs", "--events-backend", "file",
                         "--runtime", runc, "--cgroup-manager", "cgroupfs"]
         self._local_majors = _free_local_majors(2)
         self._containers: dict[str, _Container] = {}
@@ -194,7 +195,7 @@ class PodmanRuntime:
             names = list(self._containers)
         for name in names:
             try:
-                self.remove(name)
+                self.remove(name, grace_seconds=0)
             except RuntimeError_ as exc:
                 log.warning("event=container-remove-failed container=%s error=%r", name, str(exc))
         self.ns.close()
@@ -281,11 +282,11 @@ class PodmanRuntime:
             c.finished = finished
         return finished
 
-    def remove(self, name: str) -> None:
-        """Stop (SIGTERM, SIGKILL after 1 s) and remove the container."""
+    def remove(self, name: str, grace_seconds: int = 1) -> None:
+        """Stop (SIGTERM, SIGKILL after the grace period) and remove the container."""
         with self._lock:
             known = self._containers.pop(name, None)
-        done = self._podman("rm", "-f", "--ignore", "--time", "1", name, check=False)
+        done = self._podman("rm", "-f", "--ignore", "--time", str(grace_seconds), name, check=False)
         if done.returncode != 0:
             raise RuntimeError_(f"container {name}: podman rm exited with status {done.returncode}: {done.stderr.strip()}")
         if known is not None:
