@@ -128,7 +128,8 @@ class Demo:
 
     def start_control_plane(self) -> None:
         child = self.r.children.start(
-            "apiserver", gpu_dra_command("apiserver", "--kubeconfig-out", str(self.kubeconfig)), stdout_pipe=True, tier=0
+            "apiserver", gpu_dra_command("apiserver", "--kubeconfig-out", str(self.kubeconfig),
+                                         "--pod-logs-dir", str(self.pod_logs_dir)), stdout_pipe=True, tier=0
         )
         assert child.process.stdout is not None
         fd = child.process.stdout.fileno()

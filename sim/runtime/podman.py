@@ -22,11 +22,12 @@ import re
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from gpudra.apiserver.podlogs import parse_cri_log
 from sim.runtime.namespace import PRIVATE_RUN, NamespaceError, PrivateMountNamespace
 from sim.runtime.rootfs import PROBE_DIR, SEEN_DIR
 
@@ -312,7 +313,7 @@ class PodmanRuntime:
             raw = path.read_text(errors="replace") if path is not None else ""
         except FileNotFoundError:
             return ""
-        return "".join(parse_k8s_file(raw))
+        return "".join(line.text for line in parse_cri_log(raw))
 
     def seen(self, name: str) -> Seen | None:
         d = self.state_dir / "seen" / name
@@ -333,16 +334,6 @@ class PodmanRuntime:
             visible_devices=visible.rstrip("\n") if visible is not None else None,
             device_nodes=tuple((read("devices") or "").split()),
         )
-
-
-def parse_k8s_file(raw: str) -> Iterator[str]:
-    """Text of podman's k8s-file log: `<time> <stream> <P|F> <text>`; P is a partial line continued by the next."""
-    for line in raw.splitlines():
-        parts = line.split(" ", 3)
-        if len(parts) < 3:
-            continue
-        text = parts[3] if len(parts) == 4 else ""
-        yield text if parts[2] == "P" else text + "\n"
 
 
 def _alive(pid: int) -> bool:
