@@ -46,6 +46,10 @@ EXTENDED_GPU_RESOURCE = "nvidia.com/gpu"
 RETRY_SECONDS = 0.2
 # A container the runtime refused is retried after 1 s, doubling up to this (the kubelet's back-off is 10 s to 5 min).
 MAX_START_BACKOFF_SECONDS = 10.0
+# An exited container is restarted after 0.5 s, doubling per restart up to 10 s (the kubelet's CrashLoopBackOff
+# is 10 s doubling to 5 min; shorter here so that tests and the demo see restarts).
+FIRST_RESTART_DELAY_SECONDS = 0.5
+MAX_RESTART_DELAY_SECONDS = 10.0
 
 
 class ContainerRuntime(Protocol):
@@ -110,6 +114,7 @@ class PodRecord:
     containers: list[ContainerRun] = field(default_factory=list)  # the latest run of each container
     start_failures: int = 0
     next_start: float = 0.0  # monotonic time before which a refused container is not retried
+    restart_due: dict[str, float] = field(default_factory=dict)  # container -> when its back-off ends
 
 
 def _container_gpu_limit(container: Mapping[str, Any]) -> int:
@@ -217,6 +222,10 @@ def pod_phase(restart_policy: str, runs: list[ContainerRun]) -> str | None:
     if any(will_restart(restart_policy, r) for r in runs):
         return None
     return "Succeeded" if all(r.exit_code == 0 for r in runs) else "Failed"
+
+
+def restart_delay(restart_count: int) -> float:
+    return min(MAX_RESTART_DELAY_SECONDS, FIRST_RESTART_DELAY_SECONDS * 2.0 ** restart_count)
 
 
 def will_restart(restart_policy: str, run: ContainerRun) -> bool:
@@ -537,7 +546,15 @@ class NodeKubelet:
         with self._lock:
             record.containers = runs
         policy = str((pod.get("spec") or {}).get("restartPolicy") or "Always")
-        restart = {c.container for c in runs if will_restart(policy, c)}
+        now = time.monotonic()
+        restart = set()
+        for c in runs:
+            if will_restart(policy, c):
+                due = record.restart_due.setdefault(c.container, now + restart_delay(c.restart_count))
+                if now >= due:
+                    restart.add(c.container)
+        for name in restart:
+            record.restart_due.pop(name, None)
         if restart:
             try:
                 self._start_containers(pod, record, only=restart)
