@@ -192,3 +192,16 @@ def test_a_spec_podman_refuses_is_a_clear_error(node: Node) -> None:
         "cdiVersion": "0.5.0", "kind": "example.com/thing", "devices": [{"name": "x", "containerEdits": {}}]}))
     with pytest.raises(RuntimeError_, match="podman run exited with status"):
         node.runtime.run(ContainerRequest("refused", ("true",), {}, ("example.com/thing=x",)))
+
+
+def test_device_plugin_spec_runs_too(node: Node) -> None:
+    from driver.deviceplugin import legacy_cdi_id, legacy_cdi_spec, LEGACY_SPEC_FILE
+
+    gpus = [g for g in node.inv.gpus if not g.mig_devices][:2]
+    common = discover_driver_files(node.driver_root, node.inv.driver_version, host_root=str(node.driver_root)).container_edits()
+    spec = legacy_cdi_spec(gpus, common)
+    assert spec["cdiVersion"] <= "0.5.0"
+    (node.tmp / "cdi" / LEGACY_SPEC_FILE).write_text(json.dumps(spec))
+    code, out = node.run("legacy", "nvidia-smi -L", [legacy_cdi_id(gpus[1].uuid)],
+                         env={"NVIDIA_VISIBLE_DEVICES": gpus[1].uuid})
+    assert (code, out) == (0, f"GPU 0: {gpus[1].product_name} (UUID: {gpus[1].uuid})\n")

@@ -242,7 +242,8 @@ def view_problems(row: WorkloadRow, view: ContainerView) -> list[str]:
     if sorted(view.mig_uuids) != sorted(migs):
         problems.append(f"{where}: nvidia-smi -L listed MIG devices {view.mig_uuids}, its devices are {sorted(migs)}")
     seen_visible = set(filter(None, (view.visible_devices or "").split(",")))
-    if seen_visible != visible:
+    # "void": the spec tells an NVIDIA runtime hook to inject nothing itself (CDI already did); not a device list.
+    if view.visible_devices != "void" and seen_visible != visible:
         problems.append(f"{where}: NVIDIA_VISIBLE_DEVICES={view.visible_devices!r}, expected {sorted(visible)}")
     if len(view.gpu_nodes) != len(gpus):
         problems.append(f"{where}: GPU device nodes {view.gpu_nodes}, expected {len(gpus)}")
