@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,16 @@ def podman_missing() -> list[str]:
     for tool in ("unshare", "nsenter", "mount", "mknod"):
         if shutil.which(tool) is None:
             missing.append(f"{tool} is not installed")
+    if not missing:
+        # Root is not enough inside some sandboxes: try the one privileged thing the runtime starts with.
+        try:
+            done = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True,
+                                  text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            missing.append(f"unshare --mount failed: {exc}")
+        else:
+            if done.returncode != 0:
+                missing.append(f"cannot create a private mount namespace: {done.stderr.strip()}")
     return missing
 
 
