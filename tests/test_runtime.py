@@ -205,3 +205,45 @@ def test_device_plugin_spec_runs_too(node: Node) -> None:
     code, out = node.run("legacy", "nvidia-smi -L", [legacy_cdi_id(gpus[1].uuid)],
                          env={"NVIDIA_VISIBLE_DEVICES": gpus[1].uuid})
     assert (code, out) == (0, f"GPU 0: {gpus[1].product_name} (UUID: {gpus[1].uuid})\n")
+
+
+def test_on_demand_mig_device_runs_and_is_listed() -> None:
+    """A partitionable GPU's MIG device created at prepare: its spec runs, the container sees only it."""
+    from tests.test_mig_on_demand import Node as MigNode, placement_name
+
+    require_podman()
+    with short_tmp() as tmp:
+        mig_node = MigNode(tmp)
+        gpu = mig_node.gpu(0)
+        root = driverinstall.write(tmp / "driver", NODE, mig_node.inv)  # before the MIG device exists
+        common = discover_driver_files(root, mig_node.inv.driver_version, host_root=str(root)).container_edits()
+        mig_node.preparer._common_edits = common  # the agent passes its driver files the same way
+        ref = mig_node.add_claim("slice", "1b2c3d4e-0000-0000-0000-000000000001", [placement_name(gpu, "1g.10gb", 0)])
+        result = mig_node.preparer.prepare([ref])[ref.uid]
+        assert result.error == ""
+        (created,) = [m for m in mig_node.gpu(0).mig_devices]
+        runtime = Runtimes(tmp / "runtime").for_node(NODE, tmp / "cdi")
+        try:
+            runtime.run(ContainerRequest("slice", ("nvidia-smi", "-L"), {}, result.devices[0].cdi_device_ids))
+            deadline = time.monotonic() + DEADLINE
+            while runtime.status("slice").running:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert runtime.status("slice").exit_code == 0, runtime.logs("slice")
+            assert runtime.logs("slice").splitlines() == [
+                f"GPU 0: {gpu.product_name} (UUID: {gpu.uuid})",
+                f"  MIG 1g.10gb      Device  0: (UUID: {created.uuid})",
+            ]
+        finally:
+            runtime.close()
+
+
+def test_a_container_removed_behind_the_runtimes_back_reads_as_unknown(node: Node) -> None:
+    node.runtime.run(ContainerRequest("gone", ("sleep", "1000")))
+    assert node.runtime.status("gone").running
+    node.runtime._podman("rm", "-f", "--time", "0", "gone")  # as if someone else removed it
+    deadline = time.monotonic() + DEADLINE
+    while (status := node.runtime.status("gone")).running:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert status.exit_code == 137 and "gone" in status.error

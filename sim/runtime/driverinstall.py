@@ -8,6 +8,11 @@ the container, a MIG device when its compute instance's /dev/nvidia-caps access 
 rule), and when NVIDIA_VISIBLE_DEVICES lists UUIDs, only devices named there (or whose MIG devices are) are
 listed. Nothing else in the container is looked at, so the output is the container's own view.
 
+MIG devices created later (partitionable GPUs, on demand at prepare) are known in advance: the simulator names a
+MIG device by its GPU, profile and placement, so the table holds every placement of every profile of a
+MIG-capable GPU. Where two profiles share a placement (hence a cap node), such a row is listed only when
+NVIDIA_VISIBLE_DEVICES names its UUID.
+
 Real nodes never get this: the agent with `--nvml real` reads the host's install.
 """
 
@@ -17,6 +22,7 @@ from pathlib import Path
 
 from driver.cdi import mig_cap_minors
 from driver.inventory import Inventory
+from sim.nvml.simulator import gpu_instance_id, mig_uuid
 
 NVIDIA_SMI = "usr/bin/nvidia-smi"
 
@@ -42,8 +48,9 @@ while IFS='|' read -r minor uuid name migs; do
   [ -c "/dev/nvidia$minor" ] || continue
   lines=""; n=0; mig_uuids=""
   for m in $migs; do
-    ci=${m%%:*}; rest=${m#*:}; profile=${rest%%:*}; muuid=${rest#*:}
+    ci=${m%%:*}; rest=${m#*:}; profile=${rest%%:*}; rest=${rest#*:}; muuid=${rest%%:*}; strict=${rest#*:}
     [ -c "/dev/nvidia-caps/nvidia-cap$ci" ] || continue
+    if [ "$strict" = 1 ]; then [ -n "$visible" ] && named "$muuid" || continue; fi
     named "$uuid" "$muuid" || continue
     lines="$lines$(printf '  MIG %-12s Device %2d: (UUID: %s)' "$profile" "$n" "$muuid")
 "
@@ -65,10 +72,19 @@ def script(node: str, inventory: Inventory) -> str:
     """The nvidia-smi script for this node's GPUs (pure)."""
     rows = []
     for gpu in sorted(inventory.gpus, key=lambda g: g.minor):
-        migs = []
+        existing: dict[int, tuple[str, str]] = {}
         for mig in gpu.mig_devices:
             _, ci_minor = mig_cap_minors(gpu.minor, mig.gpu_instance_id, mig.compute_instance_id)
-            migs.append(f"{ci_minor}:{mig.profile}:{mig.uuid}")
+            existing[ci_minor] = (mig.profile, mig.uuid)
+        possible: dict[int, list[tuple[str, str]]] = {}
+        for profile in gpu.mig_profiles if gpu.mig_capable else ():
+            for pl in profile.placements:
+                _, ci_minor = mig_cap_minors(gpu.minor, gpu_instance_id(pl.start, pl.size), 0)
+                if ci_minor not in existing:
+                    possible.setdefault(ci_minor, []).append((profile.name, mig_uuid(gpu.uuid, profile.name, pl.start)))
+        migs = [f"{ci}:{profile}:{uuid}:0" for ci, (profile, uuid) in sorted(existing.items())]
+        migs += [f"{ci}:{profile}:{uuid}:{int(len(rows_) > 1)}" for ci, rows_ in sorted(possible.items())
+                 for profile, uuid in rows_]
         rows.append(f"{gpu.minor}|{gpu.uuid}|{gpu.product_name}|{' '.join(migs)}")
     return (_SCRIPT.replace("NODE", node).replace("DRIVER_VERSION", inventory.driver_version or "unknown")
             .replace("ROWS", "\n".join(rows)))

@@ -38,6 +38,8 @@ RUNC_CANDIDATES: tuple[str, ...] = ("/usr/sbin/runc", "/usr/bin/runc", "/usr/loc
 RUN_FLAGS: tuple[str, ...] = ("--network=none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
                               "--read-only", "--stop-timeout", "1")
 PODMAN_TIMEOUT_SECONDS = 120.0
+# The exit code the kubelet reports for a container whose state the runtime lost (ContainerStatusUnknown).
+UNKNOWN_EXIT_CODE = 137
 # What a container runs when the pod gives neither command nor args (a server image's entrypoint).
 DEFAULT_COMMAND: tuple[str, ...] = ("sleep", "2147483647")
 
@@ -274,8 +276,14 @@ class PodmanRuntime:
         done = self._podman("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name, check=False)
         words = done.stdout.split()
         if done.returncode != 0 or len(words) != 2:
-            return ContainerStatus(name, c.conmon_pid is None, None, c.started_at,
-                                   error=done.stderr.strip() or "podman inspect gave no state")
+            error = done.stderr.strip() or "podman inspect gave no state"
+            if c.conmon_pid is None:
+                return ContainerStatus(name, True, None, c.started_at, error=error)
+            # Its monitor is gone and podman does not know it: the kubelet's ContainerStatusUnknown (exit 137).
+            finished = ContainerStatus(name, False, UNKNOWN_EXIT_CODE, c.started_at, _now(), error=error)
+            with self._lock:
+                c.finished = finished
+            return finished
         if words[0] in ("running", "created", "configured", "paused", "stopping"):
             return ContainerStatus(name, True, None, c.started_at)
         finished = ContainerStatus(name, False, int(words[1]), c.started_at, _now())
