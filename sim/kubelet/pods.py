@@ -333,15 +333,22 @@ class NodeKubelet:
                     self._stop.wait(RETRY_SECONDS)
 
     def _work(self) -> None:
+        last_retry = time.monotonic()
         while not self._stop.is_set():
+            work: list[tuple[str, dict[str, Any]]] = []
             try:
-                kind, pod = self._events.get(timeout=RETRY_SECONDS)
+                work.append(self._events.get(timeout=RETRY_SECONDS))
             except queue.Empty:
-                kind, pod = "RETRY", {}
-            try:
-                self._handle(kind, pod)
-            except Exception as exc:  # noqa: BLE001 - one bad pod must not stop the node
-                log.exception("event=pod-sync-failed node=%s error=%r", self.node_name, exc)
+                pass
+            # The resync (waiting pods, running containers) runs every RETRY_SECONDS, however busy the events.
+            if time.monotonic() - last_retry >= RETRY_SECONDS:
+                last_retry = time.monotonic()
+                work.append(("RETRY", {}))
+            for kind, pod in work:
+                try:
+                    self._handle(kind, pod)
+                except Exception as exc:  # noqa: BLE001 - one bad pod must not stop the node
+                    log.exception("event=pod-sync-failed node=%s error=%r", self.node_name, exc)
 
     def _handle(self, kind: str, pod: dict[str, Any]) -> None:
         if kind == "STOP":
@@ -420,6 +427,11 @@ class NodeKubelet:
             return
         if uid in self._active:
             self._active[uid] = pod  # the latest object (restartPolicy and containers are immutable)
+            return
+        with self._lock:
+            known = self.records.get(uid)
+        if known is not None and known.phase in ("Succeeded", "Failed"):
+            self._pods.pop(uid, None)  # a stale event from before the pod terminated: a terminated pod stays so
             return
         if phase == "Running" and self.runtime is None:
             return

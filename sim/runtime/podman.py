@@ -10,7 +10,8 @@ dirs in the namespace's private /run.
 Before the container's command, a probe script records what the container itself sees (its `nvidia-smi -L`,
 `NVIDIA_VISIBLE_DEVICES` and NVIDIA device nodes) into a per-container directory; `seen()` reads it.
 Logs are podman's k8s-file log (one line per write: time, stream, P/F, text); `logs()` turns it into text.
-Exits are noticed without spawning podman: a container has exited when its conmon process is gone.
+Exits are noticed without spawning podman: once the container's process is gone (its --pidfile), podman is
+asked for the exit code; its conmon monitor (--conmon-pidfile) lingers a second or two for podman's clean-up.
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ def _now() -> str:
 class _Container:
     request: ContainerRequest
     conmon_pid: int | None
+    pid: int | None  # the container's init process, on the host
     started_at: str
     finished: ContainerStatus | None = None
 
@@ -237,11 +239,13 @@ class PodmanRuntime:
         seen.mkdir(parents=True)
         conmon_pidfile = self.state_dir / "conmon" / f"{name}.pid"
         conmon_pidfile.unlink(missing_ok=True)
+        pidfile = self.state_dir / "conmon" / f"{name}.ctr.pid"
+        pidfile.unlink(missing_ok=True)
         log_file = request.log_path or self.state_dir / "logs" / f"{name}.log"
         log_file.parent.mkdir(parents=True, exist_ok=True)
         args = ["run", "-d", "--name", name, *RUN_FLAGS,
                 "--log-driver", "k8s-file", "--log-opt", f"path={log_file}",
-                "--conmon-pidfile", str(conmon_pidfile),
+                "--conmon-pidfile", str(conmon_pidfile), "--pidfile", str(pidfile),
                 "-v", f"{self.state_dir / 'probe'}:{PROBE_DIR}:ro", "-v", f"{seen}:{SEEN_DIR}"]
         for key, value in request.env.items():
             args += ["-e", f"{key}={value}"]
@@ -253,13 +257,10 @@ class PodmanRuntime:
         if done.returncode != 0:
             raise RuntimeError_(f"container {name}: podman run exited with status {done.returncode}: "
                                 f"{done.stderr.strip() or done.stdout.strip()}")
-        try:
-            conmon = int(conmon_pidfile.read_text().strip())
-        except (OSError, ValueError):
-            conmon = None
+        conmon, pid = _read_pid(conmon_pidfile), _read_pid(pidfile)
         started = _now()
         with self._lock:
-            self._containers[name] = _Container(request, conmon, started)
+            self._containers[name] = _Container(request, conmon, pid, started)
         log.info("event=container-started container=%s devices=%s", name, ",".join(request.cdi_devices) or "-")
         return ContainerStatus(name, True, None, started)
 
@@ -271,13 +272,14 @@ class PodmanRuntime:
             return ContainerStatus(name, False, None, "", error=f"no container {name} on this node")
         if c.finished is not None:
             return c.finished
-        if c.conmon_pid is not None and _alive(c.conmon_pid):
+        watched = c.pid if c.pid is not None else c.conmon_pid
+        if watched is not None and _alive(watched):
             return ContainerStatus(name, True, None, c.started_at)
         done = self._podman("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name, check=False)
         words = done.stdout.split()
         if done.returncode != 0 or len(words) != 2:
             error = done.stderr.strip() or "podman inspect gave no state"
-            if c.conmon_pid is None:
+            if watched is None:
                 return ContainerStatus(name, True, None, c.started_at, error=error)
             # Its monitor is gone and podman does not know it: the kubelet's ContainerStatusUnknown (exit 137).
             finished = ContainerStatus(name, False, UNKNOWN_EXIT_CODE, c.started_at, _now(), error=error)
@@ -342,6 +344,13 @@ class PodmanRuntime:
             visible_devices=visible.rstrip("\n") if visible is not None else None,
             device_nodes=tuple((read("devices") or "").split()),
         )
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _alive(pid: int) -> bool:
