@@ -133,6 +133,7 @@ def test_demo_report_matches_disk(workdir: Path, demo: Demo, runtime: str) -> No
 
     outcomes = {e["name"]: e for e in report["expectations"]}
     assert set(outcomes) == EXPECTED_OUTCOMES | (CONTAINER_OUTCOMES if runtime == "podman" else set())
+    assert report["runtime"]["kind"] == runtime and report["runtime"]["reason"]
     assert all(e["ok"] for e in outcomes.values()), [e for e in outcomes.values() if not e["ok"]]
     assert report["ok"] is True
     assert "act 1" in err and "act 2" in err  # progress lines go to stderr, the report alone to stdout

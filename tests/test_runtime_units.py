@@ -178,3 +178,18 @@ def test_kubectl_logs_from_a_registered_log_source(apiserver: RunningApiServer, 
     assert bad.returncode != 0 and "container c is not valid for pod two" in bad.stderr
     resources = json.loads(kubectl("get", "--raw", "/api/v1").stdout)["resources"]
     assert {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]} in resources
+
+
+def test_without_podman_auto_falls_back_and_podman_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import os
+    import sys
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no podman, runc, unshare... on this PATH
+    auto = choose("auto")
+    assert auto.kind == "none" and "podman is not installed" in auto.reason and "pods are marked Running" in auto.reason
+    with pytest.raises(ValueError, match="podman is not installed"):
+        choose("podman")
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "cli.main", "demo", "--runtime", "podman"], cwd=repo, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PATH": str(tmp_path)})
+    assert done.returncode == 2 and "gpu-dra demo: --runtime podman: podman cannot run here" in done.stderr

@@ -99,7 +99,11 @@ def run(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr, flush=True)
 
     start = time.monotonic()
-    progress(f"runtime: {runtime.kind}: {runtime.reason}")
+    if runtime.kind == "none" and args.runtime == "auto":
+        # Falling back is worth a line even with --quiet: the report then has no container views.
+        print(f"gpu-dra demo: notice: {runtime.reason}", file=sys.stderr, flush=True)
+    else:
+        progress(f"runtime: {runtime.kind}: {runtime.reason}")
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     demo = Demo(DemoSettings(workdir=workdir, manifests=manifests, step_timeout=args.step_timeout, progress=progress,
                              runtime=runtime.kind))
@@ -150,9 +154,12 @@ def run(args: argparse.Namespace) -> int:
         ))
         progress(f"all processes stopped; wall time {wall:.1f} s")
         if args.output == "json":
-            print(json.dumps(report.as_json(rows, util, results, wall_seconds=wall, workdir=shown_workdir), indent=2))
+            doc = report.as_json(rows, util, results, wall_seconds=wall, workdir=shown_workdir)
+            doc["runtime"] = {"kind": runtime.kind, "reason": runtime.reason}
+            print(json.dumps(doc, indent=2))
         else:
             print(report.as_table(rows, util, results, wall_seconds=wall, workdir=shown_workdir))
+            print(f"container runtime: {runtime.kind}: {runtime.reason}")
         return 0 if all(r.ok for r in results) else 1
     finally:
         if not keep:
