@@ -133,6 +133,9 @@ def test_failed_container_restart_policies_and_deletion(cluster: Cluster) -> Non
         for c in (cluster.api.get("Pod", "retry", namespace="default").get("status") or {}).get("containerStatuses") or []))
     assert cluster.phase("retry") == "Running"
     assert cluster.kubectl("logs", "retry").stdout == "attempt\n"  # the current run's log
+    assert cluster.kubectl("logs", "retry", "--previous").stdout == "attempt\n"  # the run before it
+    first = cluster.kubectl("logs", "never", "--previous")
+    assert first.returncode != 0 and 'previous terminated container "main" in pod "never" not found' in first.stderr
     # ... and one that succeeds is not: the pod Succeeds.
     cluster.pod("once", "exit 0", restart="OnFailure")
     pod = cluster.wait_phase("once", "Succeeded", "Failed")

@@ -104,7 +104,10 @@ def test_container_sees_its_claims_device_nodes_and_no_other_gpu(node: Node) -> 
     lines = out.splitlines()
     assert f"GPU 0: {plain[0].product_name} (UUID: {plain[0].uuid})" in lines
     assert not any(plain[1].uuid in line for line in lines) and sum(line.startswith("GPU ") for line in lines) == 1
-    assert f"VISIBLE={plain[0].uuid}" in lines
+    # NVIDIA_VISIBLE_DEVICES as the claim's spec sets it (the claim's UUIDs).
+    spec_a = json.loads((node.tmp / "cdi" / cdi.spec_file_name(a[0].split("=", 1)[1][:36])).read_text())
+    (visible,) = [e for e in spec_a["devices"][0]["containerEdits"]["env"] if e.startswith("NVIDIA_VISIBLE_DEVICES=")]
+    assert f"VISIBLE={visible.split('=', 1)[1]}" in lines
     nodes = {line[5:] for line in lines if line.startswith("NODE=")}
     assert nodes == {f"/dev/nvidia{plain[0].minor}", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
     # The cgroup allows exactly its GPU's node (195:minor) and nvidiactl (195:255) of NVIDIA's major.
