@@ -151,3 +151,47 @@ def test_failed_container_restart_policies_and_deletion(cluster: Cluster) -> Non
     wait_for("the server's container to be removed", lambda: name not in cluster.runtime.names())
     with pytest.raises(NotFound):
         cluster.api.get("Pod", "server", namespace="default")
+
+
+def test_legacy_pod_gets_its_device_plugin_gpu_and_frees_it_when_done(apiserver: RunningApiServer) -> None:
+    from driver.checkpoint import Checkpoint
+    from driver.deviceplugin import DevicePluginSettings, DevicePluginShim
+    from sim.kubelet.devicemanager import DeviceManagerSim
+    from tests.test_deviceplugin import RESOURCE, inv
+
+    require_podman()
+    with short_tmp() as tmp:
+        dm = DeviceManagerSim(tmp / "kubelet")
+        dm.start()
+        (tmp / "boot").write_text("b1\n")
+        checkpoint, _ = Checkpoint.open(tmp / "kubelet" / "plugins" / DRIVER, boot_id_path=tmp / "boot")
+        inventory = inv("v100-4")
+        shim = DevicePluginShim(DevicePluginSettings(kubelet_dir=tmp / "kubelet", cdi_dir=tmp / "cdi", driver_name=DRIVER,
+                                                     watch_seconds=0.05), inventory=lambda: inventory, checkpoint=checkpoint)
+        shim.start()
+        runtime = Runtimes(tmp / "runtime").for_node(NODE, tmp / "cdi")
+        kubelet = NodeKubelet(apiserver.api, NODE, tmp / "kubelet", DRIVER, device_manager=dm, runtime=runtime)
+        try:
+            dm.wait_for(lambda sim: len(sim.devices(RESOURCE)) == 4, timeout=DEADLINE)
+            kubelet.start()
+            apiserver.api.create("Pod", {"metadata": {"name": "legacy", "namespace": "default"}, "spec": {
+                "nodeName": NODE, "restartPolicy": "Never", "containers": [{
+                    "name": "cuda", "image": "cuda", "resources": {"limits": {RESOURCE: "1"}},
+                    "command": ["sh", "-c", "echo $NVIDIA_VISIBLE_DEVICES; ls /dev | grep '^nvidia[0-9]'"]}]}},
+                namespace="default")
+            wait_for("the legacy pod to end", lambda: (apiserver.api.get("Pod", "legacy", namespace="default").get("status")
+                                                       or {}).get("phase") in ("Succeeded", "Failed"))
+            (record,) = kubelet.snapshot().values()
+            assert record.phase == "Succeeded", record
+            (grant,) = record.legacy
+            gpu = next(g for g in inventory.gpus if g.uuid == grant.device_ids[0])
+            assert record.containers[0].cdi_devices == grant.cdi_devices
+            assert runtime.logs(record.containers[0].runtime_name) == f"{gpu.uuid}\nnvidia{gpu.minor}\n"
+            # The kubelet forgot the terminated pod's devices: the GPU is free for the next legacy pod.
+            assert dm.allocated(RESOURCE) == set()
+        finally:
+            kubelet.stop()
+            runtime.close()
+            shim.stop()
+            dm.stop()
+            checkpoint.close()

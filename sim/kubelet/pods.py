@@ -669,6 +669,8 @@ class NodeKubelet:
             record = self.records.get(uid)
             if record is not None:
                 record.unprepared = True
+        if record is not None and record.legacy and self.device_manager is not None:
+            self.device_manager.remove_pod(uid)  # a terminated pod's device plugin devices are free again
 
     def _finish(self, namespace: str, name: str) -> None:
         try:
