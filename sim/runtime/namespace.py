@@ -5,7 +5,8 @@ the host. Neither may be changed on the host (other processes may own them), so 
 in its own mount namespace (`unshare --mount --propagation private`, nothing propagates back) where:
 
 - /dev is an overlay of the host's /dev with a tmpfs upper dir, so character devices can be `mknod`ed without
-  touching the host (/dev/pts, /dev/shm, /dev/mqueue are moved into the overlay first);
+  touching the host (/dev/pts and /dev/mqueue are moved into the overlay first; /dev/shm is a fresh tmpfs, where
+  podman keeps its lock segment);
 - the directory /var/run points to is a fresh tmpfs, the node's CDI dir is bind-mounted on its `cdi`, and
   /etc/cdi, when present, is masked by an empty tmpfs; podman's run root and tmp dir live in that tmpfs too
   (podman refuses a run root longer than 50 characters, which a state dir under a work dir easily is).
@@ -30,18 +31,22 @@ PRIVATE_RUN = os.path.realpath("/var/run")
 _SETUP = r"""
 set -eu
 state="$1"; cdi="$2"
-mount -t tmpfs -o mode=0755 gpu-dra-dev "$state/devtmp"
+mount -n -t tmpfs -o mode=0755 gpu-dra-dev "$state/devtmp"
 mkdir -p "$state/devtmp/upper" "$state/devtmp/work"
-mount -t overlay gpu-dra-dev -o "lowerdir=/dev,upperdir=$state/devtmp/upper,workdir=$state/devtmp/work" "$state/dev"
-for sub in pts shm mqueue; do
-  if mountpoint -q "/dev/$sub"; then mount --move "/dev/$sub" "$state/dev/$sub"; fi
+mount -n -t overlay gpu-dra-dev -o "lowerdir=/dev,upperdir=$state/devtmp/upper,workdir=$state/devtmp/work" "$state/dev"
+for sub in pts mqueue; do
+  if mountpoint -q "/dev/$sub"; then mount -n --move "/dev/$sub" "$state/dev/$sub"; fi
 done
-mount --move "$state/dev" /dev
+# A private /dev/shm: podman keeps its lock segment there (libpod_lock), which must not land on the host's.
+# (mount -n: util-linux must not record these mounts in the host's /run/mount/utab.)
+mkdir -p "$state/dev/shm"
+mount -n -t tmpfs -o mode=1777 gpu-dra-shm "$state/dev/shm"
+mount -n --move "$state/dev" /dev
 run="$(readlink -f /var/run)"
-mount -t tmpfs -o mode=0755 gpu-dra-run "$run"
+mount -n -t tmpfs -o mode=0755 gpu-dra-run "$run"
 mkdir -p "$run/cdi"
-mount --bind "$cdi" "$run/cdi"
-if [ -d /etc/cdi ]; then mount -t tmpfs -o mode=0755,ro gpu-dra-etc-cdi /etc/cdi; fi
+mount -n --bind "$cdi" "$run/cdi"
+if [ -d /etc/cdi ]; then mount -n -t tmpfs -o mode=0755,ro gpu-dra-etc-cdi /etc/cdi; fi
 echo ready
 exec sleep 2147483647
 """
