@@ -193,3 +193,34 @@ def test_without_podman_auto_falls_back_and_podman_is_refused(monkeypatch: pytes
     done = subprocess.run([sys.executable, "-m", "cli.main", "demo", "--runtime", "podman"], cwd=repo, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PATH": str(tmp_path)})
     assert done.returncode == 2 and "gpu-dra demo: --runtime podman: podman cannot run here" in done.stderr
+
+
+def test_simulated_plugin_process_uses_its_private_state_dir(apiserver: RunningApiServer) -> None:
+    import os
+    import sys
+    import time
+
+    from tests.plugin_helpers import short_tmp, stop_process
+
+    repo = Path(__file__).resolve().parent.parent
+    host_kubelet_existed = Path(DEFAULT_KUBELET_DIR).exists()
+    with short_tmp() as tmp:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "plugin", "--node", "simnode", "--nvml", "sim:v100-4",
+             "--kubeconfig", str(apiserver.kubeconfig)],
+            cwd=repo, env={**os.environ, "TMPDIR": str(tmp)}, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        try:
+            state = tmp / f"gpu-dra-sim-{os.getuid()}" / "simnode"
+            registry = state / "kubelet" / "plugins_registry"
+            deadline = time.monotonic() + 60
+            while not (registry.is_dir() and any(registry.glob("*.sock"))):
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline, "the agent did not create its registration socket"
+                time.sleep(0.1)
+        finally:
+            stop_process(proc)
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+        proc.stderr.close()
+        assert f"using the private state dir {state}" in err and "never the host's /var/lib/kubelet" in err
+    assert Path(DEFAULT_KUBELET_DIR).exists() == host_kubelet_existed
