@@ -144,7 +144,6 @@ class PodHealthReporter:
         self.running_pods = running_pods
         self.tick = tick
         self.cache = HealthCache(sim.dialect)
-        self._written: dict[str, dict[str, list[dict[str, Any]]]] = {}  # pod uid -> what was last written
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -191,10 +190,8 @@ class PodHealthReporter:
                 log.warning("event=health-status-failed node-driver=%s error=%r", self.driver_name, exc)
 
     def sync(self) -> None:
-        """Write allocatedResourcesStatus for every running pod whose computed value changed."""
-        live = set()
+        """Write allocatedResourcesStatus for every running pod whose status does not show the computed value."""
         for pod in self.running_pods():
-            live.add(pod.uid)
             try:
                 obj = self.api.get("Pod", pod.name, namespace=pod.namespace)
             except NotFound:
@@ -203,12 +200,14 @@ class PodHealthReporter:
                 continue
             desired = allocated_resources_status(obj, pod.prepared, self.driver_name, self.cache.get,
                                                  self.sim.dialect.health_messages)
-            if self._written.get(pod.uid) == desired:
+            # Compared with what the pod carries, not with what was last written: other status writers (the
+            # container runtime's state changes) replace containerStatuses wholesale.
+            current = {str(c.get("name")): c.get("allocatedResourcesStatus")
+                       for c in (obj.get("status") or {}).get("containerStatuses") or []}
+            names = {str(c.get("name")) for c in (obj.get("status") or {}).get("containerStatuses") or []}
+            if all(current.get(n) == desired.get(n) for n in names):
                 continue
             self._write(obj, desired)
-            self._written[pod.uid] = desired
-        for uid in set(self._written) - live:
-            self._written.pop(uid)
 
     def _write(self, pod: Mapping[str, Any], desired: Mapping[str, list[dict[str, Any]]]) -> None:
         statuses = []
