@@ -79,9 +79,10 @@ def unsupported_class_errors(obj: object) -> list[str]:
     ]
 
 
-def validation_admission(driver_name: str = DEFAULT_DRIVER_NAME) -> Admission:
-    """The embedded API server's admission: Kubernetes' validation with both hooks, then our class refusals."""
-    kubernetes = validating_admission(cel_checker(), opaque_validators(driver_name))
+def validation_admission(driver_name: str = DEFAULT_DRIVER_NAME, kubernetes_version: str = "1.37") -> Admission:
+    """The embedded API server's admission: Kubernetes' validation (of that release) with both hooks, then our
+    class refusals."""
+    kubernetes = validating_admission(cel_checker(), opaque_validators(driver_name), kubernetes_version)
 
     def admit(obj: dict[str, Any], old: dict[str, Any] | None) -> list[str]:
         return kubernetes(obj, old) + unsupported_class_errors(obj)
