@@ -30,7 +30,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--driver-root",
         help="where the host's NVIDIA driver install is visible (default / with --nvml real, none with a simulator); "
-        "its libraries, binaries, firmware and sockets go into every claim's CDI spec",
+        "libnvidia-ml.so.1, nvidia-smi and nvidia-cuda-mps-control are loaded and run from it by path, and its "
+        "libraries, binaries, firmware and sockets go into every claim's CDI spec",
     )
     parser.add_argument(
         "--host-driver-root", default="/",
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from gpudra.kubeapi import KubeApi
 
     try:
-        nvml = load_backend(args.nvml, node=args.node)
+        nvml = load_backend(args.nvml, node=args.node, driver_root=_driver_root(args))
     except (NvmlUnavailable, ProfileError) as exc:
         print(f"error: --nvml {args.nvml}: {exc}", file=sys.stderr)
         return 2
