@@ -126,7 +126,8 @@ def test_prepare_full_gpu_and_mig(env: Env) -> None:
     assert result.devices[0].cdi_device_ids == (f"k8s.gpu.nvidia.com/claim=uid-1-{gpu_device_name(g0)}",)
     spec = json.loads((env.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-1.json").read_text())
     assert cdi.validate_spec(spec) == []
-    assert spec["devices"][1]["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={g0.uuid},{mig.uuid}"]
+    assert spec["devices"][1]["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    assert {"path": f"/dev/nvidia{g1.minor}"} in spec["devices"][1]["containerEdits"]["deviceNodes"]
     gi, ci = cdi.mig_cap_minors(g1.minor, mig.gpu_instance_id, mig.compute_instance_id)
     assert {"path": f"/dev/nvidia-caps/nvidia-cap{ci}"} in spec["devices"][1]["containerEdits"]["deviceNodes"]
     record = env.preparer.checkpoint.claim("uid-1")

@@ -102,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         node_name=args.node, driver_name=args.driver_name, kubelet_dir=Path(args.kubelet_dir), cdi_dir=Path(args.cdi_dir),
         partitionable=args.partitionable, reserved_uuids=reserved, metrics_port=args.metrics_port,
         driver_root=_driver_root(args), host_driver_root=args.host_driver_root,
+        proc_root=Path("/proc") if args.nvml == "real" else None,
     )
     agent = NodeAgent(
         settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api),

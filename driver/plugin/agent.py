@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from driver.cdi import DeviceNumbers
 from driver.checkpoint import Checkpoint
 from driver.driverfiles import DriverFiles
 from driver.driverfiles import discover as discover_driver_files
@@ -71,6 +72,8 @@ class AgentSettings:
     # where that same tree is on the host, which is what the specs must name.
     driver_root: Path | None = None
     host_driver_root: str = "/"
+    # procfs the driver's device numbers are read from (real GPUs); None: CDI device nodes by path only.
+    proc_root: Path | None = None
 
 
 def _health_entry(pool: str, device: str, health: Health) -> DeviceHealthEntry:
@@ -117,6 +120,7 @@ class NodeAgent:
             reserved=settings.reserved_uuids, fault_hook=fault_hook,
             partitionable=settings.partitionable, nvml=nvml, on_inventory_change=self.refresh_inventory,
             common_edits=self.driver_files.container_edits(),
+            device_numbers=self._device_numbers,
         )
         self.board = HealthBoard(self._health_entries())
         self.metrics = PluginMetrics()
@@ -126,6 +130,10 @@ class NodeAgent:
         )
         self._monitor = monitor_factory(nvml, inventory, self._on_health) if monitor_factory is not None else None
         self.start_report: StartReport | None = None
+
+    def _device_numbers(self) -> DeviceNumbers:
+        root = self.settings.proc_root
+        return DeviceNumbers.read(root) if root is not None else DeviceNumbers()
 
     def _discover_driver_files(self, inventory: Inventory) -> DriverFiles:
         """Once per agent start: the driver install does not change under a running driver (an upgrade
