@@ -275,10 +275,32 @@ class GangController:
             if referenced:
                 return "allocated", False
             return self._maybe_release(gang)
-        released = any(released_at_annotation(self.driver) in o.annotations(c) for c in claims)
-        if released and not referenced:
+        # Only the unallocated members count from here on: members still in use by running pods must not make
+        # the finished ones allocatable again.
+        pending = [c for c in claims if o.allocation(c) is None]
+        pending_referenced = any(o.key(c) in refs for c in pending)
+        finished = [c for c in pending if allocated_at_annotation(self.driver) in o.annotations(c)]
+        if finished and not pending_referenced:
+            return self._mark_finished(gang, finished)
+        released = any(released_at_annotation(self.driver) in o.annotations(c) for c in pending)
+        if released and not pending_referenced:
             return "released", False
         return self._allocate(view, gang)
+
+    def _mark_finished(self, gang: Gang, claims: list[Obj]) -> tuple[str, bool]:
+        """Claims we allocated that someone else deallocated: kube-controller-manager's claim controller does so
+        when their last consumer is gone (reservedFor emptied after use). The gang has run; allocating it again
+        would hold its GPUs for nobody until the timeout. It is marked released, like a timed-out gang, and is
+        allocated again only for a live pod that references one of these claims."""
+        stamp = _rfc3339(self._wall())
+        for claim in claims:
+            self._writer.patch(
+                "ResourceClaim",
+                claim,
+                {"metadata": {"annotations": {released_at_annotation(self.driver): stamp, allocated_at_annotation(self.driver): None}}},
+            )
+        log.info("gang finished: its claims were deallocated after use", extra={"gang": gang.key, "claims": len(claims)})
+        return "released", True
 
     def _maybe_release(self, gang: Gang) -> tuple[str, bool]:
         ours = [c for c in gang.claims if allocated_at_annotation(self.driver) in o.annotations(c)]
@@ -350,9 +372,14 @@ class GangController:
             node, alloc = plan.placements[o.key(claim)]
             stored = self._committer.allocate(claim, alloc, None, {allocated_at_annotation(self.driver): stamp})
             if stored is None:
-                # Someone else allocated or removed a member: undo, so the gang stays all-or-nothing.
+                # Someone else allocated or removed a member: undo, so the gang stays all-or-nothing. Our mark
+                # goes too: on an unallocated claim it means "allocated by us, then deallocated after use".
                 for done in written:
                     self._committer.undo(done, None, deallocate=True)
+                for member in [*written, claim]:
+                    self._writer.patch(
+                        "ResourceClaim", member, {"metadata": {"annotations": {allocated_at_annotation(self.driver): None}}}
+                    )
                 self._metrics.failures.labels(reason="conflict").inc()
                 log.warning("gang allocation interrupted; undone", extra={"gang": gang.key, "claim": o.key(claim)})
                 return "unschedulable", bool(written)
