@@ -213,3 +213,54 @@ def test_finished_gang_in_embedded_mode_stays_released(apiserver: Any) -> None:
     states = [m.step().gangs.by_gang["default/emb"] for _ in range(4)]
     assert states[-1] == "released"
     assert all(not devices_of(c) for c in claims_of(api).values())
+
+
+def test_gang_allocation_that_lost_a_race_with_the_scheduler_is_undone(apiserver: Any) -> None:
+    """kube-scheduler wrote (at PreBind) an allocation it had made in memory before it saw ours: same device."""
+    api = apiserver.api
+    create_all(api, [gpu_class()])
+    _four_gpu_nodes(api, "node-a")
+    create_all(api, [*_gang("race", 2, 2, 2), claim("solo", 1), pod("solo-pod", claims={"gpu": "solo"})])
+    m = manager(api, embedded=False)
+    assert m.step().gangs.by_gang == {"default/race": "allocated"}
+    taken = api.get("ResourceClaim", "race-0", "default")["status"]["allocation"]["devices"]["results"][0]
+    solo = api.get("ResourceClaim", "solo", "default")
+    solo_pod = api.get("Pod", "solo-pod", "default")
+    solo["status"] = {
+        "allocation": {"devices": {"results": [{**taken, "request": "gpus"}]}, "nodeSelector": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": "solo-pod", "uid": solo_pod["metadata"]["uid"]}],
+    }
+    api.replace_status("ResourceClaim", solo)
+    assert m.step().gangs.by_gang == {"default/race": "unschedulable"}  # undone: the scheduler's claim is in use
+    assert all(not devices_of(c) for n, c in claims_of(api).items() if n.startswith("race-"))
+    assert m.step().gangs.by_gang == {"default/race": "allocated"}  # planned again around the taken device
+    claims = claims_of(api)
+    # Whatever the gang holds now, it is never a device the scheduler's claim holds.
+    held = {d for c in ("race-0", "race-1") for d in devices_of(claims[c])}
+    assert taken["device"] not in held
+    assert devices_of(claims["solo"]) == [taken["device"]]
+
+
+def test_gang_pods_are_admitted_to_scheduling_only_after_the_allocation_settled(apiserver: Any) -> None:
+    api = apiserver.api
+    create_all(api, [gpu_class()])
+    _four_gpu_nodes(api, "node-a")
+    create_all(api, _gang("gated", 2, 2, 1))
+    gated = []
+    for i in (0, 1):
+        p = pod(f"g{i}", claims={"gpu": f"gated-{i}"})
+        p["spec"]["schedulingGates"] = [{"name": "gpu.nvidia.com/gang"}, {"name": "example.com/quota"}]
+        gated.append(p)
+    create_all(api, gated)
+    wall = FakeWall()
+    m = manager(api, embedded=False, wall=wall)
+    assert m.step().gangs.by_gang == {"default/gated": "allocated"}
+
+    def gates(name: str) -> list[str]:
+        return [g["name"] for g in api.get("Pod", name, "default")["spec"].get("schedulingGates") or []]
+
+    assert gates("g0") == ["gpu.nvidia.com/gang", "example.com/quota"]  # not settled yet
+    wall.advance(m.gangs.settle_seconds + 1)
+    m.step()
+    assert gates("g0") == gates("g1") == ["example.com/quota"]  # ours lifted, the other gate kept
