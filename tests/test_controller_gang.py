@@ -220,7 +220,7 @@ def test_gang_allocation_that_lost_a_race_with_the_scheduler_is_undone(apiserver
     api = apiserver.api
     create_all(api, [gpu_class()])
     _four_gpu_nodes(api, "node-a")
-    create_all(api, [*_gang("race", 2, 2, 2), claim("solo", 1), pod("solo-pod", claims={"gpu": "solo"})])
+    create_all(api, [*_gang("race", 2, 2, 1), claim("solo", 1), pod("solo-pod", claims={"gpu": "solo"})])
     m = manager(api, embedded=False)
     assert m.step().gangs.by_gang == {"default/race": "allocated"}
     taken = api.get("ResourceClaim", "race-0", "default")["status"]["allocation"]["devices"]["results"][0]
