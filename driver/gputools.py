@@ -87,6 +87,11 @@ class MpsDirs:
     pipe: Path
     log: Path
 
+    @property
+    def shm(self) -> Path:
+        """The daemon's and its clients' shared /dev/shm (a tmpfs when daemons run as pods), beside the pipe dir."""
+        return self.pipe.parent / "shm"
+
     def env(self) -> dict[str, str]:
         return {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe), "CUDA_MPS_LOG_DIRECTORY": str(self.log)}
 

@@ -77,6 +77,15 @@ class RealNvml:
         self._module = module
         self._devices_dir = devices_dir
         self._tools = tools or NvidiaTools()
+        self._mps_pods: Any = None
+
+    @property
+    def tools(self) -> NvidiaTools:
+        return self._tools
+
+    def run_mps_daemons_as_pods(self, pods: Any) -> None:
+        """From now on MPS control daemons run as pods (driver.mpsdaemon.MpsDaemonPods), not in this process."""
+        self._mps_pods = pods
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("nvml"):
@@ -90,13 +99,19 @@ class RealNvml:
         self._tools.set_timeslice(gpu_uuid, level)
 
     def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
-        self._tools.mps_start(dirs, device_uuids)
+        if self._mps_pods is not None:
+            self._mps_pods.start(dirs, device_uuids)
+        else:
+            self._tools.mps_start(dirs, device_uuids)
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
         return self._tools.mps_command(dirs, command)
 
     def mps_stop(self, dirs: MpsDirs) -> None:
-        self._tools.mps_stop(dirs)
+        if self._mps_pods is not None:
+            self._mps_pods.stop(dirs)
+        else:
+            self._tools.mps_stop(dirs)
 
     def mps_running(self, dirs: MpsDirs) -> bool:
         return self._tools.mps_running(dirs)

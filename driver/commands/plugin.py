@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -36,6 +37,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--host-driver-root", default="/",
         help="where that driver install is on the host (default /; e.g. /run/nvidia/driver for a driver container)",
+    )
+    parser.add_argument(
+        "--mps-daemon-image",
+        help="with --nvml real: run each claim's MPS control daemon as a pod of this image on this node (privileged, "
+        "hostPID, driver root mounted), so that daemons outlive agent restarts; without it they run in this process",
+    )
+    parser.add_argument(
+        "--namespace", default=os.environ.get("POD_NAMESPACE", "gpu-dra-system"),
+        help="namespace of the MPS control daemon pods (default: $POD_NAMESPACE, else gpu-dra-system)",
     )
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help=f"DRA driver name (default {DEFAULT_DRIVER_NAME})")
     parser.add_argument("--device-plugin", action="store_true", help="also serve the legacy device plugin (nvidia.com/gpu)")
@@ -98,6 +108,13 @@ def run(args: argparse.Namespace) -> int:
         where = args.kubeconfig or "the in-cluster config"
         print(f"error: --kubeconfig: cannot connect with {where}: {exc}", file=sys.stderr)
         return 2
+    if args.mps_daemon_image and args.nvml == "real":
+        from driver.mpsdaemon import MpsDaemonPods, MpsPodSettings
+
+        nvml.run_mps_daemons_as_pods(MpsDaemonPods(api, MpsPodSettings(
+            namespace=args.namespace, node_name=args.node, image=args.mps_daemon_image,
+            host_driver_root=args.host_driver_root,
+        ), nvml.tools))
     settings = AgentSettings(
         node_name=args.node, driver_name=args.driver_name, kubelet_dir=Path(args.kubelet_dir), cdi_dir=Path(args.cdi_dir),
         partitionable=args.partitionable, reserved_uuids=reserved, metrics_port=args.metrics_port,
