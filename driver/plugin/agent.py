@@ -24,7 +24,7 @@ from driver.plugin.metrics import PluginMetrics
 from driver.plugin.server import KubeletPlugin, PluginPaths
 from driver.prepare import ClaimGetter, ClaimNotFound, FaultHook, Preparer, StartReport
 from driver.sharing import NvmlSharing
-from driver.slices import SliceSettings, build_slices, gpu_device_name, mig_device_name, mig_health
+from driver.slices import SliceSettings, build_slices, gpu_device_name, mig_device_name, mig_health, mig_mode_switchable
 
 log = logging.getLogger("gpu-dra.agent")
 
@@ -192,7 +192,8 @@ class NodeAgent:
         for gpu in inv.gpus:
             if gpu.uuid in self.settings.reserved_uuids:
                 continue
-            if not gpu.mig_enabled or self.settings.partitionable:
+            # Whole GPUs as the slices publish them (partitionable Ampere with MIG on offers placements only).
+            if not gpu.mig_enabled or (self.settings.partitionable and mig_mode_switchable(gpu)):
                 entries.append(_health_entry(pool, gpu_device_name(gpu), gpu.health))
             for mig in gpu.mig_devices:
                 # The same combination the slices are tainted from, so stream and taints agree.
