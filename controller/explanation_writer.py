@@ -147,7 +147,9 @@ class ExplanationWriter:
                     "cannot read events; refreshing them by patch from now on (grant get on events)",
                     extra={"event": o.key(body), "status": err.status, "error": str(err)},
                 )
-            return self._patch_event(body) or (not likely_new and self._writer.create("Event", body) is not None)
+            # Without memory of the event (a restarted controller) our count means nothing: the stored one stays.
+            patched = self._patch_event(body, with_count=not likely_new)
+            return patched or (not likely_new and self._writer.create("Event", body) is not None)
         if existing is None:
             return False if likely_new else self._writer.create("Event", body) is not None
 
@@ -164,8 +166,8 @@ class ExplanationWriter:
             log.warning("event update failed", extra={"event": o.key(body), "error": str(err)})
             return False
 
-    def _patch_event(self, body: Obj) -> bool:
-        patch = {k: body[k] for k in ("message", "lastTimestamp", "count", "type")}
+    def _patch_event(self, body: Obj, *, with_count: bool) -> bool:
+        patch = {k: body[k] for k in ("message", "lastTimestamp", "type") + (("count",) if with_count else ())}
         return self._writer.patch("Event", body, patch) is not None
 
     # -- claim annotations -------------------------------------------------------------------------

@@ -69,3 +69,24 @@ def test_explainer_refreshes_events_by_patch_under_a_403_on_read(apiserver: Any,
     # Once per explainer (two here: the first and the "restarted" one), not once per refused read.
     assert len(warnings) == 2
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == warnings
+
+
+def test_controller_pass_completes_when_event_reads_are_forbidden(apiserver: Any) -> None:
+    """A restarted controller re-explains a pending pod whose Event exists: create says AlreadyExists, the read is
+    refused. The pass must finish (gangs, the other pods' explanations) instead of aborting every tick."""
+    from controller.explanation_writer import REASON_UNSCHEDULABLE
+    from controller_helpers import claim, claims_of, create_all, events_for, gpu_class, gpu_slice, manager, node, pod
+
+    api = apiserver.api
+    create_all(api, [gpu_class(), node("node-a"), gpu_slice("node-a", [("g0", "nvl"), ("g1", "nvl")]),
+                     claim("large", 3), pod("waiting", claims={"gpu": "large"})])
+    assert manager(api, embedded=False).step().pods_unschedulable == 1
+    forbidden = _ForbidEventReads(api)
+    create_all(api, [claim("huge", 4), pod("waiting-2", claims={"gpu": "huge"})])
+    report = manager(forbidden, embedded=False).step()  # type: ignore[arg-type]
+    assert report.ran and report.pods_unschedulable == 2
+    assert forbidden.denied >= 1
+    (event,) = [e for e in events_for(api, "waiting") if e["reason"] == REASON_UNSCHEDULABLE]
+    assert event["count"] == 1  # refreshed by a patch that leaves the stored count alone (no memory of it)
+    assert [e for e in events_for(api, "waiting-2") if e["reason"] == REASON_UNSCHEDULABLE]
+    assert "gpu.nvidia.com/explanation" in claims_of(api)["huge"]["metadata"]["annotations"]
