@@ -425,10 +425,13 @@ def test_slices_wiped_by_the_kubelet_are_republished_at_once_not_at_resync(apise
             api.delete("ResourceSlice", name)
         _wait_for(lambda: len(stored(api)) == 2)  # long before the 3600 s resync
         assert not first & {s["metadata"]["uid"] for s in stored(api).values()}  # recreated
-        # Someone edits a device: restored too.
-        edited = stored(api)[f"{NODE}-{DRIVER}-0"]
-        edited["spec"]["devices"][0]["attributes"]["productName"] = {"string": "tampered"}
-        api.replace("ResourceSlice", edited)
+        # Someone edits a device: restored too. (Re-read on a conflict: the republish may still be writing.)
+        def tamper() -> None:
+            edited = stored(api)[f"{NODE}-{DRIVER}-0"]
+            edited["spec"]["devices"][0]["attributes"]["productName"] = {"string": "tampered"}
+            api.replace("ResourceSlice", edited)
+
+        api.retry_on_conflict(tamper)
         _wait_for(lambda: stored(api)[f"{NODE}-{DRIVER}-0"]["spec"]["devices"][0]["attributes"]["productName"]
                   != {"string": "tampered"})
     finally:
