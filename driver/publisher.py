@@ -191,6 +191,8 @@ class SlicePublisher:
         self.watch = watch
         # Slice name -> (what we sent, what the server stored), both comparable; see plan_publish.
         self._stored_as: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        # Slice name -> comparable spec of the write in flight: its watch event may arrive before the write returns.
+        self._inflight: dict[str, dict[str, Any]] = {}
 
     def _ours(self, obj: Mapping[str, Any]) -> bool:
         spec = obj.get("spec") or {}
@@ -213,7 +215,10 @@ class SlicePublisher:
             return False  # not one we wrote (or one we deleted ourselves)
         if event == "DELETED":
             return True
-        return event == "MODIFIED" and comparable_spec(obj.get("spec") or {}) != remembered[1]
+        if event != "MODIFIED":
+            return False
+        spec = comparable_spec(obj.get("spec") or {})
+        return spec != remembered[1] and spec != self._inflight.get(str(obj["metadata"]["name"]))
 
     def watch_own(self, changed: threading.Event, stop: threading.Event, *, retry_seconds: float = 1.0) -> None:
         """Set `changed` whenever a slice we wrote is deleted or altered by someone else, until `stop`."""
@@ -256,13 +261,16 @@ class SlicePublisher:
             plan = plan_publish(desired, self.existing(), self._owner(), self._stored_as)
             try:
                 for obj in plan.creates:
+                    self._inflight[obj["metadata"]["name"]] = comparable_spec(obj["spec"])
                     self._remember(obj, self._create(obj))
                 for obj in plan.updates:
+                    self._inflight[obj["metadata"]["name"]] = comparable_spec(obj["spec"])
                     self._remember(obj, self.api.replace("ResourceSlice", obj))
                 for name, version in plan.deletes:
+                    # Forgotten first: our own delete's watch event must not look like someone else's.
+                    self._stored_as.pop(name, None)
                     # Precondition: a slice changed since we read it is re-read, not deleted blindly.
                     self.api.delete("ResourceSlice", name, resource_version=version or None)
-                    self._stored_as.pop(name, None)
             except (Conflict, AlreadyExists) as err:
                 last = err
                 log.info(

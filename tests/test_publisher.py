@@ -447,6 +447,13 @@ def test_watch_ignores_our_own_writes_and_foreign_slices() -> None:
     assert not pub.lost("MODIFIED", ours) and not pub.lost("ADDED", ours)
     assert pub.lost("DELETED", ours)
     assert not pub.lost("DELETED", desired([h100(0)], node_name="node-b")[0])
+    # The event of a write still in flight (it arrives before the write returns) is ours too.
+    newer = desired([h100(0), h100(1)])[0]
+    pub._inflight[newer["metadata"]["name"]] = comparable_spec(newer["spec"])
+    assert not pub.lost("MODIFIED", newer)
+    tampered = copy.deepcopy(newer)
+    tampered["spec"]["devices"][0]["attributes"]["productName"] = {"string": "tampered"}
+    assert pub.lost("MODIFIED", tampered)
 
 
 def _wait_for(predicate: Any, timeout: float = 30.0) -> None:
