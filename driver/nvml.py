@@ -18,6 +18,7 @@ loads it and an image without the testbed says so instead of failing to import.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -129,8 +130,6 @@ def install_library(module: Any, path: Path) -> None:
 
     Raises NvmlUnavailable when the file cannot be loaded, or when pynvml already holds another library
     (one process can only have one NVML)."""
-    import ctypes
-
     with module.libLoadLock:
         current = module.nvmlLib
         if current is not None:
@@ -142,7 +141,7 @@ def install_library(module: Any, path: Path) -> None:
             library = ctypes.CDLL(str(path))
         except OSError as exc:
             raise NvmlUnavailable(f"{path} could not be loaded: {exc}") from exc
-        # Function pointers pynvml cached from no library at all (none: it had not loaded one) stay valid.
+        # pynvml caches function pointers only from a loaded library, so its cache is still empty here.
         module.nvmlLib = library
 
 
