@@ -98,8 +98,13 @@ WRITER_VERBS: dict[str, list[tuple[str, str]]] = {
 API_RECEIVERS = {"api", "_api"}
 WRITER_RECEIVERS = {"writer", "_writer"}
 # Run only with `gpu-dra controller --embedded` (the embedded control plane, no RBAC): the kube-scheduler's and
-# kube-controller-manager's work. The deployed controller runs in cluster mode.
-EMBEDDED_ONLY = {"controller/scheduler.py", "controller/claims.py"}
+# kube-controller-manager's work (placement and binding, claims from templates, device taint eviction). The
+# deployed controller runs in cluster mode; test_embedded_only_modules_run_only_in_embedded_mode checks the list.
+EMBEDDED_ONLY = {"controller/scheduler.py", "controller/claims.py", "controller/taintevict.py",
+                 # kube-scheduler's PodScheduled condition, written by the embedded scheduler only
+                 "controller/podconditions.py"}
+# Helpers in that list that the manager does not drive itself: only embedded-only modules may import them.
+EMBEDDED_ONLY_HELPERS = {"controller/podconditions.py"}
 
 
 @dataclass(frozen=True)
@@ -207,3 +212,39 @@ def test_controller_rbac_grants_every_call_the_controller_makes() -> None:
 def test_node_agent_rbac_grants_every_call_the_agent_makes() -> None:
     needs = code_needs("driver")
     assert _missing(needs, granted(build(), "gpu-dra-node-agent")) == []
+
+
+def test_embedded_only_modules_run_only_in_embedded_mode() -> None:
+    """The excluded modules' objects are driven only inside `if self.config.embedded:` of the manager's pass (the
+    scheduler module's cluster-mode PendingExplainer writes only through the explainer, which is counted)."""
+    tree = ast.parse((ROOT / "controller/manager.py").read_text())
+    driven_in_embedded: set[str] = set()
+    driven_anywhere: set[str] = set()
+    for fn in ast.walk(tree):
+        if not (isinstance(fn, ast.FunctionDef) and fn.name == "_pass"):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.If) and "embedded" in ast.unparse(node.test):
+                for inner in ast.walk(ast.Module(body=node.body, type_ignores=[])):
+                    if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Attribute):
+                        driven_in_embedded.add(inner.value.attr)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+                driven_anywhere.add(node.value.attr)
+    # self.claims (ClaimLifecycle), self.scheduler (EmbeddedScheduler), self.taint_evictor (TaintEvictor)
+    assert {"claims", "scheduler", "taint_evictor"} <= driven_in_embedded
+    outside = driven_anywhere - driven_in_embedded
+    assert not {"claims", "scheduler", "taint_evictor"} & outside
+
+
+def test_embedded_only_helpers_are_imported_only_by_embedded_only_modules() -> None:
+    for helper in EMBEDDED_ONLY_HELPERS:
+        module = helper.removesuffix(".py").replace("/", ".")
+        importers = set()
+        for path in sorted((ROOT / "controller").rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module == module:
+                    importers.add(str(path.relative_to(ROOT)))
+                if isinstance(node, ast.Import) and any(a.name == module for a in node.names):
+                    importers.add(str(path.relative_to(ROOT)))
+        assert importers and importers <= EMBEDDED_ONLY, (helper, importers)
