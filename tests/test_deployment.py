@@ -98,9 +98,12 @@ WRITER_VERBS: dict[str, list[tuple[str, str]]] = {
 API_RECEIVERS = {"api", "_api"}
 WRITER_RECEIVERS = {"writer", "_writer"}
 # Run only with `gpu-dra controller --embedded` (the embedded control plane, no RBAC): the kube-scheduler's and
-# kube-controller-manager's work (placement and binding, claims from templates, device taint eviction). The
-# deployed controller runs in cluster mode; test_embedded_only_modules_run_only_in_embedded_mode checks the list.
+# kube-controller-manager's work (placement and binding, claims from templates and for pod groups, device taint
+# eviction). The deployed controller runs in cluster mode; test_embedded_only_modules_run_only_in_embedded_mode
+# checks the list.
 EMBEDDED_ONLY = {"controller/scheduler.py", "controller/claims.py", "controller/taintevict.py",
+                 # claims shared by a PodGroup (kube-controller-manager's part of KEP-5729)
+                 "controller/podgroupclaims.py",
                  # kube-scheduler's PodScheduled condition, written by the embedded scheduler only
                  "controller/podconditions.py"}
 # Helpers in that list that the manager does not drive itself: only embedded-only modules may import them.
@@ -230,10 +233,11 @@ def test_embedded_only_modules_run_only_in_embedded_mode() -> None:
                         driven_in_embedded.add(inner.value.attr)
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
                 driven_anywhere.add(node.value.attr)
-    # self.claims (ClaimLifecycle), self.scheduler (EmbeddedScheduler), self.taint_evictor (TaintEvictor)
-    assert {"claims", "scheduler", "taint_evictor"} <= driven_in_embedded
-    outside = driven_anywhere - driven_in_embedded
-    assert not {"claims", "scheduler", "taint_evictor"} & outside
+    # self.claims (ClaimLifecycle), self.scheduler (EmbeddedScheduler), self.taint_evictor (TaintEvictor),
+    # self.pod_group_claims (PodGroupClaims)
+    embedded_only = {"claims", "scheduler", "taint_evictor", "pod_group_claims"}
+    assert embedded_only <= driven_in_embedded
+    assert not embedded_only & (driven_anywhere - driven_in_embedded)
 
 
 def test_embedded_only_helpers_are_imported_only_by_embedded_only_modules() -> None:
