@@ -1,0 +1,212 @@
+"""`gpu-dra bench store` and `gpu-dra bench serving`: the embedded control plane measured over real HTTP.
+
+store: durable writes. Creates through HTTP by 1, 4 and 16 concurrent writers against a server whose state
+is a database file (every 201 follows an fsync'd commit); prints writes/s, p50/p99 latency and how many
+writes shared one commit (group commit), next to the same load in memory for comparison.
+
+serving: requests/s for GET, PUT and CREATE (4 clients on kept-alive connections), and the cost of one event
+with 32 watchers: a PUT, then the time until all 32 watch streams have read the event, over many events,
+with the server process's CPU time per event.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from bench.stats import peak_rss_mib, percentile
+from gpudra.apiserver import EmbeddedApiServer
+
+_LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
+
+
+class _Client:
+    """One kept-alive HTTP/1.1 connection."""
+
+    def __init__(self, url: str) -> None:
+        u = urlsplit(url)
+        self.conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+
+    def call(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        self.conn.request(method, path, body=data, headers=headers)
+        resp = self.conn.getresponse()
+        return resp.status, resp.read()
+
+
+def _lease(name: str, holder: str = "a") -> dict[str, Any]:
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15}}
+
+
+def _run_clients(url: str, clients: int, per_client: int, op: Any) -> tuple[float, list[float]]:
+    """Run `op(client, client_index, i)` per_client times on each of `clients` threads; (seconds, latencies)."""
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    errors: list[str] = []
+    barrier = threading.Barrier(clients + 1)
+
+    def worker(ci: int) -> None:
+        c = _Client(url)
+        barrier.wait()
+        for i in range(per_client):
+            t0 = time.perf_counter()
+            code, body = op(c, ci, i)
+            latencies[ci].append(time.perf_counter() - t0)
+            if code >= 300:
+                errors.append(f"{code} {body[:200]!r}")
+        c.conn.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"{len(errors)} requests failed, first: {errors[0]}")
+    return elapsed, [x for lat in latencies for x in lat]
+
+
+def _figures(n: int, elapsed: float, lat: list[float]) -> dict[str, float]:
+    return {"perSecond": round(n / elapsed, 1), "p50Ms": round(percentile(lat, 50) * 1000, 2),
+            "p99Ms": round(percentile(lat, 99) * 1000, 2)}
+
+
+def bench_store(writes: int = 1200) -> dict[str, Any]:
+    out: dict[str, Any] = {"writes": writes, "durable": {}, "memory": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("durable", "memory"):
+            for writers in (1, 4, 16):
+                state = Path(tmp) / f"state-{writers}.db" if mode == "durable" else None
+                with EmbeddedApiServer(state_file=state) as srv:
+                    log = getattr(srv.store, "log", None)
+                    before = log.stats() if log is not None else None
+                    per = writes // writers
+                    elapsed, lat = _run_clients(
+                        srv.url, writers, per,
+                        lambda c, ci, i: c.call("POST", _LEASES, _lease(f"w{ci}-{i}")))
+                    fig = _figures(per * writers, elapsed, lat)
+                    if log is not None and before is not None:
+                        after = log.stats()
+                        commits = after["commits"] - before["commits"]
+                        fig["commits"] = commits
+                        fig["writesPerCommit"] = round((after["writes"] - before["writes"]) / max(commits, 1), 2)
+                    out[mode][f"writers{writers}"] = fig
+    return out
+
+
+def _watch_stream(url: str, path: str, ready: threading.Barrier, want: int, arrived: list[float],
+                  lock: threading.Lock, counts: list[int], idx: int) -> None:
+    u = urlsplit(url)
+    sock = socket.create_connection((u.hostname, u.port))
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        buf += sock.recv(65536)
+    buf = buf.split(b"\r\n\r\n", 1)[1]
+    ready.wait()
+    seen = 0
+    while seen < want:
+        if buf.count(b'"type":"MODIFIED"') <= seen:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            continue
+        seen = buf.count(b'"type":"MODIFIED"')
+        with lock:
+            counts[idx] = seen
+            arrived.append(time.perf_counter())
+    sock.close()
+
+
+def bench_serving(requests: int = 2000, events: int = 200, watchers: int = 32) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with EmbeddedApiServer() as srv:
+        setup = _Client(srv.url)
+        for i in range(4):
+            setup.call("POST", _LEASES, _lease(f"get-{i}"))
+        clients = 4
+        per = requests // clients
+        elapsed, lat = _run_clients(srv.url, clients, per, lambda c, ci, i: c.call("GET", f"{_LEASES}/get-{ci}"))
+        out["get"] = _figures(per * clients, elapsed, lat)
+        elapsed, lat = _run_clients(srv.url, clients, per,
+                                    lambda c, ci, i: c.call("PUT", f"{_LEASES}/get-{ci}", _lease(f"get-{ci}", f"h{i}")))
+        out["put"] = _figures(per * clients, elapsed, lat)
+        elapsed, lat = _run_clients(srv.url, clients, per,
+                                    lambda c, ci, i: c.call("POST", _LEASES, _lease(f"new-{ci}-{i}")))
+        out["create"] = _figures(per * clients, elapsed, lat)
+
+        setup.call("POST", _LEASES, _lease("watched"))
+        _, raw = setup.call("GET", f"{_LEASES}/watched")
+        rv = json.loads(raw)["metadata"]["resourceVersion"]
+        ready = threading.Barrier(watchers + 1)
+        lock = threading.Lock()
+        counts = [0] * watchers
+        arrived: list[float] = []
+        path = f"{_LEASES}?watch=true&resourceVersion={rv}&fieldSelector=metadata.name%3Dwatched"
+        threads = [threading.Thread(target=_watch_stream, args=(srv.url, path, ready, events, arrived, lock, counts, i),
+                                    daemon=True) for i in range(watchers)]
+        for t in threads:
+            t.start()
+        ready.wait()
+        per_event: list[float] = []
+        cpu0 = time.process_time()
+        t_all = time.perf_counter()
+        for i in range(events):
+            t0 = time.perf_counter()
+            setup.call("PUT", f"{_LEASES}/watched", _lease("watched", f"e{i}"))
+            deadline = time.monotonic() + 30
+            while True:
+                with lock:
+                    if min(counts) > i:
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"event {i} did not reach all {watchers} watchers within 30 s")
+                time.sleep(0.0002)
+            per_event.append(time.perf_counter() - t0)
+        total = time.perf_counter() - t_all
+        cpu = time.process_time() - cpu0
+        out[f"event{watchers}Watchers"] = {
+            "events": events, "p50Ms": round(percentile(per_event, 50) * 1000, 2),
+            "p99Ms": round(percentile(per_event, 99) * 1000, 2), "eventsPerSecond": round(events / total, 1),
+            "cpuMsPerEvent": round(cpu / events * 1000, 2)}
+        setup.conn.close()
+    out["peakRssMiB"] = peak_rss_mib()
+    return out
+
+
+def _print(title: str, result: dict[str, Any], output: str) -> None:
+    if output == "json":
+        print(json.dumps({title: result}, indent=2))
+        return
+    print(title)
+    for key, value in result.items():
+        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+            for sub, fig in value.items():
+                print(f"  {key:<8} {sub:<10} " + "  ".join(f"{k}={v}" for k, v in fig.items()))
+        elif isinstance(value, dict):
+            print(f"  {key:<19} " + "  ".join(f"{k}={v}" for k, v in value.items()))
+        else:
+            print(f"  {key:<19} {value}")
+
+
+def run_store(args: argparse.Namespace) -> int:
+    _print("store (HTTP creates; durable = fsync'd before 201)", bench_store(), args.output)
+    return 0
+
+
+def run_serving(args: argparse.Namespace) -> int:
+    _print("serving (4 kept-alive clients; one event to 32 watchers)", bench_serving(), args.output)
+    return 0
