@@ -4,21 +4,28 @@ from __future__ import annotations
 
 import base64
 import json
+import re
+import select
+import socket
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from gpudra import strictjson
 from gpudra.apiserver import resources as res
 from gpudra.apiserver import status as st
 from gpudra.apiserver.openapi import openapi_group_version, openapi_root
 from gpudra.apiserver.selectors import FieldSelector, LabelSelector, SelectorError
-from gpudra.apiserver.store import Filter, Store
+from gpudra.apiserver.store import FIELD_VALIDATION, FieldPolicy, Filter, Store
 from gpudra.apiserver.tables import wants_table, to_table
 
-_WATCH_POLL_S = 1.0  # how often an idle watch checks for shutdown and its deadline
-_MAX_BODY = 64 * 1024 * 1024
+_WATCH_POLL_S = 1.0  # how often an idle watch checks for shutdown, its deadline and a vanished client
+# kube-apiserver's limit on a request body it decodes (MaxRequestBodyBytes, 3 MiB): larger is 413.
+MAX_BODY_BYTES = 3 * 1024 * 1024
+_WRITE_TIMEOUT_S = 30.0
+_DIGITS = re.compile(r"^[0-9]+$")
 
 
 class ServerContext(Protocol):
@@ -42,25 +49,95 @@ def _encode(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
+class SocketWriter:
+    """The handler's `wfile`: whole writes with a timeout, so a client that stops reading cannot hold a thread."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def write(self, data: bytes) -> int:
+        self.sock.settimeout(_WRITE_TIMEOUT_S)
+        self.sock.sendall(data)
+        return len(data)
+
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def _int_param(query: dict[str, str], name: str, minimum: int = 0) -> int | None:
+    """An integer query parameter, None when absent; a Status 400 naming it when malformed."""
+    text = query.get(name)
+    if text is None or text == "":
+        return None
+    t = text[1:] if text.startswith("-") else text
+    if not _DIGITS.match(t) or len(t) > 18:
+        raise st.bad_request(f"{name}: Invalid value: {json.dumps(text)}: must be an integer")
+    value = int(text)
+    if value < minimum:
+        raise st.bad_request(f"{name}: Invalid value: {value}: must be greater than or equal to {minimum}")
+    return value
+
+
+def _bool_param(query: dict[str, str], name: str) -> bool:
+    text = query.get(name)
+    if text is None or text == "":
+        return False
+    if text in ("true", "1", "True", "TRUE", "t", "T"):
+        return True
+    if text in ("false", "0", "False", "FALSE", "f", "F"):
+        return False
+    raise st.bad_request(f"{name}: Invalid value: {json.dumps(text)}: must be a boolean (true or false)")
+
+
 class ApiHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "gpu-dra-apiserver"
     # Responses are written in one piece; Nagle would hold small ones back for a delayed ACK.
     disable_nagle_algorithm = True
 
+    @classmethod
+    def for_connection(cls, conn: Any, server: Any, ctx: ServerContext) -> ApiHandler:
+        """A handler for a pooled connection: serves one request per `serve_one` call, kept across requests."""
+        h = cls.__new__(cls)
+        h.request = h.connection = conn.sock
+        h.client_address = conn.address
+        h.server = server
+        h._ctx = ctx
+        h.rfile = conn.rfile
+        h.wfile = SocketWriter(conn.sock)
+        return h
+
+    def serve_one(self) -> bool:
+        """Handle one request; False when the connection must be closed afterwards."""
+        self._warnings: list[str] = []
+        self.handle_one_request()
+        return not self.close_connection
+
     @property
     def ctx(self) -> ServerContext:
-        return self.server.ctx  # type: ignore[attr-defined, no-any-return]
+        return self._ctx  # type: ignore[no-any-return]
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature fixed by the base class
         return  # per-request access logs would swamp the structured logs of the processes using us
 
     # ----- plumbing ------------------------------------------------------------------------------------------
 
+    def _connection_header(self) -> str:
+        # HTTP/1.0 clients keep the connection only when told so; 1.1 clients are told when it closes.
+        if self.close_connection:
+            return "Connection: close\r\n"
+        if self.request_version == "HTTP/1.0":
+            return "Connection: keep-alive\r\n"
+        return ""
+
     def _send(self, code: int, body: bytes, content_type: str = "application/json") -> None:
+        warnings = "".join(f"Warning: 299 - {json.dumps(w)}\r\n" for w in getattr(self, "_warnings", ()))
         head = (f"HTTP/1.1 {code} {self.responses.get(code, ('',))[0]}\r\n"
                 f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
-                "Cache-Control: no-cache, private\r\n\r\n").encode()
+                f"Cache-Control: no-cache, private\r\n{warnings}{self._connection_header()}\r\n").encode()
         self.wfile.write(head + body)
         self.log_request(code)
 
@@ -70,17 +147,61 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _send_error(self, err: st.StatusError) -> None:
         self._send_json(err.code, err.body())
 
-    def _read_body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > _MAX_BODY:
-            raise st.StatusError(413, "RequestEntityTooLarge", f"request body of {length} bytes exceeds "
-                                                               f"the limit of {_MAX_BODY} bytes")
+    def _read_raw_body(self) -> bytes:
+        chunked = "chunked" in (self.headers.get("Transfer-Encoding") or "").lower()
+        text = self.headers.get("Content-Length")
+        if chunked:
+            return self._read_chunked()
+        if text is None or text.strip() == "":
+            return b""
+        if len(self.headers.get_all("Content-Length") or []) > 1 or not _DIGITS.match(text.strip()):
+            self.close_connection = True
+            raise st.bad_request(f"Content-Length: Invalid value: {json.dumps(text)}: must be a non-negative "
+                                 "decimal number of bytes")
+        length = int(text.strip())
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True  # the body stays unread
+            raise st.StatusError(413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_BODY_BYTES}")
         raw = self.rfile.read(length) if length else b""
+        if len(raw) != length:
+            self.close_connection = True
+            raise st.bad_request(f"the request body ended after {len(raw)} of the {length} bytes in Content-Length")
+        return raw
+
+    def _read_chunked(self) -> bytes:
+        parts: list[bytes] = []
+        total = 0
+        while True:
+            line = self.rfile.readline(1024)
+            size_text = line.split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                size = -1
+            if size < 0 or not line.endswith(b"\n"):
+                self.close_connection = True
+                raise st.bad_request("the chunked request body is malformed")
+            if size == 0:
+                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return b"".join(parts)
+            total += size
+            if total > MAX_BODY_BYTES:
+                self.close_connection = True
+                raise st.StatusError(413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_BODY_BYTES}")
+            data = self.rfile.read(size)
+            if len(data) != size or self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                self.close_connection = True
+                raise st.bad_request("the chunked request body is malformed")
+            parts.append(data)
+
+    def _read_body(self) -> Any:
+        raw = self._read_raw_body()
         if not raw:
             return None
         try:
-            return json.loads(raw)
-        except ValueError as exc:
+            return strictjson.loads(raw)
+        except strictjson.StrictJsonError as exc:
             raise st.bad_request(f"the request body is not valid JSON: {exc}; this server accepts JSON only")
 
     def _dispatch(self, method: str) -> None:
@@ -91,7 +212,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         except st.StatusError as err:
             self._drain()
             self._send_error(err)
-        except (BrokenPipeError, ConnectionResetError):
+        except OSError:  # the client went away, or stopped sending or reading in time
             self.close_connection = True
         except Exception as exc:  # a bad request must never take the server down
             self._drain()
@@ -126,6 +247,15 @@ class ApiHandler(BaseHTTPRequestHandler):
         value = self._read_body()
         self._body_read = True
         return value
+
+    def _field_policy(self, query: dict[str, str], body: Any) -> FieldPolicy:
+        mode = query.get("fieldValidation") or "Warn"
+        if mode not in FIELD_VALIDATION:
+            raise st.bad_request(f"fieldValidation: Unsupported value: {json.dumps(mode)}: supported values: "
+                                 '"Ignore", "Warn", "Strict"')
+        policy = FieldPolicy(mode, strictjson.duplicate_fields(body))
+        self._warnings = policy.warnings
+        return policy
 
     # ----- routing -------------------------------------------------------------------------------------------
 
@@ -204,13 +334,14 @@ class ApiHandler(BaseHTTPRequestHandler):
         store = self.ctx.store
         if r.name is None:
             if method == "GET":
-                if query.get("watch") in ("true", "1"):
+                if _bool_param(query, "watch"):
                     self._watch(r, query)
                 else:
                     self._list(r, query)
                 return
             if method == "POST":
-                obj = store.create(r.rt, r.namespace, self._body())
+                body = self._body()
+                obj = store.create(r.rt, r.namespace, body, self._field_policy(query, body))
                 self._send_json(201, obj)
                 return
             raise st.method_not_allowed(f"{method} is not supported on the collection {r.rt.plural}; "
@@ -224,7 +355,9 @@ class ApiHandler(BaseHTTPRequestHandler):
             obj = store.get(r.rt, r.namespace, r.name)
             self._send_object(200, r, obj)
         elif method == "PUT":
-            self._send_json(200, store.update(r.rt, r.namespace, r.name, self._body(), r.subresource))
+            body = self._body()
+            policy = self._field_policy(query, body)
+            self._send_json(200, store.update(r.rt, r.namespace, r.name, body, r.subresource, policy))
         elif method == "PATCH":
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
             if ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
@@ -234,12 +367,18 @@ class ApiHandler(BaseHTTPRequestHandler):
             else:
                 self._body()
                 raise st.unsupported_media_type(ctype)
-            self._send_json(200, store.patch(r.rt, r.namespace, r.name, kind, self._body(), r.subresource))
+            body = self._body()
+            policy = self._field_policy(query, body)
+            self._send_json(200, store.patch(r.rt, r.namespace, r.name, kind, body, r.subresource, policy))
         elif method == "DELETE":
             body = self._body()
             options = body if isinstance(body, dict) else {}
             if "propagationPolicy" in query:
                 options = {**options, "propagationPolicy": query["propagationPolicy"]}
+            policy = options.get("propagationPolicy")
+            if policy not in (None, "Foreground", "Background", "Orphan"):
+                raise st.bad_request(f"propagationPolicy: Unsupported value: {json.dumps(policy)}: supported values: "
+                                     '"Foreground", "Background", "Orphan"')
             self._send_json(200, store.delete(r.rt, r.namespace, r.name, options))
         else:
             raise st.method_not_allowed(f"{method} is not supported on {r.rt.plural}")
@@ -264,9 +403,11 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _list(self, r: Route, query: dict[str, str]) -> None:
         flt = self._filter(r, query)
+        _int_param(query, "resourceVersion")
+        _int_param(query, "timeoutSeconds")
+        limit = _int_param(query, "limit") or 0
         items, rv = self.ctx.store.list(flt)
         meta: dict[str, Any] = {"resourceVersion": str(rv)}
-        limit = int(query.get("limit") or 0)
         start = 0
         token = query.get("continue")
         if token:
@@ -300,29 +441,27 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _watch(self, r: Route, query: dict[str, str]) -> None:
         flt = self._filter(r, query)
-        rv_text = query.get("resourceVersion") or ""
-        send_initial = query.get("sendInitialEvents") == "true"
-        try:
-            rv = int(rv_text) if rv_text not in ("", "0") else None
-        except ValueError:
-            raise st.bad_request(f"resourceVersion: Invalid value: {rv_text!r}: must be an integer, as returned "
-                                 "in metadata.resourceVersion")
+        rv = _int_param(query, "resourceVersion") or None
+        send_initial = _bool_param(query, "sendInitialEvents")
         initial = rv is None or send_initial
-        bookmarks = query.get("allowWatchBookmarks") == "true"
-        timeout_s = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
+        bookmarks = _bool_param(query, "allowWatchBookmarks")
+        timeout_s = _int_param(query, "timeoutSeconds")
         watcher = self.ctx.store.watch(flt, rv, initial)
+        detach = getattr(self.server, "detach_for_watch", None)
+        if detach is not None and not detach():
+            raise st.StatusError(429, "TooManyRequests", "too many watches are open; retry later")
         self.close_connection = True
         self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
                          b"Cache-Control: no-cache, private\r\n\r\n")
         self.log_request(200)
         started = time.monotonic()
         for etype, obj in watcher.initial_events():
-            self._chunk(etype, obj)
+            self._chunk_line(_encode({"type": etype, "object": obj}) + b"\n")
         if send_initial and bookmarks:
             self._bookmark(r.rt, watcher.pos, initial_end=True)
         last_sent = time.monotonic()
         try:
-            while not self.ctx.stopping:
+            while not self.ctx.stopping and not self._client_gone():
                 now = time.monotonic()
                 if timeout_s is not None and now - started >= timeout_s:
                     break
@@ -336,8 +475,8 @@ class ApiHandler(BaseHTTPRequestHandler):
                 except st.StatusError as err:
                     self._chunk("ERROR", err.body())
                     break
-                for etype, obj in events:
-                    self._chunk(etype, obj)
+                for etype, ev in events:
+                    self._chunk_line(ev.line(etype))
                 if events:
                     last_sent = time.monotonic()
                 elif bookmarks and time.monotonic() - last_sent >= self.ctx.bookmark_interval:
@@ -354,5 +493,20 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._chunk("BOOKMARK", {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta})
 
     def _chunk(self, etype: str, obj: dict[str, Any]) -> None:
-        line = _encode({"type": etype, "object": obj}) + b"\n"
-        self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+        self._chunk_line(_encode({"type": etype, "object": obj}) + b"\n")
+
+    def _chunk_line(self, line: bytes) -> None:
+        self.wfile.write(b"%x\r\n%b\r\n" % (len(line), line))
+
+    def _client_gone(self) -> bool:
+        """Whether the watching client closed its end (it sends nothing on a watch, so EOF means gone)."""
+        try:
+            poller = select.poll()
+            poller.register(self.connection.fileno(), select.POLLIN)
+            if not poller.poll(0):
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except (OSError, ValueError):
+            return True
