@@ -1,5 +1,8 @@
 """`gpu-dra validate -f FILE... [-o json]`: Kubernetes' resource.k8s.io/v1 validation rules, offline.
 
+Unknown fields (checked against the official client's schema of the object's kind, for every kind it knows)
+are warnings, or errors with `--strict`, as kube-apiserver's `fieldValidation=Warn|Strict` treats them.
+
 Exit codes: 0 when every object is valid, 1 when any is invalid, 2 when an input cannot be read.
 """
 
@@ -11,6 +14,7 @@ import sys
 from typing import Any
 
 from gpudra import DEFAULT_DRIVER_NAME
+from gpudra.apiserver.schema import check_object
 from gpudra.manifests import InputError, load_objects, object_label
 from gpudra.validation import FieldError, validate_object
 from gpudra.validation.common import CelChecker, OpaqueValidators
@@ -21,6 +25,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--filename", dest="files", action="extend", nargs="+", required=True, metavar="FILE",
                         help="YAML or JSON manifest (multi-document and `kind: List` allowed; `-` for stdin); repeatable")
     parser.add_argument("-o", "--output", choices=["json", "text"], default="text", help="output format (default text)")
+    parser.add_argument("--strict", action="store_true",
+                        help="unknown fields are errors (default: warnings), as fieldValidation=Strict")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
                         help=f"driver whose opaque parameters are checked with our config schema (default {DEFAULT_DRIVER_NAME})")
 
@@ -31,16 +37,33 @@ def is_dra_object(obj: Any) -> bool:
     return not isinstance(api_version, str) or api_version.partition("/")[0] == "resource.k8s.io"
 
 
-def validate_all(objects: list[dict[str, Any]], cel: CelChecker | None, opaque: OpaqueValidators) -> list[dict[str, Any]]:
+def unknown_fields(obj: dict[str, Any]) -> list[str]:
+    report = check_object(obj)
+    return [f'{path}: unknown field "{path}"' for path in report.unknown] if report is not None else []
+
+
+def validate_all(objects: list[dict[str, Any]], cel: CelChecker | None, opaque: OpaqueValidators,
+                 strict: bool = False) -> list[dict[str, Any]]:
     results = []
     for obj in objects:
+        unknown = unknown_fields(obj)
+        warnings = [] if strict else unknown
         if not is_dra_object(obj):
             # Manifests mix Pods, RBAC and the like with DRA objects; those are reported as not checked.
-            results.append({"object": object_label(obj), "valid": True, "checked": False, "errors": []})
+            errors = unknown if strict else []
+            results.append(_result(obj, False, errors, warnings))
             continue
-        errors: list[FieldError] = validate_object(obj, cel=cel, opaque=opaque)
-        results.append({"object": object_label(obj), "valid": not errors, "checked": True, "errors": [str(e) for e in errors]})
+        found: list[FieldError] = validate_object(obj, cel=cel, opaque=opaque)
+        errors = (unknown if strict else []) + [str(e) for e in found]
+        results.append(_result(obj, True, errors, warnings))
     return results
+
+
+def _result(obj: dict[str, Any], checked: bool, errors: list[str], warnings: list[str]) -> dict[str, Any]:
+    result: dict[str, Any] = {"object": object_label(obj), "valid": not errors, "checked": checked, "errors": errors}
+    if warnings:
+        result["warnings"] = warnings
+    return result
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,15 +72,20 @@ def run(args: argparse.Namespace) -> int:
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    results = validate_all(objects, cel_checker(), opaque_validators(args.driver_name))
+    results = validate_all(objects, cel_checker(), opaque_validators(args.driver_name), strict=args.strict)
     if args.output == "json":
         print(json.dumps({"results": results}, indent=2))
     else:
         for result in results:
             state = "valid" if result["valid"] else "invalid"
-            print(f"{result['object']}: {state if result['checked'] else 'not checked (not a resource.k8s.io object)'}")
+            if result["checked"] or result["errors"]:
+                print(f"{result['object']}: {state}")
+            else:
+                print(f"{result['object']}: not checked (not a resource.k8s.io object)")
             for error in result["errors"]:
                 print(f"  {error}")
+            for warning in result.get("warnings", []):
+                print(f"  warning: {warning}")
         invalid_count = sum(not r["valid"] for r in results)
         checked = sum(r["checked"] for r in results)
         print(f"{checked} object(s) checked, {invalid_count} invalid, {len(results) - checked} not checked")
