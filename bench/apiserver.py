@@ -4,21 +4,27 @@ store: durable writes. Creates through HTTP by 1, 4 and 16 concurrent writers ag
 is a database file (every 201 follows an fsync'd commit); prints writes/s, p50/p99 latency and how many
 writes shared one commit (group commit), next to the same load in memory for comparison.
 
-serving: requests/s for GET, PUT and CREATE (4 clients on kept-alive connections), and the cost of one event
-with 32 watchers: a PUT, then the time until all 32 watch streams have read the event, over many events,
-with the server process's CPU time per event.
+serving: the server runs as its own process (`gpu-dra apiserver`, in memory) so that its CPU time is its own:
+requests/s and server CPU per request for GET, PUT and CREATE (4 clients on kept-alive connections), and the
+cost of one event with 32 watchers: a PUT, then the time until all 32 watch streams have read the event, over
+many events, with the server's CPU time per event (the PUT included).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
+import os
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -83,22 +89,22 @@ def _figures(n: int, elapsed: float, lat: list[float]) -> dict[str, float]:
             "p99Ms": round(percentile(lat, 99) * 1000, 2)}
 
 
-def bench_store(writes: int = 1200) -> dict[str, Any]:
+def bench_store(writes: int = 1200, directory: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"writes": writes, "durable": {}, "memory": {}}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        out["directory"] = str(Path(tmp).parent)
         for mode in ("durable", "memory"):
             for writers in (1, 4, 16):
                 state = Path(tmp) / f"state-{writers}.db" if mode == "durable" else None
                 with EmbeddedApiServer(state_file=state) as srv:
-                    log = getattr(srv.store, "log", None)
-                    before = log.stats() if log is not None else None
+                    before = srv.store.storage_stats()
                     per = writes // writers
                     elapsed, lat = _run_clients(
                         srv.url, writers, per,
                         lambda c, ci, i: c.call("POST", _LEASES, _lease(f"w{ci}-{i}")))
                     fig = _figures(per * writers, elapsed, lat)
-                    if log is not None and before is not None:
-                        after = log.stats()
+                    after = srv.store.storage_stats()
+                    if before is not None and after is not None:
                         commits = after["commits"] - before["commits"]
                         fig["commits"] = commits
                         fig["writesPerCommit"] = round((after["writes"] - before["writes"]) / max(commits, 1), 2)
@@ -131,22 +137,54 @@ def _watch_stream(url: str, path: str, ready: threading.Barrier, want: int, arri
     sock.close()
 
 
+@contextlib.contextmanager
+def _server_process() -> Iterator[tuple[str, int]]:
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "apiserver"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, cwd=root,
+                            env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        if not url.startswith("http://"):
+            raise RuntimeError("gpu-dra apiserver did not start")
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def bench_serving(requests: int = 2000, events: int = 200, watchers: int = 32) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    with EmbeddedApiServer() as srv:
+    with _server_process() as (url, pid):
+        srv = argparse.Namespace(url=url)
         setup = _Client(srv.url)
         for i in range(4):
             setup.call("POST", _LEASES, _lease(f"get-{i}"))
         clients = 4
         per = requests // clients
-        elapsed, lat = _run_clients(srv.url, clients, per, lambda c, ci, i: c.call("GET", f"{_LEASES}/get-{ci}"))
-        out["get"] = _figures(per * clients, elapsed, lat)
-        elapsed, lat = _run_clients(srv.url, clients, per,
-                                    lambda c, ci, i: c.call("PUT", f"{_LEASES}/get-{ci}", _lease(f"get-{ci}", f"h{i}")))
-        out["put"] = _figures(per * clients, elapsed, lat)
-        elapsed, lat = _run_clients(srv.url, clients, per,
-                                    lambda c, ci, i: c.call("POST", _LEASES, _lease(f"new-{ci}-{i}")))
-        out["create"] = _figures(per * clients, elapsed, lat)
+        ops = {
+            "get": lambda c, ci, i: c.call("GET", f"{_LEASES}/get-{ci}"),
+            "put": lambda c, ci, i: c.call("PUT", f"{_LEASES}/get-{ci}", _lease(f"get-{ci}", f"h{i}")),
+            "create": lambda c, ci, i: c.call("POST", _LEASES, _lease(f"new-{ci}-{i}")),
+        }
+        for name, op in ops.items():
+            cpu0 = _cpu_s(pid)
+            elapsed, lat = _run_clients(srv.url, clients, per, op)
+            out[name] = _figures(per * clients, elapsed, lat)
+            out[name]["serverCpuMsPerRequest"] = round((_cpu_s(pid) - cpu0) / (per * clients) * 1000, 3)
 
         setup.call("POST", _LEASES, _lease("watched"))
         _, raw = setup.call("GET", f"{_LEASES}/watched")
@@ -162,7 +200,7 @@ def bench_serving(requests: int = 2000, events: int = 200, watchers: int = 32) -
             t.start()
         ready.wait()
         per_event: list[float] = []
-        cpu0 = time.process_time()
+        cpu0 = _cpu_s(pid)
         t_all = time.perf_counter()
         for i in range(events):
             t0 = time.perf_counter()
@@ -177,11 +215,11 @@ def bench_serving(requests: int = 2000, events: int = 200, watchers: int = 32) -
                 time.sleep(0.0002)
             per_event.append(time.perf_counter() - t0)
         total = time.perf_counter() - t_all
-        cpu = time.process_time() - cpu0
+        cpu = _cpu_s(pid) - cpu0
         out[f"event{watchers}Watchers"] = {
             "events": events, "p50Ms": round(percentile(per_event, 50) * 1000, 2),
             "p99Ms": round(percentile(per_event, 99) * 1000, 2), "eventsPerSecond": round(events / total, 1),
-            "cpuMsPerEvent": round(cpu / events * 1000, 2)}
+            "serverCpuMsPerEvent": round(cpu / events * 1000, 2)}
         setup.conn.close()
     out["peakRssMiB"] = peak_rss_mib()
     return out
@@ -203,7 +241,8 @@ def _print(title: str, result: dict[str, Any], output: str) -> None:
 
 
 def run_store(args: argparse.Namespace) -> int:
-    _print("store (HTTP creates; durable = fsync'd before 201)", bench_store(), args.output)
+    _print("store (HTTP creates; durable = fsync'd before 201)", bench_store(directory=os.environ.get("TMPDIR")),
+           args.output)
     return 0
 
 

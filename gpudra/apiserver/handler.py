@@ -142,7 +142,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.log_request(code)
 
     def _send_json(self, code: int, value: Any) -> None:
-        self._send(code, _encode(value))
+        self._send(code, self.ctx.store.json_of(value) if isinstance(value, dict) else _encode(value))
 
     def _send_error(self, err: st.StatusError) -> None:
         self._send_json(err.code, err.body())
@@ -431,7 +431,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             return
         # Items are already serialized JSON objects in the store; splice them in without re-encoding twice.
         head = _encode({"kind": r.rt.kind + "List", "apiVersion": r.rt.api_version, "metadata": meta})[:-1]
-        body = head + b',"items":[' + b",".join(_encode(i) for i in items) + b"]}"
+        json_of = self.ctx.store.json_of
+        body = head + b',"items":[' + b",".join(json_of(i) for i in items) + b"]}"
         self._send(200, body)
 
     @staticmethod
@@ -456,7 +457,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.log_request(200)
         started = time.monotonic()
         for etype, obj in watcher.initial_events():
-            self._chunk_line(_encode({"type": etype, "object": obj}) + b"\n")
+            self._chunk_line(b'{"type":"%s","object":%b}\n' % (etype.encode(), self.ctx.store.json_of(obj)))
         if send_initial and bookmarks:
             self._bookmark(r.rt, watcher.pos, initial_end=True)
         last_sent = time.monotonic()

@@ -69,12 +69,13 @@ def _walk(typ: str, value: Any, path: str, unknown: list[str]) -> Any:
     known = fields_of(typ)
     out: dict[str, Any] = {}
     for key, item in value.items():
-        where = f"{path}.{key}" if path else key
         field_type = known.get(key)
         if field_type is None:
-            unknown.append(where)
-            continue
-        out[key] = _walk(field_type, item, where, unknown)
+            unknown.append(f"{path}.{key}" if path else key)
+        elif field_type in _SCALARS or field_type == "object" or not isinstance(item, (dict, list)):
+            out[key] = item  # the common case, without building a path
+        else:
+            out[key] = _walk(field_type, item, f"{path}.{key}" if path else key, unknown)
     return out
 
 

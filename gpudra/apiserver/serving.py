@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import errno
 import io
+import select
 import selectors
 import socket
 import threading
@@ -34,6 +35,7 @@ WORKERS = 16
 MAX_CONNECTIONS = 4096
 MAX_WATCHES = 4096
 _SWEEP_S = 0.5
+LINGER_S = 0.002  # how long an otherwise idle worker waits for a kept-alive client's next request
 
 
 class DeadlineReader(io.RawIOBase):
@@ -105,6 +107,7 @@ class PooledHttpServer:
         self.first_request_timeout = first_request_timeout
         self.keepalive_timeout = keepalive_timeout
         self.request_timeout = request_timeout
+        self.linger_s = LINGER_S
         self._sel = selectors.DefaultSelector()
         self._idle: collections.OrderedDict[Connection, None] = collections.OrderedDict()  # oldest first
         self._returned: collections.deque[Connection] = collections.deque()  # back from workers, to re-park
@@ -302,10 +305,21 @@ class PooledHttpServer:
                 conn.served += 1
                 if not keep or self._stopping:
                     return False
-                if self._tls.detached or not conn.has_buffered_request():
-                    return not self._tls.detached and keep
+                if self._tls.detached:
+                    return False
+                if not conn.has_buffered_request() and not self._next_request_soon(conn):
+                    return True
         except Exception:  # a broken connection must never take a worker down
             return False
+
+    def _next_request_soon(self, conn: Connection) -> bool:
+        """Whether the client sends its next request within `linger_s`, when no other connection is waiting:
+        a busy client's requests then skip the round trip through the selector thread."""
+        if self.linger_s <= 0 or self._ready:
+            return False
+        poller = select.poll()
+        poller.register(conn.sock.fileno(), select.POLLIN)
+        return bool(poller.poll(self.linger_s * 1000))
 
     def detach_for_watch(self) -> bool:
         """Called by a worker about to serve a watch: leave the pool (starting a replacement) so that long

@@ -124,6 +124,8 @@ class Store:
         self._tls = threading.local()
         self._objects: dict[ResourceType, dict[tuple[str, str], dict[str, Any]]] = {rt: {} for rt in registry.types}
         self._by_uid: dict[str, ObjKey] = {}
+        # The JSON of each stored object, by id(): encoded once at commit, reused by GET, list and watch.
+        self._json: dict[int, bytes] = {}
         self._dependents: dict[str, set[ObjKey]] = {}
         self._rv = 0
         self._history: list[Event] = []
@@ -154,6 +156,11 @@ class Store:
             rv = self._rv
         items.sort(key=lambda kv: kv[0])
         return [obj for _, obj in items if flt.matches(obj)], rv
+
+    def json_of(self, obj: dict[str, Any]) -> bytes:
+        """The JSON encoding of `obj`: the one made when it was stored, or a fresh one for any other dict."""
+        cached = self._json.get(id(obj))
+        return cached if cached is not None else _encode(obj)
 
     # ----- writing -------------------------------------------------------------------------------------------
 
@@ -216,7 +223,11 @@ class Store:
                 raise st.StatusError(503, "ServiceUnavailable", str(exc))
         self._rv = rv
         table = self._objects[rt]
+        if old is not None:
+            self._json.pop(id(table.get(key)), None)
         if new is not None:
+            assert obj_json is not None
+            self._json[id(new)] = obj_json
             table[key] = new
             uid = new["metadata"]["uid"]
             self._by_uid[uid] = (rt, key[0], key[1])
@@ -634,6 +645,10 @@ class Store:
             self._log.close()
 
     # ----- persistence ---------------------------------------------------------------------------------------
+
+    def storage_stats(self) -> dict[str, int] | None:
+        """Commits and writes so far of the durable store (writes/commits: how well group commit works)."""
+        return self._log.stats() if self._log is not None else None
 
     def open_durable(self, path: str | Path) -> list[str]:
         """Load the state database at `path` (created when missing) and commit every later write to it before
