@@ -163,6 +163,22 @@ def test_unknown_fields_deep_in_a_dra_object_are_dropped(server: EmbeddedApiServ
     assert obj["spec"]["devices"]["config"][0]["opaque"]["parameters"] == {"anything": {"goes": 1}}
 
 
+def test_values_of_the_wrong_type_are_400_in_every_mode(server: EmbeddedApiServer) -> None:
+    for mode in ("Strict", "Warn", "Ignore"):
+        code, body, _ = _call(server, "POST", f"{LEASES}?fieldValidation={mode}",
+                              _lease("t", spec={"leaseDurationSeconds": "15"}))
+        assert code == 400 and body["message"] == (
+            'Lease in version "v1" cannot be handled as a Lease: json: cannot unmarshal string into Go struct field '
+            "LeaseSpec.spec.leaseDurationSeconds of type int64")
+    code, body, _ = _call(server, "POST", LEASES, {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                                                   "metadata": "t"})
+    assert code == 400 and "Lease.metadata of type ObjectMeta" in body["message"]
+    # Quantities may be JSON numbers, as Kubernetes accepts them.
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "q"},
+           "spec": {"containers": [{"name": "c", "image": "i", "resources": {"limits": {"cpu": 1}}}]}}
+    assert _call(server, "POST", "/api/v1/namespaces/default/pods", pod)[0] == 201
+
+
 def test_kind_or_api_version_not_matching_the_url_is_400(server: EmbeddedApiServer) -> None:
     code, body, _ = _call(server, "POST", LEASES, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}})
     assert code == 400 and "does not match the expected API version (coordination.k8s.io/v1)" in body["message"]
@@ -214,6 +230,19 @@ def test_bad_content_length_is_400_without_hanging(server: EmbeddedApiServer, le
                   b"Content-Length: " + length + b"\r\n\r\n{}", timeout=20)
     code, body = _status_of(answer)
     assert code == 400 and "Content-Length" in body["message"]
+
+
+@pytest.mark.parametrize("request_bytes,code", [
+    (b"GARBAGE\r\n\r\n", 400),
+    (b"GET /api HTTP/1.1\r\nX: " + b"a" * 70_000 + b"\r\n\r\n", 431),
+    (b"GET /api HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(200)) + b"\r\n", 431),
+    (b"BREW /api HTTP/1.1\r\n\r\n", 501),
+    (b"GET /api HTTP/9.9\r\n\r\n", 505),
+    (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", 414),
+])
+def test_protocol_errors_get_a_status_body(server: EmbeddedApiServer, request_bytes: bytes, code: int) -> None:
+    got, body = _status_of(_raw(server, request_bytes))
+    assert got == code and body["kind"] == "Status" and body["code"] == code
 
 
 def test_truncated_body_times_out_and_frees_the_worker(server: EmbeddedApiServer) -> None:

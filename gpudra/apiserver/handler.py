@@ -144,6 +144,21 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _send_json(self, code: int, value: Any) -> None:
         self._send(code, self.ctx.store.json_of(value) if isinstance(value, dict) else _encode(value))
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Protocol-level errors of the base class (malformed request line, oversized headers, unknown method)
+        answered with a Status body like every other error, and the connection closed."""
+        self.close_connection = True
+        reasons = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed", 408: "Timeout",
+                   413: "RequestEntityTooLarge", 414: "RequestURITooLong", 431: "RequestHeaderFieldsTooLarge",
+                   501: "MethodNotAllowed", 505: "BadRequest"}
+        text = message or self.responses.get(code, ("error",))[0]
+        if not hasattr(self, "request_version"):
+            self.request_version = "HTTP/1.1"
+        try:
+            self._send_json(code, st.StatusError(code, reasons.get(code, "BadRequest"), text).body())
+        except OSError:
+            pass
+
     def _send_error(self, err: st.StatusError) -> None:
         self._send_json(err.code, err.body())
 

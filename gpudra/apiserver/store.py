@@ -177,6 +177,9 @@ class Store:
         if model is None:
             return obj
         report = schema.check_fields(model, obj)
+        if report.type_errors:
+            raise st.bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: json: '
+                                 f"{report.type_errors[0]}")
         policy = policy or FieldPolicy()
         problems = [f'unknown field "{p}"' for p in report.unknown] + [f'duplicate field "{p}"'
                                                                        for p in policy.duplicates]
