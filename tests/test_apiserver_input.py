@@ -179,6 +179,22 @@ def test_values_of_the_wrong_type_are_400_in_every_mode(server: EmbeddedApiServe
     assert _call(server, "POST", "/api/v1/namespaces/default/pods", pod)[0] == 201
 
 
+def test_dry_run_checks_everything_and_stores_nothing(server: EmbeddedApiServer) -> None:
+    code, obj, _ = _call(server, "POST", f"{LEASES}?dryRun=All", _lease("dry"))
+    assert code == 201 and obj["metadata"]["name"] == "dry" and "resourceVersion" not in obj["metadata"]
+    assert _call(server, "GET", f"{LEASES}/dry")[0] == 404
+    assert _call(server, "POST", f"{LEASES}?dryRun=All&fieldValidation=Strict", _lease("dry", data=1))[0] == 400
+    code, obj, _ = _call(server, "POST", LEASES, _lease("real"))
+    rv = obj["metadata"]["resourceVersion"]
+    code, upd, _ = _call(server, "PUT", f"{LEASES}/real?dryRun=All", _lease("real") | {"spec": {"holderIdentity": "z"}})
+    assert code == 200 and upd["spec"]["holderIdentity"] == "z" and upd["metadata"]["resourceVersion"] == rv
+    assert _call(server, "DELETE", f"{LEASES}/real?dryRun=All")[0] == 200
+    code, now, _ = _call(server, "GET", f"{LEASES}/real")
+    assert code == 200 and now["spec"]["holderIdentity"] == "a" and now["metadata"]["resourceVersion"] == rv
+    assert _call(server, "DELETE", "/api/v1/namespaces/default?dryRun=All")[0] in (403, 200)
+    assert _call(server, "POST", f"{LEASES}?dryRun=Some", _lease("x"))[0] == 400
+
+
 def test_kind_or_api_version_not_matching_the_url_is_400(server: EmbeddedApiServer) -> None:
     code, body, _ = _call(server, "POST", LEASES, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}})
     assert code == 400 and "does not match the expected API version (coordination.k8s.io/v1)" in body["message"]
@@ -331,7 +347,8 @@ def test_watchers_are_woken_only_by_their_resource_and_dropped_when_gone(server:
 
     # The event is encoded once and the same bytes go to every watcher.
     ev = store._history[-1]
-    assert ev.line("ADDED") is ev.line("ADDED")
+    assert ev.obj_json is store.json_of(store.get(lease_rt, "default", "w"))
+    assert json.loads(ev.line("MODIFIED")) == {"type": "MODIFIED", "object": ev.obj}
 
     assert server._httpd is not None
     socks = []

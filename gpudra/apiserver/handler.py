@@ -292,7 +292,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         else:
             raise st.StatusError(404, "NotFound", f"the server could not find the requested resource ({path})")
         route = self._resolve(group, version, rest, path)
-        self._serve(method, route, query)
+        dry_run = query.get("dryRun", "")
+        if dry_run not in ("", "All"):
+            raise st.bad_request(f"dryRun: Unsupported value: {json.dumps(dry_run)}: supported values: \"All\"")
+        with self.ctx.store.dry_run(dry_run == "All"):
+            self._serve(method, route, query)
 
     def _discovery(self, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | None:
         if parts in (["healthz"], ["readyz"], ["livez"]):

@@ -57,7 +57,7 @@ class Change:
 class LoadedState:
     rv: int
     floor: int
-    objects: list[dict[str, Any]] = field(default_factory=list)
+    objects: list[tuple[dict[str, Any], bytes]] = field(default_factory=list)  # (object, its stored JSON)
     # (rv, kind, type, object, old) oldest first
     events: list[tuple[int, str, str, dict[str, Any], dict[str, Any] | None]] = field(default_factory=list)
     migrated_from: Path | None = None
@@ -184,7 +184,7 @@ class SqliteLog:
             floor = _meta(conn, "floor")
             state = LoadedState(rv=stored_rv, floor=floor, migrated_from=migrated)
             for (data,) in conn.execute("SELECT data FROM objects ORDER BY kind, namespace, name"):
-                state.objects.append(json.loads(data))
+                state.objects.append((json.loads(data), bytes(data)))
             for rv, kind, etype, data, old in conn.execute(
                     "SELECT rv, kind, type, data, old FROM events WHERE rv > ? ORDER BY rv", (floor,)):
                 state.events.append((rv, kind, etype, json.loads(data), json.loads(old) if old else None))

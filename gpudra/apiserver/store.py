@@ -7,6 +7,7 @@ can serialize them without copying and without holding the lock.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import json
 import random
@@ -48,18 +49,17 @@ class Event:
     type: str  # ADDED, MODIFIED, DELETED
     obj: dict[str, Any]
     old: dict[str, Any] | None
-    obj_json: bytes | None = field(default=None, compare=False)
-    # Watch lines by event type, encoded once for all watchers (a selector may turn MODIFIED into ADDED/DELETED).
-    _lines: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+    # The object's JSON, encoded once at commit (or lazily for history read back from disk) for all watchers.
+    obj_json: bytes | None = field(default=None, compare=False, repr=False)
 
     def line(self, etype: str) -> bytes:
-        """`{"type":..,"object":..}` and a newline: one watch event as every watcher of it sends it."""
-        cached = self._lines.get(etype)
-        if cached is None:
-            body = self.obj_json if self.obj_json is not None else _encode(self.obj)
-            cached = b'{"type":"' + etype.encode() + b'","object":' + body + b"}\n"
-            self._lines[etype] = cached
-        return cached
+        """`{"type":..,"object":..}` and a newline: one watch event as every watcher of it sends it. The type is
+        per watcher (a selector may turn MODIFIED into ADDED or DELETED); the object is never re-encoded."""
+        body = self.obj_json
+        if body is None:
+            body = _encode(self.obj)
+            object.__setattr__(self, "obj_json", body)
+        return b'{"type":"%s","object":%b}\n' % (etype.encode(), body)
 
 
 @dataclass
@@ -157,6 +157,19 @@ class Store:
         items.sort(key=lambda kv: kv[0])
         return [obj for _, obj in items if flt.matches(obj)], rv
 
+    @property
+    def _dry_run(self) -> bool:
+        return bool(getattr(self._tls, "dry_run", False))
+
+    @contextlib.contextmanager
+    def dry_run(self, enabled: bool = True) -> Iterator[None]:
+        """Writes made by this thread inside the block are checked and answered but not stored (`dryRun=All`)."""
+        self._tls.dry_run = enabled
+        try:
+            yield
+        finally:
+            self._tls.dry_run = False
+
     def json_of(self, obj: dict[str, Any]) -> bytes:
         """The JSON encoding of `obj`: the one made when it was stored, or a fresh one for any other dict."""
         cached = self._json.get(id(obj))
@@ -219,6 +232,16 @@ class Store:
                 raise st.StatusError(413, "RequestEntityTooLarge",
                                      f"Request entity too large: {rt.kind} {key[1]!r} is {len(obj_json)} bytes "
                                      f"encoded; etcdserver: request is too large (limit {MAX_OBJECT_BYTES} bytes)")
+        if self._dry_run:
+            # Everything was checked; nothing is stored, no resourceVersion is used, no event is sent.
+            if new is None:
+                assert old is not None
+                return old
+            if old is None:
+                o.meta(new).pop("resourceVersion", None)
+            else:
+                o.meta(new)["resourceVersion"] = old["metadata"].get("resourceVersion")
+            return new
         if self._log is not None:
             try:
                 self._log.check_writable()
@@ -551,6 +574,8 @@ class Store:
     # ----- garbage collection -----------------------------------------------------------------------------------
 
     def _enqueue_gc_locked(self, item: str) -> None:
+        if self._dry_run:
+            return
         self._gc_queue.append(item)
         self._cond.notify_all()
 
@@ -665,7 +690,7 @@ class Store:
         with self._lock:
             self._rv = self._visible = state.rv
             self._floor = state.floor
-            for obj in state.objects:
+            for obj, raw in state.objects:
                 rt = self.registry.by_kind(obj.get("kind", "")) if isinstance(obj, dict) else None
                 m = obj.get("metadata") if isinstance(obj, dict) else None
                 if rt is None or not isinstance(m, dict) or not m.get("name") or not m.get("uid"):
@@ -673,6 +698,7 @@ class Store:
                     continue
                 key = (m.get("namespace", "") if rt.namespaced else "", m["name"])
                 self._objects[rt][key] = obj
+                self._json[id(obj)] = raw
                 self._by_uid[m["uid"]] = (rt, key[0], key[1])
                 for owner in o.owner_uids(obj):
                     self._dependents.setdefault(owner, set()).add((rt, key[0], key[1]))
