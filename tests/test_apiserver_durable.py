@@ -220,3 +220,38 @@ def test_second_server_on_the_same_database_is_refused(tmp_path: Path) -> None:
         with pytest.raises(ValueError) as err:
             EmbeddedApiServer(state_file=state).start()
         assert "in use by another process" in str(err.value)
+
+
+def test_writers_waiting_on_a_commit_share_the_next_one(tmp_path: Path) -> None:
+    """Group commit: changes submitted while a commit is in progress go to disk together in the next one."""
+    from gpudra.apiserver.persistence import Change, SqliteLog
+
+    log = SqliteLog(tmp_path / "state.db", history_limit=100)
+    state = log.open()
+    first_commit_started = threading.Event()
+    release = threading.Event()
+    real_write = log._write_batch
+
+    def slow_first(batch: list[Change]) -> None:
+        if not first_commit_started.is_set():
+            first_commit_started.set()
+            assert release.wait(30)
+        real_write(batch)
+
+    log._write_batch = slow_first  # type: ignore[method-assign]
+    rv = state.rv
+
+    def change(n: int) -> Change:
+        body = json.dumps({"kind": "Lease", "metadata": {"name": f"l{n}"}}).encode()
+        return Change(rv + n, "Lease", "default", f"l{n}", body, "ADDED", body, None)
+
+    log.submit(change(1))
+    assert first_commit_started.wait(30)
+    for n in range(2, 11):
+        log.submit(change(n))
+    release.set()
+    log.wait_durable(rv + 10)
+    assert log.stats() == {"commits": 2, "writes": 10}
+    log.close()
+    with sqlite3.connect(tmp_path / "state.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM objects").fetchone()[0] == 10

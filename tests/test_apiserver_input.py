@@ -195,6 +195,17 @@ def test_dry_run_checks_everything_and_stores_nothing(server: EmbeddedApiServer)
     assert _call(server, "POST", f"{LEASES}?dryRun=Some", _lease("x"))[0] == 400
 
 
+def test_malformed_delete_options_and_nameless_updates_are_400(server: EmbeddedApiServer) -> None:
+    assert _call(server, "POST", LEASES, _lease("del"))[0] == 201
+    for raw in (b'{"preconditions":"x"}', b"[]", b'{"gracePeriodSeconds":"soon"}', b"{not json"):
+        code, body, _ = _call(server, "DELETE", f"{LEASES}/del", raw=raw)
+        assert code == 400, raw
+        _assert_status(body, 400)
+    code, body, _ = _call(server, "PUT", f"{LEASES}/del", raw=b'{"metadata":null}')
+    assert code == 400 and "does not match the name on the URL" in body["message"]
+    assert _call(server, "GET", f"{LEASES}/del")[0] == 200
+
+
 def test_kind_or_api_version_not_matching_the_url_is_400(server: EmbeddedApiServer) -> None:
     code, body, _ = _call(server, "POST", LEASES, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}})
     assert code == 400 and "does not match the expected API version (coordination.k8s.io/v1)" in body["message"]

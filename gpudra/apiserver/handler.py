@@ -15,6 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from gpudra import strictjson
 from gpudra.apiserver import resources as res
+from gpudra.apiserver import schema
 from gpudra.apiserver import status as st
 from gpudra.apiserver.openapi import openapi_group_version, openapi_root
 from gpudra.apiserver.selectors import FieldSelector, LabelSelector, SelectorError
@@ -391,7 +392,13 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._send_json(200, store.patch(r.rt, r.namespace, r.name, kind, body, r.subresource, policy))
         elif method == "DELETE":
             body = self._body()
-            options = body if isinstance(body, dict) else {}
+            if body is not None and not isinstance(body, dict):
+                raise st.bad_request("the body of a delete must be a DeleteOptions object")
+            options = body or {}
+            report = schema.check_fields("V1DeleteOptions", options)
+            if report.type_errors:
+                raise st.bad_request(f"DeleteOptions in version \"v1\" cannot be handled as a DeleteOptions: json: "
+                                     f"{report.type_errors[0]}")
             if "propagationPolicy" in query:
                 options = {**options, "propagationPolicy": query["propagationPolicy"]}
             policy = options.get("propagationPolicy")

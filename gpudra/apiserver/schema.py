@@ -8,17 +8,53 @@ opaque driver parameters) accepts anything, as the real decoder does.
 
 Used by the API server (`fieldValidation`) and by `gpu-dra validate`; also usable by an OpenAPI generator:
 `fields_of(model)` and `model_name(group, version, kind)` are the whole interface.
+
+The client's models are pydantic classes, imported lazily, and importing the ~200 reachable from the served
+kinds takes seconds; so the table derived from them for the `ROOTS` below is kept in `schema_fields.json`
+(regenerate with `python -m gpudra.apiserver.schema`; a test checks it equals what the installed client
+gives). A model missing from the file is read from the client itself.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import json
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import kubernetes.client as kclient
-
 _SCALARS = frozenset({"str", "int", "bool", "float", "datetime", "date", "bytearray", "bytes"})
+_TABLE = Path(__file__).with_name("schema_fields.json")
+# The kinds whose schemas are kept in the table (every version of the DRA kinds a server may serve), with
+# everything reachable from them.
+ROOTS: tuple[str, ...] = (
+    "V1Namespace", "V1Node", "V1Pod", "CoreV1Event", "V1ResourceQuota", "V1Lease", "V1PriorityClass", "V1Binding",
+    "V1DeleteOptions",
+    "V1DeviceClass", "V1ResourceSlice", "ResourceV1ResourceClaim", "V1ResourceClaimTemplate",
+    "V1beta1DeviceClass", "V1beta1ResourceSlice", "V1beta1ResourceClaim", "V1beta1ResourceClaimTemplate",
+    "V1beta2DeviceClass", "V1beta2ResourceSlice", "V1beta2ResourceClaim", "V1beta2ResourceClaimTemplate",
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _table() -> dict[str, dict[str, str]]:
+    try:
+        return json.loads(_TABLE.read_text())  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return {}
+
+
+def _client_fields(model: str) -> dict[str, str] | None:
+    """Read one model's fields from the installed `kubernetes` client (slow: imports the pydantic class)."""
+    kclient = importlib.import_module("kubernetes.client")
+    cls = getattr(kclient, model, None)
+    if cls is None or not hasattr(cls, "openapi_types"):
+        return None
+    types: dict[str, str] = cls.openapi_types
+    names: dict[str, str] = cls.attribute_map
+    return {names[attr]: typ for attr, typ in types.items()}
 
 
 def _group_prefix(group: str) -> str:
@@ -29,9 +65,12 @@ def _group_prefix(group: str) -> str:
 def model_name(group: str, version: str, kind: str) -> str | None:
     """The client model for a kind: `ResourceV1ResourceClaim`, `CoreV1Event`, `V1Pod`; None when unknown."""
     v = version[:1].upper() + version[1:]
-    for candidate in (f"{_group_prefix(group)}{v}{kind}", f"{v}{kind}"):
-        cls = getattr(kclient, candidate, None)
-        if cls is not None and hasattr(cls, "openapi_types"):
+    candidates = (f"{_group_prefix(group)}{v}{kind}", f"{v}{kind}")
+    for candidate in candidates:
+        if candidate in _table():
+            return candidate
+    for candidate in candidates:
+        if _client_fields(candidate) is not None:
             return candidate
     return None
 
@@ -39,10 +78,35 @@ def model_name(group: str, version: str, kind: str) -> str | None:
 @functools.lru_cache(maxsize=None)
 def fields_of(model: str) -> dict[str, str]:
     """JSON field name -> type string, for one client model."""
-    cls = getattr(kclient, model)
-    types: dict[str, str] = cls.openapi_types
-    names: dict[str, str] = cls.attribute_map
-    return {names[attr]: typ for attr, typ in types.items()}
+    known = _table().get(model)
+    if known is not None:
+        return known
+    fields = _client_fields(model)
+    if fields is None:
+        raise KeyError(f"the kubernetes client has no model {model}")
+    return fields
+
+
+def _inner(typ: str) -> str:
+    while typ.startswith(("List[", "Dict[")):
+        typ = typ[5:-1].partition(",")[2].strip() if typ.startswith("Dict[") else typ[5:-1]
+    return typ
+
+
+def generate(roots: tuple[str, ...] = ROOTS) -> dict[str, dict[str, str]]:
+    """The table for `roots` and every model reachable from them, read from the installed client."""
+    out: dict[str, dict[str, str]] = {}
+    todo = list(roots)
+    while todo:
+        model = todo.pop()
+        if model in out:
+            continue
+        fields = _client_fields(model)
+        if fields is None:
+            raise KeyError(f"the kubernetes client has no model {model}")
+        out[model] = fields
+        todo.extend(t for t in map(_inner, fields.values()) if t not in _SCALARS and t != "object")
+    return dict(sorted(out.items()))
 
 
 @dataclass(frozen=True)
@@ -155,3 +219,8 @@ def check_object(obj: dict[str, Any]) -> FieldReport | None:
     group, _, version = api_version.rpartition("/")
     model = model_name(group, version, kind)
     return check_fields(model, obj) if model else None
+
+
+if __name__ == "__main__":
+    _TABLE.write_text(json.dumps(generate(), indent=0, sort_keys=True) + "\n")
+    print(f"wrote {_TABLE} ({len(generate())} models)", file=sys.stderr)

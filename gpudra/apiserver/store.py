@@ -422,8 +422,8 @@ class Store:
         check_type_meta(rt, body)
         body = self.clean_fields(rt, body, fields)
         bm = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
-        if bm.get("name") and bm["name"] != name:
-            raise st.bad_request(f'the name of the object ({bm["name"]}) does not match the name on the URL ({name})')
+        if bm.get("name") != name:  # an omitted name does not match either, as in kube-apiserver
+            raise st.bad_request(f'the name of the object ({bm.get("name") or ""}) does not match the name on the URL ({name})')
         if rt.namespaced and bm.get("namespace") and bm["namespace"] != namespace:
             raise st.bad_request(f"the namespace of the provided object ({bm['namespace']}) does not match the "
                                  f"namespace sent on the request ({namespace})")
