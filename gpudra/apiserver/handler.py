@@ -488,7 +488,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._bookmark(r.rt, watcher.pos, initial_end=True)
         last_sent = time.monotonic()
         try:
-            while not self.ctx.stopping and not self._client_gone():
+            while not self.ctx.stopping:
                 now = time.monotonic()
                 if timeout_s is not None and now - started >= timeout_s:
                     break
@@ -502,15 +502,17 @@ class ApiHandler(BaseHTTPRequestHandler):
                 except st.StatusError as err:
                     self._chunk("ERROR", err.body())
                     break
-                for etype, ev in events:
-                    self._chunk_line(ev.line(etype))
                 if events:
+                    # One write (one chunk) for everything that arrived; a gone client fails it at once.
+                    self._chunk_line(b"".join(ev.line(etype) for etype, ev in events))
                     last_sent = time.monotonic()
+                elif self._client_gone():
+                    return  # nothing to say to a client that left: drop the watch now
                 elif bookmarks and time.monotonic() - last_sent >= self.ctx.bookmark_interval:
                     self._bookmark(r.rt, watcher.pos)
                     last_sent = time.monotonic()
             self.wfile.write(b"0\r\n\r\n")
-        except (BrokenPipeError, ConnectionResetError):
+        except OSError:  # the client went away or stopped reading
             return
 
     def _bookmark(self, rt: res.ResourceType, rv: int, initial_end: bool = False) -> None:
