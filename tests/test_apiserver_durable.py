@@ -137,6 +137,21 @@ def test_kill_9_under_concurrent_writers_loses_no_acknowledged_write(tmp_path: P
             # The stored object is the acknowledged write or a later one that raced with the kill.
             assert stored[name]["uid"] == meta["uid"]
             assert int(stored[name]["resourceVersion"]) >= int(meta["resourceVersion"])
+        # A watch resumed from a resourceVersion that was only seen on an uncommitted change is 410 (relist);
+        # one from the last acknowledged write continues.
+        newest = max(int(meta["resourceVersion"]) for meta in acked.values())
+        watch = _conn(url)
+        watch.request("GET", f"{LEASES}?watch=true&resourceVersion={newest}&timeoutSeconds=1")
+        resp = watch.getresponse()
+        assert resp.status == 200 and b'"ERROR"' not in resp.read()
+        watch.close()
+        watch = _conn(url)
+        watch.request("GET", f"{LEASES}?watch=true&resourceVersion={int(listed['metadata']['resourceVersion']) - 1}"
+                             "&timeoutSeconds=1")
+        resp = watch.getresponse()
+        body = resp.read()
+        assert resp.status == 410 or b'"code":410' in body
+        watch.close()
         # New writes never reuse a UID or a resourceVersion that any client saw before the kill.
         for i in range(40):
             code, obj = _call(conn, "POST", LEASES, _lease(f"after-{i}", "c"))

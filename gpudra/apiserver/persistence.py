@@ -55,8 +55,9 @@ class Change:
 
 @dataclass
 class LoadedState:
-    rv: int
+    rv: int  # where the resourceVersion continues (past anything handed out before the last stop)
     floor: int
+    committed_rv: int = 0  # the newest committed change
     objects: list[tuple[dict[str, Any], bytes]] = field(default_factory=list)  # (object, its stored JSON)
     # (rv, kind, type, object, old) oldest first
     events: list[tuple[int, str, str, dict[str, Any], dict[str, Any] | None]] = field(default_factory=list)
@@ -182,7 +183,7 @@ class SqliteLog:
         try:
             stored_rv = max(_meta(conn, "rv"), conn.execute("SELECT COALESCE(MAX(rv), 0) FROM events").fetchone()[0])
             floor = _meta(conn, "floor")
-            state = LoadedState(rv=stored_rv, floor=floor, migrated_from=migrated)
+            state = LoadedState(rv=stored_rv, floor=floor, committed_rv=stored_rv, migrated_from=migrated)
             for (data,) in conn.execute("SELECT data FROM objects ORDER BY kind, namespace, name"):
                 state.objects.append((json.loads(data), bytes(data)))
             for rv, kind, etype, data, old in conn.execute(

@@ -121,6 +121,10 @@ class Store:
         self._rt_visible = {rt: 0 for rt in registry.types}  # newest event of each type watchers may see
         self._visible = 0  # every event up to here is visible to watchers (committed, when durable)
         self._log: SqliteLog | None = None
+        # resourceVersions after the last commit before a restart and before where it continued: a reader may
+        # have seen them on objects that were then lost with the process, so a watch resuming from one is 410
+        # (the client relists and drops what it saw), never silently continued.
+        self._lost_rvs = range(0)
         self._tls = threading.local()
         self._objects: dict[ResourceType, dict[tuple[str, str], dict[str, Any]]] = {rt: {} for rt in registry.types}
         self._by_uid: dict[str, ObjKey] = {}
@@ -633,7 +637,8 @@ class Store:
     def watch(self, flt: Filter, resource_version: int | None, initial: bool) -> Watcher:
         with self._cond:
             start = self._rv if resource_version is None else resource_version
-            if resource_version is not None and resource_version < self._floor:
+            if resource_version is not None and (resource_version < self._floor or
+                                                 resource_version in self._lost_rvs):
                 raise st.expired(resource_version, self._floor)
             if resource_version is not None and resource_version > self._rv:
                 raise st.StatusError(504, "Timeout", f"Too large resource version: {resource_version}, current: "
@@ -690,6 +695,7 @@ class Store:
         with self._lock:
             self._rv = self._visible = state.rv
             self._floor = state.floor
+            self._lost_rvs = range(state.committed_rv + 1, state.rv)
             for obj, raw in state.objects:
                 rt = self.registry.by_kind(obj.get("kind", "")) if isinstance(obj, dict) else None
                 m = obj.get("metadata") if isinstance(obj, dict) else None
