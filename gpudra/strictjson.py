@@ -50,10 +50,7 @@ def _no_constant(name: str) -> Any:
     raise StrictJsonError(f"{name} is not a JSON value (JSON has no NaN or Infinity)")
 
 
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) == len(pairs):
-        return out
+def _marked(out: dict[str, Any], pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     seen: set[str] = set()
     dups: list[str] = []
     for k, _ in pairs:
@@ -67,17 +64,34 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def loads(raw: bytes | str, max_depth: int = MAX_DEPTH) -> Any:
     """Decode `raw`; raises StrictJsonError for invalid JSON, NaN/Infinity or nesting deeper than `max_depth`."""
+    return decode(raw, max_depth)[0]
+
+
+def decode(raw: bytes | str, max_depth: int = MAX_DEPTH) -> tuple[Any, list[str]]:
+    """`loads`, and the paths of duplicate keys (found with a walk only when the decoder met one)."""
     data = raw.encode() if isinstance(raw, str) else raw
     if nesting_depth_exceeds(data, max_depth):
         raise StrictJsonError(f"exceeded max depth of {max_depth}")
+    seen_duplicate = False
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal seen_duplicate
+        out = dict(items)
+        if len(out) == len(items):
+            return out
+        seen_duplicate = True
+        return _marked(out, items)
+
     try:
-        return json.loads(data, parse_constant=_no_constant, object_pairs_hook=_pairs)
+        text = data.decode("utf-8")
+        value = json.loads(text, parse_constant=_no_constant, object_pairs_hook=pairs)
     except StrictJsonError:
         raise
     except RecursionError:
         raise StrictJsonError(f"exceeded max depth of {max_depth}") from None
-    except ValueError as exc:
+    except ValueError as exc:  # UnicodeDecodeError included
         raise StrictJsonError(str(exc)) from None
+    return value, duplicate_fields(value) if seen_duplicate else []
 
 
 def duplicate_fields(value: Any, path: str = "") -> list[str]:

@@ -213,10 +213,12 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _read_body(self) -> Any:
         raw = self._read_raw_body()
+        self._duplicates: list[str] = []
         if not raw:
             return None
         try:
-            return strictjson.loads(raw)
+            value, self._duplicates = strictjson.decode(raw)
+            return value
         except strictjson.StrictJsonError as exc:
             raise st.bad_request(f"the request body is not valid JSON: {exc}; this server accepts JSON only")
 
@@ -269,7 +271,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if mode not in FIELD_VALIDATION:
             raise st.bad_request(f"fieldValidation: Unsupported value: {json.dumps(mode)}: supported values: "
                                  '"Ignore", "Warn", "Strict"')
-        policy = FieldPolicy(mode, strictjson.duplicate_fields(body))
+        policy = FieldPolicy(mode, list(getattr(self, "_duplicates", [])))
         self._warnings = policy.warnings
         return policy
 

@@ -150,31 +150,32 @@ def _scalar_ok(typ: str, value: Any) -> bool:
     return isinstance(value, str)  # datetime, date: RFC 3339 text
 
 
+def _type_error(errors: list[str], value: Any, struct: str, path: str, go_type: str) -> None:
+    errors.append(f"cannot unmarshal {_json_type(value)} into Go struct field {_go_name(struct)}.{path} of type "
+                  f"{go_type}")
+
+
 def _walk(typ: str, value: Any, path: str, unknown: list[str], errors: list[str], struct: str) -> Any:
     if value is None or typ == "object":
         return value
     if typ in _SCALARS:
         if not _scalar_ok(typ, value):
-            errors.append(f"cannot unmarshal {_json_type(value)} into Go struct field {struct}.{path} of type "
-                          f"{_go_type(typ)}")
+            _type_error(errors, value, struct, path, _go_type(typ))
         return value
     if typ.startswith("List[") and typ.endswith("]"):
         if not isinstance(value, list):
-            errors.append(f"cannot unmarshal {_json_type(value)} into Go struct field {struct}.{path} of type "
-                          f"{_go_type(typ)}")
+            _type_error(errors, value, struct, path, _go_type(typ))
             return value
         inner = typ[5:-1]
         return [_walk(inner, item, f"{path}[{i}]", unknown, errors, struct) for i, item in enumerate(value)]
     if typ.startswith("Dict[") and typ.endswith("]"):
         if not isinstance(value, dict):
-            errors.append(f"cannot unmarshal {_json_type(value)} into Go struct field {struct}.{path} of type "
-                          f"{_go_type(typ)}")
+            _type_error(errors, value, struct, path, _go_type(typ))
             return value
         inner = typ[5:-1].partition(",")[2].strip()
         return {k: _walk(inner, v, f"{path}.{k}" if path else k, unknown, errors, struct) for k, v in value.items()}
     if not isinstance(value, dict):
-        errors.append(f"cannot unmarshal {_json_type(value)} into Go struct field {struct}.{path} of type "
-                      f"{_go_name(typ)}")
+        _type_error(errors, value, struct, path, _go_name(typ))
         return value
     known = fields_of(typ)
     out: dict[str, Any] = {}
@@ -187,10 +188,11 @@ def _walk(typ: str, value: Any, path: str, unknown: list[str], errors: list[str]
         elif field_type == "str" and isinstance(item, str):
             out[key] = item  # the common case, without building a path
         else:
-            out[key] = _walk(field_type, item, f"{path}.{key}" if path else key, unknown, errors, _go_name(typ))
+            out[key] = _walk(field_type, item, f"{path}.{key}" if path else key, unknown, errors, typ)
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def _go_name(model: str) -> str:
     """`V1LeaseSpec` -> `LeaseSpec`, `ResourceV1ResourceClaim` -> `ResourceClaim`: the Go struct's name."""
     i = 0
@@ -206,7 +208,7 @@ def check_fields(model: str, obj: Any) -> FieldReport:
     """Every unknown field of `obj` read as `model`, and `obj` without them (a new value; `obj` is untouched)."""
     unknown: list[str] = []
     errors: list[str] = []
-    pruned = _walk(model, obj, "", unknown, errors, _go_name(model))
+    pruned = _walk(model, obj, "", unknown, errors, model)
     return FieldReport(unknown, pruned, errors)
 
 
