@@ -66,6 +66,7 @@ def test_kill_9_under_concurrent_writers_loses_no_acknowledged_write(tmp_path: P
     acked: dict[str, dict[str, Any]] = {}  # name -> metadata of the last acknowledged write
     seen_uids: set[str] = set()
     seen_rvs: set[int] = set()
+    seen_by_readers: dict[str, str] = {}  # name -> uid, from lists
     lock = threading.Lock()
     stop = threading.Event()
 
@@ -98,6 +99,7 @@ def test_kill_9_under_concurrent_writers_loses_no_acknowledged_write(tmp_path: P
                 if code == 200:
                     with lock:
                         for item in listed["items"]:
+                            seen_by_readers[item["metadata"]["name"]] = item["metadata"]["uid"]
                             seen_uids.add(item["metadata"]["uid"])
                             seen_rvs.add(int(item["metadata"]["resourceVersion"]))
         except (OSError, http.client.HTTPException):
@@ -133,6 +135,9 @@ def test_kill_9_under_concurrent_writers_loses_no_acknowledged_write(tmp_path: P
         stored = {item["metadata"]["name"]: item["metadata"] for item in listed["items"]}
         lost = [name for name in acked if name not in stored]
         assert not lost, f"{len(lost)} acknowledged objects lost, e.g. {lost[:5]}"
+        # Nothing a reader was shown is gone either: readers are answered only with committed changes.
+        phantoms = [name for name, uid in seen_by_readers.items() if stored.get(name, {}).get("uid") != uid]
+        assert not phantoms, f"{len(phantoms)} objects seen by a reader are gone, e.g. {phantoms[:5]}"
         for name, meta in acked.items():
             # The stored object is the acknowledged write or a later one that raced with the kill.
             assert stored[name]["uid"] == meta["uid"]

@@ -375,6 +375,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             return
         if method == "GET":
             obj = store.get(r.rt, r.namespace, r.name)
+            store.await_durable(obj["metadata"].get("resourceVersion"))
             self._send_object(200, r, obj)
         elif method == "PUT":
             body = self._body()
@@ -435,6 +436,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         _int_param(query, "timeoutSeconds")
         limit = _int_param(query, "limit") or 0
         items, rv = self.ctx.store.list(flt)
+        self.ctx.store.await_durable(rv)
         meta: dict[str, Any] = {"resourceVersion": str(rv)}
         start = 0
         token = query.get("continue")
@@ -476,6 +478,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         bookmarks = _bool_param(query, "allowWatchBookmarks")
         timeout_s = _int_param(query, "timeoutSeconds")
         watcher = self.ctx.store.watch(flt, rv, initial)
+        self.ctx.store.await_durable(watcher.pos)
         detach = getattr(self.server, "detach_for_watch", None)
         if detach is not None and not detach():
             raise st.StatusError(429, "TooManyRequests", "too many watches are open; retry later")

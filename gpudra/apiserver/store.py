@@ -161,6 +161,18 @@ class Store:
         items.sort(key=lambda kv: kv[0])
         return [obj for _, obj in items if flt.matches(obj)], rv
 
+    def await_durable(self, rv: int | str | None) -> None:
+        """Return once every change up to `rv` is committed: a reader is never answered with a change that a
+        crash could still lose (writes reach the in-memory state just before their commit)."""
+        if self._log is None or not rv:
+            return
+        try:
+            self._log.wait_durable(int(rv))
+        except StorageError as exc:
+            raise st.StatusError(500, "InternalError", str(exc))
+        except ValueError:
+            return
+
     @property
     def _dry_run(self) -> bool:
         return bool(getattr(self._tls, "dry_run", False))
