@@ -1,4 +1,5 @@
-"""`gpu-dra validate -f FILE... [-o json]`: Kubernetes' resource.k8s.io/v1 validation rules, offline.
+"""`gpu-dra validate -f FILE... [-o json]`: Kubernetes' resource.k8s.io validation rules (v1, v1beta2 and v1beta1,
+converted to v1 as kube-apiserver does), offline.
 
 Unknown fields (checked against the official client's schema of the object's kind, for every kind it knows)
 are warnings, or errors with `--strict`, as kube-apiserver's `fieldValidation=Warn|Strict` treats them.

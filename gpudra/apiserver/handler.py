@@ -17,11 +17,19 @@ from gpudra import strictjson
 from gpudra.apiserver import resources as res
 from gpudra.apiserver import schema
 from gpudra.apiserver import status as st
-from gpudra.apiserver.openapi import openapi_group_version, openapi_root
+from gpudra.apiserver.podpriority import admit_pod_priority
+from gpudra.apiserver.openapi import openapi_group_version, openapi_root, openapi_v2, openapi_v2_protobuf
 from gpudra.apiserver.selectors import FieldSelector, LabelSelector, SelectorError
 from gpudra.apiserver.store import FIELD_VALIDATION, FieldPolicy, Filter, Store
-from gpudra.apiserver.tables import wants_table, to_table
+from gpudra.apiserver.tables import INCLUDE_OBJECT, to_table, wants_table
+from gpudra.conversion import ConversionError, from_storage, split_api_version, to_storage
 
+_CONVERTED_KINDS = frozenset({"DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice",
+                              "DeviceTaintRule"})
+# kube-openapi answers the "...spec.v2@v1.0+protobuf" Accept with this Content-Type (no "@": mime would refuse it).
+_OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
+_NO_SERVER_SIDE_APPLY = ("server-side apply is not supported by gpu-dra's embedded control plane (it keeps no "
+                         "field managers); use client-side apply: kubectl apply without --server-side")
 _WATCH_POLL_S = 1.0  # how often an idle watch checks for shutdown, its deadline and a vanished client
 # kube-apiserver's limit on a request body it decodes (MaxRequestBodyBytes, 3 MiB): larger is 413.
 MAX_BODY_BYTES = 3 * 1024 * 1024
@@ -44,6 +52,35 @@ class Route:
     namespace: str  # "" for cluster-scoped requests and all-namespaces lists
     name: str | None
     subresource: str | None
+    version: str = ""  # the API version the request speaks; "" or rt.version means the storage version
+
+    @property
+    def converts(self) -> bool:
+        return bool(self.version) and self.version != self.rt.version
+
+    def shown(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """A stored object as this request's API version shows it."""
+        return from_storage(obj, self.version) if self.converts else obj
+
+    def stored(self, body: Any) -> Any:
+        """A request body in storage form. The body's own apiVersion decides what it is, as kube-apiserver
+        decodes it; without one, the URL's version does."""
+        if not isinstance(body, dict) or self.rt.kind not in _CONVERTED_KINDS:
+            return body
+        group, version = split_api_version(body.get("apiVersion"))
+        if not body.get("apiVersion"):
+            group, version = self.rt.group, self.version or self.rt.version
+        if group != self.rt.group or version not in self.rt.versions:
+            raise st.bad_request(f"the API version in the data ({body.get('apiVersion')}) does not match the "
+                                 f"expected API version ({self.rt.api_version_at(self.version or self.rt.version)});"
+                                 f" {self.rt.kind} is served at "
+                                 + ", ".join(self.rt.api_version_at(v) for v in self.rt.versions))
+        if version == self.rt.version:
+            return body  # already the storage version: nothing to convert (the hot path of every agent)
+        try:
+            return to_storage({**body, "apiVersion": self.rt.api_version_at(version), "kind": self.rt.kind})
+        except ConversionError as exc:
+            raise st.bad_request(f"{self.rt.kind} in {self.rt.api_version_at(version)}: {exc.path}: {exc}")
 
 
 def _encode(value: Any) -> bytes:
@@ -283,7 +320,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         if method == "GET":
             doc = self._discovery(parts, reg)
             if doc is not None:
-                if isinstance(doc, bytes):
+                if isinstance(doc, tuple):
+                    self._send(200, doc[0], doc[1])
+                elif isinstance(doc, bytes):
                     self._send(200, doc, "text/plain; charset=utf-8")
                 else:
                     self._send_json(200, doc)
@@ -301,11 +340,15 @@ class ApiHandler(BaseHTTPRequestHandler):
         with self.ctx.store.dry_run(dry_run == "All"):
             self._serve(method, route, query)
 
-    def _discovery(self, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | None:
+    def _discovery(self, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | tuple[bytes, str] | None:
         if parts in (["healthz"], ["readyz"], ["livez"]):
             return b"ok"
         if parts == ["version"]:
             return res.SERVER_VERSION
+        if parts == ["openapi", "v2"]:
+            if "protobuf" in (self.headers.get("Accept") or ""):
+                return openapi_v2_protobuf(reg), _OPENAPI_V2_PROTOBUF
+            return openapi_v2(reg)
         if parts[:2] == ["openapi", "v3"]:
             if len(parts) == 2:
                 return openapi_root(reg)
@@ -350,7 +393,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if rt.namespaced and name is not None and not namespace:
             raise st.StatusError(404, "NotFound", f"the server could not find the requested resource ({path}): "
                                                   f"{rt.plural} are namespaced; use /namespaces/NAMESPACE/{rt.plural}")
-        return Route(rt, namespace, name, sub)
+        return Route(rt, namespace, name, sub, version)
 
     def _serve(self, method: str, r: Route, query: dict[str, str]) -> None:
         store = self.ctx.store
@@ -363,8 +406,12 @@ class ApiHandler(BaseHTTPRequestHandler):
                 return
             if method == "POST":
                 body = self._body()
-                obj = store.create(r.rt, r.namespace, body, self._field_policy(query, body))
-                self._send_json(201, obj)
+                policy = self._field_policy(query, body)
+                body = r.stored(body)
+                if r.rt.kind == "Pod" and isinstance(body, dict):
+                    body = admit_pod_priority(store, self.ctx.registry, body)
+                obj = store.create(r.rt, r.namespace, body, policy)
+                self._send_json(201, r.shown(obj))
                 return
             raise st.method_not_allowed(f"{method} is not supported on the collection {r.rt.plural}; "
                                         "supported: GET (list, watch) and POST (create)")
@@ -376,23 +423,30 @@ class ApiHandler(BaseHTTPRequestHandler):
         if method == "GET":
             obj = store.get(r.rt, r.namespace, r.name)
             store.await_durable(obj["metadata"].get("resourceVersion"))
-            self._send_object(200, r, obj)
+            self._send_object(200, r, obj, query)
         elif method == "PUT":
             body = self._body()
             policy = self._field_policy(query, body)
-            self._send_json(200, store.update(r.rt, r.namespace, r.name, body, r.subresource, policy))
+            self._send_json(200, r.shown(store.update(r.rt, r.namespace, r.name, r.stored(body), r.subresource,
+                                                      policy)))
         elif method == "PATCH":
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
             if ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
                 kind = "merge"
             elif ctype == "application/json-patch+json":
                 kind = "json"
+            elif ctype == "application/apply-patch+yaml":
+                self._body()
+                # 415 is what makes kubectl say "Server-side apply not available on the server".
+                raise st.StatusError(415, "UnsupportedMediaType", _NO_SERVER_SIDE_APPLY)
             else:
                 self._body()
                 raise st.unsupported_media_type(ctype)
             body = self._body()
             policy = self._field_policy(query, body)
-            self._send_json(200, store.patch(r.rt, r.namespace, r.name, kind, body, r.subresource, policy))
+            codec = (r.shown, r.stored) if r.converts else None
+            self._send_json(200, r.shown(store.patch(r.rt, r.namespace, r.name, kind, body, r.subresource,
+                                                     codec, policy)))
         elif method == "DELETE":
             body = self._body()
             if body is not None and not isinstance(body, dict):
@@ -408,15 +462,25 @@ class ApiHandler(BaseHTTPRequestHandler):
             if policy not in (None, "Foreground", "Background", "Orphan"):
                 raise st.bad_request(f"propagationPolicy: Unsupported value: {json.dumps(policy)}: supported values: "
                                      '"Foreground", "Background", "Orphan"')
-            self._send_json(200, store.delete(r.rt, r.namespace, r.name, options))
+            deleted = store.delete(r.rt, r.namespace, r.name, options)
+            self._send_json(200, r.shown(deleted) if deleted.get("kind") == r.rt.kind else deleted)
         else:
             raise st.method_not_allowed(f"{method} is not supported on {r.rt.plural}")
 
-    def _send_object(self, code: int, r: Route, obj: dict[str, Any]) -> None:
+    def _include_object(self, query: dict[str, str]) -> str:
+        include = query.get("includeObject") or "Metadata"
+        if include not in INCLUDE_OBJECT:
+            raise st.bad_request(f"includeObject: Unsupported value: {include!r}: supported values: "
+                                 + ", ".join(f'"{v}"' for v in INCLUDE_OBJECT))
+        return include
+
+    def _send_object(self, code: int, r: Route, obj: dict[str, Any], query: dict[str, str] | None = None) -> None:
         if wants_table(self.headers.get("Accept")):
-            self._send_json(code, to_table(r.rt, [obj], obj["metadata"].get("resourceVersion", "")))
+            include = self._include_object(query or {})
+            self._send_json(code, to_table(r.rt, [obj], obj["metadata"].get("resourceVersion", ""), include,
+                                           r.shown))
         else:
-            self._send_json(code, obj)
+            self._send_json(code, r.shown(obj))
 
     # ----- list and watch ------------------------------------------------------------------------------------
 
@@ -425,7 +489,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             labels = LabelSelector.parse(query.get("labelSelector"))
             fields = FieldSelector.parse(query.get("fieldSelector"))
             fields.check_fields(lambda f: r.rt.field_value({}, f) is not None, r.rt.selectable_fields,
-                                f'"{r.rt.kind}" in version "{r.rt.api_version}"')
+                                f'"{r.rt.kind}" in version "{r.rt.api_version_at(r.version or r.rt.version)}"')
         except SelectorError as exc:
             raise st.bad_request(str(exc))
         return Filter(r.rt, r.namespace or None, labels, fields)
@@ -457,12 +521,15 @@ class ApiHandler(BaseHTTPRequestHandler):
         else:
             items = items[start:]
         if wants_table(self.headers.get("Accept")):
-            self._send_json(200, to_table(r.rt, items, str(rv)))
+            include = self._include_object(query)
+            extra = {k: v for k, v in meta.items() if k != "resourceVersion"}
+            self._send_json(200, to_table(r.rt, items, str(rv), include, r.shown, meta=extra))
             return
         # Items are already serialized JSON objects in the store; splice them in without re-encoding twice.
-        head = _encode({"kind": r.rt.kind + "List", "apiVersion": r.rt.api_version, "metadata": meta})[:-1]
+        head = _encode({"kind": r.rt.kind + "List", "apiVersion": r.rt.api_version_at(r.version or r.rt.version),
+                        "metadata": meta})[:-1]
         json_of = self.ctx.store.json_of
-        body = head + b',"items":[' + b",".join(json_of(i) for i in items) + b"]}"
+        body = head + b',"items":[' + b",".join(json_of(r.shown(i)) for i in items) + b"]}"
         self._send(200, body)
 
     @staticmethod
@@ -477,6 +544,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         initial = rv is None or send_initial
         bookmarks = _bool_param(query, "allowWatchBookmarks")
         timeout_s = _int_param(query, "timeoutSeconds")
+        table = wants_table(self.headers.get("Accept"))
+        include = self._include_object(query) if table else ""
         watcher = self.ctx.store.watch(flt, rv, initial)
         self.ctx.store.await_durable(watcher.pos)
         detach = getattr(self.server, "detach_for_watch", None)
@@ -487,10 +556,26 @@ class ApiHandler(BaseHTTPRequestHandler):
                          b"Cache-Control: no-cache, private\r\n\r\n")
         self.log_request(200)
         started = time.monotonic()
+        # Like kube-apiserver, a watch asked for as a Table sends each event's object as a one-row Table, with
+        # the column definitions on the first event only.
+        first = [True]
+
+        def send(etype: str, obj: dict[str, Any]) -> None:
+            if table:
+                rv_text = (obj.get("metadata") or {}).get("resourceVersion", "")
+                self._chunk(etype, to_table(r.rt, [obj], rv_text, include, r.shown, headers=first[0]))
+                first[0] = False
+            else:
+                line = b'{"type":"%s","object":%b}\n' % (etype.encode(), self.ctx.store.json_of(r.shown(obj)))
+                self._chunk_line(line)
+
+        # Plain JSON in the storage version (every agent's watch) sends each event's shared encoding.
+        shared = not table and not r.converts
+
         for etype, obj in watcher.initial_events():
-            self._chunk_line(b'{"type":"%s","object":%b}\n' % (etype.encode(), self.ctx.store.json_of(obj)))
+            send(etype, obj)
         if send_initial and bookmarks:
-            self._bookmark(r.rt, watcher.pos, initial_end=True)
+            self._bookmark(r, watcher.pos, initial_end=True)
         last_sent = time.monotonic()
         try:
             while not self.ctx.stopping:
@@ -507,24 +592,29 @@ class ApiHandler(BaseHTTPRequestHandler):
                 except st.StatusError as err:
                     self._chunk("ERROR", err.body())
                     break
-                if events:
+                if events and shared:
                     # One write (one chunk) for everything that arrived; a gone client fails it at once.
                     self._chunk_line(b"".join(ev.line(etype) for etype, ev in events))
+                elif events:
+                    for etype, ev in events:
+                        send(etype, ev.obj)
+                if events:
                     last_sent = time.monotonic()
                 elif self._client_gone():
                     return  # nothing to say to a client that left: drop the watch now
                 elif bookmarks and time.monotonic() - last_sent >= self.ctx.bookmark_interval:
-                    self._bookmark(r.rt, watcher.pos)
+                    self._bookmark(r, watcher.pos)
                     last_sent = time.monotonic()
             self.wfile.write(b"0\r\n\r\n")
         except OSError:  # the client went away or stopped reading
             return
 
-    def _bookmark(self, rt: res.ResourceType, rv: int, initial_end: bool = False) -> None:
+    def _bookmark(self, r: Route, rv: int, initial_end: bool = False) -> None:
         meta: dict[str, Any] = {"resourceVersion": str(rv)}
         if initial_end:
             meta["annotations"] = {"k8s.io/initial-events-end": "true"}
-        self._chunk("BOOKMARK", {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta})
+        self._chunk("BOOKMARK", {"kind": r.rt.kind, "apiVersion": r.rt.api_version_at(r.version or r.rt.version),
+                                 "metadata": meta})
 
     def _chunk(self, etype: str, obj: dict[str, Any]) -> None:
         self._chunk_line(_encode({"type": etype, "object": obj}) + b"\n")

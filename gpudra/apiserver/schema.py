@@ -10,7 +10,7 @@ Used by the API server (`fieldValidation`) and by `gpu-dra validate`; also usabl
 `fields_of(model)` and `model_name(group, version, kind)` are the whole interface.
 
 The client's models are pydantic classes, imported lazily, and importing the ~200 reachable from the served
-kinds takes seconds; so the table derived from them for the `ROOTS` below is kept in `schema_fields.json`
+kinds takes seconds; so the table derived from them for the served kinds is kept in `schema_fields.json`
 (regenerate with `python -m gpudra.apiserver.schema`; a test checks it equals what the installed client
 gives). A model missing from the file is read from the client itself.
 """
@@ -27,15 +27,8 @@ from typing import Any
 
 _SCALARS = frozenset({"str", "int", "bool", "float", "datetime", "date", "bytearray", "bytes"})
 _TABLE = Path(__file__).with_name("schema_fields.json")
-# The kinds whose schemas are kept in the table (every version of the DRA kinds a server may serve), with
-# everything reachable from them.
-ROOTS: tuple[str, ...] = (
-    "V1Namespace", "V1Node", "V1Pod", "CoreV1Event", "V1ResourceQuota", "V1Lease", "V1PriorityClass", "V1Binding",
-    "V1DeleteOptions",
-    "V1DeviceClass", "V1ResourceSlice", "ResourceV1ResourceClaim", "V1ResourceClaimTemplate",
-    "V1beta1DeviceClass", "V1beta1ResourceSlice", "V1beta1ResourceClaim", "V1beta1ResourceClaimTemplate",
-    "V1beta2DeviceClass", "V1beta2ResourceSlice", "V1beta2ResourceClaim", "V1beta2ResourceClaimTemplate",
-)
+# Beyond the served kinds (every version of each): the bodies of binding and delete requests.
+EXTRA_ROOTS: tuple[str, ...] = ("V1Binding", "V1DeleteOptions")
 
 
 @functools.lru_cache(maxsize=1)
@@ -93,10 +86,25 @@ def _inner(typ: str) -> str:
     return typ
 
 
-def generate(roots: tuple[str, ...] = ROOTS) -> dict[str, dict[str, str]]:
-    """The table for `roots` and every model reachable from them, read from the installed client."""
+def roots() -> list[str]:
+    """The models of every kind the default registry serves, in every served version, and EXTRA_ROOTS."""
+    from gpudra.apiserver.resources import DEFAULT_REGISTRY
+
+    out = list(EXTRA_ROOTS)
+    for rt in DEFAULT_REGISTRY.types:
+        for version in rt.versions:
+            v = version[:1].upper() + version[1:]
+            for candidate in (f"{_group_prefix(rt.group)}{v}{rt.kind}", f"{v}{rt.kind}"):
+                if _client_fields(candidate) is not None:
+                    out.append(candidate)
+                    break
+    return out
+
+
+def generate(models: list[str] | None = None) -> dict[str, dict[str, str]]:
+    """The table for `models` (default: `roots()`) and every model reachable from them, read from the client."""
     out: dict[str, dict[str, str]] = {}
-    todo = list(roots)
+    todo = list(models if models is not None else roots())
     while todo:
         model = todo.pop()
         if model in out:
