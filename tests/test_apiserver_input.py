@@ -206,6 +206,19 @@ def test_malformed_delete_options_and_nameless_updates_are_400(server: EmbeddedA
     assert _call(server, "GET", f"{LEASES}/del")[0] == 200
 
 
+def test_fields_of_an_older_served_version_are_checked_in_that_version(server: EmbeddedApiServer) -> None:
+    url = "/apis/resource.k8s.io/v1beta1/namespaces/default/resourceclaims"
+    claim = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaim", "metadata": {"name": "old"},
+             "spec": {"devices": {"requests": [{"name": "r", "deviceClassName": "c", "bogus": 1}]}}}
+    code, body, _ = _call(server, "POST", f"{url}?fieldValidation=Strict", claim)
+    assert code == 400 and body["message"] == (
+        'ResourceClaim in version "v1beta1" cannot be handled as a ResourceClaim: strict decoding error: '
+        'unknown field "spec.devices.requests[0].bogus"')
+    code, obj, resp = _call(server, "POST", url, claim)
+    assert code == 201 and "bogus" not in json.dumps(obj)
+    assert 'unknown field \\"spec.devices.requests[0].bogus\\"' in (resp.headers.get("Warning") or "")
+
+
 def test_kind_or_api_version_not_matching_the_url_is_400(server: EmbeddedApiServer) -> None:
     code, body, _ = _call(server, "POST", LEASES, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}})
     assert code == 400 and "does not match the expected API version (coordination.k8s.io/v1)" in body["message"]

@@ -303,6 +303,18 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._body_read = True
         return value
 
+    def _stored(self, r: Route, body: Any, policy: FieldPolicy) -> Any:
+        """The body in storage form. One in another served version is checked against that version's schema
+        first, so that unknown fields and wrong types are named as the client wrote them."""
+        if isinstance(body, dict) and r.rt.kind in _CONVERTED_KINDS:
+            if body.get("apiVersion"):
+                group, version = split_api_version(body.get("apiVersion"))
+            else:
+                group, version = r.rt.group, r.version or r.rt.version
+            if group == r.rt.group and version != r.rt.version and version in r.rt.versions:
+                body = self.ctx.store.clean_fields(r.rt, body, policy, version)
+        return r.stored(body)
+
     def _field_policy(self, query: dict[str, str], body: Any) -> FieldPolicy:
         mode = query.get("fieldValidation") or "Warn"
         if mode not in FIELD_VALIDATION:
@@ -407,7 +419,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             if method == "POST":
                 body = self._body()
                 policy = self._field_policy(query, body)
-                body = r.stored(body)
+                body = self._stored(r, body, policy)
                 if r.rt.kind == "Pod" and isinstance(body, dict):
                     body = admit_pod_priority(store, self.ctx.registry, body)
                 obj = store.create(r.rt, r.namespace, body, policy)
@@ -427,8 +439,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         elif method == "PUT":
             body = self._body()
             policy = self._field_policy(query, body)
-            self._send_json(200, r.shown(store.update(r.rt, r.namespace, r.name, r.stored(body), r.subresource,
-                                                      policy)))
+            self._send_json(200, r.shown(store.update(r.rt, r.namespace, r.name, self._stored(r, body, policy),
+                                                      r.subresource, policy)))
         elif method == "PATCH":
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
             if ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):

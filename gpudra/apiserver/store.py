@@ -201,20 +201,23 @@ class Store:
             if uid not in self._by_uid:
                 return uid
 
-    def clean_fields(self, rt: ResourceType, obj: dict[str, Any], policy: FieldPolicy | None) -> dict[str, Any]:
-        """`obj` without unknown fields; Strict refuses unknown or duplicate ones, Warn records warnings."""
-        model = schema.model_name(rt.group, rt.version, rt.kind)
+    def clean_fields(self, rt: ResourceType, obj: dict[str, Any], policy: FieldPolicy | None,
+                     version: str | None = None) -> dict[str, Any]:
+        """`obj` (in `version`, default the storage version) without unknown fields; Strict refuses unknown or
+        duplicate ones, Warn records warnings; a value of the wrong type is 400 in every mode."""
+        version = version or rt.version
+        model = schema.model_name(rt.group, version, rt.kind)
         if model is None:
             return obj
         report = schema.check_fields(model, obj)
         if report.type_errors:
-            raise st.bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: json: '
+            raise st.bad_request(f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: json: '
                                  f"{report.type_errors[0]}")
         policy = policy or FieldPolicy()
         problems = [f'unknown field "{p}"' for p in report.unknown] + [f'duplicate field "{p}"'
                                                                        for p in policy.duplicates]
         if problems and policy.mode == "Strict":
-            raise st.bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
+            raise st.bad_request(f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: '
                                  f"strict decoding error: {', '.join(problems)}")
         if policy.mode == "Warn":
             policy.warnings.extend(p for p in problems if p not in policy.warnings)
