@@ -14,6 +14,7 @@ import yaml
 from gpudra.apiserver.handler import ApiHandler
 from gpudra.apiserver.serving import Connection, PooledHttpServer
 from gpudra.apiserver.podpriority import system_priority_classes
+from gpudra.apiserver.podlogs import PodLogSource
 from gpudra.atomicfile import atomic_write
 from gpudra.apiserver.resources import DEFAULT_REGISTRY, Registry
 from gpudra.apiserver.status import StatusError
@@ -59,6 +60,8 @@ class EmbeddedApiServer:
         self._httpd: PooledHttpServer | None = None
         self._threads: list[threading.Thread] = []
         self.url = ""
+        # Where pods/log reads container logs; a testbed with a container runtime registers one.
+        self.pod_logs: PodLogSource | None = None
 
     @property
     def stopping(self) -> bool:
