@@ -17,7 +17,12 @@ from typing import Any
 from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.apiserver.schema import check_object
 from gpudra.manifests import InputError, load_objects, object_label
+from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, check_version
 from gpudra.validation import FieldError, validate_object
+from gpudra.validation.meta import validate_object_meta
+from gpudra.validation.workloads import API_VERSION as WORKLOAD_API_VERSION
+from gpudra.validation.workloads import KINDS as WORKLOAD_KINDS
+from gpudra.validation.workloads import validate_workload_api_object
 from gpudra.validation.common import CelChecker, OpaqueValidators
 from controller.validationhooks import cel_checker, opaque_validators
 
@@ -30,6 +35,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="unknown fields are errors (default: warnings), as fieldValidation=Strict")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
                         help=f"driver whose opaque parameters are checked with our config schema (default {DEFAULT_DRIVER_NAME})")
+    parser.add_argument("--kubernetes-version", default=DEFAULT_VERSION, metavar="VERSION",
+                        help=f"the release whose validation rules apply ({SUPPORTED_VERSIONS[0]}..{SUPPORTED_VERSIONS[-1]}, "
+                             "default %(default)s)")
 
 
 def is_dra_object(obj: Any) -> bool:
@@ -43,18 +51,27 @@ def unknown_fields(obj: dict[str, Any]) -> list[str]:
     return [f'{path}: unknown field "{path}"' for path in report.unknown] if report is not None else []
 
 
+def is_workload_api_object(obj: Any) -> bool:
+    """Workload and PodGroup of scheduling.k8s.io/v1beta1 (Kubernetes 1.37's Workload API) are checked too."""
+    return isinstance(obj, dict) and obj.get("apiVersion") == WORKLOAD_API_VERSION and obj.get("kind") in WORKLOAD_KINDS
+
+
 def validate_all(objects: list[dict[str, Any]], cel: CelChecker | None, opaque: OpaqueValidators,
-                 strict: bool = False) -> list[dict[str, Any]]:
+                 kubernetes_version: str = "1.37", strict: bool = False) -> list[dict[str, Any]]:
     results = []
     for obj in objects:
         unknown = unknown_fields(obj)
         warnings = [] if strict else unknown
+        if is_workload_api_object(obj):
+            found = [*validate_object_meta(obj.get("metadata"), namespaced=True), *validate_workload_api_object(obj)]
+            results.append(_result(obj, True, (unknown if strict else []) + [str(e) for e in found], warnings))
+            continue
         if not is_dra_object(obj):
             # Manifests mix Pods, RBAC and the like with DRA objects; those are reported as not checked.
             errors = unknown if strict else []
             results.append(_result(obj, False, errors, warnings))
             continue
-        found: list[FieldError] = validate_object(obj, cel=cel, opaque=opaque)
+        found: list[FieldError] = validate_object(obj, cel=cel, opaque=opaque, kubernetes_version=kubernetes_version)
         errors = (unknown if strict else []) + [str(e) for e in found]
         results.append(_result(obj, True, errors, warnings))
     return results
@@ -69,11 +86,12 @@ def _result(obj: dict[str, Any], checked: bool, errors: list[str], warnings: lis
 
 def run(args: argparse.Namespace) -> int:
     try:
+        version = check_version(args.kubernetes_version)
         objects = load_objects(args.files)
-    except InputError as err:
+    except (InputError, FeatureGateError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    results = validate_all(objects, cel_checker(), opaque_validators(args.driver_name), strict=args.strict)
+    results = validate_all(objects, cel_checker(), opaque_validators(args.driver_name), version, strict=args.strict)
     if args.output == "json":
         print(json.dumps({"results": results}, indent=2))
     else:
