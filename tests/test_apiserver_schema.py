@@ -9,8 +9,11 @@ from gpudra.apiserver.resources import DEFAULT_REGISTRY
 
 
 def test_table_equals_what_the_installed_client_gives() -> None:
-    # Regenerate with `python -m gpudra.apiserver.schema` after upgrading the kubernetes client.
-    assert json.loads(schema._TABLE.read_text()) == schema.generate()
+    table, generated = json.loads(schema._TABLE.read_text()), schema.generate()
+    assert table == generated, (
+        f"gpudra/apiserver/schema_fields.json is stale (models missing: {sorted(set(generated) - set(table))[:5]}, "
+        f"extra: {sorted(set(table) - set(generated))[:5]}): after serving a new kind or upgrading the kubernetes "
+        "client, regenerate it with `python -m gpudra.apiserver.schema`")
 
 
 def test_every_served_kind_has_a_model_in_the_table() -> None:
