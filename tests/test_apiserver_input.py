@@ -89,6 +89,14 @@ def test_body_over_3_mib_is_413(server: EmbeddedApiServer) -> None:
     assert body["reason"] == "RequestEntityTooLarge" and "limit is 3145728" in body["message"]
 
 
+def test_a_60_mb_body_is_413_and_the_client_reads_the_answer(server: EmbeddedApiServer) -> None:
+    big = b'{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{"name":"huge"},"data":"' + \
+        b"x" * (60 * 1024 * 1024) + b'"}'
+    code, body, _ = _call(server, "POST", LEASES, raw=big)
+    assert code == 413 and body["reason"] == "RequestEntityTooLarge"
+    assert _call(server, "GET", f"{LEASES}/huge")[0] == 404
+
+
 def test_object_over_etcd_limit_is_413_and_not_stored(server: EmbeddedApiServer) -> None:
     obj = _lease("large", metadata={"name": "large", "annotations": {"a": "x" * (2 * 1024 * 1024)}})
     code, body, _ = _call(server, "POST", LEASES, obj)

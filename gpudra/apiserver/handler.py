@@ -35,6 +35,8 @@ _WATCH_POLL_S = 1.0  # how often an idle watch checks for shutdown, its deadline
 # kube-apiserver's limit on a request body it decodes (MaxRequestBodyBytes, 3 MiB): larger is 413.
 MAX_BODY_BYTES = 3 * 1024 * 1024
 _WRITE_TIMEOUT_S = 30.0
+_LINGER_S = 2.0  # a refused request's unread body is read and dropped until the client is silent this long
+_LINGER_MAX_BYTES = 64 * 1024 * 1024
 _DIGITS = re.compile(r"^[0-9]+$")
 _LOG_FOLLOW_POLL_S = 0.2  # how often a followed log is checked for new lines
 
@@ -270,11 +272,33 @@ class ApiHandler(BaseHTTPRequestHandler):
         except st.StatusError as err:
             self._drain()
             self._send_error(err)
+            if self.close_connection and not getattr(self, "_body_read", True):
+                self._lingering_close()
         except OSError:  # the client went away, or stopped sending or reading in time
             self.close_connection = True
         except Exception as exc:  # a bad request must never take the server down
             self._drain()
             self._send_error(st.StatusError(500, "InternalError", f"internal error: {type(exc).__name__}: {exc}"))
+
+    def _lingering_close(self) -> None:
+        """After refusing a request whose body was not read (413, bad Content-Length): stop sending, then read
+        and drop what the client is still sending, for a bounded time, so that its kernel does not answer
+        our close with a reset that discards the response before the client reads it."""
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + _WRITE_TIMEOUT_S
+            dropped = 0
+            while dropped < _LINGER_MAX_BYTES:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self.connection.settimeout(min(remaining, _LINGER_S))  # a client silent this long is done
+                chunk = self.connection.recv(1 << 16)
+                if not chunk:
+                    break
+                dropped += len(chunk)
+        except OSError:
+            pass
 
     def _drain(self) -> None:
         # Unread request bodies would be parsed as the next request on a kept-alive connection.
