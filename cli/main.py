@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "controller": ("controller.commands.controller", "run the cluster agent (explanations, gang allocation, embedded scheduling)"),
     "bench": ("bench.command", "run a benchmark: allocate, prepare or cel"),
     "demo": ("sim.commands.demo", "run the end-to-end demo on an embedded control plane with simulated GPU nodes"),
+    "cluster": ("sim.commands.cluster", "a simulated GPU cluster that stays up: up, down, status, list, fault"),
 }
 
 

@@ -5,6 +5,7 @@ Pure builders (node layout, Node objects, the order objects are applied in) plus
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,11 @@ def node_dirs(workdir: Path, node: str) -> NodeDirs:
     return NodeDirs(workdir / "nodes" / node)
 
 
+def _node_id(node: str, what: str) -> str:
+    """A stable id per node (machine, system, boot), as a real node has."""
+    return str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{what}.{node}.gpu-dra.sim"))
+
+
 def node_object(name: str, *, gpu_allocatable: int | None = None) -> dict[str, Any]:
     """The Node a kubelet registers: hostname label, capacity, Ready. GPUs through DRA are not node resources;
     `nvidia.com/gpu` appears only on nodes whose device plugin reported devices."""
@@ -98,7 +104,12 @@ def node_object(name: str, *, gpu_allocatable: int | None = None) -> dict[str, A
             "allocatable": dict(resources),
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                             "message": "kubelet is posting ready status (simulated)"}],
-            "nodeInfo": {"kubeletVersion": "v1.35.0", "operatingSystem": "linux", "architecture": "amd64"},
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
+            # Every field a kubelet reports: clients (the official one's models) require them all.
+            "nodeInfo": {"kubeletVersion": "v1.35.0", "kubeProxyVersion": "", "operatingSystem": "linux",
+                         "architecture": "amd64", "osImage": "gpu-dra simulated node", "kernelVersion": "",
+                         "containerRuntimeVersion": "gpu-dra-kubelet-sim://1", "machineID": _node_id(name, "machine"),
+                         "systemUUID": _node_id(name, "system"), "bootID": _node_id(name, "boot")},
         },
     }
 
