@@ -3,8 +3,11 @@
 Pods reference claims by `resourceClaimName`, or by `resourceClaimTemplateName`, in which case the
 claim `<pod>-<entry name>` is generated from the template like the resourceclaim controller does
 (labels and annotations from the template, spec copied). Claims with `status.allocation` hold
-their devices. A pod's pending claims are placed together; claims no pod references are placed
-on their own. Units keep the input order.
+their devices. A pod's pending claims are placed together; a pending claim that several pods
+reference is placed with the first of them and shared by the others (which then follow its
+allocation's node selector); claims no pod references are placed on their own. Deployments,
+ReplicaSets, StatefulSets, Jobs and CronJobs are first expanded into their pods
+(controller.expand). Units keep the input order.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.allocator.nodes import Node, NodeSelector
+from controller.expand import WORKLOAD_KINDS, expand
 from controller.objects import claim_key
 
-KINDS = ("Node", "DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "Pod")
+KINDS = ("Node", "DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "Pod", *WORKLOAD_KINDS)
 
 
 
@@ -31,6 +35,9 @@ class Unit:
     node_selector: dict[str, str] = field(default_factory=dict)  # pod spec.nodeSelector
     errors: list[tuple[str, str]] = field(default_factory=list)  # (claim key, message) for unresolvable references
     pinned: list[NodeSelector] = field(default_factory=list)  # nodeSelectors of the pod's already-allocated claims
+    # Pending claims of this pod that an earlier unit places (a claim shared by several pods): this pod follows
+    # wherever that allocation lands, and cannot start if it fails.
+    shared: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -42,23 +49,25 @@ class Workload:
     units: list[Unit]
     ignored: list[str]  # kinds we do not use, for a warning
 
-    def node_candidates(self, unit: Unit, all_nodes: Iterable[Node]) -> list[str]:
+    def node_candidates(self, unit: Unit, all_nodes: Iterable[Node], extra_pins: Iterable[NodeSelector] = ()) -> list[str]:
         names = []
+        pins = [*unit.pinned, *extra_pins]
         for node in all_nodes:
             if unit.node_name and node.name != unit.node_name:
                 continue
             if any(node.labels.get(k) != v for k, v in unit.node_selector.items()):
                 continue
-            if any(not s.matches(node) for s in unit.pinned):
+            if any(not s.matches(node) for s in pins):
                 continue
             names.append(node.name)
         return sorted(names)
 
 
 def build_workload(objects: Iterable[Mapping[str, Any]]) -> Workload:
+    """Raises controller.expand.ExpandError for a workload object that cannot be expanded."""
     nodes, classes, slices, claims, templates, pods, ignored = [], [], [], [], {}, [], []
     order: list[tuple[str, dict[str, Any]]] = []
-    for obj in objects:
+    for obj in expand(objects):
         kind = obj.get("kind")
         if kind == "Node":
             nodes.append(dict(obj))
@@ -80,10 +89,11 @@ def build_workload(objects: Iterable[Mapping[str, Any]]) -> Workload:
     referenced: set[str] = set()
     units: list[Unit] = []
     generated: list[dict[str, Any]] = []
+    placed_by: dict[str, str] = {}  # pending claim key -> owner of the unit that places it
     for kind, obj in order:
         if kind != "pod":
             continue
-        unit = _pod_unit(obj, by_key, templates, referenced, generated)
+        unit = _pod_unit(obj, by_key, templates, referenced, generated, placed_by)
         obj["_unit"] = unit
     allocated = [c for c in [*claims, *generated] if (c.get("status") or {}).get("allocation")]
     for kind, obj in order:
@@ -95,7 +105,7 @@ def build_workload(objects: Iterable[Mapping[str, Any]]) -> Workload:
 
 
 def _pod_unit(pod: Mapping[str, Any], claims: dict[str, dict[str, Any]], templates: Mapping[str, Mapping[str, Any]],
-              referenced: set[str], generated: list[dict[str, Any]]) -> Unit:
+              referenced: set[str], generated: list[dict[str, Any]], placed_by: dict[str, str]) -> Unit:
     meta = pod.get("metadata") or {}
     ns, name = meta.get("namespace") or "default", str(meta.get("name", ""))
     spec = pod.get("spec") or {}
@@ -131,7 +141,10 @@ def _pod_unit(pod: Mapping[str, Any], claims: dict[str, dict[str, Any]], templat
         if alloc:
             if alloc.get("nodeSelector"):
                 unit.pinned.append(NodeSelector.parse(alloc["nodeSelector"], f"ResourceClaim {key}: status.allocation.nodeSelector"))
+        elif key in placed_by and placed_by[key] != unit.owner:
+            unit.shared.append(key)
         elif claim not in unit.claims:
+            placed_by[key] = unit.owner
             unit.claims.append(claim)
     return unit
 

@@ -57,10 +57,31 @@ def parse_documents(text: str, source: str) -> list[dict[str, Any]]:
     return [obj for i, d in enumerate(docs) for obj in _flatten(d, source, f"document {i + 1}")]
 
 
-def load_objects(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """Objects from all files in order; `-` reads standard input. Raises InputError naming the file."""
-    objects: list[dict[str, Any]] = []
+# What kubectl reads from a directory given to -f (non-recursive, in name order).
+MANIFEST_SUFFIXES = (".json", ".yaml", ".yml")
+
+
+def expand_paths(paths: Sequence[str | Path]) -> list[str]:
+    """`-f` arguments as kubectl takes them: a directory stands for its .json/.yaml/.yml files in name order (not
+    recursive), `-` for standard input, anything else for a file."""
+    out: list[str] = []
     for path in paths:
+        source = str(path)
+        if source != "-" and Path(source).is_dir():
+            found = sorted(str(p) for p in Path(source).iterdir() if p.suffix in MANIFEST_SUFFIXES and p.is_file())
+            if not found:
+                raise InputError(f"{source}: a directory with no .json, .yaml or .yml files")
+            out += found
+        else:
+            out.append(source)
+    return out
+
+
+def load_objects(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Objects from all files in order; a directory reads its manifests (expand_paths), `-` reads standard input.
+    Raises InputError naming the file."""
+    objects: list[dict[str, Any]] = []
+    for path in expand_paths(paths):
         source = str(path)
         try:
             if source == "-":
