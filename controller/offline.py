@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from controller.allocator import AllocationError, ClusterSnapshot, Unschedulable, parse_claim
+from controller.allocator import INVALID_POOLS, AllocationError, ClusterSnapshot, Unschedulable, parse_claim
 from controller.allocator.model import Claim
 from controller.allocator.nodes import NodeSelector
 from controller.diagnosis import Diagnoser, NodeReason, summarize
@@ -88,7 +88,9 @@ class Session:
             reason = self.explainer.explain_node(node, claims, outcome)
             msg = f"{outcome.reason} on node {node}: {reason.message}" if reason.message != outcome.reason else \
                 f"{outcome.reason} on node {node}"
-            return results + [ClaimResult(k, "unschedulable", None, None, msg) for k in keys]
+            # Kubernetes' allocator returns an error (not "cannot allocate") when it saw an invalid pool.
+            verdict: Outcome = "error" if outcome.reason == INVALID_POOLS else "unschedulable"
+            return results + [ClaimResult(k, verdict, None, None, msg) for k in keys]
         return results + [ClaimResult(k, "allocated", node, a, f"allocated on node {node}") for k, a in zip(keys, outcome)]
 
     def place_all(self) -> list[ClaimResult]:
@@ -153,7 +155,9 @@ class Session:
             if reasons is None:
                 reasons = self._reasons(candidates, claims)
             msg = f"0/{len(candidates)} nodes can allocate the claims of {unit.owner}: {summarize(reasons)}"
-            out.add(ClaimResult(k, "unschedulable", None, None, msg) for k in keys)
+            # The allocator's invalid-pools error is not fatal per node, but surfaces when every node failed.
+            verdict: Outcome = "error" if any(r.code == "pool-invalid" for r in reasons) else "unschedulable"
+            out.add(ClaimResult(k, verdict, None, None, msg) for k in keys)
             entry.update(fits=[], summary=f"fits on 0 of {len(candidates)} nodes; {summarize(reasons)}",
                          nodes=[r.to_dict() for r in reasons])
         return out

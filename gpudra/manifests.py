@@ -77,9 +77,30 @@ def expand_paths(paths: Sequence[str | Path]) -> list[str]:
     return out
 
 
+# Kinds without a namespace; every other kind is namespaced (what kubectl assumes of the kinds it reads).
+CLUSTER_SCOPED_KINDS = frozenset({
+    "Node", "Namespace", "PriorityClass", "DeviceClass", "ResourceSlice", "PersistentVolume", "StorageClass",
+    "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "RuntimeClass", "VolumeAttachment",
+    "CSIDriver", "CSINode", "IngressClass", "APIService", "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+    "DeviceTaintRule", "List",
+})
+DEFAULT_NAMESPACE = "default"
+
+
+def default_namespace(obj: dict[str, Any], namespace: str = DEFAULT_NAMESPACE) -> dict[str, Any]:
+    """A namespaced object without metadata.namespace goes into `namespace`, as kubectl applies it."""
+    meta = obj.get("metadata")
+    kind = obj.get("kind")
+    if isinstance(kind, str) and kind not in CLUSTER_SCOPED_KINDS and isinstance(meta, dict) and not meta.get("namespace"):
+        meta["namespace"] = namespace
+    return obj
+
+
 def load_objects(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
     """Objects from all files in order; a directory reads its manifests (expand_paths), `-` reads standard input.
-    Raises InputError naming the file."""
+    Namespaced objects without a namespace are put in `default`, as kubectl does. Raises InputError naming the
+    file."""
     objects: list[dict[str, Any]] = []
     for path in expand_paths(paths):
         source = str(path)
@@ -96,7 +117,7 @@ def load_objects(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
             raise InputError(f"{source}: not UTF-8 text: {err}") from None
         except OSError as err:
             raise InputError(f"{source}: cannot read: {err.strerror or err}") from None
-        objects.extend(parse_documents(text, source))
+        objects.extend(default_namespace(obj) for obj in parse_documents(text, source))
     return objects
 
 

@@ -214,3 +214,29 @@ def test_demo_examples_allocate_and_explain_agree(tmp_path: Path, capsys: pytest
     assert by["inference-shared-gpu"]["outcome"] == "allocated"
     assert by["h100-full-node-gpus"]["outcome"] == "unschedulable"
     assert_agree(results, units)
+
+
+def test_invalid_pool_is_an_error_and_typos_get_suggestions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cls = klass("gpu", selectors=[f'device.driver == "{GPU}"'])
+    dup = [slice_(f"s{i}", "n1", "n1", [device("gpu-0", {"productName": "T4"})], driver=GPU, count=2) for i in (1, 2)]
+    plain = claim("c", requests=[request("gpu", cls="gpu")])
+    path = write(tmp_path, [cls, *dup, plain])
+    for extra in ([], ["--node", "n1"]):
+        assert main(["allocate", "-f", path, *extra, "-o", "json"]) == 1
+        (result,) = json.loads(capsys.readouterr().out)["results"]
+        assert result["outcome"] == "error" and "duplicate device name gpu-0" in result["message"]
+
+    ok = slice_("s1", "n1", "n1", [device("gpu-0", {"productName": "T4"})], driver=GPU)
+    typo = claim("typo", requests=[request("gpu", cls="gpu", selectors=[
+        {"cel": {"expression": f'device.attributes["{GPU}"].prodcutName == "T4"'}}])])
+    noclass = claim("noclass", requests=[request("gpu", cls="gpus")])
+    path = write(tmp_path, [cls, ok, typo, noclass])
+    rc_a, results, rc_e, units = both(capsys, path)
+    assert rc_a == 1 and rc_e == 1
+    assert results[0]["outcome"] == "error" and results[0]["message"].endswith(
+        "CEL runtime error: no such key: prodcutName; did you mean productName? "
+        f"(device gpu-0 has attributes {GPU}: productName)")
+    assert results[1]["message"].endswith(
+        'deviceclass.resource.k8s.io "gpus" not found; did you mean gpu? (DeviceClasses: gpu)')
+    assert "did you mean productName?" in units[0]["summary"]
+    assert_agree(results, units)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.allocator import capacity as cap
+from controller.cel.errors import closest, missing_key_hint
 from controller.allocator.errors import CANNOT_ALLOCATE, INVALID_POOLS, AllocationError, Unschedulable
 from controller.allocator.model import (
     MAX_RESULTS,
@@ -193,10 +194,13 @@ class Allocator:
         if isinstance(program, Exception):
             result = f"CEL compile error: {program}"
         else:
+            view = dev.cel_view()
             try:
-                result = bool(program.matches(dev.cel_view()))
+                result = bool(program.matches(view))
             except Exception as exc:  # noqa: BLE001 - any runtime failure is fatal, with Kubernetes' text
-                result = f"CEL runtime error: {exc}"
+                # Kubernetes' text first; then what the device has and the closest name, for a mistyped attribute.
+                result = f"CEL runtime error: {exc}" + missing_key_hint(str(exc), view.attributes, view.capacity,
+                                                                        view.name or dev.name)
         cache[key] = result if isinstance(result, bool) else AllocationError(result)
         return result
 
@@ -291,9 +295,13 @@ class _Run:
             raise AllocationError(f"claim {key}, request {request.name}: missing device class name (unsupported request type?)")
         klass = self.snap.classes.get(request.class_name)
         if klass is None:
+            known = sorted(self.snap.classes)
+            best = closest(request.class_name, known)
             raise AllocationError(
                 f"claim {key}, request {request.name}: could not retrieve device class {request.class_name}: "
                 f'deviceclass.resource.k8s.io "{request.class_name}" not found'
+                + (f"; did you mean {best}?" if best else "")
+                + f" (DeviceClasses: {', '.join(known) if known else 'none'})"
             )
         rd = _ReqData(request, klass, 0, is_sub)
         if request.mode == "ExactCount":
