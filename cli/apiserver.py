@@ -8,14 +8,14 @@ import sys
 import threading
 from types import FrameType
 
-from gpudra import DEFAULT_DRIVER_NAME
+from gpudra import DEFAULT_DRIVER_NAME, cliopts
 from gpudra.apiserver import EmbeddedApiServer
 from controller.validationhooks import validation_admission
 from gpudra.apiserver.persistence import StateFileError
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=int, default=0, help="TCP port (default: a free port)")
+    parser.add_argument("--port", type=cliopts.port, default=0, help="TCP port (default: a free port)")
     parser.add_argument("--address", default="127.0.0.1",
                         help="loopback address to listen on (default 127.0.0.1; non-loopback addresses are refused)")
     parser.add_argument("--kubeconfig-out", metavar="FILE", help="write a kubeconfig for this server to FILE")

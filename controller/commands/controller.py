@@ -12,7 +12,7 @@ from types import FrameType
 
 from controller.leader import LeaseTimings
 from controller.manager import ControllerConfig, ControllerManager, default_identity
-from gpudra import DEFAULT_DRIVER_NAME
+from gpudra import DEFAULT_DRIVER_NAME, cliopts
 from gpudra.features import FeatureGateError, Features
 from gpudra.kubeapi import KubeApi
 from gpudra.logfmt import configure
@@ -21,11 +21,11 @@ log = logging.getLogger("gpudra.controller")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster configuration)")
+    cliopts.add_kubeconfig(parser)
     parser.add_argument("--embedded", action="store_true",
                         help="also act as kube-scheduler and the resourceclaim controller (for `gpu-dra apiserver`)")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help="DRA driver name (default %(default)s)")
-    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    parser.add_argument("--metrics-port", type=cliopts.port, default=None, help="serve Prometheus metrics on this port")
     parser.add_argument("--metrics-host", default="0.0.0.0", help="address for the metrics server (default %(default)s)")
     parser.add_argument("--gang-timeout", type=float, default=300.0,
                         help="seconds a pre-allocated gang may wait for its pods before it is released (default %(default)s)")
@@ -42,7 +42,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="seconds before an unchanged explanation Event is posted again (default %(default)s)")
     parser.add_argument("--feature", action="append", default=[], metavar="GATE[=true|false]",
                         help="DRA feature gate (Kubernetes 1.35 defaults); repeatable")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    cliopts.add_log_level(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> ControllerConfig:
@@ -72,16 +72,20 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure(logging.DEBUG if args.verbose else logging.INFO)
+    configure(cliopts.log_level(args))
     try:
         config = config_from_args(args)
     except (ValueError, FeatureGateError) as err:
         print(f"gpu-dra controller: {err}", file=sys.stderr)
         return 2
     try:
-        api = KubeApi.connect(kubeconfig=args.kubeconfig)
+        source = cliopts.kubeconfig_source(args.kubeconfig)
+        api = KubeApi.connect(kubeconfig=source)
+    except cliopts.NoApiConfig as err:
+        print(f"gpu-dra controller: {err}", file=sys.stderr)
+        return 2
     except Exception as err:  # noqa: BLE001 - any config loading failure is a usage error here
-        where = f"--kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster configuration"
+        where = f"kubeconfig {source}" if source else "in-cluster configuration"
         print(f"gpu-dra controller: cannot load {where}: {err}", file=sys.stderr)
         return 2
     manager = ControllerManager(api, config)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from controller.cel import CelEnvironment
 from controller.commands._inputs import read_inputs, report_input_errors
 from controller.offline import Session
+from gpudra import cliopts
 from gpudra.features import FeatureGateError, Features
 
 
@@ -16,7 +16,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="YAML/JSON with Node, DeviceClass, ResourceSlice, ResourceClaim(Template), Pod objects (repeatable)")
     parser.add_argument("--feature", action="append", default=[], metavar="GATE[=true|false]",
                         help="feature gate (Kubernetes 1.35 defaults otherwise)")
-    parser.add_argument("-o", "--output", choices=["json", "table"], default="table")
+    cliopts.add_output(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,8 +32,8 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - malformed objects the validator let through
         return report_input_errors([str(exc)], args.output)
     units = session.explain_all()
-    if args.output == "json":
-        print(json.dumps({"units": units}, indent=2))
+    if args.output != "table":
+        print(cliopts.render({"units": units}, args.output))
     else:
         for u in units:
             print(f"{u['owner']} ({', '.join(u['claims']) or 'no pending claims'})")

@@ -7,7 +7,6 @@ device plugin shim is started beside it and shares the agent's checkpoint ledger
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 import threading
@@ -15,7 +14,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from gpudra import DEFAULT_DRIVER_NAME, logfmt
+from gpudra import DEFAULT_DRIVER_NAME, cliopts, logfmt
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
 DEFAULT_CDI_DIR = "/var/run/cdi"
@@ -24,7 +23,7 @@ DEFAULT_CDI_DIR = "/var/run/cdi"
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", required=True, help="this node's name (the pool name)")
     parser.add_argument("--nvml", required=True, help="real, sim:PROFILE or sim:/path/profile.yaml")
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config)")
+    cliopts.add_kubeconfig(parser)
     parser.add_argument("--kubelet-dir", default=DEFAULT_KUBELET_DIR, help=f"kubelet root dir (default {DEFAULT_KUBELET_DIR})")
     parser.add_argument("--cdi-dir", default=DEFAULT_CDI_DIR, help=f"dynamic CDI spec dir (default {DEFAULT_CDI_DIR})")
     parser.add_argument(
@@ -44,8 +43,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--partitionable", action="store_true", help="publish MIG-capable GPUs as partitionable devices")
     parser.add_argument("--reserved-gpus", default="", help="comma-separated GPU UUIDs kept for the device plugin (not published)")
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--metrics-port", type=cliopts.port, help="serve Prometheus metrics on this port")
+    cliopts.add_log_level(parser)
 
 
 def _driver_root(args: argparse.Namespace) -> Path | None:
@@ -57,7 +56,7 @@ def _driver_root(args: argparse.Namespace) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logfmt.configure(getattr(logging, args.log_level))
+    logfmt.configure(cliopts.log_level(args))
     if args.device_plugin:
         from driver.deviceplugin import extended_resource_name_error
 
@@ -92,9 +91,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --reserved-gpus: {', '.join(unknown)}: not a GPU of this node", file=sys.stderr)
         return 2
     try:
-        api = KubeApi.connect(kubeconfig=args.kubeconfig)
+        source = cliopts.kubeconfig_source(args.kubeconfig)
+        api = KubeApi.connect(kubeconfig=source)
+    except cliopts.NoApiConfig as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:
-        where = args.kubeconfig or "the in-cluster config"
+        where = source or "the in-cluster config"
         print(f"error: --kubeconfig: cannot connect with {where}: {exc}", file=sys.stderr)
         return 2
     settings = AgentSettings(

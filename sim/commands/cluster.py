@@ -9,7 +9,6 @@ operation failed (the message says why), 2 bad arguments.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -18,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from gpudra import cliopts
 from sim.cluster.spec import DEFAULT_NAME, RUNTIMES
 
 ACTIONS = ("up", "down", "status", "list", "fault")
@@ -45,15 +45,15 @@ def register(parser: argparse.ArgumentParser) -> None:
                     help="every node also serves legacy nvidia.com/gpu (the default nodes: v100-1 always does)")
     up.add_argument("--kubeconfig", metavar="FILE",
                     help="kubeconfig to merge the context into (default: first file of $KUBECONFIG, else ~/.kube/config)")
-    up.add_argument("--wait", type=_positive_seconds, default=180.0, metavar="SECONDS",
+    up.add_argument("--wait", type=cliopts.positive_seconds, default=180.0, metavar="SECONDS",
                     help="how long to wait for the cluster to be ready (default %(default)s)")
     down = sub.add_parser("down", help="stop a cluster, remove its state and its kubeconfig context")
     named(down)
     status = sub.add_parser("status", help="nodes (profile, Ready, GPUs in use/total), processes and server URL")
     named(status)
-    status.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    cliopts.add_output(status)
     lst = sub.add_parser("list", help="list clusters")
-    lst.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    cliopts.add_output(lst)
     fault = sub.add_parser("fault", help="inject a fault into a node's simulated GPU (through its faults file)",
                            description="Inject an Xid event or a lost GPU into a node's simulator, or clear its "
                                        "faults (a GPU reset: the node agent is restarted, as health is sticky).")
@@ -65,16 +65,6 @@ def register(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--xid", type=_xid, metavar="N", help="deliver an Xid event (e.g. 79: fell off the bus, 48: DBE)")
     what.add_argument("--lost", action="store_true", help="the GPU falls off the bus")
     what.add_argument("--clear", action="store_true", help="clear the faults (GPU reset) and restart the node agent")
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be greater than 0")
-    return value
 
 
 def _xid(text: str) -> int:
@@ -129,14 +119,7 @@ def _not_found(name: str) -> int:
 
 
 def _print(obj: Any, output: str, table: str) -> None:
-    if output == "json":
-        print(json.dumps(obj, indent=2))
-    elif output == "yaml":
-        import yaml
-
-        print(yaml.safe_dump(obj, sort_keys=False), end="")
-    else:
-        print(table)
+    print(cliopts.render(obj, output, lambda: table))
 
 
 # ---- up -----------------------------------------------------------------------------------------------------------
