@@ -8,7 +8,7 @@ import sys
 import threading
 from types import FrameType
 
-from gpudra import DEFAULT_DRIVER_NAME, cliopts
+from gpudra import DEFAULT_DRIVER_NAME, cliopts, logfmt
 from gpudra.apiserver import EmbeddedApiServer
 from controller.validationhooks import validation_admission
 from gpudra.apiserver.persistence import StateFileError
@@ -21,11 +21,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig-out", metavar="FILE", help="write a kubeconfig for this server to FILE")
     parser.add_argument("--state", metavar="FILE",
                         help="load objects from FILE at start and persist them there (atomically) while running")
+    cliopts.add_log_level(parser)
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
                         help="driver whose opaque configuration admission validates (default %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
+    logfmt.configure(cliopts.log_level(args))
     try:
         server = EmbeddedApiServer(args.address, args.port, state_file=args.state,
                                    admission=validation_admission(args.driver_name))

@@ -24,6 +24,7 @@ from sim.cluster import nodes
 from sim.cluster.spec import ClusterPaths, ClusterSpec, ProcessInfo, SupervisorStatus, read_json, write_json
 from sim.demo.cluster import DEFAULT_MANIFESTS, NodeDirs, create_all, example_objects
 from sim.demo.processes import Child, ChildFailed, ChildGroup
+from sim.nvml.faults import write_faults
 
 log = logging.getLogger("gpu-dra.cluster")
 
@@ -94,6 +95,9 @@ class Supervisor:
     def _start_agent(self, node: str) -> Child:
         spec = self.spec.node(node)
         assert spec is not None
+        faults = self.paths.faults(node)
+        if not faults.exists():
+            write_faults(faults)  # no faults yet: `cluster fault` adds them
         return self.children.start(f"plugin-{node}", nodes.plugin_argv(
             spec, self._dirs(node), self.paths.kubeconfig, self.driver_name, faults=self.paths.faults(node),
             partitionable=self.spec.partitionable))
