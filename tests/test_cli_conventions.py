@@ -25,14 +25,14 @@ from gpudra import cliopts
 from tests.plugin_helpers import short_tmp, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
-SLICES = f"""apiVersion: resource.k8s.io/v1
+SLICES = """apiVersion: resource.k8s.io/v1
 kind: ResourceSlice
-metadata: {{name: n1}}
+metadata: {name: n1}
 spec:
   driver: gpu.nvidia.com
   nodeName: n1
-  pool: {{name: n1, generation: 1, resourceSliceCount: 1}}
-  devices: [{{name: gpu-0, attributes: {{type: {{string: gpu}}, productName: {{string: T4}}}}}}]
+  pool: {name: n1, generation: 1, resourceSliceCount: 1}
+  devices: [{name: gpu-0, attributes: {type: {string: gpu}, productName: {string: T4}}}]
 """
 CLAIM = """apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
