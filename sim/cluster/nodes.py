@@ -97,10 +97,15 @@ def register_and_start(side: NodeSide, agent: Child, timeout: float) -> None:
     """Register the node agent's plugin with the kubelet simulator, then start the kubelet's pod threads."""
     from sim.kubelet.dra import KubeletError
 
-    try:
-        side.kubelet.register_plugin(timeout=timeout)
-    except KubeletError as exc:
-        raise ChildFailed(f"node {side.kubelet.node_name}: {exc}\n{agent.failure('did not register')}") from exc
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            side.kubelet.register_plugin(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
+            break
+        except KubeletError as exc:
+            # Look again every second, and give up at once if the agent died (its log says why).
+            if not agent.alive() or time.monotonic() >= deadline:
+                raise ChildFailed(f"node {side.kubelet.node_name}: {exc}\n{agent.failure('did not register')}") from exc
     side.kubelet.start()
 
 

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from driver.unixsocket import MAX_UNIX_SOCKET_PATH
 from gpudra.atomicfile import atomic_write
 from sim.demo.cluster import NODES, NodeSpec
 
@@ -19,9 +20,9 @@ DEFAULT_NAME = "gpu-dra"
 RUNTIMES = ("auto", "podman", "none")
 # A cluster name becomes part of a kubeconfig context and of paths: a DNS label keeps both simple.
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-MAX_SOCKET_PATH_BYTES = 107  # sun_path is 108 bytes with the terminating NUL
-# The longest socket path under a node's directory (the registration socket of the default driver name).
-LONGEST_SOCKET_SUFFIX = "/nodes/{node}/kubelet/plugins_registry/gpu.nvidia.com-reg.sock"
+MAX_SOCKET_PATH_BYTES = MAX_UNIX_SOCKET_PATH  # what gRPC can bind (sun_path less its limits)
+# The longest socket path under a node's link (the registration socket of the default driver name).
+LONGEST_SOCKET_SUFFIX = "/{node}/kubelet/plugins_registry/gpu.nvidia.com-reg.sock"
 
 
 class SpecError(ValueError):
@@ -70,18 +71,27 @@ class ClusterSpec:
     runtime: str = "auto"
     features: tuple[str, ...] = ()
     partitionable: bool = False
+    links: str = ""  # the short directory of node links (ClusterPaths.links), fixed at `up`
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "nodes": [asdict(n) for n in self.nodes], "runtime": self.runtime,
-                "features": list(self.features), "partitionable": self.partitionable}
+                "features": list(self.features), "partitionable": self.partitionable, "links": self.links}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ClusterSpec:
         return cls(str(data["name"]), tuple(NodeSpec(**n) for n in data["nodes"]), str(data.get("runtime", "auto")),
-                   tuple(data.get("features") or ()), bool(data.get("partitionable")))
+                   tuple(data.get("features") or ()), bool(data.get("partitionable")), str(data.get("links") or ""))
 
     def node(self, name: str) -> NodeSpec | None:
         return next((n for n in self.nodes if n.name == name), None)
+
+
+def links_home(environ: dict[str, str] | os._Environ[str] = os.environ) -> Path:
+    """Where node links live: $XDG_RUNTIME_DIR/gpu-dra (the place for a user's sockets), else /tmp/gpu-dra-UID."""
+    base = environ.get("XDG_RUNTIME_DIR") or ""
+    if base and Path(base).is_absolute() and Path(base).is_dir():
+        return Path(base) / "gpu-dra"
+    return Path("/tmp") / f"gpu-dra-{os.getuid()}"
 
 
 def state_home(environ: dict[str, str] | os._Environ[str] = os.environ) -> Path:
@@ -128,15 +138,20 @@ class ClusterPaths:
     def node(self, name: str) -> Path:
         return self.root / "nodes" / name
 
+    def node_link(self, links: Path, name: str) -> Path:
+        """A short path (a symlink to `node(name)`) the node's sockets are reached by: unix socket paths must fit
+        105 bytes, and a state directory under a home directory often makes them longer."""
+        return links / name
+
     def faults(self, node: str) -> Path:
         return self.node(node) / "faults.json"
 
-    def socket_problem(self, nodes: tuple[NodeSpec, ...]) -> str | None:
-        longest = max(len(str(self.root).encode()) + len(LONGEST_SOCKET_SUFFIX.format(node=n.name)) for n in nodes)
+    def socket_problem(self, links: Path, nodes: tuple[NodeSpec, ...]) -> str | None:
+        longest = max(len(str(links).encode()) + len(LONGEST_SOCKET_SUFFIX.format(node=n.name)) for n in nodes)
         if longest <= MAX_SOCKET_PATH_BYTES:
             return None
-        return (f"state directory {self.root}: too long: node sockets under it would be {longest} bytes, at most "
-                f"{MAX_SOCKET_PATH_BYTES} fit; set XDG_STATE_HOME to a shorter directory")
+        return (f"link directory {links}: too long: node sockets under it would be {longest} bytes, at most "
+                f"{MAX_SOCKET_PATH_BYTES} fit; set XDG_RUNTIME_DIR to a shorter directory, or use shorter node names")
 
 
 def cluster_paths(name: str, environ: dict[str, str] | os._Environ[str] = os.environ) -> ClusterPaths:

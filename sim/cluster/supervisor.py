@@ -79,7 +79,16 @@ class Supervisor:
     # ---- start ---------------------------------------------------------------------------------------------
 
     def _dirs(self, node: str) -> NodeDirs:
-        return NodeDirs(self.paths.node(node))
+        """The node's directories as its processes see them: through the short link (see ClusterPaths.node_link)."""
+        real = self.paths.node(node)
+        real.mkdir(parents=True, exist_ok=True)
+        link = self.paths.node_link(Path(self.spec.links), node)
+        if not (link.is_symlink() and link.resolve() == real.resolve()):
+            link.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(real)
+        return NodeDirs(link)
 
     def _start_apiserver(self) -> Child:
         child, url = nodes.start_apiserver(self.children, self.paths.kubeconfig, timeout=STEP_TIMEOUT_S,

@@ -127,7 +127,8 @@ def _print(obj: Any, output: str, table: str) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     from sim.cluster import kubeconfig
-    from sim.cluster.spec import ClusterSpec, SpecError, cluster_paths, default_nodes, parse_nodes, write_json
+    from sim.cluster.spec import (ClusterSpec, SpecError, cluster_paths, default_nodes, links_home, parse_nodes,
+                                  write_json)
     from sim.demo.processes import child_env, log_tail, PROJECT_ROOT
     from sim.nvml.profile import shipped_profiles
 
@@ -141,14 +142,15 @@ def _up(args: argparse.Namespace) -> int:
     runtime = _resolve_runtime(args.runtime)
     if runtime is None:
         return 2
-    spec = ClusterSpec(args.name, node_specs, runtime, features, args.partitionable)
+    links = links_home() / args.name
+    spec = ClusterSpec(args.name, node_specs, runtime, features, args.partitionable, str(links))
     existing = _load(args.name)
     if existing is not None and existing[3]:
         _err(f"cluster {args.name!r} is already up (server {existing[2].server}); "
              f"gpu-dra cluster down --name {args.name} first, or choose another --name")
         return 1
     paths = cluster_paths(args.name)
-    problem = paths.socket_problem(node_specs)
+    problem = paths.socket_problem(links, node_specs)
     if problem:
         _err(problem)
         return 2
@@ -294,6 +296,8 @@ def _remove_state(paths: Any, spec: Any) -> list[str]:
             if proc.role != "supervisor" and proc.pid != sup.pid and pid_is_ours(proc.pid, marker):
                 os.kill(proc.pid, signal.SIGKILL)
                 stopped.append(f"{proc.role} (pid {proc.pid})")
+    if spec.links:
+        shutil.rmtree(spec.links, ignore_errors=True)  # only symlinks into the state dir
     shutil.rmtree(paths.root, ignore_errors=True)
     return stopped
 

@@ -18,9 +18,10 @@ import traceback
 from pathlib import Path
 from types import FrameType
 
+from driver.unixsocket import MAX_UNIX_SOCKET_PATH
 from gpudra import cliopts
 
-MAX_SOCKET_PATH_BYTES = 107  # sun_path is 108 bytes with the terminating NUL
+MAX_SOCKET_PATH_BYTES = MAX_UNIX_SOCKET_PATH  # what gRPC can bind (sun_path less its limits)
 # The longest socket path the demo creates under the work dir.
 LONGEST_SOCKET_SUFFIX = "/nodes/a100-1/kubelet/plugins_registry/gpu.nvidia.com-reg.sock"
 
