@@ -127,8 +127,8 @@ def _print(obj: Any, output: str, table: str) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     from sim.cluster import kubeconfig
-    from sim.cluster.spec import (ClusterSpec, SpecError, cluster_paths, default_nodes, links_home, parse_nodes,
-                                  write_json)
+    from sim.cluster.spec import (ClusterSpec, SpecError, SupervisorStatus, cluster_paths, default_nodes, links_home,
+                                  parse_nodes, read_json, write_json)
     from sim.demo.processes import child_env, log_tail, PROJECT_ROOT
     from sim.nvml.profile import shipped_profiles
 
@@ -171,19 +171,24 @@ def _up(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.wait
     phase = "starting"
     sup = None
-    from sim.cluster.spec import SupervisorStatus, read_json
-
-    while time.monotonic() < deadline:
-        raw = read_json(paths.status)
-        sup = SupervisorStatus.from_json(raw) if isinstance(raw, dict) else None
-        if sup is not None:
-            for line in sup.steps[shown:]:
-                _progress(f"  {line}")
-            shown = len(sup.steps)
-            phase = sup.phase
-        if phase != "starting" or proc.poll() is not None:
-            break
-        time.sleep(0.2)
+    try:
+        while time.monotonic() < deadline:
+            raw = read_json(paths.status)
+            sup = SupervisorStatus.from_json(raw) if isinstance(raw, dict) else None
+            if sup is not None:
+                for line in sup.steps[shown:]:
+                    _progress(f"  {line}")
+                shown = len(sup.steps)
+                phase = sup.phase
+            if phase != "starting" or proc.poll() is not None:
+                break
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        # The supervisor runs in its own session: Ctrl-C here does not reach it, so stop it rather than leave a
+        # half-started cluster behind.
+        _progress(f"cluster {args.name}: interrupted; stopping what was started")
+        _remove_state(paths, spec)
+        return 130
     if phase != "ready":
         why = (sup.error if sup is not None and sup.error else
                f"not ready after {args.wait:.0f} s" if proc.poll() is None else f"supervisor exited with code {proc.poll()}")
