@@ -113,13 +113,26 @@ def replicaset_pods(rs: Mapping[str, Any], name: str | None = None, replicas: in
     return [_pod(template, _ns(rs), f"{name}-{name_suffix(name, i)}", owner, extra_labels) for i in range(count)]
 
 
-def deployment_pods(deploy: Mapping[str, Any]) -> list[dict[str, Any]]:
+def deployment_replicaset(deploy: Mapping[str, Any]) -> dict[str, Any]:
+    """The ReplicaSet the Deployment controller keeps for the current template: `<deployment>-<pod-template-hash>`,
+    the hash also labelling it and its pods."""
     template = _template(deploy)
     phash = pod_template_hash(template)
-    rs_name = f"{_name(deploy)}-{phash}"
-    rs = {"kind": "ReplicaSet", "metadata": {"name": rs_name, "namespace": _ns(deploy)},
-          "spec": {"replicas": _count(deploy, "replicas", 1), "template": template}}
-    return replicaset_pods(rs, rs_name, extra_labels={"pod-template-hash": phash})
+    name = f"{_name(deploy)}-{phash}"
+    tmeta = dict(template.get("metadata") or {})
+    tmeta["labels"] = {**(tmeta.get("labels") or {}), "pod-template-hash": phash}
+    selector = dict((deploy.get("spec") or {}).get("selector") or {})
+    if selector.get("matchLabels") is not None:
+        selector["matchLabels"] = {**selector["matchLabels"], "pod-template-hash": phash}
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": name, "namespace": _ns(deploy), "labels": dict(tmeta["labels"]),
+                         "ownerReferences": [_owner_ref(deploy, "Deployment", "apps/v1", _name(deploy))]},
+            "spec": {"replicas": _count(deploy, "replicas", 1), "selector": selector,
+                     "template": {**template, "metadata": tmeta}}}
+
+
+def deployment_pods(deploy: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return replicaset_pods(deployment_replicaset(deploy))
 
 
 def statefulset_pods(sts: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -158,9 +171,9 @@ def job_pods(job: Mapping[str, Any], name: str | None = None) -> list[dict[str, 
     return pods
 
 
-def cronjob_pods(cron: Mapping[str, Any], now: datetime | None = None) -> list[dict[str, Any]]:
-    """The pods of the Job the CronJob starts next: `<cronjob>-<minutes since the epoch>` of its creation time
-    (or `now`), as the CronJob controller names jobs after their scheduled time."""
+def cronjob_job(cron: Mapping[str, Any], now: datetime | None = None) -> dict[str, Any]:
+    """The Job the CronJob starts: `<cronjob>-<minutes since the epoch>` of its creation time (or `now`), as the
+    CronJob controller names jobs after their scheduled time."""
     name = _name(cron)
     job_template = (cron.get("spec") or {}).get("jobTemplate")
     if not isinstance(job_template, Mapping):
@@ -173,9 +186,16 @@ def cronjob_pods(cron: Mapping[str, Any], now: datetime | None = None) -> list[d
         except ValueError:
             raise ExpandError(f"{_label(cron)}: metadata.creationTimestamp: {created!r}: expected RFC 3339") from None
     minutes = int(moment.timestamp() // 60) if moment is not None else 0
-    job = {"kind": "Job", "metadata": {"name": f"{name}-{minutes}", "namespace": _ns(cron)},
-           "spec": dict(job_template.get("spec") or {})}
-    return job_pods(job, f"{name}-{minutes}")
+    jmeta = job_template.get("metadata") or {}
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": f"{name}-{minutes}", "namespace": _ns(cron),
+                         **({"labels": dict(jmeta["labels"])} if jmeta.get("labels") else {}),
+                         "ownerReferences": [_owner_ref(cron, "CronJob", "batch/v1", name)]},
+            "spec": copy.deepcopy(dict(job_template.get("spec") or {}))}
+
+
+def cronjob_pods(cron: Mapping[str, Any], now: datetime | None = None) -> list[dict[str, Any]]:
+    return job_pods(cronjob_job(cron, now))
 
 
 def expand(objects: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

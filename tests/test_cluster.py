@@ -23,6 +23,7 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
+from controller.expand import expand
 from sim.cluster import kubeconfig as kc
 from sim.cluster.report import gpu_usage
 from sim.cluster.spec import ClusterSpec, SpecError, default_nodes, parse_nodes, pid_alive
@@ -116,6 +117,11 @@ spec:
 """
 
 
+def pod_spec(node: str) -> dict[str, Any]:
+    return {"nodeSelector": {"kubernetes.io/hostname": node}, "containers": [{"name": "main", "image": "busybox"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}
+
+
 def _pod_phase(api: k8s_client.ApiClient, name: str) -> str | None:
     pod = k8s_client.CoreV1Api(api).read_namespaced_pod(name, "default")
     return pod.status.phase if pod.status else None
@@ -161,6 +167,20 @@ def test_cluster_up_fault_restart_down(cli: Cli) -> None:
         _create_pod(api, "first", "quad")
         _until("pod first Running", lambda: _pod_phase(api, "first") == "Running")
         assert {n["name"]: n["gpusInUse"] for n in cli.status()["nodes"]}["quad"] == 1
+
+        # workload controllers: a Deployment's pods are named as the offline tools name them, and go with it
+        deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "default"},
+                      "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                               "template": {"metadata": {"labels": {"app": "web"}},
+                                            "spec": pod_spec("quad")}}}
+        k8s_client.AppsV1Api(api).create_namespaced_deployment("default", deployment)
+        offline = sorted(p["metadata"]["name"] for p in expand([deployment]))
+        _until("the Deployment's pods Running", lambda: sorted(
+            p.metadata.name for p in k8s_client.CoreV1Api(api).list_namespaced_pod("default").items
+            if p.metadata.name.startswith("web-") and p.status.phase == "Running") == offline)
+        k8s_client.AppsV1Api(api).delete_namespaced_deployment("web", "default")
+        _until("the Deployment's pods to go", lambda: not [
+            p for p in k8s_client.CoreV1Api(api).list_namespaced_pod("default").items if p.metadata.name.startswith("web-")])
 
         # a fault through the node's faults file: the taint appears on the slice
         assert not _taints(api, "quad")
@@ -276,3 +296,31 @@ def test_gpu_usage_counts_physical_gpus() -> None:
         {"driver": "d", "pool": "n", "device": "m0"}, {"driver": "d", "pool": "n", "device": "m1"}]}}}}]
     assert gpu_usage("n", slices, claims, "d") == (1, 2)
     assert gpu_usage("other", slices, claims, "d") == (0, 0)
+
+
+def test_workload_controllers_plan_owners_then_pods() -> None:
+    from sim.cluster.workloads import plan, workload_status
+
+    template = {"metadata": {"labels": {"app": "w"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
+    deploy = {"metadata": {"name": "web", "namespace": "default", "uid": "d-1"},
+              "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "w"}}, "template": template}}
+    first = plan({"Deployment": [deploy]})
+    ((kind, made),) = first.create
+    phash = made["metadata"]["labels"]["pod-template-hash"]
+    assert kind == "ReplicaSet" and made["metadata"]["name"] == f"web-{phash}"
+    assert made["metadata"]["ownerReferences"][0] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                                                      "uid": "d-1", "controller": True, "blockOwnerDeletion": True}
+    rs = {**first.create[0][1], "metadata": {**first.create[0][1]["metadata"], "uid": "rs-1"}}
+    second = plan({"Deployment": [deploy], "ReplicaSet": [rs]})
+    pods = [o for k, o in second.create if k == "Pod"]
+    assert sorted(p["metadata"]["name"] for p in pods) == sorted(p["metadata"]["name"] for p in expand([{**deploy, "kind": "Deployment"}]))
+    assert all(p["metadata"]["ownerReferences"][0]["uid"] == "rs-1" for p in pods)
+    running = [{**p, "status": {"phase": "Running"}} for p in pods]
+    assert workload_status("Deployment", deploy, {"ReplicaSet": [rs], "Pod": running})["readyReplicas"] == 2
+    # the Deployment is gone: its ReplicaSet goes, then the ReplicaSet's pods (the garbage collector's order)
+    gone = plan({"ReplicaSet": [rs], "Pod": running})
+    assert gone.delete == [("ReplicaSet", ("default", rs["metadata"]["name"]))]
+    orphans = plan({"Pod": running})
+    assert sorted(n for _, (_, n) in orphans.delete) == sorted(p["metadata"]["name"] for p in pods)
+    bad = plan({"StatefulSet": [{"metadata": {"name": "db"}, "spec": {"replicas": -1, "template": template}}]})
+    assert bad.problems == ["StatefulSet/default/db: spec.replicas: -1: expected a non-negative integer"]

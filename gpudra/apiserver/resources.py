@@ -144,6 +144,12 @@ DEFAULT_REGISTRY = Registry(
                      field_labels=("spec.driver", "spec.nodeName")),
         ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, has_status=True),
         ResourceType("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True),
+        # Workload controllers, stored as they are; `gpu-dra cluster` runs the controllers that make their pods.
+        ResourceType("apps", "v1", "deployments", "Deployment", True, ("deploy",), has_status=True, categories=("all",)),
+        ResourceType("apps", "v1", "replicasets", "ReplicaSet", True, ("rs",), has_status=True, categories=("all",)),
+        ResourceType("apps", "v1", "statefulsets", "StatefulSet", True, ("sts",), has_status=True, categories=("all",)),
+        ResourceType("batch", "v1", "jobs", "Job", True, has_status=True, categories=("all",)),
+        ResourceType("batch", "v1", "cronjobs", "CronJob", True, ("cj",), has_status=True, categories=("all",)),
     )
 )
 

@@ -21,6 +21,7 @@ from types import FrameType
 from gpudra import DEFAULT_DRIVER_NAME, logfmt
 from gpudra.kubeapi import KubeApi
 from sim.cluster import nodes
+from sim.cluster.workloads import WorkloadController
 from sim.cluster.spec import ClusterPaths, ClusterSpec, ProcessInfo, SupervisorStatus, read_json, write_json
 from sim.demo.cluster import DEFAULT_MANIFESTS, NodeDirs, create_all, example_objects
 from sim.demo.processes import Child, ChildFailed, ChildGroup
@@ -61,6 +62,7 @@ class Supervisor:
         self.api: KubeApi | None = None
         self.port = 0
         self.stop_event = threading.Event()
+        self.workloads: WorkloadController | None = None
 
     # ---- status --------------------------------------------------------------------------------------------
 
@@ -141,6 +143,9 @@ class Supervisor:
         for spec in self.spec.nodes:
             self.step(f"node {spec.name} ({spec.profile}): Ready, agent registered, {counts[spec.name]} devices published"
                       + (", device plugin nvidia.com/gpu" if spec.device_plugin else ""))
+        self.workloads = WorkloadController(self.api)
+        self.workloads.start()
+        self.step("workload controllers: Deployments, ReplicaSets, StatefulSets, Jobs and CronJobs get their pods")
         self.status.phase = "ready"
         self.publish()
 
@@ -196,6 +201,8 @@ class Supervisor:
     def close(self) -> None:
         self.status.phase = "stopping"
         self.publish()
+        if self.workloads is not None:
+            self.workloads.stop()
         for side in self.sides.values():
             side.stop()
         self.children.stop_all()
