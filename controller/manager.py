@@ -27,6 +27,7 @@ from controller.informer import Informer, Store
 from controller.leader import LeaderElector, LeaseTimings
 from controller.metrics import ControllerMetrics, MetricsServer
 from controller.scheduler import EmbeddedScheduler, PendingExplainer
+from controller.taintevict import TaintEvictor
 from controller.view import View
 from controller.writes import NotLeader, Writer
 from gpudra import DEFAULT_DRIVER_NAME
@@ -37,7 +38,8 @@ log = logging.getLogger("gpudra.controller.manager")
 
 # Kinds every mode watches, and the extra ones embedded mode (the scheduler/controller-manager role) needs.
 CLUSTER_KINDS: tuple[str, ...] = ("Pod", "ResourceClaim", "ResourceSlice", "DeviceClass", "Node")
-EMBEDDED_KINDS: tuple[str, ...] = ("ResourceClaimTemplate", "PriorityClass", "ResourceQuota")
+# DeviceTaintRule is watched in embedded mode only: a real cluster's kube-scheduler applies its rules itself.
+EMBEDDED_KINDS: tuple[str, ...] = ("ResourceClaimTemplate", "PriorityClass", "ResourceQuota", "DeviceTaintRule")
 
 
 def default_identity() -> str:
@@ -147,6 +149,7 @@ class ControllerManager:
             driver_name=config.driver_name,
         )
         self.pending = PendingExplainer(self.explainer, self.metrics, features=config.features, driver_name=config.driver_name)
+        self.taint_evictor = TaintEvictor(self.writer, self.explainer)
 
     # -- leadership --------------------------------------------------------------------------------
 
@@ -229,6 +232,10 @@ class ControllerManager:
             with self._timed("scheduler"):
                 outcome = self.scheduler.reconcile(self.view())
             bound, unschedulable = outcome.bound, outcome.unschedulable
+            with self._timed("taint-eviction"):
+                view = self.view()
+                self.taint_evictor.reconcile(view.pods.values(), view.claims.values(), view.sorted_slices(),
+                                             view.taint_rules.values(), self._wall())
         else:
             with self._timed("explain"):
                 unschedulable = self.pending.reconcile(self.view())

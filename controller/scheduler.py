@@ -33,6 +33,7 @@ from controller.gang import gang_label, is_gang_claim
 from controller.metrics import ControllerMetrics
 from controller.nodefit import allocation_rejects, as_allocator_node, node_rejects
 from controller.objects import Obj
+from controller.podconditions import mark_unschedulable
 from controller.priority import scheduling_order
 from controller.quota import check_quota, devices_by_class
 from controller.scoring import NoPlacement, Placer
@@ -334,6 +335,7 @@ class EmbeddedScheduler:
         self._metrics.failures.labels(reason=reason).inc()
         self._explainer.event(pod, event, message)
         self._explainer.annotate(pending, message)
+        mark_unschedulable(self._writer, pod, message)
 
 
 class PendingExplainer:
