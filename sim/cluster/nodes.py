@@ -12,25 +12,33 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from driver.discovery import discover
+from driver.nvml import load_backend
 from gpudra.kubeapi import KubeApi
+from sim.runtime import driverinstall
 from sim.demo.cluster import NodeDirs, NodeSpec, node_object, register_node
 from sim.demo.processes import Child, ChildFailed, ChildGroup, gpu_dra_command
 from sim.kubelet.devicemanager import DeviceManagerSim
 from sim.kubelet.pods import NodeKubelet
 
 
-def apiserver_argv(kubeconfig: Path, *, state: Path | None = None, port: int = 0) -> list[str]:
+def apiserver_argv(kubeconfig: Path, *, state: Path | None = None, port: int = 0,
+                   pod_logs_dir: Path | None = None) -> list[str]:
     argv = ["apiserver", "--kubeconfig-out", str(kubeconfig), "--port", str(port)]
     if state is not None:
         argv += ["--state", str(state)]
+    if pod_logs_dir is not None:
+        argv += ["--pod-logs-dir", str(pod_logs_dir)]  # `kubectl logs` reads what the kubelets' runtime wrote
     return gpu_dra_command(*argv)
 
 
 def start_apiserver(children: ChildGroup, kubeconfig: Path, *, timeout: float, state: Path | None = None,
-                    port: int = 0, name: str = "apiserver") -> tuple[Child, str]:
+                    port: int = 0, pod_logs_dir: Path | None = None, name: str = "apiserver") -> tuple[Child, str]:
     """Start `gpu-dra apiserver` and return it with the URL it prints on its first stdout line."""
-    child = children.start(name, apiserver_argv(kubeconfig, state=state, port=port), stdout_pipe=True, tier=0)
+    argv = apiserver_argv(kubeconfig, state=state, port=port, pod_logs_dir=pod_logs_dir)
+    child = children.start(name, argv, stdout_pipe=True, tier=0)
     assert child.process.stdout is not None
     fd = child.process.stdout.fileno()
     deadline = time.monotonic() + timeout
@@ -55,10 +63,13 @@ def controller_argv(kubeconfig: Path, *, features: Sequence[str] = (), leader_el
 
 
 def plugin_argv(spec: NodeSpec, dirs: NodeDirs, kubeconfig: Path, driver_name: str, *, faults: Path | None = None,
-                partitionable: bool = False) -> list[str]:
+                partitionable: bool = False, driver_root: Path | None = None) -> list[str]:
     nvml = f"sim:{spec.profile}" + (f"?faults={faults}" if faults is not None else "")
     argv = ["plugin", "--node", spec.name, "--nvml", nvml, "--kubeconfig", str(kubeconfig),
             "--kubelet-dir", str(dirs.kubelet), "--cdi-dir", str(dirs.cdi), "--driver-name", driver_name]
+    if driver_root is not None:
+        # The node's simulated driver install, visible at the same path to the agent and to containers.
+        argv += ["--driver-root", str(driver_root), "--host-driver-root", str(driver_root)]
     if spec.device_plugin:
         argv.append("--device-plugin")
     if partitionable:
@@ -72,6 +83,7 @@ class NodeSide:
 
     kubelet: NodeKubelet
     device_manager: DeviceManagerSim | None
+    driver_root: Path | None = None  # the node's simulated driver install (sim.runtime.driverinstall)
 
     def stop(self) -> None:
         self.kubelet.stop()
@@ -79,18 +91,24 @@ class NodeSide:
             self.device_manager.stop()
 
 
-def start_node_side(api: KubeApi, spec: NodeSpec, dirs: NodeDirs, driver_name: str) -> NodeSide:
-    """Register the Node and serve the kubelet's sockets; the kubelet's pod threads start once the agent registered
-    (`register_and_start`)."""
+def start_node_side(api: KubeApi, spec: NodeSpec, dirs: NodeDirs, driver_name: str, *, runtime: Any = None,
+                    pod_logs_dir: Path | None = None) -> NodeSide:
+    """Write the node's simulated driver install, register the Node and serve the kubelet's sockets; the kubelet's
+    pod threads start once the agent registered (`register_and_start`). `runtime` runs the pods' containers
+    (sim.runtime; None: no containers)."""
     dirs.kubelet.mkdir(parents=True, exist_ok=True)
     dirs.cdi.mkdir(parents=True, exist_ok=True)
+    inventory = discover(load_backend(f"sim:{spec.profile}", node=spec.name), spec.name)
+    driver_root = driverinstall.write(dirs.root / "driver", spec.name, inventory)
     register_node(api, node_object(spec.name, gpu_allocatable=0 if spec.device_plugin else None))
     dm: DeviceManagerSim | None = None
     if spec.device_plugin:
         # The kubelet's kubelet.sock must be served before a device plugin can register.
         dm = DeviceManagerSim(dirs.kubelet)
         dm.start()
-    return NodeSide(NodeKubelet(api, spec.name, dirs.kubelet, driver_name, device_manager=dm), dm)
+    kubelet = NodeKubelet(api, spec.name, dirs.kubelet, driver_name, device_manager=dm, runtime=runtime,
+                          pod_logs_dir=pod_logs_dir)
+    return NodeSide(kubelet, dm, driver_root)
 
 
 def register_and_start(side: NodeSide, agent: Child, timeout: float) -> None:

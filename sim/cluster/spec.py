@@ -132,6 +132,11 @@ class ClusterPaths:
         return self.root / "user-kubeconfig.json"
 
     @property
+    def pod_logs(self) -> Path:
+        """The kubelets' /var/log/pods, served by the control plane as pods/log (`kubectl logs`)."""
+        return self.root / "pod-logs"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from gpudra import DEFAULT_DRIVER_NAME, logfmt
 from gpudra.kubeapi import KubeApi
@@ -25,6 +26,7 @@ from sim.cluster.workloads import WorkloadController
 from sim.cluster.spec import ClusterPaths, ClusterSpec, ProcessInfo, SupervisorStatus, read_json, write_json
 from sim.demo.cluster import DEFAULT_MANIFESTS, NodeDirs, create_all, example_objects
 from sim.demo.processes import Child, ChildFailed, ChildGroup
+from sim.runtime import Runtimes
 from sim.nvml.faults import write_faults
 
 log = logging.getLogger("gpu-dra.cluster")
@@ -63,6 +65,9 @@ class Supervisor:
         self.port = 0
         self.stop_event = threading.Event()
         self.workloads: WorkloadController | None = None
+        # One container runtime per node with --runtime podman (sim.runtime); none: pods Run once prepared.
+        self.runtimes = Runtimes(paths.root / "runtime") if spec.runtime == "podman" else None
+        self.node_runtimes: list[Any] = []
 
     # ---- status --------------------------------------------------------------------------------------------
 
@@ -94,7 +99,7 @@ class Supervisor:
 
     def _start_apiserver(self) -> Child:
         child, url = nodes.start_apiserver(self.children, self.paths.kubeconfig, timeout=STEP_TIMEOUT_S,
-                                           state=self.paths.store, port=self.port)
+                                           state=self.paths.store, port=self.port, pod_logs_dir=self.paths.pod_logs)
         self.port = int(url.rsplit(":", 1)[1].split("/")[0])
         self.status.server = url
         return child
@@ -111,7 +116,7 @@ class Supervisor:
             write_faults(faults)  # no faults yet: `cluster fault` adds them
         return self.children.start(f"plugin-{node}", nodes.plugin_argv(
             spec, self._dirs(node), self.paths.kubeconfig, self.driver_name, faults=self.paths.faults(node),
-            partitionable=self.spec.partitionable))
+            partitionable=self.spec.partitionable, driver_root=self.sides[node].driver_root))
 
     def start(self) -> None:
         apiserver = self._start_apiserver()
@@ -124,7 +129,14 @@ class Supervisor:
         self.slots.append(_Slot("controller", None, self._start_controller()))
         self.step("controller: started in embedded mode (scheduler, claim controller, explanations, gangs)")
         for spec in self.spec.nodes:
-            self.sides[spec.name] = nodes.start_node_side(self.api, spec, self._dirs(spec.name), self.driver_name)
+            dirs = self._dirs(spec.name)
+            runtime = None
+            if self.runtimes is not None:
+                dirs.cdi.mkdir(parents=True, exist_ok=True)
+                runtime = self.runtimes.for_node(spec.name, dirs.cdi)
+                self.node_runtimes.append(runtime)
+            self.sides[spec.name] = nodes.start_node_side(self.api, spec, dirs, self.driver_name, runtime=runtime,
+                                                          pod_logs_dir=self.paths.pod_logs)
             self.slots.append(_Slot("plugin", spec.name, self._start_agent(spec.name)))
         self.publish()
         for slot in self.slots:
@@ -204,7 +216,9 @@ class Supervisor:
         if self.workloads is not None:
             self.workloads.stop()
         for side in self.sides.values():
-            side.stop()
+            side.stop()  # the kubelets remove the containers they started
+        for runtime in self.node_runtimes:
+            runtime.close()
         self.children.stop_all()
         if self.api is not None:
             self.api.close()

@@ -239,20 +239,16 @@ def _feature(text: str) -> str:
 
 
 def _resolve_runtime(requested: str) -> str | None:
-    """auto -> podman where the kubelet simulator can run containers with it, else none."""
-    import importlib
+    """auto -> podman where the kubelet simulator can run containers with it (sim.runtime.choose), else none."""
+    from sim.runtime import choose
 
-    pods = importlib.import_module("sim.kubelet.pods")
-    supported = getattr(pods, "RUNTIMES", ("none",))
-    if requested == "auto":
-        return "podman" if "podman" in supported and shutil.which("podman") else "none"
-    if requested not in supported:
-        _err(f"--runtime {requested}: this build's kubelet simulator supports {', '.join(supported)}")
+    try:
+        choice = choose(requested)
+    except ValueError as exc:
+        _err(f"--runtime {requested}: {exc}")
         return None
-    if requested == "podman" and not shutil.which("podman"):
-        _err("--runtime podman: podman is not on PATH; install it or use --runtime none")
-        return None
-    return requested
+    _progress(f"runtime: {choice.kind}: {choice.reason}")
+    return choice.kind
 
 
 # ---- down ---------------------------------------------------------------------------------------------------------
