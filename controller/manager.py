@@ -23,6 +23,7 @@ from controller import objects as o
 from controller.claims import ClaimLifecycle
 from controller.explanation_writer import ExplanationWriter
 from controller.gang import GangController, GangSummary
+from controller.podgroupclaims import PodGroupClaims
 from controller.informer import Informer, Store
 from controller.leader import LeaderElector, LeaseTimings
 from controller.metrics import ControllerMetrics, MetricsServer
@@ -38,8 +39,9 @@ log = logging.getLogger("gpudra.controller.manager")
 
 # Kinds every mode watches, and the extra ones embedded mode (the scheduler/controller-manager role) needs.
 CLUSTER_KINDS: tuple[str, ...] = ("Pod", "ResourceClaim", "ResourceSlice", "DeviceClass", "Node")
-# DeviceTaintRule is watched in embedded mode only: a real cluster's kube-scheduler applies its rules itself.
-EMBEDDED_KINDS: tuple[str, ...] = ("ResourceClaimTemplate", "PriorityClass", "ResourceQuota", "DeviceTaintRule")
+# DeviceTaintRule and PodGroup are watched in embedded mode only: a real cluster's kube-scheduler applies
+# taint rules and schedules pod groups itself.
+EMBEDDED_KINDS: tuple[str, ...] = ("ResourceClaimTemplate", "PriorityClass", "ResourceQuota", "DeviceTaintRule", "PodGroup")
 
 
 def default_identity() -> str:
@@ -51,6 +53,8 @@ class ControllerConfig:
     driver_name: str = DEFAULT_DRIVER_NAME
     embedded: bool = False
     gang_timeout: float = 300.0
+    # KEP-5007: how long the embedded scheduler waits for device binding conditions (DynamicResourcesArgs).
+    binding_timeout: float = 600.0
     leader_elect: bool = True
     identity: str = field(default_factory=default_identity)
     lease_namespace: str = "kube-system"
@@ -130,6 +134,7 @@ class ControllerManager:
             repeat_interval=config.event_repeat_interval,
         )
         self.claims = ClaimLifecycle(self.writer, self.metrics)
+        self.pod_group_claims = PodGroupClaims(self.writer)
         self.gangs = GangController(
             self.writer,
             self.explainer,
@@ -147,6 +152,7 @@ class ControllerManager:
             features=config.features,
             fresh_claims=self._fresh_claims,
             driver_name=config.driver_name,
+            binding_timeout=config.binding_timeout,
         )
         self.pending = PendingExplainer(self.explainer, self.metrics, features=config.features, driver_name=config.driver_name)
         self.taint_evictor = TaintEvictor(self.writer, self.explainer)
@@ -217,10 +223,18 @@ class ControllerManager:
         if self.config.embedded:
             with self._timed("claims"):
                 view = self.view()
-                created, missing = self.claims.expand_templates(view.pods.values(), view.claims.values(), view.templates)
+                held: set[str] = set()
+                if self.config.features.workload_resource_claims:
+                    # Claims a PodGroup shares first, so member pods never get per-pod claims for them.
+                    created, held = self.pod_group_claims.sync(view)
+                    view = self.view()
+                pods = [p for p in view.pods.values() if o.key(p) not in held]
+                made, missing = self.claims.expand_templates(pods, view.claims.values(), view.templates)
+                created += made
                 problems += missing
                 view = self.view()
-                released = self.claims.release(view.claims.values(), view.pods)
+                released = self.claims.release(view.claims.values(), view.pods,
+                                               view.pod_groups if self.config.features.workload_resource_claims else None)
                 # Each step sees the previous step's writes: the writer updates the caches it reads from.
                 view = self.view()
                 deleted = self.claims.delete_orphans(view.claims.values(), view.pods_by_uid())

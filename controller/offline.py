@@ -19,6 +19,7 @@ from controller.allocator.model import Claim
 from controller.allocator.nodes import NodeSelector
 from controller.diagnosis import Diagnoser, NodeReason, summarize
 from controller.gang import Gang, GangPlan, group_gangs, plan_gang
+from controller.podgroups import min_count, pod_group_gangs, pod_group_name, wait_reason
 from controller.objects import claim_key
 from controller.scoring import Placement, Placer, Policy
 from controller.view import View
@@ -184,17 +185,42 @@ class Session:
                 pins.append(NodeSelector.parse(selector, f"ResourceClaim {key}: status.allocation.nodeSelector"))
         return pins, ""
 
+    def _group_waits(self, view: View, claims: Mapping[str, Mapping[str, Any]], out: Pass) -> set[str]:
+        """Claims of pods the scheduler holds back for their PodGroup (missing, or fewer than minCount pods)."""
+        waited: set[str] = set()
+        for pod in view.pods.values():
+            group = pod_group_name(pod)
+            if group is None:
+                continue
+            pg = view.pod_groups.get(f"{claim_key(pod).split('/')[0]}/{group}")
+            members = [p for p in view.pods.values() if pod_group_name(p) == group]
+            if pg is not None and (min_count(pg) is None or len(members) >= (min_count(pg) or 0)):
+                continue
+            why = wait_reason(pod, view, claims)
+            if why:
+                owner = f"Pod {claim_key(pod)}"
+                for unit in self.workload.units:
+                    if unit.owner == owner:
+                        held = [claim_key(c) for c in unit.claims if claim_key(c) not in out.decided]
+                        out.add(ClaimResult(k, "unschedulable", None, None, why) for k in held)
+                        waited.update(held)
+        return waited
+
     def _gangs(self, out: Pass) -> set[str]:
         """Place every gang all-or-nothing, as the gang controller does before pods are scheduled; the gang
         claims' keys."""
         w = self.workload
         claims = {claim_key(c): c for c in [*w.allocated, *(c for u in w.units for c in u.claims)]}
-        gangs = group_gangs(claims.values(), self.driver_name)
-        if not gangs:
-            return set()
         view = View(slices={str((s.get("metadata") or {}).get("name") or i): s for i, s in enumerate(w.slices)},
                     classes={str((c.get("metadata") or {}).get("name")): c for c in w.classes},
-                    nodes={str((n.get("metadata") or {}).get("name")): n for n in w.nodes})
+                    nodes={str((n.get("metadata") or {}).get("name")): n for n in w.nodes},
+                    pods={claim_key(p): p for p in w.pods}, claims=claims,
+                    pod_groups={claim_key(g): g for g in w.pod_groups})
+        # Label-named gangs, then PodGroup (Workload API) gangs whose minCount pods exist, as the gang controller.
+        gangs = group_gangs(claims.values(), self.driver_name) + pod_group_gangs(view)
+        waited = self._group_waits(view, claims, out)
+        if not gangs:
+            return waited
         allocated = list(w.allocated)
         keys: set[str] = set()
         for gang in gangs:
@@ -234,4 +260,4 @@ class Session:
                                                                      "all-or-nothing)")])
             entry.update(fits=plan.nodes, summary=f"gang {gang.key}: all {len(pending)} claims placed on "
                                                   f"{', '.join(plan.nodes)}", nodes=[])
-        return keys
+        return keys | waited

@@ -50,6 +50,10 @@ class Workload:
     allocated: list[dict[str, Any]]
     units: list[Unit]
     ignored: list[str]  # kinds we do not use, for a warning
+    # The pods (their generated claims' names in status.resourceClaimStatuses, as the claim controller records
+    # them) and the PodGroups (Workload API), for gangs.
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    pod_groups: list[dict[str, Any]] = field(default_factory=list)
 
     def node_candidates(self, unit: Unit, all_nodes: Iterable[Node], extra_pins: Iterable[NodeSelector] = ()) -> list[str]:
         names = []
@@ -69,6 +73,7 @@ def build_workload(objects: Iterable[Mapping[str, Any]]) -> Workload:
     """Raises controller.expand.ExpandError for a workload object that cannot be expanded."""
     nodes, classes, slices, claims, templates, pods, ignored = [], [], [], [], {}, [], []
     taint_rules: list[dict[str, Any]] = []
+    pod_groups: list[dict[str, Any]] = []
     order: list[tuple[str, dict[str, Any]]] = []
     for obj in expand(objects):
         kind = obj.get("kind")
@@ -88,6 +93,8 @@ def build_workload(objects: Iterable[Mapping[str, Any]]) -> Workload:
             order.append(("pod", pods[-1]))
         elif kind == "DeviceTaintRule":
             taint_rules.append(dict(obj))
+        elif kind == "PodGroup":
+            pod_groups.append(dict(obj))
         else:
             ignored.append(f"{kind}/{claim_key(obj)}")
     by_key = {claim_key(c): c for c in claims}
@@ -106,7 +113,19 @@ def build_workload(objects: Iterable[Mapping[str, Any]]) -> Workload:
             units.append(obj.pop("_unit"))
         elif claim_key(obj) not in referenced and not (obj.get("status") or {}).get("allocation"):
             units.append(Unit(owner=f"ResourceClaim {claim_key(obj)}", claims=[obj]))
-    return Workload(nodes, classes, apply_taint_rules(slices, taint_rules), allocated, units, ignored)
+    return Workload(nodes, classes, apply_taint_rules(slices, taint_rules), allocated, units, ignored,
+                    [_with_claim_statuses(p) for p in pods], pod_groups)
+
+
+def _with_claim_statuses(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod as the claim controller leaves it: each template entry's claim name in status.resourceClaimStatuses."""
+    name = str((pod.get("metadata") or {}).get("name", ""))
+    entries = [e for e in (pod.get("spec") or {}).get("resourceClaims") or [] if e.get("resourceClaimTemplateName")]
+    status = dict(pod.get("status") or {})
+    recorded = {s.get("name") for s in status.get("resourceClaimStatuses") or []}
+    status["resourceClaimStatuses"] = list(status.get("resourceClaimStatuses") or []) + [
+        {"name": e.get("name"), "resourceClaimName": f"{name}-{e.get('name')}"} for e in entries if e.get("name") not in recorded]
+    return {**pod, "status": status}
 
 
 def _pod_unit(pod: Mapping[str, Any], claims: dict[str, dict[str, Any]], templates: Mapping[str, Mapping[str, Any]],

@@ -249,7 +249,7 @@ def test_cel_runtime_error_and_missing_class_are_in_the_claim_explanation(apiser
     manager(api).step()
     claims = claims_of(api)
     why = claims["typo"]["metadata"]["annotations"]["gpu.nvidia.com/explanation"]
-    assert "CEL runtime error: no such key: prodcutName; did you mean productName? (device gpu-" in why
+    assert "CEL runtime error: no such key: prodcutName" in why and "; did you mean productName? (device gpu-" in why
     assert "productName" in why.split("has attributes gpu.nvidia.com: ")[1]
     why = claims["noclass"]["metadata"]["annotations"]["gpu.nvidia.com/explanation"]
     assert 'deviceclass.resource.k8s.io "gpu.nvidia.co" not found; did you mean gpu.nvidia.com?' in why

@@ -233,10 +233,52 @@ def test_invalid_pool_is_an_error_and_typos_get_suggestions(tmp_path: Path, caps
     path = write(tmp_path, [cls, ok, typo, noclass])
     rc_a, results, rc_e, units = both(capsys, path)
     assert rc_a == 1 and rc_e == 1
-    assert results[0]["outcome"] == "error" and results[0]["message"].endswith(
-        "CEL runtime error: no such key: prodcutName; did you mean productName? "
-        f"(device gpu-0 has attributes {GPU}: productName)")
+    assert results[0]["outcome"] == "error"
+    assert "CEL runtime error: no such key: prodcutName" in results[0]["message"]  # Kubernetes' text first
+    assert results[0]["message"].endswith(f"; did you mean productName? (device gpu-0 has attributes {GPU}: productName)")
     assert results[1]["message"].endswith(
         'deviceclass.resource.k8s.io "gpus" not found; did you mean gpu? (DeviceClasses: gpu)')
     assert "did you mean productName?" in units[0]["summary"]
+    assert_agree(results, units)
+
+
+def pod_group(name: str, min_count: int) -> dict[str, Any]:
+    return {"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}}}
+
+
+def group_pod(name: str, group: str, template_name: str) -> dict[str, Any]:
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {**pod_spec({"resourceClaimTemplateName": template_name}), "schedulingGroup": {"podGroupName": group}}}
+
+
+def test_pod_group_gang_is_all_or_nothing_like_the_controller(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # two pods of 2 GPUs each in a gang of minCount 2: 4 GPUs needed, 3 exist; the gang holds nothing, so the
+    # standalone pod after it still gets a GPU
+    objs = [*small_cluster(), template(), template("two", count=2), pod_group("pretrain", 2),
+            group_pod("w0", "pretrain", "two"), group_pod("w1", "pretrain", "two"), pod("solo", {"resourceClaimTemplateName": "one"})]
+    rc_a, results, rc_e, units = both(capsys, write(tmp_path, objs))
+    by = {r["claim"]: r for r in results}
+    assert by["default/w0-gpu"]["outcome"] == by["default/w1-gpu"]["outcome"] == "unschedulable"
+    assert "gang default/podgroup/pretrain" in by["default/w0-gpu"]["message"]
+    assert by["default/solo-gpu"]["outcome"] == "allocated" and rc_a == 1 and rc_e == 1
+    assert_agree(results, units)
+    # one GPU each: the gang fits, both on n1 (one node first)
+    objs = [*small_cluster(), template(), pod_group("pretrain", 2),
+            group_pod("w0", "pretrain", "one"), group_pod("w1", "pretrain", "one")]
+    rc_a, results, rc_e, units = both(capsys, write(tmp_path, objs))
+    assert [(r["claim"], r["outcome"], r["node"]) for r in results] == [
+        ("default/w0-gpu", "allocated", "n1"), ("default/w1-gpu", "allocated", "n1")]
+    assert rc_a == 0 and rc_e == 0
+    assert_agree(results, units)
+
+
+def test_pod_group_short_of_min_count_waits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    objs = [*small_cluster(), template(), pod_group("pretrain", 3), group_pod("w0", "pretrain", "one"),
+            group_pod("lost", "missing-group", "one")]
+    rc_a, results, _, units = both(capsys, write(tmp_path, objs))
+    by = {r["claim"]: r for r in results}
+    assert rc_a == 1
+    assert by["default/w0-gpu"]["message"].startswith("pod group default/pretrain: 1 of minCount 3 pods exist")
+    assert by["default/lost-gpu"]["message"].startswith('waiting for PodGroup "missing-group"')
     assert_agree(results, units)
