@@ -57,8 +57,13 @@ def non_negative_seconds(text: str) -> float:
 # ---- -o ----------------------------------------------------------------------------------------------------------
 
 
+def _output_format(text: str) -> str:
+    # `text` was validate's name for the table before the formats were unified; it still works.
+    return "table" if text == "text" else text
+
+
 def add_output(parser: argparse.ArgumentParser, default: str = "table", choices: tuple[str, ...] = OUTPUT_FORMATS) -> None:
-    parser.add_argument("-o", "--output", choices=choices, default=default,
+    parser.add_argument("-o", "--output", type=_output_format, choices=choices, default=default,
                         help=f"output format: {', '.join(choices)} (default {default})")
 
 
