@@ -262,3 +262,23 @@ def test_dra_extended_resource_pod_gets_its_special_claim(apiserver: Any) -> Non
         "requestMappings": [{"containerName": "main", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"}],
     }
     assert special["status"]["reservedFor"] == [{"resource": "pods", "name": "legacy", "uid": legacy["metadata"]["uid"]}]
+
+
+def test_cel_runtime_error_and_missing_class_are_in_the_claim_explanation(apiserver: Any) -> None:
+    api = apiserver.api
+    _cluster(api)
+    typo = claim("typo")
+    typo["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": 'device.attributes["gpu.nvidia.com"].prodcutName == "x"'}}]
+    noclass = claim("noclass")
+    noclass["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "gpu.nvidia.co"
+    create_all(api, [typo, noclass, pod("p-typo", claims={"gpu": "typo"}), pod("p-noclass", claims={"gpu": "noclass"})])
+    manager(api).step()
+    claims = claims_of(api)
+    why = claims["typo"]["metadata"]["annotations"]["gpu.nvidia.com/explanation"]
+    assert "CEL runtime error: no such key: prodcutName" in why and "; did you mean productName? (device gpu-" in why
+    assert "productName" in why.split("has attributes gpu.nvidia.com: ")[1]
+    why = claims["noclass"]["metadata"]["annotations"]["gpu.nvidia.com/explanation"]
+    assert 'deviceclass.resource.k8s.io "gpu.nvidia.co" not found; did you mean gpu.nvidia.com?' in why
+    (event,) = [e for e in events_for(api, "p-typo") if e["reason"] == REASON_UNSCHEDULABLE]
+    assert "did you mean productName?" in event["message"]

@@ -10,7 +10,7 @@ from typing import Any
 
 from controller.workload import KINDS
 from gpudra.conversion import normalize_objects
-from gpudra.manifests import InputError, fill_namespace, load_objects, object_label
+from gpudra.manifests import InputError, load_objects, object_label
 from gpudra.validation import validate_object
 from controller.validationhooks import cel_checker, opaque_validators, unsupported_class_errors
 
@@ -22,12 +22,12 @@ class Inputs:
     warnings: list[str] = field(default_factory=list)  # API-validation findings that do not stop the command
 
 
-def read_inputs(paths: Sequence[str], strict: bool = True, namespace: str = "default") -> Inputs:
+def read_inputs(paths: Sequence[str], strict: bool = True) -> Inputs:
     """Load the documents. With strict=False, API-validation findings inside `spec` become warnings: the
     allocator, like kube-scheduler, judges the specs it is given and reports what it cannot use per claim,
     with Kubernetes' texts. Unreadable documents and invalid kinds or metadata still fail the input."""
     try:
-        objects = fill_namespace(load_objects(list(paths)), namespace)
+        objects = load_objects(list(paths))
     except InputError as exc:
         return Inputs([], [f"cannot read input: {exc}"])
     errors: list[str] = []

@@ -20,8 +20,6 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", help="allocate all pending claims together on this node (one scheduler Filter call)")
     add_feature_arguments(parser)
     parser.add_argument("--policy", choices=["binpack", "spread"], default="binpack", help="node scoring policy")
-    parser.add_argument("-n", "--namespace", default="default",
-                        help="namespace of namespaced objects that name none (as kubectl apply -n; default: default)")
     parser.add_argument("-o", "--output", choices=["json", "yaml", "table"], default="table")
 
 
@@ -30,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
         features = features_from_arguments(args)
     except FeatureGateError as exc:
         return report_input_errors([str(exc)], args.output)
-    inputs = read_inputs(args.files, strict=False, namespace=args.namespace)
+    inputs = read_inputs(args.files, strict=False)
     if inputs.errors:
         return report_input_errors(inputs.errors, args.output)
     report_warnings(inputs.warnings)
