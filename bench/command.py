@@ -20,6 +20,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scenario", default="all", help="allocate only: a (scheduler_perf shape), b (NVLink gangs of 4/8) or all"
     )
+    parser.add_argument("--nodes", type=int, default=None, help="allocate, schedule: cluster size (default: the scenario's own)")
+    parser.add_argument("--devices", type=int, default=None, help="allocate only: devices per node (default: the scenario's own)")
+    parser.add_argument("--pods", type=int, default=None, help="schedule only: pods to create (default 4 per node)")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="schedule only: create pods at this many per second instead of back to back")
 
 
 def run(args: argparse.Namespace) -> int:
