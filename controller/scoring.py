@@ -12,16 +12,19 @@ then the node name (ascending) breaks ties.
 Finding the best node without running the allocator on every node: nodes are visited in order of
 their packing key (then name), and components 1 and 2 have a known maximum for the claims. The
 first feasible node that reaches that maximum wins outright, since every later node has an equal
-or worse packing key. Nodes with fewer free devices than the claims need at least are skipped
-without running the allocator. For typical claims (no firstAvailable fallbacks, one device or
+or worse packing key; so does the first that reaches the best topology bound any node has (kept
+as a count of nodes per largest-free-groups shape). Nodes with fewer free devices than the claims
+need at least are never visited: the order is kept in buckets by free-device count, current across
+commits, so a placement costs in proportion to the nodes it looks at, not to the cluster's size. For typical claims (no firstAvailable fallbacks, one device or
 topology-aligned devices) this evaluates one or a few nodes per placement, where kube-scheduler
 filters a percentage of all nodes; the result is still the best node by the score above.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -80,8 +83,46 @@ def prioritized_score(claims: Sequence[Claim], allocations: Sequence[Mapping[str
     return score
 
 
+class _NodeOrder:
+    """Nodes bucketed by their free-device count, names sorted within a bucket: the packing order of
+    `Placer.place` kept current as allocations change instead of sorted for every claim. A placement
+    visits buckets from the fewest free devices it can use (binpack) or the most (spread), so nodes
+    that cannot fit the claims are never looked at."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, list[str]] = {}
+        self.free: dict[str, int] = {}
+
+    def put(self, node: str, free: int) -> None:
+        old = self.free.get(node)
+        if old == free:
+            return
+        if old is not None:
+            self._drop(node, old)
+        self.free[node] = free
+        insort(self.buckets.setdefault(free, []), node)
+
+    def _drop(self, node: str, free: int) -> None:
+        bucket = self.buckets[free]
+        del bucket[bisect_left(bucket, node)]
+        if not bucket:
+            del self.buckets[free]
+
+    def walk(self, policy: Policy, least: int | None) -> Iterator[str]:
+        """Nodes in packing order (then name), only those with at least `least` free devices (None: all)."""
+        keys = sorted(k for k in self.buckets if least is None or k >= least)
+        if policy != "binpack":
+            keys.reverse()
+        for key in keys:
+            yield from self.buckets[key]
+
+
 class Placer:
-    """Places claims on the best node of a snapshot, one placement after another."""
+    """Places claims on the best node of a snapshot, one placement after another.
+
+    Per node it keeps the device counts and the largest free topology groups, and the node order by
+    packing key, current across `commit()`; `invalidate()` drops them when the snapshot changed by other
+    means (slices, nodes, allocations made elsewhere)."""
 
     def __init__(
         self,
@@ -99,8 +140,29 @@ class Placer:
         self.policy = policy
         self._totals: dict[str, tuple[int, int]] = {}  # node -> (devices, in use)
         self._index: dict[tuple[str, str, str], Device] = {}
+        self._order: _NodeOrder | None = None
+        # How many nodes have each largest-groups tuple: bounds the topology score any node can reach.
+        self._group_counts: Counter[tuple[int, ...]] | None = None
         # Shared devices (DRAConsumableCapacity) may fill several slots, so free counts bound nothing then.
         self._prefilter = not self.features.consumable_capacity
+
+    def invalidate(self, nodes: Iterable[str] | None = None) -> None:
+        """Forget what is kept about `nodes` (None: every node, and the device index) after the snapshot changed."""
+        if nodes is None:
+            self._totals.clear()
+            self._groups.clear()
+            self._index.clear()
+            self._order = None
+            self._group_counts = None
+            return
+        for node in nodes:
+            self._totals.pop(node, None)
+            self._forget_groups(node)
+            if self._order is not None:
+                if node in self.snapshot.nodes:
+                    self._order.put(node, self._free(node))
+                elif node in self._order.free:
+                    self._order._drop(node, self._order.free.pop(node))
 
     # ---- per-node device counts ------------------------------------------------------------------
 
@@ -119,6 +181,18 @@ class Placer:
             self._totals[node] = found
         return found
 
+    def _free(self, node: str) -> int:
+        total, used = self._counts(node)
+        return total - used
+
+    def _node_order(self) -> _NodeOrder:
+        if self._order is None:
+            order = _NodeOrder()
+            for name in self.snapshot.node_names:
+                order.put(name, self._free(name))
+            self._order = order
+        return self._order
+
     def commit(self, claim_keys: Sequence[str], allocations: Sequence[Mapping[str, Any]], node: str) -> None:
         """Hold the devices of a placement for the placements that follow."""
         touches_other_nodes = False
@@ -132,10 +206,15 @@ class Placer:
                 self._totals[node] = (total, used + added)
             elif added:
                 touches_other_nodes = True
-            self._groups.pop(node, None)
         if touches_other_nodes:
             self._totals.clear()
             self._groups.clear()
+            self._order = None
+            self._group_counts = None
+            return
+        self._forget_groups(node)
+        if self._order is not None and node in self._order.free:
+            self._order.put(node, self._free(node))
 
     def _slice_node(self, result: Mapping[str, Any]) -> str | None:
         if not self._index:
@@ -148,8 +227,7 @@ class Placer:
     # ---- scoring ---------------------------------------------------------------------------------
 
     def _packing(self, node: str) -> int:
-        total, used = self._counts(node)
-        free = total - used
+        free = self._free(node)
         return -free if self.policy == "binpack" else free
 
     def topology_score(self, allocations: Sequence[Mapping[str, Any]]) -> int:
@@ -183,11 +261,30 @@ class Placer:
                                 counters[i][(sl.driver, value)] += 1
             found = tuple(max(c.values(), default=0) for c in counters)
             self._groups[node] = found
+            if self._group_counts is not None:
+                self._group_counts[found] += 1
         return found
 
+    def _forget_groups(self, node: str) -> None:
+        found = self._groups.pop(node, None)
+        if found is not None and self._group_counts is not None:
+            self._group_counts[found] -= 1
+            if self._group_counts[found] <= 0:
+                del self._group_counts[found]
+        if self._group_counts is not None and node in self.snapshot.nodes:
+            self._largest_groups(node)  # keep the counts complete
+
     def _topology_bound(self, node: str, needs: Sequence[int]) -> int:
-        groups = self._largest_groups(node)
-        return sum(1 for n in needs for g in groups if n <= 1 or g >= n)
+        return _bound(self._largest_groups(node), needs)
+
+    def _best_bound(self, needs: Sequence[int]) -> int:
+        """The highest topology bound of any node: once a placement reaches it, no other node can beat it."""
+        if self._group_counts is None:
+            self._group_counts = Counter()
+            self._groups.clear()
+            for name in self.snapshot.node_names:
+                self._largest_groups(name)
+        return max((_bound(g, needs) for g in self._group_counts), default=0)
 
     def _variants(self, claims: Sequence[Claim]) -> list[list[Claim]]:
         """The claims with extra matchAttribute constraints that align devices (NVLink domain and NUMA node, then
@@ -215,32 +312,55 @@ class Placer:
         return self.allocator.allocate(node, variants[-1])
 
     def place(self, claims: Sequence[Claim], nodes: Iterable[str] | None = None) -> Placement | NoPlacement:
-        """Best node for the claims together (one Filter call per node). Raises AllocationError when fatal."""
-        names = list(nodes) if nodes is not None else self.snapshot.node_names
+        """Best node for the claims together (one Filter call per node). Raises AllocationError when fatal.
+
+        `nodes` limits the candidates (a set is used as is); nodes unknown to the snapshot are not candidates."""
+        allowed: Container[str] | None = None
+        if nodes is not None:
+            allowed = nodes if isinstance(nodes, (set, frozenset)) else set(nodes)
         need = min_devices(claims)
         top_prio, top_topo = max_scores(claims)
-        order = sorted(names, key=lambda n: (-self._packing(n), n))
         needs = [min_devices([c]) for c in claims]
         variants = self._variants(claims)
+        order = self._node_order()
         best: Placement | None = None
-        failure = NoPlacement()
-        for name in order:
-            total, used = self._counts(name)
-            if self._prefilter and total - used < need:
-                failure.reasons[name] = f"only {total - used} free devices, the claims need at least {need}"
+        tried: dict[str, str] = {}
+        reachable: int | None = None  # the best topology bound over all nodes, computed when first needed
+        for name in order.walk(self.policy, need if self._prefilter else None):
+            if allowed is not None and name not in allowed:
                 continue
             if best is not None and (top_prio, self._topology_bound(name, needs)) <= best.score[:2]:
                 continue  # cannot beat the best node found so far, which also packs better
             outcome = self._allocate(name, variants)
             if isinstance(outcome, Unschedulable):
-                failure.reasons[name] = outcome.reason
+                tried[name] = outcome.reason
                 continue
             score = (prioritized_score(claims, outcome), self.topology_score(outcome), self._packing(name))
             if best is None or score[:2] > best.score[:2]:
                 best = Placement(name, outcome, score)
-            if best.score[:2] == (top_prio, top_topo):
-                break
-        return best if best is not None else failure
+            if best.score[0] == top_prio:
+                if best.score[1] == top_topo:
+                    break
+                if reachable is None:
+                    reachable = self._best_bound(needs)
+                if best.score[1] >= reachable:
+                    break  # every other node would be skipped by the bound check above
+        if best is not None:
+            return best
+        failure = NoPlacement()
+        for name in order.walk(self.policy, None):
+            if allowed is not None and name not in allowed:
+                continue
+            free = order.free[name]
+            if name in tried:
+                failure.reasons[name] = tried[name]
+            elif self._prefilter and free < need:
+                failure.reasons[name] = f"only {free} free devices, the claims need at least {need}"
+        return failure
+
+
+def _bound(groups: tuple[int, ...], needs: Sequence[int]) -> int:
+    return sum(1 for n in needs for g in groups if n <= 1 or g >= n)
 
 
 __all__ = ["AllocationError", "NoPlacement", "Placement", "Placer", "Policy", "max_scores", "min_devices"]
