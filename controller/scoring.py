@@ -29,13 +29,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from controller.allocator import AllocationError, Allocator, Claim, ClusterSnapshot, Unschedulable
-from controller.allocator.model import Constraint, Device
+from controller.allocator.model import UNKNOWN_ATTRIBUTE, Constraint, Device
 from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.features import Features
 
 Policy = Literal["binpack", "spread"]
 MAX_SUBREQUESTS = 8  # resourceapi.FirstAvailableDeviceRequestMaxSize: the top firstAvailable score
 TOPOLOGY_ATTRIBUTES = ("nvlinkDomain", "numaNode")
+UNBOUNDED = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,13 @@ class Placer:
         self.snapshot = snapshot
         self.topology_domain = topology_domain
         self._groups: dict[str, tuple[int, ...]] = {}  # node -> largest free group per topology attribute
+        # node -> attributes -> the most free devices sharing one value of each (see _shared_free)
+        self._shared: dict[str, dict[tuple[str, ...], int]] = {}
+        # node -> claims' signature -> why they did not fit: the allocator is deterministic, so the same claims
+        # on an unchanged node fail the same way (a node changes only through commit() or invalidate()).
+        self._failed: dict[str, dict[str, str]] = {}
+        # Counter sets may be shared by the devices of several nodes: then any commit may change any node.
+        self._nodes_independent = not any(sl.shared_counters for sl in snapshot.slices)
         self.features = features or Features()
         self.allocator = Allocator(snapshot, self.features, cel_env)
         self.policy = policy
@@ -151,6 +159,9 @@ class Placer:
         if nodes is None:
             self._totals.clear()
             self._groups.clear()
+            self._shared.clear()
+            self._failed.clear()
+            self._nodes_independent = not any(sl.shared_counters for sl in self.snapshot.slices)
             self._index.clear()
             self._order = None
             self._group_counts = None
@@ -206,9 +217,13 @@ class Placer:
                 self._totals[node] = (total, used + added)
             elif added:
                 touches_other_nodes = True
+        if not self._nodes_independent:
+            self._failed.clear()
         if touches_other_nodes:
             self._totals.clear()
             self._groups.clear()
+            self._shared.clear()
+            self._failed.clear()
             self._order = None
             self._group_counts = None
             return
@@ -266,6 +281,8 @@ class Placer:
         return found
 
     def _forget_groups(self, node: str) -> None:
+        self._shared.pop(node, None)
+        self._failed.pop(node, None)
         found = self._groups.pop(node, None)
         if found is not None and self._group_counts is not None:
             self._group_counts[found] -= 1
@@ -301,8 +318,41 @@ class Placer:
         out.append(list(claims))
         return out
 
-    def _allocate(self, node: str, variants: list[list[Claim]]) -> list[dict[str, Any]] | Unschedulable:
-        for variant in variants[:-1]:
+    def _shared_free(self, node: str, attrs: tuple[str, ...]) -> int:
+        """The most free devices of the node that share one value of each of `attrs` (looked up as the
+        allocator's matchAttribute does): an upper bound of the devices that constraints on them can take.
+        Unbounded when a value cannot be counted (an attribute of unknown type is the allocator's to report)."""
+        cache = self._shared.setdefault(node, {})
+        found = cache.get(attrs)
+        if found is None:
+            counts: Counter[tuple[Any, ...]] = Counter()
+            allocated = self.snapshot.allocated
+            try:
+                for pool in self.snapshot.pools(node, self.features):
+                    for sl in pool.slices:
+                        for dev in sl.devices:
+                            if (sl.driver, sl.pool, dev.name) in allocated:
+                                continue
+                            values = tuple(dev.attribute(a) for a in attrs)
+                            if None in values:
+                                continue
+                            if UNKNOWN_ATTRIBUTE in values:
+                                raise TypeError(attrs)
+                            counts[values] += 1
+                found = max(counts.values(), default=0)
+            except TypeError:
+                found = UNBOUNDED
+            cache[attrs] = found
+        return found
+
+    def _cannot_fit(self, node: str, scopes: Sequence[tuple[tuple[str, ...], int]]) -> bool:
+        return any(need > self._shared_free(node, attrs) for attrs, need in scopes)
+
+    def _allocate(self, node: str, variants: list[list[Claim]],
+                  scopes: Sequence[Sequence[tuple[tuple[str, ...], int]]] = ()) -> list[dict[str, Any]] | Unschedulable:
+        for i, variant in enumerate(variants[:-1]):
+            if i < len(scopes) and self._cannot_fit(node, scopes[i]):
+                continue  # the aligned variant has no solution on this node: the search would fail
             try:
                 outcome = self.allocator.allocate(node, variant)
             except AllocationError:
@@ -322,6 +372,10 @@ class Placer:
         top_prio, top_topo = max_scores(claims)
         needs = [min_devices([c]) for c in claims]
         variants = self._variants(claims)
+        # Our own alignment variants are skipped on nodes without enough free devices sharing the values they
+        # ask for (a search that must fail); the claims as written always run, so errors surface as before.
+        scopes = [match_scopes(v) for v in variants[:-1]] if self._prefilter else []
+        signature = repr([(c.requests, c.constraints) for c in claims])
         order = self._node_order()
         best: Placement | None = None
         tried: dict[str, str] = {}
@@ -331,9 +385,14 @@ class Placer:
                 continue
             if best is not None and (top_prio, self._topology_bound(name, needs)) <= best.score[:2]:
                 continue  # cannot beat the best node found so far, which also packs better
-            outcome = self._allocate(name, variants)
+            known = self._failed.get(name)
+            if known is not None and signature in known:
+                tried[name] = known[signature]
+                continue
+            outcome = self._allocate(name, variants, scopes)
             if isinstance(outcome, Unschedulable):
                 tried[name] = outcome.reason
+                self._failed.setdefault(name, {})[signature] = outcome.reason
                 continue
             score = (prioritized_score(claims, outcome), self.topology_score(outcome), self._packing(name))
             if best is None or score[:2] > best.score[:2]:
@@ -357,6 +416,28 @@ class Placer:
             elif self._prefilter and free < need:
                 failure.reasons[name] = f"only {free} free devices, the claims need at least {need}"
         return failure
+
+
+def match_scopes(claims: Sequence[Claim]) -> list[tuple[tuple[str, ...], int]]:
+    """Per claim and request scope of its matchAttribute constraints: the attributes whose values all devices of
+    the scope must share, and a lower bound of how many free devices that takes (one device needs no sharing)."""
+    out: list[tuple[tuple[str, ...], int]] = []
+    for claim in claims:
+        by_scope: dict[frozenset[str], list[str]] = {}
+        for c in claim.constraints:
+            if c.kind == "match":
+                by_scope.setdefault(c.requests, []).append(c.attribute)
+        for scope, attrs in by_scope.items():
+            need = 0
+            for entry in claim.requests:
+                if scope and entry.name not in scope:
+                    continue
+                reqs = entry.subrequests or ((entry.exact,) if entry.exact else ())
+                counts = [0 if (r.admin or r.mode != "ExactCount") else max(r.count, 0) for r in reqs]
+                need += min(counts) if counts else 0
+            if need > 1:
+                out.append((tuple(sorted(set(attrs))), need))
+    return out
 
 
 def _bound(groups: tuple[int, ...], needs: Sequence[int]) -> int:
