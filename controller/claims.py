@@ -210,38 +210,49 @@ class ClaimLifecycle:
         created_count = 0
         index = GeneratedClaims(claims)
         for pod in pods:
-            if o.pod_done(pod) or o.deleting(pod):
-                continue
-            resolved = resolve_pod_claims(pod, index)
-            if not any(pc.template for pc in resolved):
-                continue
-            statuses: list[dict[str, Any]] = []
-            for pc in resolved:
-                if pc.template is None:
-                    continue
-                claim_name = pc.claim_name
-                if claim_name is None:
-                    template = templates.get(f"{o.namespace(pod)}/{pc.template}")
-                    if template is None:
-                        problems.append(
-                            f"pod {o.key(pod)}: spec.resourceClaims[{pc.pod_claim_name}].resourceClaimTemplateName: "
-                            f"ResourceClaimTemplate {o.namespace(pod)}/{pc.template} not found"
-                        )
-                        continue
-                    created = self._writer.create("ResourceClaim", claim_from_template(pod, pc.pod_claim_name, template))
-                    if created is None:
-                        continue
-                    claim_name = o.name(created)
-                    index.add(created)
-                    created_count += 1
-                    self._metrics.claims_created.inc()
-                    log.info(
-                        "claim created from template",
-                        extra={"pod": o.key(pod), "podClaim": pc.pod_claim_name, "claim": claim_name, "template": pc.template},
-                    )
-                statuses.append({"name": pc.pod_claim_name, "resourceClaimName": claim_name})
-            self._record_statuses(pod, statuses)
+            created, missing = self.expand_pod(pod, index, templates)
+            created_count += len(created)
+            problems += missing
         return created_count, problems
+
+    def expand_pod(
+        self, pod: Mapping[str, Any], index: GeneratedClaims, templates: Mapping[str, Mapping[str, Any]]
+    ) -> tuple[list[Obj], list[str]]:
+        """Template expansion for one pod: the claims created (also added to `index`) and the problems seen."""
+        problems: list[str] = []
+        created_claims: list[Obj] = []
+        if o.pod_done(pod) or o.deleting(pod):
+            return created_claims, problems
+        resolved = resolve_pod_claims(pod, index)
+        if not any(pc.template for pc in resolved):
+            return created_claims, problems
+        statuses: list[dict[str, Any]] = []
+        for pc in resolved:
+            if pc.template is None:
+                continue
+            claim_name = pc.claim_name
+            if claim_name is None:
+                template = templates.get(f"{o.namespace(pod)}/{pc.template}")
+                if template is None:
+                    problems.append(
+                        f"pod {o.key(pod)}: spec.resourceClaims[{pc.pod_claim_name}].resourceClaimTemplateName: "
+                        f"ResourceClaimTemplate {o.namespace(pod)}/{pc.template} not found"
+                    )
+                    continue
+                created = self._writer.create("ResourceClaim", claim_from_template(pod, pc.pod_claim_name, template))
+                if created is None:
+                    continue
+                claim_name = o.name(created)
+                index.add(created)
+                created_claims.append(created)
+                self._metrics.claims_created.inc()
+                log.info(
+                    "claim created from template",
+                    extra={"pod": o.key(pod), "podClaim": pc.pod_claim_name, "claim": claim_name, "template": pc.template},
+                )
+            statuses.append({"name": pc.pod_claim_name, "resourceClaimName": claim_name})
+        self._record_statuses(pod, statuses)
+        return created_claims, problems
 
     def _record_statuses(self, pod: Mapping[str, Any], statuses: list[dict[str, Any]]) -> None:
         current = {

@@ -15,18 +15,20 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from controller import objects as o
-from controller.claims import ClaimLifecycle
+from controller.cel import CelEnvironment
+from controller.claims import ClaimLifecycle, GeneratedClaims
 from controller.explanation_writer import ExplanationWriter
-from controller.gang import GangController, GangSummary
+from controller.gang import GangController, GangSummary, gang_label
 from controller.informer import Informer, Store
 from controller.leader import LeaderElector, LeaseTimings
 from controller.metrics import ControllerMetrics, MetricsServer
-from controller.scheduler import EmbeddedScheduler, PendingExplainer
+from controller.scheduler import EmbeddedScheduler, PendingExplainer, is_pending
+from controller.snapshots import LiveSnapshot
 from controller.view import View
 from controller.writes import NotLeader, Writer
 from gpudra import DEFAULT_DRIVER_NAME
@@ -138,13 +140,15 @@ class ControllerManager:
             wall=wall,
             fresh_claims=self._fresh_claims,
         )
+        self.live = LiveSnapshot(self.stores, config.features, CelEnvironment())
         self.scheduler = EmbeddedScheduler(
             self.writer,
             self.explainer,
             self.metrics,
             features=config.features,
-            fresh_claims=self._fresh_claims,
+            live=self.live,
             driver_name=config.driver_name,
+            expand=self._expand_pod,
         )
         self.pending = PendingExplainer(self.explainer, self.metrics, features=config.features, driver_name=config.driver_name)
 
@@ -175,6 +179,25 @@ class ControllerManager:
         store = self.stores.get(kind)
         if store is not None:
             store.remove(obj)
+
+    def _expand_pod(self, pod: o.Obj, index: GeneratedClaims, templates: Mapping[str, o.Obj]) -> list[o.Obj]:
+        created, problems = self.claims.expand_pod(pod, index, templates)
+        for problem in problems:
+            log.debug("reconcile problem", extra={"problem": problem})
+        return created
+
+    def _expanded_before_scheduling(self, pod: o.Obj, templates: Mapping[str, o.Obj]) -> bool:
+        """Pods whose claims the pass expands up front: those the scheduler will not take pod by pod (bound, or
+        for another scheduler) and those with gang templates, whose claims the gang controller places together."""
+        if not is_pending(pod):
+            return True
+        label = gang_label(self.config.driver_name)
+        for entry in o.list_field(o.section(pod, "spec"), "resourceClaims"):
+            name = entry.get("resourceClaimTemplateName") if isinstance(entry, Mapping) else None
+            template = templates.get(f"{o.namespace(pod)}/{name}") if name else None
+            if template is not None and label in (o.section(o.section(template, "spec"), "metadata").get("labels") or {}):
+                return True
+        return False
 
     def _fresh_claims(self) -> list[o.Obj]:
         """All claims straight from the API server (the re-check before writing an allocation)."""
@@ -214,7 +237,9 @@ class ControllerManager:
         if self.config.embedded:
             with self._timed("claims"):
                 view = self.view()
-                created, missing = self.claims.expand_templates(view.pods.values(), view.claims.values(), view.templates)
+                # Pending pods are expanded one by one by the scheduler, right before each is placed.
+                upfront = [p for p in view.pods.values() if self._expanded_before_scheduling(p, view.templates)]
+                created, missing = self.claims.expand_templates(upfront, view.claims.values(), view.templates)
                 problems += missing
                 view = self.view()
                 released = self.claims.release(view.claims.values(), view.pods)
@@ -229,6 +254,7 @@ class ControllerManager:
             with self._timed("scheduler"):
                 outcome = self.scheduler.reconcile(self.view())
             bound, unschedulable = outcome.bound, outcome.unschedulable
+            created += outcome.claims_created
         else:
             with self._timed("explain"):
                 unschedulable = self.pending.reconcile(self.view())

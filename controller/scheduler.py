@@ -1,21 +1,26 @@
 """Embedded mode's kube-scheduler role for DRA, and cluster mode's explanations for pending pods.
 
-EmbeddedScheduler, per pass:
-- pending pods (no nodeName, not done) in PriorityClass order, ties by creation time;
-- per pod: its claims must all exist (template claims are created by ClaimLifecycle first); claims already
-  allocated pin the pod to their nodes; the others are allocated together on the best node
-  (controller.scoring.Placer over the allocator, one Filter call per node); legacy `nvidia.com/gpu` requests
-  need Node allocatable minus what bound pods request; namespace device quotas are checked;
-- before writing, the chosen devices are checked free against a fresh list of claims (plus this pass's own
-  writes); then finalizer + allocation + reservedFor per claim, then pods/binding. A failed step undoes the
-  earlier ones of that pod;
-- a pod that cannot be placed gets an Event (rate-limited) and its pending claims the explanation annotation;
-  it is retried on the next pass, which runs whenever something changes.
+EmbeddedScheduler, per pass, pod by pod:
+- pending pods (no nodeName, not done, not bound by us already) in PriorityClass order, ties by creation
+  time; a pass takes at most `max_pods` of them and stops after `budget` seconds, so that pods arriving
+  meanwhile (and higher-priority ones) are ordered into the next pass, which starts at once;
+- per pod, one after another: its template claims are created (the `expand` hook), then its claims must
+  all exist; claims already allocated pin the pod to their nodes; the others are allocated together on the
+  best node (controller.scoring.Placer over the allocator); legacy `nvidia.com/gpu` requests need Node
+  allocatable minus what bound pods request; namespace device quotas are checked (`pre_bind` checks);
+- the snapshot the Placer searches is a LiveSnapshot: kept current from the informer caches' deltas and
+  from this scheduler's own allocations at commit, never rebuilt by a relist;
+- then finalizer + allocation + reservedFor per claim, then pods/binding. A failed step undoes the earlier
+  ones of that pod. A bound pod is assumed bound until the watch shows it (no re-read after binding);
+- a pod that cannot be placed is reported through `_unschedulable` (an Event, rate-limited, and the
+  explanation annotation on its pending claims); it is retried on the next pass, which runs whenever
+  something changes.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -25,7 +30,7 @@ from controller import objects as o
 from controller.allocator import AllocationError, ClusterSnapshot, Node, parse_claim
 from controller.cel import CelEnvironment
 from controller.claims import GeneratedClaims, resolve_pod_claims
-from controller.commit import AllocationCommitter, allocation_devices, used_devices
+from controller.commit import AllocationCommitter
 from controller.diagnosis import NodeReason, explain, summarize
 from controller.explanation_writer import REASON_GANG_WAITING, REASON_QUOTA, REASON_SCHEDULED, REASON_UNSCHEDULABLE, ExplanationWriter
 from controller.extended import free_by_node, pod_request
@@ -36,7 +41,7 @@ from controller.objects import Obj
 from controller.priority import scheduling_order
 from controller.quota import check_quota, devices_by_class
 from controller.scoring import NoPlacement, Placer
-from controller.snapshots import build_snapshot
+from controller.snapshots import LiveSnapshot, build_snapshot
 from controller.view import View
 from controller.writes import NotLeader, Writer, bind_pod
 from gpudra.features import Features
@@ -117,6 +122,11 @@ def gather_pod_claims(
 class SchedulerOutcome:
     bound: int = 0
     unschedulable: int = 0
+    claims_created: int = 0
+
+
+# Expands one pod's template claims: (pod, generated-claims index, templates) -> the claims it created.
+ExpandHook = Callable[[Obj, GeneratedClaims, Mapping[str, Obj]], list[Obj]]
 
 
 @dataclass
@@ -127,7 +137,6 @@ class _PassState:
     claims_by_key: dict[str, Obj]
     snapshot: ClusterSnapshot
     placer: Placer
-    busy: set[tuple[str, str, str]]
     extended_free: dict[str, int]
     node_objects: dict[str, Obj]
     bound_per_node: Counter[str]
@@ -146,22 +155,31 @@ class EmbeddedScheduler:
         metrics: ControllerMetrics,
         *,
         features: Features,
-        fresh_claims: Callable[[], list[Obj]],
+        live: LiveSnapshot,
         driver_name: str,
+        expand: ExpandHook | None = None,
+        max_pods: int = 1000,
+        budget: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._writer = writer
         self._explainer = explainer
         self._metrics = metrics
         self._features = features
-        self._fresh_claims = fresh_claims
+        self._live = live
+        self._expand = expand
         self.driver = driver_name
-        self._cel = CelEnvironment()
+        self.max_pods = max_pods
+        self.budget = budget
+        self._clock = clock
+        self._cel = live.cel_env
         self._committer = AllocationCommitter(writer, drop_annotations=(explainer.annotation,))
+        # Pods bound by this scheduler whose binding the caches have not shown yet: pod UID -> node.
+        self._assumed: dict[str, str] = {}
 
     def _start_pass(self, view: View) -> _PassState:
-        fresh = self._fresh_claims()
-        claims_by_key = {o.key(c): c for c in fresh}
-        snapshot, _ = build_snapshot(view, fresh)
+        snapshot, placer = self._live.current()
+        claims_by_key = dict(view.claims)
         node_objects = {o.name(n): n for n in view.nodes.values()}
         bound = Counter(
             str(o.section(p, "spec").get("nodeName")) for p in view.pods.values() if o.pod_scheduled(p) and not o.pod_done(p)
@@ -170,25 +188,35 @@ class EmbeddedScheduler:
             view=view,
             claims_by_key=claims_by_key,
             snapshot=snapshot,
-            placer=Placer(snapshot, self._features, self._cel),
-            busy=used_devices(fresh),
+            placer=placer,
             extended_free=free_by_node(view.nodes.values(), view.pods.values()),
             node_objects=node_objects,
             bound_per_node=bound,
-            generated=GeneratedClaims(fresh),
+            generated=GeneratedClaims(view.claims.values()),
             node_names=sorted(node_objects) if node_objects else list(snapshot.node_names),
             allocator_nodes={name: as_allocator_node(n) for name, n in node_objects.items()},
             node_verdicts={},
         )
 
     def reconcile(self, view: View) -> SchedulerOutcome:
-        pending = [p for p in view.pods.values() if is_pending(p)]
+        waiting = [p for p in view.pods.values() if is_pending(p)]
+        # Forget assumed bindings once the cache shows them (or the pod is gone); skip the others.
+        waiting_uids = {o.uid(p) for p in waiting}
+        self._assumed = {uid: node for uid, node in self._assumed.items() if uid in waiting_uids}
+        pending = [p for p in waiting if o.uid(p) not in self._assumed]
         if not pending:
             return SchedulerOutcome()
         state = self._start_pass(view)
-        bound = unschedulable = 0
-        for pod in scheduling_order(pending, view.priority_classes.values()):
+        bound = unschedulable = created_claims = 0
+        deadline = self._clock() + self.budget
+        for pod in scheduling_order(pending, view.priority_classes.values())[: self.max_pods]:
+            if bound + unschedulable and self._clock() > deadline:
+                break  # the rest waits for the next pass, ordered together with the pods that arrived meanwhile
             try:
+                if self._expand is not None:
+                    for created in self._expand(pod, state.generated, view.templates):
+                        state.claims_by_key[o.key(created)] = created
+                        created_claims += 1
                 placed = self._schedule(pod, state)
             except NotLeader:
                 raise
@@ -202,7 +230,7 @@ class EmbeddedScheduler:
                 bound += 1
             else:
                 unschedulable += 1
-        return SchedulerOutcome(bound, unschedulable)
+        return SchedulerOutcome(bound, unschedulable, created_claims)
 
     # -- one pod -----------------------------------------------------------------------------------
 
@@ -261,6 +289,25 @@ class EmbeddedScheduler:
             # Nothing to allocate: spread such pods over the nodes that can take them.
             node = min(candidates, key=lambda n: (state.bound_per_node[n], n))
 
+        if not self._pre_bind(pod, node, pending, allocations, state):
+            return False
+        if not self._write(pod, node, pending, allocations, [c for c in claims if o.allocation(c) is not None], state):
+            return False
+        log.info("pod bound", extra={"pod": o.key(pod), "node": node, "claims": len(claims), "allocated": len(pending)})
+        self._metrics.allocations.labels(path="scheduler").inc(len(pending))
+        kind = "dra" if claims else ("extended-resource" if need_extended else "plain")
+        self._metrics.bindings.labels(kind=kind).inc()
+        self._live.commit([o.key(c) for c in pending], allocations, node)
+        self._assumed[o.uid(pod)] = node
+        state.extended_free[node] = state.extended_free.get(node, 0) - need_extended
+        state.bound_per_node[node] += 1
+        self._explainer.forget(pod, REASON_UNSCHEDULABLE)
+        self._explainer.event(pod, REASON_SCHEDULED, f"Successfully assigned {o.key(pod)} to {node}", warning=False)
+        return True
+
+    def _pre_bind(self, pod: Obj, node: str, pending: list[Obj], allocations: list[dict[str, Any]], state: _PassState) -> bool:
+        """Checks between choosing a node and writing anything (namespace device quotas); False after reporting
+        the pod unschedulable. Further checks (binding conditions, gangs) belong here."""
         new_devices: Counter[str] = Counter()
         for claim, alloc in zip(pending, allocations):
             new_devices.update(devices_by_class(claim, alloc))
@@ -268,25 +315,6 @@ class EmbeddedScheduler:
         if not verdict.ok:
             self._unschedulable(pod, pending, verdict.message, event=REASON_QUOTA, reason="quota")
             return False
-
-        planned = [d for alloc in allocations for d in allocation_devices(alloc)]
-        if state.busy.intersection(planned):
-            self._metrics.failures.labels(reason="conflict").inc()
-            log.warning("chosen devices are no longer free; retrying next pass", extra={"pod": o.key(pod), "node": node})
-            return False
-
-        if not self._write(pod, node, pending, allocations, [c for c in claims if o.allocation(c) is not None], state):
-            return False
-        log.info("pod bound", extra={"pod": o.key(pod), "node": node, "claims": len(claims), "allocated": len(pending)})
-        self._metrics.allocations.labels(path="scheduler").inc(len(pending))
-        kind = "dra" if claims else ("extended-resource" if need_extended else "plain")
-        self._metrics.bindings.labels(kind=kind).inc()
-        state.placer.commit([o.key(c) for c in pending], allocations, node)
-        state.busy.update(planned)
-        state.extended_free[node] = state.extended_free.get(node, 0) - need_extended
-        state.bound_per_node[node] += 1
-        self._explainer.forget(pod, REASON_UNSCHEDULABLE)
-        self._explainer.event(pod, REASON_SCHEDULED, f"Successfully assigned {o.key(pod)} to {node}", warning=False)
         return True
 
     def _write(
@@ -319,7 +347,7 @@ class EmbeddedScheduler:
                 return False
             done.append((stored, False))
             state.claims_by_key[o.key(stored)] = stored
-        if not bind_pod(self._writer, pod, node):
+        if not bind_pod(self._writer, pod, node, refresh=False):
             undo()
             return False
         return True

@@ -231,12 +231,17 @@ class Placer:
         if self._order is not None and node in self._order.free:
             self._order.put(node, self._free(node))
 
+    def node_of(self, result: Mapping[str, Any]) -> str | None:
+        """The node whose own slice holds the device of an allocation result; None when the device is not
+        local to one node (or unknown)."""
+        return self._slice_node(result)
+
     def _slice_node(self, result: Mapping[str, Any]) -> str | None:
         if not self._index:
             for sl in self.snapshot.slices:
                 for d in sl.devices:
                     self._index[(sl.driver, sl.pool, d.name)] = d
-        dev = self._index.get((result["driver"], result["pool"], result["device"]))
+        dev = self._index.get((result.get("driver"), result.get("pool"), result.get("device")))  # type: ignore[arg-type]
         return dev.slice.node_name if dev is not None and not dev.slice.per_device else None
 
     # ---- scoring ---------------------------------------------------------------------------------

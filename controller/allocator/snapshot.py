@@ -16,8 +16,8 @@ from gpudra.features import Features
 class ClusterSnapshot:
     """Parsed once; pools are gathered once per (node, feature set) and reused.
 
-    `commit()` records a new allocation so that later placements see its devices in use; everything
-    else is immutable after construction.
+    `commit()` records a new allocation so that later placements see its devices in use, `release()` takes
+    one back (a claim deallocated or deleted); slices, classes and nodes are immutable after construction.
     """
 
     def __init__(
@@ -96,3 +96,21 @@ class ClusterSnapshot:
                 continue
             self.allocated.add(did)
             self.allocated_by[did] = owner
+
+    def release(self, owner: str, allocation: Mapping[str, Any]) -> None:
+        """Undo `commit(owner, allocation)`: the devices of that allocation are free again."""
+        results = ((allocation.get("devices") or {}).get("results")) or []
+        for r in results:
+            if not isinstance(r, Mapping) or r.get("adminAccess"):
+                continue
+            did = (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
+            if r.get("shareID"):
+                consumed = self.shared_consumed.get(did)
+                if consumed and r.get("consumedCapacity") in consumed:
+                    consumed.remove(r["consumedCapacity"])
+                    if not consumed:
+                        del self.shared_consumed[did]
+            else:
+                self.allocated.discard(did)
+            if self.allocated_by.get(did) == owner:
+                del self.allocated_by[did]
