@@ -1,4 +1,4 @@
-"""`gpu-dra bench allocate|prepare|cel|schedule`: dispatch to one benchmark module of this package."""
+"""`gpu-dra bench allocate|cel|kubeapi|prepare|schedule`: dispatch to one benchmark module of this package."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import importlib
 BENCHMARKS: dict[str, str] = {
     "allocate": "bench.allocate",
     "cel": "bench.cel",
+    "kubeapi": "bench.kubeapi",
     "prepare": "bench.prepare",
     "schedule": "bench.schedule",
 }

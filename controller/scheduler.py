@@ -142,9 +142,16 @@ class _PassState:
     bound_per_node: Counter[str]
     generated: GeneratedClaims
     node_names: list[str]
-    allocator_nodes: dict[str, Node]
-    # Per pod shape (nodeSelector and tolerations, all node_rejects reads of a pod): node -> why not, or None.
-    node_verdicts: dict[str, dict[str, str | None]]
+    allocator_nodes: dict[str, Node]  # filled on demand
+    # Per pod shape (nodeSelector and tolerations, all node_rejects reads of a pod): the nodes that take it.
+    shape_nodes: dict[str, "_Candidates"]
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    names: list[str]  # in node name order
+    members: frozenset[str]
+    rejected: list[NodeReason]
 
 
 class EmbeddedScheduler:
@@ -194,8 +201,8 @@ class EmbeddedScheduler:
             bound_per_node=bound,
             generated=GeneratedClaims(view.claims.values()),
             node_names=sorted(node_objects) if node_objects else list(snapshot.node_names),
-            allocator_nodes={name: as_allocator_node(n) for name, n in node_objects.items()},
-            node_verdicts={},
+            allocator_nodes={},
+            shape_nodes={},
         )
 
     def reconcile(self, view: View) -> SchedulerOutcome:
@@ -234,31 +241,45 @@ class EmbeddedScheduler:
 
     # -- one pod -----------------------------------------------------------------------------------
 
-    def _candidate_nodes(self, pod: Obj, claims: list[Obj], need_extended: int, state: _PassState) -> tuple[list[str], list[NodeReason]]:
-        ok: list[str] = []
-        rejected: list[NodeReason] = []
-        verdicts = state.node_verdicts.setdefault(_pod_shape(pod), {})
-        for name in state.node_names:
-            node_obj = state.node_objects.get(name)
-            if node_obj is None:
-                why = None
-            elif name in verdicts:
-                why = verdicts[name]
-            else:
-                why = verdicts[name] = node_rejects(pod, node_obj)
-            if why is None:
-                cached = state.allocator_nodes.get(name)
-                node = cached if cached is not None else Node.inferred(name)
-                why = allocation_rejects(claims, node)
+    def _candidate_nodes(self, pod: Obj, claims: list[Obj], need_extended: int, state: _PassState) -> _Candidates:
+        """The nodes the pod may use, and why the others not. The verdict on the pod's own constraints (node
+        selector, tolerations) is computed once per pod shape and pass; only pods pinned by allocated claims or
+        asking for extended resources filter further, so a typical pod costs nothing per node here."""
+        shape = _pod_shape(pod)
+        base = state.shape_nodes.get(shape)
+        if base is None:
+            ok: list[str] = []
+            rejected: list[NodeReason] = []
+            for name in state.node_names:
+                node_obj = state.node_objects.get(name)
+                why = node_rejects(pod, node_obj) if node_obj is not None else None
+                if why is None:
+                    ok.append(name)
+                else:
+                    rejected.append(NodeReason(name, "unschedulable", why))
+            base = _Candidates(ok, frozenset(ok), rejected)
+            state.shape_nodes[shape] = base
+        pinned = any((o.allocation(c) or {}).get("nodeSelector") is not None for c in claims)
+        if not pinned and not need_extended:
+            return base
+        names: list[str] = []
+        more = list(base.rejected)
+        for name in base.names:
+            node = state.allocator_nodes.get(name)
+            if node is None:
+                node_obj = state.node_objects.get(name)
+                node = as_allocator_node(node_obj) if node_obj is not None else Node.inferred(name)
+                state.allocator_nodes[name] = node
+            why = allocation_rejects(claims, node)
             if why is None and need_extended:
                 free = state.extended_free.get(name, 0)
                 if free < need_extended:
                     why = f"Insufficient nvidia.com/gpu (requested {need_extended}, free {max(free, 0)})"
             if why is None:
-                ok.append(name)
+                names.append(name)
             else:
-                rejected.append(NodeReason(name, "unschedulable", why))
-        return ok, rejected
+                more.append(NodeReason(name, "unschedulable", why))
+        return _Candidates(names, frozenset(names), more)
 
     def _schedule(self, pod: Obj, state: _PassState) -> bool:
         gathered = gather_pod_claims(pod, state.claims_by_key, self.driver, state.view.templates, state.generated)
@@ -268,7 +289,8 @@ class EmbeddedScheduler:
             return False
         claims = gathered.claims
         need_extended = pod_request(pod)
-        candidates, rejected = self._candidate_nodes(pod, claims, need_extended, state)
+        found = self._candidate_nodes(pod, claims, need_extended, state)
+        candidates, rejected = found.names, found.rejected
         total_nodes = len(candidates) + len(rejected)
         pending = [c for c in claims if o.allocation(c) is None]
         if not candidates:
@@ -279,7 +301,7 @@ class EmbeddedScheduler:
         allocations: list[dict[str, Any]] = []
         if pending:
             parsed = [parse_claim(c) for c in pending]
-            result = state.placer.place(parsed, candidates)
+            result = state.placer.place(parsed, found.members)
             if isinstance(result, NoPlacement):
                 reasons = explain(state.snapshot, parsed, candidates, self._features, self._cel)
                 self._unschedulable(pod, pending, unavailable_message(total_nodes, [*reasons, *rejected]), reason="unschedulable")
