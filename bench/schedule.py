@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,31 @@ class Shape:
     pods: int = 400
     rate: float | None = None  # pods created per second; None: back to back
     timeout: float = 600.0
+
+
+class CountingKubeApi(KubeApi):
+    """KubeApi that counts its requests by verb and resource (the controller's round trips per pod)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: Counter[str] = Counter()
+        self._count_lock = threading.Lock()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        parts = path.split("?")[0].strip("/").split("/")
+        # .../<plural>[/<name>[/<subresource>]]: name the resource and subresource, not the object.
+        plurals = [i for i, p in enumerate(parts) if p in _PLURALS]
+        what = parts[plurals[-1]] if plurals else parts[-1]
+        if plurals and len(parts) > plurals[-1] + 2:
+            what += "/" + parts[plurals[-1] + 2]
+        verb = "WATCH" if kwargs.get("stream") else method
+        with self._count_lock:
+            self.calls[f"{verb} {what}"] += 1
+        return super()._call(method, path, **kwargs)
+
+
+_PLURALS = frozenset({"pods", "resourceclaims", "resourceslices", "deviceclasses", "nodes", "events",
+                      "resourceclaimtemplates", "priorityclasses", "resourcequotas", "leases", "namespaces"})
 
 
 class ServerProcess:
@@ -216,7 +242,8 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
     watch_api = KubeApi.connect(url=url)
     config = ControllerConfig(driver_name=DRIVER, embedded=True, leader_elect=False, identity="bench-schedule",
                               tick=1.0, resync_period=600.0)
-    manager = ControllerManager(api, config)
+    controller_api = CountingKubeApi.connect(url=url)
+    manager = ControllerManager(controller_api, config)
     watcher = BindWatch(watch_api, expected=len(sizes))
     try:
         populate(api, shape.nodes)
@@ -227,6 +254,7 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
         watch_thread = threading.Thread(target=watcher.run, args=(str(rv),), name="bench-bind-watch", daemon=True)
         watch_thread.start()
         passes_before = _passes(manager)
+        calls_before = Counter(controller_api.calls)
         created_at: dict[str, float] = {}
         cpu_start, server_cpu_start = time.process_time(), server.cpu_seconds()
         start = time.perf_counter()
@@ -246,6 +274,8 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
         end = max(watcher.bound_at.values())
         cpu, server_cpu = time.process_time() - cpu_start, server.cpu_seconds() - server_cpu_start
         passes = _passes(manager) - passes_before
+        calls = Counter(controller_api.calls)
+        calls.subtract(calls_before)
         rebuilds = manager.live.rebuilds
         digest = verify(api, sizes)
         server_rss = server.peak_rss_mib()
@@ -253,6 +283,7 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
         watcher.stop.set()
         manager.stop()
         api.close()
+        controller_api.close()
         watch_api.close()
         server.stop()
     latencies = sorted((watcher.bound_at[n] - created_at[n]) * 1000 for n in sizes)
@@ -276,6 +307,8 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
         "gpusRequested": sum(sizes.values()),
         "rate": shape.rate,
         "controllerPasses": passes,
+        # The controller's requests while the pods were placed, per pod, by verb and resource.
+        "apiCallsPerPod": {k: round(v / len(sizes), 2) for k, v in sorted(calls.items()) if v > 0},
         "snapshotRebuilds": rebuilds,
         "placementDigest": digest,
         "seed": seed,
