@@ -317,8 +317,10 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     seed = int(getattr(args, "seed", 1) or 1)
-    nodes = getattr(args, "nodes", None) or 100
-    pods = getattr(args, "pods", None) or 4 * nodes
+    nodes = getattr(args, "nodes", None)
+    nodes = 100 if nodes is None else nodes
+    pods = getattr(args, "pods", None)
+    pods = 4 * nodes if pods is None else pods
     rate = getattr(args, "rate", None)
     if nodes < 1 or pods < 1 or (rate is not None and rate <= 0):
         print("--nodes and --pods must be at least 1, --rate above 0")

@@ -143,3 +143,18 @@ def test_invalidate_picks_up_allocations_made_elsewhere() -> None:
     second = p.place([one_gpu("x")])
     assert isinstance(second, Placement) and second.node == "a"
     assert isinstance(p.place([one_gpu("y")], ["b"]), NoPlacement)
+
+
+def test_allocate_command_takes_sizes_and_reports_cpu_and_digest(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+    import json
+
+    from bench.allocate import run
+
+    assert run(argparse.Namespace(scenario="a", nodes=20, devices=4, seed=1, output="json")) == 0
+    doc = json.loads(capsys.readouterr().out)
+    a = doc["scenarios"]["a"]
+    assert (a["nodes"], a["devices"], a["claims"], a["allocated"]) == (20, 80, 80, 80)
+    assert doc["cpuMsPerClaim"] == a["cpuMsPerClaim"] > 0 and doc["placementDigest"] == a["placementDigest"]
+    assert run(argparse.Namespace(scenario="b", nodes=0, devices=None, seed=1, output="json")) == 2
+    assert "--nodes 0: must be at least 1" in capsys.readouterr().out
