@@ -149,6 +149,7 @@ class ControllerManager:
             live=self.live,
             driver_name=config.driver_name,
             expand=self._expand_pod,
+            pods=self.stores["Pod"],
         )
         self.pending = PendingExplainer(self.explainer, self.metrics, features=config.features, driver_name=config.driver_name)
 

@@ -1,9 +1,10 @@
 """Embedded mode's kube-scheduler role for DRA, and cluster mode's explanations for pending pods.
 
 EmbeddedScheduler, per pass, pod by pod:
-- pending pods (no nodeName, not done, not bound by us already) in PriorityClass order, ties by creation
-  time; a pass takes at most `max_pods` of them and stops after `budget` seconds, so that pods arriving
-  meanwhile (and higher-priority ones) are ordered into the next pass, which starts at once;
+- pending pods (no nodeName, not done, not bound by us already) in a bounded queue (`max_pods`) ordered by
+  PriorityClass value, then creation time (controller.schedqueue); pods created during the pass join the
+  queue in their rank before the next pod is taken; a pass stops after `budget` seconds so that the other
+  concerns run, and the next pass starts at once;
 - per pod, one after another: its template claims are created (the `expand` hook), then its claims must
   all exist; claims already allocated pin the pod to their nodes; the others are allocated together on the
   best node (controller.scoring.Placer over the allocator); legacy `nvidia.com/gpu` requests need Node
@@ -38,7 +39,9 @@ from controller.gang import gang_label, is_gang_claim
 from controller.metrics import ControllerMetrics
 from controller.nodefit import allocation_rejects, as_allocator_node, node_rejects
 from controller.objects import Obj
-from controller.priority import scheduling_order
+from controller.informer import Store
+from controller.priority import priority_values
+from controller.schedqueue import SchedulingQueue
 from controller.quota import check_quota, devices_by_class
 from controller.scoring import NoPlacement, Placer
 from controller.snapshots import LiveSnapshot, build_snapshot
@@ -168,6 +171,7 @@ class EmbeddedScheduler:
         max_pods: int = 1000,
         budget: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        pods: Store | None = None,
     ) -> None:
         self._writer = writer
         self._explainer = explainer
@@ -183,6 +187,9 @@ class EmbeddedScheduler:
         self._committer = AllocationCommitter(writer, drop_annotations=(explainer.annotation,))
         # Pods bound by this scheduler whose binding the caches have not shown yet: pod UID -> node.
         self._assumed: dict[str, str] = {}
+        # The pod cache and its change set: pods that arrive during a pass are queued in the same pass.
+        self._pods = pods
+        self._pod_changes: set[str] = pods.track() if pods is not None else set()
 
     def _start_pass(self, view: View) -> _PassState:
         snapshot, placer = self._live.current()
@@ -210,15 +217,27 @@ class EmbeddedScheduler:
         # Forget assumed bindings once the cache shows them (or the pod is gone); skip the others.
         waiting_uids = {o.uid(p) for p in waiting}
         self._assumed = {uid: node for uid, node in self._assumed.items() if uid in waiting_uids}
-        pending = [p for p in waiting if o.uid(p) not in self._assumed]
-        if not pending:
+        if self._pods is not None:
+            self._pods.drain(self._pod_changes)  # the view already has everything up to now
+        values, default = priority_values(view.priority_classes.values())
+        queue = SchedulingQueue(values, default, self.max_pods)
+        for pod in waiting:
+            if o.uid(pod) not in self._assumed:
+                queue.push(dict(pod))
+        if not queue:
             return SchedulerOutcome()
         state = self._start_pass(view)
         bound = unschedulable = created_claims = 0
+        handled: set[str] = set()
         deadline = self._clock() + self.budget
-        for pod in scheduling_order(pending, view.priority_classes.values())[: self.max_pods]:
-            if bound + unschedulable and self._clock() > deadline:
-                break  # the rest waits for the next pass, ordered together with the pods that arrived meanwhile
+        while True:
+            if handled and self._clock() > deadline:
+                break  # the rest waits for the next pass (the other concerns run in between)
+            self._admit_arrivals(queue, handled)
+            pod = queue.pop()
+            if pod is None:
+                break
+            handled.add(o.key(pod))
             try:
                 if self._expand is not None:
                     for created in self._expand(pod, state.generated, view.templates):
@@ -238,6 +257,17 @@ class EmbeddedScheduler:
             else:
                 unschedulable += 1
         return SchedulerOutcome(bound, unschedulable, created_claims)
+
+    def _admit_arrivals(self, queue: SchedulingQueue, handled: set[str]) -> None:
+        """Queue the pods that became pending since the pass began (created meanwhile), each in its rank."""
+        if self._pods is None:
+            return
+        for key in self._pods.drain(self._pod_changes):
+            if key in handled:
+                continue
+            pod = self._pods.get(key)
+            if pod is not None and is_pending(pod) and o.uid(pod) not in self._assumed:
+                queue.push(dict(pod))
 
     # -- one pod -----------------------------------------------------------------------------------
 
