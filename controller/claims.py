@@ -90,12 +90,14 @@ def generated_claim_for(pod: Mapping[str, Any], pod_claim_name: str, claims: Ite
 class GeneratedClaims:
     """Claims generated from templates, by (namespace, owning pod UID, pod claim name).
 
-    Built once per pass so that resolving every pending pod does not scan every claim (O(pods x claims)).
-    The first claim seen for a key wins, as a linear scan in the same order would pick it.
+    Built once (per pass, or kept current with `add`/`discard` as claims change) so that resolving every
+    pending pod does not scan every claim (O(pods x claims)). The first claim seen for a key wins, as a linear
+    scan in the same order would pick it.
     """
 
     def __init__(self, claims: Iterable[Mapping[str, Any]] = ()) -> None:
         self._by_owner: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+        self._entry_of: dict[str, tuple[str, str, str]] = {}  # claim key -> the entry it holds
         for claim in claims:
             self.add(claim)
 
@@ -103,7 +105,16 @@ class GeneratedClaims:
         owner = o.controller_owner_uid(claim)
         pcn = o.annotations(claim).get(POD_CLAIM_NAME_ANNOTATION)
         if owner and isinstance(pcn, str):
-            self._by_owner.setdefault((o.namespace(claim), owner, pcn), claim)
+            entry = (o.namespace(claim), owner, pcn)
+            if entry not in self._by_owner:
+                self._by_owner[entry] = claim
+                self._entry_of[o.key(claim)] = entry
+
+    def discard(self, claim_key: str) -> None:
+        """Forget the claim of this key (deleted, or about to be added again as changed)."""
+        entry = self._entry_of.pop(claim_key, None)
+        if entry is not None:
+            del self._by_owner[entry]
 
     def find(self, pod: Mapping[str, Any], pod_claim_name: str) -> Mapping[str, Any] | None:
         pod_uid = o.uid(pod)
@@ -201,14 +212,16 @@ class ClaimLifecycle:
         pods: Iterable[Mapping[str, Any]],
         claims: Iterable[Mapping[str, Any]],
         templates: Mapping[str, Mapping[str, Any]],
+        index: GeneratedClaims | None = None,
     ) -> tuple[int, list[str]]:
-        """Create missing claims for pods' templates and record them in pod status.
+        """Create missing claims for pods' templates and record them in pod status (`index`, when given, is a
+        current index of `claims` to use instead of building one).
 
         Returns how many claims were created and the problems seen (missing templates).
         """
         problems: list[str] = []
         created_count = 0
-        index = GeneratedClaims(claims)
+        index = index if index is not None else GeneratedClaims(claims)
         for pod in pods:
             created, missing = self.expand_pod(pod, index, templates)
             created_count += len(created)

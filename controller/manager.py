@@ -150,7 +150,16 @@ class ControllerManager:
             driver_name=config.driver_name,
             expand=self._expand_pod,
             pods=self.stores["Pod"],
+            claim_index=self._claim_index,
         )
+        # Kept across passes from the caches' change sets (embedded mode): the generated-claims index, and the pods
+        # whose template expansion the pass must look at again.
+        self._generated = GeneratedClaims()
+        self._index_changes: set[str] = self.stores["ResourceClaim"].track()
+        self._expansion_changes: set[str] = self.stores["Pod"].track()
+        self._template_changes: set[str] = (self.stores["ResourceClaimTemplate"].track()
+                                            if "ResourceClaimTemplate" in self.stores else set())
+        self._last_full_expansion = float("-inf")
         self.pending = PendingExplainer(self.explainer, self.metrics, features=config.features, driver_name=config.driver_name)
 
     # -- leadership --------------------------------------------------------------------------------
@@ -186,6 +195,31 @@ class ControllerManager:
         for problem in problems:
             log.debug("reconcile problem", extra={"problem": problem})
         return created
+
+    def _claim_index(self) -> GeneratedClaims:
+        """The generated-claims index, brought up to date with the claims changed since the last call."""
+        store = self.stores["ResourceClaim"]
+        for key in store.drain(self._index_changes):
+            self._generated.discard(key)
+            claim = store.get(key)
+            if claim is not None:
+                self._generated.add(claim)
+        return self._generated
+
+    def _expansion_candidates(self, view: View) -> list[o.Obj]:
+        """Pods the pass expands up front. Expansion only acts on a pod whose status does not name its claims yet,
+        which only a new or changed pod (or a template created later) can be; all pods are looked at again every
+        resync period in case a create failed."""
+        changed = self.stores["Pod"].drain(self._expansion_changes)
+        templates_changed = bool(self.stores["ResourceClaimTemplate"].drain(self._template_changes)) \
+            if "ResourceClaimTemplate" in self.stores else False
+        now = self._clock()
+        if templates_changed or now - self._last_full_expansion >= self.config.resync_period:
+            self._last_full_expansion = now
+            pods = list(view.pods.values())
+        else:
+            pods = [view.pods[k] for k in changed if k in view.pods]
+        return [p for p in pods if self._expanded_before_scheduling(p, view.templates)]
 
     def _expanded_before_scheduling(self, pod: o.Obj, templates: Mapping[str, o.Obj]) -> bool:
         """Pods whose claims the pass expands up front: those the scheduler will not take pod by pod (bound, or
@@ -239,8 +273,9 @@ class ControllerManager:
             with self._timed("claims"):
                 view = self.view()
                 # Pending pods are expanded one by one by the scheduler, right before each is placed.
-                upfront = [p for p in view.pods.values() if self._expanded_before_scheduling(p, view.templates)]
-                created, missing = self.claims.expand_templates(upfront, view.claims.values(), view.templates)
+                upfront = self._expansion_candidates(view)
+                created, missing = self.claims.expand_templates(upfront, view.claims.values(), view.templates,
+                                                                index=self._claim_index())
                 problems += missing
                 view = self.view()
                 released = self.claims.release(view.claims.values(), view.pods)

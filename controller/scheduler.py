@@ -140,14 +140,37 @@ class _PassState:
     claims_by_key: dict[str, Obj]
     snapshot: ClusterSnapshot
     placer: Placer
-    extended_free: dict[str, int]
     node_objects: dict[str, Obj]
-    bound_per_node: Counter[str]
     generated: GeneratedClaims
     node_names: list[str]
     allocator_nodes: dict[str, Node]  # filled on demand
     # Per pod shape (nodeSelector and tolerations, all node_rejects reads of a pod): the nodes that take it.
     shape_nodes: dict[str, "_Candidates"]
+    # Both scan every pod, so they are computed only for the first pod that needs them.
+    _extended_free: dict[str, int] | None = None
+    _bound_per_node: Counter[str] | None = None
+
+    @property
+    def extended_free(self) -> dict[str, int]:
+        """Node allocatable `nvidia.com/gpu` minus what bound pods request."""
+        if self._extended_free is None:
+            self._extended_free = free_by_node(self.view.nodes.values(), self.view.pods.values())
+        return self._extended_free
+
+    @property
+    def bound_per_node(self) -> Counter[str]:
+        if self._bound_per_node is None:
+            self._bound_per_node = Counter(
+                str(o.section(p, "spec").get("nodeName")) for p in self.view.pods.values()
+                if o.pod_scheduled(p) and not o.pod_done(p)
+            )
+        return self._bound_per_node
+
+    def bound(self, node: str, need_extended: int) -> None:
+        if self._extended_free is not None:
+            self._extended_free[node] = self._extended_free.get(node, 0) - need_extended
+        if self._bound_per_node is not None:
+            self._bound_per_node[node] += 1
 
 
 @dataclass(frozen=True)
@@ -172,6 +195,7 @@ class EmbeddedScheduler:
         budget: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         pods: Store | None = None,
+        claim_index: Callable[[], GeneratedClaims] | None = None,
     ) -> None:
         self._writer = writer
         self._explainer = explainer
@@ -189,24 +213,21 @@ class EmbeddedScheduler:
         self._assumed: dict[str, str] = {}
         # The pod cache and its change set: pods that arrive during a pass are queued in the same pass.
         self._pods = pods
+        # The generated-claims index kept current by the manager (None: built from the view each pass).
+        self._claim_index = claim_index
         self._pod_changes: set[str] = pods.track() if pods is not None else set()
 
     def _start_pass(self, view: View) -> _PassState:
         snapshot, placer = self._live.current()
         claims_by_key = dict(view.claims)
         node_objects = {o.name(n): n for n in view.nodes.values()}
-        bound = Counter(
-            str(o.section(p, "spec").get("nodeName")) for p in view.pods.values() if o.pod_scheduled(p) and not o.pod_done(p)
-        )
         return _PassState(
             view=view,
             claims_by_key=claims_by_key,
             snapshot=snapshot,
             placer=placer,
-            extended_free=free_by_node(view.nodes.values(), view.pods.values()),
             node_objects=node_objects,
-            bound_per_node=bound,
-            generated=GeneratedClaims(view.claims.values()),
+            generated=self._claim_index() if self._claim_index is not None else GeneratedClaims(view.claims.values()),
             node_names=sorted(node_objects) if node_objects else list(snapshot.node_names),
             allocator_nodes={},
             shape_nodes={},
@@ -351,8 +372,7 @@ class EmbeddedScheduler:
         self._metrics.bindings.labels(kind=kind).inc()
         self._live.commit([o.key(c) for c in pending], allocations, node)
         self._assumed[o.uid(pod)] = node
-        state.extended_free[node] = state.extended_free.get(node, 0) - need_extended
-        state.bound_per_node[node] += 1
+        state.bound(node, need_extended)
         self._explainer.forget(pod, REASON_UNSCHEDULABLE)
         self._explainer.event(pod, REASON_SCHEDULED, f"Successfully assigned {o.key(pod)} to {node}", warning=False)
         return True
