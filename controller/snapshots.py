@@ -99,6 +99,7 @@ class LiveSnapshot:
         if self._snapshot is None or self._placer is None or structural:
             return self._rebuild()
         snapshot, placer = self._snapshot, self._placer
+        snapshot.forget_device_views()
         touched: set[str] = set()
         everywhere = False
         store = self._stores["ResourceClaim"]

@@ -133,3 +133,42 @@ def test_scheduler_expands_and_binds_pod_by_pod_without_rebuilding(apiserver: An
     again = m.reconcile_once()
     assert again.pods_bound == 0 and again.claims_created == 0
     assert m.live.rebuilds == 1
+
+
+def test_generated_claims_index_follows_adds_and_discards() -> None:
+    from controller.claims import GeneratedClaims
+
+    def generated(name: str, owner: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "default", "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
+                             "ownerReferences": [{"kind": "Pod", "name": "p", "uid": owner, "controller": True}]}}
+
+    owner_pod = {"metadata": {"name": "p", "namespace": "default", "uid": "u1"}}
+    index = GeneratedClaims([generated("p-gpu-aaaaa", "u1"), generated("p-gpu-bbbbb", "u1")])
+    assert index.find(owner_pod, "gpu")["metadata"]["name"] == "p-gpu-aaaaa"  # type: ignore[index]
+    index.discard("default/p-gpu-bbbbb")  # not the one held: nothing changes
+    assert index.find(owner_pod, "gpu")["metadata"]["name"] == "p-gpu-aaaaa"  # type: ignore[index]
+    index.discard("default/p-gpu-aaaaa")
+    assert index.find(owner_pod, "gpu") is None
+    index.add(generated("p-gpu-ccccc", "u1"))
+    assert index.find(owner_pod, "gpu")["metadata"]["name"] == "p-gpu-ccccc"  # type: ignore[index]
+
+
+def test_bound_pods_are_not_rescanned_for_expansion_every_pass(apiserver: Any) -> None:
+    api = apiserver.api
+    create_all(api, [gpu_class(), template("one", 1), node("n1"), gpu_slice("n1", [("gpu-0", "x"), ("gpu-1", "x")])])
+    m = manager(api)
+    create_all(api, [pod("p0", templates={"gpu": "one"})])
+    assert m.step().pods_bound == 1
+    seen: list[int] = []
+    expand = m.claims.expand_templates
+
+    def spy(pods: Any, *args: Any, **kwargs: Any) -> Any:
+        pods = list(pods)
+        seen.append(len(pods))
+        return expand(pods, *args, **kwargs)
+
+    m.claims.expand_templates = spy  # type: ignore[method-assign]
+    m.resync()
+    m.reconcile_once()  # the bound pod changed (nodeName): looked at once
+    m.reconcile_once()  # nothing changed: nobody to look at
+    assert seen == [1, 0]
