@@ -29,6 +29,7 @@ from controller.leader import LeaderElector, LeaseTimings
 from controller.metrics import ControllerMetrics, MetricsServer
 from controller.scheduler import EmbeddedScheduler, PendingExplainer, is_pending
 from controller.snapshots import LiveSnapshot
+from controller.watchlist import ClaimWatchlist
 from controller.view import View
 from controller.writes import NotLeader, Writer
 from gpudra import DEFAULT_DRIVER_NAME
@@ -160,6 +161,8 @@ class ControllerManager:
         self._template_changes: set[str] = (self.stores["ResourceClaimTemplate"].track()
                                             if "ResourceClaimTemplate" in self.stores else set())
         self._last_full_expansion = float("-inf")
+        self._watchlist = ClaimWatchlist(self.stores["Pod"], self.stores["ResourceClaim"],
+                                         full_every=config.resync_period, clock=clock)
         self.pending = PendingExplainer(self.explainer, self.metrics, features=config.features, driver_name=config.driver_name)
 
     # -- leadership --------------------------------------------------------------------------------
@@ -278,10 +281,12 @@ class ControllerManager:
                                                                 index=self._claim_index())
                 problems += missing
                 view = self.view()
-                released = self.claims.release(view.claims.values(), view.pods)
+                # Only the claims that changed, or whose pods did, since the last pass (all once a resync period).
+                check = {o.key(c) for c in self._watchlist.claims_to_check(view.claims)}
+                released = self.claims.release([c for k, c in view.claims.items() if k in check], view.pods)
                 # Each step sees the previous step's writes: the writer updates the caches it reads from.
                 view = self.view()
-                deleted = self.claims.delete_orphans(view.claims.values(), view.pods_by_uid())
+                deleted = self.claims.delete_orphans([c for k, c in view.claims.items() if k in check], view.pods_by_uid())
         with self._timed("gang"):
             gangs = self.gangs.reconcile(self.view())
         self.metrics.set_gang_states(gangs.states)
