@@ -215,22 +215,29 @@ class EmbeddedScheduler:
         self._pods = pods
         # The generated-claims index kept current by the manager (None: built from the view each pass).
         self._claim_index = claim_index
+        # (snapshot, node objects, node names, allocator nodes, candidates per pod shape), kept while nodes are.
+        self._node_cache: tuple[ClusterSnapshot, dict[str, Obj], list[str], dict[str, Node], dict[str, _Candidates]] | None = None
         self._pod_changes: set[str] = pods.track() if pods is not None else set()
 
     def _start_pass(self, view: View) -> _PassState:
         snapshot, placer = self._live.current()
-        claims_by_key = dict(view.claims)
-        node_objects = {o.name(n): n for n in view.nodes.values()}
+        # What is known per node (and per pod shape and node) holds while the nodes do; the live snapshot is
+        # rebuilt whenever a Node changes, so its identity says whether they did.
+        if self._node_cache is None or self._node_cache[0] is not snapshot:
+            node_objects = dict(self._live.nodes)
+            names = sorted(node_objects) if node_objects else list(snapshot.node_names)
+            self._node_cache = (snapshot, node_objects, names, {}, {})
+        _, node_objects, names, allocator_nodes, shape_nodes = self._node_cache
         return _PassState(
             view=view,
-            claims_by_key=claims_by_key,
+            claims_by_key=dict(view.claims),
             snapshot=snapshot,
             placer=placer,
             node_objects=node_objects,
             generated=self._claim_index() if self._claim_index is not None else GeneratedClaims(view.claims.values()),
-            node_names=sorted(node_objects) if node_objects else list(snapshot.node_names),
-            allocator_nodes={},
-            shape_nodes={},
+            node_names=names,
+            allocator_nodes=allocator_nodes,
+            shape_nodes=shape_nodes,
         )
 
     def reconcile(self, view: View) -> SchedulerOutcome:

@@ -11,6 +11,7 @@ from controller import objects as o
 from controller.allocator import AllocationError, ClusterSnapshot, Node
 from controller.allocator.model import parse_class, parse_slice
 from controller.informer import Store
+from controller.objects import Obj
 from controller.scoring import Placer, Policy
 from controller.view import View
 from gpudra.features import Features
@@ -82,6 +83,8 @@ class LiveSnapshot:
         self._placer: Placer | None = None
         self._held: dict[str, Mapping[str, Any]] = {}  # claim key -> the allocation the snapshot holds for it
         self.rebuilds = 0
+        # The Node objects the current snapshot was built from (a Node change rebuilds it), by name.
+        self.nodes: dict[str, Obj] = {}
 
     @property
     def cel_env(self) -> Any:
@@ -148,6 +151,7 @@ class LiveSnapshot:
         allocated = view.allocated_claims()
         snapshot, _ = build_snapshot(view, allocated)
         self._snapshot = snapshot
+        self.nodes = {o.name(n): n for n in view.nodes.values()}
         self._placer = Placer(snapshot, self._features, self._cel, self._policy)
         self._held = {o.key(c): alloc for c in allocated if (alloc := o.allocation(c)) is not None}
         self.rebuilds += 1

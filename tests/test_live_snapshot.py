@@ -172,3 +172,21 @@ def test_bound_pods_are_not_rescanned_for_expansion_every_pass(apiserver: Any) -
     m.reconcile_once()  # the bound pod changed (nodeName): looked at once
     m.reconcile_once()  # nothing changed: nobody to look at
     assert seen == [1, 0]
+
+
+def test_a_node_cordoned_between_passes_is_not_used(apiserver: Any) -> None:
+    api = apiserver.api
+    create_all(api, [gpu_class(), template("one", 1)])
+    for n in ("n1", "n2"):
+        create_all(api, [node(n), gpu_slice(n, [(f"gpu-{g}", f"{n}-nvl") for g in range(2)])])
+    m = manager(api)
+    create_all(api, [pod("p0", templates={"gpu": "one"})])
+    m.step()
+    first = api.get("Pod", "p0", "default")["spec"]["nodeName"]
+    cordoned = api.get("Node", first)
+    cordoned["spec"]["unschedulable"] = True
+    api.replace("Node", cordoned)
+    create_all(api, [pod("p1", templates={"gpu": "one"})])
+    m.step()
+    second = api.get("Pod", "p1", "default")["spec"]["nodeName"]
+    assert second != first  # binpack would have picked the fuller node had it not been cordoned
