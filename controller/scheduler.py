@@ -301,7 +301,7 @@ class EmbeddedScheduler:
 
     def _candidate_nodes(self, pod: Obj, claims: list[Obj], need_extended: int, state: _PassState) -> _Candidates:
         """The nodes the pod may use, and why the others not. The verdict on the pod's own constraints (node
-        selector, tolerations) is computed once per pod shape and pass; only pods pinned by allocated claims or
+        selector, tolerations) is computed once per pod shape while the nodes are unchanged; only pods pinned by allocated claims or
         asking for extended resources filter further, so a typical pod costs nothing per node here."""
         shape = _pod_shape(pod)
         base = state.shape_nodes.get(shape)
