@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 # name -> (module, one-line help). Each module exposes register(parser) and run(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "validate": ("cli.validate", "check resource.k8s.io/v1 objects against Kubernetes' validation rules"),
+    "validate": ("cli.validate", "check resource.k8s.io objects (v1, v1beta2, v1beta1) against Kubernetes' validation rules"),
     "apiserver": ("cli.apiserver", "run the embedded Kubernetes-compatible control plane on loopback"),
     "inventory": ("driver.commands.inventory", "discover GPUs through NVML (real or simulated) and print the inventory"),
     "slices": ("driver.commands.slices", "print the ResourceSlices a node would publish"),

@@ -1,4 +1,5 @@
-"""`gpu-dra validate -f FILE... [-o json]`: Kubernetes' resource.k8s.io/v1 validation rules, offline.
+"""`gpu-dra validate -f FILE... [-o json]`: Kubernetes' resource.k8s.io validation rules (v1, v1beta2 and v1beta1,
+converted to v1 as kube-apiserver does), offline.
 
 Exit codes: 0 when every object is valid, 1 when any is invalid, 2 when an input cannot be read.
 """

@@ -18,6 +18,7 @@ from controller.allocator import capacity as cap
 from controller.allocator.model import Device, Request
 from controller.allocator.nodes import node_matches
 from controller.allocator.pools import Pool, binding_enabled
+from controller.taintrules import RULE_KEY
 from gpudra.features import Features
 
 
@@ -87,6 +88,7 @@ class Diagnoser:
         counts: Counter[str] = Counter()
         selector_misses: Counter[str] = Counter()
         users: Counter[str] = Counter()
+        taints_seen: Counter[str] = Counter()
         usable: list[Device] = []
         bad_pools = [p for p in pools if p.incomplete or p.invalid]
         binding = binding_enabled(f)
@@ -110,11 +112,13 @@ class Diagnoser:
                     if not request.admin and did in snap.allocated:
                         users[snap.allocated_by.get(did, "?")] += 1
                         continue
-                    if f.device_taints and any(
-                        t.effect in ("NoSchedule", "NoExecute") and not any(tol.tolerates(t) for tol in request.tolerations)
-                        for t in dev.taints
-                    ):
+                    untolerated = [t for t in dev.taints if t.effect in ("NoSchedule", "NoExecute")
+                                   and not any(tol.tolerates(t) for tol in request.tolerations)] \
+                        if f.device_taints else []
+                    if untolerated:
                         counts["taint"] += 1
+                        for t in untolerated:
+                            taints_seen[_taint_text(t)] += 1
                         continue
                     if dev.consumes_counters and (not f.partitionable_devices or not self._counters_fit(dev, pool)):
                         counts["counters"] += 1
@@ -146,6 +150,9 @@ class Diagnoser:
                           ("capacity", "without enough capacity left")):
             if counts[key]:
                 parts.append(f"{counts[key]} {text}")
+                if key == "taint":
+                    parts[-1] += " [" + "; ".join(t for t, _ in taints_seen.most_common(3)) + \
+                        ("; ..." if len(taints_seen) > 3 else "") + "]"
         code = "in-use" if in_use else next((k for k in ("taint", "counters", "capacity") if counts[k]), "not-enough")
         matching = len(usable) + in_use + counts["taint"] + counts["counters"] + counts["capacity"]
         msg = f"request {request.full_name} of claim {claim.key} needs {need} device{'s' if need != 1 else ''}; " \
@@ -232,3 +239,10 @@ def explain(snapshot: ClusterSnapshot, claims: Sequence[Claim], nodes: Iterable[
             features: Features | None = None, cel_env: Any = None, explainer: Diagnoser | None = None) -> list[NodeReason]:
     ex = explainer or Diagnoser(snapshot, features, cel_env)
     return [ex.explain_node(n, claims) for n in (nodes if nodes is not None else snapshot.node_names)]
+
+
+def _taint_text(taint: Any) -> str:
+    """`key=value:Effect`, as Kubernetes prints a taint, naming the DeviceTaintRule that added it."""
+    text = f"{taint.key}={taint.value}:{taint.effect}" if taint.value else f"{taint.key}:{taint.effect}"
+    rule = taint.raw.get(RULE_KEY) if isinstance(taint.raw, dict) else None
+    return f"{text} from DeviceTaintRule {rule}" if rule else text

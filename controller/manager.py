@@ -29,6 +29,7 @@ from controller.leader import LeaderElector, LeaseTimings
 from controller.metrics import ControllerMetrics, MetricsServer
 from controller.scheduler import EmbeddedScheduler, PendingExplainer, is_pending
 from controller.snapshots import LiveSnapshot
+from controller.taintevict import TaintEvictor
 from controller.watchlist import ClaimWatchlist
 from controller.view import View
 from controller.writes import NotLeader, Writer
@@ -40,7 +41,8 @@ log = logging.getLogger("gpudra.controller.manager")
 
 # Kinds every mode watches, and the extra ones embedded mode (the scheduler/controller-manager role) needs.
 CLUSTER_KINDS: tuple[str, ...] = ("Pod", "ResourceClaim", "ResourceSlice", "DeviceClass", "Node")
-EMBEDDED_KINDS: tuple[str, ...] = ("ResourceClaimTemplate", "PriorityClass", "ResourceQuota")
+# DeviceTaintRule is watched in embedded mode only: a real cluster's kube-scheduler applies its rules itself.
+EMBEDDED_KINDS: tuple[str, ...] = ("ResourceClaimTemplate", "PriorityClass", "ResourceQuota", "DeviceTaintRule")
 
 
 def default_identity() -> str:
@@ -164,6 +166,7 @@ class ControllerManager:
         self._watchlist = ClaimWatchlist(self.stores["Pod"], self.stores["ResourceClaim"],
                                          full_every=config.resync_period, clock=clock)
         self.pending = PendingExplainer(self.explainer, self.metrics, features=config.features, driver_name=config.driver_name)
+        self.taint_evictor = TaintEvictor(self.writer, self.explainer)
 
     # -- leadership --------------------------------------------------------------------------------
 
@@ -296,6 +299,10 @@ class ControllerManager:
                 outcome = self.scheduler.reconcile(self.view())
             bound, unschedulable = outcome.bound, outcome.unschedulable
             created += outcome.claims_created
+            with self._timed("taint-eviction"):
+                view = self.view()
+                self.taint_evictor.reconcile(view.pods.values(), view.claims.values(), view.sorted_slices(),
+                                             view.taint_rules.values(), self._wall())
         else:
             with self._timed("explain"):
                 unschedulable = self.pending.reconcile(self.view())

@@ -40,6 +40,7 @@ from controller.metrics import ControllerMetrics
 from controller.nodefit import allocation_rejects, as_allocator_node, node_rejects
 from controller.objects import Obj
 from controller.informer import Store
+from controller.podconditions import mark_unschedulable
 from controller.priority import priority_values
 from controller.schedqueue import SchedulingQueue
 from controller.quota import check_quota, devices_by_class
@@ -435,6 +436,7 @@ class EmbeddedScheduler:
         self._metrics.failures.labels(reason=reason).inc()
         self._explainer.event(pod, event, message)
         self._explainer.annotate(pending, message)
+        mark_unschedulable(self._writer, pod, message)
 
 
 class PendingExplainer:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from controller import objects as o
 from controller.informer import Store
 from controller.objects import Obj
+from controller.taintrules import apply_taint_rules
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class View:
     templates: dict[str, Obj] = field(default_factory=dict)
     priority_classes: dict[str, Obj] = field(default_factory=dict)
     quotas: dict[str, Obj] = field(default_factory=dict)
+    taint_rules: dict[str, Obj] = field(default_factory=dict)
 
     @classmethod
     def from_stores(cls, stores: Mapping[str, Store]) -> "View":
@@ -36,14 +38,17 @@ class View:
             templates=grab("ResourceClaimTemplate"),
             priority_classes=grab("PriorityClass"),
             quotas=grab("ResourceQuota"),
+            taint_rules=grab("DeviceTaintRule"),
         )
 
     def pods_by_uid(self) -> dict[str, Obj]:
         return {o.uid(p): p for p in self.pods.values() if o.uid(p)}
 
     def sorted_slices(self) -> list[Obj]:
-        """Slices in name order: the allocator searches slices in input order, so fix one."""
-        return [self.slices[k] for k in sorted(self.slices)]
+        """Slices in name order (the allocator searches slices in input order, so fix one), with the taints of
+        the DeviceTaintRules added to the devices they select."""
+        slices = [self.slices[k] for k in sorted(self.slices)]
+        return apply_taint_rules(slices, [self.taint_rules[k] for k in sorted(self.taint_rules)])
 
     def allocated_claims(self) -> list[Obj]:
         return [c for c in self.claims.values() if o.allocation(c) is not None]

@@ -16,8 +16,9 @@ from typing import Any
 
 from controller.allocator.nodes import Node, NodeSelector
 from controller.objects import claim_key
+from controller.taintrules import apply_taint_rules
 
-KINDS = ("Node", "DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "Pod")
+KINDS = ("Node", "DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "Pod", "DeviceTaintRule")
 
 
 
@@ -57,6 +58,7 @@ class Workload:
 
 def build_workload(objects: Iterable[Mapping[str, Any]]) -> Workload:
     nodes, classes, slices, claims, templates, pods, ignored = [], [], [], [], {}, [], []
+    taint_rules: list[dict[str, Any]] = []
     order: list[tuple[str, dict[str, Any]]] = []
     for obj in objects:
         kind = obj.get("kind")
@@ -74,6 +76,8 @@ def build_workload(objects: Iterable[Mapping[str, Any]]) -> Workload:
         elif kind == "Pod":
             pods.append(dict(obj))
             order.append(("pod", pods[-1]))
+        elif kind == "DeviceTaintRule":
+            taint_rules.append(dict(obj))
         else:
             ignored.append(f"{kind}/{claim_key(obj)}")
     by_key = {claim_key(c): c for c in claims}
@@ -91,7 +95,7 @@ def build_workload(objects: Iterable[Mapping[str, Any]]) -> Workload:
             units.append(obj.pop("_unit"))
         elif claim_key(obj) not in referenced and not (obj.get("status") or {}).get("allocation"):
             units.append(Unit(owner=f"ResourceClaim {claim_key(obj)}", claims=[obj]))
-    return Workload(nodes, classes, slices, allocated, units, ignored)
+    return Workload(nodes, classes, apply_taint_rules(slices, taint_rules), allocated, units, ignored)
 
 
 def _pod_unit(pod: Mapping[str, Any], claims: dict[str, dict[str, Any]], templates: Mapping[str, Mapping[str, Any]],

@@ -14,7 +14,7 @@
 
 The field names follow NVIDIA's k8s-dra-driver-gpu GpuConfig (`timeSlicingConfig`, `mpsConfig`) so existing
 claims read naturally; the group is ours (`gpu.nvidia.com`, the driver name) and the version starts at
-v1alpha1. One kind covers full GPUs and MIG devices. Unknown fields are errors, never ignored: a typo in a
+v1alpha1; NVIDIA's own `resource.nvidia.com/v1beta1` GpuConfig is accepted too. One kind covers full GPUs and MIG devices. Unknown fields are errors, never ignored: a typo in a
 sharing setting must not silently give a workload an exclusive GPU.
 
 `validate_parameters` is the single validator (used by `gpu-dra validate`, API admission and prepare);
@@ -34,7 +34,10 @@ from gpudra.quantity import Quantity, QuantityError
 
 API_GROUP = "gpu.nvidia.com"
 API_VERSION = f"{API_GROUP}/v1alpha1"
-SUPPORTED_API_VERSIONS: tuple[str, ...] = (API_VERSION,)
+# NVIDIA's k8s-dra-driver-gpu names the same kind `resource.nvidia.com/v1beta1` (its quickstart manifests use it);
+# the fields we read are the same, so claims written for that driver are accepted as they are.
+NVIDIA_API_VERSION = "resource.nvidia.com/v1beta1"
+SUPPORTED_API_VERSIONS: tuple[str, ...] = (API_VERSION, NVIDIA_API_VERSION)
 KIND = "GpuConfig"
 
 _UUID_KEY = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+$")

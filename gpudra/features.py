@@ -25,18 +25,19 @@ class FeatureGateError(ValueError):
 
 @dataclass(frozen=True)
 class Features:
-    """Which DRA feature gates are on. Defaults are Kubernetes 1.35's."""
+    """Which DRA feature gates are on. Defaults are Kubernetes 1.35's, except device taints and
+    DeviceTaintRules, which are 1.37's (GA): the embedded control plane serves DeviceTaintRule at v1."""
 
     prioritized_list: bool = True  # beta
     admin_access: bool = True  # beta
     resource_claim_device_status: bool = True  # beta
     scheduler_filter_timeout: bool = True  # beta
     partitionable_devices: bool = False  # alpha
-    device_taints: bool = False  # alpha
+    device_taints: bool = True  # GA in 1.37 (DeviceTaintRule served at resource.k8s.io/v1)
     consumable_capacity: bool = False  # alpha
     extended_resource: bool = False  # alpha
     device_binding_conditions: bool = False  # alpha
-    device_taint_rules: bool = False  # alpha
+    device_taint_rules: bool = True  # GA in 1.37, with DRADeviceTaints
 
     @classmethod
     def parse(cls, specs: list[str] | None) -> "Features":

@@ -65,6 +65,7 @@ KINDS: dict[str, KindInfo] = {
     "PriorityClass": KindInfo("scheduling.k8s.io", "v1", "priorityclasses", False),
     "DeviceClass": KindInfo("resource.k8s.io", "v1", "deviceclasses", False),
     "ResourceSlice": KindInfo("resource.k8s.io", "v1", "resourceslices", False),
+    "DeviceTaintRule": KindInfo("resource.k8s.io", "v1", "devicetaintrules", False),
     "ResourceClaim": KindInfo("resource.k8s.io", "v1", "resourceclaims", True),
     "ResourceClaimTemplate": KindInfo("resource.k8s.io", "v1", "resourceclaimtemplates", True),
 }

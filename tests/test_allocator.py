@@ -232,8 +232,9 @@ def test_admin_access_allocation_holds_no_devices() -> None:
 
 def test_taints_gated_and_tolerations() -> None:
     tainted = slice_("s", NODE, "pool-1", [device("d0", taints=[{"key": "k", "value": "v", "effect": "NoSchedule"}]), device("d1")])
-    assert picked(run([tainted], [claim()])) == [[("req-0", "d0")]]  # gate off: taints ignored
-    on = Features(device_taints=True)
+    off = Features(device_taints=False)
+    assert picked(run([tainted], [claim()], features=off)) == [[("req-0", "d0")]]  # gate off: taints ignored
+    on = Features()  # on by default: device taints are GA in Kubernetes 1.37
     assert picked(run([tainted], [claim()], features=on)) == [[("req-0", "d1")]]
     tol = [{"key": "k", "operator": "Equal", "value": "v", "effect": "NoSchedule"}]
     out = run([tainted], [claim(requests=[request(tolerations=tol)])], features=on)

@@ -68,7 +68,7 @@ def test_non_loopback_addresses_are_refused() -> None:
 
 def test_discovery_documents(apiserver: Any) -> None:
     url = apiserver.url
-    assert _get(url + "/version")["gitVersion"] == "v1.35.0"
+    assert _get(url + "/version")["gitVersion"] == "v1.37.0"
     assert _get(url + "/healthz") == b"ok" and _get(url + "/readyz") == b"ok"
     assert _get(url + "/api")["versions"] == ["v1"]
     groups = {g["name"]: g for g in _get(url + "/apis")["groups"]}

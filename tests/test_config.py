@@ -51,8 +51,8 @@ def test_mps_limits_per_device_override_default() -> None:
     "parameters,expected",
     [
         ("nope", "parameters: must be an object"),
-        ({"kind": "GpuConfig"}, 'apiVersion: required; accepted values: "gpu.nvidia.com/v1alpha1"'),
-        ({**BASE, "apiVersion": "resource.nvidia.com/v1beta1"}, "apiVersion: unsupported value 'resource.nvidia.com/v1beta1'"),
+        ({"kind": "GpuConfig"}, 'apiVersion: required; accepted values: "gpu.nvidia.com/v1alpha1", "resource.nvidia.com/v1beta1"'),
+        ({**BASE, "apiVersion": "resource.nvidia.com/v1alpha9"}, "apiVersion: unsupported value 'resource.nvidia.com/v1alpha9'"),
         ({**BASE, "kind": "MigConfig"}, "kind: unsupported value 'MigConfig'; accepted values: \"GpuConfig\""),
         ({**BASE, "sharnig": {}}, 'sharnig: unknown field; accepted fields: "apiVersion", "kind", "sharing"'),
         ({**BASE, "sharing": {}}, 'sharing.strategy: required; accepted values: "TimeSlicing", "MPS"'),

@@ -130,9 +130,9 @@ def test_text_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
 def test_objects_outside_resource_k8s_io_are_reported_not_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "mixed.yaml"
     path.write_text(VALID + "---\napiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: default}\n"
-                    "---\napiVersion: resource.k8s.io/v1beta1\nkind: DeviceClass\nmetadata: {name: old}\n")
+                    "---\napiVersion: resource.k8s.io/v1alpha3\nkind: DeviceClass\nmetadata: {name: old}\n")
     code, out = run_json(capsys, str(path))
-    assert code == 1  # the v1beta1 object is ours to check and is refused
+    assert code == 1  # the v1alpha3 object is ours to check and is refused: no current release serves it
     by_object = {r["object"]: r for r in out["results"]}
     assert by_object["Pod/default/p"] == {"object": "Pod/default/p", "valid": True, "checked": False, "errors": []}
     assert by_object["DeviceClass/old"]["checked"] and not by_object["DeviceClass/old"]["valid"]

@@ -84,11 +84,18 @@ def test_valid_objects_of_every_kind() -> None:
 
 
 def test_unknown_kind_and_api_version() -> None:
-    assert errors({"apiVersion": "resource.k8s.io/v1beta1", "kind": "DeviceClass"}) == [
-        'apiVersion: Unsupported value: "resource.k8s.io/v1beta1": supported values: "resource.k8s.io/v1"'
+    # Every version kube-apiserver serves is accepted (and converted); others are named with what is served.
+    assert errors({"apiVersion": "resource.k8s.io/v1alpha3", "kind": "DeviceClass"}) == [
+        'apiVersion: Unsupported value: "resource.k8s.io/v1alpha3": supported values: "resource.k8s.io/v1", '
+        '"resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1"'
+    ]
+    assert errors({"apiVersion": "resource.k8s.io/v1beta1", "kind": "DeviceTaintRule", "metadata": {"name": "r"}}) == [
+        'apiVersion: Unsupported value: "resource.k8s.io/v1beta1": supported values: "resource.k8s.io/v1", '
+        '"resource.k8s.io/v1beta2"'
     ]
     assert errors({"apiVersion": "resource.k8s.io/v1", "kind": "Pod"}) == [
-        'kind: Unsupported value: "Pod": supported values: "DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice"'
+        'kind: Unsupported value: "Pod": supported values: "DeviceClass", "DeviceTaintRule", "ResourceClaim", '
+        '"ResourceClaimTemplate", "ResourceSlice"'
     ]
     assert errors({"kind": "DeviceClass"}) == ["apiVersion: Required value: must be 'resource.k8s.io/v1'"]
     assert errors(["not", "an", "object"])[0].startswith(': Invalid value: ["not","an","object"]')  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.workload import KINDS
+from gpudra.conversion import normalize_objects
 from gpudra.manifests import InputError, load_objects, object_label
 from gpudra.validation import validate_object
 from controller.validationhooks import cel_checker, opaque_validators
@@ -33,7 +34,9 @@ def read_inputs(paths: Sequence[str], strict: bool = True) -> Inputs:
     for obj in objects:
         if not isinstance(obj.get("kind"), str):
             errors.append(f"{object_label(obj)}: kind: required; accepted: {', '.join(KINDS)}")
+    # Validation reads every served version itself (and names an unserved one); what the allocator gets is v1.
     found = validate(objects)
+    objects, _ = normalize_objects(objects)
     if strict:
         return Inputs(objects, errors + found)
     in_spec = [e for e in found if e.split(": ", 1)[-1].startswith("spec.")]
@@ -46,7 +49,8 @@ def validate(objects: Sequence[dict[str, Any]]) -> list[str]:
     opaque = opaque_validators()
     errors: list[str] = []
     for obj in objects:
-        if obj.get("kind") not in ("DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate"):
+        if obj.get("kind") not in ("DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate",
+                                   "DeviceTaintRule"):
             continue
         for err in validate_object(obj, cel=cel, opaque=opaque):
             errors.append(f"{object_label(obj)}: {err}")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.cel import CelCompileError, CelEnvironment, CelRuntimeError, DeviceView
+from gpudra.conversion import normalize_objects
 from gpudra.manifests import InputError, load_objects
 
 
@@ -56,7 +57,10 @@ def load_device_file(path: str) -> list[NamedDevice]:
 def load_slice_files(paths: list[str]) -> list[NamedDevice]:
     devices: list[NamedDevice] = []
     for path in paths:
-        for doc in load_objects([path]):
+        objects, errors = normalize_objects(load_objects([path]))  # v1beta1 and v1beta2 slices read as v1
+        if errors:
+            raise InputError(f"{path}: {errors[0]}")
+        for doc in objects:
             if doc.get("kind") != "ResourceSlice":
                 continue
             spec = doc.get("spec")

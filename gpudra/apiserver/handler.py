@@ -12,11 +12,19 @@ from urllib.parse import parse_qs, urlsplit
 
 from gpudra.apiserver import resources as res
 from gpudra.apiserver import status as st
-from gpudra.apiserver.openapi import openapi_group_version, openapi_root
+from gpudra.apiserver.podpriority import admit_pod_priority
+from gpudra.apiserver.openapi import openapi_group_version, openapi_root, openapi_v2, openapi_v2_protobuf
 from gpudra.apiserver.selectors import FieldSelector, LabelSelector, SelectorError
 from gpudra.apiserver.store import Filter, Store
-from gpudra.apiserver.tables import wants_table, to_table
+from gpudra.apiserver.tables import INCLUDE_OBJECT, to_table, wants_table
+from gpudra.conversion import ConversionError, from_storage, split_api_version, to_storage
 
+_CONVERTED_KINDS = frozenset({"DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice",
+                              "DeviceTaintRule"})
+# kube-openapi answers the "...spec.v2@v1.0+protobuf" Accept with this Content-Type (no "@": mime would refuse it).
+_OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
+_NO_SERVER_SIDE_APPLY = ("server-side apply is not supported by gpu-dra's embedded control plane (it keeps no "
+                         "field managers); use client-side apply: kubectl apply without --server-side")
 _WATCH_POLL_S = 1.0  # how often an idle watch checks for shutdown and its deadline
 _MAX_BODY = 64 * 1024 * 1024
 
@@ -36,6 +44,35 @@ class Route:
     namespace: str  # "" for cluster-scoped requests and all-namespaces lists
     name: str | None
     subresource: str | None
+    version: str = ""  # the API version the request speaks; "" or rt.version means the storage version
+
+    @property
+    def converts(self) -> bool:
+        return bool(self.version) and self.version != self.rt.version
+
+    def shown(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """A stored object as this request's API version shows it."""
+        return from_storage(obj, self.version) if self.converts else obj
+
+    def stored(self, body: Any) -> Any:
+        """A request body in storage form. The body's own apiVersion decides what it is, as kube-apiserver
+        decodes it; without one, the URL's version does."""
+        if not isinstance(body, dict) or self.rt.kind not in _CONVERTED_KINDS:
+            return body
+        group, version = split_api_version(body.get("apiVersion"))
+        if not body.get("apiVersion"):
+            group, version = self.rt.group, self.version or self.rt.version
+        if group != self.rt.group or version not in self.rt.versions:
+            raise st.bad_request(f"the API version in the data ({body.get('apiVersion')}) does not match the "
+                                 f"expected API version ({self.rt.api_version_at(self.version or self.rt.version)});"
+                                 f" {self.rt.kind} is served at "
+                                 + ", ".join(self.rt.api_version_at(v) for v in self.rt.versions))
+        if version == self.rt.version:
+            return body  # already the storage version: nothing to convert (the hot path of every agent)
+        try:
+            return to_storage({**body, "apiVersion": self.rt.api_version_at(version), "kind": self.rt.kind})
+        except ConversionError as exc:
+            raise st.bad_request(f"{self.rt.kind} in {self.rt.api_version_at(version)}: {exc.path}: {exc}")
 
 
 def _encode(value: Any) -> bytes:
@@ -135,7 +172,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         if method == "GET":
             doc = self._discovery(parts, reg)
             if doc is not None:
-                if isinstance(doc, bytes):
+                if isinstance(doc, tuple):
+                    self._send(200, doc[0], doc[1])
+                elif isinstance(doc, bytes):
                     self._send(200, doc, "text/plain; charset=utf-8")
                 else:
                     self._send_json(200, doc)
@@ -149,11 +188,15 @@ class ApiHandler(BaseHTTPRequestHandler):
         route = self._resolve(group, version, rest, path)
         self._serve(method, route, query)
 
-    def _discovery(self, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | None:
+    def _discovery(self, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | tuple[bytes, str] | None:
         if parts in (["healthz"], ["readyz"], ["livez"]):
             return b"ok"
         if parts == ["version"]:
             return res.SERVER_VERSION
+        if parts == ["openapi", "v2"]:
+            if "protobuf" in (self.headers.get("Accept") or ""):
+                return openapi_v2_protobuf(reg), _OPENAPI_V2_PROTOBUF
+            return openapi_v2(reg)
         if parts[:2] == ["openapi", "v3"]:
             if len(parts) == 2:
                 return openapi_root(reg)
@@ -198,7 +241,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if rt.namespaced and name is not None and not namespace:
             raise st.StatusError(404, "NotFound", f"the server could not find the requested resource ({path}): "
                                                   f"{rt.plural} are namespaced; use /namespaces/NAMESPACE/{rt.plural}")
-        return Route(rt, namespace, name, sub)
+        return Route(rt, namespace, name, sub, version)
 
     def _serve(self, method: str, r: Route, query: dict[str, str]) -> None:
         store = self.ctx.store
@@ -210,8 +253,11 @@ class ApiHandler(BaseHTTPRequestHandler):
                     self._list(r, query)
                 return
             if method == "POST":
-                obj = store.create(r.rt, r.namespace, self._body())
-                self._send_json(201, obj)
+                body = r.stored(self._body())
+                if r.rt.kind == "Pod":
+                    body = admit_pod_priority(store, self.ctx.registry, body)
+                obj = store.create(r.rt, r.namespace, body)
+                self._send_json(201, r.shown(obj))
                 return
             raise st.method_not_allowed(f"{method} is not supported on the collection {r.rt.plural}; "
                                         "supported: GET (list, watch) and POST (create)")
@@ -222,33 +268,50 @@ class ApiHandler(BaseHTTPRequestHandler):
             return
         if method == "GET":
             obj = store.get(r.rt, r.namespace, r.name)
-            self._send_object(200, r, obj)
+            self._send_object(200, r, obj, query)
         elif method == "PUT":
-            self._send_json(200, store.update(r.rt, r.namespace, r.name, self._body(), r.subresource))
+            self._send_json(200, r.shown(store.update(r.rt, r.namespace, r.name, r.stored(self._body()),
+                                                      r.subresource)))
         elif method == "PATCH":
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
             if ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
                 kind = "merge"
             elif ctype == "application/json-patch+json":
                 kind = "json"
+            elif ctype == "application/apply-patch+yaml":
+                self._body()
+                # 415 is what makes kubectl say "Server-side apply not available on the server".
+                raise st.StatusError(415, "UnsupportedMediaType", _NO_SERVER_SIDE_APPLY)
             else:
                 self._body()
                 raise st.unsupported_media_type(ctype)
-            self._send_json(200, store.patch(r.rt, r.namespace, r.name, kind, self._body(), r.subresource))
+            codec = (r.shown, r.stored) if r.converts else None
+            self._send_json(200, r.shown(store.patch(r.rt, r.namespace, r.name, kind, self._body(), r.subresource,
+                                                     codec)))
         elif method == "DELETE":
             body = self._body()
             options = body if isinstance(body, dict) else {}
             if "propagationPolicy" in query:
                 options = {**options, "propagationPolicy": query["propagationPolicy"]}
-            self._send_json(200, store.delete(r.rt, r.namespace, r.name, options))
+            deleted = store.delete(r.rt, r.namespace, r.name, options)
+            self._send_json(200, r.shown(deleted) if deleted.get("kind") == r.rt.kind else deleted)
         else:
             raise st.method_not_allowed(f"{method} is not supported on {r.rt.plural}")
 
-    def _send_object(self, code: int, r: Route, obj: dict[str, Any]) -> None:
+    def _include_object(self, query: dict[str, str]) -> str:
+        include = query.get("includeObject") or "Metadata"
+        if include not in INCLUDE_OBJECT:
+            raise st.bad_request(f"includeObject: Unsupported value: {include!r}: supported values: "
+                                 + ", ".join(f'"{v}"' for v in INCLUDE_OBJECT))
+        return include
+
+    def _send_object(self, code: int, r: Route, obj: dict[str, Any], query: dict[str, str] | None = None) -> None:
         if wants_table(self.headers.get("Accept")):
-            self._send_json(code, to_table(r.rt, [obj], obj["metadata"].get("resourceVersion", "")))
+            include = self._include_object(query or {})
+            self._send_json(code, to_table(r.rt, [obj], obj["metadata"].get("resourceVersion", ""), include,
+                                           r.shown))
         else:
-            self._send_json(code, obj)
+            self._send_json(code, r.shown(obj))
 
     # ----- list and watch ------------------------------------------------------------------------------------
 
@@ -257,7 +320,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             labels = LabelSelector.parse(query.get("labelSelector"))
             fields = FieldSelector.parse(query.get("fieldSelector"))
             fields.check_fields(lambda f: r.rt.field_value({}, f) is not None, r.rt.selectable_fields,
-                                f'"{r.rt.kind}" in version "{r.rt.api_version}"')
+                                f'"{r.rt.kind}" in version "{r.rt.api_version_at(r.version or r.rt.version)}"')
         except SelectorError as exc:
             raise st.bad_request(str(exc))
         return Filter(r.rt, r.namespace or None, labels, fields)
@@ -286,11 +349,14 @@ class ApiHandler(BaseHTTPRequestHandler):
         else:
             items = items[start:]
         if wants_table(self.headers.get("Accept")):
-            self._send_json(200, to_table(r.rt, items, str(rv)))
+            include = self._include_object(query)
+            extra = {k: v for k, v in meta.items() if k != "resourceVersion"}
+            self._send_json(200, to_table(r.rt, items, str(rv), include, r.shown, meta=extra))
             return
         # Items are already serialized JSON objects in the store; splice them in without re-encoding twice.
-        head = _encode({"kind": r.rt.kind + "List", "apiVersion": r.rt.api_version, "metadata": meta})[:-1]
-        body = head + b',"items":[' + b",".join(_encode(i) for i in items) + b"]}"
+        head = _encode({"kind": r.rt.kind + "List", "apiVersion": r.rt.api_version_at(r.version or r.rt.version),
+                        "metadata": meta})[:-1]
+        body = head + b',"items":[' + b",".join(_encode(r.shown(i)) for i in items) + b"]}"
         self._send(200, body)
 
     @staticmethod
@@ -310,16 +376,30 @@ class ApiHandler(BaseHTTPRequestHandler):
         initial = rv is None or send_initial
         bookmarks = query.get("allowWatchBookmarks") == "true"
         timeout_s = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
+        table = wants_table(self.headers.get("Accept"))
+        include = self._include_object(query) if table else ""
         watcher = self.ctx.store.watch(flt, rv, initial)
         self.close_connection = True
         self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
                          b"Cache-Control: no-cache, private\r\n\r\n")
         self.log_request(200)
         started = time.monotonic()
+        # Like kube-apiserver, a watch asked for as a Table sends each event's object as a one-row Table, with
+        # the column definitions on the first event only.
+        first = [True]
+
+        def send(etype: str, obj: dict[str, Any]) -> None:
+            if table:
+                rv_text = (obj.get("metadata") or {}).get("resourceVersion", "")
+                self._chunk(etype, to_table(r.rt, [obj], rv_text, include, r.shown, headers=first[0]))
+                first[0] = False
+            else:
+                self._chunk(etype, r.shown(obj))
+
         for etype, obj in watcher.initial_events():
-            self._chunk(etype, obj)
+            send(etype, obj)
         if send_initial and bookmarks:
-            self._bookmark(r.rt, watcher.pos, initial_end=True)
+            self._bookmark(r, watcher.pos, initial_end=True)
         last_sent = time.monotonic()
         try:
             while not self.ctx.stopping:
@@ -337,21 +417,22 @@ class ApiHandler(BaseHTTPRequestHandler):
                     self._chunk("ERROR", err.body())
                     break
                 for etype, obj in events:
-                    self._chunk(etype, obj)
+                    send(etype, obj)
                 if events:
                     last_sent = time.monotonic()
                 elif bookmarks and time.monotonic() - last_sent >= self.ctx.bookmark_interval:
-                    self._bookmark(r.rt, watcher.pos)
+                    self._bookmark(r, watcher.pos)
                     last_sent = time.monotonic()
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             return
 
-    def _bookmark(self, rt: res.ResourceType, rv: int, initial_end: bool = False) -> None:
+    def _bookmark(self, r: Route, rv: int, initial_end: bool = False) -> None:
         meta: dict[str, Any] = {"resourceVersion": str(rv)}
         if initial_end:
             meta["annotations"] = {"k8s.io/initial-events-end": "true"}
-        self._chunk("BOOKMARK", {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta})
+        self._chunk("BOOKMARK", {"kind": r.rt.kind, "apiVersion": r.rt.api_version_at(r.version or r.rt.version),
+                                 "metadata": meta})
 
     def _chunk(self, etype: str, obj: dict[str, Any]) -> None:
         line = _encode({"type": etype, "object": obj}) + b"\n"

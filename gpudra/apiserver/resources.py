@@ -10,15 +10,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudra.conversion import served_versions
+
 ALL_VERBS: tuple[str, ...] = ("create", "delete", "get", "list", "patch", "update", "watch")
 SERVER_VERSION: dict[str, str] = {
     "major": "1",
-    "minor": "35",
-    "gitVersion": "v1.35.0",
+    "minor": "37",
+    "gitVersion": "v1.37.0",
     "gitCommit": "embedded",
     "gitTreeState": "clean",
-    "buildDate": "2025-12-17T00:00:00Z",
-    "goVersion": "go1.25.5",
+    "buildDate": "2026-08-19T00:00:00Z",
+    "goVersion": "go1.26.0",
     "compiler": "gc",
     "platform": "linux/amd64",
 }
@@ -58,6 +60,16 @@ class ResourceType:
     field_prefixes: tuple[str, ...] = ()
     categories: tuple[str, ...] = ()
     extra_subresources: tuple[str, ...] = ()
+    # Every version the type is served at, preferred first; `version` (the storage version) when empty.
+    # Objects are stored at `version` and converted (gpudra.conversion) for the others.
+    served: tuple[str, ...] = ()
+
+    @property
+    def versions(self) -> tuple[str, ...]:
+        return self.served or (self.version,)
+
+    def api_version_at(self, version: str) -> str:
+        return f"{self.group}/{version}" if self.group else version
 
     @property
     def api_version(self) -> str:
@@ -102,7 +114,8 @@ class Registry:
 
     def __post_init__(self) -> None:
         for rt in self.types:
-            self._by_route[(rt.group, rt.version, rt.plural)] = rt
+            for version in rt.versions:
+                self._by_route[(rt.group, version, rt.plural)] = rt
             self._by_kind[rt.kind] = rt
 
     def by_route(self, group: str, version: str, plural: str) -> ResourceType | None:
@@ -112,15 +125,17 @@ class Registry:
         return self._by_kind.get(kind)
 
     def group_versions(self) -> dict[str, list[str]]:
+        """Served versions per group, the preferred (storage) version first, then newest to oldest."""
         out: dict[str, list[str]] = {}
         for rt in self.types:
             versions = out.setdefault(rt.group, [])
-            if rt.version not in versions:
-                versions.append(rt.version)
+            for version in rt.versions:
+                if version not in versions:
+                    versions.append(version)
         return out
 
     def in_group_version(self, group: str, version: str) -> Iterable[ResourceType]:
-        return (rt for rt in self.types if rt.group == group and rt.version == version)
+        return (rt for rt in self.types if rt.group == group and version in rt.versions)
 
 
 DEFAULT_REGISTRY = Registry(
@@ -139,11 +154,16 @@ DEFAULT_REGISTRY = Registry(
         ResourceType("", "v1", "resourcequotas", "ResourceQuota", True, ("quota",), has_status=True),
         ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True),
         ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),
-        ResourceType("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False),
+        ResourceType("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False,
+                     served=served_versions("DeviceClass")),
         ResourceType("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False,
-                     field_labels=("spec.driver", "spec.nodeName")),
-        ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, has_status=True),
-        ResourceType("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True),
+                     field_labels=("spec.driver", "spec.nodeName"), served=served_versions("ResourceSlice")),
+        ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, has_status=True,
+                     served=served_versions("ResourceClaim")),
+        ResourceType("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True,
+                     served=served_versions("ResourceClaimTemplate")),
+        ResourceType("resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", False, has_status=True,
+                     served=served_versions("DeviceTaintRule")),
     )
 )
 

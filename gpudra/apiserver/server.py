@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from gpudra.apiserver.handler import ApiHandler
+from gpudra.apiserver.podpriority import system_priority_classes
 from gpudra.apiserver.persistence import atomic_write_json, read_state
 from gpudra.atomicfile import atomic_write
 from gpudra.apiserver.resources import DEFAULT_REGISTRY, Registry
@@ -103,6 +104,12 @@ class EmbeddedApiServer:
                 self.store.get(ns_rt, "", name)
             except StatusError:
                 self.store.create(ns_rt, "", {"metadata": {"name": name}})
+        pc_rt = self.registry.by_kind("PriorityClass")
+        for pc in system_priority_classes() if pc_rt is not None else []:
+            try:
+                self.store.get(pc_rt, "", pc["metadata"]["name"])  # type: ignore[arg-type]
+            except StatusError:
+                self.store.create(pc_rt, "", pc)  # type: ignore[arg-type]
 
     def _gc_loop(self) -> None:
         while self.store.collect_garbage_once(timeout=1.0):

@@ -23,6 +23,7 @@ from gpudra.apiserver.selectors import FieldSelector, LabelSelector, labels_of
 
 Admission = Callable[[dict[str, Any], "dict[str, Any] | None"], list[str]]
 ObjKey = tuple[ResourceType, str, str]  # (type, namespace or "", name)
+Codec = tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[[dict[str, Any]], dict[str, Any]]]
 
 PROTECTED_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
 _PATCH_RETRIES = 50
@@ -313,20 +314,25 @@ class Store:
             return self._commit(rt, (namespace, name), new, "MODIFIED", old)
 
     def patch(self, rt: ResourceType, namespace: str, name: str, patch_type: str, body: Any,
-              subresource: str | None = None) -> dict[str, Any]:
+              subresource: str | None = None, codec: Codec | None = None) -> dict[str, Any]:
+        """`codec` (to the request's version, back to storage) applies the patch to the object as the
+        request's API version shows it, as Kubernetes patches in the version the client speaks."""
         for _ in range(_PATCH_RETRIES):
             old = self.get(rt, namespace, name)
+            view = codec[0](old) if codec else old
             try:
                 if patch_type == "json":
-                    patched = json_patch(old, body)
+                    patched = json_patch(view, body)
                 else:
                     if not isinstance(body, dict):
                         raise st.bad_request("a merge patch body must be a JSON object")
-                    patched = merge_patch(old, body)
+                    patched = merge_patch(view, body)
             except PatchError as exc:
                 raise st.StatusError(422, "Invalid", f'{rt.qualified_kind} "{name}" is invalid: {exc}')
             if not isinstance(patched, dict):
                 raise st.bad_request(f"the patch for {rt.kind} {name!r} must produce a JSON object")
+            if codec:
+                patched = codec[1](patched)
             want_rv = (patched.get("metadata") or {}).get("resourceVersion")
             if want_rv and want_rv != old["metadata"].get("resourceVersion"):
                 raise st.conflict(rt, name)

@@ -1,4 +1,7 @@
-"""Kubernetes' validation rules for resource.k8s.io/v1 objects.
+"""Kubernetes' validation rules for resource.k8s.io objects, in every served version.
+
+Objects in v1beta1 or v1beta2 are converted to v1 first (gpudra.conversion) and validated there, as
+kube-apiserver validates the internal version: field paths in errors are v1's (`exactly.deviceClassName`).
 
 `validate_object(obj)` returns every violation of an object as `FieldError`s with
 Kubernetes' field paths and messages; an empty list means the API server would accept it.
@@ -16,15 +19,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpudra.conversion import ConversionError, served_versions, split_api_version, to_storage
 from gpudra.validation.claims import gather_request_names, validate_claim_spec, validate_claim_status, validate_device_class_spec
 from gpudra.validation.common import Hooks
 from gpudra.validation.errors import FieldError, child, invalid, not_supported, required
 from gpudra.validation.fields import get_map
 from gpudra.validation.meta import validate_object_meta, validate_template_meta
 from gpudra.validation.slices import validate_slice_spec
+from gpudra.validation.taintrules import validate_taint_rule_spec, validate_taint_rule_status
 
 API_VERSION = "resource.k8s.io/v1"
-KINDS = ["DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice"]
+KINDS = ["DeviceClass", "DeviceTaintRule", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice"]
 NAMESPACED_KINDS = frozenset({"ResourceClaim", "ResourceClaimTemplate"})
 
 __all__ = ["API_VERSION", "FieldError", "KINDS", "NAMESPACED_KINDS", "validate_object"]
@@ -36,7 +41,8 @@ def validate_object(
     cel: Callable[[str, bool], str | None] | None = None,
     opaque: Mapping[str, Callable[[dict[str, Any]], list[str]]] | None = None,
 ) -> list[FieldError]:
-    """All validation errors of one resource.k8s.io/v1 object (DeviceClass, ResourceClaim, ...)."""
+    """All validation errors of one resource.k8s.io object (DeviceClass, ResourceClaim, ...) of any served
+    version."""
     if not isinstance(obj, dict):
         return [invalid("", obj, "must be a Kubernetes object (a mapping with apiVersion, kind, metadata)")]
     hooks = Hooks(cel=cel, opaque=dict(opaque or {}))
@@ -44,18 +50,28 @@ def validate_object(
     kind = obj.get("kind")
     if not api_version:
         return [required("apiVersion", f"must be {API_VERSION!r}")]
-    if api_version != API_VERSION:
-        return [not_supported("apiVersion", api_version, [API_VERSION])]
+    group, version = split_api_version(api_version)
     if not kind:
         return [required("kind", "must be one of " + ", ".join(KINDS))]
     if kind not in KINDS:
         return [not_supported("kind", kind, KINDS)]
+    accepted = [f"{group or 'resource.k8s.io'}/{v}" for v in served_versions(kind)]
+    if group != "resource.k8s.io" or version not in served_versions(kind):
+        return [not_supported("apiVersion", api_version, accepted)]
+    try:
+        obj = to_storage(obj)
+    except ConversionError as exc:
+        return [FieldError(exc.path, f"Invalid value: {exc}")]
 
     errs = validate_object_meta(obj.get("metadata"), namespaced=kind in NAMESPACED_KINDS)
     if kind == "DeviceClass":
         errs.extend(validate_device_class_spec(obj.get("spec"), "spec", hooks))
     elif kind == "ResourceSlice":
         errs.extend(validate_slice_spec(obj.get("spec"), "spec"))
+    elif kind == "DeviceTaintRule":
+        errs.extend(validate_taint_rule_spec(obj.get("spec"), "spec"))
+        if obj.get("status") is not None:
+            errs.extend(validate_taint_rule_status(obj.get("status"), "status"))
     elif kind == "ResourceClaim":
         errs.extend(validate_claim_spec(obj.get("spec"), "spec", hooks))
         if obj.get("status") is not None:

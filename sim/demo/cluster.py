@@ -1,18 +1,22 @@
 """The demo cluster: its nodes, their directories and Node objects, and applying manifests to the API server.
 
-Pure builders (node layout, Node objects, the order objects are applied in) plus two small API helpers.
+Pure builders (node layout, Node objects and their Leases, the order objects are applied in) plus small API
+helpers.
 """
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from gpudra.kubeapi import AlreadyExists, KubeApi
 from gpudra.manifests import load_objects
 from sim.demo.processes import PROJECT_ROOT
+from sim.kubelet.heartbeat import renew_node_lease
 
 # The checkout's manifests; an installed copy (e.g. the container image) is pointed at its own with --manifests.
 DEFAULT_MANIFESTS = PROJECT_ROOT / "manifests"
@@ -79,9 +83,32 @@ def node_dirs(workdir: Path, node: str) -> NodeDirs:
     return NodeDirs(workdir / "nodes" / node)
 
 
+KUBELET_VERSION = "v1.37.0"
+
+
+def _rfc3339(now: datetime | None = None) -> str:
+    return (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def node_conditions(now: datetime | None = None) -> list[dict[str, Any]]:
+    """The conditions a healthy kubelet posts, in its order: three pressures False, then Ready True."""
+    stamp = _rfc3339(now)
+    conditions = [{"type": ctype, "status": "False", "lastHeartbeatTime": stamp, "lastTransitionTime": stamp,
+                   "reason": reason, "message": message}
+                  for ctype, reason, message in (
+                      ("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+                      ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+                      ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"))]
+    conditions.append({"type": "Ready", "status": "True", "lastHeartbeatTime": stamp, "lastTransitionTime": stamp,
+                       "reason": "KubeletReady", "message": "kubelet is posting ready status (simulated)"})
+    return conditions
+
+
 def node_object(name: str, *, gpu_allocatable: int | None = None) -> dict[str, Any]:
-    """The Node a kubelet registers: hostname label, capacity, Ready. GPUs through DRA are not node resources;
-    `nvidia.com/gpu` appears only on nodes whose device plugin reported devices."""
+    """The Node a kubelet registers: hostname label, capacity, the conditions, addresses and system info that
+    `kubectl describe node` shows. GPUs through DRA are not node resources; `nvidia.com/gpu` appears only on
+    nodes whose device plugin reported devices. Every simulated node runs on this machine: its address is
+    loopback."""
     resources: dict[str, str] = {"cpu": "64", "memory": "512Gi", "pods": "110"}
     if gpu_allocatable is not None:
         resources[EXTENDED_GPU_RESOURCE] = str(gpu_allocatable)
@@ -96,9 +123,13 @@ def node_object(name: str, *, gpu_allocatable: int | None = None) -> dict[str, A
         "status": {
             "capacity": dict(resources),
             "allocatable": dict(resources),
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                            "message": "kubelet is posting ready status (simulated)"}],
-            "nodeInfo": {"kubeletVersion": "v1.35.0", "operatingSystem": "linux", "architecture": "amd64"},
+            "conditions": node_conditions(),
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {"kubeletVersion": KUBELET_VERSION, "kubeProxyVersion": "", "operatingSystem": "linux",
+                         "architecture": "amd64", "osImage": f"gpu-dra simulated node ({platform.system()})",
+                         "kernelVersion": platform.release(), "containerRuntimeVersion": "gpu-dra-sim://1",
+                         "machineID": "", "systemUUID": "", "bootID": ""},
         },
     }
 
@@ -141,6 +172,8 @@ def register_node(api: KubeApi, node: Mapping[str, Any]) -> dict[str, Any]:
         stored = api.create("Node", body)
     except AlreadyExists:
         stored = api.get("Node", str(node["metadata"]["name"]))
-    if (stored.get("status") or {}).get("allocatable") != node["status"]["allocatable"]:
+    if (stored.get("status") or {}).get("allocatable") != node["status"]["allocatable"] \
+            or not (stored.get("status") or {}).get("addresses"):
         stored = api.patch("Node", str(node["metadata"]["name"]), {"status": node["status"]}, subresource="status")
+    renew_node_lease(api, str(node["metadata"]["name"]), stored["metadata"].get("uid"))
     return stored

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.kubelet.devicemanager import DeviceManagerError, DeviceManagerSim
+from sim.kubelet.heartbeat import heartbeat_loop
 from sim.kubelet.dra import ClaimInfo, KubeletError, KubeletSim, Pod, PreparedDevice
 from gpudra.kubeapi import ApiError, KubeApi, NotFound
 
@@ -133,7 +134,8 @@ class NodeKubelet:
         self.sim.wait_for_plugin(self.driver_name, timeout=timeout)
 
     def start(self) -> None:
-        targets = [("watch", self._watch), ("worker", self._work)]
+        targets = [("watch", self._watch), ("worker", self._work),
+                   ("heartbeat", lambda: heartbeat_loop(self.api, self.node_name, self._stop))]
         if self.device_manager is not None:
             targets.append(("node-status", self._node_status))
         for name, target in targets:

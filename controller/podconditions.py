@@ -1,0 +1,40 @@
+"""The PodScheduled condition kube-scheduler writes on a pod it could not place.
+
+A pending pod gets `PodScheduled=False` with reason `Unschedulable` and the explanation as its message, as
+`kubectl describe pod` shows for a real cluster. The status is written only when the condition changes, so
+repeated passes over a waiting pod do not churn its resourceVersion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from controller import objects as o
+from controller.writes import Writer
+
+REASON_UNSCHEDULABLE = "Unschedulable"
+
+
+def unschedulable_conditions(pod: Mapping[str, Any], message: str, now: datetime | None = None) -> list[Any] | None:
+    """The pod's new status.conditions, or None when it already says exactly this."""
+    status = o.section(pod, "status")
+    conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+    current = next((c for c in conditions if c.get("type") == "PodScheduled"), None)
+    if current is not None and current.get("status") == "False" and current.get("reason") == REASON_UNSCHEDULABLE \
+            and current.get("message") == message:
+        return None
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # The transition time moves only when the status changes, as Kubernetes' condition helpers keep it.
+    if current is not None and current.get("status") == "False" and current.get("lastTransitionTime"):
+        stamp = str(current["lastTransitionTime"])
+    condition = {"type": "PodScheduled", "status": "False", "lastProbeTime": None, "lastTransitionTime": stamp,
+                 "reason": REASON_UNSCHEDULABLE, "message": message}
+    return [dict(c) for c in conditions if c.get("type") != "PodScheduled"] + [condition]
+
+
+def mark_unschedulable(writer: Writer, pod: Mapping[str, Any], message: str) -> None:
+    conditions = unschedulable_conditions(pod, message)
+    if conditions is not None:
+        writer.patch_status("Pod", pod, {"status": {"conditions": conditions}})
