@@ -60,13 +60,14 @@ def build_snapshot(view: View, allocated_claims: Iterable[Mapping[str, Any]]) ->
     return snapshot, problems
 
 
-STRUCTURE_KINDS = ("ResourceSlice", "DeviceClass", "Node")
+# Changes to these rebuild the snapshot (DeviceTaintRules put taints on slices' devices).
+STRUCTURE_KINDS = ("ResourceSlice", "DeviceClass", "Node", "DeviceTaintRule")
 
 
 class LiveSnapshot:
     """The allocator snapshot and its Placer, kept current from the informer stores' deltas.
 
-    Slices, classes and nodes change rarely: any change to them rebuilds the snapshot (and drops the selector
+    Slices, classes, nodes and device taint rules change rarely: any change to them rebuilds the snapshot (and drops the selector
     cache, which is keyed by device). Claims change all the time: each changed claim's allocation is released
     and committed again on the snapshot, and only the nodes whose devices moved are re-indexed by the Placer,
     so a pass costs in proportion to what changed, not to the cluster. Allocations this controller makes go
@@ -142,12 +143,12 @@ class LiveSnapshot:
             self._held[key] = alloc
 
     def _rebuild(self) -> tuple[ClusterSnapshot, Placer]:
-        view = View(
-            claims=self._stores["ResourceClaim"].by_key(),
-            slices=self._stores["ResourceSlice"].by_key() if "ResourceSlice" in self._stores else {},
-            classes=self._stores["DeviceClass"].by_key() if "DeviceClass" in self._stores else {},
-            nodes=self._stores["Node"].by_key() if "Node" in self._stores else {},
-        )
+        def grab(kind: str) -> dict[str, Obj]:
+            store = self._stores.get(kind)
+            return store.by_key() if store is not None else {}
+
+        view = View(claims=grab("ResourceClaim"), slices=grab("ResourceSlice"), classes=grab("DeviceClass"),
+                    nodes=grab("Node"), taint_rules=grab("DeviceTaintRule"))
         allocated = view.allocated_claims()
         snapshot, _ = build_snapshot(view, allocated)
         self._snapshot = snapshot

@@ -190,3 +190,18 @@ def test_a_node_cordoned_between_passes_is_not_used(apiserver: Any) -> None:
     m.step()
     second = api.get("Pod", "p1", "default")["spec"]["nodeName"]
     assert second != first  # binpack would have picked the fuller node had it not been cordoned
+
+
+def test_a_device_taint_rule_added_later_rebuilds_the_snapshot(apiserver: Any) -> None:
+    api = apiserver.api
+    create_all(api, [gpu_class(), template("two", 2)])
+    for n in ("n1", "n2"):
+        create_all(api, [node(n), gpu_slice(n, [(f"gpu-{g}", f"{n}-nvl") for g in range(2)])])
+    m = manager(api)
+    m.step()  # the snapshot exists before the rule does
+    api.create("DeviceTaintRule", {"metadata": {"name": "drain-n1"}, "spec": {
+        "deviceSelector": {"pool": "n1"}, "taint": {"key": "example.com/drain", "effect": "NoSchedule"}}})
+    create_all(api, [pod("p", templates={"gpu": "two"})])
+    m.step()
+    assert api.get("Pod", "p", "default")["spec"].get("nodeName") == "n2"
+    assert m.live.rebuilds == 2
