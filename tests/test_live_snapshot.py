@@ -194,14 +194,16 @@ def test_a_node_cordoned_between_passes_is_not_used(apiserver: Any) -> None:
 
 def test_a_device_taint_rule_added_later_rebuilds_the_snapshot(apiserver: Any) -> None:
     api = apiserver.api
-    create_all(api, [gpu_class(), template("two", 2)])
+    create_all(api, [gpu_class(), template("one", 1), template("two", 2)])
     for n in ("n1", "n2"):
-        create_all(api, [node(n), gpu_slice(n, [(f"gpu-{g}", f"{n}-nvl") for g in range(2)])])
+        create_all(api, [node(n), gpu_slice(n, [(f"gpu-{g}", f"{n}-nvl") for g in range(4)])])
     m = manager(api)
+    create_all(api, [pod("p0", templates={"gpu": "one"})])
     m.step()  # the snapshot exists before the rule does
+    assert api.get("Pod", "p0", "default")["spec"].get("nodeName") == "n1"
     api.create("DeviceTaintRule", {"metadata": {"name": "drain-n1"}, "spec": {
         "deviceSelector": {"pool": "n1"}, "taint": {"key": "example.com/drain", "effect": "NoSchedule"}}})
     create_all(api, [pod("p", templates={"gpu": "two"})])
     m.step()
-    assert api.get("Pod", "p", "default")["spec"].get("nodeName") == "n2"
+    assert api.get("Pod", "p", "default")["spec"].get("nodeName") == "n2"  # binpack would pick n1 without the rule
     assert m.live.rebuilds == 2
