@@ -75,3 +75,11 @@ def test_bad_sizes_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert run(argparse.Namespace(seed=1, nodes=0, pods=None, rate=None, output="json")) == 2
     assert "--nodes and --pods must be at least 1" in capsys.readouterr().out
+
+
+def test_embedded_scheduler_placements_are_pinned() -> None:
+    # Recorded with `bench schedule --nodes 10 --pods 40` on the scheduler that relisted claims and rebuilt the
+    # snapshot every pass and expanded every pod's templates before binding any (commit 88fda9d); the 100 x 400
+    # default shape gives 65e113a9... on both.
+    doc = measure(1, Shape(nodes=10, pods=40, timeout=120.0))
+    assert doc["placementDigest"] == "51a47c94f2f068ce7aef3a7cfe804cd380d8cfa1510f8fa6d745fee2822ac388"
