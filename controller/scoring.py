@@ -99,11 +99,16 @@ class _NodeOrder:
         if old == free:
             return
         if old is not None:
-            self._drop(node, old)
+            self._unbucket(node, old)
         self.free[node] = free
         insort(self.buckets.setdefault(free, []), node)
 
-    def _drop(self, node: str, free: int) -> None:
+    def remove(self, node: str) -> None:
+        free = self.free.pop(node, None)
+        if free is not None:
+            self._unbucket(node, free)
+
+    def _unbucket(self, node: str, free: int) -> None:
         bucket = self.buckets[free]
         del bucket[bisect_left(bucket, node)]
         if not bucket:
@@ -172,8 +177,8 @@ class Placer:
             if self._order is not None:
                 if node in self.snapshot.nodes:
                     self._order.put(node, self._free(node))
-                elif node in self._order.free:
-                    self._order._drop(node, self._order.free.pop(node))
+                else:
+                    self._order.remove(node)
 
     # ---- per-node device counts ------------------------------------------------------------------
 
