@@ -6,12 +6,14 @@ import argparse
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
 
 from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.apiserver import EmbeddedApiServer
 from controller.validationhooks import validation_admission
 from gpudra.apiserver.persistence import StateFileError
+from gpudra.apiserver.podlogs import PodLogsDir
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +23,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig-out", metavar="FILE", help="write a kubeconfig for this server to FILE")
     parser.add_argument("--state", metavar="FILE",
                         help="load objects from FILE at start and persist them there (atomically) while running")
+    parser.add_argument("--pod-logs-dir", metavar="DIR",
+                        help="serve pods/log (kubectl logs) from DIR in the kubelet's /var/log/pods layout "
+                             "(<namespace>_<pod>_<uid>/<container>/<restart>.log, CRI log format)")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
                         help="driver whose opaque configuration admission validates (default %(default)s)")
 
@@ -29,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         server = EmbeddedApiServer(args.address, args.port, state_file=args.state,
                                    admission=validation_admission(args.driver_name))
+        if args.pod_logs_dir:
+            server.pod_logs = PodLogsDir(Path(args.pod_logs_dir).absolute())
         url = server.start()
     except (ValueError, OSError, StateFileError) as exc:
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

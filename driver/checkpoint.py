@@ -81,6 +81,7 @@ class PreparedDevice(BaseModel):
     gpu_uuid: str  # the physical GPU (the ledger key)
     sharing: dict[str, Any] | None = None  # the applied sharing config (GpuConfig model dump), None = exclusive
     mig_created: MigCreation | None = None  # set when prepare creates the MIG device itself (partitionable)
+    admin_access: bool = False  # allocated with adminAccess: it takes no exclusive hold on the device
 
 
 class MpsDaemonRecord(BaseModel):

@@ -121,6 +121,7 @@ class PlannedDevice:
     target: DeviceTarget
     config: GpuConfig | None
     parameters: Mapping[str, Any] | None  # the winning opaque parameters, kept in the checkpoint
+    admin_access: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,9 +189,51 @@ def plan_claim(
             PlannedDevice(
                 request=_base_request(request), device_name=name, share_id=r.get("shareID"), target=target,
                 config=config, parameters=winning if config is not None else None,
+                admin_access=r.get("adminAccess") is True,
             )
         )
     return Plan(ref=ref, pool=pool_name, devices=tuple(planned))
+
+
+def _asks_for_sharing(device: PreparedDevice) -> bool:
+    return bool(((device.sharing or {}).get("sharing") or {}).get("strategy"))
+
+
+def _overlap(a: PreparedDevice, b: PreparedDevice) -> str:
+    """How two prepared devices use the same hardware ("" when they do not): the same GPU or MIG device, or a
+    full GPU and a MIG device on it. Different MIG devices of one GPU are isolated from each other."""
+    if not a.uuid or not b.uuid:
+        return ""  # an on-demand MIG placement not created yet (its GPU is checked by the MIG preconditions)
+    if a.uuid == b.uuid:
+        return f"{'MIG device' if a.uuid.startswith('MIG-') else 'GPU'} {a.uuid}"
+    if a.uuid == b.gpu_uuid:
+        return f"GPU {a.uuid}, whose MIG device {b.uuid} is"
+    if b.uuid == a.gpu_uuid:
+        return f"MIG device {a.uuid}, whose GPU {b.uuid} is"
+    return ""
+
+
+def exclusivity_conflict(devices: Sequence[PreparedDevice], others: Sequence[ClaimRecord]) -> str:
+    """Why the devices cannot be prepared next to the other prepared claims ("" when they can), pure.
+
+    The scheduler never allocates one device to two claims unless they may share it, but a node must not rely on
+    that (a stale or hand-written allocation, a second scheduler): two claims use the same hardware only when
+    both ask for sharing (a GpuConfig sharing strategy on both), both results carry a shareID (a device with
+    allowMultipleAllocations), or either has adminAccess."""
+    for d in devices:
+        for record in others:
+            for o in record.devices:
+                what = _overlap(d, o)
+                if not what:
+                    continue
+                if (_asks_for_sharing(d) and _asks_for_sharing(o)) or (d.share_id and o.share_id) or d.admin_access or o.admin_access:
+                    continue
+                return (
+                    f"device {d.device_name}: {what} already prepared for ResourceClaim {record.namespace}/{record.name} "
+                    f"(uid {record.uid}, device {o.device_name}); a device is prepared for two claims only when both "
+                    "ask for sharing (GpuConfig sharing), it allows multiple allocations (shareID) or one has adminAccess"
+                )
+    return ""
 
 
 @dataclass
@@ -348,6 +391,7 @@ class Preparer:
                     if p.target.placement is not None
                     else None
                 ),
+                admin_access=p.admin_access,
             )
             for p in plan.devices
         ]
@@ -360,6 +404,9 @@ class Preparer:
         mig_error = self._mig_preconditions(plan)
         if mig_error:
             return ClaimResult(error=f"{ref}: {mig_error}")
+        conflict = exclusivity_conflict(devices, [r for u, r in sorted(self.checkpoint.state.claims.items()) if u != ref.uid])
+        if conflict:
+            return ClaimResult(error=f"{ref}: {conflict}")
         # Not fsynced: kill -9 keeps it (page cache) and a power loss also wipes the CDI dir, MIG instances and GPU
         # settings it guards; the PrepareCompleted commit below flushes it with itself.
         self.checkpoint.commit([self.checkpoint.put_claim_op(started), *hold], durable=False)

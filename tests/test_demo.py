@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from driver.checkpoint import Checkpoint
+from tests.runtime_helpers import require_podman
 
 REPO = Path(__file__).resolve().parent.parent
 DRIVER = "gpu.nvidia.com"
@@ -36,6 +37,14 @@ EXPECTED_OUTCOMES = {
     "finished-trainings-released",
     "cdi-specs-and-checkpoints-match-prepared-claims",
     "processes-stopped-cleanly",
+}
+# With real containers (--runtime podman), what each container saw is checked too.
+CONTAINER_OUTCOMES = {
+    "containers-saw-exactly-their-devices",
+    "inference-replicas-saw-the-same-gpu",
+    "mig-worker-saw-only-its-mig-device",
+    "legacy-pod-saw-its-device-plugin-gpu",
+    "trainings-ended-by-their-command",
 }
 
 
@@ -113,14 +122,18 @@ def _read_checkpoint(workdir: Path, node: str) -> Any:
 
 
 @pytest.mark.slow
-def test_demo_report_matches_disk(workdir: Path, demo: Demo) -> None:
-    proc = demo("-o", "json", "--workdir", str(workdir))
-    out, err = proc.communicate(timeout=240)
+@pytest.mark.parametrize("runtime", ["none", "podman"])
+def test_demo_report_matches_disk(workdir: Path, demo: Demo, runtime: str) -> None:
+    if runtime == "podman":
+        require_podman()
+    proc = demo("-o", "json", "--workdir", str(workdir), "--runtime", runtime)
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}"
     report = json.loads(out)
 
     outcomes = {e["name"]: e for e in report["expectations"]}
-    assert set(outcomes) == EXPECTED_OUTCOMES
+    assert set(outcomes) == EXPECTED_OUTCOMES | (CONTAINER_OUTCOMES if runtime == "podman" else set())
+    assert report["runtime"]["kind"] == runtime and report["runtime"]["reason"]
     assert all(e["ok"] for e in outcomes.values()), [e for e in outcomes.values() if not e["ok"]]
     assert report["ok"] is True
     assert "act 1" in err and "act 2" in err  # progress lines go to stderr, the report alone to stdout
@@ -199,6 +212,26 @@ def test_demo_report_matches_disk(workdir: Path, demo: Demo) -> None:
 
     assert _processes_mentioning(str(workdir)) == []
     assert (workdir / "logs" / "apiserver.log").exists()
+    if runtime == "none":
+        assert all(x["containers"] == [] for x in report["workloads"])
+        return
+    # Each running workload's container listed exactly its own GPUs from inside, with the simulator's UUIDs.
+    for name in ("inference-0", "inference-1", "notebook", "mig-worker", "legacy-cuda", "gang-worker-0", "gang-worker-1"):
+        (c,) = w[name]["containers"]
+        assert c["running"] is True and c["saw"] is not None, name
+        smi = c["saw"]["nvidiaSmiL"]
+        gpus = [line for line in smi if line.startswith("GPU ")]
+        want = {d["cdiDeviceIDs"][0] for cl in w[name]["claims"] for d in cl["devices"]} | set(w[name]["devicePlugin"]["cdiDevices"] if w[name]["devicePlugin"] else [])
+        assert set(c["cdiDevices"]) == want, name
+        expected_gpus = 8 if name.startswith("gang") else 1
+        assert len(gpus) == expected_gpus and len([n for n in c["saw"]["deviceNodes"] if n[len("/dev/nvidia"):].isdigit()]) == expected_gpus, (name, smi)
+    assert w["inference-0"]["containers"][0]["saw"]["nvidiaSmiL"] == w["inference-1"]["containers"][0]["saw"]["nvidiaSmiL"]
+    mig_lines = w["mig-worker"]["containers"][0]["saw"]["nvidiaSmiL"]
+    assert len(mig_lines) == 2 and "MIG 1g.10gb" in mig_lines[1]
+    for name in ("train-llama", "train-bert"):
+        (c,) = w[name]["containers"]
+        assert c["running"] is False and c["exitCode"] == 0
+        assert len([line for line in c["saw"]["nvidiaSmiL"] if line.startswith("GPU ")]) == 4
 
 
 @pytest.mark.slow

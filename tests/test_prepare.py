@@ -252,3 +252,68 @@ def test_new_boot_reapplies_sharing(env: Env) -> None:
     env.new()
     assert env.start_report.reapplied == ["uid-1"]
     assert env.sharing.modes == {g0.uuid: COMPUTE_MODE_EXCLUSIVE_PROCESS}
+
+
+# ---- node-side exclusivity ------------------------------------------------------------------------------------
+
+TIME_SLICING = [{"requests": [], "opaque": {"driver": DRIVER, "parameters": {**CFG, "sharing": {"strategy": "TimeSlicing"}}}}]
+
+
+def _prepare(env: Env, name: str, uid: str, devices: list[tuple[str, str]], **kw: Any) -> str:
+    env.claims.add(claim(name, uid, devices, **kw))
+    return env.preparer.prepare([ClaimRef(uid, "ns", name)])[uid].error
+
+
+def test_second_exclusive_claim_on_one_gpu_is_refused_naming_the_holder(env: Env) -> None:
+    g0 = env.inv.gpus[0]
+    assert _prepare(env, "first", "uid-1", [("gpu", gpu_device_name(g0))]) == ""
+    error = _prepare(env, "second", "uid-2", [("gpu", gpu_device_name(g0))])
+    assert f"GPU {g0.uuid} already prepared for ResourceClaim ns/first (uid uid-1" in error
+    assert error.startswith("ResourceClaim ns/second (uid uid-2)")
+    assert env.preparer.checkpoint.claim("uid-2") is None
+    assert not (env.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-2.json").exists()
+    assert env.preparer.ledger.holders_of(g0.uuid) == ("dra:uid-1",)
+    # Once the holder is unprepared, the GPU is free for the other claim.
+    assert env.preparer.unprepare([ClaimRef("uid-1", "ns", "first")]) == {"uid-1": ""}
+    assert env.preparer.prepare([ClaimRef("uid-2", "ns", "second")])["uid-2"].error == ""
+
+
+def test_many_claims_on_one_gpu_only_the_first_is_prepared(env: Env) -> None:
+    g0 = env.inv.gpus[0]
+    errors = [_prepare(env, f"c{i}", f"uid-{i}", [("gpu", gpu_device_name(g0))]) for i in range(25)]
+    assert errors[0] == "" and all("already prepared for ResourceClaim ns/c0" in e for e in errors[1:])
+
+
+def test_full_gpu_and_its_mig_device_exclude_each_other(env: Env) -> None:
+    g1 = env.inv.gpus[1]
+    small, big = g1.mig_devices[1], g1.mig_devices[0]
+    assert _prepare(env, "mig", "uid-1", [("m", mig_device_name(g1, small))]) == ""
+    error = _prepare(env, "full", "uid-2", [("gpu", gpu_device_name(g1))])
+    assert f"GPU {g1.uuid}, whose MIG device {small.uuid} is already prepared for ResourceClaim ns/mig" in error
+    # Another MIG device of the same GPU is isolated from the first: allowed.
+    assert _prepare(env, "mig2", "uid-3", [("m", mig_device_name(g1, big))]) == ""
+    # The same MIG device twice: refused.
+    assert "MIG device " + small.uuid + " already prepared for ResourceClaim ns/mig" in _prepare(
+        env, "mig3", "uid-4", [("m", mig_device_name(g1, small))])
+
+
+def test_legitimate_sharing_is_allowed(env: Env) -> None:
+    g0, g2 = env.inv.gpus[0], env.inv.gpus[2]
+    # Sharing config on both claims.
+    assert _prepare(env, "ts1", "uid-1", [("gpu", gpu_device_name(g0))], config=TIME_SLICING) == ""
+    assert _prepare(env, "ts2", "uid-2", [("gpu", gpu_device_name(g0))], config=TIME_SLICING) == ""
+    # Sharing config on one side only is not enough.
+    assert "already prepared for ResourceClaim ns/ts1" in _prepare(env, "ex", "uid-3", [("gpu", gpu_device_name(g0))])
+    # adminAccess takes no exclusive hold, either way round.
+    env.claims.add(claim("admin", "uid-4", [("gpu", gpu_device_name(g2))]))
+    env.claims.objects[("ns", "admin")]["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    assert env.preparer.prepare([ClaimRef("uid-4", "ns", "admin")])["uid-4"].error == ""
+    assert _prepare(env, "user", "uid-5", [("gpu", gpu_device_name(g2))]) == ""
+
+
+def test_devices_with_multiple_allocations_share_by_share_id(env: Env) -> None:
+    g0 = env.inv.gpus[0]
+    for i in (1, 2):
+        env.claims.add(claim(f"s{i}", f"uid-{i}", [("gpu", gpu_device_name(g0))]))
+        env.claims.objects[("ns", f"s{i}")]["status"]["allocation"]["devices"]["results"][0]["shareID"] = f"00000000-0000-0000-0000-00000000000{i}"
+        assert env.preparer.prepare([ClaimRef(f"uid-{i}", "ns", f"s{i}")])[f"uid-{i}"].error == ""

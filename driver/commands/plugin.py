@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
@@ -25,8 +27,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", required=True, help="this node's name (the pool name)")
     parser.add_argument("--nvml", required=True, help="real, sim:PROFILE or sim:/path/profile.yaml")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config)")
-    parser.add_argument("--kubelet-dir", default=DEFAULT_KUBELET_DIR, help=f"kubelet root dir (default {DEFAULT_KUBELET_DIR})")
-    parser.add_argument("--cdi-dir", default=DEFAULT_CDI_DIR, help=f"dynamic CDI spec dir (default {DEFAULT_CDI_DIR})")
+    parser.add_argument("--kubelet-dir", help=f"kubelet root dir (default {DEFAULT_KUBELET_DIR}; with a simulator, "
+                                              "<private state dir>/kubelet)")
+    parser.add_argument("--cdi-dir", help=f"dynamic CDI spec dir (default {DEFAULT_CDI_DIR}; with a simulator, "
+                                          "<private state dir>/cdi)")
     parser.add_argument(
         "--driver-root",
         help="where the host's NVIDIA driver install is visible (default / with --nvml real, none with a simulator); "
@@ -54,6 +58,25 @@ def _driver_root(args: argparse.Namespace) -> Path | None:
     if args.driver_root:
         return Path(args.driver_root)
     return Path("/") if args.nvml == "real" else None
+
+
+def simulated_state_dir(node: str) -> Path:
+    """Where a simulated node keeps its kubelet and CDI dirs when none are given: per user and node, stable across
+    restarts (the checkpoint survives), never the host's /var/lib/kubelet or /var/run/cdi."""
+    return Path(tempfile.gettempdir()) / f"gpu-dra-sim-{os.getuid()}" / node
+
+
+def node_dirs(args: argparse.Namespace) -> tuple[Path, Path, str]:
+    """(kubelet dir, CDI dir, a notice or "") for the agent's flags."""
+    if not args.nvml.startswith("sim:") or (args.kubelet_dir and args.cdi_dir):
+        return Path(args.kubelet_dir or DEFAULT_KUBELET_DIR), Path(args.cdi_dir or DEFAULT_CDI_DIR), ""
+    state = simulated_state_dir(args.node)
+    kubelet = Path(args.kubelet_dir) if args.kubelet_dir else state / "kubelet"
+    cdi_dir = Path(args.cdi_dir) if args.cdi_dir else state / "cdi"
+    unset = " and ".join(f for f, v in (("--kubelet-dir", args.kubelet_dir), ("--cdi-dir", args.cdi_dir)) if not v)
+    return kubelet, cdi_dir, (f"simulated node {args.node}: {unset} not given; using the private state dir {state} "
+                              f"(kubelet dir {kubelet}, CDI dir {cdi_dir}), never the host's {DEFAULT_KUBELET_DIR} "
+                              f"or {DEFAULT_CDI_DIR}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,8 +120,11 @@ def run(args: argparse.Namespace) -> int:
         where = args.kubeconfig or "the in-cluster config"
         print(f"error: --kubeconfig: cannot connect with {where}: {exc}", file=sys.stderr)
         return 2
+    kubelet_dir, cdi_dir, notice = node_dirs(args)
+    if notice:
+        print(f"gpu-dra plugin: {notice}", file=sys.stderr, flush=True)
     settings = AgentSettings(
-        node_name=args.node, driver_name=args.driver_name, kubelet_dir=Path(args.kubelet_dir), cdi_dir=Path(args.cdi_dir),
+        node_name=args.node, driver_name=args.driver_name, kubelet_dir=kubelet_dir, cdi_dir=cdi_dir,
         partitionable=args.partitionable, reserved_uuids=reserved, metrics_port=args.metrics_port,
         driver_root=_driver_root(args), host_driver_root=args.host_driver_root,
     )

@@ -14,6 +14,7 @@ from gpudra.apiserver import resources as res
 from gpudra.apiserver import status as st
 from gpudra.apiserver.podpriority import admit_pod_priority
 from gpudra.apiserver.openapi import openapi_group_version, openapi_root, openapi_v2, openapi_v2_protobuf
+from gpudra.apiserver.podlogs import PodLogSource, parse_cri_log
 from gpudra.apiserver.selectors import FieldSelector, LabelSelector, SelectorError
 from gpudra.apiserver.store import Filter, Store
 from gpudra.apiserver.tables import INCLUDE_OBJECT, to_table, wants_table
@@ -27,12 +28,14 @@ _NO_SERVER_SIDE_APPLY = ("server-side apply is not supported by gpu-dra's embedd
                          "field managers); use client-side apply: kubectl apply without --server-side")
 _WATCH_POLL_S = 1.0  # how often an idle watch checks for shutdown and its deadline
 _MAX_BODY = 64 * 1024 * 1024
+_LOG_FOLLOW_POLL_S = 0.2  # how often a followed log is checked for new lines
 
 
 class ServerContext(Protocol):
     store: Store
     registry: res.Registry
     bookmark_interval: float
+    pod_logs: PodLogSource | None
 
     @property
     def stopping(self) -> bool: ...
@@ -261,6 +264,11 @@ class ApiHandler(BaseHTTPRequestHandler):
                 return
             raise st.method_not_allowed(f"{method} is not supported on the collection {r.rt.plural}; "
                                         "supported: GET (list, watch) and POST (create)")
+        if r.subresource == "log":
+            if method != "GET":
+                raise st.method_not_allowed(f"{method} is not supported on pods/log; supported: GET")
+            self._pod_log(r, query)
+            return
         if r.subresource == "binding":
             if method != "POST":
                 raise st.method_not_allowed(f"{method} is not supported on pods/binding; supported: POST")
@@ -426,6 +434,96 @@ class ApiHandler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             return
+
+    # ----- pods/log ------------------------------------------------------------------------------------------
+
+    def _pod_log(self, r: Route, query: dict[str, str]) -> None:
+        """GET pods/NAME/log: container, follow, previous, timestamps, tailLines, as the kubelet serves them."""
+        assert r.name is not None
+        pod = self.ctx.store.get(r.rt, r.namespace, r.name)
+        spec = pod.get("spec") or {}
+        names = [str(c.get("name")) for part in ("initContainers", "containers") for c in spec.get(part) or []]
+        main = [str(c.get("name")) for c in spec.get("containers") or []]
+        container = query.get("container") or ""
+        if not container:
+            if len(main) != 1:
+                raise st.bad_request(f"a container name must be specified for pod {r.name}, choose one of: "
+                                     f"[{' '.join(main)}]")
+            container = main[0]
+        elif container not in names:
+            raise st.bad_request(f"container {container} is not valid for pod {r.name}")
+        try:
+            tail = int(query["tailLines"]) if query.get("tailLines") else None
+        except ValueError:
+            raise st.bad_request(f"tailLines: Invalid value: {query['tailLines']!r}: must be an integer")
+        timestamps = query.get("timestamps") == "true"
+        previous = query.get("previous") == "true"
+        source = self.ctx.pod_logs
+        path = source.log_file(r.namespace, r.name, str(pod["metadata"].get("uid")), container, previous) if source else None
+        if path is None or not path.exists():
+            if source is None:
+                raise st.bad_request(f"container {container!r} in pod {r.name!r}: no logs: this API server has no "
+                                     "container log source (pods on simulated nodes with a container runtime have logs)")
+            if previous:
+                raise st.bad_request(f'previous terminated container "{container}" in pod "{r.name}" not found')
+            raise st.bad_request(f'container "{container}" in pod "{r.name}" is waiting to start: ContainerCreating')
+
+        def render(raw: str) -> bytes:
+            return "".join((f"{line.timestamp} " if timestamps else "") + line.text for line in parse_cri_log(raw)).encode()
+
+        data = path.read_bytes()
+        complete = data[: data.rfind(b"\n") + 1]
+        text = complete.decode(errors="replace")
+        if tail is not None:
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[-tail:]) if tail > 0 else ""
+        if query.get("follow") != "true":
+            self._send(200, render(text), "text/plain")
+            return
+        self.close_connection = True
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n"
+                         b"Cache-Control: no-cache, private\r\n\r\n")
+        self.log_request(200)
+        offset = len(complete)
+        try:
+            self._log_chunk(render(text))
+            while not self.ctx.stopping:
+                ended = self._container_ended(r, container, str(pod["metadata"].get("uid")))
+                try:
+                    data = path.read_bytes()
+                except OSError:
+                    break
+                end = data.rfind(b"\n") + 1
+                if end > offset:
+                    self._log_chunk(render(data[offset:end].decode(errors="replace")))
+                    offset = end
+                if ended:
+                    break
+                time.sleep(_LOG_FOLLOW_POLL_S)
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            return
+
+    def _container_ended(self, r: Route, container: str, uid: str) -> bool:
+        """The pod is gone (or replaced) or this container's latest run has terminated: a followed log ends."""
+        try:
+            pod = self.ctx.store.get(r.rt, r.namespace, r.name or "")
+        except st.StatusError:
+            return True
+        if str(pod["metadata"].get("uid")) != uid:
+            return True
+        status = pod.get("status") or {}
+        if status.get("phase") in ("Succeeded", "Failed"):
+            return True
+        for c in status.get("containerStatuses") or []:
+            if c.get("name") == container:
+                return "terminated" in (c.get("state") or {})
+        return False
+
+    def _log_chunk(self, data: bytes) -> None:
+        if data:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
 
     def _bookmark(self, r: Route, rv: int, initial_end: bool = False) -> None:
         meta: dict[str, Any] = {"resourceVersion": str(rv)}

@@ -147,7 +147,7 @@ DEFAULT_REGISTRY = Registry(
         ResourceType("", "v1", "pods", "Pod", True, ("po",), has_status=True,
                      field_labels=("spec.nodeName", "spec.schedulerName", "spec.serviceAccountName",
                                    "status.phase", "status.podIP", "status.nominatedNodeName"),
-                     categories=("all",), extra_subresources=("binding",)),
+                     categories=("all",), extra_subresources=("binding", "log")),
         ResourceType("", "v1", "events", "Event", True, ("ev",),
                      field_labels=("reason", "type", "source", "reportingComponent"),
                      field_prefixes=("involvedObject",)),
@@ -186,7 +186,8 @@ def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:
                         "kind": rt.kind, "verbs": ["get", "patch", "update"]})
     for sub in rt.extra_subresources:
         entries.append({"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
-                        "kind": "Binding" if sub == "binding" else rt.kind, "verbs": ["create"]})
+                        "kind": "Binding" if sub == "binding" else rt.kind,
+                        "verbs": ["get"] if sub == "log" else ["create"]})
     return entries
 
 

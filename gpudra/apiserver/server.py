@@ -15,6 +15,7 @@ import yaml
 from gpudra.apiserver.handler import ApiHandler
 from gpudra.apiserver.podpriority import system_priority_classes
 from gpudra.apiserver.persistence import atomic_write_json, read_state
+from gpudra.apiserver.podlogs import PodLogSource
 from gpudra.atomicfile import atomic_write
 from gpudra.apiserver.resources import DEFAULT_REGISTRY, Registry
 from gpudra.apiserver.status import StatusError
@@ -68,6 +69,8 @@ class EmbeddedApiServer:
         self._httpd: _HttpServer | None = None
         self._threads: list[threading.Thread] = []
         self.url = ""
+        # Where pods/log reads container logs; a testbed with a container runtime registers one.
+        self.pod_logs: PodLogSource | None = None
 
     @property
     def stopping(self) -> bool:

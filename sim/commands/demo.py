@@ -34,6 +34,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="the project's manifests/ directory with base/deviceclasses.yaml and examples/ "
                              "(default: the checkout's; an installed copy, e.g. the container image, names its own)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--runtime", choices=["auto", "podman", "none"], default="auto",
+                        help="container runtime of the simulated kubelets: podman (containers start for real with "
+                             "their CDI devices; needs root, podman, runc, busybox-static), none (pods are marked "
+                             "Running after prepare), auto (podman when it can run here, else none; default)")
 
 
 class _Terminated(BaseException):
@@ -78,6 +82,14 @@ def run(args: argparse.Namespace) -> int:
         workdir = Path(tempfile.mkdtemp(prefix="gpu-dra-demo-", dir=base))
         keep = False
 
+    from sim.runtime import choose
+
+    try:
+        runtime = choose(args.runtime)
+    except ValueError as exc:
+        print(f"gpu-dra demo: --runtime {args.runtime}: {exc}", file=sys.stderr)
+        return 2
+
     from sim.demo import expect, observe, report
     from sim.demo.processes import log_tail
     from sim.demo.runner import Demo, DemoFailed, DemoSettings
@@ -87,8 +99,14 @@ def run(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr, flush=True)
 
     start = time.monotonic()
+    if runtime.kind == "none" and args.runtime == "auto":
+        # Falling back is worth a line even with --quiet: the report then has no container views.
+        print(f"gpu-dra demo: notice: {runtime.reason}", file=sys.stderr, flush=True)
+    else:
+        progress(f"runtime: {runtime.kind}: {runtime.reason}")
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    demo = Demo(DemoSettings(workdir=workdir, manifests=manifests, step_timeout=args.step_timeout, progress=progress))
+    demo = Demo(DemoSettings(workdir=workdir, manifests=manifests, step_timeout=args.step_timeout, progress=progress,
+                             runtime=runtime.kind))
     failure = ""
     observed = None
     interrupted = False
@@ -136,9 +154,12 @@ def run(args: argparse.Namespace) -> int:
         ))
         progress(f"all processes stopped; wall time {wall:.1f} s")
         if args.output == "json":
-            print(json.dumps(report.as_json(rows, util, results, wall_seconds=wall, workdir=shown_workdir), indent=2))
+            doc = report.as_json(rows, util, results, wall_seconds=wall, workdir=shown_workdir)
+            doc["runtime"] = {"kind": runtime.kind, "reason": runtime.reason}
+            print(json.dumps(doc, indent=2))
         else:
             print(report.as_table(rows, util, results, wall_seconds=wall, workdir=shown_workdir))
+            print(f"container runtime: {runtime.kind}: {runtime.reason}")
         return 0 if all(r.ok for r in results) else 1
     finally:
         if not keep:

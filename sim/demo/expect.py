@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from driver.deviceplugin import DEVICE_PLUGIN_HOLDER_PREFIX
-from sim.demo.observe import ApiState, Observed, WorkloadRow
+from sim.demo.observe import ApiState, ContainerView, Observed, WorkloadRow
 
 TRAININGS = ("train-llama", "train-bert")
 INFERENCE = ("inference-0", "inference-1")
@@ -212,8 +212,117 @@ def disk_matches(rows: list[WorkloadRow], obs: Observed) -> Expectation:
     return Expectation(name, not problems, detail)
 
 
+# ---- what the containers saw (with a container runtime) ------------------------------------------------------
+
+
+def expected_view(row: WorkloadRow) -> tuple[set[str], set[str], set[str]]:
+    """(GPU UUIDs, MIG UUIDs, NVIDIA_VISIBLE_DEVICES entries) a workload's container should see: its claims'
+    devices (a MIG device shows under its parent GPU) and its device plugin GPUs."""
+    gpus, migs, visible = set(row.legacy_devices), set(), set(row.legacy_devices)
+    for c in row.claims:
+        for d in c.devices:
+            uuid = str(d.attributes.get("uuid") or "")
+            if d.attributes.get("type") == "mig":
+                migs.add(uuid)
+                gpus.add(str(d.attributes.get("parentUUID") or ""))
+            else:
+                gpus.add(uuid)
+            visible.add(uuid)
+    return gpus, migs, visible
+
+
+def view_problems(row: WorkloadRow, view: ContainerView) -> list[str]:
+    gpus, migs, visible = expected_view(row)
+    where = f"{row.name}/{view.name}"
+    if not view.probed:
+        return [f"{where}: no record of what it saw (its probe did not run)"]
+    problems = []
+    if sorted(view.gpu_uuids) != sorted(gpus):
+        problems.append(f"{where}: nvidia-smi -L listed GPUs {view.gpu_uuids}, its devices are {sorted(gpus)}")
+    if sorted(view.mig_uuids) != sorted(migs):
+        problems.append(f"{where}: nvidia-smi -L listed MIG devices {view.mig_uuids}, its devices are {sorted(migs)}")
+    seen_visible = set(filter(None, (view.visible_devices or "").split(",")))
+    # "void": the spec tells an NVIDIA runtime hook to inject nothing itself (CDI already did); not a device list.
+    if view.visible_devices != "void" and seen_visible != visible:
+        problems.append(f"{where}: NVIDIA_VISIBLE_DEVICES={view.visible_devices!r}, expected {sorted(visible)}")
+    if len(view.gpu_nodes) != len(gpus):
+        problems.append(f"{where}: GPU device nodes {view.gpu_nodes}, expected {len(gpus)}")
+    return problems
+
+
+def containers_saw_their_devices(rows: list[WorkloadRow]) -> Expectation:
+    name = "containers-saw-exactly-their-devices"
+    problems, count = [], 0
+    for r in rows:
+        for v in r.containers:
+            count += 1
+            problems += view_problems(r, v)
+    ran = [r.name for r in rows if r.containers]
+    if not ran:
+        return Expectation(name, False, "no container ran")
+    return Expectation(name, not problems, "; ".join(problems) or (
+        f"{count} containers in {len(ran)} pods: each nvidia-smi -L listed exactly its claim's (or device plugin's) "
+        "GPUs and MIG devices, NVIDIA_VISIBLE_DEVICES named exactly them, and only their GPU device nodes existed"))
+
+
+def _views(rows: list[WorkloadRow], name: str) -> list[ContainerView]:
+    r = _row(rows, name)
+    return list(r.containers) if r is not None else []
+
+
+def inference_saw_same_gpu(rows: list[WorkloadRow]) -> Expectation:
+    name = "inference-replicas-saw-the-same-gpu"
+    seen = {n: [u for v in _views(rows, n) for u in v.gpu_uuids] for n in INFERENCE}
+    ok = all(len(u) == 1 for u in seen.values()) and len({tuple(u) for u in seen.values()}) == 1
+    return Expectation(name, ok, "; ".join(f"{n} saw {', '.join(u) or 'no GPU'}" for n, u in seen.items()))
+
+
+def mig_worker_saw_only_its_mig(rows: list[WorkloadRow]) -> Expectation:
+    name = "mig-worker-saw-only-its-mig-device"
+    r = _row(rows, "mig-worker")
+    views = _views(rows, "mig-worker")
+    if r is None or not views:
+        return Expectation(name, False, "mig-worker did not run a container")
+    gpus, migs, _ = expected_view(r)
+    seen_migs = [u for v in views for u in v.mig_uuids]
+    seen_gpus = [u for v in views for u in v.gpu_uuids]
+    ok = len(migs) == 1 and seen_migs == sorted(migs) and seen_gpus == sorted(gpus)
+    return Expectation(name, ok, f"mig-worker saw MIG devices {seen_migs} on GPU {seen_gpus}; its claim: {sorted(migs)}")
+
+
+def legacy_saw_its_gpu(rows: list[WorkloadRow]) -> Expectation:
+    name = "legacy-pod-saw-its-device-plugin-gpu"
+    r = _row(rows, "legacy-cuda")
+    views = _views(rows, "legacy-cuda")
+    if r is None or not views:
+        return Expectation(name, False, "legacy-cuda did not run a container")
+    seen = [u for v in views for u in v.gpu_uuids]
+    ok = len(r.legacy_devices) == 1 and seen == list(r.legacy_devices)
+    return Expectation(name, ok, f"legacy-cuda saw {seen or 'no GPU'}; the device plugin gave it {list(r.legacy_devices)}")
+
+
+def trainings_ended_by_command(rows: list[WorkloadRow]) -> Expectation:
+    name = "trainings-ended-by-their-command"
+    parts, ok = [], True
+    for n in TRAININGS:
+        r = _row(rows, n)
+        views = _views(rows, n)
+        codes = [v.exit_code for v in views]
+        good = r is not None and r.phase == "Succeeded" and bool(views) and all(c == 0 for c in codes)
+        ok &= good
+        parts.append(f"{n} {r.phase if r else 'missing'}: container exit codes {codes}")
+    return Expectation(name, ok, "; ".join(parts))
+
+
 def check_all(rows: list[WorkloadRow], obs: Observed) -> list[Expectation]:
-    return [
+    runtime = [
+        containers_saw_their_devices(rows),
+        inference_saw_same_gpu(rows),
+        mig_worker_saw_only_its_mig(rows),
+        legacy_saw_its_gpu(rows),
+        trainings_ended_by_command(rows),
+    ] if obs.runtime == "podman" else []
+    return runtime + [
         trainings(rows),
         inference(rows, obs),
         mig(rows),

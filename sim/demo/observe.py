@@ -6,6 +6,7 @@ expectations are computed from the same rows.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,7 @@ class Observed:
     gpus: dict[str, int]  # node -> physical GPUs NVML reports
     namespace: str
     driver: str
+    runtime: str = "none"  # "podman" when containers really ran (their views are in the records)
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,40 @@ class ClaimRow:
 
 
 @dataclass(frozen=True)
+class ContainerView:
+    """One container as the runtime ran it and what it saw from inside (its probe)."""
+
+    name: str
+    running: bool
+    exit_code: int | None
+    restart_count: int
+    cdi_devices: tuple[str, ...]
+    probed: bool  # False: the probe's output was not there (the container did not get that far)
+    nvidia_smi: tuple[str, ...] = ()
+    visible_devices: str | None = None
+    device_nodes: tuple[str, ...] = ()
+
+    @property
+    def gpu_uuids(self) -> list[str]:
+        """GPU UUIDs of its `nvidia-smi -L` lines, in order."""
+        return [m.group(1) for line in self.nvidia_smi if (m := _GPU_LINE.match(line))]
+
+    @property
+    def mig_uuids(self) -> list[str]:
+        return [m.group(1) for line in self.nvidia_smi if (m := _MIG_LINE.match(line))]
+
+    @property
+    def gpu_nodes(self) -> list[str]:
+        """Its /dev/nvidia<N> GPU nodes (not nvidiactl, uvm or caps)."""
+        return [n for n in self.device_nodes if _GPU_NODE.match(n)]
+
+
+_GPU_LINE = re.compile(r"^GPU \d+: .* \(UUID: (GPU-[^)]+)\)$")
+_MIG_LINE = re.compile(r"^\s+MIG .* \(UUID: (MIG-[^)]+)\)$")
+_GPU_NODE = re.compile(r"^/dev/nvidia\d+$")
+
+
+@dataclass(frozen=True)
 class WorkloadRow:
     name: str
     uid: str
@@ -70,6 +106,7 @@ class WorkloadRow:
     claims: tuple[ClaimRow, ...]
     legacy_devices: tuple[str, ...] = ()  # device plugin device IDs (GPU UUIDs)
     legacy_cdi_devices: tuple[str, ...] = ()
+    containers: tuple[ContainerView, ...] = ()  # with a runtime: each container's latest run
 
 
 def slice_attributes(slices: list[Obj]) -> dict[tuple[str, str, str], dict[str, Any]]:
@@ -164,7 +201,12 @@ def workloads(obs: Observed) -> list[WorkloadRow]:
             reason = "Completed"
         legacy = tuple(i for g in (record.legacy if record else []) for i in g.device_ids)
         legacy_cdi = tuple(i for g in (record.legacy if record else []) for i in g.cdi_devices)
-        rows.append(WorkloadRow(name, uid, phase, reason, message, node, tuple(claim_rows), legacy, legacy_cdi))
+        containers = tuple(
+            ContainerView(c.container, c.running, c.exit_code, c.restart_count, c.cdi_devices, c.seen is not None,
+                          *((c.seen.nvidia_smi, c.seen.visible_devices, c.seen.device_nodes) if c.seen else ()))
+            for c in (record.containers if record else [])
+        )
+        rows.append(WorkloadRow(name, uid, phase, reason, message, node, tuple(claim_rows), legacy, legacy_cdi, containers))
     return rows
 
 

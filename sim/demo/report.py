@@ -33,6 +33,13 @@ def as_json(rows: list[WorkloadRow], util: dict[str, Utilization], expectations:
                 ],
                 "devicePlugin": ({"devices": list(r.legacy_devices), "cdiDevices": list(r.legacy_cdi_devices)}
                                  if r.legacy_devices else None),
+                "containers": [
+                    {"name": c.name, "running": c.running, "exitCode": c.exit_code, "restartCount": c.restart_count,
+                     "cdiDevices": list(c.cdi_devices),
+                     "saw": ({"nvidiaSmiL": list(c.nvidia_smi), "nvidiaVisibleDevices": c.visible_devices,
+                              "deviceNodes": list(c.device_nodes)} if c.probed else None)}
+                    for c in r.containers
+                ],
             }
             for r in rows
         ],
@@ -67,6 +74,18 @@ def as_table(rows: list[WorkloadRow], util: dict[str, Utilization], expectations
                            ", ".join(sharing) or ("exclusive" if devices or r.legacy_devices else "-"),
                            _short(what, 60), _short(cdi_ids, 70)])
     out += _table(["NAME", "PHASE", "NODE", "GPUS", "SHARING", "DEVICES", "CDI IDS"], table_rows)
+    seen = [(r, c) for r in rows for c in r.containers]
+    if seen:
+        out += ["", "WHAT EACH CONTAINER SAW (inside the container: nvidia-smi -L, NVIDIA_VISIBLE_DEVICES, /dev/nvidia*)"]
+        for r, c in seen:
+            state = "running" if c.running else f"exited {c.exit_code}"
+            out.append(f"{r.name}/{c.name} ({state}):")
+            if not c.probed:
+                out.append("    (no record: the container did not get to run its probe)")
+                continue
+            out += [f"    {line}" for line in c.nvidia_smi] or ["    (nvidia-smi -L printed nothing)"]
+            out.append(f"    NVIDIA_VISIBLE_DEVICES={c.visible_devices if c.visible_devices is not None else '(unset)'}")
+            out.append(f"    device nodes: {' '.join(c.device_nodes) or '-'}")
     out += ["", "NODES"]
     out += _table(["NODE", "GPUS IN USE", "UTILIZATION"],
                   [[n, f"{u.allocated}/{u.total}", f"{100 * u.allocated // max(u.total, 1)}%"] for n, u in util.items()])

@@ -13,6 +13,11 @@ stays open. A GPU the device plugin hands to a legacy pod is withheld from the s
 republishes its ResourceSlice with the device-plugin taint, and a claim allocated that GPU in the meantime is
 refused at prepare and stays allocated to it until the legacy pod ends: the notebook on the same V100 node would
 then be stuck in some runs. Applying the legacy pod once the DRA pods are placed keeps every run the same.
+
+With the podman runtime (sim.runtime) every container really starts, from a busybox rootfs with the CDI
+devices of its claims, and each node's simulated driver install (sim.runtime.driverinstall) gives it an
+`nvidia-smi -L` that lists what it was given; the trainings end because their command ends. Without a runtime
+pods are marked Running after prepare and the demo ends the trainings itself (`NodeKubelet.finish`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from driver.nvml import load_backend
 from gpudra import DEFAULT_DRIVER_NAME
 from sim.demo import cluster, disk
 from sim.kubelet.pods import NodeKubelet
+from sim.runtime import Runtimes, driverinstall
+from sim.runtime.podman import PodmanRuntime
 from sim.demo.observe import ApiState, Observed
 from sim.demo.processes import ChildFailed, ChildGroup, gpu_dra_command
 from gpudra.kubeapi import KubeApi
@@ -51,6 +58,7 @@ TRAININGS = ("train-llama", "train-bert")
 GANG_PODS = ("gang-worker-0", "gang-worker-1")
 GANG_CLAIMS = ("gang-worker-0-gpus", "gang-worker-1-gpus")
 CANNOT_FIT = "h100-full-node"
+TRAINING_SECONDS = 20.0  # how long the trainings' command runs (manifests/examples/training-a100.yaml)
 
 
 class DemoFailed(RuntimeError):
@@ -65,6 +73,7 @@ class DemoSettings:
     step_timeout: float = 45.0
     nodes: tuple[cluster.NodeSpec, ...] = cluster.NODES
     progress: Callable[[str], None] = lambda line: None
+    runtime: str = "none"  # "podman" or "none" (sim.runtime.choose decides)
 
 
 @dataclass
@@ -73,6 +82,7 @@ class _Running:
     api: KubeApi | None = None
     kubelets: dict[str, NodeKubelet] = field(default_factory=dict)
     device_managers: list[DeviceManagerSim] = field(default_factory=list)
+    runtimes: list[PodmanRuntime] = field(default_factory=list)
 
 
 class Demo:
@@ -93,8 +103,8 @@ class Demo:
     def progress(self, text: str) -> None:
         self.s.progress(f"[{time.monotonic() - self._t0:5.1f}s] {text}")
 
-    def wait(self, what: str, check: Callable[[], T | None]) -> T:
-        deadline = time.monotonic() + self.s.step_timeout
+    def wait(self, what: str, check: Callable[[], T | None], extra: float = 0.0) -> T:
+        deadline = time.monotonic() + self.s.step_timeout + extra
         while True:
             try:
                 self.r.children.check_alive()
@@ -118,7 +128,8 @@ class Demo:
 
     def start_control_plane(self) -> None:
         child = self.r.children.start(
-            "apiserver", gpu_dra_command("apiserver", "--kubeconfig-out", str(self.kubeconfig)), stdout_pipe=True, tier=0
+            "apiserver", gpu_dra_command("apiserver", "--kubeconfig-out", str(self.kubeconfig),
+                                         "--pod-logs-dir", str(self.pod_logs_dir)), stdout_pipe=True, tier=0
         )
         assert child.process.stdout is not None
         fd = child.process.stdout.fileno()
@@ -138,11 +149,19 @@ class Demo:
                       f"{', '.join(sorted(c['metadata']['name'] for c in self.api.list('DeviceClass')[0]))} created")
         self.r.children.start("controller", gpu_dra_command("controller", "--kubeconfig", str(self.kubeconfig), "--embedded"))
 
+    @property
+    def pod_logs_dir(self) -> Path:
+        """The kubelets' /var/log/pods: what `gpu-dra apiserver --pod-logs-dir` serves as pods/log."""
+        return self.s.workdir / "pod-logs"
+
     def start_nodes(self) -> None:
+        runtimes = Runtimes(self.s.workdir / "runtime") if self.s.runtime == "podman" else None
         for spec in self.s.nodes:
             dirs = cluster.node_dirs(self.s.workdir, spec.name)
             dirs.kubelet.mkdir(parents=True, exist_ok=True)
             dirs.cdi.mkdir(parents=True, exist_ok=True)
+            inventory = discover(load_backend(f"sim:{spec.profile}", node=spec.name), spec.name)
+            driver_root = driverinstall.write(dirs.root / "driver", spec.name, inventory)
             cluster.register_node(self.api, cluster.node_object(spec.name, gpu_allocatable=0 if spec.device_plugin else None))
             dm: DeviceManagerSim | None = None
             if spec.device_plugin:
@@ -151,11 +170,17 @@ class Demo:
                 dm.start()
                 self.r.device_managers.append(dm)
             argv = ["plugin", "--node", spec.name, "--nvml", f"sim:{spec.profile}", "--kubeconfig", str(self.kubeconfig),
-                    "--kubelet-dir", str(dirs.kubelet), "--cdi-dir", str(dirs.cdi), "--driver-name", self.s.driver_name]
+                    "--kubelet-dir", str(dirs.kubelet), "--cdi-dir", str(dirs.cdi), "--driver-name", self.s.driver_name,
+                    "--driver-root", str(driver_root), "--host-driver-root", str(driver_root)]
             if spec.device_plugin:
                 argv.append("--device-plugin")
             self.r.children.start(f"plugin-{spec.name}", gpu_dra_command(*argv))
-            self.r.kubelets[spec.name] = NodeKubelet(self.api, spec.name, dirs.kubelet, self.s.driver_name, device_manager=dm)
+            runtime = None
+            if runtimes is not None:
+                runtime = runtimes.for_node(spec.name, dirs.cdi)
+                self.r.runtimes.append(runtime)
+            self.r.kubelets[spec.name] = NodeKubelet(self.api, spec.name, dirs.kubelet, self.s.driver_name, device_manager=dm,
+                                                     runtime=runtime, pod_logs_dir=self.pod_logs_dir)
         for name, kubelet in self.r.kubelets.items():
             try:
                 kubelet.register_plugin(timeout=self.s.step_timeout)
@@ -195,6 +220,13 @@ class Demo:
     def _phase(state: ApiState, pod: str) -> str:
         return str(((state.pods.get(pod) or {}).get("status") or {}).get("phase") or "Pending")
 
+    @staticmethod
+    def _exit_codes(state: ApiState, pods: list[str]) -> str:
+        return "; ".join(
+            f"{p}: " + ", ".join(f"{c.get('name')} exit code {((c.get('state') or {}).get('terminated') or {}).get('exitCode')}"
+                                 for c in ((state.pods.get(p) or {}).get("status") or {}).get("containerStatuses") or [])
+            for p in pods)
+
     def _where(self, state: ApiState, pod: str) -> str:
         return str(((state.pods.get(pod) or {}).get("spec") or {}).get("nodeName") or "-")
 
@@ -231,6 +263,10 @@ class Demo:
 
         def gang_waiting() -> ApiState | None:
             s = self.state()
+            ended = [p for p in TRAININGS if self._phase(s, p) != "Running"]
+            if ended:
+                raise DemoFailed(f"the trainings {', '.join(ended)} ended before the gang was judged: act 1 took longer "
+                                 f"than their {TRAINING_SECONDS:.0f} s (a very loaded machine?)")
             waiting = all(self._event(s, p, "GpuDraGangWaiting") for p in GANG_PODS)
             explained = all(annotation in ((s.claims.get(c) or {}).get("metadata") or {}).get("annotations", {}) for c in GANG_CLAIMS)
             return s if waiting and explained else None
@@ -259,23 +295,30 @@ class Demo:
         return free
 
     def act2(self) -> ApiState:
-        self.progress("act 2: the two trainings finish (containers exit 0)")
         st = self.state()
+        if self.s.runtime == "podman":
+            self.progress("act 2: the two trainings finish (their command ends after 20 steps, the containers exit 0)")
+        else:
+            self.progress("act 2: the two trainings finish (no runtime: the demo ends them as containers exiting 0 would)")
         for pod in TRAININGS:
             node = self._where(st, pod)
             if node not in self.r.kubelets:
                 raise DemoFailed(f"pod {NAMESPACE}/{pod} is not running on a node (spec.nodeName {node!r})")
-            self.r.kubelets[node].finish(NAMESPACE, pod)
+            if self.s.runtime != "podman":
+                self.r.kubelets[node].finish(NAMESPACE, pod)
         training_claims = {p: [n for n in _claim_names(st.pods[p])] for p in TRAININGS}
 
         def released() -> ApiState | None:
             s = self.state()
+            failed = [p for p in TRAININGS if self._phase(s, p) == "Failed"]
+            if failed:
+                raise DemoFailed(f"training pod(s) {', '.join(failed)} Failed: {self._exit_codes(s, failed)}")
             done = all(self._phase(s, p) == "Succeeded" for p in TRAININGS)
             gone = all(not ((s.claims.get(c) or {}).get("status") or {}).get("allocation")
                        for names in training_claims.values() for c in names)
             return s if done and gone else None
 
-        self.wait("the finished trainings' claims to be released", released)
+        self.wait("the finished trainings' claims to be released", released, extra=TRAINING_SECONDS)
         self.progress(f"  trainings Succeeded; their claims {', '.join(c for v in training_claims.values() for c in v)} "
                       "unprepared (CDI specs removed) and released by the controller")
 
@@ -294,6 +337,8 @@ class Demo:
         self.start_nodes()
         act1 = self.act1()
         self.act2()
+        if self.s.runtime == "podman":
+            self.wait("every running container to record what it saw", self._all_probed)
         final = self.state()
         records = {name: k.snapshot() for name, k in self.r.kubelets.items()}
         disks = {}
@@ -301,12 +346,18 @@ class Demo:
             dirs = cluster.node_dirs(self.s.workdir, spec.name)
             disks[spec.name] = disk.read_node(dirs.cdi, dirs.plugin_dir(self.s.driver_name))
         gpus = {spec.name: len(discover(load_backend(f"sim:{spec.profile}", node=spec.name), spec.name).gpus) for spec in self.s.nodes}
-        return Observed(act1, final, records, disks, gpus, NAMESPACE, self.s.driver_name)
+        return Observed(act1, final, records, disks, gpus, NAMESPACE, self.s.driver_name, self.s.runtime)
+
+    def _all_probed(self) -> bool:
+        return all(c.seen is not None or not c.running for k in self.r.kubelets.values()
+                   for r in k.snapshot().values() for c in r.containers)
 
     def close(self) -> dict[str, int | None]:
         """Stop everything this run started, kubelets first (they call into the agents), then the processes."""
         for kubelet in self.r.kubelets.values():
-            kubelet.stop()
+            kubelet.stop()  # removes the containers it started
+        for runtime in self.r.runtimes:
+            runtime.close()
         for dm in self.r.device_managers:
             dm.stop()
         codes = self.r.children.stop_all()

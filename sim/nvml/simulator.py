@@ -164,7 +164,9 @@ class _EventSet:
     queue: deque[pynvml.c_nvmlEventData_t] = field(default_factory=deque)
 
 
-def _mig_uuid(gpu_uuid: str, profile: str, start: int) -> str:
+def mig_uuid(gpu_uuid: str, profile: str, start: int) -> str:
+    """The UUID the simulator gives the MIG device of `profile` at placement `start` (stable, so a testbed can
+    know it before the device exists)."""
     return "MIG-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"gpu-dra-sim/{gpu_uuid}/{profile}@{start}"))
 
 
@@ -209,7 +211,7 @@ class SimulatedNvml:
                         gi_id=gpu_instance_id(dev.start, p.placement_size),
                         profile=p,
                         start=dev.start,
-                        uuid=dev.uuid or _mig_uuid(spec.uuid, p.name, dev.start),
+                        uuid=dev.uuid or mig_uuid(spec.uuid, p.name, dev.start),
                     )
                 )
             gpu.migs.sort(key=lambda m: m.start)
@@ -801,7 +803,7 @@ class SimulatedNvml:
                 _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
             if not self._placement_free(gpu, p, start):
                 _raise(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
-            mig = _SimMig(gpu_instance_id(start, p.placement_size), p, start, _mig_uuid(gpu.spec.uuid, p.name, start), has_ci=False)
+            mig = _SimMig(gpu_instance_id(start, p.placement_size), p, start, mig_uuid(gpu.spec.uuid, p.name, start), has_ci=False)
             gpu.migs.append(mig)
             gpu.migs.sort(key=lambda m: m.start)
             return self._gi_handle(gpu, mig)

@@ -1,0 +1,363 @@
+"""A container runtime for one simulated node: podman with runc, CDI devices, a busybox rootfs.
+
+What the kubelet asks of containerd after NodePrepareResources, done with podman (facts in
+shared/reference/cdi-runtime.md): each container is started from the busybox rootfs (sim.runtime.rootfs) with
+the CDI device ids of its claims and of the device plugin, the pod's env and command, inside the node's private
+mount namespace (sim.runtime.namespace), where /var/run/cdi is the node's CDI dir and the NVIDIA device nodes the
+specs name exist as character devices. podman keeps its storage under the node's state dir and its run and tmp
+dirs in the namespace's private /run.
+
+Before the container's command, a probe script records what the container itself sees (its `nvidia-smi -L`,
+`NVIDIA_VISIBLE_DEVICES` and NVIDIA device nodes) into a per-container directory; `seen()` reads it.
+Logs are podman's k8s-file log (one line per write: time, stream, P/F, text); `logs()` turns it into text.
+Exits are noticed without spawning podman: once the container's process is gone (its --pidfile), podman is
+asked for the exit code; its conmon monitor (--conmon-pidfile) lingers a second or two for podman's clean-up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from gpudra.apiserver.podlogs import parse_cri_log
+from sim.runtime.namespace import PRIVATE_RUN, NamespaceError, PrivateMountNamespace
+from sim.runtime.rootfs import PROBE_DIR, SEEN_DIR
+
+log = logging.getLogger("sim.runtime")
+
+RUNC_CANDIDATES: tuple[str, ...] = ("/usr/sbin/runc", "/usr/bin/runc", "/usr/local/sbin/runc", "/usr/local/bin/runc")
+# Debian's podman/runc on cgroup v1 without CAP_SYS_RESOURCE: podman's default rlimits cannot be set.
+RUN_FLAGS: tuple[str, ...] = ("--network=none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+                              "--read-only", "--stop-timeout", "1")
+PODMAN_TIMEOUT_SECONDS = 120.0
+# The exit code the kubelet reports for a container whose state the runtime lost (ContainerStatusUnknown).
+UNKNOWN_EXIT_CODE = 137
+# What a container runs when the pod gives neither command nor args (a server image's entrypoint).
+DEFAULT_COMMAND: tuple[str, ...] = ("sleep", "2147483647")
+
+# NVIDIA's numbering: /dev/nvidia<N> is 195:N, nvidiactl 195:255, nvidia-modeset 195:254. nvidia-uvm and the
+# nvidia-caps nodes have dynamic majors on real nodes; here they get majors from the range devices.txt keeps
+# for local use (240-254), skipping any this host's kernel has registered.
+NVIDIA_MAJOR = 195
+_GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
+_CAP_NODE = re.compile(r"^/dev/nvidia-caps/nvidia-cap(\d+)$")
+
+PROBE_SCRIPT = r"""#!/bin/sh
+# Written by the gpu-dra kubelet simulator: records what this container sees, then runs its command.
+out=SEEN
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi -L > "$out/nvidia-smi" 2>&1; echo $? > "$out/nvidia-smi.rc"
+else
+  echo "nvidia-smi: not found" > "$out/nvidia-smi"; echo 127 > "$out/nvidia-smi.rc"
+fi
+if [ "${NVIDIA_VISIBLE_DEVICES+set}" = set ]; then printf '%s\n' "$NVIDIA_VISIBLE_DEVICES" > "$out/visible"; fi
+for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c "$f" ] && echo "$f"; done > "$out/devices"
+: > "$out/done"
+exec "$@"
+""".replace("SEEN", SEEN_DIR)
+
+
+class RuntimeError_(RuntimeError):
+    """A container could not be started, inspected or removed; the message says which and why."""
+
+
+def find_runc() -> str | None:
+    return next((c for c in RUNC_CANDIDATES if os.access(c, os.X_OK)), None)
+
+
+def _free_local_majors(count: int) -> list[int]:
+    used: set[int] = set()
+    try:
+        section = ""
+        for line in Path("/proc/devices").read_text().splitlines():
+            if line.endswith(":"):
+                section = line
+            elif section.startswith("Character") and line.strip():
+                used.add(int(line.split()[0]))
+    except (OSError, ValueError):
+        pass
+    return [m for m in range(254, 239, -1) if m not in used][:count]
+
+
+def device_numbers(path: str, local_majors: Sequence[int]) -> tuple[int, int] | None:
+    """(major, minor) a simulated NVIDIA device node gets, or None for a path that is not one."""
+    if m := _GPU_NODE.match(path):
+        return NVIDIA_MAJOR, int(m.group(1))
+    if path == "/dev/nvidiactl":
+        return NVIDIA_MAJOR, 255
+    if path == "/dev/nvidia-modeset":
+        return NVIDIA_MAJOR, 254
+    if path in ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools") and local_majors:
+        return local_majors[0], 0 if path == "/dev/nvidia-uvm" else 1
+    if (m := _CAP_NODE.match(path)) and len(local_majors) > 1:
+        return local_majors[1], int(m.group(1))
+    return None
+
+
+def spec_device_nodes(cdi_dir: Path, cdi_ids: Sequence[str]) -> list[dict[str, object]]:
+    """The deviceNodes entries (device edits and the spec's top-level edits) of the given CDI ids' specs."""
+    wanted: dict[str, set[str]] = {}
+    for cid in cdi_ids:
+        kind, _, name = cid.partition("=")
+        wanted.setdefault(kind, set()).add(name)
+    nodes: list[dict[str, object]] = []
+    for path in sorted(cdi_dir.glob("*.json")):
+        try:
+            spec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        names = wanted.get(str(spec.get("kind")))
+        if not names:
+            continue
+        devices = [d for d in spec.get("devices") or [] if d.get("name") in names]
+        if not devices:
+            continue
+        for edits in [spec.get("containerEdits") or {}] + [d.get("containerEdits") or {} for d in devices]:
+            nodes += [n for n in edits.get("deviceNodes") or [] if isinstance(n, dict)]
+    return nodes
+
+
+@dataclass(frozen=True)
+class ContainerRequest:
+    name: str  # unique on the node
+    command: tuple[str, ...]  # argv; empty: DEFAULT_COMMAND
+    env: Mapping[str, str] = field(default_factory=dict)
+    cdi_devices: tuple[str, ...] = ()
+    log_path: Path | None = None  # where podman writes its k8s-file log (default: the node's logs/<name>.log)
+
+
+@dataclass(frozen=True)
+class ContainerStatus:
+    name: str
+    running: bool
+    exit_code: int | None  # when not running
+    started_at: str
+    finished_at: str = ""
+    error: str = ""  # why it could not be inspected
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a container saw of its GPUs, from inside."""
+
+    nvidia_smi: tuple[str, ...]  # `nvidia-smi -L` output lines
+    nvidia_smi_rc: int | None
+    visible_devices: str | None  # NVIDIA_VISIBLE_DEVICES, None when unset
+    device_nodes: tuple[str, ...]
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class _Container:
+    request: ContainerRequest
+    conmon_pid: int | None
+    pid: int | None  # the container's init process, on the host
+    started_at: str
+    finished: ContainerStatus | None = None
+
+
+class PodmanRuntime:
+    """Containers of one simulated node. `start()` before use, `close()` removes every container it started."""
+
+    kind = "podman"
+
+    def __init__(self, state_dir: Path, cdi_dir: Path, rootfs: Path, *, runc: str, podman: str = "podman") -> None:
+        self.state_dir = state_dir
+        self.cdi_dir = cdi_dir
+        self.rootfs = rootfs
+        self.ns = PrivateMountNamespace(state_dir / "ns", cdi_dir)
+        self._global = [podman, "--root", str(state_dir / "storage"), "--runroot", f"{PRIVATE_RUN}/podman",
+                        "--tmpdir", f"{PRIVATE_RUN}/libpod", "--storage-driver", "vfs", "--events-backend", "file",
+                        "--runtime", runc, "--cgroup-manager", "cgroupfs"]
+        self._local_majors = _free_local_majors(2)
+        self._containers: dict[str, _Container] = {}
+        self._lock = threading.Lock()
+
+    # ---- lifecycle --------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for d in ("logs", "seen", "conmon", "probe"):
+            (self.state_dir / d).mkdir(parents=True, exist_ok=True)
+        probe = self.state_dir / "probe" / "probe"
+        probe.write_text(PROBE_SCRIPT)
+        probe.chmod(0o755)
+        self.ns.start()
+
+    def close(self) -> None:
+        with self._lock:
+            names = list(self._containers)
+        for name in names:
+            try:
+                self.remove(name, grace_seconds=0)
+            except RuntimeError_ as exc:
+                log.warning("event=container-remove-failed container=%s error=%r", name, str(exc))
+        self.ns.close()
+
+    def _podman(self, *args: str, timeout: float = PODMAN_TIMEOUT_SECONDS, check: bool = True) -> subprocess.CompletedProcess[str]:
+        try:
+            return self.ns.run([*self._global, *args], timeout=timeout, check=check)
+        except NamespaceError as exc:
+            raise RuntimeError_(str(exc)) from exc
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError_(f"podman {' '.join(args[:2])} did not finish within {timeout:.0f} s") from exc
+
+    # ---- containers ---------------------------------------------------------------------------------------
+
+    def _device_nodes(self, cdi_ids: Sequence[str]) -> list[tuple[str, int, int]]:
+        out: list[tuple[str, int, int]] = []
+        for node in spec_device_nodes(self.cdi_dir, cdi_ids):
+            host = str(node.get("hostPath") or node.get("path") or "")
+            if node.get("type") in ("c", None, "") and isinstance(node.get("major"), int) and node.get("major"):
+                numbers: tuple[int, int] | None = (int(node["major"]), int(node.get("minor") or 0))  # type: ignore[arg-type]
+            else:
+                numbers = device_numbers(host, self._local_majors)
+            if numbers is not None and host.startswith("/dev/") and (host, *numbers) not in out:
+                out.append((host, *numbers))
+        return out
+
+    def run(self, request: ContainerRequest) -> ContainerStatus:
+        """Start a container (detached); raises RuntimeError_ when podman refuses it."""
+        name = request.name
+        try:
+            self.ns.ensure_char_devices(self._device_nodes(request.cdi_devices))
+        except NamespaceError as exc:
+            raise RuntimeError_(f"container {name}: creating its device nodes failed: {exc}") from exc
+        seen = self.state_dir / "seen" / name
+        shutil.rmtree(seen, ignore_errors=True)
+        seen.mkdir(parents=True)
+        conmon_pidfile = self.state_dir / "conmon" / f"{name}.pid"
+        conmon_pidfile.unlink(missing_ok=True)
+        pidfile = self.state_dir / "conmon" / f"{name}.ctr.pid"
+        pidfile.unlink(missing_ok=True)
+        log_file = request.log_path or self.state_dir / "logs" / f"{name}.log"
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        args = ["run", "-d", "--name", name, *RUN_FLAGS,
+                "--log-driver", "k8s-file", "--log-opt", f"path={log_file}",
+                "--conmon-pidfile", str(conmon_pidfile), "--pidfile", str(pidfile),
+                "-v", f"{self.state_dir / 'probe'}:{PROBE_DIR}:ro", "-v", f"{seen}:{SEEN_DIR}"]
+        for key, value in request.env.items():
+            args += ["-e", f"{key}={value}"]
+        for cid in request.cdi_devices:
+            args += ["--device", cid]
+        args += ["--rootfs", str(self.rootfs), f"{PROBE_DIR}/probe", *(request.command or DEFAULT_COMMAND)]
+        self._podman("rm", "-f", "--ignore", name, check=False)  # a leftover of the same name (a restart)
+        done = self._podman(*args, check=False)
+        if done.returncode != 0:
+            raise RuntimeError_(f"container {name}: podman run exited with status {done.returncode}: "
+                                f"{done.stderr.strip() or done.stdout.strip()}")
+        conmon, pid = _read_pid(conmon_pidfile), _read_pid(pidfile)
+        started = _now()
+        with self._lock:
+            self._containers[name] = _Container(request, conmon, pid, started)
+        log.info("event=container-started container=%s devices=%s", name, ",".join(request.cdi_devices) or "-")
+        return ContainerStatus(name, True, None, started)
+
+    def status(self, name: str) -> ContainerStatus:
+        """Running or exited (with its exit code). Spawns podman only once the container's conmon is gone."""
+        with self._lock:
+            c = self._containers.get(name)
+        if c is None:
+            return ContainerStatus(name, False, None, "", error=f"no container {name} on this node")
+        if c.finished is not None:
+            return c.finished
+        watched = c.pid if c.pid is not None else c.conmon_pid
+        if watched is not None and _alive(watched):
+            return ContainerStatus(name, True, None, c.started_at)
+        done = self._podman("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name, check=False)
+        words = done.stdout.split()
+        if done.returncode != 0 or len(words) != 2:
+            error = done.stderr.strip() or "podman inspect gave no state"
+            if watched is None:
+                return ContainerStatus(name, True, None, c.started_at, error=error)
+            # Its monitor is gone and podman does not know it: the kubelet's ContainerStatusUnknown (exit 137).
+            finished = ContainerStatus(name, False, UNKNOWN_EXIT_CODE, c.started_at, _now(), error=error)
+            with self._lock:
+                c.finished = finished
+            return finished
+        if words[0] in ("running", "created", "configured", "paused", "stopping"):
+            return ContainerStatus(name, True, None, c.started_at)
+        finished = ContainerStatus(name, False, int(words[1]), c.started_at, _now())
+        with self._lock:
+            c.finished = finished
+        return finished
+
+    def remove(self, name: str, grace_seconds: int = 1) -> None:
+        """Stop (SIGTERM, SIGKILL after the grace period) and remove the container."""
+        with self._lock:
+            known = self._containers.pop(name, None)
+        done = self._podman("rm", "-f", "--ignore", "--time", str(grace_seconds), name, check=False)
+        if done.returncode != 0:
+            raise RuntimeError_(f"container {name}: podman rm exited with status {done.returncode}: {done.stderr.strip()}")
+        if known is not None:
+            log.info("event=container-removed container=%s", name)
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._containers)
+
+    # ---- what a container printed and saw -----------------------------------------------------------------
+
+    def log_path(self, name: str) -> Path | None:
+        with self._lock:
+            c = self._containers.get(name)
+        if c is None:
+            return None
+        return c.request.log_path or self.state_dir / "logs" / f"{name}.log"
+
+    def logs(self, name: str) -> str:
+        """The container's output as text (stdout and stderr interleaved, as `kubectl logs` prints them)."""
+        path = self.log_path(name)
+        try:
+            raw = path.read_text(errors="replace") if path is not None else ""
+        except FileNotFoundError:
+            return ""
+        return "".join(line.text for line in parse_cri_log(raw))
+
+    def seen(self, name: str) -> Seen | None:
+        d = self.state_dir / "seen" / name
+        if not (d / "done").exists():
+            return None
+
+        def read(f: str) -> str | None:
+            try:
+                return (d / f).read_text()
+            except FileNotFoundError:
+                return None
+
+        rc = (read("nvidia-smi.rc") or "").strip()
+        visible = read("visible")
+        return Seen(
+            nvidia_smi=tuple((read("nvidia-smi") or "").splitlines()),
+            nvidia_smi_rc=int(rc) if rc.lstrip("-").isdigit() else None,
+            visible_devices=visible.rstrip("\n") if visible is not None else None,
+            device_nodes=tuple((read("devices") or "").split()),
+        )
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

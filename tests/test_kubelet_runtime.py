@@ -1,0 +1,197 @@
+"""The kubelet simulator running pods' containers for real (podman): phase from exit codes, restartPolicy,
+claims unprepared when a pod ends, containers removed when it is deleted, `kubectl logs` from the runtime's logs.
+
+A node agent (in process) prepares claims over its real gRPC socket; the pods' containers get the CDI ids it
+returns. Gated like tests/test_runtime.py: run in CI, skipped elsewhere when podman cannot run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from gpudra.apiserver.podlogs import PodLogsDir
+from gpudra.kubeapi import KubeApi, NotFound
+from sim.kubelet.pods import NodeKubelet
+from sim.runtime import Runtimes
+from sim.runtime.podman import PodmanRuntime
+from tests.conftest import RunningApiServer
+from tests.plugin_helpers import DRIVER, NODE, create_allocated_claim, short_tmp, start_agent
+from tests.runtime_helpers import require_podman
+
+T = TypeVar("T")
+DEADLINE = 60.0
+
+
+def wait_for(what: str, check: Callable[[], T | None]) -> T:
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@dataclass
+class Cluster:
+    api: KubeApi
+    kubelet: NodeKubelet
+    runtime: PodmanRuntime
+    tmp: Path
+    kubeconfig: Path
+
+    def pod(self, name: str, script: str, *, claim: str | None = None, restart: str = "Never") -> dict[str, Any]:
+        container: dict[str, Any] = {"name": "main", "image": "busybox", "command": ["sh", "-c", script],
+                                     "env": [{"name": "GREETING", "value": "hello"}]}
+        spec: dict[str, Any] = {"nodeName": NODE, "restartPolicy": restart, "containers": [container]}
+        if claim:
+            container["resources"] = {"claims": [{"name": "gpu"}]}
+            spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+        pod = self.api.create("Pod", {"metadata": {"name": name, "namespace": "default"}, "spec": spec}, namespace="default")
+        if claim:
+            c = self.api.get("ResourceClaim", claim, namespace="default")
+            c["status"]["reservedFor"] = [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}]
+            self.api.replace_status("ResourceClaim", c)
+        return pod
+
+    def phase(self, name: str) -> str:
+        return str((self.api.get("Pod", name, namespace="default").get("status") or {}).get("phase") or "Pending")
+
+    def wait_phase(self, name: str, *phases: str) -> dict[str, Any]:
+        wait_for(f"pod {name} to be {' or '.join(phases)}", lambda: self.phase(name) in phases)
+        return self.api.get("Pod", name, namespace="default")
+
+    def kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), "-n", "default", *args],
+                              capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def cluster(apiserver: RunningApiServer) -> Iterator[Cluster]:
+    require_podman()
+    with short_tmp() as tmp:
+        apiserver.server.pod_logs = PodLogsDir(tmp / "pod-logs")
+        agent = start_agent(tmp, apiserver.api, profile="v100-4")
+        runtime = Runtimes(tmp / "runtime").for_node(NODE, tmp / "cdi")
+        kubelet = NodeKubelet(apiserver.api, NODE, tmp / "kubelet", DRIVER, runtime=runtime, pod_logs_dir=tmp / "pod-logs")
+        try:
+            kubelet.register_plugin(timeout=DEADLINE)
+            kubelet.start()
+            yield Cluster(apiserver.api, kubelet, runtime, tmp, apiserver.kubeconfig)
+        finally:
+            kubelet.stop()
+            runtime.close()
+            agent.stop()
+
+
+def _gpu_device_names(api: KubeApi) -> list[str]:
+    slices, _ = api.list("ResourceSlice")
+    return sorted(d["name"] for s in slices for d in s["spec"].get("devices") or [])
+
+
+def test_pod_whose_container_exits_0_succeeds_and_its_claim_is_unprepared(cluster: Cluster) -> None:
+    device = wait_for("the node's slices", lambda: _gpu_device_names(cluster.api))[0]
+    claim = create_allocated_claim(cluster.api, "job-gpu", [("gpu", device)])
+    uid = claim["metadata"]["uid"]
+    cluster.pod("job", 'echo "$GREETING from the job"; ls /dev | grep "^nvidia[0-9]"; echo done', claim="job-gpu")
+    pod = cluster.wait_phase("job", "Succeeded", "Failed")
+    (status,) = pod["status"]["containerStatuses"]
+    assert pod["status"]["phase"] == "Succeeded", status
+    assert status["state"]["terminated"]["exitCode"] == 0 and status["state"]["terminated"]["reason"] == "Completed"
+    # The claim was unprepared: no spec file, no checkpoint entry.
+    wait_for("the claim's CDI spec to be removed", lambda: not (cluster.tmp / "cdi" / f"k8s.gpu.nvidia.com-claim_{uid}.json").exists())
+    (record,) = [r for r in cluster.kubelet.snapshot().values() if r.name == "job"]
+    assert record.unprepared and record.containers[0].exit_code == 0
+    assert record.containers[0].cdi_devices == (f"k8s.gpu.nvidia.com/claim={uid}-{device}",)
+    # kubectl logs prints what the container printed (one GPU device node: its claim's).
+    logs = cluster.kubectl("logs", "job")
+    assert logs.returncode == 0, logs.stderr
+    lines = logs.stdout.splitlines()
+    assert lines[0] == "hello from the job" and lines[-1] == "done" and len(lines) == 3 and lines[1].startswith("nvidia")
+    assert cluster.kubectl("logs", "job", "-c", "main", "--tail", "1").stdout == "done\n"
+    bad = cluster.kubectl("logs", "job", "-c", "nope")
+    assert bad.returncode != 0 and "container nope is not valid for pod job" in bad.stderr
+
+
+def test_failed_container_restart_policies_and_deletion(cluster: Cluster) -> None:
+    # Never: the pod fails with the exit code.
+    cluster.pod("never", "echo failing; exit 3", restart="Never")
+    pod = cluster.wait_phase("never", "Failed", "Succeeded")
+    assert pod["status"]["phase"] == "Failed"
+    assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 3
+    # OnFailure: a failing container is restarted (the pod stays Running, the restart count grows) ...
+    cluster.pod("retry", "echo attempt; exit 1", restart="OnFailure")
+    wait_for("OnFailure restarts", lambda: any(
+        (c.get("restartCount") or 0) >= 2
+        for c in (cluster.api.get("Pod", "retry", namespace="default").get("status") or {}).get("containerStatuses") or []))
+    assert cluster.phase("retry") == "Running"
+    assert cluster.kubectl("logs", "retry").stdout == "attempt\n"  # the current run's log
+    assert cluster.kubectl("logs", "retry", "--previous").stdout == "attempt\n"  # the run before it
+    first = cluster.kubectl("logs", "never", "--previous")
+    assert first.returncode != 0 and 'previous terminated container "main" in pod "never" not found' in first.stderr
+    # ... and one that succeeds is not: the pod Succeeds.
+    cluster.pod("once", "exit 0", restart="OnFailure")
+    pod = cluster.wait_phase("once", "Succeeded", "Failed")
+    assert pod["status"]["phase"] == "Succeeded" and pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    # A long-running pod is Running; deleting it stops and removes its container.
+    cluster.pod("server", "echo serving; sleep 1000", restart="Always")
+    cluster.wait_phase("server", "Running")
+    wait_for("the server's output", lambda: cluster.kubectl("logs", "server").stdout == "serving\n")
+    (record,) = [r for r in cluster.kubelet.snapshot().values() if r.name == "server"]
+    name = record.containers[0].runtime_name
+    assert cluster.runtime.status(name).running
+    cluster.api.delete("Pod", "server", namespace="default")
+    wait_for("the server's container to be removed", lambda: name not in cluster.runtime.names())
+    with pytest.raises(NotFound):
+        cluster.api.get("Pod", "server", namespace="default")
+
+
+def test_legacy_pod_gets_its_device_plugin_gpu_and_frees_it_when_done(apiserver: RunningApiServer) -> None:
+    from driver.checkpoint import Checkpoint
+    from driver.deviceplugin import DevicePluginSettings, DevicePluginShim
+    from sim.kubelet.devicemanager import DeviceManagerSim
+    from tests.test_deviceplugin import RESOURCE, inv
+
+    require_podman()
+    with short_tmp() as tmp:
+        dm = DeviceManagerSim(tmp / "kubelet")
+        dm.start()
+        (tmp / "boot").write_text("b1\n")
+        checkpoint, _ = Checkpoint.open(tmp / "kubelet" / "plugins" / DRIVER, boot_id_path=tmp / "boot")
+        inventory = inv("v100-4")
+        shim = DevicePluginShim(DevicePluginSettings(kubelet_dir=tmp / "kubelet", cdi_dir=tmp / "cdi", driver_name=DRIVER,
+                                                     watch_seconds=0.05), inventory=lambda: inventory, checkpoint=checkpoint)
+        shim.start()
+        runtime = Runtimes(tmp / "runtime").for_node(NODE, tmp / "cdi")
+        kubelet = NodeKubelet(apiserver.api, NODE, tmp / "kubelet", DRIVER, device_manager=dm, runtime=runtime)
+        try:
+            dm.wait_for(lambda sim: len(sim.devices(RESOURCE)) == 4, timeout=DEADLINE)
+            kubelet.start()
+            apiserver.api.create("Pod", {"metadata": {"name": "legacy", "namespace": "default"}, "spec": {
+                "nodeName": NODE, "restartPolicy": "Never", "containers": [{
+                    "name": "cuda", "image": "cuda", "resources": {"limits": {RESOURCE: "1"}},
+                    "command": ["sh", "-c", "echo $NVIDIA_VISIBLE_DEVICES; ls /dev | grep '^nvidia[0-9]'"]}]}},
+                namespace="default")
+            wait_for("the legacy pod to end", lambda: (apiserver.api.get("Pod", "legacy", namespace="default").get("status")
+                                                       or {}).get("phase") in ("Succeeded", "Failed"))
+            (record,) = kubelet.snapshot().values()
+            assert record.phase == "Succeeded", record
+            (grant,) = record.legacy
+            gpu = next(g for g in inventory.gpus if g.uuid == grant.device_ids[0])
+            assert record.containers[0].cdi_devices == grant.cdi_devices
+            assert runtime.logs(record.containers[0].runtime_name) == f"{gpu.uuid}\nnvidia{gpu.minor}\n"
+            # The kubelet forgot the terminated pod's devices: the GPU is free for the next legacy pod.
+            assert dm.allocated(RESOURCE) == set()
+        finally:
+            kubelet.stop()
+            runtime.close()
+            shim.stop()
+            dm.stop()
+            checkpoint.close()
