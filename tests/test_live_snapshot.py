@@ -5,6 +5,7 @@ by pod (expansion right before placement, no re-read after binding, no snapshot 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 from controller.allocator import parse_claim
@@ -157,6 +158,7 @@ def test_bound_pods_are_not_rescanned_for_expansion_every_pass(apiserver: Any) -
     api = apiserver.api
     create_all(api, [gpu_class(), template("one", 1), node("n1"), gpu_slice("n1", [("gpu-0", "x"), ("gpu-1", "x")])])
     m = manager(api)
+    m.config = replace(m.config, resync_period=3600.0)  # no periodic full look during the test, however slow
     create_all(api, [pod("p0", templates={"gpu": "one"})])
     assert m.step().pods_bound == 1
     seen: list[int] = []
