@@ -11,25 +11,38 @@ import pytest
 from gpudra.kubeapi import Invalid, KubeApi, NotFound
 
 
-def test_auth_and_default_headers_come_from_the_client_configuration(apiserver: Any) -> None:
+def test_auth_and_default_headers_come_from_the_client_configuration(apiserver: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import urllib3
+
     api = KubeApi.connect(url=apiserver.url)
     try:
         api.client.configuration.api_key["BearerToken"] = "secret-token"
         api.client.configuration.api_key_prefix["BearerToken"] = "Bearer"
         api.client.default_headers["X-Test"] = "yes"
         seen: dict[str, Any] = {}
-        pool = api.client.rest_client.pool_manager
-        original = pool.request
+        original = urllib3.HTTPConnectionPool.urlopen
 
-        def spy(method: str, url: str, **kwargs: Any) -> Any:
-            seen.update(kwargs["headers"], url=url)
-            return original(method, url, **kwargs)
+        def spy(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            seen.update(kwargs["headers"], url=url, pool=self)
+            return original(self, method, url, *args, **kwargs)
 
-        pool.request = spy  # type: ignore[method-assign]
+        monkeypatch.setattr(urllib3.HTTPConnectionPool, "urlopen", spy)
         api.list("Node", label_selector="a in (x,y)")
         assert seen["authorization"] == "Bearer secret-token"
         assert seen["X-Test"] == "yes" and seen["User-Agent"] == api.client.user_agent
-        assert "labelSelector=a+in+%28x%2Cy%29" in seen["url"]
+        assert seen["url"] == "/api/v1/nodes?labelSelector=a+in+%28x%2Cy%29"
+        # The pool is the ApiClient's own, the one its PoolManager holds for the host.
+        assert seen["pool"] is api.client.rest_client.pool_manager.connection_from_url(apiserver.url)
+    finally:
+        api.close()
+
+
+def test_a_closed_pool_is_taken_again_from_the_client(apiserver: Any) -> None:
+    api = KubeApi.connect(url=apiserver.url)
+    try:
+        api.list("Node")
+        api.client.rest_client.pool_manager.clear()  # closes every pool it holds
+        assert api.list("Node")[0] == []
     finally:
         api.close()
 
