@@ -13,6 +13,7 @@ from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.apiserver import EmbeddedApiServer
 from controller.validationhooks import validation_admission
 from gpudra.apiserver.persistence import StateFileError
+from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, check_version
 from gpudra.apiserver.podlogs import PodLogsDir
 
 
@@ -28,12 +29,20 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "(<namespace>_<pod>_<uid>/<container>/<restart>.log, CRI log format)")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
                         help="driver whose opaque configuration admission validates (default %(default)s)")
+    parser.add_argument("--kubernetes-version", default=DEFAULT_VERSION, metavar="VERSION",
+                        help=f"Kubernetes release the server behaves as: /version, served API versions, validation "
+                             f"({SUPPORTED_VERSIONS[0]}..{SUPPORTED_VERSIONS[-1]}, default %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        version = check_version(args.kubernetes_version)
+    except FeatureGateError as exc:
+        print(f"gpu-dra apiserver: {exc}", file=sys.stderr)
+        return 2
+    try:
         server = EmbeddedApiServer(args.address, args.port, state_file=args.state,
-                                   admission=validation_admission(args.driver_name))
+                                   admission=validation_admission(args.driver_name, version), kubernetes_version=version)
         if args.pod_logs_dir:
             server.pod_logs = PodLogsDir(Path(args.pod_logs_dir).absolute())
         url = server.start()

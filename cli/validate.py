@@ -13,7 +13,12 @@ from typing import Any
 
 from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.manifests import InputError, load_objects, object_label
+from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, check_version
 from gpudra.validation import FieldError, validate_object
+from gpudra.validation.meta import validate_object_meta
+from gpudra.validation.workloads import API_VERSION as WORKLOAD_API_VERSION
+from gpudra.validation.workloads import KINDS as WORKLOAD_KINDS
+from gpudra.validation.workloads import validate_workload_api_object
 from gpudra.validation.common import CelChecker, OpaqueValidators
 from controller.validationhooks import cel_checker, opaque_validators
 
@@ -24,6 +29,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", choices=["json", "text"], default="text", help="output format (default text)")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
                         help=f"driver whose opaque parameters are checked with our config schema (default {DEFAULT_DRIVER_NAME})")
+    parser.add_argument("--kubernetes-version", default=DEFAULT_VERSION, metavar="VERSION",
+                        help=f"the release whose validation rules apply ({SUPPORTED_VERSIONS[0]}..{SUPPORTED_VERSIONS[-1]}, "
+                             "default %(default)s)")
 
 
 def is_dra_object(obj: Any) -> bool:
@@ -32,25 +40,37 @@ def is_dra_object(obj: Any) -> bool:
     return not isinstance(api_version, str) or api_version.partition("/")[0] == "resource.k8s.io"
 
 
-def validate_all(objects: list[dict[str, Any]], cel: CelChecker | None, opaque: OpaqueValidators) -> list[dict[str, Any]]:
+def is_workload_api_object(obj: Any) -> bool:
+    """Workload and PodGroup of scheduling.k8s.io/v1beta1 (Kubernetes 1.37's Workload API) are checked too."""
+    return isinstance(obj, dict) and obj.get("apiVersion") == WORKLOAD_API_VERSION and obj.get("kind") in WORKLOAD_KINDS
+
+
+def validate_all(objects: list[dict[str, Any]], cel: CelChecker | None, opaque: OpaqueValidators,
+                 kubernetes_version: str = "1.37") -> list[dict[str, Any]]:
     results = []
     for obj in objects:
+        if is_workload_api_object(obj):
+            found = [*validate_object_meta(obj.get("metadata"), namespaced=True), *validate_workload_api_object(obj)]
+            results.append({"object": object_label(obj), "valid": not found, "checked": True,
+                            "errors": [str(e) for e in found]})
+            continue
         if not is_dra_object(obj):
             # Manifests mix Pods, RBAC and the like with DRA objects; those are reported as not checked.
             results.append({"object": object_label(obj), "valid": True, "checked": False, "errors": []})
             continue
-        errors: list[FieldError] = validate_object(obj, cel=cel, opaque=opaque)
+        errors: list[FieldError] = validate_object(obj, cel=cel, opaque=opaque, kubernetes_version=kubernetes_version)
         results.append({"object": object_label(obj), "valid": not errors, "checked": True, "errors": [str(e) for e in errors]})
     return results
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        version = check_version(args.kubernetes_version)
         objects = load_objects(args.files)
-    except InputError as err:
+    except (InputError, FeatureGateError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    results = validate_all(objects, cel_checker(), opaque_validators(args.driver_name))
+    results = validate_all(objects, cel_checker(), opaque_validators(args.driver_name), version)
     if args.output == "json":
         print(json.dumps({"results": results}, indent=2))
     else:

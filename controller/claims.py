@@ -153,8 +153,13 @@ def resolve_pod_claims(pod: Mapping[str, Any], claims: Iterable[Mapping[str, Any
     return out
 
 
-def reservation_valid(entry: Mapping[str, Any], namespace: str, pods: Mapping[str, Mapping[str, Any]]) -> bool:
-    """A reservedFor entry still counts while its pod exists with the same UID and is not done."""
+def reservation_valid(entry: Mapping[str, Any], namespace: str, pods: Mapping[str, Mapping[str, Any]],
+                      groups: Mapping[str, Mapping[str, Any]] | None = None) -> bool:
+    """A reservedFor entry still counts while its pod exists with the same UID and is not done (a PodGroup's,
+    when `groups` are known, while the group exists with the same UID)."""
+    if groups is not None and entry.get("apiGroup") == "scheduling.k8s.io" and entry.get("resource") == "podgroups":
+        group = groups.get(f"{namespace}/{entry.get('name')}")
+        return group is not None and o.uid(group) == entry.get("uid")
     if entry.get("resource") != "pods" or entry.get("apiGroup"):
         return True  # consumers other than pods are not ours to judge
     pod = pods.get(f"{namespace}/{entry.get('name')}")
@@ -171,9 +176,10 @@ class ClaimRelease:
     remove_finalizer: bool
 
 
-def plan_release(claim: Mapping[str, Any], pods: Mapping[str, Mapping[str, Any]]) -> ClaimRelease | None:
+def plan_release(claim: Mapping[str, Any], pods: Mapping[str, Mapping[str, Any]],
+                 groups: Mapping[str, Mapping[str, Any]] | None = None) -> ClaimRelease | None:
     reservations = o.reserved_for(claim)
-    valid = [dict(r) for r in reservations if reservation_valid(r, o.namespace(claim), pods)]
+    valid = [dict(r) for r in reservations if reservation_valid(r, o.namespace(claim), pods, groups)]
     has_finalizer = DELETE_PROTECTION_FINALIZER in o.finalizers(claim)
     allocated = o.allocation(claim) is not None
     changed = len(valid) < len(reservations)
@@ -283,19 +289,21 @@ class ClaimLifecycle:
 
     # -- reservations and deallocation -------------------------------------------------------------
 
-    def release(self, claims: Iterable[Mapping[str, Any]], pods: Mapping[str, Mapping[str, Any]]) -> int:
+    def release(self, claims: Iterable[Mapping[str, Any]], pods: Mapping[str, Mapping[str, Any]],
+                groups: Mapping[str, Mapping[str, Any]] | None = None) -> int:
         """Drop stale reservations, deallocate unused claims, remove finalizers; returns claims changed."""
         changed = 0
         for claim in claims:
-            if plan_release(claim, pods) is None:
+            if plan_release(claim, pods, groups) is None:
                 continue
-            if self._apply_release(claim, pods):
+            if self._apply_release(claim, pods, groups):
                 changed += 1
         return changed
 
-    def _apply_release(self, claim: Mapping[str, Any], pods: Mapping[str, Mapping[str, Any]]) -> bool:
+    def _apply_release(self, claim: Mapping[str, Any], pods: Mapping[str, Mapping[str, Any]],
+                       groups: Mapping[str, Mapping[str, Any]] | None = None) -> bool:
         def status_change(fresh: Obj) -> Obj | None:
-            plan = plan_release(fresh, pods)
+            plan = plan_release(fresh, pods, groups)
             if plan is None or not (plan.changed_reservations or plan.deallocate):
                 return None
             status = dict(fresh.get("status") or {})
@@ -319,7 +327,7 @@ class ClaimLifecycle:
             log.info("claim deallocated", extra={"claim": o.key(current), "cause": "no consumer left"})
 
         def drop_finalizer(fresh: Obj) -> Obj | None:
-            plan = plan_release(fresh, pods)
+            plan = plan_release(fresh, pods, groups)
             if plan is None or not plan.remove_finalizer:
                 return None
             fresh.setdefault("metadata", {})["finalizers"] = [

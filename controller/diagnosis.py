@@ -194,7 +194,7 @@ class Diagnoser:
         consumed: dict[str, Any] = {}
         for entry in self.snapshot.shared_consumed.get(dev.id, ()):
             cap.add_into(consumed, entry)
-        return cap.fits(dev.raw.get("capacity") or {}, request.capacity, consumed, {})
+        return cap.fits(dev.raw.get("capacity") or {}, request.capacity, consumed, {}, self.features.fractional_capacity_range)
 
     def _constraints(self, node: str, claim: Claim, usable: list[tuple[Request, list[Device]]]) -> NodeReason | None:
         for c in claim.constraints:

@@ -189,7 +189,7 @@ class GangController:
         self._features = features
         self._wall = wall
         self._fresh_claims = fresh_claims
-        self._cel = CelEnvironment()
+        self._cel = CelEnvironment(features=features)
         self._committer = AllocationCommitter(
             writer,
             drop_annotations=(explainer.annotation, released_at_annotation(driver_name)),
@@ -240,7 +240,10 @@ class GangController:
     # -- the pass ----------------------------------------------------------------------------------
 
     def reconcile(self, view: View) -> GangSummary:
-        gangs = group_gangs(view.claims.values(), self.driver)
+        from controller.podgroups import pod_group_gangs  # it builds on Gang: imported here, not at the top
+
+        # Label-named gangs, then the gangs of PodGroups (Workload API) whose minCount pods exist.
+        gangs = group_gangs(view.claims.values(), self.driver) + pod_group_gangs(view)
         states: Counter[str] = Counter({s: 0 for s in GANG_STATES})
         by_gang: dict[str, str] = {}
         changed = 0

@@ -24,6 +24,7 @@ from controller.cel import CelEnvironment
 from controller.claims import ClaimLifecycle, GeneratedClaims
 from controller.explanation_writer import ExplanationWriter
 from controller.gang import GangController, GangSummary, gang_label
+from controller.podgroupclaims import PodGroupClaims
 from controller.informer import Informer, Store
 from controller.leader import LeaderElector, LeaseTimings
 from controller.metrics import ControllerMetrics, MetricsServer
@@ -41,8 +42,9 @@ log = logging.getLogger("gpudra.controller.manager")
 
 # Kinds every mode watches, and the extra ones embedded mode (the scheduler/controller-manager role) needs.
 CLUSTER_KINDS: tuple[str, ...] = ("Pod", "ResourceClaim", "ResourceSlice", "DeviceClass", "Node")
-# DeviceTaintRule is watched in embedded mode only: a real cluster's kube-scheduler applies its rules itself.
-EMBEDDED_KINDS: tuple[str, ...] = ("ResourceClaimTemplate", "PriorityClass", "ResourceQuota", "DeviceTaintRule")
+# DeviceTaintRule and PodGroup are watched in embedded mode only: a real cluster's kube-scheduler applies
+# taint rules and schedules pod groups itself.
+EMBEDDED_KINDS: tuple[str, ...] = ("ResourceClaimTemplate", "PriorityClass", "ResourceQuota", "DeviceTaintRule", "PodGroup")
 
 
 def default_identity() -> str:
@@ -54,6 +56,8 @@ class ControllerConfig:
     driver_name: str = DEFAULT_DRIVER_NAME
     embedded: bool = False
     gang_timeout: float = 300.0
+    # KEP-5007: how long the embedded scheduler waits for device binding conditions (DynamicResourcesArgs).
+    binding_timeout: float = 600.0
     leader_elect: bool = True
     identity: str = field(default_factory=default_identity)
     lease_namespace: str = "kube-system"
@@ -133,6 +137,7 @@ class ControllerManager:
             repeat_interval=config.event_repeat_interval,
         )
         self.claims = ClaimLifecycle(self.writer, self.metrics)
+        self.pod_group_claims = PodGroupClaims(self.writer)
         self.gangs = GangController(
             self.writer,
             self.explainer,
@@ -143,7 +148,7 @@ class ControllerManager:
             wall=wall,
             fresh_claims=self._fresh_claims,
         )
-        self.live = LiveSnapshot(self.stores, config.features, CelEnvironment())
+        self.live = LiveSnapshot(self.stores, config.features, CelEnvironment(features=config.features))
         self.scheduler = EmbeddedScheduler(
             self.writer,
             self.explainer,
@@ -154,6 +159,7 @@ class ControllerManager:
             expand=self._expand_pod,
             pods=self.stores["Pod"],
             claim_index=self._claim_index,
+            binding_timeout=config.binding_timeout,
         )
         # Kept across passes from the caches' change sets (embedded mode): the generated-claims index, and the pods
         # whose template expansion the pass must look at again.
@@ -163,6 +169,7 @@ class ControllerManager:
         self._template_changes: set[str] = (self.stores["ResourceClaimTemplate"].track()
                                             if "ResourceClaimTemplate" in self.stores else set())
         self._last_full_expansion = float("-inf")
+        self._held: set[str] = set()  # pods whose PodGroup shares their claims, as of this pass
         self._watchlist = ClaimWatchlist(self.stores["Pod"], self.stores["ResourceClaim"],
                                          full_every=config.resync_period, clock=clock)
         self.pending = PendingExplainer(self.explainer, self.metrics, features=config.features, driver_name=config.driver_name)
@@ -197,6 +204,8 @@ class ControllerManager:
             store.remove(obj)
 
     def _expand_pod(self, pod: o.Obj, index: GeneratedClaims, templates: Mapping[str, o.Obj]) -> list[o.Obj]:
+        if o.key(pod) in self._held:
+            return []  # its PodGroup shares its claims (DRAWorkloadResourceClaims): no per-pod claims
         created, problems = self.claims.expand_pod(pod, index, templates)
         for problem in problems:
             log.debug("reconcile problem", extra={"problem": problem})
@@ -278,15 +287,25 @@ class ControllerManager:
         if self.config.embedded:
             with self._timed("claims"):
                 view = self.view()
+                held: set[str] = set()
+                if self.config.features.workload_resource_claims:
+                    # Claims a PodGroup shares first, so member pods never get per-pod claims for them.
+                    created, held = self.pod_group_claims.sync(view)
+                    view = self.view()
+                self._held = held
                 # Pending pods are expanded one by one by the scheduler, right before each is placed.
-                upfront = self._expansion_candidates(view)
-                created, missing = self.claims.expand_templates(upfront, view.claims.values(), view.templates,
-                                                                index=self._claim_index())
+                upfront = [p for p in self._expansion_candidates(view) if o.key(p) not in held]
+                made, missing = self.claims.expand_templates(upfront, view.claims.values(), view.templates,
+                                                             index=self._claim_index())
+                created += made
                 problems += missing
                 view = self.view()
-                # Only the claims that changed, or whose pods did, since the last pass (all once a resync period).
-                check = {o.key(c) for c in self._watchlist.claims_to_check(view.claims)}
-                released = self.claims.release([c for k, c in view.claims.items() if k in check], view.pods)
+                # Only the claims that changed, or whose pods did, since the last pass (all once a resync period);
+                # reservations by PodGroups are not tracked, so with them every claim is looked at.
+                to_check = self._watchlist.claims_to_check(view.claims)
+                check = set(view.claims) if self.config.features.workload_resource_claims else {o.key(c) for c in to_check}
+                released = self.claims.release([c for k, c in view.claims.items() if k in check], view.pods,
+                                               view.pod_groups if self.config.features.workload_resource_claims else None)
                 # Each step sees the previous step's writes: the writer updates the caches it reads from.
                 view = self.view()
                 deleted = self.claims.delete_orphans([c for k, c in view.claims.items() if k in check], view.pods_by_uid())

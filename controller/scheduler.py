@@ -27,7 +27,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from controller import bindingconditions
 from controller import objects as o
+from controller import podgroupclaims, podgroups
 from controller.allocator import AllocationError, ClusterSnapshot, Node, parse_claim
 from controller.cel import CelEnvironment
 from controller.claims import GeneratedClaims, resolve_pod_claims
@@ -197,7 +199,9 @@ class EmbeddedScheduler:
         clock: Callable[[], float] = time.monotonic,
         pods: Store | None = None,
         claim_index: Callable[[], GeneratedClaims] | None = None,
+        binding_timeout: float = bindingconditions.DEFAULT_BINDING_TIMEOUT_SECONDS,
     ) -> None:
+        self.binding_timeout = binding_timeout
         self._writer = writer
         self._explainer = explainer
         self._metrics = metrics
@@ -341,6 +345,10 @@ class EmbeddedScheduler:
         return _Candidates(names, frozenset(names), more)
 
     def _schedule(self, pod: Obj, state: _PassState) -> bool:
+        group_wait = podgroups.wait_reason(pod, state.view, state.claims_by_key)
+        if group_wait:
+            self._unschedulable(pod, [], group_wait, event=REASON_GANG_WAITING, reason="waiting")
+            return False
         gathered = gather_pod_claims(pod, state.claims_by_key, self.driver, state.view.templates, state.generated)
         if gathered.wait_reason:
             if not gathered.silent:
@@ -372,7 +380,11 @@ class EmbeddedScheduler:
 
         if not self._pre_bind(pod, node, pending, allocations, state):
             return False
-        if not self._write(pod, node, pending, allocations, [c for c in claims if o.allocation(c) is not None], state):
+        written = self._write(pod, node, pending, allocations, [c for c in claims if o.allocation(c) is not None], state)
+        if written is None:  # allocated and reserved, waiting for binding conditions: the devices are taken
+            self._live.commit([o.key(c) for c in pending], allocations, node)
+            return False
+        if not written:
             return False
         log.info("pod bound", extra={"pod": o.key(pod), "node": node, "claims": len(claims), "allocated": len(pending)})
         self._metrics.allocations.labels(path="scheduler").inc(len(pending))
@@ -405,7 +417,9 @@ class EmbeddedScheduler:
         allocations: list[dict[str, Any]],
         allocated: list[Obj],
         state: _PassState,
-    ) -> bool:
+    ) -> bool | None:
+        """True when bound, False when nothing stays written, None when the claims stay allocated and reserved
+        while the pod waits for device binding conditions (controller.bindingconditions)."""
         done: list[tuple[Obj, bool]] = []  # (claim, deallocate on undo)
 
         def undo() -> None:
@@ -414,23 +428,50 @@ class EmbeddedScheduler:
             self._metrics.failures.labels(reason="write-failed").inc()
 
         for claim, alloc in zip(pending, allocations):
-            stored = self._committer.allocate(claim, alloc, pod)
+            stored = self._committer.allocate(claim, bindingconditions.stamp(alloc), self._consumer(claim, pod, state))
             if stored is None:
                 undo()
                 return False
             done.append((stored, True))
             state.claims_by_key[o.key(stored)] = stored
         for claim in allocated:
-            stored = self._committer.reserve(claim, pod)
+            stored = self._committer.reserve(claim, self._consumer(claim, pod, state))
             if stored is None:
                 undo()
                 return False
             done.append((stored, False))
             state.claims_by_key[o.key(stored)] = stored
+        gate = self._binding_gate(pod, [c for c, _ in done])
+        if gate != bindingconditions.BIND:
+            return None if gate == bindingconditions.WAIT else False
         if not bind_pod(self._writer, pod, node, refresh=False):
             undo()
             return False
         return True
+
+    def _consumer(self, claim: Obj, pod: Obj, state: _PassState) -> Obj:
+        """The pod, or its PodGroup for a claim the group shares (DRAWorkloadResourceClaims)."""
+        if not self._features.workload_resource_claims:
+            return pod
+        return podgroupclaims.consumer_for(claim, pod, state.view)
+
+    def _binding_gate(self, pod: Obj, claims: list[Obj]) -> str:
+        """KEP-5007 PreBind: BIND; WAIT while a device's binding conditions are not all true (the claims keep their
+        allocation); RETRY after the claims were deallocated because a binding failed or timed out."""
+        gate = bindingconditions.verdict(claims, timeout_seconds=self.binding_timeout)
+        if gate.action == bindingconditions.BIND:
+            return gate.action
+        if gate.action == bindingconditions.WAIT:
+            self._explainer.event(pod, bindingconditions.EVENT_PENDING, gate.message, warning=False)
+            return gate.action
+        for claim in gate.release:
+            bindingconditions.deallocate(self._writer.update_status, claim, o.uid(pod))
+            current = self._writer.read("ResourceClaim", claim)
+            if current is not None and o.allocation(current) is None:
+                self._committer.drop_finalizer(current)
+        self._metrics.failures.labels(reason="binding-failed").inc()
+        self._explainer.event(pod, REASON_UNSCHEDULABLE, gate.message)
+        return gate.action
 
     def _unschedulable(self, pod: Obj, pending: list[Obj], message: str, *, event: str = REASON_UNSCHEDULABLE, reason: str) -> None:
         self._metrics.failures.labels(reason=reason).inc()
@@ -447,7 +488,7 @@ class PendingExplainer:
         self._metrics = metrics
         self._features = features
         self.driver = driver_name
-        self._cel = CelEnvironment()
+        self._cel = CelEnvironment(features=features)
 
     def reconcile(self, view: View) -> int:
         waiting = 0

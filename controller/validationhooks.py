@@ -24,6 +24,6 @@ def opaque_validators(driver_name: str = DEFAULT_DRIVER_NAME) -> OpaqueValidator
     return {driver_name: validate_parameters}
 
 
-def validation_admission(driver_name: str = DEFAULT_DRIVER_NAME) -> Admission:
-    """The embedded API server's admission: Kubernetes' validation with both hooks."""
-    return validating_admission(cel_checker(), opaque_validators(driver_name))
+def validation_admission(driver_name: str = DEFAULT_DRIVER_NAME, kubernetes_version: str = "1.37") -> Admission:
+    """The embedded API server's admission: Kubernetes' validation (of that release) with both hooks."""
+    return validating_admission(cel_checker(), opaque_validators(driver_name), kubernetes_version)

@@ -21,6 +21,7 @@ class View:
     templates: dict[str, Obj] = field(default_factory=dict)
     priority_classes: dict[str, Obj] = field(default_factory=dict)
     quotas: dict[str, Obj] = field(default_factory=dict)
+    pod_groups: dict[str, Obj] = field(default_factory=dict)  # scheduling.k8s.io PodGroups (embedded mode)
     taint_rules: dict[str, Obj] = field(default_factory=dict)
 
     @classmethod
@@ -38,6 +39,7 @@ class View:
             templates=grab("ResourceClaimTemplate"),
             priority_classes=grab("PriorityClass"),
             quotas=grab("ResourceQuota"),
+            pod_groups=grab("PodGroup"),
             taint_rules=grab("DeviceTaintRule"),
         )
 

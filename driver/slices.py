@@ -31,6 +31,7 @@ from typing import Any
 
 from driver.inventory import APPLICATION_XIDS, Gpu, Health, Inventory, MigDevice, MigPlacement, MigProfile
 from gpudra import DEFAULT_DRIVER_NAME
+from gpudra.bindingconditions import mig_conditions
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
 
@@ -76,6 +77,9 @@ class SliceSettings:
     extra_taints: Mapping[str, Sequence[Mapping[str, str]]] = field(default_factory=dict)
     # When set, every slice is owned by the Node so that deleting the Node garbage-collects them.
     node_uid: str | None = None
+    # KEP-5007: MIG placements carry binding conditions, so the scheduler binds a pod only once the node agent has
+    # created the MIG instance (gpudra.bindingconditions). Needs DRADeviceBindingConditions (on from 1.36).
+    binding_conditions: bool = False
 
     def __post_init__(self) -> None:
         if not _is_dns_subdomain(self.node_name, MAX_SLICE_NAME):
@@ -402,6 +406,8 @@ def _placement_device(
         "capacity": _mig_capacity(profile),
         "consumesCounters": [{"counterSet": counter_set_name(gpu), "counters": _counter_values(consumed)}],
     }
+    if settings.binding_conditions:
+        device["bindingConditions"], device["bindingFailureConditions"] = mig_conditions(settings.driver_name)
     # A fault charged to the MIG device living here taints the placement: they share one name, and the faulty
     # instance stays until its claim is unprepared (a recreated instance has a new UUID and starts healthy).
     taints = _taints_for(name, health_taints(mig_health(gpu, existing), settings.driver_name), settings)

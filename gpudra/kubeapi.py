@@ -63,6 +63,8 @@ KINDS: dict[str, KindInfo] = {
     "ResourceQuota": KindInfo("", "v1", "resourcequotas", True),
     "Lease": KindInfo("coordination.k8s.io", "v1", "leases", True),
     "PriorityClass": KindInfo("scheduling.k8s.io", "v1", "priorityclasses", False),
+    "Workload": KindInfo("scheduling.k8s.io", "v1beta1", "workloads", True),
+    "PodGroup": KindInfo("scheduling.k8s.io", "v1beta1", "podgroups", True),
     "DeviceClass": KindInfo("resource.k8s.io", "v1", "deviceclasses", False),
     "ResourceSlice": KindInfo("resource.k8s.io", "v1", "resourceslices", False),
     "DeviceTaintRule": KindInfo("resource.k8s.io", "v1", "devicetaintrules", False),

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from gpudra.features import stage_of
 
 NODE1, NODE2 = "node-1", "node-2"
 REGION1, REGION2 = "region-1", "region-2"
@@ -28,6 +31,13 @@ GATES = {
     "DeviceTaints": ["DRADeviceTaints"],
     "ConsumableCapacity": ["DRAConsumableCapacity"],
     "DeviceBindingAndStatus": ["DRADeviceBindingConditions", "DRAResourceClaimDeviceStatus"],
+}
+
+# The API fields each gate governs, for Case._uses.
+_GATE_FIELDS_USED = {
+    "DRAPrioritizedList": ("firstAvailable",),
+    "DRAAdminAccess": ("adminAccess",),
+    "DRAResourceClaimDeviceStatus": ("bindingConditions", "bindingFailureConditions", "bindsToNode"),
 }
 
 
@@ -264,6 +274,9 @@ class Case:
     allocated: list[tuple[str, str, str]] = field(default_factory=list)
     allocated_capacity: dict[tuple[str, str, str], dict[str, str]] = field(default_factory=dict)
     node: str = NODE1
+    # Kubernetes releases whose semantics the expectation is: a case whose outcome changed between releases is
+    # transcribed twice, the older expectation limited to the releases before the change.
+    versions: tuple[str, ...] = ("1.35", "1.37")
 
     def objects(self) -> list[dict[str, Any]]:
         held = [allocated_claim(0, self.allocated)] if self.allocated else []
@@ -273,9 +286,33 @@ class Case:
             o.setdefault("apiVersion", "resource.k8s.io/v1")
         return objs
 
-    def feature_args(self) -> list[str]:
-        args: list[str] = []
-        for upstream, gates in GATES.items():
-            for gate in gates:
-                args += ["--feature", f"{gate}={'true' if upstream in self.features else 'false'}"]
+    def gate_values(self) -> dict[str, bool]:
+        """Our gates as upstream's Features{} struct of the case sets them (everything not named is off)."""
+        return {gate: upstream in self.features for upstream, gates in GATES.items() for gate in gates}
+
+    def _uses(self, gate: str) -> bool:
+        """Whether the case's objects use the API fields `gate` governs (upstream's tables leave a feature off
+        where a case does not need it; with no such field in the objects on and off give the same result)."""
+        text = json.dumps(self.objects())
+        return any(f'"{name}"' in text for name in _GATE_FIELDS_USED.get(gate, (gate,)))
+
+    def runs_at(self, version: str) -> bool:
+        """Whether Kubernetes `version` can run the case: a gate the case needs on must exist there, and a gate
+        locked on (DRAPrioritizedList, DRAAdminAccess in 1.37) can stand for "off" only where nothing uses it."""
+        for gate, value in self.gate_values().items():
+            entry = stage_of(gate, version)
+            if entry is None and value:
+                return False
+            if entry is not None and entry.locked and entry.default != value and self._uses(gate):
+                return False
+        return True
+
+    def feature_args(self, version: str = "1.35") -> list[str]:
+        """`--kubernetes-version` plus a `--feature` for every settable gate whose value differs from that
+        release's default."""
+        args = ["--kubernetes-version", version]
+        for gate, value in self.gate_values().items():
+            entry = stage_of(gate, version)
+            if entry is not None and not entry.locked and entry.default != value:
+                args += ["--feature", f"{gate}={'true' if value else 'false'}"]
         return args

@@ -8,7 +8,15 @@ import pytest
 
 from controller.allocator import AllocationError, Allocator, ClusterSnapshot, Unschedulable
 from controller.cel import CelEnvironment
+from dataclasses import replace
+
 from gpudra.features import Features
+
+
+def at_1_35(**gates: bool) -> Features:
+    """These unit tests pin Kubernetes 1.35 (alpha gates off unless turned on); the 1.36/1.37 defaults and semantics
+    are covered by the conformance suite's runs at 1.37 and by test_features.py."""
+    return replace(Features.for_version("1.35"), **gates)
 from tests.alloc_fixtures import (
     DRIVER, allocation, claim, device, klass, node, node_selector, picked, request, slice_,
 )
@@ -22,7 +30,7 @@ def run(slices: list[dict[str, Any]], claims: list[dict[str, Any]], classes: lis
         features: Features | None = None, on: str = NODE) -> list[dict[str, Any]] | Unschedulable:
     snap = ClusterSnapshot(slices, classes if classes is not None else [klass()], allocated or [],
                            nodes if nodes is not None else [node(NODE, {"region": "west"}), node("node-2", {"region": "east"})])
-    return Allocator(snap, features or Features(), CEL).allocate(on, claims)
+    return Allocator(snap, features or at_1_35(), CEL).allocate(on, claims)
 
 
 def simple_slice(n: int = 2, node_name: str = NODE, pool: str = "pool-1", **kw: Any) -> dict[str, Any]:
@@ -104,7 +112,7 @@ def test_first_available_backtracks_when_a_later_request_fails() -> None:
 def test_first_available_disabled_is_fatal() -> None:
     req = {"name": "req-0", "firstAvailable": [{"name": "one", "deviceClassName": "class-a"}]}
     with pytest.raises(AllocationError, match="has subrequests, but the DRAPrioritizedList feature is disabled"):
-        run([simple_slice()], [claim(requests=[req])], features=Features(prioritized_list=False))
+        run([simple_slice()], [claim(requests=[req])], features=at_1_35(prioritized_list=False))
 
 
 def test_match_attribute_across_requests() -> None:
@@ -139,7 +147,7 @@ def test_distinct_attribute_needs_consumable_capacity_gate() -> None:
     devs = [device("d0", {"numa": 0}), device("d1", {"numa": 0}), device("d2", {"numa": 1})]
     with pytest.raises(AllocationError, match=r"claim default/claim-0, constraint #0: empty constraint"):
         run([slice_("s", NODE, "pool-1", devs)], [c])
-    out = run([slice_("s", NODE, "pool-1", devs)], [c], features=Features(consumable_capacity=True))
+    out = run([slice_("s", NODE, "pool-1", devs)], [c], features=at_1_35(consumable_capacity=True))
     assert picked(out) == [[("req-0", "d0"), ("req-0", "d2")]]
 
 
@@ -221,7 +229,7 @@ def test_admin_access_ignores_use_and_is_not_marked() -> None:
     assert out[0]["devices"]["results"][0] == {"request": "req-0", "driver": DRIVER, "pool": "pool-1", "device": "device-0",
                                                "adminAccess": True}
     with pytest.raises(AllocationError, match="admin access is requested, but the feature is disabled"):
-        run([simple_slice(2)], [claim(requests=[request(adminAccess=True)])], features=Features(admin_access=False))
+        run([simple_slice(2)], [claim(requests=[request(adminAccess=True)])], features=at_1_35(admin_access=False))
 
 
 def test_admin_access_allocation_holds_no_devices() -> None:
@@ -232,7 +240,7 @@ def test_admin_access_allocation_holds_no_devices() -> None:
 
 def test_taints_gated_and_tolerations() -> None:
     tainted = slice_("s", NODE, "pool-1", [device("d0", taints=[{"key": "k", "value": "v", "effect": "NoSchedule"}]), device("d1")])
-    off = Features(device_taints=False)
+    off = at_1_35()
     assert picked(run([tainted], [claim()], features=off)) == [[("req-0", "d0")]]  # gate off: taints ignored
     on = Features()  # on by default: device taints are GA in Kubernetes 1.37
     assert picked(run([tainted], [claim()], features=on)) == [[("req-0", "d1")]]
@@ -252,7 +260,7 @@ def counter_slices(node_name: str = NODE) -> list[dict[str, Any]]:
 
 
 def test_partitionable_counters() -> None:
-    on = Features(partitionable_devices=True)
+    on = at_1_35(partitionable_devices=True)
     out = run(counter_slices(), [claim("a"), claim("b")], features=on)
     assert picked(out) == [[("req-0", "part-0")], [("req-0", "part-1")]]
     assert isinstance(run(counter_slices(), [claim("a"), claim("b"), claim("c")], features=on), Unschedulable)
@@ -264,13 +272,13 @@ def test_partitionable_counters() -> None:
 
 
 def test_missing_counter_set_makes_pool_invalid() -> None:
-    on = Features(partitionable_devices=True)
+    on = at_1_35(partitionable_devices=True)
     bad = [device("p", consumesCounters=[{"counterSet": "nope", "counters": {"mem": {"value": "1"}}}])]
     assert run([slice_("s", NODE, "pool-1", bad)], [claim()], features=on) == Unschedulable("invalid resource pools were encountered")
 
 
 def test_consumable_capacity_shared_device() -> None:
-    on = Features(consumable_capacity=True)
+    on = at_1_35(consumable_capacity=True)
     shared = device("shared", allowMultipleAllocations=True, capacity={"memory": {"value": "10Gi", "requestPolicy": {
         "default": "1Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}}})
     c1 = claim("a", requests=[request(capacity={"requests": {"memory": "1500Mi"}})])
@@ -286,7 +294,7 @@ def test_consumable_capacity_shared_device() -> None:
 
 
 def test_consumable_capacity_respects_allocated_shares() -> None:
-    on = Features(consumable_capacity=True)
+    on = at_1_35(consumable_capacity=True)
     shared = device("shared", allowMultipleAllocations=True, capacity={"memory": {"value": "10Gi"}})
     held = claim("old", allocation={"devices": {"results": [{"request": "req-0", "driver": DRIVER, "pool": "pool-1", "device": "shared",
                                                               "shareID": "1b2c3d4e-0000-4000-8000-000000000000",
@@ -328,7 +336,7 @@ def test_empty_constraint_is_fatal() -> None:
 def test_binding_conditions_need_gates() -> None:
     dev = device("d0", bindingConditions=["ready"], bindingFailureConditions=["failed"])
     assert isinstance(run([slice_("s", NODE, "pool-1", [dev])], [claim()]), Unschedulable)
-    on = Features(device_binding_conditions=True)
+    on = at_1_35(device_binding_conditions=True)
     out = run([slice_("s", NODE, "pool-1", [dev])], [claim()], features=on)
     assert out[0]["devices"]["results"][0]["bindingConditions"] == ["ready"]
 
@@ -337,7 +345,7 @@ def test_per_device_node_selection_needs_gate() -> None:
     devs = [device("d0", nodeName="node-2"), device("d1", nodeName=NODE)]
     s = slice_("s", None, "pool-1", devs, perDeviceNodeSelection=True)
     assert isinstance(run([s], [claim()]), Unschedulable)
-    out = run([s], [claim()], features=Features(partitionable_devices=True))
+    out = run([s], [claim()], features=at_1_35(partitionable_devices=True))
     assert picked(out) == [[("req-0", "d1")]]
     assert out[0]["nodeSelector"] == node_selector(NODE)
 
@@ -361,3 +369,19 @@ def test_failed_search_is_bounded() -> None:
 def test_unsupported_allocation_mode_is_fatal() -> None:
     with pytest.raises(AllocationError, match="unsupported count mode Some"):
         run([simple_slice()], [claim(requests=[request(allocationMode="Some")])])
+
+
+def test_fractional_capacity_range_rounds_in_milli_units_from_1_37() -> None:
+    """DRAFractionalCapacityRange (1.37): a range with a fractional step rounds requests up in milli units; before,
+    every value is rounded up to an integer first (so 0.25 of a 0.2+0.1k range consumed 1)."""
+    from controller.allocator import capacity as cap
+
+    policy = {"default": "200m", "validRange": {"min": "200m", "max": "1", "step": "100m"}}
+    device_capacity = {"cores": {"value": "1", "requestPolicy": policy}}
+    assert str(cap.consumption(device_capacity, {"cores": "250m"}, fractional=True)["cores"]) == "300m"
+    assert str(cap.consumption(device_capacity, {"cores": "250m"}, fractional=False)["cores"]) == "1"
+    assert Features.for_version("1.37").fractional_capacity_range
+    assert not Features.for_version("1.36").fractional_capacity_range
+    # Three 0.3 shares fit in one core with milli arithmetic; with integers each consumes 1.
+    assert cap.fits(device_capacity, {"cores": "250m"}, {"cores": cap._q("600m")}, {}, True)
+    assert not cap.fits(device_capacity, {"cores": "250m"}, {"cores": cap._q("600m")}, {}, False)

@@ -147,3 +147,17 @@ def test_cli_refuses_non_loopback_address() -> None:
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=60, check=False)
     assert done.returncode == 2
     assert "not a loopback address" in done.stderr and done.stdout == ""
+
+
+@pytest.mark.parametrize(("version", "git_version", "workloads"), [
+    ("1.37", "v1.37.0", True), ("1.36", "v1.36.2", False), ("1.34", "v1.34.3", False)])
+def test_kubernetes_version_selects_version_and_served_apis(version: str, git_version: str, workloads: bool) -> None:
+    server = EmbeddedApiServer(kubernetes_version=version)
+    url = server.start()
+    try:
+        doc = _get(url + "/version")
+        assert (doc["gitVersion"], doc["minor"]) == (git_version, version.split(".")[1])
+        served = [g["groupVersion"] for g in _get(url + "/apis/scheduling.k8s.io")["versions"]]
+        assert ("scheduling.k8s.io/v1beta1" in served) is workloads
+    finally:
+        server.stop()

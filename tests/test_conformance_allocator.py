@@ -2,12 +2,15 @@
 and run through `gpu-dra allocate --node N -o json`: exact results, node selectors, configs and error texts.
 
 Claims live in namespace "default", so upstream's "claim claim-0, ..." reads "claim default/claim-0, ..." here, as
-kube-scheduler prints it (klog.KObj). Cases that need features outside Kubernetes 1.35 (DRAListTypeAttributes) are
-not transcribed."""
+kube-scheduler prints it (klog.KObj). Every case runs at 1.35 and at 1.37 (`--kubernetes-version`) where those
+releases can run it; cases whose outcome changed in 1.37 carry both expectations (`changed_in_1_37`). Cases of the
+alpha DRAListTypeAttributes (list-valued attributes, off by default through 1.37) run with the gate turned on
+(and the two "disabled" cases with it off)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ from tests.conformance_builders import (
     ALL, CLASS_A, CLASS_B, DRIVER_A, DRIVER_B, MAX, NODE1, NODE2, PER_DEVICE, REGION1, TAINT_NO_EXECUTE,
     TAINT_NO_SCHEDULE, TAINT_NONE, TOL_NO_EXECUTE, TOL_NO_SCHEDULE, TOL_NO_SCHEDULE_KEY1, Case, alloc, all_req, attrs,
     cfg, claim, dev, distinct, first, klass, klass_multi, label_selector, local, local_selector, match, memory_at_least,
-    multi_devices, req, res, slice_, sub,
+    multi_devices, opaque, req, res, slice_, sub,
 )
 
 A, B = DRIVER_A, DRIVER_B
@@ -59,6 +62,13 @@ def ctr(q: str, counter_set: str = "counter-set-1", name: str = "memory") -> lis
 
 def cs(q: str, name: str = "memory") -> list[tuple[str, dict[str, str] | None]]:
     return [("counter-set-1", {name: q})]
+
+
+def changed_in_1_37(case: Case, expect_1_37: Any) -> list[Case]:
+    """A case whose expected outcome changed in 1.37: the transcription before the change for 1.35/1.36 and the
+    newest table's expectation for 1.37 (e.g. a config covering every request has empty `requests` since
+    kubernetes#138990/#139086)."""
+    return [replace(case, versions=("1.35",)), replace(case, expect=expect_1_37, versions=("1.37",))]
 
 
 VER_ATTRS = dict(driverVersion=(V, "1.0.0"), numa=1, stringAttribute="stringAttributeValue", boolAttribute=True)
@@ -200,8 +210,9 @@ CASES: list[Case] = [
                           dev(D2, None, attrs(driverVersion=(V, "2.0.0"), stringAttribute="b")),
                           dev(D3, None, attrs(driverVersion=(V, "3.0.0"), stringAttribute="b")))],
          [local(res("req-0", A, P1, D2), res("req-1", A, P1, D3))]),
-    Case("with-class-device-config", [simple_claim()], [klass(CLASS_A, A, config_attr="classAttribute")], [one("slice-1", NODE1, P1, A)],
-         [local(res("req-0", A, P1, D1), config=[cfg("FromClass", ["req-0"], A, "classAttribute")])]),
+    *changed_in_1_37(Case("with-class-device-config", [simple_claim()], [klass(CLASS_A, A, config_attr="classAttribute")], [one("slice-1", NODE1, P1, A)],
+                          [local(res("req-0", A, P1, D1), config=[cfg("FromClass", ["req-0"], A, "classAttribute")])]),
+                     [local(res("req-0", A, P1, D1), config=[cfg("FromClass", None, A, "classAttribute")])]),
     Case("with-class-device-config-with-multiple-request-and-configs",
          [c0(req("req-0", CLASS_A, 1), req("req-1", CLASS_A, 1), req("req-2", CLASS_B, 1), constraints=[])],
          [klass(CLASS_A, A, config_attr="classAttribute-A"), klass(CLASS_B, B, config_attr="classAttribute-B")],
@@ -231,18 +242,22 @@ CASES: list[Case] = [
          [CA, CB], [one("slice-1", NODE1, P1, A)], [local(res("req-0/subReq-1", A, P1, D1))], features=("PrioritizedList",)),
     Case("prioritized-list-non-available", [c0(first("req-0", sub("subReq-0", CLASS_B, 2), sub("subReq-1", CLASS_A, 2)))],
          [CA, CB], [one("slice-1", NODE1, P1, A), one("slice-2", NODE1, P2, B)], None, features=("PrioritizedList",)),
-    Case("prioritized-list-device-config",
+    *changed_in_1_37(Case("prioritized-list-device-config",
          [c0(first("req-0", sub("subReq-0", CLASS_A, 1), sub("subReq-1", CLASS_B, 2)),
              config=[{"requests": ["req-0/subReq-0"], "opaque": {"driver": A, "parameters": {"foo": "fooValue"}}},
                      {"requests": ["req-0/subReq-1"], "opaque": {"driver": B, "parameters": {"bar": "barValue"}}}])],
          [CA, CB], [slice_("slice-1", NODE1, P1, B, dev(D1, None, {}), dev(D2, None, {}))],
          [local(res("req-0/subReq-1", B, P1, D1), res("req-0/subReq-1", B, P1, D2),
                 config=[cfg("FromClaim", ["req-0/subReq-1"], B, "bar")])], features=("PrioritizedList",)),
-    Case("prioritized-list-class-config", [c0(first("req-0", sub("subReq-0", CLASS_A, 2), sub("subReq-1", CLASS_B, 2)))],
+        [local(res("req-0/subReq-1", B, P1, D1), res("req-0/subReq-1", B, P1, D2),
+               config=[cfg("FromClaim", None, B, "bar")])]),
+    *changed_in_1_37(Case("prioritized-list-class-config", [c0(first("req-0", sub("subReq-0", CLASS_A, 2), sub("subReq-1", CLASS_B, 2)))],
          [klass(CLASS_A, A, config_attr="foo"), klass(CLASS_B, B, config_attr="bar")],
          [slice_("slice-1", NODE1, P1, B, dev(D1), dev(D2)), slice_("slice-2", NODE1, P2, A, dev(D3))],
          [local(res("req-0/subReq-1", B, P1, D1), res("req-0/subReq-1", B, P1, D2),
                 config=[cfg("FromClass", ["req-0/subReq-1"], B, "bar")])], features=("PrioritizedList",)),
+        [local(res("req-0/subReq-1", B, P1, D1), res("req-0/subReq-1", B, P1, D2),
+               config=[cfg("FromClass", None, B, "bar")])]),
     Case("prioritized-list-subrequests-with-expressions",
          [c0(req("req-0", CLASS_A, 1, memory_at_least("1Gi")),
              first("req-1", sub("subReq-0", CLASS_A, 1, memory_at_least("4Gi")), sub("subReq-1", CLASS_A, 2, memory_at_least("2Gi"))))],
@@ -730,6 +745,54 @@ CASES += [
          [local(res("req-1/subReq-1", A, P1, D2), res("req-1/subReq-1", A, P1, D3), res("req-2/subReq-1", A, P1, D1))], features=PL),
 ]
 
+# Added to the table in 1.36 and 1.37 (allocator fixes; the config cases describe the 1.37 result and, where 1.35
+# and 1.36 wrote it differently, that older result too).
+SCOPED = {"opaque": opaque(A, "scoped")}
+CASES += [
+    Case("all-devices-with-consumed-counters", [c0(all_req("req-0", CLASS_A))], [CA],
+         [slice_("slice-1", NODE1, P1, A, dev(D1, counters=ctr("4Gi")), count=2),
+          slice_("slice-2", NODE1, P1, A, count=2, counter_sets=cs("8Gi"))],
+         [local(res("req-0", A, P1, D1))], features=("PartitionableDevices",)),
+    Case("allow-multiple-allocations-with-shared-device-counter-cross-cycle",
+         [c0(req("req-0", CLASS_A, 1, 'device.attributes["driver-a"].mode == "b"', capacity="1"))], [MULTI_A],
+         [slice_("slice-1", NODE1, P1, A,
+                 dev(D1, attributes=attrs(mode="a"), counters=[("counter-set-1", {"capacity-0": "1"})], from_counters=True, multi=True),
+                 dev(D2, attributes=attrs(mode="b"), counters=[("counter-set-1", {"capacity-0": "1"})], from_counters=True, multi=True),
+                 count=2),
+          slice_("slice-2", NODE1, P1, A, count=2, counter_sets=[("counter-set-1", {"capacity-0": "1"})])],
+         None, features=("PartitionableDevices", "ConsumableCapacity"), allocated_capacity={X: {"capacity-0": "1"}}),
+    Case("partitionable-devices-devices-consume-counter-set-in-different-nodes", [c0(req("req-0", CLASS_A, 1))], [CA],
+         [slice_("slice-1", NODE1, P1, A, count=3, counter_sets=cs("8Gi")),
+          slice_("slice-2", NODE1, P1, A, dev(D1, counters=ctr("6Gi"), from_counters=True), count=3),
+          slice_("slice-3", NODE2, P1, A, dev(D2, counters=ctr("6Gi"), from_counters=True),
+                 dev(D3, counters=ctr("2Gi"), from_counters=True), count=3)],
+         [alloc(local_selector(NODE2), res("req-0", A, P1, D3))], features=("PartitionableDevices",),
+         allocated=[(A, P1, D1)], node=NODE2),
+    *changed_in_1_37(
+        Case("with-claim-config-for-two-requests",
+             [c0(req("req-0", CLASS_A, 1), req("req-1", CLASS_A, 1), req("req-2", CLASS_A, 1),
+                 config=[{"requests": ["req-0", "req-1"], "opaque": opaque(A, "deviceAttribute")}])],
+             [CA], [slice_("slice-1", NODE1, P1, A, *multi_devices(3))],
+             [local(res("req-0", A, P1, D0), res("req-1", A, P1, D1), res("req-2", A, P1, D2),
+                    config=[cfg("FromClaim", ["req-0", "req-1"], A, "deviceAttribute")] * 2)]),
+        [local(res("req-0", A, P1, D0), res("req-1", A, P1, D1), res("req-2", A, P1, D2),
+               config=[cfg("FromClaim", ["req-0", "req-1"], A, "deviceAttribute")])]),
+    Case("claim-config-scoped-to-subrequests-of-one-request",
+         [c0(first("req-0", sub("subReq-0", CLASS_A, 1), sub("subReq-1", CLASS_B, 1)), req("req-1", CLASS_A, 1),
+             config=[{"requests": ["req-0/subReq-0", "req-0/subReq-1"], **SCOPED}])],
+         [CA, CB], [slice_("slice-1", NODE1, P1, A, *multi_devices(2))],
+         [local(res("req-0/subReq-0", A, P1, D0), res("req-1", A, P1, D1),
+                config=[cfg("FromClaim", ["req-0/subReq-0", "req-0/subReq-1"], A, "scoped")])], features=PL),
+    *changed_in_1_37(
+        Case("claim-config-covering-all-requests-is-cleared",
+             [c0(first("req-0", sub("subReq-0", CLASS_A, 1), sub("subReq-1", CLASS_B, 1)), req("req-1", CLASS_A, 1),
+                 config=[{"requests": ["req-0/subReq-0", "req-1"], "opaque": opaque(A, "all")}])],
+             [CA, CB], [slice_("slice-1", NODE1, P1, A, *multi_devices(2))],
+             [local(res("req-0/subReq-0", A, P1, D0), res("req-1", A, P1, D1),
+                    config=[cfg("FromClaim", ["req-0/subReq-0", "req-1"], A, "all")] * 2)], features=PL),
+        [local(res("req-0/subReq-0", A, P1, D0), res("req-1", A, P1, D1), config=[cfg("FromClaim", None, A, "all")])]),
+]
+
 
 def _normalize(alloc_result: dict[str, Any]) -> dict[str, Any]:
     """Order inside node selectors is irrelevant (upstream compares with ConsistOf); share IDs are random."""
@@ -744,16 +807,22 @@ def _normalize(alloc_result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_case(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[dict[str, Any]]]:
+def run_case(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+             version: str = "1.37") -> tuple[int, list[dict[str, Any]]]:
     path = tmp_path / "in.yaml"
     path.write_text(yaml.safe_dump_all(case.objects()))
-    rc = main(["allocate", "-f", str(path), "--node", case.node, *case.feature_args(), "-o", "json"])
+    rc = main(["allocate", "-f", str(path), "--node", case.node, *case.feature_args(version), "-o", "json"])
     return rc, json.loads(capsys.readouterr().out)["results"]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_upstream_allocator_case(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, results = run_case(case, tmp_path, capsys)
+# Every case runs with the semantics of each release it describes, where that release lets its gates be set as
+# the case needs (1.37 locks DRAPrioritizedList and DRAAdminAccess on, so cases that turn them off run at 1.35).
+RUNS = [(c, v) for c in CASES for v in c.versions if c.runs_at(v)]
+
+
+@pytest.mark.parametrize(("case", "version"), RUNS, ids=[f"{c.name}@{v}" for c, v in RUNS])
+def test_upstream_allocator_case(case: Case, version: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, results = run_case(case, tmp_path, capsys, version)
     assert [r["claim"] for r in results] == [f"default/{c['metadata']['name']}" for c in case.claims]
     if isinstance(case.expect, str):
         assert rc == 1 and results
@@ -772,7 +841,8 @@ def test_upstream_allocator_case(case: Case, tmp_path: Path, capsys: pytest.Capt
 
 
 def test_transcribed_case_count() -> None:
-    assert len({c.name for c in CASES}) == len(CASES) >= 150
+    assert len({(c.name, c.versions) for c in CASES}) == len(CASES) and len({c.name for c in CASES}) >= 150
+    assert len([r for r in RUNS if r[1] == "1.37"]) >= 150
 
 
 def _write(tmp_path: Path, objs: list[dict[str, Any]]) -> str:
@@ -788,15 +858,165 @@ def test_unknown_feature_gate_is_an_input_error(tmp_path: Path, capsys: pytest.C
     assert "unknown feature gate 'DRANoSuchGate'" in doc["errors"][0] and "DRAPrioritizedList" in doc["errors"][0]
 
 
-def test_cel_runtime_error_is_fatal_with_kubernetes_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+HINT = (". consider using CEL optional chaining (.? followed by orValue()) or guarding the check with has() for "
+        "optional fields")
+
+
+@pytest.mark.parametrize(("version", "text"), [
+    ("1.35", "claim default/claim-0: selector #0: CEL runtime error: no such key: missing"),
+    ("1.36", "claim default/claim-0: selector #0: CEL runtime error: no such key: missing"),
+    ("1.37", "claim default/claim-0: selector #0 on device driver-a/pool-1/device-1: CEL runtime error: "
+             "no such key: missing" + HINT),
+])
+def test_cel_runtime_error_is_fatal_with_kubernetes_text(version: str, text: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
     case = Case("runtime", [c0(req("req-0", CLASS_A, 1, 'device.attributes["driver-a"].missing'))], [CA],
-                [one("slice-1", NODE1, P1, A)], "claim default/claim-0: selector #0: CEL runtime error: no such key: missing")
-    rc, results = run_case(case, tmp_path, capsys)
-    assert rc == 1 and results[0]["outcome"] == "error" and case.expect in results[0]["message"]
+                [one("slice-1", NODE1, P1, A)], text)
+    rc, results = run_case(case, tmp_path, capsys, version)
+    assert rc == 1 and results[0]["outcome"] == "error" and results[0]["message"].endswith(text), results
 
 
-def test_class_selector_runtime_error_names_the_class(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("version", "text"), [
+    ("1.35", "class class-a: selector #0: CEL runtime error: no such key: missing"),
+    ("1.37", "class class-a: selector #0 on device driver-a/pool-1/device-1: CEL runtime error: no such key: missing"
+             + HINT),
+])
+def test_class_selector_runtime_error_names_the_class(version: str, text: str, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
     case = Case("runtime", [simple_claim()], [klass(CLASS_A, A, 'device.attributes["driver-a"].missing')],
-                [one("slice-1", NODE1, P1, A)], "class class-a: selector #0: CEL runtime error: no such key: missing")
-    rc, results = run_case(case, tmp_path, capsys)
-    assert rc == 1 and results[0]["outcome"] == "error" and case.expect in results[0]["message"]
+                [one("slice-1", NODE1, P1, A)], text)
+    rc, results = run_case(case, tmp_path, capsys, version)
+    assert rc == 1 and results[0]["outcome"] == "error" and results[0]["message"].endswith(text), results
+
+
+def test_other_runtime_errors_get_no_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    case = Case("runtime", [c0(req("req-0", CLASS_A, 1, '1/0 == 1'))], [CA], [one("slice-1", NODE1, P1, A)], "")
+    rc, results = run_case(case, tmp_path, capsys, "1.37")
+    message = results[0]["message"]
+    assert rc == 1 and "selector #0 on device driver-a/pool-1/device-1: CEL runtime error: " in message
+    assert "optional chaining" not in message
+
+
+def test_locked_gate_cannot_be_turned_off_at_1_37(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, CASES[1].objects())
+    assert main(["allocate", "-f", path, "--feature", "DRAPrioritizedList=false", "-o", "json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["errors"] == ["--feature 'DRAPrioritizedList=false': cannot set feature gate DRAPrioritizedList to "
+                             "false, feature is locked to true in Kubernetes 1.37"]
+    assert main(["allocate", "-f", path, "--kubernetes-version", "1.35", "--feature", "DRAPrioritizedList=false",
+                 "-o", "json"]) == 0
+    capsys.readouterr()
+
+
+def test_unsupported_kubernetes_version_is_an_input_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, CASES[1].objects())
+    assert main(["allocate", "-f", path, "--kubernetes-version", "1.33", "-o", "json"]) == 2
+    assert "supported versions are 1.34, 1.35, 1.36, 1.37" in json.loads(capsys.readouterr().out)["errors"][0]
+
+
+# ---- list-type attributes (KEP-5491, DRAListTypeAttributes: alpha in 1.36 and 1.37) -----------------------------
+# Upstream's Features{ListTypeAttributes: true} is `--feature DRAListTypeAttributes=true` at 1.37.
+
+def s_(value: str) -> dict[str, Any]:
+    return {"string": value}
+
+
+def _la(*devices: tuple[str, str, Any]) -> list[dict[str, Any]]:
+    return [slice_("slice-1", NODE1, P1, A, *(dev(d, None, {attr: value}) for d, attr, value in devices))]
+
+
+def _lc(kind: str, attr: str, *counts: int) -> dict[str, Any]:
+    constraint = {kind: f"{A}/{attr}"}
+    return c0(*(req("req-0", CLASS_A, n) for n in counts), constraints=[constraint])
+
+
+M, DA = "matchAttribute", "distinctAttribute"
+STR, INT_, BOOL_, VER = "stringAttribute", "numa", "boolAttribute", "driverVersion"
+LIST_RUNS = [
+    Case("list-attributes-match-constaint-scalar-string-values", [_lc(M, STR, 2)], [CA],
+         _la((D1, STR, s_("value1")), (D2, STR, s_("value1"))), [local(res("req-0", A, P1, D1), res("req-0", A, P1, D2))]),
+    Case("list-attributes-match-constaint-list-of-string-values-with-common-elements", [_lc(M, STR, 2)], [CA],
+         _la((D1, STR, {"strings": ["value1", "value2", "value3"]}), (D2, STR, {"strings": ["value2", "value3", "value4"]})),
+         [local(res("req-0", A, P1, D1), res("req-0", A, P1, D2))]),
+    Case("list-attributes-match-constaint-list-of-string-values-with-partially-common-elements", [_lc(M, STR, 3)], [CA],
+         _la((D1, STR, {"strings": ["value1", "value2"]}), (D2, STR, {"strings": ["value2", "value3"]}),
+             (D3, STR, {"strings": ["value3", "value1"]})), None),
+    Case("list-attributes-match-constaint-list-of-string-values-without-common-elements", [_lc(M, STR, 1, 1)], [CA],
+         _la((D1, STR, {"strings": ["value1", "value2"]}), (D2, STR, {"strings": ["value3", "value4"]})), None),
+    Case("list-attributes-match-constaint-mixed-scalar-and-list-of-string-values-with-common-elements", [_lc(M, STR, 2)], [CA],
+         _la((D1, STR, s_("value1")), (D2, STR, {"strings": ["value1", "value2"]})),
+         [local(res("req-0", A, P1, D1), res("req-0", A, P1, D2))]),
+    Case("list-attributes-match-constaint-mixed-scalar-and-list-of-string-values-with-partially-common-elements",
+         [_lc(M, STR, 3)], [CA],
+         _la((D1, STR, s_("value1")), (D2, STR, {"strings": ["value1", "value2"]}), (D3, STR, {"strings": ["value2", "value3"]})),
+         None),
+    Case("list-attributes-match-constaint-mixed-scalar-and-list-of-string-values-without-common-elements", [_lc(M, STR, 2)], [CA],
+         _la((D1, STR, s_("value1")), (D2, STR, {"strings": ["value2", "value3"]})), None),
+    Case("list-attributes-match-constaint-list-of-int-values-with-common-elements", [_lc(M, INT_, 2)], [CA],
+         _la((D1, INT_, {"ints": [0, 1, 2]}), (D2, INT_, {"ints": [1, 2, 3]})), [local(res("req-0", A, P1, D1), res("req-0", A, P1, D2))]),
+    Case("list-attributes-match-constaint-list-of-bool-values-with-common-elements", [_lc(M, BOOL_, 2)], [CA],
+         _la((D1, BOOL_, {"bools": [True, False]}), (D2, BOOL_, {"bools": [True]})),
+         [local(res("req-0", A, P1, D1), res("req-0", A, P1, D2))]),
+    Case("list-attributes-match-constaint-list-of-version-values-with-common-elements", [_lc(M, VER, 2)], [CA],
+         _la((D1, VER, {"versions": ["1.0.0", "1.1.0", "2.0.0"]}), (D2, VER, {"versions": ["1.1.0", "2.0.0", "2.1.0"]})),
+         [local(res("req-0", A, P1, D1), res("req-0", A, P1, D2))]),
+    Case("list-attributes-match-constaint-with-empty-or-unknown-type", [_lc(M, STR, 2)], [CA],
+         _la((D1, STR, {}), (D2, STR, {"strings": []})), "unsupported attribute value"),
+    Case("list-attributes-distinct-constraint-scalar-string-values-all-distinct", [_lc(DA, STR, 2)], [CA],
+         _la((D1, STR, s_("value1")), (D2, STR, s_("value2"))), [local(res("req-0", A, P1, D1), res("req-0", A, P1, D2))]),
+    Case("list-attributes-distinct-constraint-scalar-string-values-not-distinct", [_lc(DA, STR, 2)], [CA],
+         _la((D1, STR, s_("value1")), (D2, STR, s_("value1"))), None),
+    Case("list-attributes-distinct-constraint-list-of-string-values-all-distinct", [_lc(DA, STR, 2)], [CA],
+         _la((D1, STR, {"strings": ["value1", "value2"]}), (D2, STR, {"strings": ["value2", "value3"]}),
+             (D3, STR, {"strings": ["value3", "value4"]})), [local(res("req-0", A, P1, D1), res("req-0", A, P1, D3))]),
+    Case("list-attributes-distinct-constraint-list-of-string-values-with-common-elements", [_lc(DA, STR, 2)], [CA],
+         _la((D1, STR, {"strings": ["value1", "value2", "value3"]}), (D2, STR, {"strings": ["value2", "value4", "value5"]})), None),
+    Case("list-attributes-distinct-constraint-mixed-scalar-and-list-all-distinct", [_lc(DA, STR, 2)], [CA],
+         _la((D1, STR, s_("value1")), (D2, STR, {"strings": ["value1", "value2"]}), (D3, STR, {"strings": ["value2", "value3"]})),
+         [local(res("req-0", A, P1, D1), res("req-0", A, P1, D3))]),
+    Case("list-attributes-distinct-constraint-mixed-scalar-and-list-with-common-elements", [_lc(DA, STR, 2)], [CA],
+         _la((D1, STR, s_("value1")), (D2, STR, {"strings": ["value1", "value2"]})), None),
+    Case("list-attributes-distinct-constraint-list-of-int-values-all-distinct", [_lc(DA, INT_, 2)], [CA],
+         _la((D1, INT_, {"ints": [0, 1]}), (D2, INT_, {"ints": [1, 2]}), (D3, INT_, {"ints": [2, 3]})),
+         [local(res("req-0", A, P1, D1), res("req-0", A, P1, D3))]),
+    Case("list-attributes-distinct-constraint-list-of-bool-values-all-distinct", [_lc(DA, BOOL_, 2)], [CA],
+         _la((D1, BOOL_, {"bools": [True]}), (D2, BOOL_, {"bools": [True, False]}), (D3, BOOL_, {"bools": [False]})),
+         [local(res("req-0", A, P1, D1), res("req-0", A, P1, D3))]),
+    Case("list-attributes-distinct-constraint-list-of-version-values-all-distinct", [_lc(DA, VER, 2)], [CA],
+         _la((D1, VER, {"versions": ["1.0.0", "1.1.0"]}), (D2, VER, {"versions": ["1.1.0", "2.0.0"]}),
+             (D3, VER, {"versions": ["2.0.0", "2.1.0"]})), [local(res("req-0", A, P1, D1), res("req-0", A, P1, D3))]),
+    Case("list-attributes-distinct-constaint-with-empty-or-unknown-type", [_lc(DA, VER, 2)], [CA],
+         _la((D1, VER, {"versions": []}), (D2, VER, {})), "unsupported attribute value"),
+]
+LIST_DISABLED = [
+    Case("list-attributes-disabled-match-constraint-with-lists", [_lc(M, STR, 2)], [CA],
+         _la((D1, STR, {"strings": ["value1", "value2", "value3"]}), (D2, STR, {"strings": ["value2", "value3", "value4"]})), None),
+    Case("list-attributes-disabled-distinct-constraint-with-lists", [_lc(DA, STR, 2)], [CA],
+         _la((D1, STR, {"strings": ["value1", "value2", "value3"]}), (D2, STR, {"strings": ["value2", "value3", "value4"]})), None,
+         features=("ConsumableCapacity",)),
+]
+
+
+@pytest.mark.parametrize("case", LIST_RUNS, ids=[c.name for c in LIST_RUNS])
+def test_upstream_list_attribute_case(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "in.yaml"
+    path.write_text(yaml.safe_dump_all(case.objects()))
+    rc = main(["allocate", "-f", str(path), "--node", case.node, "--feature", "DRAListTypeAttributes=true", "-o", "json"])
+    results = json.loads(capsys.readouterr().out)["results"]
+    _check(case, rc, results)
+
+
+@pytest.mark.parametrize("case", LIST_DISABLED, ids=[c.name for c in LIST_DISABLED])
+def test_upstream_list_attribute_case_gate_off(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, results = run_case(case, tmp_path, capsys, "1.37")
+    _check(case, rc, results)
+
+
+def _check(case: Case, rc: int, results: list[dict[str, Any]]) -> None:
+    if isinstance(case.expect, str):
+        assert rc == 1 and all(r["outcome"] == "error" and case.expect in r["message"] for r in results), results
+    elif case.expect is None:
+        assert rc == 1 and all(r["outcome"] == "unschedulable" for r in results), results
+    else:
+        assert rc == 0, results
+        assert [_normalize(r["allocation"]) for r in results] == [_normalize(e) for e in case.expect]

@@ -1,8 +1,10 @@
 """Kubernetes' CEL selector test table (k8s.io/dynamic-resource-allocation/cel/compile_test.go), run through
 `gpu-dra cel EXPR --device FILE -o json`: match results, compile errors and runtime errors by their upstream text.
 
-Not transcribed: the list-type attribute cases (DRAListTypeAttributes, after 1.35) and the per-case worst-case
-cost figures (the CLI reports results, not costs; the cost limit itself is covered by "expensive")."""
+Every case runs with 1.37's environments (the default); the `includes` cases of KEP-5491 also pin the releases
+without it, and the list-type attribute cases run as upstream's do. Not transcribed: the per-case worst-case cost
+figures (the CLI reports results, not costs; `includes`' cost of 48 is checked by test_includes_cost, the limit by
+"expensive")."""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ class CelCase:
     capacity: dict[str, Any] = field(default_factory=dict)
     allow_multiple: bool | None = None
     strict: bool = False
+    version: str = "1.37"  # --kubernetes-version
+    features: tuple[str, ...] = ()  # --feature
 
 
 def b(v: bool) -> dict[str, Any]:
@@ -115,6 +119,53 @@ CASES = [
             match_error="expected iterable type"),
     CelCase("macro-exists-on-string", f'{ATTR}.name.exists(x, x == "fish")', driver=DRA, attributes={"name": s("fish")},
             match_error="expected iterable type"),
+    # KEP-5491's `includes` on scalar attributes: in 1.37's stored-expressions environment whatever the gate.
+    CelCase("includes-function-on-bool-scalar-positive", f"{ATTR}.name.includes(true)", True, driver=DRA, attributes={"name": b(True)}),
+    CelCase("includes-function-on-bool-scalar-negative", f"{ATTR}.name.includes(true)", False, driver=DRA, attributes={"name": b(False)}),
+    CelCase("includes-function-on-int-scalar-positive", f"{ATTR}.name.includes(1)", True, driver=DRA, attributes={"name": {"int": 1}}),
+    CelCase("includes-function-on-int-scalar-negative", f"{ATTR}.name.includes(1)", False, driver=DRA, attributes={"name": {"int": 2}}),
+    CelCase("includes-function-on-string-scalar-positive", f'{ATTR}.name.includes("fish")', True, driver=DRA, attributes={"name": s("fish")}),
+    CelCase("includes-function-on-string-scalar-negative", f'{ATTR}.name.includes("bird")', False, driver=DRA, attributes={"name": s("fish")}),
+    CelCase("includes-function-on-semver-scalar-positive", f'{ATTR}.name.includes(semver("1.0.0"))', True, driver=DRA,
+            attributes={"name": {"version": "1.0.0"}}),
+    CelCase("includes-function-on-semver-scalar-negative", f'{ATTR}.name.includes(semver("2.0.0"))', False, driver=DRA,
+            attributes={"name": {"version": "1.0.0"}}),
+    CelCase("includes-function-compilation-error", f'{ATTR}.attr.includes("fish")', driver=DRA, strict=True,
+            compile_error="undeclared reference to 'includes'"),
+    CelCase("includes-function-compilation-and-eval-success", f'{ATTR}.attr.includes("fish")', True, driver=DRA, strict=True,
+            attributes={"attr": s("fish")}, features=("DRAListTypeAttributes",)),
+    CelCase("includes-function-before-1.37", f'{ATTR}.name.includes(1)', driver=DRA, attributes={"name": {"int": 1}},
+            version="1.36", compile_error="undeclared reference to 'includes'"),
+    # List-type attributes (KEP-5491): lists reach CEL as lists, `includes` tests membership.
+    CelCase("list-result-type-causes-match-error", f"{ATTR}.names", driver=DRA, attributes={"names": {"strings": ["fish", "bird"]}},
+            match_error="CEL result of type list could not be converted to bool"),
+    CelCase("includes-function-can-evaluate", f'{ATTR}.name.includes("fish")', True, driver=DRA,
+            attributes={"name": {"strings": ["fish", "bird"]}}),
+    *(CelCase(f"list-of-{kind}", f"{ATTR}.names.size() == 2", True, driver=DRA, attributes={"names": {field_: values}})
+      for kind, field_, values in (("bool", "bools", [True, False]), ("int", "ints", [1, 2]),
+                                   ("string", "strings", ["fish", "bird"]), ("semver", "versions", ["1.0.0", "2.0.0"]))),
+    CelCase("macro-on-list-of-int", f"{ATTR}.names.exists(x, x > 0)", True, driver=DRA, attributes={"names": {"ints": [1, 2]}}),
+    CelCase("macro-on-list-of-string", f'{ATTR}.names.all(x, x != "")', True, driver=DRA,
+            attributes={"names": {"strings": ["fish", "bird"]}}),
+    CelCase("macro-on-list-of-semver", f'{ATTR}.names.all(x, x.isGreaterThan(semver("0.0.1")))', True, driver=DRA,
+            attributes={"names": {"versions": ["1.0.0", "2.0.0"]}}),
+    CelCase("includes-function-on-bool-list-positive", f"{ATTR}.name.includes(true)", True, driver=DRA, attributes={"name": {"bools": [True, False]}}),
+    CelCase("includes-function-on-bool-list-negative", f"{ATTR}.name.includes(false)", False, driver=DRA, attributes={"name": {"bools": [True, True]}}),
+    CelCase("includes-function-on-int-list-positive", f"{ATTR}.name.includes(1)", True, driver=DRA, attributes={"name": {"ints": [1, 2]}}),
+    CelCase("includes-function-on-int-list-negative", f"{ATTR}.name.includes(3)", False, driver=DRA, attributes={"name": {"ints": [1, 2]}}),
+    CelCase("includes-function-on-string-list-positive", f'{ATTR}.name.includes("fish")', True, driver=DRA,
+            attributes={"name": {"strings": ["fish", "bird"]}}),
+    CelCase("includes-function-on-string-list-negative", f'{ATTR}.name.includes("cat")', False, driver=DRA,
+            attributes={"name": {"strings": ["fish", "bird"]}}),
+    CelCase("includes-function-on-semver-list-positive", f'{ATTR}.name.includes(semver("1.0.0"))', True, driver=DRA,
+            attributes={"name": {"versions": ["1.0.0", "2.0.0"]}}),
+    CelCase("includes-function-on-semver-list-negative", f'{ATTR}.name.includes(semver("3.0.0"))', False, driver=DRA,
+            attributes={"name": {"versions": ["1.0.0", "2.0.0"]}}),
+    CelCase("includes-function-on-very-long-list-positive", f'{ATTR}.name.includes("value-48")', False, driver=DRA,
+            attributes={"name": {"strings": [f"value-{i}" for i in range(48)]}}),
+    CelCase("includes-function-on-very-long-list-runtime-error", f'{ATTR}.name.includes("value-49")', driver=DRA,
+            attributes={"name": {"strings": [f"value-{i}" for i in range(49)]}},
+            match_error="'includes' function cannot be applied to lists longer than 48 values"),
     CelCase("macro-exists-on-version", f'{ATTR}.name.exists(x, x.isGreaterThan(semver("0.0.1")))', driver=DRA,
             attributes={"name": {"version": "1.0.0"}}, match_error="expected iterable type"),
 ]
@@ -126,7 +177,8 @@ def run_cel(case: CelCase, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         device["allowMultipleAllocations"] = case.allow_multiple
     path = tmp_path / "device.json"
     path.write_text(json.dumps(device))
-    rc = main(["cel", case.expression, "--device", str(path), *(["--strict"] if case.strict else []), "-o", "json"])
+    flags = ["--kubernetes-version", case.version, *(a for f in case.features for a in ("--feature", f))]
+    rc = main(["cel", case.expression, "--device", str(path), *(["--strict"] if case.strict else []), *flags, "-o", "json"])
     return rc, json.loads(capsys.readouterr().out)
 
 
@@ -142,3 +194,10 @@ def test_upstream_cel_case(case: CelCase, tmp_path: Path, capsys: pytest.Capture
         assert rc == 1 and case.match_error in result.get("error", ""), doc
     else:
         assert rc == 0 and result.get("match") is case.match and "error" not in result, doc
+
+
+def test_includes_cost() -> None:
+    """Kubernetes' draCostEstimator: `includes` costs the longest list attribute, 48 (4 + 48 for an attribute)."""
+    from controller.cel import CelEnvironment
+
+    assert CelEnvironment().estimate_cost(f"{ATTR}.name.includes(1)") == 4 + 48

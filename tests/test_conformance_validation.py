@@ -421,8 +421,9 @@ SLICE_CASES: list[Any] = meta_cases("slice", rslice()) + [
             (f"spec.devices[1].{CAP_A}.validValues[2]", "option is larger than capacity value: -1"),
             (f"spec.devices[2].{CAP_A}.validValues", "default value is not valid according to the requestPolicy"),
             (f"spec.devices[4].{CAP_A}", "exactly one policy can be specified"),
-            (f"spec.devices[7].{CAP_A}.validRange.default", "default is less than min: 1100m"),
-            (f"spec.devices[8].{CAP_A}.validValues[1]", 'Duplicate value: "10"'),
+            (f"spec.devices[7].{CAP_A}.validRange.min", "default is less than min: 1100m"),
+            # Up to 1.36 validValues ["9.9", "10", "100"] held a duplicate (10 after rounding up); 1.37 compares
+            # exact values (DRAFractionalCapacityRange): see test_fractional_capacity_rules.
         ],
         id="slice-consumable-capacity-integer",
     ),
@@ -1003,10 +1004,10 @@ TEMPLATE_CASES: list[Any] = meta_cases("template", template()) + [
 ALL_CASES = SLICE_CASES + CLAIM_CASES + CLASS_CASES + TEMPLATE_CASES
 
 
-def _run_cli(tmp_path: Path, obj: Obj, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
+def _run_cli(tmp_path: Path, obj: Obj, capsys: pytest.CaptureFixture[str], version: str = "1.37") -> tuple[int, dict[str, Any]]:
     manifest = tmp_path / "object.json"
     manifest.write_text(json.dumps(obj))
-    code = main(["validate", "-f", str(manifest), "-o", "json"])
+    code = main(["validate", "-f", str(manifest), "--kubernetes-version", version, "-o", "json"])
     return code, json.loads(capsys.readouterr().out)
 
 
@@ -1047,3 +1048,61 @@ def test_admission_rejects_with_same_errors(apiserver: Any, obj: Obj, expected: 
         assert error in err.value.message
     for path, fragment in expected:
         assert path in err.value.message and fragment in err.value.message
+
+
+# ---- consumable capacity by release: pkg/apis/resource/validation TestValidateDeviceCapacity (1.37) ---------------
+
+from gpudra.quantity import Quantity  # noqa: E402
+from gpudra.validation.capacity import validate_request_policy  # noqa: E402
+
+VR = "cap.requestPolicy.validRange"
+
+
+def _range(default: str, lo: str | None, hi: str | None = None, step: str | None = None) -> dict[str, Any]:
+    bounds = {k: v for k, v in (("min", lo), ("max", hi), ("step", step)) if v is not None}
+    return {"default": default, "validRange": bounds}
+
+
+@pytest.mark.parametrize(("capacity", "policy", "fractional", "expected"), [
+    pytest.param("10Gi", _range("2Gi", "20Gi", "1Gi"), True, [
+        (f"{VR}.min", "20Gi", "min is larger than capacity value: 10Gi"),
+        (f"{VR}.min", "2Gi", "default is less than min: 20Gi"),
+        (f"{VR}.max", "20Gi", "min is larger than max: 1Gi"),
+        (f"{VR}.max", "2Gi", "default is more than max: 1Gi")], id="invalid-range-large-min-small-max"),
+    pytest.param("10Gi", _range("2Gi", "1Gi", "10Gi", "2Gi"), True, [
+        (f"{VR}.step", "2Gi", "value is not a multiple of a given step (2Gi) from (1Gi)"),
+        (f"{VR}.step", "10Gi", "value is not a multiple of a given step (2Gi) from (1Gi)")], id="invalid-range-multiple-of-step"),
+    pytest.param("1", _range("200m", "200m", "1", "100m"), True, [], id="valid-range-fractional-step"),
+    pytest.param("1", _range("250m", "200m", "1", "100m"), True, [
+        (f"{VR}.step", "250m", "value is not a multiple of a given step (100m) from (200m)")],
+        id="invalid-range-fractional-step-not-aligned"),
+    pytest.param("1", _range("200m", "200m", "1", "100m"), False, [], id="fractional-range-gate-disabled-valid"),
+    pytest.param("1", _range("250m", "200m", "1", "100m"), False, [], id="fractional-range-gate-disabled-misaligned"),
+    pytest.param("100P", _range("20P", "10P", None, "100m"), True, [
+        (f"{VR}.default", "20P", "value cannot be represented as a milli value"),
+        (f"{VR}.min", "10P", "value cannot be represented as a milli value")], id="fractional-range-overflow-min"),
+    pytest.param("1", _range("20u", "10u"), True, [
+        (f"{VR}.default", "20u", "value cannot be represented as a milli value"),
+        (f"{VR}.min", "10u", "value cannot be represented as a milli value")], id="fractional-too-fine-precision"),
+    pytest.param("10Gi", {"default": "100m", "validValues": ["100m", "200m", "1"]}, True, [], id="valid-fractional-values"),
+    pytest.param("10Gi", {"default": "100m", "validValues": ["100m", "200m", "1"]}, False, [
+        ("cap.requestPolicy.validValues[1]", "", 'Duplicate value: "1"'),
+        ("cap.requestPolicy.validValues[2]", "", 'Duplicate value: "1"')], id="fractional-values-before-1.37"),
+    pytest.param("10Gi", {"default": "1Gi", "validValues": ["1Gi", "1Gi"]}, True, [
+        ("cap.requestPolicy.validValues[1]", "", "Duplicate value")], id="invalid-options-duplicate"),
+])
+def test_fractional_capacity_rules(capacity: str, policy: dict[str, Any], fractional: bool,
+                                   expected: list[tuple[str, str, str]]) -> None:
+    errors = [str(e) for e in validate_request_policy(policy, Quantity.parse(capacity), "cap.requestPolicy",
+                                                      fractional=fractional)]
+    assert len(errors) == len(expected), errors
+    for (path, value, detail), error in zip(expected, errors):
+        assert error.startswith(path + ":") and detail in error and (not value or f'"{value}"' in error), (error, path)
+
+
+def test_validate_cli_selects_the_release(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    obj = _consumable({8: {"validValues": ["9.9", "10", "100"]}})
+    code_137, report_137 = _run_cli(tmp_path, obj, capsys)
+    code_136, report_136 = _run_cli(tmp_path, obj, capsys, "1.36")
+    assert code_137 == 0 and code_136 == 1
+    assert any('Duplicate value: "10"' in e for e in report_136["results"][0]["errors"])

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
 # kind's own config and kustomizations are not Kubernetes API objects.
 NOT_API_OBJECTS = {"cluster.yaml", "kustomization.yaml"}
-SCHEMA_VERSION = "1.35.0"
+SCHEMA_VERSION = "1.37.0"
 
 
 def manifest_files() -> list[Path]:

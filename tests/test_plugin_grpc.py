@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from driver.inventory import Health
-from sim.kubelet.dra import ClaimInfo, KubeletError, KubeletSim, Pod, RegistrationFailed, choose_service
+from sim.kubelet.dra import ClaimInfo, KubeletDialect, KubeletError, KubeletSim, Pod, RegistrationFailed, choose_service
 from driver.plugin.agent import NodeAgent
 from proto.pluginregistration.v1 import api_pb2 as reg_pb
 from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
@@ -77,7 +77,8 @@ def test_get_info_wire_answer(agent: NodeAgent) -> None:
     with grpc.insecure_channel(f"unix://{agent.paths.registration_socket}") as ch:
         info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb.InfoRequest(), timeout=30)
         assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRIVER, str(agent.paths.dra_socket))
-        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+        assert list(info.supported_versions) == [
+            "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
         with pytest.raises(grpc.RpcError) as failed:
             reg_grpc.RegistrationStub(ch).NotifyRegistrationStatus(
                 reg_pb.RegistrationStatus(plugin_registered=False, error="kubelet says no"), timeout=30
@@ -190,3 +191,93 @@ def test_stop_removes_own_sockets(tmp_path: Path, apiserver) -> None:  # type: i
     a = start_agent(tmp_path, apiserver.api, publish=False)
     a.stop()
     assert not a.paths.registration_socket.exists() and not a.paths.dra_socket.exists()
+
+
+# The kubelet's pickHealthService (1.37, pkg/kubelet/cm/dra/plugin TestPickHealthService) and the older releases.
+@pytest.mark.parametrize(("version", "supported", "want"), [
+    ("1.37", ["v1beta1.DRAPlugin"], ""),
+    ("1.37", [], ""),
+    ("1.37", ["v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"], "v1alpha1.DRAResourceHealth"),
+    ("1.37", ["v1beta1.DRAPlugin", "v1.DRAResourceHealth"], "v1.DRAResourceHealth"),
+    ("1.37", ["v1alpha1.DRAResourceHealth", "v1.DRAResourceHealth"], "v1.DRAResourceHealth"),
+    ("1.36", ["v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"], "v1alpha1.DRAResourceHealth"),
+    ("1.36", ["v1.DRAResourceHealth"], ""),
+    ("1.34", ["v1alpha1.DRAResourceHealth"], "v1alpha1.DRAResourceHealth"),
+])
+def test_pick_health_service(version: str, supported: list[str], want: str) -> None:
+    assert KubeletDialect.for_version(version).pick_health_service(supported) == want
+
+
+@pytest.mark.parametrize(("version", "service", "messages"), [
+    ("1.37", "v1.DRAResourceHealth", True),
+    ("1.36", "v1alpha1.DRAResourceHealth", True),
+    ("1.35", "v1alpha1.DRAResourceHealth", False),
+])
+def test_health_stream_per_kubelet_release(agent: NodeAgent, tmp_path: Path, version: str, service: str,
+                                           messages: bool) -> None:
+    """Each release's kubelet streams health from the service it picks, over the real socket."""
+    kubelet = KubeletSim(tmp_path / "kubelet", kubernetes_version=version)
+    try:
+        plugin = kubelet.wait_for_plugin(DRIVER, timeout=60)
+        assert plugin.health_service == service
+        updates = []
+        got_two = threading.Event()
+
+        def follow() -> None:
+            for update in plugin.watch_health():
+                updates.append(update)
+                if len(updates) == 2:
+                    got_two.set()
+                    return
+
+        threading.Thread(target=follow, daemon=True).start()
+        _wait(lambda: len(updates) >= 1, "first health message")
+        gpu = agent.inventory().gpus[0]
+        agent._on_health(gpu.uuid, Health(xids=(48,)))
+        assert got_two.wait(30)
+        second = updates[1]
+        assert second.service == service
+        bad = [i for i, (_, _, h) in enumerate(second.devices) if h == "UNHEALTHY"]
+        assert len(bad) == 1
+        if messages:
+            assert "48" in second.messages[bad[0]]
+        else:
+            assert set(second.messages) == {""}
+    finally:
+        kubelet.close()
+
+
+def test_both_health_versions_stream_the_same_devices(agent: NodeAgent) -> None:
+    from proto.drahealth.v1 import api_pb2 as v1, api_pb2_grpc as v1_grpc
+    from proto.drahealth.v1alpha1 import api_pb2 as v1alpha1, api_pb2_grpc as v1alpha1_grpc
+
+    channel = grpc.insecure_channel(f"unix://{agent.paths.dra_socket}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        first = []
+        for pb, stub_mod in ((v1, v1_grpc), (v1alpha1, v1alpha1_grpc)):
+            stream = stub_mod.DRAResourceHealthStub(channel).NodeWatchResources(pb.NodeWatchResourcesRequest(), timeout=30)
+            response = next(iter(stream))
+            stream.cancel()
+            first.append([(d.device.pool_name, d.device.device_name, d.health) for d in response.devices])
+    finally:
+        channel.close()
+    assert first[0] == first[1] and len(first[0]) == len(_devices(agent))
+
+
+def test_health_stream_resends_unchanged_list() -> None:
+    """The kubelet reads a device as Unknown 30 s after its last report: the stream repeats the list meanwhile."""
+    from driver.plugin.health import DeviceHealthEntry, HealthBoard
+    from driver.plugin.server import HEALTH_RESEND_SECONDS, HealthServicer
+
+    assert HEALTH_RESEND_SECONDS < 30
+    board = HealthBoard([DeviceHealthEntry("pool", "gpu-0", True)])
+
+    class Context:
+        def is_active(self) -> bool:
+            return True
+
+    stream = HealthServicer(board, threading.Event(), resend_seconds=0.0).NodeWatchResources(None, Context())
+    first, second = next(stream), next(stream)  # the second comes with no change on the board
+    assert [d.device.device_name for d in second.devices] == [d.device.device_name for d in first.devices] == ["gpu-0"]
+    board.close()

@@ -13,6 +13,8 @@ from proto.dra.v1 import api_pb2 as dra_v1
 from proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from proto.drahealth.v1 import api_pb2 as health_v1
+from proto.drahealth.v1 import api_pb2_grpc as health_v1_grpc
 from proto.drahealth.v1alpha1 import api_pb2 as health
 from proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from proto.pluginregistration.v1 import api_pb2 as reg
@@ -87,6 +89,7 @@ DEVICE_PLUGIN: list[Row] = [
     ("DeviceSpec", "permissions", 3, STRING, "-", None),
 ]
 
+# dra-health v1alpha1 (1.34+, `health_check_timeout_seconds` 1.35, `message` 1.36) and v1 (1.37): the same fields.
 HEALTH: list[Row] = [
     ("DeviceIdentifier", "pool_name", 1, STRING, "-", None),
     ("DeviceIdentifier", "device_name", 2, STRING, "-", None),
@@ -170,11 +173,15 @@ def test_device_plugin_messages() -> None:
     _assert_rows(dp.DESCRIPTOR, DEVICE_PLUGIN)
 
 
-def test_health_messages_and_enum() -> None:
-    assert health.DESCRIPTOR.package == "v1alpha1"
-    _assert_rows(health.DESCRIPTOR, HEALTH)
-    enum = health.DESCRIPTOR.enum_types_by_name["HealthStatus"]
+@pytest.mark.parametrize("module,package", [(health, "v1alpha1"), (health_v1, "v1")])
+def test_health_messages_and_enum(module: object, package: str) -> None:
+    file = module.DESCRIPTOR  # type: ignore[attr-defined]
+    assert file.package == package
+    assert file.GetOptions().go_package == f"k8s.io/kubelet/pkg/apis/dra-health/{package}"
+    _assert_rows(file, HEALTH)
+    enum = file.enum_types_by_name["HealthStatus"]
     assert {v.name: v.number for v in enum.values} == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
+    assert file.message_types_by_name["NodeWatchResourcesRequest"].fields == []
 
 
 def _methods(file: FileDescriptor, service: str) -> dict[str, tuple[str, str, bool, bool]]:
@@ -204,9 +211,10 @@ def test_method_paths() -> None:
         "/v1beta1.DevicePlugin/Allocate": ("AllocateRequest", "AllocateResponse", False, False),
         "/v1beta1.DevicePlugin/PreStartContainer": ("PreStartContainerRequest", "PreStartContainerResponse", False, False),
     }
-    assert _methods(health.DESCRIPTOR, "DRAResourceHealth") == {
-        "/v1alpha1.DRAResourceHealth/NodeWatchResources": ("NodeWatchResourcesRequest", "NodeWatchResourcesResponse", False, True),
-    }
+    for version, module in [("v1alpha1", health), ("v1", health_v1)]:
+        assert _methods(module.DESCRIPTOR, "DRAResourceHealth") == {
+            f"/{version}.DRAResourceHealth/NodeWatchResources": ("NodeWatchResourcesRequest", "NodeWatchResourcesResponse", False, True),
+        }
 
 
 def test_grpc_stub_modules_expose_services() -> None:
@@ -218,18 +226,20 @@ def test_grpc_stub_modules_expose_services() -> None:
         ("add_DevicePluginServicer_to_server", dp_grpc),
         ("RegistrationStub", dp_grpc),
         ("add_DRAResourceHealthServicer_to_server", health_grpc),
+        ("add_DRAResourceHealthServicer_to_server", health_v1_grpc),
     ]:
         assert hasattr(module, attr), (module.__name__, attr)
 
 
 def test_descriptor_file_names_are_distinct() -> None:
-    names = {m.DESCRIPTOR.name for m in (dra_v1, dra_v1beta1, reg, dp, health)}
+    names = {m.DESCRIPTOR.name for m in (dra_v1, dra_v1beta1, reg, dp, health, health_v1)}
     assert names == {
         "proto/dra/v1/api.proto",
         "proto/dra/v1beta1/api.proto",
         "proto/pluginregistration/v1/api.proto",
         "proto/deviceplugin/v1beta1/api.proto",
         "proto/drahealth/v1alpha1/api.proto",
+        "proto/drahealth/v1/api.proto",
     }
 
 

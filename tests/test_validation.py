@@ -554,3 +554,21 @@ def test_all_errors_are_reported_together() -> None:
 @pytest.mark.parametrize("node", ["node-1", "ip-10-0-0-1.ec2.internal"])
 def test_node_names(node: str) -> None:
     assert errors(a_slice([gpu()], nodeName=node)) == []
+
+
+def test_list_type_attributes_are_checked_element_by_element() -> None:
+    """KEP-5491 list attributes (alpha): accepted as written, each element checked like the scalar of its kind,
+    and at most 48 values per device (ResourceSliceMaxAttributeValuesPerDevice)."""
+    from gpudra.validation import validate_object
+
+    def slice_with(attributes: dict) -> dict:  # type: ignore[type-arg]
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"},
+                "spec": {"driver": "gpu.nvidia.com", "nodeName": "n", "pool": {"name": "n", "resourceSliceCount": 1},
+                         "devices": [{"name": "d0", "attributes": attributes}]}}
+
+    assert validate_object(slice_with({"roots": {"strings": ["pci0000:00", "pci0000:01"]}})) == []
+    errors = [str(e) for e in validate_object(slice_with({"v": {"versions": ["1.0", "2.0.0"]}, "s": {"strings": ["x"], "string": "y"}}))]
+    assert any(e.startswith('spec.devices[0].attributes[v].versions[0]: Invalid value: "1.0"') for e in errors), errors
+    assert any("attributes[s]" in e and "exactly one value must be specified" in e for e in errors), errors
+    many = [str(e) for e in validate_object(slice_with({"n": {"ints": list(range(48))}, "x": {"int": 1}}))]
+    assert any("must not exceed 48" in e for e in many), many

@@ -22,6 +22,7 @@ from typing import Any
 from controller.allocator import capacity as cap
 from controller.allocator.errors import CANNOT_ALLOCATE, INVALID_POOLS, AllocationError, Unschedulable
 from controller.allocator.model import (
+    LIST_KINDS,
     MAX_RESULTS,
     UNKNOWN_ATTRIBUTE,
     AttrValue,
@@ -72,16 +73,31 @@ def _comparable(state: "_MatchState", dev: Device) -> AttrValue | None:
     return value
 
 
+def _as_set(value: AttrValue) -> tuple[str, frozenset[Any]]:
+    """KEP-5491's attributeAsSet: a scalar or a list as (element kind, set of values)."""
+    kind, raw = value
+    if kind in LIST_KINDS:
+        return LIST_KINDS[kind], frozenset(raw)
+    return kind, frozenset((raw,))
+
+
+def _intersects(a: tuple[str, frozenset[Any]], b: tuple[str, frozenset[Any]]) -> bool:
+    return a[0] == b[0] and bool(a[1] & b[1])
+
+
 class _MatchState:
-    """matchAttribute: every device in scope has the attribute with one value (type and value)."""
+    """matchAttribute: every device in scope has the attribute with one value (type and value). With
+    DRAListTypeAttributes (`lists`), the devices' values taken as sets must have a common element."""
 
-    __slots__ = ("attribute", "requests", "value", "count", "claim", "index")
+    __slots__ = ("attribute", "requests", "value", "count", "claim", "index", "lists", "common")
 
-    def __init__(self, c: Constraint, claim: str = "", index: int = 0) -> None:
+    def __init__(self, c: Constraint, claim: str = "", index: int = 0, lists: bool = False) -> None:
         self.attribute, self.requests = c.attribute, c.requests
         self.claim, self.index = claim, index
         self.value: AttrValue | None = None
         self.count = 0
+        self.lists = lists
+        self.common: tuple[str, frozenset[Any]] | None = None
 
     def applies(self, req: Request) -> bool:
         if not self.requests:
@@ -96,6 +112,19 @@ class _MatchState:
         value = _comparable(self, dev)
         if value is None:
             return False
+        if self.lists:
+            as_set = _as_set(value)
+            if self.count == 0:
+                self.common, self.count = as_set, 1
+                return True
+            if self.common is None or not _intersects(self.common, as_set):
+                return False
+            # Like Kubernetes, the running intersection only narrows: removing a device does not widen it again.
+            self.common = (as_set[0], self.common[1] & as_set[1])
+            self.count += 1
+            return True
+        if value[0] in LIST_KINDS:
+            return False  # without the gate a list value matches nothing
         if self.count == 0:
             self.value, self.count = value, 1
             return True
@@ -115,8 +144,8 @@ class _DistinctState(_MatchState):
 
     __slots__ = ("seen",)
 
-    def __init__(self, c: Constraint, claim: str = "", index: int = 0) -> None:
-        super().__init__(c, claim, index)
+    def __init__(self, c: Constraint, claim: str = "", index: int = 0, lists: bool = False) -> None:
+        super().__init__(c, claim, index, lists)
         self.seen: dict[str, AttrValue] = {}
 
     def add(self, req: Request, dev: Device) -> bool:
@@ -126,7 +155,13 @@ class _DistinctState(_MatchState):
         if value is None:
             return False
         base = req.parent or req.name
-        if self.count and any(v == value for v in self.seen.values()):
+        if self.lists:
+            # DRAListTypeAttributes: the new value set must be disjoint from every one seen.
+            if self.count and any(_intersects(_as_set(v), _as_set(value)) for v in self.seen.values()):
+                return False
+        elif value[0] in LIST_KINDS:
+            return False  # without the gate a list value is of no known type
+        elif self.count and any(v == value for v in self.seen.values()):
             return False
         self.seen[base] = value
         self.count += 1
@@ -168,10 +203,20 @@ class Allocator:
                 continue
             res = self.selector_matches(dev, expr)
             if isinstance(res, str):
-                raise AllocationError(f"{owner}: selector #{i}: {res}")
+                raise AllocationError(self._selector_error(owner, i, dev, res))
             if not res:
                 return i
         return None
+
+    def _selector_error(self, owner: str, index: int, dev: Device, text: str) -> str:
+        """Kubernetes' wording for a selector failure. Since 1.37 a runtime error names the device and a
+        missing key gets a hint (cel.EnhanceRuntimeError); compile errors are unchanged."""
+        if not self.features.at_least("1.37") or not text.startswith("CEL runtime error: "):
+            return f"{owner}: selector #{index}: {text}"
+        if "no such key:" in text:
+            text += (". consider using CEL optional chaining (.? followed by orValue()) or guarding the check "
+                     "with has() for optional fields")
+        return f"{owner}: selector #{index} on device {dev.slice.driver}/{dev.slice.pool}/{dev.name}: {text}"
 
     def selector_matches(self, dev: Device, expr: str) -> bool | str:
         """True/False, or the error text (compile errors start with 'CEL compile error: ')."""
@@ -232,7 +277,8 @@ class _Run:
             self._prepare_claim(ci, claim)
         # Memoising failures is only sound when the outcome of a sub-search depends on the set of
         # devices picked so far, not on their order: distinctAttribute and shared devices break that.
-        self.memo_ok = not any(isinstance(c, _DistinctState) for cs in self.constraints for c in cs) and not (
+        # A list-type matchAttribute's running intersection depends on the order of picks too.
+        self.memo_ok = not any(isinstance(c, _DistinctState) or c.lists for cs in self.constraints for c in cs) and not (
             self.f.consumable_capacity and any(d.allow_multiple for p in self.pools for s in p.slices for d in s.devices)
         )
         outcome = self._one(0, 0, 0, 0, False)
@@ -272,9 +318,9 @@ class _Run:
         states: list[_MatchState] = []
         for i, c in enumerate(claim.constraints):
             if c.kind == "match":
-                states.append(_MatchState(c, key, i))
+                states.append(_MatchState(c, key, i, self.f.list_type_attributes))
             elif c.kind == "distinct" and self.f.consumable_capacity:
-                states.append(_DistinctState(c, key, i))
+                states.append(_DistinctState(c, key, i, self.f.list_type_attributes))
             else:
                 # With DRAConsumableCapacity off the API server drops distinctAttribute, leaving an empty constraint.
                 raise AllocationError(f"claim {key}, constraint #{i}: empty constraint (unsupported constraint type?)")
@@ -414,7 +460,8 @@ class _Run:
         consumed: dict[str, Quantity] = {}
         for entry in self.snap.shared_consumed.get(did, ()):
             cap.add_into(consumed, entry)
-        return cap.fits(dev.raw.get("capacity") or {}, request.capacity, consumed, self.allocating_capacity.get(did, {}))
+        return cap.fits(dev.raw.get("capacity") or {}, request.capacity, consumed, self.allocating_capacity.get(did, {}),
+                        self.f.fractional_capacity_range)
 
     def _allocate_device(self, ci: int, rd: _ReqData, dev: Device, pool: Pool, must: bool) -> Callable[[], None] | None:
         request = rd.request
@@ -449,7 +496,7 @@ class _Run:
                 release_counters()
                 return None
             if multi:
-                consumed = cap.consumption(dev.raw.get("capacity") or {}, request.capacity)
+                consumed = cap.consumption(dev.raw.get("capacity") or {}, request.capacity, self.f.fractional_capacity_range)
                 share_id = self._share_id(ci, did)
         states = self.constraints[ci]
         for i, state in enumerate(states):
@@ -506,7 +553,9 @@ class _Run:
             avail[set_name] = {n: cap._q((c or {}).get("value", "0")) for n, c in counters.items()}
         for sl in [*pool.slices, *pool.other_slices]:
             for dev in sl.devices:
-                if (sl.driver, sl.pool, dev.name) not in self.snap.allocated:
+                # A device held through shares consumes its counters too (kubernetes#138893, 1.36).
+                did = (sl.driver, sl.pool, dev.name)
+                if did not in self.snap.allocated and did not in self.snap.shared_allocated:
                     continue
                 for set_name, counters in dev.consumes_counters:
                     target = avail.get(set_name, {})
@@ -585,17 +634,22 @@ class _Run:
             if not wanted:
                 config.append({"source": "FromClaim", **body})
                 continue
-            # Like Kubernetes, the config is appended once per request (or chosen subrequest) it names.
+            # Up to 1.36 Kubernetes appended the config once per request (or chosen subrequest) it names;
+            # 1.37 appends it once (kubernetes#138990).
+            once = self.f.at_least("1.37")
             for ri, entry in enumerate(claim.requests):
-                if entry.name in wanted:
+                if entry.name in wanted or self._chosen_sub(ci, ri) in wanted:
                     config.append({"source": "FromClaim", "requests": wanted, **body})
-                    continue
-                rd = self.req[(ci, ri, 0)]
-                if not rd.is_sub:
-                    continue
-                chosen = self.req[(ci, ri, rd.selected_sub)].request.full_name
-                if chosen in wanted:
-                    config.append({"source": "FromClaim", "requests": wanted, **body})
+                    if once:
+                        break
+        if self.f.at_least("1.37"):
+            # 1.37: a config that covers every request (by name or by its chosen subrequest) is written with
+            # empty `requests`, which means "all".
+            for item in config:
+                requests = item.get("requests")
+                if requests and all(entry.name in requests or self._chosen_sub(ci, ri) in requests
+                                    for ri, entry in enumerate(claim.requests)):
+                    item.pop("requests")
         alloc: dict[str, Any] = {"devices": {"results": out_results}}
         if config:
             alloc["devices"]["config"] = config
@@ -603,6 +657,11 @@ class _Run:
         if selector is not None:
             alloc["nodeSelector"] = selector
         return alloc
+
+    def _chosen_sub(self, ci: int, ri: int) -> str | None:
+        """`request/subrequest` chosen for a firstAvailable request, None for an exactly request."""
+        rd = self.req[(ci, ri, 0)]
+        return self.req[(ci, ri, rd.selected_sub)].request.full_name if rd.is_sub else None
 
     def _node_selector(self, ci: int) -> dict[str, Any] | None:
         fields: list[dict[str, Any]] = []

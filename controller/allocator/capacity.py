@@ -1,4 +1,7 @@
-"""Consumable capacity (DRAConsumableCapacity, alpha): how much of a shared device a request consumes."""
+"""Consumable capacity (DRAConsumableCapacity; beta, on from 1.36): how much of a shared device a request consumes.
+
+Range arithmetic is on integer values (Quantity.Value(), rounded up), except that with DRAFractionalCapacityRange
+(beta, on in 1.37) a range whose min, max or step is fractional works in milli units (`fractional=True`)."""
 
 from __future__ import annotations
 
@@ -22,7 +25,17 @@ def _value(q: Quantity) -> int:
     return math.ceil(q.as_fraction())
 
 
-def consumed_amount(requested: Quantity | None, capacity: Mapping[str, Any]) -> Quantity:
+def _milli_range(valid_range: Mapping[str, Any], fractional: bool) -> bool:
+    return fractional and any(valid_range.get(k) is not None and _q(valid_range[k]).as_fraction().denominator != 1
+                              for k in ("min", "max", "step"))
+
+
+def _milli(q: Quantity) -> int:
+    """Quantity.MilliValue(): the value in milli units, rounded up."""
+    return math.ceil(q.as_fraction() * 1000)
+
+
+def consumed_amount(requested: Quantity | None, capacity: Mapping[str, Any], fractional: bool = True) -> Quantity:
     """calculateConsumedCapacity: the request rounded up by the capacity's requestPolicy."""
     policy = capacity.get("requestPolicy")
     if requested is None:
@@ -38,10 +51,14 @@ def consumed_amount(requested: Quantity | None, capacity: Mapping[str, Any]) -> 
             return low
         if valid_range.get("step") is None:
             return requested
-        step, lo, req = _value(_q(valid_range["step"])), _value(low), _value(requested)
+        milli = _milli_range(valid_range, fractional)
+        unit = _milli if milli else _value
+        step, lo, req = unit(_q(valid_range["step"])), unit(low), unit(requested)
         n, mod = divmod(req - lo, step)
         if mod:
             n += 1
+        if milli:
+            return Quantity.parse(f"{lo + step * n}m")
         return Quantity.from_int(lo + step * n, BINARY_SI)
     if policy.get("validValues") is not None:
         for v in policy["validValues"]:
@@ -51,7 +68,7 @@ def consumed_amount(requested: Quantity | None, capacity: Mapping[str, Any]) -> 
     return requested
 
 
-def violates_policy(value: Quantity, policy: Mapping[str, Any] | None) -> bool:
+def violates_policy(value: Quantity, policy: Mapping[str, Any] | None, fractional: bool = True) -> bool:
     if not policy:
         return False
     if policy.get("default") is not None and value == _q(policy["default"]):
@@ -61,8 +78,9 @@ def violates_policy(value: Quantity, policy: Mapping[str, Any] | None) -> bool:
         if valid_range.get("max") is not None and value > _q(valid_range["max"]):
             return True
         if valid_range.get("step") is not None:
-            lo = _value(_q(valid_range.get("min", "0")))
-            if (_value(value) - lo) % _value(_q(valid_range["step"])):
+            unit = _milli if _milli_range(valid_range, fractional) else _value
+            lo = unit(_q(valid_range.get("min", "0")))
+            if (unit(value) - lo) % unit(_q(valid_range["step"])):
                 return True
         return False
     values = policy.get("validValues") or []
@@ -76,6 +94,7 @@ def fits(
     requests: Mapping[str, Any] | None,
     consumed: Consumed,
     allocating: Consumed,
+    fractional: bool = True,
 ) -> bool:
     """CmpRequestOverCapacity: does the request fit in what is left of each capacity?
 
@@ -85,8 +104,8 @@ def fits(
             return False
         for name, cap in device_capacity.items():
             requested = _q(requests[name]) if requests and name in requests else None
-            amount = consumed_amount(requested, cap)
-            if violates_policy(amount, cap.get("requestPolicy")):
+            amount = consumed_amount(requested, cap, fractional)
+            if violates_policy(amount, cap.get("requestPolicy"), fractional):
                 return False
             total = amount
             if name in consumed:
@@ -100,10 +119,11 @@ def fits(
     return True
 
 
-def consumption(device_capacity: Mapping[str, Mapping[str, Any]], requests: Mapping[str, Any] | None) -> Consumed:
+def consumption(device_capacity: Mapping[str, Mapping[str, Any]], requests: Mapping[str, Any] | None,
+                fractional: bool = True) -> Consumed:
     """GetConsumedCapacityFromRequest: what a request consumes of every capacity of a shared device."""
     return {
-        name: consumed_amount(_q(requests[name]) if requests and name in requests else None, cap)
+        name: consumed_amount(_q(requests[name]) if requests and name in requests else None, cap, fractional)
         for name, cap in device_capacity.items()
     }
 

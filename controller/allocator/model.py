@@ -18,6 +18,8 @@ from controller.allocator.nodes import NodeSelector
 
 MAX_RESULTS = 32  # resourceapi.AllocationResultsMaxSize
 ATTRIBUTE_KINDS = ("int", "bool", "string", "version")
+# List-type attributes (KEP-5491, DRAListTypeAttributes): list field -> element kind.
+LIST_KINDS = {"ints": "int", "bools": "bool", "strings": "string", "versions": "version"}
 
 AttrValue = tuple[str, Any]
 # An attribute that sets none of the known value fields (a newer API's type): it exists, but no
@@ -120,18 +122,33 @@ def _as_list(value: Any, where: str) -> list[Any]:
     return value
 
 
+def _typed(value: Any, kind: str) -> bool:
+    expected = {"int": int, "bool": bool, "string": str, "version": str}[kind]
+    return isinstance(value, expected) and not (kind == "int" and isinstance(value, bool))
+
+
 def parse_attribute(raw: Any, where: str) -> AttrValue:
+    """A scalar (`int`, ...) as (kind, value); a list (KEP-5491 `ints`, `bools`, `strings`, `versions`) as
+    (list kind, tuple). An attribute with nothing set (or only empty lists) is UNKNOWN_ATTRIBUTE."""
     if not isinstance(raw, Mapping):
         raise AllocationError(f"{where}: must be an object with exactly one of int, bool, string, version")
     set_kinds = [k for k in ATTRIBUTE_KINDS if raw.get(k) is not None]
-    if not raw:
+    set_kinds += [k for k in LIST_KINDS if raw.get(k)]  # an empty list counts as unset, as in Kubernetes
+    if not set_kinds:
+        if any(raw.get(k) is not None and not isinstance(raw.get(k), list) for k in LIST_KINDS):
+            raise AllocationError(f"{where}: {', '.join(LIST_KINDS)} must be lists")
         return UNKNOWN_ATTRIBUTE
     if len(set_kinds) != 1:
-        raise AllocationError(f"{where}: exactly one of int, bool, string, version must be set")
+        raise AllocationError(f"{where}: exactly one of int, bool, string, version (or one of their lists) must be set")
     kind = set_kinds[0]
     value = raw[kind]
-    expected = {"int": int, "bool": bool, "string": str, "version": str}[kind]
-    if not isinstance(value, expected) or (kind == "int" and isinstance(value, bool)):
+    if kind in LIST_KINDS:
+        element = LIST_KINDS[kind]
+        if not isinstance(value, list) or not all(_typed(v, element) for v in value):
+            raise AllocationError(f"{where}.{kind}: must be a list of {element} values")
+        return (kind, tuple(value))
+    if not _typed(value, kind):
+        expected = {"int": int, "bool": bool, "string": str, "version": str}[kind]
         raise AllocationError(f"{where}.{kind}: must be a {expected.__name__}")
     return (kind, value)
 

@@ -56,6 +56,8 @@ class ClusterSnapshot:
         # Consumed capacity of shared devices (DRAConsumableCapacity): device -> capacity name -> [quantity text].
         self.shared_consumed: dict[DeviceID, list[Mapping[str, Any]]] = {}
         self.allocated_by: dict[DeviceID, str] = {}
+        # Devices held through at least one share (shareID): they consume their counters like dedicated ones.
+        self.shared_allocated: set[DeviceID] = set()
         for claim in allocated_claims:
             alloc = ((claim.get("status") or {}).get("allocation")) or {}
             self.commit(claim_key(claim), alloc)
@@ -92,6 +94,7 @@ class ClusterSnapshot:
             if r.get("shareID"):
                 if r.get("consumedCapacity"):
                     self.shared_consumed.setdefault(did, []).append(r["consumedCapacity"])
+                self.shared_allocated.add(did)
                 self.allocated_by.setdefault(did, owner)
                 continue
             self.allocated.add(did)

@@ -257,6 +257,9 @@ class _Walker:
             return arg_cost + shapes[0].size * shapes[1].size, SCALAR
         if fn == "size":
             return arg_cost + 1, SCALAR
+        if fn == "includes":
+            # Kubernetes' draCostEstimator: linear in the longest list attribute (48 values).
+            return arg_cost + 48, SCALAR
         if fn in ("optional.of", "optional.ofNonZeroValue", "value", "orValue", "or"):
             inner = shapes[-1] if shapes else UNKNOWN
             return arg_cost + 1, max(inner, recv, key=lambda s: s.size) if fn in ("orValue", "or") else inner

@@ -13,6 +13,7 @@ from gpudra.semver import Semver, SemverError
 AttributeValue = Union[int, bool, str, Semver]
 
 _ATTRIBUTE_KINDS = ("int", "bool", "string", "version")
+_LIST_KINDS = {"ints": "int", "bools": "bool", "strings": "string", "versions": "version"}
 
 
 def split_qualified_name(name: str, default_domain: str) -> tuple[str, str]:
@@ -21,14 +22,22 @@ def split_qualified_name(name: str, default_domain: str) -> tuple[str, str]:
     return (domain, ident) if sep else (default_domain, name)
 
 
-def parse_attribute(name: str, raw: Any) -> AttributeValue:
-    """One v1 DeviceAttribute (``{"int": 5}``, ``{"version": "1.2.3"}``, ...) as a Python value."""
+def parse_attribute(name: str, raw: Any) -> AttributeValue | list[AttributeValue]:
+    """One v1 DeviceAttribute (``{"int": 5}``, ``{"version": "1.2.3"}``, ``{"strings": ["a"]}``, ...) as a Python
+    value; list-type attributes (KEP-5491) become lists."""
     if not isinstance(raw, Mapping):
         raise ValueError(f"attributes[{name}]: must be an object with one of {', '.join(_ATTRIBUTE_KINDS)}")
-    present = [k for k in _ATTRIBUTE_KINDS if raw.get(k) is not None]
+    lists = [k for k in _LIST_KINDS if raw.get(k) is not None]
+    present = [k for k in _ATTRIBUTE_KINDS if raw.get(k) is not None] + lists
     if len(present) != 1:
         raise ValueError(f"attributes[{name}]: must set exactly one of {', '.join(_ATTRIBUTE_KINDS)}, "
                          f"found {present or 'none'}")
+    if lists:
+        kind = lists[0]
+        if not isinstance(raw[kind], list):
+            raise ValueError(f"attributes[{name}].{kind}: must be a list")
+        element = _LIST_KINDS[kind]
+        return [parse_attribute(f"{name}.{kind}[{i}]", {element: v}) for i, v in enumerate(raw[kind])]  # type: ignore[misc]
     kind = present[0]
     value = raw[kind]
     if kind == "int":

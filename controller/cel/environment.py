@@ -13,6 +13,7 @@ from controller.cel.fold import fold_literals
 from controller.cel.library import KubernetesLibrary
 from controller.cel.messages import DEVICE_TYPE, STRICT_DEVICE_TYPE, MessageTypes, build_message_types
 from controller.cel.values import MessageMemo, quantity_to_message, semver_to_message
+from gpudra.features import Features
 from gpudra.quantity import Quantity
 from gpudra.semver import Semver
 
@@ -106,7 +107,9 @@ class Selector:
             return value
         if result.type() == cel.Type.ERROR:
             raise CelRuntimeError(runtime_message(str(value)))
-        raise CelRuntimeError(f"CEL result of type {cel_type_name(result.type())} could not be converted to bool")
+        # A runtime value's type is named without parameters, as cel-go's ref.Val.Type() does ("list", "map").
+        raise CelRuntimeError(f"CEL result of type {cel_type_name(result.type()).partition('(')[0]} could not be "
+                              "converted to bool")
 
 
 class CelEnvironment:
@@ -117,11 +120,15 @@ class CelEnvironment:
     (``device.allowMultipleAllocations``, DRAConsumableCapacity) are unknown.
     """
 
-    def __init__(self, strict: bool = False, cost_limit: int = COST_LIMIT) -> None:
+    def __init__(self, strict: bool = False, cost_limit: int = COST_LIMIT, features: Features | None = None) -> None:
         self.strict = strict
         self.cost_limit = cost_limit
+        features = features or Features()
+        # `<value>.includes(<value>)` (KEP-5491): declared with DRAListTypeAttributes (alpha, 1.36); from 1.37 the
+        # stored-expressions environment has it whatever the gate, so that objects written with it keep working.
+        self.includes = features.list_type_attributes or (not strict and features.at_least("1.37"))
         self._types: MessageTypes = build_message_types()
-        library = KubernetesLibrary(self._types)
+        library = KubernetesLibrary(self._types, includes=self.includes)
         config = cel.NewEnvConfigFromYaml(_EXTENSIONS_YAML)
         device_type = STRICT_DEVICE_TYPE if strict else DEVICE_TYPE
         # Type checking uses a message type for `device` so that fields and their types are known; evaluation
@@ -190,7 +197,9 @@ class CelEnvironment:
         semver = self._semver_message
         attributes: dict[str, dict[str, Any]] = {}
         for domain, ids in device.attributes.items():
-            attributes[domain] = {k: semver(v) if type(v) is Semver else v for k, v in ids.items()}
+            attributes[domain] = {k: semver(v) if type(v) is Semver else
+                                  [semver(x) if type(x) is Semver else x for x in v] if type(v) is list else v
+                                  for k, v in ids.items()}
         for domain in empty_attribute_domains:
             attributes[domain] = {}
         quantity = self._quantity_message

@@ -41,11 +41,23 @@ class _Fn:
     impl: Callable[..., Any]
 
 
+# resourceapi.ResourceSliceMaxAttributeValuesPerDevice: the longest list attribute (KEP-5491) and the cost of `includes`.
+MAX_ATTRIBUTE_VALUES_PER_DEVICE = 48
+
+
+def _equal(a: Any, b: Any) -> bool:
+    # CEL equality: values of different types are never equal (1 == true is false, unlike Python's).
+    if isinstance(a, bool) != isinstance(b, bool):
+        return False
+    return type(a) is type(b) and a == b if not isinstance(a, (int, float)) else a == b
+
+
 class KubernetesLibrary:
     """Function declarations with their implementations, bound to one set of message classes."""
 
-    def __init__(self, types: MessageTypes) -> None:
+    def __init__(self, types: MessageTypes, *, includes: bool = False) -> None:
         self._types = types
+        self._with_includes = includes
         self.quantity_type = cel.Type(QUANTITY_TYPE)
         self.semver_type = cel.Type(SEMVER_TYPE)
         # Selectors call quantity("40Gi") / semver("550.0.0") with the same literal for every device.
@@ -222,7 +234,21 @@ class KubernetesLibrary:
             _Fn("sum", "list_sum", DYN, (L,), True, self._sum),
             _Fn("min", "list_min", DYN, (L,), True, self._min),
             _Fn("max", "list_max", DYN, (L,), True, self._max),
-        ]
+        ] + ([_Fn("includes", "dra_includes_dyn_dyn", B, (DYN, DYN), True, self._includes)] if self._with_includes else [])
+
+    @staticmethod
+    def _includes(target: Any, arg: Any) -> bool:
+        """KEP-5491's `includes`: a list holds the value, or a scalar equals it. Lists longer than a device's
+        attribute value limit are refused so the cost stays bounded."""
+        if isinstance(target, (list, tuple)):
+            for i, item in enumerate(target):
+                if i >= MAX_ATTRIBUTE_VALUES_PER_DEVICE:
+                    raise ValueError(f"'includes' function cannot be applied to lists longer than "
+                                     f"{MAX_ATTRIBUTE_VALUES_PER_DEVICE} values")
+                if _equal(item, arg):
+                    return True
+            return False
+        return _equal(target, arg)
 
     def checker_declarations(self) -> list[cel.FunctionDecl]:
         """Typed declarations for the type checker (no implementations: that environment never evaluates)."""
@@ -245,6 +271,9 @@ class KubernetesLibrary:
             groups.setdefault((fn.name, fn.member, kinds), []).append(fn)
         by_name: dict[str, list[cel.Overload]] = {}
         for (name, member, _), fns in groups.items():
+            if name == "includes":
+                by_name[name] = self._includes_runtime(fns[0])
+                continue
             if len(fns) == 1:
                 for fn in fns:
                     by_name.setdefault(name, []).append(
@@ -255,6 +284,15 @@ class KubernetesLibrary:
                 f"{first.overload_id}_dispatch", first.result, list(first.params), is_member=member,
                 impl=self._dispatcher(name, fns)))
         return [cel.FunctionDecl(name, overloads) for name, overloads in by_name.items()]
+
+    def _includes_runtime(self, fn: _Fn) -> list[cel.Overload]:
+        """`includes(dyn, dyn)` for evaluation: cel-cpp's runtime matches overloads by concrete kinds only, so
+        one overload per (receiver kind, argument kind) pair, all with the same implementation (messages share
+        one kind there, so the semver type stands for quantities too)."""
+        kinds = [cel.Type.INT, cel.Type.UINT, cel.Type.DOUBLE, cel.Type.STRING, cel.Type.BOOL, cel.Type.BYTES,
+                 cel.Type.NULL, cel.Type.List(cel.Type.DYN), cel.Type.Map(cel.Type.DYN, cel.Type.DYN), self.semver_type]
+        return [cel.Overload(f"{fn.overload_id}_{i}_{j}", fn.result, [recv, arg], is_member=True, impl=fn.impl)
+                for i, recv in enumerate(kinds) for j, arg in enumerate(kinds)]
 
     def _is_message(self, t: cel.Type) -> bool:
         return t == self.quantity_type or t == self.semver_type

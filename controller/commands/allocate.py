@@ -1,4 +1,4 @@
-"""`gpu-dra allocate -f FILE... [--node NODE] [--feature GATE]... [-o json|yaml|table]`: offline allocation."""
+"""`gpu-dra allocate -f FILE... [--node NODE] [--kubernetes-version V] [--feature GATE]... [-o json|yaml|table]`: offline allocation."""
 
 from __future__ import annotations
 
@@ -9,22 +9,23 @@ import sys
 from controller.cel import CelEnvironment
 from controller.commands._inputs import read_inputs, report_input_errors, report_warnings
 from controller.offline import ClaimResult, Session
-from gpudra.features import FeatureGateError, Features
+from gpudra.features import FeatureGateError
+from gpudra.features import add_arguments as add_feature_arguments
+from gpudra.features import from_arguments as features_from_arguments
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--filename", dest="files", action="extend", nargs="+", required=True, metavar="FILE",
                         help="YAML/JSON with Node, DeviceClass, ResourceSlice, ResourceClaim(Template), Pod objects (repeatable)")
     parser.add_argument("--node", help="allocate all pending claims together on this node (one scheduler Filter call)")
-    parser.add_argument("--feature", action="append", default=[], metavar="GATE[=true|false]",
-                        help="feature gate (Kubernetes 1.35 defaults otherwise), e.g. DRAPartitionableDevices")
+    add_feature_arguments(parser)
     parser.add_argument("--policy", choices=["binpack", "spread"], default="binpack", help="node scoring policy")
     parser.add_argument("-o", "--output", choices=["json", "yaml", "table"], default="table")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        features = Features.parse(args.feature)
+        features = features_from_arguments(args)
     except FeatureGateError as exc:
         return report_input_errors([str(exc)], args.output)
     inputs = read_inputs(args.files, strict=False)
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         return report_input_errors(inputs.errors, args.output)
     report_warnings(inputs.warnings)
     try:
-        session = Session(inputs.objects, features, CelEnvironment(), args.policy)
+        session = Session(inputs.objects, features, CelEnvironment(features=features), args.policy)
     except Exception as exc:  # noqa: BLE001 - malformed objects the validator let through: still exit 2, with the text
         return report_input_errors([str(exc)], args.output)
     if args.node is not None and args.node not in session.snapshot.nodes:

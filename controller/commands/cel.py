@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from controller.cel import CelCompileError, CelEnvironment, CelRuntimeError, DeviceView
+from gpudra.features import FeatureGateError, Features
+from gpudra.features import add_arguments as add_feature_arguments
+from gpudra.features import from_arguments as features_from_arguments
 from gpudra.conversion import normalize_objects
 from gpudra.manifests import InputError, load_objects
 
@@ -32,6 +35,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     source.add_argument("-f", "--filename", nargs="+", metavar="SLICES", help="ResourceSlice files; every device")
     parser.add_argument("--strict", action="store_true",
                         help="use the API-validation environment (fields behind disabled gates are unknown)")
+    add_feature_arguments(parser)
     parser.add_argument("-o", "--output", choices=["json", "table"], default="table")
 
 
@@ -81,9 +85,9 @@ def load_slice_files(paths: list[str]) -> list[NamedDevice]:
     return devices
 
 
-def evaluate(expression: str, devices: list[NamedDevice], strict: bool) -> dict[str, Any]:
+def evaluate(expression: str, devices: list[NamedDevice], strict: bool, features: Features | None = None) -> dict[str, Any]:
     """The `-o json` document: compile once, evaluate every device."""
-    env = CelEnvironment(strict=strict)
+    env = CelEnvironment(strict=strict, features=features)
     try:
         selector = env.compile(expression)
     except CelCompileError as err:
@@ -110,11 +114,12 @@ def _print_table(report: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        features = features_from_arguments(args)
         devices = load_device_file(args.device) if args.device else load_slice_files(args.filename)
-    except InputError as err:
+    except (InputError, FeatureGateError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    report = evaluate(args.expression, devices, args.strict)
+    report = evaluate(args.expression, devices, args.strict, features)
     if args.output == "json":
         print(json.dumps(report, indent=2))
     else:

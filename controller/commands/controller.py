@@ -13,7 +13,9 @@ from types import FrameType
 from controller.leader import LeaseTimings
 from controller.manager import ControllerConfig, ControllerManager, default_identity
 from gpudra import DEFAULT_DRIVER_NAME
-from gpudra.features import FeatureGateError, Features
+from gpudra.features import FeatureGateError
+from gpudra.features import add_arguments as add_feature_arguments
+from gpudra.features import from_arguments as features_from_arguments
 from gpudra.kubeapi import KubeApi
 from gpudra.logfmt import configure
 
@@ -27,6 +29,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help="DRA driver name (default %(default)s)")
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     parser.add_argument("--metrics-host", default="0.0.0.0", help="address for the metrics server (default %(default)s)")
+    parser.add_argument("--binding-timeout", type=float, default=600.0,
+                        help="embedded mode: seconds a pod waits for its devices' binding conditions (KEP-5007) before "
+                             "its claims are deallocated and it is scheduled again (default %(default)s, as kube-scheduler)")
     parser.add_argument("--gang-timeout", type=float, default=300.0,
                         help="seconds a pre-allocated gang may wait for its pods before it is released (default %(default)s)")
     parser.add_argument("--leader-elect", dest="leader_elect", action=argparse.BooleanOptionalAction, default=True,
@@ -40,14 +45,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resync-period", type=float, default=30.0, help="seconds between full relists (default %(default)s)")
     parser.add_argument("--event-repeat", type=float, default=60.0,
                         help="seconds before an unchanged explanation Event is posted again (default %(default)s)")
-    parser.add_argument("--feature", action="append", default=[], metavar="GATE[=true|false]",
-                        help="DRA feature gate (Kubernetes 1.35 defaults); repeatable")
+    add_feature_arguments(parser, "DRA feature gate")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
 def config_from_args(args: argparse.Namespace) -> ControllerConfig:
     timings = LeaseTimings(args.lease_duration, args.renew_deadline, args.retry_period)
     timings.validate()
+    if args.binding_timeout < 1:
+        raise ValueError(f"--binding-timeout ({args.binding_timeout}) must be at least 1 second")
     if args.gang_timeout <= 0:
         raise ValueError(f"--gang-timeout ({args.gang_timeout}) must be greater than 0 seconds")
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
@@ -58,6 +64,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         driver_name=args.driver_name,
         embedded=args.embedded,
         gang_timeout=args.gang_timeout,
+        binding_timeout=args.binding_timeout,
         leader_elect=args.leader_elect,
         identity=args.identity or default_identity(),
         lease_namespace=args.lease_namespace,
@@ -67,7 +74,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         event_repeat_interval=args.event_repeat,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
-        features=Features.parse(args.feature),
+        features=features_from_arguments(args),
     )
 
 

@@ -1,4 +1,4 @@
-"""`gpu-dra explain -f FILE... [--feature GATE]... [-o json|table]`: per claim and node, why it cannot be allocated."""
+"""`gpu-dra explain -f FILE... [--kubernetes-version V] [--feature GATE]... [-o json|table]`: per claim and node, why it cannot be allocated."""
 
 from __future__ import annotations
 
@@ -8,27 +8,28 @@ import json
 from controller.cel import CelEnvironment
 from controller.commands._inputs import read_inputs, report_input_errors
 from controller.offline import Session
-from gpudra.features import FeatureGateError, Features
+from gpudra.features import FeatureGateError
+from gpudra.features import add_arguments as add_feature_arguments
+from gpudra.features import from_arguments as features_from_arguments
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--filename", dest="files", action="extend", nargs="+", required=True, metavar="FILE",
                         help="YAML/JSON with Node, DeviceClass, ResourceSlice, ResourceClaim(Template), Pod objects (repeatable)")
-    parser.add_argument("--feature", action="append", default=[], metavar="GATE[=true|false]",
-                        help="feature gate (Kubernetes 1.35 defaults otherwise)")
+    add_feature_arguments(parser)
     parser.add_argument("-o", "--output", choices=["json", "table"], default="table")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        features = Features.parse(args.feature)
+        features = features_from_arguments(args)
     except FeatureGateError as exc:
         return report_input_errors([str(exc)], args.output)
     inputs = read_inputs(args.files)
     if inputs.errors:
         return report_input_errors(inputs.errors, args.output)
     try:
-        session = Session(inputs.objects, features, CelEnvironment())
+        session = Session(inputs.objects, features, CelEnvironment(features=features))
     except Exception as exc:  # noqa: BLE001 - malformed objects the validator let through
         return report_input_errors([str(exc)], args.output)
     units = session.explain_all()

@@ -47,6 +47,11 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="extended resource name the device plugin serves (default nvidia.com/gpu)",
     )
     parser.add_argument("--partitionable", action="store_true", help="publish MIG-capable GPUs as partitionable devices")
+    parser.add_argument("--binding-conditions", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --partitionable: MIG placements carry device binding conditions (KEP-5007) and the "
+                             "agent creates the instance before the pod binds (default on; needs "
+                             "DRADeviceBindingConditions, on from Kubernetes 1.36: use --no-binding-conditions on "
+                             "1.34/1.35 clusters without it)")
     parser.add_argument("--reserved-gpus", default="", help="comma-separated GPU UUIDs kept for the device plugin (not published)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -127,11 +132,12 @@ def run(args: argparse.Namespace) -> int:
         node_name=args.node, driver_name=args.driver_name, kubelet_dir=kubelet_dir, cdi_dir=cdi_dir,
         partitionable=args.partitionable, reserved_uuids=reserved, metrics_port=args.metrics_port,
         driver_root=_driver_root(args), host_driver_root=args.host_driver_root,
+        binding_conditions=args.binding_conditions,
     )
     agent = NodeAgent(
         settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api),
         publisher=SlicePublisher(api, args.driver_name, args.node), fault_hook=crash_hook_from_env(),
-        monitor_factory=lambda n, inv, cb: HealthMonitor(n, inv, cb),
+        monitor_factory=lambda n, inv, cb: HealthMonitor(n, inv, cb), binding_api=api,
     )
     stop = threading.Event()
 

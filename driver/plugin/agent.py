@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from driver.binder import MigBinder
 from driver.checkpoint import Checkpoint
 from driver.driverfiles import DriverFiles
 from driver.driverfiles import discover as discover_driver_files
@@ -71,6 +72,9 @@ class AgentSettings:
     # where that same tree is on the host, which is what the specs must name.
     driver_root: Path | None = None
     host_driver_root: str = "/"
+    # With `partitionable`: MIG placements carry KEP-5007 binding conditions and the agent creates the instance
+    # when a claim is allocated to one (driver.binder), before the scheduler binds the pod.
+    binding_conditions: bool = False
 
 
 def _health_entry(pool: str, device: str, health: Health) -> DeviceHealthEntry:
@@ -90,6 +94,7 @@ class NodeAgent:
         publisher: Any | None = None,
         fault_hook: FaultHook | None = None,
         monitor_factory: Callable[[Any, Inventory, Callable[[str, Health], None]], Any] | None = None,
+        binding_api: Any | None = None,
     ) -> None:
         self.settings = settings
         self.paths = PluginPaths(settings.kubelet_dir, settings.driver_name)
@@ -125,6 +130,10 @@ class NodeAgent:
             watch_seconds=settings.watch_seconds,
         )
         self._monitor = monitor_factory(nvml, inventory, self._on_health) if monitor_factory is not None else None
+        self.binder: MigBinder | None = None
+        if self.binding_conditions and binding_api is not None:
+            self.binder = MigBinder(binding_api, self.preparer, settings.driver_name, settings.node_name,
+                                    interval=settings.watch_seconds)
         self.start_report: StartReport | None = None
 
     def _discover_driver_files(self, inventory: Inventory) -> DriverFiles:
@@ -204,9 +213,13 @@ class NodeAgent:
             SliceSettings(
                 node_name=self.settings.node_name, driver_name=self.settings.driver_name,
                 partitionable=self.settings.partitionable, reserved_uuids=self.settings.reserved_uuids,
-                extra_taints=self.extra_taints(),
+                extra_taints=self.extra_taints(), binding_conditions=self.binding_conditions,
             ),
         )
+
+    @property
+    def binding_conditions(self) -> bool:
+        return self.settings.partitionable and self.settings.binding_conditions
 
     def request_publish(self) -> None:
         """Have the publisher rebuild and write the slices (e.g. after a ledger change)."""
@@ -240,9 +253,13 @@ class NodeAgent:
         if self._monitor is not None:
             self._monitor.start()
         self.plugin.start()
+        if self.binder is not None:
+            self.binder.start(self._stop)
 
     def stop(self) -> None:
         self._stop.set()
+        if self.binder is not None:
+            self.binder.join()
         if self._monitor is not None:
             self._monitor.stop()
         self.plugin.stop()

@@ -2,10 +2,11 @@
 
 Sockets (kubelet-wire.md 1.5):
 - `<kubelet dir>/plugins_registry/<driver>-reg.sock`: pluginregistration.Registration (GetInfo, Notify...).
-- `<kubelet dir>/plugins/<driver>/dra.sock`: DRAPlugin v1 and v1beta1, and DRAResourceHealth v1alpha1.
+- `<kubelet dir>/plugins/<driver>/dra.sock`: DRAPlugin v1 and v1beta1, and DRAResourceHealth v1 and v1alpha1.
 
-GetInfo advertises `v1.DRAPlugin`, `v1beta1.DRAPlugin`, `v1alpha1.DRAResourceHealth` in that order (the kubelet
-takes the first it supports). Each successful NotifyRegistrationStatus calls `on_registered` (slices must be
+GetInfo advertises `v1.DRAPlugin`, `v1beta1.DRAPlugin`, `v1.DRAResourceHealth`, `v1alpha1.DRAResourceHealth` in
+that order: the kubelet takes the first DRAPlugin service it supports; a 1.37 kubelet streams health from
+`v1.DRAResourceHealth` when advertised (else v1alpha1), 1.34-1.36 kubelets know only v1alpha1. Each successful NotifyRegistrationStatus calls `on_registered` (slices must be
 (re)published after every registration, since the kubelet wipes them when it starts). A watcher notices when
 the registration socket is removed or replaced (kubelet restart, manual cleanup) and serves it again, so the
 kubelet finds and registers the plugin anew.
@@ -33,17 +34,24 @@ from proto.dra.v1 import api_pb2 as dra_v1
 from proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
-from proto.drahealth.v1alpha1 import api_pb2 as health_pb
-from proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
+from proto.drahealth.v1 import api_pb2 as health_v1
+from proto.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from proto.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from proto.pluginregistration.v1 import api_pb2 as reg_pb
 from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 log = logging.getLogger("gpu-dra.plugin")
 
 DRA_PLUGIN_TYPE = "DRAPlugin"
-SUPPORTED_SERVICES: tuple[str, ...] = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+SUPPORTED_SERVICES: tuple[str, ...] = (
+    "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth",
+)
 # Streams re-check for shutdown this often; health changes wake them at once.
 _STREAM_POLL_SECONDS = 1.0
+# The kubelet stamps each reported device with the time it received the report and treats it as Unknown 30 s
+# later (healthInfoCache.getHealthInfo): the full list is sent again at least this often even when nothing changed.
+HEALTH_RESEND_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -127,12 +135,17 @@ class DraServicer:
 
 
 class HealthServicer:
-    def __init__(self, board: HealthBoard, stopping: threading.Event) -> None:
+    """DRAResourceHealth of one API version (`health_pb`: the v1 or v1alpha1 messages, identical field for field)."""
+
+    def __init__(self, board: HealthBoard, stopping: threading.Event, health_pb: Any = health_v1,
+                 resend_seconds: float = HEALTH_RESEND_SECONDS) -> None:
         self._board = board
         self._stopping = stopping
+        self._pb = health_pb
+        self._resend = resend_seconds
 
-    @staticmethod
-    def _response(updated: int, entries: tuple[DeviceHealthEntry, ...]) -> Any:
+    def _response(self, updated: int, entries: tuple[DeviceHealthEntry, ...]) -> Any:
+        health_pb = self._pb
         status = {True: health_pb.HEALTHY, False: health_pb.UNHEALTHY, None: health_pb.UNKNOWN}
         return health_pb.NodeWatchResourcesResponse(
             devices=[
@@ -147,14 +160,19 @@ class HealthServicer:
     def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         version, updated, entries = self._board.snapshot()
         yield self._response(updated, entries)
+        sent = time.monotonic()
         while context.is_active() and not self._stopping.is_set():
             newer = self._board.wait_newer(version, _STREAM_POLL_SECONDS)
             if newer is None:
                 if self._board.closed:
                     return
+                if time.monotonic() - sent >= self._resend:
+                    yield self._response(updated, entries)  # unchanged: keeps the kubelet's entries fresh
+                    sent = time.monotonic()
                 continue
             version, updated, entries = newer
             yield self._response(updated, entries)
+            sent = time.monotonic()
 
 
 class RegistrationServicer:
@@ -214,7 +232,10 @@ class KubeletPlugin:
         dra_v1beta1_grpc.add_DRAPluginServicer_to_server(
             DraServicer(self.preparer, self.metrics, dra_v1beta1, "v1beta1"), server
         )
-        health_grpc.add_DRAResourceHealthServicer_to_server(HealthServicer(self.board, self._stopping), server)
+        health_v1_grpc.add_DRAResourceHealthServicer_to_server(
+            HealthServicer(self.board, self._stopping, health_v1), server)
+        health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
+            HealthServicer(self.board, self._stopping, health_v1alpha1), server)
         listen(server, self.paths.dra_socket)
         server.start()
         os.chmod(self.paths.dra_socket, 0o600)

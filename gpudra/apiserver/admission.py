@@ -10,7 +10,7 @@ from gpudra.validation import validate_object
 from gpudra.validation.common import CelChecker, OpaqueValidators
 
 
-def validating_admission(cel: CelChecker | None, opaque: OpaqueValidators) -> Admission:
+def validating_admission(cel: CelChecker | None, opaque: OpaqueValidators, kubernetes_version: str = "1.37") -> Admission:
     """An admission callable running `gpudra.validation.validate_object` with the given CEL checker and opaque
     config validators (the caller supplies them: the shared package knows neither the CEL engine nor a driver)."""
     # The CEL checker caches compiled environments; one validation at a time keeps that cache consistent.
@@ -18,6 +18,6 @@ def validating_admission(cel: CelChecker | None, opaque: OpaqueValidators) -> Ad
 
     def admit(obj: dict[str, Any], old: dict[str, Any] | None) -> list[str]:
         with lock:
-            return [str(e) for e in validate_object(obj, cel=cel, opaque=opaque)]
+            return [str(e) for e in validate_object(obj, cel=cel, opaque=opaque, kubernetes_version=kubernetes_version)]
 
     return admit

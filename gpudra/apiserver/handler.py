@@ -195,7 +195,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if parts in (["healthz"], ["readyz"], ["livez"]):
             return b"ok"
         if parts == ["version"]:
-            return res.SERVER_VERSION
+            return res.server_version(self.ctx.kubernetes_version)
         if parts == ["openapi", "v2"]:
             if "protobuf" in (self.headers.get("Accept") or ""):
                 return openapi_v2_protobuf(reg), _OPENAPI_V2_PROTOBUF

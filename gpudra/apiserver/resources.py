@@ -13,17 +13,25 @@ from typing import Any
 from gpudra.conversion import served_versions
 
 ALL_VERBS: tuple[str, ...] = ("create", "delete", "get", "list", "patch", "update", "watch")
-SERVER_VERSION: dict[str, str] = {
-    "major": "1",
-    "minor": "37",
-    "gitVersion": "v1.37.0",
-    "gitCommit": "embedded",
-    "gitTreeState": "clean",
-    "buildDate": "2026-08-19T00:00:00Z",
-    "goVersion": "go1.26.0",
-    "compiler": "gc",
-    "platform": "linux/amd64",
+# The patch release and build date each minor's /version reports (the embedded server speaks that release's API).
+_RELEASES: dict[str, tuple[str, str, str]] = {
+    "1.34": ("v1.34.3", "2025-12-09T00:00:00Z", "go1.24.11"),
+    "1.35": ("v1.35.0", "2025-12-17T00:00:00Z", "go1.25.5"),
+    "1.36": ("v1.36.2", "2026-06-10T00:00:00Z", "go1.26.3"),
+    "1.37": ("v1.37.0", "2026-08-19T00:00:00Z", "go1.26.0"),
 }
+
+
+def server_version(kubernetes_version: str = "1.37") -> dict[str, str]:
+    """The /version document of the release the server is started for."""
+    git_version, build_date, go_version = _RELEASES[kubernetes_version]
+    major, minor = kubernetes_version.split(".")
+    return {"major": major, "minor": minor, "gitVersion": git_version, "gitCommit": "embedded",
+            "gitTreeState": "clean", "buildDate": build_date, "goVersion": go_version, "compiler": "gc",
+            "platform": "linux/amd64"}
+
+
+SERVER_VERSION: dict[str, str] = server_version()
 
 
 def _path(obj: dict[str, Any], dotted: str) -> Any:
@@ -154,6 +162,9 @@ DEFAULT_REGISTRY = Registry(
         ResourceType("", "v1", "resourcequotas", "ResourceQuota", True, ("quota",), has_status=True),
         ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True),
         ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),
+        # The Workload API as Kubernetes 1.37 serves it (KEP-4671; GenericWorkload).
+        ResourceType("scheduling.k8s.io", "v1beta1", "workloads", "Workload", True),
+        ResourceType("scheduling.k8s.io", "v1beta1", "podgroups", "PodGroup", True, has_status=True),
         ResourceType("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False,
                      served=served_versions("DeviceClass")),
         ResourceType("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False,
@@ -166,6 +177,21 @@ DEFAULT_REGISTRY = Registry(
                      served=served_versions("DeviceTaintRule")),
     )
 )
+
+# Types a release serves only from some version on (beta APIs gpu-dra uses, enabled where the kind config enables
+# them): the Workload API's scheduling.k8s.io/v1beta1 arrived in 1.37 (1.35/1.36 had alpha versions, off).
+_INTRODUCED: dict[tuple[str, str], str] = {
+    ("scheduling.k8s.io", "workloads"): "1.37",
+    ("scheduling.k8s.io", "podgroups"): "1.37",
+}
+
+
+def registry_for(kubernetes_version: str) -> Registry:
+    """DEFAULT_REGISTRY less what `kubernetes_version` ("1.34".."1.37") does not serve."""
+    minor = int(kubernetes_version.split(".")[1])
+    keep = tuple(rt for rt in DEFAULT_REGISTRY.types
+                 if int(_INTRODUCED.get((rt.group, rt.plural), "1.0").split(".")[1]) <= minor)
+    return DEFAULT_REGISTRY if len(keep) == len(DEFAULT_REGISTRY.types) else Registry(types=keep)
 
 
 def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:

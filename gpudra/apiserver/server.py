@@ -17,7 +17,7 @@ from gpudra.apiserver.podpriority import system_priority_classes
 from gpudra.apiserver.persistence import atomic_write_json, read_state
 from gpudra.apiserver.podlogs import PodLogSource
 from gpudra.atomicfile import atomic_write
-from gpudra.apiserver.resources import DEFAULT_REGISTRY, Registry
+from gpudra.apiserver.resources import Registry, registry_for
 from gpudra.apiserver.status import StatusError
 from gpudra.apiserver.store import Admission, Store
 
@@ -55,16 +55,17 @@ class EmbeddedApiServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, state_file: str | Path | None = None,
                  admission: Admission | None = None, *, bookmark_interval: float = 60.0,
-                 history_limit: int = 20000, registry: Registry = DEFAULT_REGISTRY,
-                 persist_interval: float = 0.5) -> None:
+                 history_limit: int = 20000, registry: Registry | None = None,
+                 persist_interval: float = 0.5, kubernetes_version: str = "1.37") -> None:
         check_loopback(host)
+        self.kubernetes_version = kubernetes_version
         self.host = host
         self.port = port
         self.state_file = Path(state_file) if state_file else None
-        self.registry = registry
+        self.registry = registry if registry is not None else registry_for(kubernetes_version)
         self.bookmark_interval = bookmark_interval
         self.persist_interval = persist_interval
-        self.store = Store(registry, admission, history_limit)
+        self.store = Store(self.registry, admission, history_limit)
         self._stop = threading.Event()
         self._httpd: _HttpServer | None = None
         self._threads: list[threading.Thread] = []

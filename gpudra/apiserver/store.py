@@ -20,6 +20,8 @@ from gpudra.apiserver import status as st
 from gpudra.apiserver.patch import PatchError, json_patch, merge_patch
 from gpudra.apiserver.resources import Registry, ResourceType
 from gpudra.apiserver.selectors import FieldSelector, LabelSelector, labels_of
+from gpudra.validation.workloads import KINDS as WORKLOAD_KINDS
+from gpudra.validation.workloads import validate_workload_api_object
 
 Admission = Callable[[dict[str, Any], "dict[str, Any] | None"], list[str]]
 ObjKey = tuple[ResourceType, str, str]  # (type, namespace or "", name)
@@ -115,6 +117,8 @@ class Store:
         errors = o.metadata_errors(obj)
         if old is not None:
             errors.extend(o.immutability_errors(rt, obj, old))
+        if rt.group == "scheduling.k8s.io" and rt.kind in WORKLOAD_KINDS:
+            errors.extend(str(e) for e in validate_workload_api_object(obj, old))
         if self._admits(rt):
             try:
                 errors.extend(self._admission(obj, old))

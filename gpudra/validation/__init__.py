@@ -40,9 +40,11 @@ def validate_object(
     *,
     cel: Callable[[str, bool], str | None] | None = None,
     opaque: Mapping[str, Callable[[dict[str, Any]], list[str]]] | None = None,
+    kubernetes_version: str = "1.37",
 ) -> list[FieldError]:
     """All validation errors of one resource.k8s.io object (DeviceClass, ResourceClaim, ...) of any served
-    version."""
+    version, with the rules of `kubernetes_version` where they differ (1.37: fractional capacity ranges,
+    DRAFractionalCapacityRange)."""
     if not isinstance(obj, dict):
         return [invalid("", obj, "must be a Kubernetes object (a mapping with apiVersion, kind, metadata)")]
     hooks = Hooks(cel=cel, opaque=dict(opaque or {}))
@@ -67,7 +69,8 @@ def validate_object(
     if kind == "DeviceClass":
         errs.extend(validate_device_class_spec(obj.get("spec"), "spec", hooks))
     elif kind == "ResourceSlice":
-        errs.extend(validate_slice_spec(obj.get("spec"), "spec"))
+        fractional = int(kubernetes_version.split(".")[1]) >= 37
+        errs.extend(validate_slice_spec(obj.get("spec"), "spec", fractional=fractional))
     elif kind == "DeviceTaintRule":
         errs.extend(validate_taint_rule_spec(obj.get("spec"), "spec"))
         if obj.get("status") is not None:

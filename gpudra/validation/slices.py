@@ -40,6 +40,8 @@ MAX_CONSUMES_COUNTERS = 2
 MAX_COUNTERS_PER_CONSUMPTION = 32
 ATTRIBUTE_VALUE_MAX_LENGTH = 64
 _QUALIFIED_KEY_MAX = 63 + 1 + 32
+# ResourceSliceMaxAttributeValuesPerDevice (1.36+, KEP-5491): scalars count one, lists their length.
+MAX_ATTRIBUTE_VALUES = 48
 _NODE_FIELDS = "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required"
 _DEVICE_NODE_FIELDS = (
     "exactly one of `nodeName`, `nodeSelector`, or `allNodes` is required when `perDeviceNodeSelection` "
@@ -47,7 +49,7 @@ _DEVICE_NODE_FIELDS = (
 )
 
 
-def validate_slice_spec(value: Any, path: str) -> list[FieldError]:
+def validate_slice_spec(value: Any, path: str, *, fractional: bool = True) -> list[FieldError]:
     errs: list[FieldError] = []
     spec = get_map(value, path, errs)
     driver_path = child(path, "driver")
@@ -91,7 +93,7 @@ def validate_slice_spec(value: Any, path: str) -> list[FieldError]:
     validate_list(
         devices,
         MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if advanced else MAX_DEVICES,
-        lambda item, p: _validate_device(item, p, per_device),
+        lambda item, p: _validate_device(item, p, per_device, fractional),
         devices_path,
         errs,
         item_key=lambda d: d.get("name") if isinstance(d, dict) and isinstance(d.get("name"), str) else None,
@@ -123,7 +125,7 @@ def _validate_pool(value: Any, path: str) -> list[FieldError]:
     return errs
 
 
-def _validate_device(value: Any, path: str, per_device_node_selection: bool) -> list[FieldError]:
+def _validate_device(value: Any, path: str, per_device_node_selection: bool, fractional: bool = True) -> list[FieldError]:
     errs: list[FieldError] = []
     device = get_map(value, path, errs)
     errs.extend(dns_label(get_str(device.get("name"), child(path, "name"), errs), child(path, "name")))
@@ -134,6 +136,11 @@ def _validate_device(value: Any, path: str, per_device_node_selection: bool) -> 
         errs.append(
             invalid(path, total, f"the total number of attributes and capacities must not exceed {MAX_ATTRIBUTES_AND_CAPACITIES}")
         )
+    values = attribute_value_count(attributes)
+    if values > MAX_ATTRIBUTE_VALUES:
+        errs.append(invalid(child(path, "attributes"), values,
+                            f"the total number of attribute values (list elements counted one by one) must not exceed "
+                            f"{MAX_ATTRIBUTE_VALUES}"))
     attributes_path = child(path, "attributes")
     for name, attribute in map_entries(attributes, -1, attributes_path, errs):
         item_path = key_path(attributes_path, name, _QUALIFIED_KEY_MAX)
@@ -151,7 +158,7 @@ def _validate_device(value: Any, path: str, per_device_node_selection: bool) -> 
         if cap.get("requestPolicy") is not None and not multi:
             errs.append(forbidden(policy_path, "allowMultipleAllocations must be true"))
         elif cap.get("requestPolicy") is not None and value is not None:
-            errs.extend(validate_request_policy(cap.get("requestPolicy"), value, policy_path))
+            errs.extend(validate_request_policy(cap.get("requestPolicy"), value, policy_path, fractional=fractional))
 
     taints_path = child(path, "taints")
     taints = get_list(device.get("taints"), taints_path, errs)
@@ -230,11 +237,37 @@ def _validate_attribute(value: Any, path: str) -> list[FieldError]:
             errs.append(invalid(version_path, version, "must be a string compatible with semver.org spec 2.0.0"))
         if len(version.encode()) > ATTRIBUTE_VALUE_MAX_LENGTH:
             errs.append(too_long(version_path, ATTRIBUTE_VALUE_MAX_LENGTH))
+    # List-type attributes (KEP-5491, DRAListTypeAttributes, alpha): checked element by element like scalars,
+    # as written (see the package docstring on alpha fields); an empty list counts as unset.
+    for kind, element in (("bools", "bool"), ("ints", "int"), ("strings", "string"), ("versions", "version")):
+        if attribute.get(kind) is None:
+            continue
+        items = get_list(attribute[kind], child(path, kind), errs)
+        if items:
+            present.append(kind)
+        for i, item in enumerate(items):
+            item_path = index(child(path, kind), i)
+            if item is None:
+                errs.append(required(item_path))
+                continue
+            # An element is checked as the scalar of its kind would be, reported at the element itself.
+            for e in _validate_attribute({element: item}, item_path):
+                errs.append(FieldError(e.path.replace(f"{item_path}.{element}", item_path), e.message))
     if not present:
         errs.append(invalid(path, "", "exactly one value must be specified"))
     elif len(present) > 1:
         errs.append(invalid(path, attribute, "exactly one value must be specified"))
     return errs
+
+
+def attribute_value_count(attributes: Any) -> int:
+    """Values of a device's attributes, a list counting each element (ResourceSliceMaxAttributeValuesPerDevice)."""
+    count = 0
+    for value in (attributes or {}).values() if isinstance(attributes, dict) else ():
+        if isinstance(value, dict):
+            lists = [v for k, v in value.items() if k in ("bools", "ints", "strings", "versions") and isinstance(v, list)]
+            count += sum(len(v) for v in lists) if lists else 1
+    return count
 
 
 def _validate_counter_map(value: Any, maximum: int, path: str) -> list[FieldError]:

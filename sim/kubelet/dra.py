@@ -7,7 +7,10 @@ It talks to a plugin over its real unix sockets and applies the kubelet's rules 
   NotifyRegistrationStatus(true) (5 s timeout); any failure is notified as (false, message),
 - one NodePrepareResources call per driver per pod with all of that pod's not-yet-prepared claims, 45 s timeout;
   responses are checked like the kubelet does (unknown claim UID, skipped claims, per-claim errors),
-- follows the DRAResourceHealth stream when the plugin advertises `v1alpha1.DRAResourceHealth`.
+- follows the DRAResourceHealth stream of the version its release picks: a 1.37 kubelet prefers
+  `v1.DRAResourceHealth` and falls back to `v1alpha1.DRAResourceHealth`; 1.34-1.36 kubelets know only v1alpha1
+  (and 1.34/1.35 ignore the per-device `message`, added in 1.36). `KubeletSim(..., kubernetes_version=)` selects
+  the release whose dialect it speaks (default the newest).
 """
 
 from __future__ import annotations
@@ -26,14 +29,45 @@ from proto.dra.v1 import api_pb2 as dra_v1
 from proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
-from proto.drahealth.v1alpha1 import api_pb2 as health_pb
-from proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
+from proto.drahealth.v1 import api_pb2 as health_v1
+from proto.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from proto.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from proto.pluginregistration.v1 import api_pb2 as reg_pb
 from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
-# Newest first, as the kubelet's servicesSupportedByKubelet.
+# Newest first, as the kubelet's servicesSupportedByKubelet (the same in 1.34 to 1.37).
 KUBELET_SERVICES: tuple[str, ...] = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+HEALTH_V1 = "v1.DRAResourceHealth"
+HEALTH_V1ALPHA1 = "v1alpha1.DRAResourceHealth"
+_HEALTH_MODULES: dict[str, tuple[Any, Any]] = {
+    HEALTH_V1: (health_v1, health_v1_grpc),
+    HEALTH_V1ALPHA1: (health_v1alpha1, health_v1alpha1_grpc),
+}
+
+
+@dataclass(frozen=True)
+class KubeletDialect:
+    """What one kubelet release speaks on the DRA plugin socket and writes from it."""
+
+    version: str
+    dra_services: tuple[str, ...]
+    health_services: tuple[str, ...]  # in the kubelet's order of preference (healthServicesSupportedByKubelet)
+    health_messages: bool  # DeviceHealth.message is read (1.36+)
+    resource_health_status: bool  # ResourceHealthStatus gate default: health goes into pod status (beta 1.36)
+
+    @classmethod
+    def for_version(cls, version: str = "1.37") -> "KubeletDialect":
+        minor = int(version.split(".")[1])
+        if not 34 <= minor <= 37:
+            raise ValueError(f"kubelet simulator: Kubernetes {version} is not supported (1.34 to 1.37)")
+        health = (HEALTH_V1, HEALTH_V1ALPHA1) if minor >= 37 else (HEALTH_V1ALPHA1,)
+        return cls(version, KUBELET_SERVICES, health, minor >= 36, minor >= 36)
+
+    def pick_health_service(self, supported: Sequence[str]) -> str:
+        """The kubelet's pickHealthService: its most preferred health service the plugin advertises, "" for none
+        (then no stream is opened), whatever the plugin's order."""
+        return next((s for s in self.health_services if s in supported), "")
 CALL_TIMEOUT_SECONDS = 45.0
 GET_INFO_TIMEOUT_SECONDS = 1.0
 NOTIFY_TIMEOUT_SECONDS = 5.0
@@ -67,6 +101,9 @@ class PreparedDevice:
 @dataclass(frozen=True)
 class HealthUpdate:
     devices: tuple[tuple[str, str, str], ...]  # (pool, device, HEALTHY|UNHEALTHY|UNKNOWN)
+    messages: tuple[str, ...] = ()  # per device, "" when none or when the kubelet's release ignores them
+    timeouts: tuple[int, ...] = ()  # per device health_check_timeout_seconds (0: the kubelet's default)
+    service: str = ""  # the health service it came from
 
 
 def _wait_ready(channel: grpc.Channel, what: str) -> None:
@@ -91,11 +128,13 @@ def choose_service(supported: Sequence[str], known: Sequence[str] = KUBELET_SERV
 class RegisteredPlugin:
     """One registered DRA plugin instance, as the kubelet's DRA manager holds it."""
 
-    def __init__(self, name: str, endpoint: str, service: str, health: bool) -> None:
+    def __init__(self, name: str, endpoint: str, service: str, health_service: str,
+                 dialect: KubeletDialect | None = None) -> None:
         self.name = name
         self.endpoint = endpoint
         self.service = service
-        self.health_advertised = health
+        self.health_service = health_service  # "" when the plugin advertises none this kubelet knows
+        self.dialect = dialect or KubeletDialect.for_version()
         self._channel = grpc.insecure_channel(f"unix://{endpoint}")
         if service == "v1.DRAPlugin":
             self._pb: Any = dra_v1
@@ -149,17 +188,35 @@ class RegisteredPlugin:
         """One NodeUnprepareResources call; raises KubeletError as the kubelet would fail the pod."""
         self._call("NodeUnprepareResources", claims, timeout)
 
-    def watch_health(self) -> Iterator[HealthUpdate]:
-        """Follow the health stream (each message is the complete device list); ends when the stream does."""
-        if not self.health_advertised:
+    @property
+    def health_advertised(self) -> bool:
+        return bool(self.health_service)
+
+    def watch_health(self, stop: threading.Event | None = None) -> Iterator[HealthUpdate]:
+        """Follow the health stream of the chosen version (each message is the complete device list); ends when
+        the stream does, or when `stop` is set (the stream is cancelled at once)."""
+        if not self.health_service:
             return
+        health_pb, health_grpc = _HEALTH_MODULES[self.health_service]
         stub = health_grpc.DRAResourceHealthStub(self._channel)
         names = {v.number: v.name for v in health_pb.HealthStatus.DESCRIPTOR.values}
         stream = stub.NodeWatchResources(health_pb.NodeWatchResourcesRequest())
+        if stop is not None:
+            def cancel_on_stop() -> None:
+                while not stop.wait(0.2):
+                    if stream.done():
+                        return
+                stream.cancel()
+
+            threading.Thread(target=cancel_on_stop, name="health-stream-cancel", daemon=True).start()
+        with_messages = self.dialect.health_messages
         try:
             for response in stream:
                 yield HealthUpdate(
-                    tuple((d.device.pool_name, d.device.device_name, names[d.health]) for d in response.devices)
+                    tuple((d.device.pool_name, d.device.device_name, names[d.health]) for d in response.devices),
+                    tuple(d.message if with_messages else "" for d in response.devices),
+                    tuple(d.health_check_timeout_seconds for d in response.devices),
+                    self.health_service,
                 )
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
@@ -178,9 +235,11 @@ class Pod:
 
 
 class KubeletSim:
-    def __init__(self, kubelet_dir: Path, known_services: Sequence[str] = KUBELET_SERVICES) -> None:
+    def __init__(self, kubelet_dir: Path, known_services: Sequence[str] | None = None,
+                 kubernetes_version: str = "1.37") -> None:
         self.registry_dir = kubelet_dir / "plugins_registry"
-        self.known_services = tuple(known_services)
+        self.dialect = KubeletDialect.for_version(kubernetes_version)
+        self.known_services = tuple(known_services) if known_services is not None else self.dialect.dra_services
         self.plugins: dict[str, RegisteredPlugin] = {}  # driver name -> newest registered instance
         self._registered_sockets: dict[Path, SocketIdentity] = {}  # socket path -> the socket we registered
         self._lock = threading.Lock()
@@ -236,7 +295,8 @@ class KubeletSim:
             raise RegistrationFailed(f"plugin at {socket} has an empty name")
         service = choose_service(list(info.supported_versions), self.known_services)
         endpoint = info.endpoint or str(socket)
-        return RegisteredPlugin(info.name, endpoint, service, HEALTH_SERVICE in info.supported_versions)
+        health = self.dialect.pick_health_service(list(info.supported_versions))
+        return RegisteredPlugin(info.name, endpoint, service, health, self.dialect)
 
     def sync(self) -> list[RegisteredPlugin]:
         """Register sockets that are new or were replaced since last time (what inotify would trigger)."""

@@ -18,6 +18,8 @@ node agent's real sockets; this module drives it from the API server, as the kub
   what containers exiting with code 0 amount to (claims unprepared, then Succeeded);
 - a deleted pod is unprepared too; a pod whose admission fails is retried on the next event or retry tick, as
   pod workers resync; a container the runtime refuses to start is retried with a growing back-off.
+- running pods' `allocatedResourcesStatus` follows the driver's health stream (`sim.kubelet.podhealth`), as a
+  1.36+ kubelet writes it.
 
 What each pod got (CDI device ids, device plugin grants, what each container saw) is kept for the demo's report.
 """
@@ -38,6 +40,7 @@ from typing import Any, Protocol
 from sim.kubelet.devicemanager import DeviceManagerError, DeviceManagerSim
 from sim.kubelet.heartbeat import heartbeat_loop
 from sim.kubelet.dra import ClaimInfo, KubeletError, KubeletSim, Pod, PreparedDevice
+from sim.kubelet.podhealth import PodHealthReporter, RunningPod
 from gpudra.kubeapi import ApiError, KubeApi, NotFound
 from sim.runtime.podman import ContainerRequest, ContainerStatus, RuntimeError_, Seen
 
@@ -250,6 +253,7 @@ class NodeKubelet:
         driver_name: str,
         *,
         device_manager: DeviceManagerSim | None = None,
+        kubernetes_version: str = "1.37",
         runtime: ContainerRuntime | None = None,
         pod_logs_dir: Path | None = None,
     ) -> None:
@@ -258,7 +262,8 @@ class NodeKubelet:
         self.pod_logs_dir = pod_logs_dir
         self.node_name = node_name
         self.driver_name = driver_name
-        self.sim = KubeletSim(kubelet_dir)
+        self.sim = KubeletSim(kubelet_dir, kubernetes_version=kubernetes_version)
+        self.health = PodHealthReporter(api, self.sim, driver_name, self._running_pods)
         self.device_manager = device_manager
         self.records: dict[str, PodRecord] = {}  # pod uid -> record
         self._lock = threading.Lock()
@@ -284,10 +289,12 @@ class NodeKubelet:
             t = threading.Thread(target=target, name=f"kubelet-{self.node_name}-{name}", daemon=True)
             t.start()
             self._threads.append(t)
+        self.health.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._events.put(("STOP", {}))
+        self.health.stop()
         for t in self._threads:
             t.join(timeout=5)
         self._threads.clear()
@@ -312,6 +319,11 @@ class NodeKubelet:
             return {uid: PodRecord(r.namespace, r.name, r.uid, r.phase, list(r.claims), list(r.legacy), r.last_error,
                                    r.unprepared, list(r.containers))
                     for uid, r in self.records.items()}
+
+    def _running_pods(self) -> list[RunningPod]:
+        with self._lock:
+            return [RunningPod(r.namespace, r.name, r.uid, {c.claim.name: c.devices for c in r.claims})
+                    for r in self.records.values() if r.phase == "Running" and r.claims]
 
     def container_runtime_name(self, namespace: str, pod: str, container: str | None) -> str | None:
         """The runtime's name for a pod's container (its latest run); `container` None: the pod's only one."""
@@ -626,7 +638,9 @@ class NodeKubelet:
             cstatus = claim.get("status") or {}
             if not cstatus.get("allocation"):
                 raise _NotReady(f"ResourceClaim {record.namespace}/{name} is not allocated")
-            if not any(r.get("uid") == uid for r in cstatus.get("reservedFor") or []):
+            group = ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
+            if not any(r.get("uid") == uid or (group and r.get("resource") == "podgroups" and r.get("name") == group)
+                       for r in cstatus.get("reservedFor") or []):  # a PodGroup's shared claim counts for its pods
                 raise _NotReady(f"ResourceClaim {record.namespace}/{name} is not reserved for this pod")
             results = ((cstatus["allocation"].get("devices") or {}).get("results")) or []
             if any(r.get("driver") == self.driver_name for r in results):

@@ -1,0 +1,1 @@
+"""Generated stubs of proto/drahealth/v1/api.proto (see proto/generate.py)."""
