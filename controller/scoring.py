@@ -156,8 +156,7 @@ class Placer:
         self._order: _NodeOrder | None = None
         # How many nodes have each largest-groups tuple: bounds the topology score any node can reach.
         self._group_counts: Counter[tuple[int, ...]] | None = None
-        # Shared devices (DRAConsumableCapacity) may fill several slots, so free counts bound nothing then.
-        self._prefilter = not self.features.consumable_capacity
+        self._prefilter = self._counts_bound()
 
     def invalidate(self, nodes: Iterable[str] | None = None) -> None:
         """Forget what is kept about `nodes` (None: every node, and the device index) after the snapshot changed."""
@@ -167,6 +166,7 @@ class Placer:
             self._shared.clear()
             self._failed.clear()
             self._nodes_independent = not any(sl.shared_counters for sl in self.snapshot.slices)
+            self._prefilter = self._counts_bound()
             self._index.clear()
             self._order = None
             self._group_counts = None
@@ -179,6 +179,14 @@ class Placer:
                     self._order.put(node, self._free(node))
                 else:
                     self._order.remove(node)
+
+    def _counts_bound(self) -> bool:
+        """Whether a node's free-device count bounds what it can take: not when some device may be allocated
+        several times (DRAConsumableCapacity's allowMultipleAllocations), since one device may then fill several
+        requests and an allocated one may still be free."""
+        if not self.features.consumable_capacity:
+            return True
+        return not any(d.allow_multiple for sl in self.snapshot.slices for d in sl.devices)
 
     # ---- per-node device counts ------------------------------------------------------------------
 

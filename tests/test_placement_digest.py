@@ -56,7 +56,7 @@ class SortingPlacer(Placer):
         failure = NoPlacement()
         for name in order:
             total, used = self._counts(name)
-            if total - used < need:
+            if self._prefilter and total - used < need:
                 failure.reasons[name] = f"only {total - used} free devices, the claims need at least {need}"
                 continue
             if best is not None and (top_prio, self._topology_bound(name, needs)) <= best.score[:2]:
@@ -158,3 +158,14 @@ def test_allocate_command_takes_sizes_and_reports_cpu_and_digest(capsys: pytest.
     assert doc["cpuMsPerClaim"] == a["cpuMsPerClaim"] > 0 and doc["placementDigest"] == a["placementDigest"]
     assert run(argparse.Namespace(scenario="b", nodes=0, devices=None, seed=1, output="json")) == 2
     assert "--nodes 0: must be at least 1" in capsys.readouterr().out
+
+
+def test_free_counts_prune_only_without_devices_allocated_several_times() -> None:
+    from gpudra.features import Features
+
+    plain = [slice_("a", "a", "a", [device("gpu-0")], driver=GPU)]
+    shared = [slice_("a", "a", "a", [device("gpu-0", allowMultipleAllocations=True)], driver=GPU)]
+    assert Placer(ClusterSnapshot(plain, [klass()]), Features())._prefilter
+    assert not Placer(ClusterSnapshot(shared, [klass()]), Features())._prefilter
+    # Without DRAConsumableCapacity nothing is allocated several times.
+    assert Placer(ClusterSnapshot(shared, [klass()]), Features(consumable_capacity=False))._prefilter
