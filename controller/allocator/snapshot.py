@@ -63,6 +63,8 @@ class ClusterSnapshot:
             self.commit(claim_key(claim), alloc)
         self._pools: dict[tuple[str, Features], list[Pool]] = {}
         self.selector_cache: dict[tuple[int, str], bool | AllocationError] = {}
+        # (device uid, fractional ranges on) -> whether a request for no capacity fits the idle device.
+        self.idle_capacity_fits: dict[tuple[int, bool], bool] = {}
 
     def node(self, name: str) -> Node:
         node = self.nodes.get(name)
