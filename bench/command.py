@@ -1,4 +1,4 @@
-"""`gpu-dra bench allocate|cel|kubeapi|prepare|schedule`: dispatch to one benchmark module of this package."""
+"""`gpu-dra bench allocate|cel|kubeapi|prepare|schedule|serving|store`: dispatch to one benchmark module of this package."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ BENCHMARKS: dict[str, str] = {
     "kubeapi": "bench.kubeapi",
     "prepare": "bench.prepare",
     "schedule": "bench.schedule",
+    "serving": "bench.apiserver:run_serving",
+    "store": "bench.apiserver:run_store",
 }
 
 
@@ -29,4 +31,5 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return int(importlib.import_module(BENCHMARKS[args.benchmark]).run(args) or 0)
+    module, _, func = BENCHMARKS[args.benchmark].partition(":")
+    return int(getattr(importlib.import_module(module), func or "run")(args) or 0)

@@ -22,8 +22,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default="127.0.0.1",
                         help="loopback address to listen on (default 127.0.0.1; non-loopback addresses are refused)")
     parser.add_argument("--kubeconfig-out", metavar="FILE", help="write a kubeconfig for this server to FILE")
-    parser.add_argument("--state", metavar="FILE",
-                        help="load objects from FILE at start and persist them there (atomically) while running")
+    parser.add_argument("--state", metavar="DB",
+                        help="keep objects in the SQLite database DB (created if missing; every write is committed "
+                             "before it is answered); a JSON state file of an earlier version is migrated once, "
+                             "keeping it as DB.json-backup. Without --state, objects live in memory only")
     parser.add_argument("--pod-logs-dir", metavar="DIR",
                         help="serve pods/log (kubectl logs) from DIR in the kubelet's /var/log/pods layout "
                              "(<namespace>_<pod>_<uid>/<container>/<restart>.log, CRI log format)")

@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "allocate": ("controller.commands.allocate", "allocate claims offline with Kubernetes' structured-parameters semantics"),
     "explain": ("controller.commands.explain", "explain, per claim and node, why claims cannot be allocated"),
     "controller": ("controller.commands.controller", "run the cluster agent (explanations, gang allocation, embedded scheduling)"),
-    "bench": ("bench.command", "run a benchmark: allocate, prepare or cel"),
+    "bench": ("bench.command", "run a benchmark: allocate, prepare, cel, schedule, serving or store"),
     "demo": ("sim.commands.demo", "run the end-to-end demo on an embedded control plane with simulated GPU nodes"),
 }
 

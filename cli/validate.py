@@ -1,6 +1,9 @@
 """`gpu-dra validate -f FILE... [-o json]`: Kubernetes' resource.k8s.io validation rules (v1, v1beta2 and v1beta1,
 converted to v1 as kube-apiserver does), offline.
 
+Unknown fields (checked against the official client's schema of the object's kind, for every kind it knows)
+are warnings, or errors with `--strict`, as kube-apiserver's `fieldValidation=Warn|Strict` treats them.
+
 Exit codes: 0 when every object is valid, 1 when any is invalid, 2 when an input cannot be read.
 """
 
@@ -12,6 +15,7 @@ import sys
 from typing import Any
 
 from gpudra import DEFAULT_DRIVER_NAME
+from gpudra.apiserver.schema import check_object
 from gpudra.manifests import InputError, load_objects, object_label
 from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, check_version
 from gpudra.validation import FieldError, validate_object
@@ -27,6 +31,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--filename", dest="files", action="extend", nargs="+", required=True, metavar="FILE",
                         help="YAML or JSON manifest (multi-document and `kind: List` allowed; `-` for stdin); repeatable")
     parser.add_argument("-o", "--output", choices=["json", "text"], default="text", help="output format (default text)")
+    parser.add_argument("--strict", action="store_true",
+                        help="unknown fields are errors (default: warnings), as fieldValidation=Strict")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
                         help=f"driver whose opaque parameters are checked with our config schema (default {DEFAULT_DRIVER_NAME})")
     parser.add_argument("--kubernetes-version", default=DEFAULT_VERSION, metavar="VERSION",
@@ -40,27 +46,42 @@ def is_dra_object(obj: Any) -> bool:
     return not isinstance(api_version, str) or api_version.partition("/")[0] == "resource.k8s.io"
 
 
+def unknown_fields(obj: dict[str, Any]) -> list[str]:
+    report = check_object(obj)
+    return [f'{path}: unknown field "{path}"' for path in report.unknown] if report is not None else []
+
+
 def is_workload_api_object(obj: Any) -> bool:
     """Workload and PodGroup of scheduling.k8s.io/v1beta1 (Kubernetes 1.37's Workload API) are checked too."""
     return isinstance(obj, dict) and obj.get("apiVersion") == WORKLOAD_API_VERSION and obj.get("kind") in WORKLOAD_KINDS
 
 
 def validate_all(objects: list[dict[str, Any]], cel: CelChecker | None, opaque: OpaqueValidators,
-                 kubernetes_version: str = "1.37") -> list[dict[str, Any]]:
+                 kubernetes_version: str = "1.37", strict: bool = False) -> list[dict[str, Any]]:
     results = []
     for obj in objects:
+        unknown = unknown_fields(obj)
+        warnings = [] if strict else unknown
         if is_workload_api_object(obj):
             found = [*validate_object_meta(obj.get("metadata"), namespaced=True), *validate_workload_api_object(obj)]
-            results.append({"object": object_label(obj), "valid": not found, "checked": True,
-                            "errors": [str(e) for e in found]})
+            results.append(_result(obj, True, (unknown if strict else []) + [str(e) for e in found], warnings))
             continue
         if not is_dra_object(obj):
             # Manifests mix Pods, RBAC and the like with DRA objects; those are reported as not checked.
-            results.append({"object": object_label(obj), "valid": True, "checked": False, "errors": []})
+            errors = unknown if strict else []
+            results.append(_result(obj, False, errors, warnings))
             continue
-        errors: list[FieldError] = validate_object(obj, cel=cel, opaque=opaque, kubernetes_version=kubernetes_version)
-        results.append({"object": object_label(obj), "valid": not errors, "checked": True, "errors": [str(e) for e in errors]})
+        found: list[FieldError] = validate_object(obj, cel=cel, opaque=opaque, kubernetes_version=kubernetes_version)
+        errors = (unknown if strict else []) + [str(e) for e in found]
+        results.append(_result(obj, True, errors, warnings))
     return results
+
+
+def _result(obj: dict[str, Any], checked: bool, errors: list[str], warnings: list[str]) -> dict[str, Any]:
+    result: dict[str, Any] = {"object": object_label(obj), "valid": not errors, "checked": checked, "errors": errors}
+    if warnings:
+        result["warnings"] = warnings
+    return result
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,15 +91,20 @@ def run(args: argparse.Namespace) -> int:
     except (InputError, FeatureGateError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    results = validate_all(objects, cel_checker(), opaque_validators(args.driver_name), version)
+    results = validate_all(objects, cel_checker(), opaque_validators(args.driver_name), version, strict=args.strict)
     if args.output == "json":
         print(json.dumps({"results": results}, indent=2))
     else:
         for result in results:
             state = "valid" if result["valid"] else "invalid"
-            print(f"{result['object']}: {state if result['checked'] else 'not checked (not a resource.k8s.io object)'}")
+            if result["checked"] or result["errors"]:
+                print(f"{result['object']}: {state}")
+            else:
+                print(f"{result['object']}: not checked (not a resource.k8s.io object)")
             for error in result["errors"]:
                 print(f"  {error}")
+            for warning in result.get("warnings", []):
+                print(f"  warning: {warning}")
         invalid_count = sum(not r["valid"] for r in results)
         checked = sum(r["checked"] for r in results)
         print(f"{checked} object(s) checked, {invalid_count} invalid, {len(results) - checked} not checked")

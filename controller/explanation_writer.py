@@ -88,6 +88,7 @@ class ExplanationWriter:
         self._wall = wall
         self._repeat = repeat_interval
         self._posted: dict[tuple[str, str], _Posted] = {}
+        self._read_denied_logged = False
 
     # -- events ------------------------------------------------------------------------------------
 
@@ -134,7 +135,21 @@ class ExplanationWriter:
         # exists (an earlier incarnation posted it), which saves a GET per scheduled pod.
         if likely_new and self._writer.create("Event", body) is not None:
             return True
-        existing = self._writer.read("Event", body)
+        try:
+            existing = self._writer.read("Event", body)
+        except ApiError as err:
+            # Typically 403 (a deployment whose RBAC grants create/patch but not get on events). Reading only
+            # served to carry the stored count on; a merge patch with our own count refreshes the event
+            # without it, as client-go's event recorder does. One log line, not one per event and pass.
+            if not self._read_denied_logged:
+                self._read_denied_logged = True
+                log.warning(
+                    "cannot read events; refreshing them by patch from now on (grant get on events)",
+                    extra={"event": o.key(body), "status": err.status, "error": str(err)},
+                )
+            # Without memory of the event (a restarted controller) our count means nothing: the stored one stays.
+            patched = self._patch_event(body, with_count=not likely_new)
+            return patched or (not likely_new and self._writer.create("Event", body) is not None)
         if existing is None:
             return False if likely_new else self._writer.create("Event", body) is not None
 
@@ -150,6 +165,10 @@ class ExplanationWriter:
         except ApiError as err:
             log.warning("event update failed", extra={"event": o.key(body), "error": str(err)})
             return False
+
+    def _patch_event(self, body: Obj, *, with_count: bool) -> bool:
+        patch = {k: body[k] for k in ("message", "lastTimestamp", "type") + (("count",) if with_count else ())}
+        return self._writer.patch("Event", body, patch) is not None
 
     # -- claim annotations -------------------------------------------------------------------------
 

@@ -10,6 +10,23 @@ where the devices are.
 - Only claims carrying both labels are touched. Gang allocations are marked `<driver>/gang-allocated-at`;
   a gang nobody uses (no pod references its claims and none is reserved) is released after the timeout and
   marked `<driver>/gang-released-at`; it is allocated again only once a pod references one of its claims.
+  Claims kube-controller-manager deallocated after use (their pods finished) are marked released the same way.
+
+The race with kube-scheduler. The scheduler allocates a pod's claims in memory at Reserve (its "in-flight"
+allocations, counted as in use by its own later cycles) and writes them at PreBind; it never re-checks at PreBind
+whether another claim holds the same device. A pre-allocation written here is invisible to a scheduler cycle
+that started before the claim informer delivered it, and the scheduler's in-flight allocations are invisible
+here. So, both ways:
+- Conflict sweep, every pass: a gang claim we allocated that is not reserved yet and shares a device with any
+  other claim's allocation loses: the whole gang's unreserved allocations are undone (the other claim belongs
+  to a pod being bound) and the gang is planned again.
+- Settle, then admit: gang pods may carry the scheduling gate `<driver>/gang` (KEP-3521; the scheduler does
+  not consider gated pods at all). The gate is lifted only after the gang has been allocated for
+  `settle_seconds` without a conflict, i.e. after every scheduler cycle that could have missed our write has
+  reached PreBind and shown up in the sweep. With gated pods nothing can use a gang claim before a conflict is
+  seen, which closes the race except for binding cycles held up longer than the settle time between Reserve
+  and PreBind (Permit waits, slow volume binding). Without the gate the sweep alone narrows the window to the
+  time between our write and the first gang pod's reservation.
 """
 
 from __future__ import annotations
@@ -54,6 +71,11 @@ def allocated_at_annotation(driver: str) -> str:
 
 def released_at_annotation(driver: str) -> str:
     return f"{driver}/gang-released-at"
+
+
+def gang_gate(driver: str) -> str:
+    """The scheduling gate gang pods may carry until their gang's allocation has settled."""
+    return f"{driver}/gang"
 
 
 def is_gang_claim(claim: Mapping[str, Any], driver: str) -> bool:
@@ -152,6 +174,18 @@ def clique_domains(view: View) -> dict[tuple[Any, ...], list[str]]:
     return {k: sorted(v) for k, v in sorted(domains.items(), key=lambda kv: (-len(kv[1]), str(kv[0])))}
 
 
+def _shareable_devices(view: View) -> set[tuple[str, str, str]]:
+    """Devices published with allowMultipleAllocations: several claims holding one is no conflict."""
+    out: set[tuple[str, str, str]] = set()
+    for sl in view.slices.values():
+        spec = o.section(sl, "spec")
+        pool = str(o.section(spec, "pool").get("name", ""))
+        for dev in o.list_field(spec, "devices"):
+            if isinstance(dev, Mapping) and dev.get("allowMultipleAllocations"):
+                out.add((str(spec.get("driver", "")), pool, str(dev.get("name", ""))))
+    return out
+
+
 @dataclass(frozen=True)
 class GangPlan:
     placements: dict[str, tuple[str, dict[str, Any]]]  # claim key -> (node, allocation)
@@ -178,6 +212,7 @@ class GangController:
         driver_name: str,
         timeout: float,
         features: Features,
+        settle_seconds: float = 5.0,
         wall: Callable[[], datetime],
         fresh_claims: Callable[[], list[Obj]],
     ) -> None:
@@ -186,6 +221,7 @@ class GangController:
         self._metrics = metrics
         self.driver = driver_name
         self.timeout = timeout
+        self.settle_seconds = settle_seconds
         self._features = features
         self._wall = wall
         self._fresh_claims = fresh_claims
@@ -275,13 +311,103 @@ class GangController:
         if len(allocated) == len(claims):
             if any(o.reserved_for(c) for c in claims):
                 return "bound", False
+            conflicts = self._conflicts(view, gang)
+            if conflicts:
+                return self._undo_conflicting(gang, conflicts)
             if referenced:
-                return "allocated", False
+                return "allocated", self._lift_gates_when_settled(view, gang)
             return self._maybe_release(gang)
-        released = any(released_at_annotation(self.driver) in o.annotations(c) for c in claims)
-        if released and not referenced:
+        conflicts = self._conflicts(view, gang)
+        if conflicts:
+            return self._undo_conflicting(gang, conflicts)
+        # Only the unallocated members count from here on: members still in use by running pods must not make
+        # the finished ones allocatable again.
+        pending = [c for c in claims if o.allocation(c) is None]
+        pending_referenced = any(o.key(c) in refs for c in pending)
+        finished = [c for c in pending if allocated_at_annotation(self.driver) in o.annotations(c)]
+        if finished and not pending_referenced:
+            return self._mark_finished(gang, finished)
+        released = any(released_at_annotation(self.driver) in o.annotations(c) for c in pending)
+        if released and not pending_referenced:
             return "released", False
         return self._allocate(view, gang)
+
+    def _ours(self, gang: Gang) -> list[Obj]:
+        return [
+            c for c in gang.claims
+            if allocated_at_annotation(self.driver) in o.annotations(c) and o.allocation(c) is not None
+        ]
+
+    def _conflicts(self, view: View, gang: Gang) -> list[str]:
+        """`claim: device held by other claim` for each device of our unreserved gang allocations that another
+        claim's allocation also holds."""
+        ours = [c for c in self._ours(gang) if not o.reserved_for(c)]
+        if not ours:
+            return []
+        members = {o.key(c) for c in gang.claims}
+        shareable = _shareable_devices(view)
+        holders: dict[tuple[str, str, str], str] = {}
+        for other in view.claims.values():
+            if o.key(other) in members or o.allocation(other) is None:
+                continue
+            for device in o.allocated_devices(other):
+                if tuple(device) not in shareable:
+                    holders.setdefault(tuple(device), o.key(other))
+        out = []
+        for claim in ours:
+            for device in o.allocated_devices(claim):
+                holder = holders.get(tuple(device))
+                if holder is not None:
+                    out.append(f"{o.key(claim)}: {'/'.join(device)} also allocated to {holder}")
+        return out
+
+    def _undo_conflicting(self, gang: Gang, conflicts: list[str]) -> tuple[str, bool]:
+        for claim in self._ours(gang):
+            if o.reserved_for(claim):
+                continue
+            self._committer.undo(claim, None, deallocate=True)
+            self._writer.patch("ResourceClaim", claim, {"metadata": {"annotations": {allocated_at_annotation(self.driver): None}}})
+        self._failed.pop(gang.key, None)
+        self._metrics.failures.labels(reason="conflict").inc()
+        log.warning("gang allocation lost a race with another allocation; undone", extra={"gang": gang.key, "conflicts": "; ".join(conflicts)})
+        return "unschedulable", True
+
+    def _lift_gates_when_settled(self, view: View, gang: Gang) -> bool:
+        """Remove the `<driver>/gang` scheduling gate from the gang's pods once the allocation has settled."""
+        stamps = [_parse_time(o.annotations(c).get(allocated_at_annotation(self.driver))) for c in self._ours(gang)]
+        started = min((s for s in stamps if s is not None), default=None)
+        if started is not None and (self._wall() - started).total_seconds() < self.settle_seconds:
+            return False
+        gate = gang_gate(self.driver)
+        members = {o.key(c) for c in gang.claims}
+        lifted = False
+        for pod in view.pods.values():
+            gates = o.list_field(o.section(pod, "spec"), "schedulingGates")
+            if not any(isinstance(g, Mapping) and g.get("name") == gate for g in gates):
+                continue
+            if not referenced_claims([pod]) & members:
+                continue
+            remaining = [g for g in gates if not (isinstance(g, Mapping) and g.get("name") == gate)]
+            # A merge patch replaces the list: the pod keeps every other gate.
+            if self._writer.patch("Pod", pod, {"spec": {"schedulingGates": remaining or None}}) is not None:
+                lifted = True
+                log.info("gang pod admitted to scheduling", extra={"gang": gang.key, "pod": o.key(pod)})
+        return lifted
+
+    def _mark_finished(self, gang: Gang, claims: list[Obj]) -> tuple[str, bool]:
+        """Claims we allocated that someone else deallocated: kube-controller-manager's claim controller does so
+        when their last consumer is gone (reservedFor emptied after use). The gang has run; allocating it again
+        would hold its GPUs for nobody until the timeout. It is marked released, like a timed-out gang, and is
+        allocated again only for a live pod that references one of these claims."""
+        stamp = _rfc3339(self._wall())
+        for claim in claims:
+            self._writer.patch(
+                "ResourceClaim",
+                claim,
+                {"metadata": {"annotations": {released_at_annotation(self.driver): stamp, allocated_at_annotation(self.driver): None}}},
+            )
+        log.info("gang finished: its claims were deallocated after use", extra={"gang": gang.key, "claims": len(claims)})
+        return "released", True
 
     def _maybe_release(self, gang: Gang) -> tuple[str, bool]:
         ours = [c for c in gang.claims if allocated_at_annotation(self.driver) in o.annotations(c)]
@@ -353,9 +479,14 @@ class GangController:
             node, alloc = plan.placements[o.key(claim)]
             stored = self._committer.allocate(claim, alloc, None, {allocated_at_annotation(self.driver): stamp})
             if stored is None:
-                # Someone else allocated or removed a member: undo, so the gang stays all-or-nothing.
+                # Someone else allocated or removed a member: undo, so the gang stays all-or-nothing. Our mark
+                # goes too: on an unallocated claim it means "allocated by us, then deallocated after use".
                 for done in written:
                     self._committer.undo(done, None, deallocate=True)
+                for member in [*written, claim]:
+                    self._writer.patch(
+                        "ResourceClaim", member, {"metadata": {"annotations": {allocated_at_annotation(self.driver): None}}}
+                    )
                 self._metrics.failures.labels(reason="conflict").inc()
                 log.warning("gang allocation interrupted; undone", extra={"gang": gang.key, "claim": o.key(claim)})
                 return "unschedulable", bool(written)

@@ -6,17 +6,27 @@
 - device names `<claimUID>-<device name>`; fully-qualified IDs `k8s.gpu.nvidia.com/claim=<claimUID>-<device>`.
 - cdiVersion: the lowest version the content needs (reference 5.1): container runtimes carry their own copy of
   the CDI library and reject versions they do not know. Claim UIDs often start with a digit, which needs 0.5.0.
-- every device carries its own non-empty edits: `NVIDIA_VISIBLE_DEVICES` (the UUIDs of all of the claim's
-  devices, so that the variable is identical whichever subset of the claim a container gets and CDI's
-  last-wins env merging cannot drop a device), the GPU node `/dev/nvidia<minor>`, the control nodes, for MIG
-  devices the nvidia-caps access nodes of the GPU instance and compute instance, and sharing edits.
+- every device carries its own non-empty edits: `NVIDIA_VISIBLE_DEVICES=void`, the GPU node
+  `/dev/nvidia<minor>`, the control nodes, for MIG devices the nvidia-caps access nodes of the GPU instance and
+  compute instance, and sharing edits. `void` (as in the specs NVIDIA's tools generate) keeps the NVIDIA
+  runtime, the default runtime on GPU Operator nodes, from injecting GPUs by that variable on top of what CDI
+  injected; CDI alone decides what a container gets. The variable is the same in every device, so CDI's
+  last-wins env merging cannot matter.
+- device nodes carry type `c` and major/minor wherever the node's numbers are known (`DeviceNumbers`, read from
+  /proc/devices and /proc/driver/nvidia/capabilities at prepare time): the runtime then creates the node in the
+  container without stat-ing the host path, which matters for `/dev/nvidia-caps/nvidia-cap<N>` (usually absent
+  on the host: the driver only creates capability nodes on demand) and `/dev/nvidia-uvm*` (absent until
+  something loads nvidia-uvm's nodes). Without numbers (the simulator) a node is named by path only.
 - the spec's top-level containerEdits carry what every device needs from the host driver install (libraries,
   binaries, firmware, IPC sockets and the nvidia-cdi-hook hooks; driver/driverfiles.py), so that a runtime with
   plain CDI support and no NVIDIA runtime hook still gives the container a working CUDA; empty on the simulator.
 
-MIG capability minors follow the NVIDIA kernel module's fixed table (/proc/driver/nvidia-caps/mig-minors):
-`config` 1, `monitor` 2, then per GPU minor 15 GPU instances of 9 entries each (the GI `access` entry and 8
-compute instances): gi access = 3 + 135*gpu_minor + 9*gi, ci access = gi access + 1 + ci.
+MIG capability minors are read from the driver (`DeviceFileMinor` in
+/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<GI>/access and .../gi<GI>/ci<CI>/access, the major of
+`nvidia-caps` from /proc/devices), as NVIDIA's plugin does. Where the driver does not say (the simulator), the
+kernel module's fixed table (/proc/driver/nvidia-caps/mig-minors) gives them: `config` 1, `monitor` 2, then per
+GPU minor 15 GPU instances of 9 entries each (the GI `access` entry and 8 compute instances):
+gi access = 3 + 135*gpu_minor + 9*gi, ci access = gi access + 1 + ci.
 """
 
 from __future__ import annotations
@@ -42,6 +52,8 @@ _MIG_MINORS_PER_GI = 9  # the GI's access entry + 8 compute instances
 _MIG_GIS_PER_GPU = 15
 _MIG_FIRST_MINOR = 3  # after config (1) and monitor (2)
 
+NVIDIACTL_MINOR = 255  # /dev/nvidia<N> has minor N; the control node the last minor of the same major
+
 KNOWN_VERSIONS: tuple[str, ...] = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
 
 _NAME_PART = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
@@ -54,6 +66,99 @@ def mig_cap_minors(gpu_minor: int, gpu_instance_id: int, compute_instance_id: in
     """(GI access minor, CI access minor) of /dev/nvidia-caps/nvidia-cap<N> for one MIG device."""
     gi = _MIG_FIRST_MINOR + _MIG_GIS_PER_GPU * _MIG_MINORS_PER_GI * gpu_minor + _MIG_MINORS_PER_GI * gpu_instance_id
     return gi, gi + 1 + compute_instance_id
+
+
+def _char_node(path: str, major: int, minor: int, mode: int | None = None) -> dict[str, Any]:
+    node: dict[str, Any] = {"path": path, "type": "c", "major": major, "minor": minor}
+    if mode is not None:
+        node["fileMode"] = mode
+    return node
+
+
+def parse_proc_devices(text: str) -> dict[str, int]:
+    """Character device majors by driver name from /proc/devices (block devices are ignored)."""
+    majors: dict[str, int] = {}
+    in_char = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.endswith(":"):
+            in_char = stripped == "Character devices:"
+            continue
+        parts = stripped.split()
+        if in_char and len(parts) == 2 and parts[0].isdigit():
+            majors.setdefault(parts[1], int(parts[0]))
+    return majors
+
+
+def parse_capability_file(text: str) -> dict[str, int]:
+    """`DeviceFileMinor: 22`, `DeviceFileMode: 292`, ... of one /proc/driver/nvidia/capabilities access file."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and value.strip().isdigit():
+            out[key.strip()] = int(value.strip())
+    return out
+
+
+@dataclass(frozen=True)
+class DeviceNumbers:
+    """What the driver says about its device nodes; the I/O edge of the spec, read at prepare time.
+
+    `majors` maps /proc/devices names (`nvidia-frontend`/`nvidia`, `nvidia-uvm`, `nvidia-caps`) to majors;
+    `caps_dir` is /proc/driver/nvidia/capabilities (None: not available)."""
+
+    majors: Mapping[str, int] = field(default_factory=dict)
+    caps_dir: Path | None = None
+
+    @classmethod
+    def read(cls, proc_root: Path = Path("/proc")) -> "DeviceNumbers":
+        try:
+            majors = parse_proc_devices((proc_root / "devices").read_text())
+        except OSError:
+            majors = {}
+        caps = proc_root / "driver/nvidia/capabilities"
+        return cls(majors, caps if caps.is_dir() else None)
+
+    @property
+    def gpu_major(self) -> int | None:
+        # Older drivers register the GPU nodes' major (195) as `nvidia-frontend`, newer ones as `nvidia`.
+        return self.majors.get("nvidia-frontend", self.majors.get("nvidia"))
+
+    def gpu_nodes(self, gpu_minor: int) -> list[dict[str, Any]]:
+        """The GPU's node and the control nodes."""
+        major, uvm = self.gpu_major, self.majors.get("nvidia-uvm")
+        gpu = [_char_node(f"/dev/nvidia{gpu_minor}", major, gpu_minor), _char_node("/dev/nvidiactl", major, NVIDIACTL_MINOR)] \
+            if major is not None else [{"path": f"/dev/nvidia{gpu_minor}"}, {"path": "/dev/nvidiactl"}]
+        if uvm is not None:
+            gpu += [_char_node("/dev/nvidia-uvm", uvm, 0), _char_node("/dev/nvidia-uvm-tools", uvm, 1)]
+        else:
+            gpu += [{"path": "/dev/nvidia-uvm"}, {"path": "/dev/nvidia-uvm-tools"}]
+        return gpu
+
+    def mig_nodes(self, gpu_minor: int, gpu_instance_id: int, compute_instance_id: int) -> list[dict[str, Any]]:
+        """The GI and CI access nodes, with the driver's minors and major when it publishes them.
+
+        Raises CapabilityError when the driver has capability files but not this MIG device's (it is gone)."""
+        major = self.majors.get("nvidia-caps")
+        if self.caps_dir is None or major is None:
+            gi_minor, ci_minor = mig_cap_minors(gpu_minor, gpu_instance_id, compute_instance_id)
+            return [{"path": f"{NVIDIA_CAPS_DIR}/nvidia-cap{gi_minor}"}, {"path": f"{NVIDIA_CAPS_DIR}/nvidia-cap{ci_minor}"}]
+        gi_dir = self.caps_dir / f"gpu{gpu_minor}" / "mig" / f"gi{gpu_instance_id}"
+        nodes = []
+        for path in (gi_dir / "access", gi_dir / f"ci{compute_instance_id}" / "access"):
+            try:
+                info = parse_capability_file(path.read_text())
+            except OSError as exc:
+                raise CapabilityError(f"{path}: cannot read the MIG capability: {exc}") from exc
+            if "DeviceFileMinor" not in info:
+                raise CapabilityError(f"{path}: no DeviceFileMinor line")
+            minor = info["DeviceFileMinor"]
+            nodes.append(_char_node(f"{NVIDIA_CAPS_DIR}/nvidia-cap{minor}", major, minor, info.get("DeviceFileMode")))
+        return nodes
+
+
+class CapabilityError(OSError):
+    """A MIG device's capability files could not be read; the message names the file."""
 
 
 def cdi_device_name(claim_uid: str, device_name: str) -> str:
@@ -81,23 +186,24 @@ class DeviceEdits:
 
 
 def claim_spec(
-    claim_uid: str, devices: Sequence[DeviceEdits], common: Mapping[str, Any] | None = None
+    claim_uid: str, devices: Sequence[DeviceEdits], common: Mapping[str, Any] | None = None,
+    numbers: DeviceNumbers | None = None,
 ) -> dict[str, Any]:
     """The CDI spec of one claim (pure).
 
     `common` holds edits for every device (the driver's libraries, binaries and hooks, see driver/driverfiles.py);
     they go to the spec's top-level containerEdits, which a runtime applies whenever any of its devices is
-    requested, so a container that gets several of the claim's devices gets them once."""
+    requested, so a container that gets several of the claim's devices gets them once. `numbers` gives the
+    device nodes their type and numbers (None: paths only)."""
     if not devices:
         raise ValueError(f"claim {claim_uid}: a CDI spec needs at least one device")
-    visible = ",".join(d.uuid for d in devices)
+    numbers = numbers or DeviceNumbers()
     out_devices = []
     for d in devices:
-        env = [f"NVIDIA_VISIBLE_DEVICES={visible}"] + [f"{k}={v}" for k, v in sorted(d.env.items())]
-        nodes = [{"path": f"/dev/nvidia{d.gpu_minor}"}] + [{"path": p} for p in CONTROL_DEVICE_NODES]
+        env = ["NVIDIA_VISIBLE_DEVICES=void"] + [f"{k}={v}" for k, v in sorted(d.env.items())]
+        nodes = numbers.gpu_nodes(d.gpu_minor)
         if d.mig is not None:
-            gi_minor, ci_minor = mig_cap_minors(d.gpu_minor, *d.mig)
-            nodes += [{"path": f"{NVIDIA_CAPS_DIR}/nvidia-cap{gi_minor}"}, {"path": f"{NVIDIA_CAPS_DIR}/nvidia-cap{ci_minor}"}]
+            nodes += numbers.mig_nodes(d.gpu_minor, *d.mig)
         edits: dict[str, Any] = {"env": env, "deviceNodes": nodes}
         if d.mounts:
             edits["mounts"] = [dict(m) for m in d.mounts]

@@ -9,7 +9,9 @@
   the daemon through `<pipe dir>/control`.
 
 `NvidiaTools` runs them through a `CommandRunner` (the subprocess one on a node, a recording one in tests);
-failures raise `GpuToolError` with the command and its stderr.
+failures raise `GpuToolError` with the command and its stderr. Given a driver root (driver.driverroot), the
+tools are run by their path under it with the driver's `libnvidia-ml.so.1` preloaded and its library directory
+on `LD_LIBRARY_PATH` (the agent's image has neither the tools nor the library); without one, from PATH.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+from driver.driverroot import DriverRoot, DriverRootError
 
 NVIDIA_SMI = "nvidia-smi"
 MPS_CONTROL = "nvidia-cuda-mps-control"
@@ -83,6 +87,11 @@ class MpsDirs:
     pipe: Path
     log: Path
 
+    @property
+    def shm(self) -> Path:
+        """The daemon's and its clients' shared /dev/shm (a tmpfs when daemons run as pods), beside the pipe dir."""
+        return self.pipe.parent / "shm"
+
     def env(self) -> dict[str, str]:
         return {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe), "CUDA_MPS_LOG_DIRECTORY": str(self.log)}
 
@@ -109,10 +118,26 @@ def _describe(argv: Sequence[str], result: CommandResult) -> str:
 class NvidiaTools:
     """Timeslice and MPS control through NVIDIA's tools, as the real NVML backend offers them."""
 
-    def __init__(self, runner: CommandRunner | None = None) -> None:
+    def __init__(self, runner: CommandRunner | None = None, driver_root: DriverRoot | None = None) -> None:
         self._runner = runner or SubprocessRunner()
+        self._root = driver_root
+
+    def command(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+        """argv and extra env as they are run: the tool by its path under the driver root, the driver's
+        NVML preloaded. Raises GpuToolError naming the paths searched when the tool is not there."""
+        extra = dict(env or {})
+        if self._root is None:
+            return list(argv), extra
+        try:
+            program = self._root.find_binary(argv[0])
+        except DriverRootError as exc:
+            raise GpuToolError(str(exc)) from exc
+        # The preload goes on top of whatever LD_PRELOAD this process has, as NVIDIA's plugin does.
+        base = {k: v for k, v in os.environ.items() if k in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
+        return [str(program), *argv[1:]], {**extra, **self._root.tool_env({**base, **extra})}
 
     def _run(self, argv: Sequence[str], env: Mapping[str, str] | None = None, stdin: str | None = None) -> str:
+        argv, env = self.command(argv, env)
         result = self._runner.run(argv, env=env, stdin=stdin)
         if result.returncode != 0:
             raise GpuToolError(_describe(argv, result))

@@ -264,10 +264,13 @@ class Preparer:
         nvml: Any | None = None,
         on_inventory_change: Callable[[], None] | None = None,
         common_edits: Mapping[str, Any] | None = None,
+        device_numbers: Callable[[], cdi.DeviceNumbers] | None = None,
     ) -> None:
         self.driver_name = driver_name
         # Edits every claim spec carries at its top level: the driver's files (driver/driverfiles.py).
         self._common_edits: Mapping[str, Any] = dict(common_edits or {})
+        # Device node numbers from the driver's procfs, read per spec (MIG capability minors come and go).
+        self._device_numbers = device_numbers or cdi.DeviceNumbers
         self.pool_name = node_name
         self._get_claim = get_claim
         self._inventory = inventory
@@ -639,7 +642,8 @@ class Preparer:
         # Keep the claim's device order in the spec.
         order = {d.device_name: i for i, d in enumerate(record.devices)}
         edits.sort(key=lambda e: order[e.device_name])
-        cdi.write_claim_spec(self._cdi_dir, record.uid, cdi.claim_spec(record.uid, edits, self._common_edits))
+        spec = cdi.claim_spec(record.uid, edits, self._common_edits, self._device_numbers())
+        cdi.write_claim_spec(self._cdi_dir, record.uid, spec)
 
     # ---- unprepare -----------------------------------------------------------------------------------------
 

@@ -9,6 +9,9 @@ The diff is a pure function (`plan_publish`); `SlicePublisher` does the I/O arou
   always sees a complete pool of the newest generation. Identical content writes nothing.
 - Owner reference to the Node (when the Node exists) is metadata only: fixing it does not bump the
   generation.
+- Our own slices are watched: when one we wrote is deleted (the kubelet wipes a driver's slices 30 s after its
+  plugin unregistered, e.g. across a slow agent restart, and keeps doing so until the plugin registers again)
+  or changed by someone else, the pool is reconciled at once instead of at the next resync.
 """
 
 from __future__ import annotations
@@ -175,6 +178,7 @@ class SlicePublisher:
         backoff_seconds: float = 1.0,
         max_backoff_seconds: float = 60.0,
         conflict_backoff_seconds: float = 0.05,
+        watch: bool = True,
     ) -> None:
         self.api = api
         self.driver_name = driver_name
@@ -184,18 +188,55 @@ class SlicePublisher:
         self.backoff_seconds = backoff_seconds
         self.max_backoff_seconds = max_backoff_seconds
         self.conflict_backoff_seconds = conflict_backoff_seconds
+        self.watch = watch
         # Slice name -> (what we sent, what the server stored), both comparable; see plan_publish.
         self._stored_as: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        # Slice name -> comparable spec of the write in flight: its watch event may arrive before the write returns.
+        self._inflight: dict[str, dict[str, Any]] = {}
 
     def _ours(self, obj: Mapping[str, Any]) -> bool:
         spec = obj.get("spec") or {}
         return spec.get("driver") == self.driver_name and spec.get("nodeName") == self.node_name
 
+    @property
+    def _field_selector(self) -> str:
+        return f"spec.nodeName={self.node_name},spec.driver={self.driver_name}"
+
     def existing(self) -> list[dict[str, Any]]:
-        items, _ = self.api.list(
-            "ResourceSlice", field_selector=f"spec.nodeName={self.node_name},spec.driver={self.driver_name}"
-        )
+        items, _ = self.api.list("ResourceSlice", field_selector=self._field_selector)
         return [s for s in items if self._ours(s)]
+
+    def lost(self, event: str, obj: Mapping[str, Any]) -> bool:
+        """Whether a watch event says a slice we wrote is gone or no longer what the server stored for us."""
+        if not self._ours(obj):
+            return False
+        remembered = self._stored_as.get(str((obj.get("metadata") or {}).get("name")))
+        if remembered is None:
+            return False  # not one we wrote (or one we deleted ourselves)
+        if event == "DELETED":
+            return True
+        if event != "MODIFIED":
+            return False
+        spec = comparable_spec(obj.get("spec") or {})
+        return spec != remembered[1] and spec != self._inflight.get(str(obj["metadata"]["name"]))
+
+    def watch_own(self, changed: threading.Event, stop: threading.Event, *, retry_seconds: float = 1.0) -> None:
+        """Set `changed` whenever a slice we wrote is deleted or altered by someone else, until `stop`."""
+        while not stop.is_set():
+            try:
+                for event, obj in self.api.watch("ResourceSlice", field_selector=self._field_selector, stop=stop):
+                    if stop.is_set():
+                        return
+                    if self.lost(event, obj):
+                        log.info(
+                            "own slice %s by someone else, republishing node=%s driver=%s slice=%s",
+                            "deleted" if event == "DELETED" else "changed", self.node_name, self.driver_name,
+                            obj.get("metadata", {}).get("name"),
+                        )
+                        changed.set()
+            except Exception as err:  # noqa: BLE001 - the watch only speeds things up; the resync still runs
+                log.warning("slice watch failed node=%s driver=%s error=%r", self.node_name, self.driver_name, str(err))
+            stop.wait(retry_seconds)
 
     def _owner(self) -> dict[str, Any] | None:
         node = self.api.try_get("Node", self.node_name)
@@ -220,13 +261,16 @@ class SlicePublisher:
             plan = plan_publish(desired, self.existing(), self._owner(), self._stored_as)
             try:
                 for obj in plan.creates:
+                    self._inflight[obj["metadata"]["name"]] = comparable_spec(obj["spec"])
                     self._remember(obj, self._create(obj))
                 for obj in plan.updates:
+                    self._inflight[obj["metadata"]["name"]] = comparable_spec(obj["spec"])
                     self._remember(obj, self.api.replace("ResourceSlice", obj))
                 for name, version in plan.deletes:
+                    # Forgotten first: our own delete's watch event must not look like someone else's.
+                    self._stored_as.pop(name, None)
                     # Precondition: a slice changed since we read it is re-read, not deleted blindly.
                     self.api.delete("ResourceSlice", name, resource_version=version or None)
-                    self._stored_as.pop(name, None)
             except (Conflict, AlreadyExists) as err:
                 last = err
                 log.info(
@@ -301,8 +345,15 @@ class SlicePublisher:
     ) -> None:
         """Publish now, then whenever `changed` is set, and every `resync_seconds` (re-verify), until `stop`.
 
-        Never raises: failures are logged and retried with exponential backoff.
+        Never raises: failures are logged and retried with exponential backoff. With `watch`, a thread watches
+        our slices meanwhile and sets `changed` when one is deleted or altered by someone else.
         """
+        watcher: threading.Thread | None = None
+        if self.watch:
+            watcher = threading.Thread(
+                target=self.watch_own, args=(changed, stop), daemon=True, name=f"slice-watch-{self.node_name}"
+            )
+            watcher.start()
         failures = 0
         while not stop.is_set():
             changed.clear()  # cleared before reading, so a change during publish triggers another round
@@ -326,6 +377,8 @@ class SlicePublisher:
                 if changed.wait(step):
                     break
                 remaining -= step
+        if watcher is not None:
+            watcher.join(timeout=5)
         log.info("slice publisher stopped node=%s driver=%s", self.node_name, self.driver_name)
 
     def delete_all(self) -> int:

@@ -10,7 +10,9 @@
   CUDA_VISIBLE_DEVICES set to their UUIDs, and the config's limits are sent to it
   (`set_default_active_thread_percentage`, `set_default_device_pinned_mem_limit <uuid> <MiB>M`). The
   directories are mounted into the claim's containers (CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY), and
-  the limits are also given as client env vars. Unprepare sends `quit` and restores the DEFAULT compute mode.
+  the limits are also given as client env vars. Clients also get the daemon's shm directory as /dev/shm. On a
+  node the daemon runs as a pod of its own, so that it outlives agent restarts (driver.mpsdaemon). Unprepare
+  sends `quit` and restores the DEFAULT compute mode.
 - MIG devices: compute mode is a property of the parent GPU, so it is set there.
 
 The backend (`SharingBackend`) is the same method set for real GPUs and the simulator; nothing here knows which.
@@ -149,8 +151,8 @@ def start_mps(backend: SharingBackend, config: GpuConfig, devices: Sequence[Shar
     """Make sure the daemon runs with the config's limits; True if it had to be started."""
     for gpu in _gpus(devices):
         backend.set_compute_mode(gpu, COMPUTE_MODE_EXCLUSIVE_PROCESS)
-    dirs.pipe.mkdir(parents=True, exist_ok=True)
-    dirs.log.mkdir(parents=True, exist_ok=True)
+    for d in (dirs.pipe, dirs.log, dirs.shm):
+        d.mkdir(parents=True, exist_ok=True)
     if backend.mps_running(dirs):
         return False
     backend.mps_start(dirs, [d.uuid for d in devices])
@@ -199,6 +201,9 @@ def apply(
     mounts = [
         {"hostPath": str(mps.pipe), "containerPath": MPS_PIPE_IN_CONTAINER, "options": ["rbind", "rw"]},
         {"hostPath": str(mps.log), "containerPath": MPS_LOG_IN_CONTAINER, "options": ["rbind", "rw"]},
+        # MPS clients and their server share memory through /dev/shm: every client of the claim gets the
+        # daemon's, not its own container's private one.
+        {"hostPath": str(mps.shm), "containerPath": "/dev/shm", "options": ["rbind", "rw", "nosuid", "nodev"]},
     ]
     return ContainerSharing(env=env, mounts=mounts)
 
@@ -220,6 +225,7 @@ def undo(
             backend.mps_stop(mps)
         shutil.rmtree(mps.pipe, ignore_errors=True)
         shutil.rmtree(mps.log, ignore_errors=True)
+        shutil.rmtree(mps.shm, ignore_errors=True)
     for gpu in sorted(set(_gpus(devices)) - gpus_still_shared):
         backend.set_compute_mode(gpu, COMPUTE_MODE_DEFAULT)
         if config.sharing.strategy is SharingStrategy.TIME_SLICING and any(

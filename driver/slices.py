@@ -416,6 +416,16 @@ def _placement_device(
     return device
 
 
+# Architectures whose MIG mode change only takes effect after a GPU reset (NVML reports it pending), which a
+# node agent cannot do under running workloads: dynamic MIG there is offered only as the mode already is.
+MIG_MODE_NEEDS_RESET: frozenset[str] = frozenset({"Ampere"})
+
+
+def mig_mode_switchable(gpu: Gpu) -> bool:
+    """Whether prepare can switch this GPU's MIG mode on and off at will (Hopper and later)."""
+    return gpu.architecture not in MIG_MODE_NEEDS_RESET
+
+
 def _partitionable_gpu(
     gpu: Gpu, inv: Inventory, settings: SliceSettings, cache: _ShapeCache
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
@@ -423,11 +433,18 @@ def _partitionable_gpu(
     pairs = _placements(gpu)
     if not (gpu.mig_capable and pairs):
         return None, [full]
+    switchable = mig_mode_switchable(gpu)
+    if not switchable and not gpu.mig_enabled:
+        # Ampere with MIG mode off: a placement could only be prepared after a GPU reset. The whole GPU it is.
+        return None, [full]
     counter_set = _counter_set(gpu, cache)
+    placements = [_placement_device(gpu, p, pl, inv, settings) for p, pl in pairs]
+    if not switchable:
+        # Ampere with MIG mode on: placements only; the whole GPU would need MIG mode off (a reset) again.
+        return counter_set, placements
     # The full GPU consumes every counter, so it excludes and is excluded by any MIG placement.
     full["consumesCounters"] = [{"counterSet": counter_set["name"], "counters": counter_set["counters"]}]
-    devices = [full] + [_placement_device(gpu, p, pl, inv, settings) for p, pl in pairs]
-    return counter_set, devices
+    return counter_set, [full] + placements
 
 
 # --- slices --------------------------------------------------------------------------------

@@ -1,11 +1,15 @@
 """Reading Kubernetes manifests from files: YAML or JSON, multi-document, `kind: List` flattened.
 
 Shared by every command that takes `-f FILE...`. Errors name the file and the problem.
+
+Input is untrusted and bounded: YAML aliases may not expand a document past `MAX_EXPANDED_NODES` nodes (a
+526-byte alias bomb otherwise makes every consumer walk billions of nodes), nesting is bounded by
+`strictjson.MAX_DEPTH` (deeper used to end in a RecursionError traceback), duplicate mapping keys are
+errors (YAML says keys are unique; Kubernetes' own decoder refuses them), and JSON has no NaN.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,9 +17,67 @@ from typing import Any
 
 import yaml
 
+from gpudra import strictjson
+
+MAX_EXPANDED_NODES = 200_000  # nodes of one document with every alias expanded (10x a large ResourceSlice)
+MAX_DEPTH = strictjson.MAX_DEPTH
+
 
 class InputError(Exception):
     """A manifest file cannot be read or parsed; the message names the file."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses deep nesting while composing, then excessive alias expansion and duplicate keys."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(f"nesting deeper than {MAX_DEPTH} levels (line {mark.line + 1})")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_document(self, node: Any) -> Any:
+        _check_expansion(node)
+        return super().construct_document(node)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[tuple[str, str]] = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = (key_node.tag, key_node.value)
+                if key in seen:
+                    raise yaml.YAMLError(f"duplicate key {key_node.value!r} (line {key_node.start_mark.line + 1})")
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_expansion(root: Any) -> None:
+    """Count the nodes of `root` with aliases expanded, without expanding them (each shared node counts once
+    per reference); iterative, so that neither depth nor size can exhaust the stack."""
+    size: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in size:
+            continue
+        children = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else (
+            node.value if isinstance(node, yaml.SequenceNode) else [])
+        if not children_done:
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in size)
+            continue
+        total = 1 + sum(size.get(id(c), 1) for c in children)
+        if total > MAX_EXPANDED_NODES:
+            raise yaml.YAMLError(f"aliases expand the document past {MAX_EXPANDED_NODES} nodes (an alias bomb?)")
+        size[id(node)] = total
 
 
 def _flatten(doc: Any, source: str, position: str) -> list[dict[str, Any]]:
@@ -45,15 +107,23 @@ def parse_documents(text: str, source: str) -> list[dict[str, Any]]:
     stripped = text.lstrip()
     if stripped.startswith(("{", "[")):
         try:
-            parsed = json.loads(text)
-        except json.JSONDecodeError:
+            parsed = strictjson.loads(text)
+        except strictjson.StrictJsonError as err:
+            if "max depth" in str(err) or "NaN" in str(err):
+                raise InputError(f"{source}: not acceptable JSON: {err}") from None
             parsed = None  # JSON is also YAML; let the YAML parser give the error for flow-style YAML
         else:
+            dups = strictjson.duplicate_fields(parsed)
+            if dups:
+                raise InputError(f"{source}: not acceptable JSON: duplicate field {', '.join(map(repr, dups))}")
             return _flatten(parsed, source, "document 1")
     try:
-        docs: list[Any] = list(yaml.safe_load_all(text))
+        docs: list[Any] = list(yaml.load_all(text, Loader=_BoundedLoader))
     except yaml.YAMLError as err:
-        raise InputError(f"{source}: not valid YAML or JSON: {err}") from None
+        detail = " ".join(str(err).split())  # one line
+        raise InputError(f"{source}: not valid YAML or JSON: {detail}") from None
+    except RecursionError:
+        raise InputError(f"{source}: not valid YAML or JSON: nesting too deep") from None
     return [obj for i, d in enumerate(docs) for obj in _flatten(d, source, f"document {i + 1}")]
 
 

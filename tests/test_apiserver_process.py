@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import os
 import shutil
 import signal
@@ -28,14 +29,14 @@ def _get(url: str) -> Any:
 
 
 def test_state_persists_across_restart(tmp_path: Path) -> None:
-    state = tmp_path / "state.json"
+    state = tmp_path / "state.db"
     first = EmbeddedApiServer(state_file=state)
     api = KubeApi.connect(url=first.start())
     created = api.create("ResourceClaim", {"metadata": {"name": "kept", "labels": {"a": "b"}}, "spec": {}})
     api.create("Namespace", {"metadata": {"name": "team"}})
     api.close()
     first.stop()
-    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # no temp files left behind
+    assert [p.name for p in tmp_path.iterdir()] == ["state.db"]  # no WAL or temp files left behind
 
     second = EmbeddedApiServer(state_file=state)
     api = KubeApi.connect(url=second.start())
@@ -52,11 +53,12 @@ def test_state_persists_across_restart(tmp_path: Path) -> None:
 
 
 def test_unreadable_state_file_is_reported(tmp_path: Path) -> None:
-    state = tmp_path / "state.json"
+    state = tmp_path / "state.db"
     state.write_text("{not json")
     with pytest.raises(ValueError) as err:
         EmbeddedApiServer(state_file=state).start()
-    assert str(state) in str(err.value) and "not valid JSON" in str(err.value)
+    assert str(state) in str(err.value) and "neither an SQLite database nor" in str(err.value)
+    assert "move it away or pass another --state path" in str(err.value)
 
 
 def test_non_loopback_addresses_are_refused() -> None:
@@ -117,7 +119,7 @@ def test_kubectl_get_create_and_label(apiserver: Any) -> None:
 
 
 def test_cli_serves_until_sigterm_and_persists(tmp_path: Path) -> None:
-    state = tmp_path / "state.json"
+    state = tmp_path / "state.db"
     kubeconfig = tmp_path / "kubeconfig"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "apiserver", "--state", str(state),
@@ -137,8 +139,9 @@ def test_cli_serves_until_sigterm_and_persists(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    saved = json.loads(state.read_text())
-    assert any(o["kind"] == "DeviceClass" and o["metadata"]["name"] == "gpu.nvidia.com" for o in saved["objects"])
+    with sqlite3.connect(state) as db:
+        kinds = db.execute("SELECT kind, name FROM objects").fetchall()
+    assert ("DeviceClass", "gpu.nvidia.com") in kinds
 
 
 def test_cli_refuses_non_loopback_address() -> None:

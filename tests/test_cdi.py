@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from driver import cdi
 
 
@@ -32,7 +34,8 @@ def test_device_edits() -> None:
     spec = _spec()
     full, mig = spec["devices"]
     assert full["name"] == "0f1e2d3c-aaaa-bbbb-cccc-000000000001-gpu-abc"
-    assert full["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=GPU-1,MIG-2"]
+    # void: the NVIDIA runtime must not inject GPUs by this variable on top of CDI.
+    assert full["containerEdits"]["env"] == mig["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
     assert [n["path"] for n in full["containerEdits"]["deviceNodes"]] == [
         "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
     ]
@@ -98,3 +101,70 @@ def test_files_written_atomically_and_orphans_removed(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k8s.gpu.nvidia.com-claim_u2.json", "nvidia.com-gpu.json"]
     assert cdi.remove_claim_spec(tmp_path, "u2") and not cdi.remove_claim_spec(tmp_path, "u2")
     assert cdi.qualified_id(cdi.cdi_device_name("u1", "gpu-abc")) == "k8s.gpu.nvidia.com/claim=u1-gpu-abc"
+
+
+PROC_DEVICES = """Character devices:
+  1 mem
+195 nvidia-frontend
+234 nvidia-uvm
+237 nvidia-caps
+509 nvidia-nvlink
+
+Block devices:
+  8 sd
+237 blkext
+"""
+
+
+def _fake_proc(tmp_path: Path) -> Path:
+    """A procfs with the driver's device majors and the capability files of MIG device GI 2 / CI 0 on GPU 0."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "devices").write_text(PROC_DEVICES)
+    gi = proc / "driver/nvidia/capabilities/gpu0/mig/gi2"
+    (gi / "ci0").mkdir(parents=True)
+    (gi / "access").write_text("DeviceFileMinor: 21\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    (gi / "ci0" / "access").write_text("DeviceFileMinor: 22\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    return proc
+
+
+def test_proc_devices_parsing_ignores_block_devices() -> None:
+    majors = cdi.parse_proc_devices(PROC_DEVICES)
+    assert majors["nvidia-caps"] == 237 and majors["nvidia-uvm"] == 234 and majors["nvidia-frontend"] == 195
+    assert "blkext" not in majors
+
+
+def test_mig_spec_carries_type_major_minor_from_the_driver(tmp_path: Path) -> None:
+    numbers = cdi.DeviceNumbers.read(_fake_proc(tmp_path))
+    spec = cdi.claim_spec(
+        "abc", [cdi.DeviceEdits(device_name="gpu-0-mig-1g-10gb-2", uuid="MIG-2", gpu_minor=0, mig=(2, 0))], numbers=numbers,
+    )
+    assert cdi.validate_spec(spec) == []
+    nodes = spec["devices"][0]["containerEdits"]["deviceNodes"]
+    assert nodes == [
+        {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0},
+        {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255},
+        {"path": "/dev/nvidia-uvm", "type": "c", "major": 234, "minor": 0},
+        {"path": "/dev/nvidia-uvm-tools", "type": "c", "major": 234, "minor": 1},
+        {"path": "/dev/nvidia-caps/nvidia-cap21", "type": "c", "major": 237, "minor": 21, "fileMode": 292},
+        {"path": "/dev/nvidia-caps/nvidia-cap22", "type": "c", "major": 237, "minor": 22, "fileMode": 292},
+    ]
+
+
+def test_minors_come_from_the_driver_not_the_table(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path)
+    (proc / "driver/nvidia/capabilities/gpu0/mig/gi2/access").write_text("DeviceFileMinor: 400\n")
+    nodes = cdi.DeviceNumbers.read(proc).mig_nodes(0, 2, 0)
+    assert nodes[0]["path"] == "/dev/nvidia-caps/nvidia-cap400" and nodes[0]["minor"] == 400
+
+
+def test_missing_capability_file_names_it(tmp_path: Path) -> None:
+    numbers = cdi.DeviceNumbers.read(_fake_proc(tmp_path))
+    with pytest.raises(cdi.CapabilityError, match="gpu0/mig/gi5/access"):
+        numbers.mig_nodes(0, 5, 0)
+
+
+def test_without_driver_numbers_nodes_are_paths_only(tmp_path: Path) -> None:
+    numbers = cdi.DeviceNumbers.read(tmp_path / "no-proc")
+    assert numbers.mig_nodes(0, 2, 0) == [{"path": "/dev/nvidia-caps/nvidia-cap21"}, {"path": "/dev/nvidia-caps/nvidia-cap22"}]
+    assert numbers.gpu_nodes(3)[0] == {"path": "/dev/nvidia3"}

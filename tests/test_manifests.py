@@ -51,7 +51,7 @@ def test_every_kustomization_lists_existing_files() -> None:
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-@pytest.mark.parametrize("overlay", ["", "extended-resource", "kind/overlay"])
+@pytest.mark.parametrize("overlay", ["", "extended-resource", "device-plugin", "kind/overlay"])
 def test_kustomization_builds(overlay: str) -> None:
     out = subprocess.run(
         ["kubectl", "kustomize", str(MANIFESTS / overlay)], capture_output=True, text=True, timeout=60, check=True
@@ -64,6 +64,7 @@ def test_kustomization_builds(overlay: str) -> None:
     # The shim and the extended-resource class must never both own nvidia.com/gpu.
     has_extended_class = any(o["kind"] == "DeviceClass" and o["spec"].get("extendedResourceName") for o in objects)
     assert has_extended_class == (overlay == "extended-resource")
-    assert ("--device-plugin" in args) != has_extended_class
+    # The shim is opt-in: only the overlays that ask for it (never beside the extended-resource class).
+    assert ("--device-plugin" in args) == (overlay in ("device-plugin", "kind/overlay"))
     for obj in objects:
         kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)

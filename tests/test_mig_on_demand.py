@@ -121,6 +121,15 @@ def placement_name(gpu: Gpu, profile: str, start: int) -> str:
     return mig_device_name(gpu, *placement(gpu, profile, start))
 
 
+def mig_cap_paths(gpu: Gpu, mig: Any) -> list[str]:
+    """The capability nodes that expose exactly this MIG device (what identifies it in a CDI spec)."""
+    return [f"/dev/nvidia-caps/nvidia-cap{m}" for m in cdi.mig_cap_minors(gpu.minor, mig.gpu_instance_id, mig.compute_instance_id)]
+
+
+def node_paths(spec_device: Mapping[str, Any]) -> list[str]:
+    return [n["path"] for n in spec_device["containerEdits"]["deviceNodes"]]
+
+
 def spec_of(node: Node, uid: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((node.tmp / "cdi" / cdi.spec_file_name(uid)).read_text())
     return data
@@ -152,7 +161,7 @@ def test_placement_claim_creates_the_instance_there_and_unprepare_destroys_it(no
     # The CDI spec exposes exactly that MIG device: its uuid and its capability device nodes.
     spec = spec_of(node, "uid-1")
     edits = spec["devices"][0]["containerEdits"]
-    assert f"NVIDIA_VISIBLE_DEVICES={mig.uuid}" in edits["env"]
+    assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
     gi_minor, ci_minor = cdi.mig_cap_minors(gpu.minor, mig.gpu_instance_id, mig.compute_instance_id)
     paths = [n["path"] for n in edits["deviceNodes"]]
     assert f"/dev/nvidia{gpu.minor}" in paths
@@ -214,10 +223,10 @@ def test_two_placements_on_one_gpu_and_in_one_claim(node: Node) -> None:
     results = node.preparer.prepare([a, b])
     assert {u: r.error for u, r in results.items()} == {"uid-a": "", "uid-b": ""}
     assert sorted(node.sim_instances(2)) == [("1g.10gb", 4, 1, True), ("1g.10gb", 5, 1, True), ("3g.40gb", 0, 4, True)]
-    uuids = {m.uuid for m in node.gpu(2).mig_devices}
+    caps = [mig_cap_paths(node.gpu(2), m) for m in node.gpu(2).mig_devices]
     spec_b = spec_of(node, "uid-b")
-    visible = next(e for e in spec_b["devices"][0]["containerEdits"]["env"] if e.startswith("NVIDIA_VISIBLE_DEVICES="))
-    assert set(visible.split("=", 1)[1].split(",")) <= uuids and len(visible.split(",")) == 2
+    exposed = [next(c for c in caps if node_paths(d)[-2:] == c) for d in spec_b["devices"]]
+    assert len(exposed) == 2 and exposed[0] != exposed[1]
     assert node.preparer.ledger.holders_of(gpu.uuid) == ("dra:uid-a", "dra:uid-b")
 
     assert node.preparer.unprepare([a]) == {"uid-a": ""}
@@ -261,7 +270,8 @@ def test_full_gpu_and_placements_exclude_each_other(node: Node) -> None:
     assert node.preparer.prepare([full])["uid-full"].error == ""
     assert node.mig_mode(4) == [0, 0]
     spec = spec_of(node, "uid-full")
-    assert f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}" in spec["devices"][0]["containerEdits"]["env"]
+    assert node_paths(spec["devices"][0])[0] == f"/dev/nvidia{gpu.minor}"
+    assert not any("nvidia-caps" in p for p in node_paths(spec["devices"][0]))
 
 
 def test_failing_mig_mode_switch_is_a_per_claim_error(node: Node) -> None:
@@ -312,7 +322,7 @@ def test_placement_claim_over_grpc(short: Path, apiserver: Any) -> None:
         migs = agent.inventory().gpus[6].mig_devices
         assert [(m.profile, m.placement.start) for m in migs] == [("3g.40gb", 0)]
         spec = json.loads((short / "cdi" / cdi.spec_file_name(info.uid)).read_text())
-        assert f"NVIDIA_VISIBLE_DEVICES={migs[0].uuid}" in spec["devices"][0]["containerEdits"]["env"]
+        assert node_paths(spec["devices"][0])[-2:] == mig_cap_paths(agent.inventory().gpus[6], migs[0])
         # The republished slice shows the new MIG device's uuid on its placement, counters unchanged.
         _wait(
             lambda: ((_published_device(apiserver, name) or {}).get("attributes", {}).get("uuid") == {"string": migs[0].uuid}),
@@ -361,5 +371,5 @@ def test_after_a_reboot_the_created_mig_device_is_created_again(node: Node) -> N
     mig = node.gpu(0).mig_devices[0]
     record = restarted.checkpoint.claim("uid-1")
     assert record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED and record.devices[0].uuid == mig.uuid
-    assert f"NVIDIA_VISIBLE_DEVICES={mig.uuid}" in spec_of(node, "uid-1")["devices"][0]["containerEdits"]["env"]
+    assert node_paths(spec_of(node, "uid-1")["devices"][0])[-2:] == mig_cap_paths(node.gpu(0), mig)
     assert restarted.unprepare([ref]) == {"uid-1": ""} and node.sim_instances(0) == []

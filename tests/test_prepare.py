@@ -126,7 +126,8 @@ def test_prepare_full_gpu_and_mig(env: Env) -> None:
     assert result.devices[0].cdi_device_ids == (f"k8s.gpu.nvidia.com/claim=uid-1-{gpu_device_name(g0)}",)
     spec = json.loads((env.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-1.json").read_text())
     assert cdi.validate_spec(spec) == []
-    assert spec["devices"][1]["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={g0.uuid},{mig.uuid}"]
+    assert spec["devices"][1]["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    assert {"path": f"/dev/nvidia{g1.minor}"} in spec["devices"][1]["containerEdits"]["deviceNodes"]
     gi, ci = cdi.mig_cap_minors(g1.minor, mig.gpu_instance_id, mig.compute_instance_id)
     assert {"path": f"/dev/nvidia-caps/nvidia-cap{ci}"} in spec["devices"][1]["containerEdits"]["deviceNodes"]
     record = env.preparer.checkpoint.claim("uid-1")
@@ -252,6 +253,45 @@ def test_new_boot_reapplies_sharing(env: Env) -> None:
     env.new()
     assert env.start_report.reapplied == ["uid-1"]
     assert env.sharing.modes == {g0.uuid: COMPUTE_MODE_EXCLUSIVE_PROCESS}
+
+
+def test_prepared_mig_spec_names_its_nodes_by_the_drivers_numbers(env: Env) -> None:
+    """With the driver's procfs (a fake one here), the MIG device's capability nodes carry type c, the
+    nvidia-caps major and the minors the driver publishes for exactly this GPU instance and compute instance."""
+    g1 = env.inv.gpus[1]
+    mig = g1.mig_devices[1]
+    proc = env.tmp / "proc"
+    proc.mkdir()
+    (proc / "devices").write_text("Character devices:\n195 nvidia\n234 nvidia-uvm\n237 nvidia-caps\n\nBlock devices:\n")
+    gi_dir = proc / f"driver/nvidia/capabilities/gpu{g1.minor}/mig/gi{mig.gpu_instance_id}"
+    (gi_dir / f"ci{mig.compute_instance_id}").mkdir(parents=True)
+    (gi_dir / "access").write_text("DeviceFileMinor: 147\nDeviceFileMode: 292\n")
+    (gi_dir / f"ci{mig.compute_instance_id}" / "access").write_text("DeviceFileMinor: 148\nDeviceFileMode: 292\n")
+    env.preparer.checkpoint.close()
+    cp, report = Checkpoint.open(env.tmp / "plugin", boot_id_path=env.boot)
+    preparer = Preparer(
+        driver_name=DRIVER, node_name=NODE, get_claim=env.claims.get, inventory=lambda: env.inv, checkpoint=cp,
+        cdi_dir=env.cdi_dir, sharing_backend=env.sharing, mps_root=env.tmp / "mps",
+        device_numbers=lambda: cdi.DeviceNumbers.read(proc),
+    )
+    preparer.start(report)
+    env.claims.add(claim("c1", "uid-1", [("gpus", mig_device_name(g1, mig))]))
+    assert preparer.prepare([ClaimRef("uid-1", "ns", "c1")])["uid-1"].error == ""
+    spec = json.loads((env.cdi_dir / cdi.spec_file_name("uid-1")).read_text())
+    assert cdi.validate_spec(spec) == []
+    nodes = spec["devices"][0]["containerEdits"]["deviceNodes"]
+    assert nodes[0] == {"path": f"/dev/nvidia{g1.minor}", "type": "c", "major": 195, "minor": g1.minor}
+    assert nodes[-2:] == [
+        {"path": "/dev/nvidia-caps/nvidia-cap147", "type": "c", "major": 237, "minor": 147, "fileMode": 292},
+        {"path": "/dev/nvidia-caps/nvidia-cap148", "type": "c", "major": 237, "minor": 148, "fileMode": 292},
+    ]
+    # The MIG device gone from the driver's capabilities: the prepare of another claim on it fails by name.
+    (gi_dir / f"ci{mig.compute_instance_id}" / "access").unlink()
+    preparer.unprepare([ClaimRef("uid-1", "ns", "c1")])
+    env.claims.add(claim("c2", "uid-2", [("gpus", mig_device_name(g1, mig))]))
+    error = preparer.prepare([ClaimRef("uid-2", "ns", "c2")])["uid-2"].error
+    assert f"gi{mig.gpu_instance_id}/ci{mig.compute_instance_id}/access" in error
+    assert preparer.checkpoint.claim("uid-2") is None
 
 
 # ---- node-side exclusivity ------------------------------------------------------------------------------------

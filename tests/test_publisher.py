@@ -407,3 +407,61 @@ def test_fields_dropped_by_the_server_do_not_cause_endless_updates(apiserver: An
     assert versions(stored(api)) == before
     # A real change is still published.
     assert pub.publish(desired([h100(0), h100(1)])).generation == 2
+
+
+def test_slices_wiped_by_the_kubelet_are_republished_at_once_not_at_resync(apiserver: Any) -> None:
+    """The kubelet deletes a driver's slices after its plugin unregistered; the watch brings them back promptly."""
+    api: KubeApi = apiserver.api
+    pub = SlicePublisher(api, DRIVER, NODE, resync_seconds=3600)
+    changed, stop = threading.Event(), threading.Event()
+    want = desired(many(200))
+    thread = threading.Thread(target=pub.run, args=(lambda: want, changed, stop))
+    thread.start()
+    try:
+        _wait_for(lambda: len(stored(api)) == 2)
+        first = {s["metadata"]["uid"] for s in stored(api).values()}
+        # What the kubelet's DRA manager does: delete every slice of the driver on this node.
+        for name in list(stored(api)):
+            api.delete("ResourceSlice", name)
+        _wait_for(lambda: len(stored(api)) == 2)  # long before the 3600 s resync
+        assert not first & {s["metadata"]["uid"] for s in stored(api).values()}  # recreated
+        # Someone edits a device: restored too. (Re-read on a conflict: the republish may still be writing.)
+        def tamper() -> None:
+            edited = stored(api)[f"{NODE}-{DRIVER}-0"]
+            edited["spec"]["devices"][0]["attributes"]["productName"] = {"string": "tampered"}
+            api.replace("ResourceSlice", edited)
+
+        api.retry_on_conflict(tamper)
+        _wait_for(lambda: stored(api)[f"{NODE}-{DRIVER}-0"]["spec"]["devices"][0]["attributes"]["productName"]
+                  != {"string": "tampered"})
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_watch_ignores_our_own_writes_and_foreign_slices() -> None:
+    pub = SlicePublisher(None, DRIVER, NODE, watch=False)  # type: ignore[arg-type]
+    ours = desired([h100(0)])[0]
+    pub._remember(ours, ours)
+    assert not pub.lost("MODIFIED", ours) and not pub.lost("ADDED", ours)
+    assert pub.lost("DELETED", ours)
+    assert not pub.lost("DELETED", desired([h100(0)], node_name="node-b")[0])
+    # The event of a write still in flight (it arrives before the write returns) is ours too.
+    newer = desired([h100(0), h100(1)])[0]
+    pub._inflight[newer["metadata"]["name"]] = comparable_spec(newer["spec"])
+    assert not pub.lost("MODIFIED", newer)
+    tampered = copy.deepcopy(newer)
+    tampered["spec"]["devices"][0]["attributes"]["productName"] = {"string": "tampered"}
+    assert pub.lost("MODIFIED", tampered)
+
+
+def _wait_for(predicate: Any, timeout: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")

@@ -225,6 +225,9 @@ def test_on_demand_mig_device_runs_and_is_listed() -> None:
         result = mig_node.preparer.prepare([ref])[ref.uid]
         assert result.error == ""
         (created,) = [m for m in mig_node.gpu(0).mig_devices]
+        # The spec says NVIDIA_VISIBLE_DEVICES=void, so the simulated nvidia-smi cannot tell profiles sharing this
+        # placement apart by UUID: the install is rewritten from the new inventory, as the driver's own view is.
+        driverinstall.write(tmp / "driver", NODE, mig_node.inv)
         runtime = Runtimes(tmp / "runtime").for_node(NODE, tmp / "cdi")
         try:
             runtime.run(ContainerRequest("slice", ("nvidia-smi", "-L"), {}, result.devices[0].cdi_device_ids))

@@ -635,3 +635,22 @@ def test_every_shipped_profile_builds_valid_slices(profile: str, partitionable: 
     for x in s:
         errors = validation.validate_object(x)
         assert errors == [], [str(e) for e in errors]
+
+
+@pytest.mark.parametrize("profile", ["dgx-a100", "dgx-a100-mig", "dgx-h100"])
+def test_dynamic_mig_on_ampere_only_as_the_mig_mode_already_is(profile: str) -> None:
+    """Ampere cannot switch MIG mode without a GPU reset: with MIG off only the whole GPU is offered, with MIG on
+    only placements; Hopper offers both, excluding each other through counters."""
+    inv = discover(load_backend(f"sim:{profile}", node="n"), "n")
+    slices = build_slices(inv, settings(partitionable=True))
+    structurally_valid(slices)
+    names = {d["name"] for d in devices(slices)}
+    for gpu in inv.gpus:
+        full = gpu_device_name(gpu)
+        placements = {n for n in names if n.startswith(f"{full}-mig-")}
+        if gpu.architecture == "Ampere" and not gpu.mig_enabled:
+            assert full in names and not placements, gpu.uuid
+        elif gpu.architecture == "Ampere":
+            assert full not in names and placements, gpu.uuid
+        elif gpu.mig_capable:
+            assert full in names and placements, gpu.uuid

@@ -61,7 +61,7 @@ def test_mig_profile_publishes_mig_devices(capsys: pytest.CaptureFixture[str]) -
 
 def test_partitionable_and_driver_name(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(
-        capsys, "--nvml", "sim:dgx-a100", "--node", "n1", "--partitionable", "--driver-name", "gpu.example.com", "-o", "json"
+        capsys, "--nvml", "sim:dgx-h100", "--node", "n1", "--partitionable", "--driver-name", "gpu.example.com", "-o", "json"
     )
     assert code == 0
     doc = json.loads(out)

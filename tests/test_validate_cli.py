@@ -166,3 +166,35 @@ def test_load_objects_flattens_lists_and_skips_empty_documents(tmp_path: Path) -
     assert [o["kind"] for o in load_objects([a, str(b)])] == ["A", "B", "C", "D", "E"]
     with pytest.raises(InputError, match="is a directory"):
         load_objects([tmp_path])
+
+
+UNKNOWN = """\
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: gpu.nvidia.com
+spec:
+  selectorz: []
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: p
+spec:
+  containers: []
+  bogus: 1
+"""
+
+
+def test_unknown_fields_are_warnings_or_errors_with_strict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "unknown.yaml"
+    path.write_text(UNKNOWN)
+    code, out = run_json(capsys, str(path))
+    assert code == 0
+    assert [r.get("warnings") for r in out["results"]] == [['spec.selectorz: unknown field "spec.selectorz"'],
+                                                           ['spec.bogus: unknown field "spec.bogus"']]
+    code = main(["validate", "--strict", "-o", "json", "-f", str(path)])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert [(r["valid"], r["errors"]) for r in out["results"]] == [
+        (False, ['spec.selectorz: unknown field "spec.selectorz"']), (False, ['spec.bogus: unknown field "spec.bogus"'])]

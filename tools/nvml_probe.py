@@ -12,6 +12,7 @@ import ctypes
 import json
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -54,9 +55,11 @@ def _raw_mig(nvml: Any, handle: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nvml", default="real", help="backend spec (default: real)")
+    parser.add_argument("--driver-root", type=Path, help="load libnvidia-ml.so.1 by path from this driver root "
+                        "(as the node agent does; default: by name)")
     args = parser.parse_args(argv)
     try:
-        nvml = load_backend(args.nvml)
+        nvml = load_backend(args.nvml, driver_root=args.driver_root)
     except (NvmlUnavailable, ProfileError) as exc:
         print(f"nvml_probe: {exc}", file=sys.stderr)
         return 2

@@ -34,11 +34,21 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--driver-root",
         help="where the host's NVIDIA driver install is visible (default / with --nvml real, none with a simulator); "
-        "its libraries, binaries, firmware and sockets go into every claim's CDI spec",
+        "libnvidia-ml.so.1, nvidia-smi and nvidia-cuda-mps-control are loaded and run from it by path, and its "
+        "libraries, binaries, firmware and sockets go into every claim's CDI spec",
     )
     parser.add_argument(
         "--host-driver-root", default="/",
         help="where that driver install is on the host (default /; e.g. /run/nvidia/driver for a driver container)",
+    )
+    parser.add_argument(
+        "--mps-daemon-image",
+        help="with --nvml real: run each claim's MPS control daemon as a pod of this image on this node (privileged, "
+        "hostPID, driver root mounted), so that daemons outlive agent restarts; without it they run in this process",
+    )
+    parser.add_argument(
+        "--namespace", default=os.environ.get("POD_NAMESPACE", "gpu-dra-system"),
+        help="namespace of the MPS control daemon pods (default: $POD_NAMESPACE, else gpu-dra-system)",
     )
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help=f"DRA driver name (default {DEFAULT_DRIVER_NAME})")
     parser.add_argument("--device-plugin", action="store_true", help="also serve the legacy device plugin (nvidia.com/gpu)")
@@ -110,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     from gpudra.kubeapi import KubeApi
 
     try:
-        nvml = load_backend(args.nvml, node=args.node)
+        nvml = load_backend(args.nvml, node=args.node, driver_root=_driver_root(args))
     except (NvmlUnavailable, ProfileError) as exc:
         print(f"error: --nvml {args.nvml}: {exc}", file=sys.stderr)
         return 2
@@ -125,6 +135,13 @@ def run(args: argparse.Namespace) -> int:
         where = args.kubeconfig or "the in-cluster config"
         print(f"error: --kubeconfig: cannot connect with {where}: {exc}", file=sys.stderr)
         return 2
+    if args.mps_daemon_image and args.nvml == "real":
+        from driver.mpsdaemon import MpsDaemonPods, MpsPodSettings
+
+        nvml.run_mps_daemons_as_pods(MpsDaemonPods(api, MpsPodSettings(
+            namespace=args.namespace, node_name=args.node, image=args.mps_daemon_image,
+            host_driver_root=args.host_driver_root,
+        ), nvml.tools))
     kubelet_dir, cdi_dir, notice = node_dirs(args)
     if notice:
         print(f"gpu-dra plugin: {notice}", file=sys.stderr, flush=True)
@@ -132,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         node_name=args.node, driver_name=args.driver_name, kubelet_dir=kubelet_dir, cdi_dir=cdi_dir,
         partitionable=args.partitionable, reserved_uuids=reserved, metrics_port=args.metrics_port,
         driver_root=_driver_root(args), host_driver_root=args.host_driver_root,
+        proc_root=Path("/proc") if args.nvml == "real" else None,
         binding_conditions=args.binding_conditions,
     )
     agent = NodeAgent(

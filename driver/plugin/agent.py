@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from driver.binder import MigBinder
+from driver.cdi import DeviceNumbers
 from driver.checkpoint import Checkpoint
 from driver.driverfiles import DriverFiles
 from driver.driverfiles import discover as discover_driver_files
@@ -24,7 +25,7 @@ from driver.plugin.metrics import PluginMetrics
 from driver.plugin.server import KubeletPlugin, PluginPaths
 from driver.prepare import ClaimGetter, ClaimNotFound, FaultHook, Preparer, StartReport
 from driver.sharing import NvmlSharing
-from driver.slices import SliceSettings, build_slices, gpu_device_name, mig_device_name, mig_health
+from driver.slices import SliceSettings, build_slices, gpu_device_name, mig_device_name, mig_health, mig_mode_switchable
 
 log = logging.getLogger("gpu-dra.agent")
 
@@ -72,6 +73,8 @@ class AgentSettings:
     # where that same tree is on the host, which is what the specs must name.
     driver_root: Path | None = None
     host_driver_root: str = "/"
+    # procfs the driver's device numbers are read from (real GPUs); None: CDI device nodes by path only.
+    proc_root: Path | None = None
     # With `partitionable`: MIG placements carry KEP-5007 binding conditions and the agent creates the instance
     # when a claim is allocated to one (driver.binder), before the scheduler binds the pod.
     binding_conditions: bool = False
@@ -122,6 +125,7 @@ class NodeAgent:
             reserved=settings.reserved_uuids, fault_hook=fault_hook,
             partitionable=settings.partitionable, nvml=nvml, on_inventory_change=self.refresh_inventory,
             common_edits=self.driver_files.container_edits(),
+            device_numbers=self._device_numbers,
         )
         self.board = HealthBoard(self._health_entries())
         self.metrics = PluginMetrics()
@@ -135,6 +139,10 @@ class NodeAgent:
             self.binder = MigBinder(binding_api, self.preparer, settings.driver_name, settings.node_name,
                                     interval=settings.watch_seconds)
         self.start_report: StartReport | None = None
+
+    def _device_numbers(self) -> DeviceNumbers:
+        root = self.settings.proc_root
+        return DeviceNumbers.read(root) if root is not None else DeviceNumbers()
 
     def _discover_driver_files(self, inventory: Inventory) -> DriverFiles:
         """Once per agent start: the driver install does not change under a running driver (an upgrade
@@ -193,7 +201,8 @@ class NodeAgent:
         for gpu in inv.gpus:
             if gpu.uuid in self.settings.reserved_uuids:
                 continue
-            if not gpu.mig_enabled or self.settings.partitionable:
+            # Whole GPUs as the slices publish them (partitionable Ampere with MIG on offers placements only).
+            if not gpu.mig_enabled or (self.settings.partitionable and mig_mode_switchable(gpu)):
                 entries.append(_health_entry(pool, gpu_device_name(gpu), gpu.health))
             for mig in gpu.mig_devices:
                 # The same combination the slices are tainted from, so stream and taints agree.

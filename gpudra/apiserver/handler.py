@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import base64
 import json
+import re
+import select
+import socket
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from gpudra import strictjson
 from gpudra.apiserver import resources as res
+from gpudra.apiserver import schema
 from gpudra.apiserver import status as st
 from gpudra.apiserver.podpriority import admit_pod_priority
 from gpudra.apiserver.openapi import openapi_group_version, openapi_root, openapi_v2, openapi_v2_protobuf
 from gpudra.apiserver.podlogs import PodLogSource, parse_cri_log
 from gpudra.apiserver.selectors import FieldSelector, LabelSelector, SelectorError
-from gpudra.apiserver.store import Filter, Store
+from gpudra.apiserver.store import FIELD_VALIDATION, FieldPolicy, Filter, Store
 from gpudra.apiserver.tables import INCLUDE_OBJECT, to_table, wants_table
 from gpudra.conversion import ConversionError, from_storage, split_api_version, to_storage
 
@@ -26,8 +31,13 @@ _CONVERTED_KINDS = frozenset({"DeviceClass", "ResourceClaim", "ResourceClaimTemp
 _OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
 _NO_SERVER_SIDE_APPLY = ("server-side apply is not supported by gpu-dra's embedded control plane (it keeps no "
                          "field managers); use client-side apply: kubectl apply without --server-side")
-_WATCH_POLL_S = 1.0  # how often an idle watch checks for shutdown and its deadline
-_MAX_BODY = 64 * 1024 * 1024
+_WATCH_POLL_S = 1.0  # how often an idle watch checks for shutdown, its deadline and a vanished client
+# kube-apiserver's limit on a request body it decodes (MaxRequestBodyBytes, 3 MiB): larger is 413.
+MAX_BODY_BYTES = 3 * 1024 * 1024
+_WRITE_TIMEOUT_S = 30.0
+_LINGER_S = 2.0  # a refused request's unread body is read and dropped until the client is silent this long
+_LINGER_MAX_BYTES = 64 * 1024 * 1024
+_DIGITS = re.compile(r"^[0-9]+$")
 _LOG_FOLLOW_POLL_S = 0.2  # how often a followed log is checked for new lines
 
 
@@ -82,45 +92,176 @@ def _encode(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
+class SocketWriter:
+    """The handler's `wfile`: whole writes with a timeout, so a client that stops reading cannot hold a thread."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def write(self, data: bytes) -> int:
+        self.sock.settimeout(_WRITE_TIMEOUT_S)
+        self.sock.sendall(data)
+        return len(data)
+
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def _int_param(query: dict[str, str], name: str, minimum: int = 0) -> int | None:
+    """An integer query parameter, None when absent; a Status 400 naming it when malformed."""
+    text = query.get(name)
+    if text is None or text == "":
+        return None
+    t = text[1:] if text.startswith("-") else text
+    if not _DIGITS.match(t) or len(t) > 18:
+        raise st.bad_request(f"{name}: Invalid value: {json.dumps(text)}: must be an integer")
+    value = int(text)
+    if value < minimum:
+        raise st.bad_request(f"{name}: Invalid value: {value}: must be greater than or equal to {minimum}")
+    return value
+
+
+def _bool_param(query: dict[str, str], name: str) -> bool:
+    text = query.get(name)
+    if text is None or text == "":
+        return False
+    if text in ("true", "1", "True", "TRUE", "t", "T"):
+        return True
+    if text in ("false", "0", "False", "FALSE", "f", "F"):
+        return False
+    raise st.bad_request(f"{name}: Invalid value: {json.dumps(text)}: must be a boolean (true or false)")
+
+
 class ApiHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "gpu-dra-apiserver"
     # Responses are written in one piece; Nagle would hold small ones back for a delayed ACK.
     disable_nagle_algorithm = True
 
+    @classmethod
+    def for_connection(cls, conn: Any, server: Any, ctx: ServerContext) -> ApiHandler:
+        """A handler for a pooled connection: serves one request per `serve_one` call, kept across requests."""
+        h = cls.__new__(cls)
+        h.request = h.connection = conn.sock
+        h.client_address = conn.address
+        h.server = server
+        h._ctx = ctx
+        h.rfile = conn.rfile
+        h.wfile = SocketWriter(conn.sock)
+        return h
+
+    def serve_one(self) -> bool:
+        """Handle one request; False when the connection must be closed afterwards."""
+        self._warnings: list[str] = []
+        self.handle_one_request()
+        return not self.close_connection
+
     @property
     def ctx(self) -> ServerContext:
-        return self.server.ctx  # type: ignore[attr-defined, no-any-return]
+        return self._ctx  # type: ignore[no-any-return]
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature fixed by the base class
         return  # per-request access logs would swamp the structured logs of the processes using us
 
     # ----- plumbing ------------------------------------------------------------------------------------------
 
+    def _connection_header(self) -> str:
+        # HTTP/1.0 clients keep the connection only when told so; 1.1 clients are told when it closes.
+        if self.close_connection:
+            return "Connection: close\r\n"
+        if self.request_version == "HTTP/1.0":
+            return "Connection: keep-alive\r\n"
+        return ""
+
     def _send(self, code: int, body: bytes, content_type: str = "application/json") -> None:
+        warnings = "".join(f"Warning: 299 - {json.dumps(w)}\r\n" for w in getattr(self, "_warnings", ()))
         head = (f"HTTP/1.1 {code} {self.responses.get(code, ('',))[0]}\r\n"
                 f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
-                "Cache-Control: no-cache, private\r\n\r\n").encode()
+                f"Cache-Control: no-cache, private\r\n{warnings}{self._connection_header()}\r\n").encode()
         self.wfile.write(head + body)
         self.log_request(code)
 
     def _send_json(self, code: int, value: Any) -> None:
-        self._send(code, _encode(value))
+        self._send(code, self.ctx.store.json_of(value) if isinstance(value, dict) else _encode(value))
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Protocol-level errors of the base class (malformed request line, oversized headers, unknown method)
+        answered with a Status body like every other error, and the connection closed."""
+        self.close_connection = True
+        reasons = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed", 408: "Timeout",
+                   413: "RequestEntityTooLarge", 414: "RequestURITooLong", 431: "RequestHeaderFieldsTooLarge",
+                   501: "MethodNotAllowed", 505: "BadRequest"}
+        text = message or self.responses.get(code, ("error",))[0]
+        if not hasattr(self, "request_version"):
+            self.request_version = "HTTP/1.1"
+        try:
+            self._send_json(code, st.StatusError(code, reasons.get(code, "BadRequest"), text).body())
+        except OSError:
+            pass
 
     def _send_error(self, err: st.StatusError) -> None:
         self._send_json(err.code, err.body())
 
-    def _read_body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > _MAX_BODY:
-            raise st.StatusError(413, "RequestEntityTooLarge", f"request body of {length} bytes exceeds "
-                                                               f"the limit of {_MAX_BODY} bytes")
+    def _read_raw_body(self) -> bytes:
+        chunked = "chunked" in (self.headers.get("Transfer-Encoding") or "").lower()
+        text = self.headers.get("Content-Length")
+        if chunked:
+            return self._read_chunked()
+        if text is None or text.strip() == "":
+            return b""
+        if len(self.headers.get_all("Content-Length") or []) > 1 or not _DIGITS.match(text.strip()):
+            self.close_connection = True
+            raise st.bad_request(f"Content-Length: Invalid value: {json.dumps(text)}: must be a non-negative "
+                                 "decimal number of bytes")
+        length = int(text.strip())
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True  # the body stays unread
+            raise st.StatusError(413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_BODY_BYTES}")
         raw = self.rfile.read(length) if length else b""
+        if len(raw) != length:
+            self.close_connection = True
+            raise st.bad_request(f"the request body ended after {len(raw)} of the {length} bytes in Content-Length")
+        return raw
+
+    def _read_chunked(self) -> bytes:
+        parts: list[bytes] = []
+        total = 0
+        while True:
+            line = self.rfile.readline(1024)
+            size_text = line.split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                size = -1
+            if size < 0 or not line.endswith(b"\n"):
+                self.close_connection = True
+                raise st.bad_request("the chunked request body is malformed")
+            if size == 0:
+                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return b"".join(parts)
+            total += size
+            if total > MAX_BODY_BYTES:
+                self.close_connection = True
+                raise st.StatusError(413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_BODY_BYTES}")
+            data = self.rfile.read(size)
+            if len(data) != size or self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                self.close_connection = True
+                raise st.bad_request("the chunked request body is malformed")
+            parts.append(data)
+
+    def _read_body(self) -> Any:
+        raw = self._read_raw_body()
+        self._duplicates: list[str] = []
         if not raw:
             return None
         try:
-            return json.loads(raw)
-        except ValueError as exc:
+            value, self._duplicates = strictjson.decode(raw)
+            return value
+        except strictjson.StrictJsonError as exc:
             raise st.bad_request(f"the request body is not valid JSON: {exc}; this server accepts JSON only")
 
     def _dispatch(self, method: str) -> None:
@@ -131,11 +272,33 @@ class ApiHandler(BaseHTTPRequestHandler):
         except st.StatusError as err:
             self._drain()
             self._send_error(err)
-        except (BrokenPipeError, ConnectionResetError):
+            if self.close_connection and not getattr(self, "_body_read", True):
+                self._lingering_close()
+        except OSError:  # the client went away, or stopped sending or reading in time
             self.close_connection = True
         except Exception as exc:  # a bad request must never take the server down
             self._drain()
             self._send_error(st.StatusError(500, "InternalError", f"internal error: {type(exc).__name__}: {exc}"))
+
+    def _lingering_close(self) -> None:
+        """After refusing a request whose body was not read (413, bad Content-Length): stop sending, then read
+        and drop what the client is still sending, for a bounded time, so that its kernel does not answer
+        our close with a reset that discards the response before the client reads it."""
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + _WRITE_TIMEOUT_S
+            dropped = 0
+            while dropped < _LINGER_MAX_BYTES:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self.connection.settimeout(min(remaining, _LINGER_S))  # a client silent this long is done
+                chunk = self.connection.recv(1 << 16)
+                if not chunk:
+                    break
+                dropped += len(chunk)
+        except OSError:
+            pass
 
     def _drain(self) -> None:
         # Unread request bodies would be parsed as the next request on a kept-alive connection.
@@ -167,6 +330,27 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._body_read = True
         return value
 
+    def _stored(self, r: Route, body: Any, policy: FieldPolicy) -> Any:
+        """The body in storage form. One in another served version is checked against that version's schema
+        first, so that unknown fields and wrong types are named as the client wrote them."""
+        if isinstance(body, dict) and r.rt.kind in _CONVERTED_KINDS:
+            if body.get("apiVersion"):
+                group, version = split_api_version(body.get("apiVersion"))
+            else:
+                group, version = r.rt.group, r.version or r.rt.version
+            if group == r.rt.group and version != r.rt.version and version in r.rt.versions:
+                body = self.ctx.store.clean_fields(r.rt, body, policy, version)
+        return r.stored(body)
+
+    def _field_policy(self, query: dict[str, str], body: Any) -> FieldPolicy:
+        mode = query.get("fieldValidation") or "Warn"
+        if mode not in FIELD_VALIDATION:
+            raise st.bad_request(f"fieldValidation: Unsupported value: {json.dumps(mode)}: supported values: "
+                                 '"Ignore", "Warn", "Strict"')
+        policy = FieldPolicy(mode, list(getattr(self, "_duplicates", [])))
+        self._warnings = policy.warnings
+        return policy
+
     # ----- routing -------------------------------------------------------------------------------------------
 
     def _route(self, method: str, path: str, query: dict[str, str]) -> None:
@@ -189,7 +373,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         else:
             raise st.StatusError(404, "NotFound", f"the server could not find the requested resource ({path})")
         route = self._resolve(group, version, rest, path)
-        self._serve(method, route, query)
+        dry_run = query.get("dryRun", "")
+        if dry_run not in ("", "All"):
+            raise st.bad_request(f"dryRun: Unsupported value: {json.dumps(dry_run)}: supported values: \"All\"")
+        with self.ctx.store.dry_run(dry_run == "All"):
+            self._serve(method, route, query)
 
     def _discovery(self, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | tuple[bytes, str] | None:
         if parts in (["healthz"], ["readyz"], ["livez"]):
@@ -250,16 +438,18 @@ class ApiHandler(BaseHTTPRequestHandler):
         store = self.ctx.store
         if r.name is None:
             if method == "GET":
-                if query.get("watch") in ("true", "1"):
+                if _bool_param(query, "watch"):
                     self._watch(r, query)
                 else:
                     self._list(r, query)
                 return
             if method == "POST":
-                body = r.stored(self._body())
-                if r.rt.kind == "Pod":
+                body = self._body()
+                policy = self._field_policy(query, body)
+                body = self._stored(r, body, policy)
+                if r.rt.kind == "Pod" and isinstance(body, dict):
                     body = admit_pod_priority(store, self.ctx.registry, body)
-                obj = store.create(r.rt, r.namespace, body)
+                obj = store.create(r.rt, r.namespace, body, policy)
                 self._send_json(201, r.shown(obj))
                 return
             raise st.method_not_allowed(f"{method} is not supported on the collection {r.rt.plural}; "
@@ -276,10 +466,13 @@ class ApiHandler(BaseHTTPRequestHandler):
             return
         if method == "GET":
             obj = store.get(r.rt, r.namespace, r.name)
+            store.await_durable(obj["metadata"].get("resourceVersion"))
             self._send_object(200, r, obj, query)
         elif method == "PUT":
-            self._send_json(200, r.shown(store.update(r.rt, r.namespace, r.name, r.stored(self._body()),
-                                                      r.subresource)))
+            body = self._body()
+            policy = self._field_policy(query, body)
+            self._send_json(200, r.shown(store.update(r.rt, r.namespace, r.name, self._stored(r, body, policy),
+                                                      r.subresource, policy)))
         elif method == "PATCH":
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
             if ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
@@ -293,14 +486,26 @@ class ApiHandler(BaseHTTPRequestHandler):
             else:
                 self._body()
                 raise st.unsupported_media_type(ctype)
+            body = self._body()
+            policy = self._field_policy(query, body)
             codec = (r.shown, r.stored) if r.converts else None
-            self._send_json(200, r.shown(store.patch(r.rt, r.namespace, r.name, kind, self._body(), r.subresource,
-                                                     codec)))
+            self._send_json(200, r.shown(store.patch(r.rt, r.namespace, r.name, kind, body, r.subresource,
+                                                     codec, policy)))
         elif method == "DELETE":
             body = self._body()
-            options = body if isinstance(body, dict) else {}
+            if body is not None and not isinstance(body, dict):
+                raise st.bad_request("the body of a delete must be a DeleteOptions object")
+            options = body or {}
+            report = schema.check_fields("V1DeleteOptions", options)
+            if report.type_errors:
+                raise st.bad_request(f"DeleteOptions in version \"v1\" cannot be handled as a DeleteOptions: json: "
+                                     f"{report.type_errors[0]}")
             if "propagationPolicy" in query:
                 options = {**options, "propagationPolicy": query["propagationPolicy"]}
+            policy = options.get("propagationPolicy")
+            if policy not in (None, "Foreground", "Background", "Orphan"):
+                raise st.bad_request(f"propagationPolicy: Unsupported value: {json.dumps(policy)}: supported values: "
+                                     '"Foreground", "Background", "Orphan"')
             deleted = store.delete(r.rt, r.namespace, r.name, options)
             self._send_json(200, r.shown(deleted) if deleted.get("kind") == r.rt.kind else deleted)
         else:
@@ -335,9 +540,12 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _list(self, r: Route, query: dict[str, str]) -> None:
         flt = self._filter(r, query)
+        _int_param(query, "resourceVersion")
+        _int_param(query, "timeoutSeconds")
+        limit = _int_param(query, "limit") or 0
         items, rv = self.ctx.store.list(flt)
+        self.ctx.store.await_durable(rv)
         meta: dict[str, Any] = {"resourceVersion": str(rv)}
-        limit = int(query.get("limit") or 0)
         start = 0
         token = query.get("continue")
         if token:
@@ -364,7 +572,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         # Items are already serialized JSON objects in the store; splice them in without re-encoding twice.
         head = _encode({"kind": r.rt.kind + "List", "apiVersion": r.rt.api_version_at(r.version or r.rt.version),
                         "metadata": meta})[:-1]
-        body = head + b',"items":[' + b",".join(_encode(r.shown(i)) for i in items) + b"]}"
+        json_of = self.ctx.store.json_of
+        body = head + b',"items":[' + b",".join(json_of(r.shown(i)) for i in items) + b"]}"
         self._send(200, body)
 
     @staticmethod
@@ -374,19 +583,18 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _watch(self, r: Route, query: dict[str, str]) -> None:
         flt = self._filter(r, query)
-        rv_text = query.get("resourceVersion") or ""
-        send_initial = query.get("sendInitialEvents") == "true"
-        try:
-            rv = int(rv_text) if rv_text not in ("", "0") else None
-        except ValueError:
-            raise st.bad_request(f"resourceVersion: Invalid value: {rv_text!r}: must be an integer, as returned "
-                                 "in metadata.resourceVersion")
+        rv = _int_param(query, "resourceVersion") or None
+        send_initial = _bool_param(query, "sendInitialEvents")
         initial = rv is None or send_initial
-        bookmarks = query.get("allowWatchBookmarks") == "true"
-        timeout_s = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
+        bookmarks = _bool_param(query, "allowWatchBookmarks")
+        timeout_s = _int_param(query, "timeoutSeconds")
         table = wants_table(self.headers.get("Accept"))
         include = self._include_object(query) if table else ""
         watcher = self.ctx.store.watch(flt, rv, initial)
+        self.ctx.store.await_durable(watcher.pos)
+        detach = getattr(self.server, "detach_for_watch", None)
+        if detach is not None and not detach():
+            raise st.StatusError(429, "TooManyRequests", "too many watches are open; retry later")
         self.close_connection = True
         self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
                          b"Cache-Control: no-cache, private\r\n\r\n")
@@ -402,7 +610,11 @@ class ApiHandler(BaseHTTPRequestHandler):
                 self._chunk(etype, to_table(r.rt, [obj], rv_text, include, r.shown, headers=first[0]))
                 first[0] = False
             else:
-                self._chunk(etype, r.shown(obj))
+                line = b'{"type":"%s","object":%b}\n' % (etype.encode(), self.ctx.store.json_of(r.shown(obj)))
+                self._chunk_line(line)
+
+        # Plain JSON in the storage version (every agent's watch) sends each event's shared encoding.
+        shared = not table and not r.converts
 
         for etype, obj in watcher.initial_events():
             send(etype, obj)
@@ -424,15 +636,21 @@ class ApiHandler(BaseHTTPRequestHandler):
                 except st.StatusError as err:
                     self._chunk("ERROR", err.body())
                     break
-                for etype, obj in events:
-                    send(etype, obj)
+                if events and shared:
+                    # One write (one chunk) for everything that arrived; a gone client fails it at once.
+                    self._chunk_line(b"".join(ev.line(etype) for etype, ev in events))
+                elif events:
+                    for etype, ev in events:
+                        send(etype, ev.obj)
                 if events:
                     last_sent = time.monotonic()
+                elif self._client_gone():
+                    return  # nothing to say to a client that left: drop the watch now
                 elif bookmarks and time.monotonic() - last_sent >= self.ctx.bookmark_interval:
                     self._bookmark(r, watcher.pos)
                     last_sent = time.monotonic()
             self.wfile.write(b"0\r\n\r\n")
-        except (BrokenPipeError, ConnectionResetError):
+        except OSError:  # the client went away or stopped reading
             return
 
     # ----- pods/log ------------------------------------------------------------------------------------------
@@ -452,10 +670,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             container = main[0]
         elif container not in names:
             raise st.bad_request(f"container {container} is not valid for pod {r.name}")
-        try:
-            tail = int(query["tailLines"]) if query.get("tailLines") else None
-        except ValueError:
-            raise st.bad_request(f"tailLines: Invalid value: {query['tailLines']!r}: must be an integer")
+        tail = _int_param(query, "tailLines")
         timestamps = query.get("timestamps") == "true"
         previous = query.get("previous") == "true"
         source = self.ctx.pod_logs
@@ -477,9 +692,13 @@ class ApiHandler(BaseHTTPRequestHandler):
         if tail is not None:
             lines = text.splitlines(keepends=True)
             text = "".join(lines[-tail:]) if tail > 0 else ""
-        if query.get("follow") != "true":
+        if not _bool_param(query, "follow"):
             self._send(200, render(text), "text/plain")
             return
+        # A followed log is long-lived, like a watch: it leaves the worker pool.
+        detach = getattr(self.server, "detach_for_watch", None)
+        if detach is not None and not detach():
+            raise st.StatusError(429, "TooManyRequests", "too many watches and followed logs are open; retry later")
         self.close_connection = True
         self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n"
                          b"Cache-Control: no-cache, private\r\n\r\n")
@@ -533,5 +752,20 @@ class ApiHandler(BaseHTTPRequestHandler):
                                  "metadata": meta})
 
     def _chunk(self, etype: str, obj: dict[str, Any]) -> None:
-        line = _encode({"type": etype, "object": obj}) + b"\n"
-        self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+        self._chunk_line(_encode({"type": etype, "object": obj}) + b"\n")
+
+    def _chunk_line(self, line: bytes) -> None:
+        self.wfile.write(b"%x\r\n%b\r\n" % (len(line), line))
+
+    def _client_gone(self) -> bool:
+        """Whether the watching client closed its end (it sends nothing on a watch, so EOF means gone)."""
+        try:
+            poller = select.poll()
+            poller.register(self.connection.fileno(), select.POLLIN)
+            if not poller.poll(0):
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except (OSError, ValueError):
+            return True

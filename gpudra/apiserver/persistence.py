@@ -1,36 +1,313 @@
-"""The embedded API server's state file: written crash-safe, read back with errors that name the file."""
+"""The embedded API server's durable state: an SQLite database (WAL), written by one group-committing thread.
+
+Like k3s' embedded datastore, every acknowledged write is in the database: the store hands each change to
+`SqliteLog.submit` while it holds its lock (so changes reach the log in resourceVersion order), then the
+request thread waits in `wait_durable` until a commit that includes its change has been fsync'd. One
+committer thread takes everything submitted so far into one transaction, so concurrent writers share an
+fsync (group commit).
+
+Tables: `objects` (the current state), `events` (the watch history kept for resume, trimmed to the store's
+history limit; resuming from older is 410 as before) and `meta` (resourceVersion, history floor).
+
+On open, the resourceVersion continues `MAX_IN_FLIGHT` past the last committed one: changes submitted but
+not yet committed when the process died were visible to readers (GET, list) with their resourceVersions, so
+those numbers are never handed out again.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpudra.atomicfile import atomic_write
-
-
-def atomic_write_json(path: Path, value: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(value, separators=(",", ":")).encode())
+MAX_IN_FLIGHT = 4096  # changes submitted and not yet committed; writers wait beyond this (back-pressure)
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_SCHEMA_VERSION = "1"
 
 
 class StateFileError(ValueError):
-    """The state file exists but cannot be read; the message names the file and the problem."""
+    """The state database cannot be used; the message names the file, the problem and what to do."""
 
 
-def read_state(path: Path) -> dict[str, Any] | None:
-    """The persisted state, or None when the file does not exist."""
+class StorageError(RuntimeError):
+    """A commit failed (disk full, I/O error): the change is not durable and the store accepts no more writes."""
+
+
+@dataclass
+class Change:
+    """One committed-in-order change: the object's new state (None when deleted) and its event."""
+
+    rv: int
+    kind: str
+    namespace: str
+    name: str
+    obj_json: bytes | None  # the object's new stored JSON, None for a deletion
+    event_type: str
+    event_json: bytes  # the event's object JSON
+    old_json: bytes | None
+
+
+@dataclass
+class LoadedState:
+    rv: int  # where the resourceVersion continues (past anything handed out before the last stop)
+    floor: int
+    committed_rv: int = 0  # the newest committed change
+    objects: list[tuple[dict[str, Any], bytes]] = field(default_factory=list)  # (object, its stored JSON)
+    # (rv, kind, type, object, old) oldest first
+    events: list[tuple[int, str, str, dict[str, Any], dict[str, Any] | None]] = field(default_factory=list)
+    migrated_from: Path | None = None
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=0.5)
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise StateFileError(f"state file {path}: cannot read: {exc.strerror}") from exc
+        # EXCLUSIVE: a second apiserver on the same file fails here instead of diverging from the first.
+        conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StateFileError(f"state database {path}: cannot switch to WAL mode (got {mode})")
+        # FULL: the WAL is fsync'd at every commit, so a commit that returned survives power loss and kill -9.
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        conn.execute("CREATE TABLE IF NOT EXISTS objects (kind TEXT NOT NULL, namespace TEXT NOT NULL, "
+                     "name TEXT NOT NULL, rv INTEGER NOT NULL, data BLOB NOT NULL, "
+                     "PRIMARY KEY (kind, namespace, name))")
+        conn.execute("CREATE TABLE IF NOT EXISTS events (rv INTEGER PRIMARY KEY, kind TEXT NOT NULL, "
+                     "type TEXT NOT NULL, data BLOB NOT NULL, old BLOB)")
+        conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (_SCHEMA_VERSION,))
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        if "locked" in str(exc):
+            raise StateFileError(f"state database {path}: in use by another process (another `gpu-dra apiserver "
+                                 "--state` on the same file?); stop it or pass another path") from None
+        raise StateFileError(f"state database {path}: {exc}") from None
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise StateFileError(f"state database {path}: not a usable SQLite database ({exc}); move it away or pass "
+                             "another --state path") from None
+    return conn
+
+
+def _meta(conn: sqlite3.Connection, key: str, default: int = 0) -> int:
+    row = conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+    return int(row[0]) if row else default
+
+
+def _read_legacy_json(path: Path, raw: bytes) -> dict[str, Any]:
     try:
         state = json.loads(raw)
     except ValueError as exc:
-        raise StateFileError(f"state file {path}: not valid JSON ({exc}); expected the object the apiserver "
-                             "writes with --state") from exc
+        raise StateFileError(f"state file {path}: neither an SQLite database nor the JSON state file of earlier "
+                             f"versions (not valid JSON: {exc}); move it away or pass another --state path") from None
     if not isinstance(state, dict) or not isinstance(state.get("objects", []), list):
-        raise StateFileError(f"state file {path}: expected an object with an 'objects' list")
+        raise StateFileError(f"state file {path}: a JSON file but not an apiserver state file (expected an object "
+                             "with an 'objects' list); move it away or pass another --state path")
     return state
+
+
+def _migrate_legacy(path: Path, raw: bytes) -> Path:
+    """Convert an earlier version's JSON state file into a database at `path`; the JSON is kept as a backup."""
+    state = _read_legacy_json(path, raw)
+    backup = path.with_name(path.name + ".json-backup")
+    if backup.exists():
+        raise StateFileError(f"state file {path}: is an old JSON state file, and {backup} (where migration keeps "
+                             "it) already exists; move one of them away")
+    tmp = path.with_name(path.name + ".migrating")
+    tmp.unlink(missing_ok=True)
+    conn = _connect(tmp)
+    try:
+        rv = int(state.get("resourceVersion", 0))
+        conn.execute("BEGIN")
+        for obj in state.get("objects") or []:
+            m = obj.get("metadata") if isinstance(obj, dict) else None
+            if not isinstance(m, dict) or not m.get("name") or not isinstance(obj.get("kind"), str):
+                continue
+            conn.execute("INSERT OR REPLACE INTO objects VALUES (?,?,?,?,?)",
+                         (obj["kind"], m.get("namespace") or "", m["name"], int(m.get("resourceVersion") or 0),
+                          json.dumps(obj, separators=(",", ":")).encode()))
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('rv', ?)", (str(rv),))
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('floor', ?)", (str(rv),))
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    for suffix in ("-wal", "-shm"):
+        Path(str(tmp) + suffix).unlink(missing_ok=True)
+    os.link(path, backup)
+    os.replace(tmp, path)
+    return backup
+
+
+class SqliteLog:
+    """The durable half of the store: loads the state once, then commits submitted changes in groups."""
+
+    def __init__(self, path: str | Path, history_limit: int,
+                 on_durable: Callable[[int, list[Change]], None] | None = None) -> None:
+        self.path = Path(path)
+        self._history_limit = history_limit
+        self._on_durable = on_durable
+        self._mu = threading.Condition()
+        self._pending: list[Change] = []
+        self._submitted = 0
+        self._durable = 0
+        self._failed: str | None = None
+        self._closing = False
+        self._commits = 0
+        self._writes = 0
+        self._event_count = 0
+        self._conn: sqlite3.Connection | None = None
+        self._thread: threading.Thread | None = None
+
+    # ----- opening -------------------------------------------------------------------------------------------
+
+    def open(self) -> LoadedState:
+        """Open (creating, or migrating an old JSON state file) and read everything; starts the committer."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        migrated: Path | None = None
+        try:
+            with open(self.path, "rb") as f:
+                head = f.read(len(_SQLITE_MAGIC))
+        except FileNotFoundError:
+            head = None
+        except OSError as exc:
+            raise StateFileError(f"state database {self.path}: cannot read: {exc.strerror}") from None
+        if head is not None and head != _SQLITE_MAGIC and head:
+            migrated = _migrate_legacy(self.path, self.path.read_bytes())
+        conn = _connect(self.path)
+        self._conn = conn
+        try:
+            stored_rv = max(_meta(conn, "rv"), conn.execute("SELECT COALESCE(MAX(rv), 0) FROM events").fetchone()[0])
+            floor = _meta(conn, "floor")
+            state = LoadedState(rv=stored_rv, floor=floor, committed_rv=stored_rv, migrated_from=migrated)
+            for (data,) in conn.execute("SELECT data FROM objects ORDER BY kind, namespace, name"):
+                state.objects.append((json.loads(data), bytes(data)))
+            for rv, kind, etype, data, old in conn.execute(
+                    "SELECT rv, kind, type, data, old FROM events WHERE rv > ? ORDER BY rv", (floor,)):
+                state.events.append((rv, kind, etype, json.loads(data), json.loads(old) if old else None))
+            self._event_count = len(state.events)
+            # Skip past anything that was handed out but not committed before the last stop (see module doc).
+            state.rv = stored_rv + MAX_IN_FLIGHT
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('rv', ?)", (str(state.rv),))
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise StateFileError(f"state database {self.path}: cannot read: {exc}; move it away or pass another "
+                                 "--state path") from None
+        self._submitted = self._durable = state.rv
+        self._thread = threading.Thread(target=self._commit_loop, name="apiserver-commit", daemon=True)
+        self._thread.start()
+        return state
+
+    # ----- writing -------------------------------------------------------------------------------------------
+
+    def submit(self, change: Change) -> None:
+        """Queue one change; called in resourceVersion order (under the store's lock)."""
+        with self._mu:
+            if self._failed is not None:
+                raise StorageError(self._failed)
+            while len(self._pending) >= MAX_IN_FLIGHT and self._failed is None and not self._closing:
+                self._mu.wait(1.0)
+            self._pending.append(change)
+            self._submitted = change.rv
+            self._mu.notify_all()
+
+    def check_writable(self) -> None:
+        with self._mu:
+            if self._failed is not None:
+                raise StorageError(self._failed)
+
+    def wait_durable(self, rv: int) -> None:
+        """Block until the change with resourceVersion `rv` (and all before it) is committed to disk."""
+        with self._mu:
+            while self._durable < rv:
+                if self._failed is not None:
+                    raise StorageError(self._failed)
+                if self._closing and self._thread is None:
+                    raise StorageError("the store was closed before the write was committed")
+                self._mu.wait(1.0)
+
+    def _commit_loop(self) -> None:
+        while True:
+            with self._mu:
+                while not self._pending and not self._closing:
+                    self._mu.wait()
+                if not self._pending:
+                    return
+                batch, self._pending = self._pending, []
+                self._mu.notify_all()
+            try:
+                self._write_batch(batch)
+            except (sqlite3.Error, OSError) as exc:
+                with self._mu:
+                    self._failed = (f"state database {self.path}: commit failed: {exc}; the last writes are not "
+                                    "durable and the server accepts no more writes; restart it")
+                    self._mu.notify_all()
+                return
+            newest = batch[-1].rv
+            with self._mu:
+                self._durable = newest
+                self._commits += 1
+                self._writes += len(batch)
+                self._mu.notify_all()
+            if self._on_durable is not None:
+                self._on_durable(newest, batch)
+
+    def _write_batch(self, batch: list[Change]) -> None:
+        conn = self._conn
+        assert conn is not None
+        conn.execute("BEGIN")
+        try:
+            for ch in batch:
+                if ch.obj_json is None:
+                    conn.execute("DELETE FROM objects WHERE kind=? AND namespace=? AND name=?",
+                                 (ch.kind, ch.namespace, ch.name))
+                else:
+                    conn.execute("INSERT OR REPLACE INTO objects VALUES (?,?,?,?,?)",
+                                 (ch.kind, ch.namespace, ch.name, ch.rv, ch.obj_json))
+                conn.execute("INSERT OR REPLACE INTO events VALUES (?,?,?,?,?)",
+                             (ch.rv, ch.kind, ch.event_type, ch.event_json, ch.old_json))
+            self._event_count += len(batch)
+            newest = batch[-1].rv
+            conn.execute("UPDATE meta SET value=? WHERE key='rv' AND CAST(value AS INTEGER) < ?",
+                         (str(newest), newest))
+            if self._event_count > 2 * self._history_limit:
+                row = conn.execute("SELECT rv FROM events ORDER BY rv DESC LIMIT 1 OFFSET ?",
+                                   (self._history_limit,)).fetchone()
+                if row is not None:
+                    conn.execute("DELETE FROM events WHERE rv <= ?", (row[0],))
+                    conn.execute("INSERT OR REPLACE INTO meta VALUES ('floor', ?)", (str(row[0]),))
+                    self._event_count = self._history_limit
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    # ----- figures and closing -------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        with self._mu:
+            return {"commits": self._commits, "writes": self._writes}
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Commit what is pending, stop the committer and close the database."""
+        with self._mu:
+            self._closing = True
+            self._mu.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        with self._mu:
+            self._thread = None
+            self._mu.notify_all()
+        if self._conn is not None and time.monotonic() <= deadline:
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass  # the WAL is replayed on the next open; a checkpoint is only tidiness
+            self._conn.close()
+            self._conn = None

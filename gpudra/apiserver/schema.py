@@ -8,17 +8,46 @@ opaque driver parameters) accepts anything, as the real decoder does.
 
 Used by the API server (`fieldValidation`) and by `gpu-dra validate`; also usable by an OpenAPI generator:
 `fields_of(model)` and `model_name(group, version, kind)` are the whole interface.
+
+The client's models are pydantic classes, imported lazily, and importing the ~200 reachable from the served
+kinds takes seconds; so the table derived from them for the served kinds is kept in `schema_fields.json`
+(regenerate with `python -m gpudra.apiserver.schema`; a test checks it equals what the installed client
+gives). A model missing from the file is read from the client itself.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import json
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import kubernetes.client as kclient
-
 _SCALARS = frozenset({"str", "int", "bool", "float", "datetime", "date", "bytearray", "bytes"})
+_TABLE = Path(__file__).with_name("schema_fields.json")
+# Beyond the served kinds (every version of each): the bodies of binding and delete requests.
+EXTRA_ROOTS: tuple[str, ...] = ("V1Binding", "V1DeleteOptions")
+
+
+@functools.lru_cache(maxsize=1)
+def _table() -> dict[str, dict[str, str]]:
+    try:
+        return json.loads(_TABLE.read_text())  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return {}
+
+
+def _client_fields(model: str) -> dict[str, str] | None:
+    """Read one model's fields from the installed `kubernetes` client (slow: imports the pydantic class)."""
+    kclient = importlib.import_module("kubernetes.client")
+    cls = getattr(kclient, model, None)
+    if cls is None or not hasattr(cls, "openapi_types"):
+        return None
+    types: dict[str, str] = cls.openapi_types
+    names: dict[str, str] = cls.attribute_map
+    return {names[attr]: typ for attr, typ in types.items()}
 
 
 def _group_prefix(group: str) -> str:
@@ -29,9 +58,12 @@ def _group_prefix(group: str) -> str:
 def model_name(group: str, version: str, kind: str) -> str | None:
     """The client model for a kind: `ResourceV1ResourceClaim`, `CoreV1Event`, `V1Pod`; None when unknown."""
     v = version[:1].upper() + version[1:]
-    for candidate in (f"{_group_prefix(group)}{v}{kind}", f"{v}{kind}"):
-        cls = getattr(kclient, candidate, None)
-        if cls is not None and hasattr(cls, "openapi_types"):
+    candidates = (f"{_group_prefix(group)}{v}{kind}", f"{v}{kind}")
+    for candidate in candidates:
+        if candidate in _table():
+            return candidate
+    for candidate in candidates:
+        if _client_fields(candidate) is not None:
             return candidate
     return None
 
@@ -39,50 +71,153 @@ def model_name(group: str, version: str, kind: str) -> str | None:
 @functools.lru_cache(maxsize=None)
 def fields_of(model: str) -> dict[str, str]:
     """JSON field name -> type string, for one client model."""
-    cls = getattr(kclient, model)
-    types: dict[str, str] = cls.openapi_types
-    names: dict[str, str] = cls.attribute_map
-    return {names[attr]: typ for attr, typ in types.items()}
+    known = _table().get(model)
+    if known is not None:
+        return known
+    fields = _client_fields(model)
+    if fields is None:
+        raise KeyError(f"the kubernetes client has no model {model}")
+    return fields
+
+
+def _inner(typ: str) -> str:
+    while typ.startswith(("List[", "Dict[")):
+        typ = typ[5:-1].partition(",")[2].strip() if typ.startswith("Dict[") else typ[5:-1]
+    return typ
+
+
+def roots() -> list[str]:
+    """The models of every kind the default registry serves, in every served version, and EXTRA_ROOTS."""
+    from gpudra.apiserver.resources import DEFAULT_REGISTRY
+
+    out = list(EXTRA_ROOTS)
+    for rt in DEFAULT_REGISTRY.types:
+        for version in rt.versions:
+            v = version[:1].upper() + version[1:]
+            for candidate in (f"{_group_prefix(rt.group)}{v}{rt.kind}", f"{v}{rt.kind}"):
+                if _client_fields(candidate) is not None:
+                    out.append(candidate)
+                    break
+    return out
+
+
+def generate(models: list[str] | None = None) -> dict[str, dict[str, str]]:
+    """The table for `models` (default: `roots()`) and every model reachable from them, read from the client."""
+    out: dict[str, dict[str, str]] = {}
+    todo = list(models if models is not None else roots())
+    while todo:
+        model = todo.pop()
+        if model in out:
+            continue
+        fields = _client_fields(model)
+        if fields is None:
+            raise KeyError(f"the kubernetes client has no model {model}")
+        out[model] = fields
+        todo.extend(t for t in map(_inner, fields.values()) if t not in _SCALARS and t != "object")
+    return dict(sorted(out.items()))
 
 
 @dataclass(frozen=True)
 class FieldReport:
     unknown: list[str]  # dotted paths, as Kubernetes' strict decoder names them: spec.devices.requests[0].foo
     pruned: Any  # the value with every unknown field removed
+    # Values of the wrong JSON type, as Go's decoder words them: "cannot unmarshal string into Go struct field
+    # LeaseSpec.spec.leaseDurationSeconds of type int32". kube-apiserver refuses those (400) in every mode.
+    type_errors: list[str]
 
 
-def _walk(typ: str, value: Any, path: str, unknown: list[str]) -> Any:
-    if value is None or typ in _SCALARS or typ == "object":
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _go_type(typ: str) -> str:
+    if typ.startswith("List["):
+        return "[]" + _go_type(typ[5:-1])
+    if typ.startswith("Dict["):
+        return "map[string]" + _go_type(typ[5:-1].partition(",")[2].strip())
+    return {"str": "string", "int": "int64", "bool": "bool", "float": "float64", "datetime": "v1.Time",
+            "date": "v1.Time"}.get(typ, "struct")
+
+
+def _scalar_ok(typ: str, value: Any) -> bool:
+    if typ == "bool":
+        return isinstance(value, bool)
+    if typ == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if typ == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if typ == "str":
+        # Quantities are strings in the client's models, but Kubernetes also takes them as JSON numbers.
+        return isinstance(value, (str, int, float)) and not isinstance(value, bool)
+    return isinstance(value, str)  # datetime, date: RFC 3339 text
+
+
+def _type_error(errors: list[str], value: Any, struct: str, path: str, go_type: str) -> None:
+    errors.append(f"cannot unmarshal {_json_type(value)} into Go struct field {_go_name(struct)}.{path} of type "
+                  f"{go_type}")
+
+
+def _walk(typ: str, value: Any, path: str, unknown: list[str], errors: list[str], struct: str) -> Any:
+    if value is None or typ == "object":
+        return value
+    if typ in _SCALARS:
+        if not _scalar_ok(typ, value):
+            _type_error(errors, value, struct, path, _go_type(typ))
         return value
     if typ.startswith("List[") and typ.endswith("]"):
         if not isinstance(value, list):
+            _type_error(errors, value, struct, path, _go_type(typ))
             return value
         inner = typ[5:-1]
-        return [_walk(inner, item, f"{path}[{i}]", unknown) for i, item in enumerate(value)]
+        return [_walk(inner, item, f"{path}[{i}]", unknown, errors, struct) for i, item in enumerate(value)]
     if typ.startswith("Dict[") and typ.endswith("]"):
         if not isinstance(value, dict):
+            _type_error(errors, value, struct, path, _go_type(typ))
             return value
         inner = typ[5:-1].partition(",")[2].strip()
-        return {k: _walk(inner, v, f"{path}.{k}" if path else k, unknown) for k, v in value.items()}
+        return {k: _walk(inner, v, f"{path}.{k}" if path else k, unknown, errors, struct) for k, v in value.items()}
     if not isinstance(value, dict):
+        _type_error(errors, value, struct, path, _go_name(typ))
         return value
     known = fields_of(typ)
     out: dict[str, Any] = {}
     for key, item in value.items():
-        where = f"{path}.{key}" if path else key
         field_type = known.get(key)
         if field_type is None:
-            unknown.append(where)
-            continue
-        out[key] = _walk(field_type, item, where, unknown)
+            unknown.append(f"{path}.{key}" if path else key)
+        elif field_type == "object" or item is None:
+            out[key] = item
+        elif field_type == "str" and isinstance(item, str):
+            out[key] = item  # the common case, without building a path
+        else:
+            out[key] = _walk(field_type, item, f"{path}.{key}" if path else key, unknown, errors, typ)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _go_name(model: str) -> str:
+    """`V1LeaseSpec` -> `LeaseSpec`, `ResourceV1ResourceClaim` -> `ResourceClaim`: the Go struct's name."""
+    i = 0
+    while i < len(model) and not (model[i] == "V" and i + 1 < len(model) and model[i + 1].isdigit()):
+        i += 1
+    i += 1
+    while i < len(model) and (model[i].isdigit() or model[i].islower()):
+        i += 1
+    return model[i:] or model
 
 
 def check_fields(model: str, obj: Any) -> FieldReport:
     """Every unknown field of `obj` read as `model`, and `obj` without them (a new value; `obj` is untouched)."""
     unknown: list[str] = []
-    pruned = _walk(model, obj, "", unknown)
-    return FieldReport(unknown, pruned)
+    errors: list[str] = []
+    pruned = _walk(model, obj, "", unknown, errors, model)
+    return FieldReport(unknown, pruned, errors)
 
 
 def check_object(obj: dict[str, Any]) -> FieldReport | None:
@@ -94,3 +229,8 @@ def check_object(obj: dict[str, Any]) -> FieldReport | None:
     group, _, version = api_version.rpartition("/")
     model = model_name(group, version, kind)
     return check_fields(model, obj) if model else None
+
+
+if __name__ == "__main__":
+    _TABLE.write_text(json.dumps(generate(), indent=0, sort_keys=True) + "\n")
+    print(f"wrote {_TABLE} ({len(generate())} models)", file=sys.stderr)

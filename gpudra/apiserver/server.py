@@ -6,15 +6,14 @@ import ipaddress
 import socket
 import sys
 import threading
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gpudra.apiserver.handler import ApiHandler
+from gpudra.apiserver.serving import Connection, PooledHttpServer
 from gpudra.apiserver.podpriority import system_priority_classes
-from gpudra.apiserver.persistence import atomic_write_json, read_state
 from gpudra.apiserver.podlogs import PodLogSource
 from gpudra.atomicfile import atomic_write
 from gpudra.apiserver.resources import Registry, registry_for
@@ -39,19 +38,11 @@ def check_loopback(host: str) -> None:
                          "localhost)")
 
 
-class _HttpServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 256
-    allow_reuse_address = True
-
-    def __init__(self, address: tuple[str, int], ctx: EmbeddedApiServer, family: int) -> None:
-        self.address_family = family
-        self.ctx = ctx
-        super().__init__(address, ApiHandler)
-
-
 class EmbeddedApiServer:
-    """A Kubernetes-compatible API server on loopback, in memory, optionally persisted to `state_file`."""
+    """A Kubernetes-compatible API server on loopback, in memory or durable in the SQLite database `state_file`.
+
+    With `state_file`, every write is committed to the database before it is answered (see persistence.py);
+    `persist_interval` is accepted for compatibility and unused (there is no periodic snapshot any more)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, state_file: str | Path | None = None,
                  admission: Admission | None = None, *, bookmark_interval: float = 60.0,
@@ -67,7 +58,7 @@ class EmbeddedApiServer:
         self.persist_interval = persist_interval
         self.store = Store(self.registry, admission, history_limit)
         self._stop = threading.Event()
-        self._httpd: _HttpServer | None = None
+        self._httpd: PooledHttpServer | None = None
         self._threads: list[threading.Thread] = []
         self.url = ""
         # Where pods/log reads container logs; a testbed with a container runtime registers one.
@@ -79,21 +70,29 @@ class EmbeddedApiServer:
 
     def start(self) -> str:
         if self.state_file is not None:
-            state = read_state(self.state_file)
-            if state is not None:
-                for problem in self.store.restore(state):
-                    print(f"level=warning component=apiserver msg={problem!r}", file=sys.stderr)
+            for problem in self.store.open_durable(self.state_file):
+                print(f"level=warning component=apiserver msg={problem!r}", file=sys.stderr)
         self._ensure_namespaces()
         host = "127.0.0.1" if self.host == "localhost" else self.host
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._httpd = _HttpServer((host, self.port), self, family)
-        self.port = self._httpd.server_address[1]
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, self.port))
+            listener.listen(1024)
+        except OSError:
+            listener.close()
+            self.store.close()
+            raise
+        self.port = listener.getsockname()[1]
         self.url = f"http://[{host}]:{self.port}" if family == socket.AF_INET6 else f"http://{host}:{self.port}"
-        self._spawn("apiserver-http", lambda: self._httpd.serve_forever(poll_interval=0.05))  # type: ignore[union-attr]
+        self._httpd = PooledHttpServer(listener, self._make_handler)
+        self._httpd.start()
         self._spawn("apiserver-gc", self._gc_loop)
-        if self.state_file is not None:
-            self._spawn("apiserver-persist", self._persist_loop)
         return self.url
+
+    def _make_handler(self, conn: Connection, server: PooledHttpServer) -> ApiHandler:
+        return ApiHandler.for_connection(conn, server, self)
 
     def _spawn(self, name: str, target: Any) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)
@@ -119,36 +118,16 @@ class EmbeddedApiServer:
         while self.store.collect_garbage_once(timeout=1.0):
             pass
 
-    def _persist_loop(self) -> None:
-        while not self._stop.wait(self.persist_interval):
-            self.persist()
-
-    def persist(self) -> None:
-        """Write the state file now if anything changed since the last write."""
-        if self.state_file is None:
-            return
-        snapshot = self.store.snapshot()
-        if snapshot is None:
-            return
-        try:
-            atomic_write_json(self.state_file, snapshot)
-        except OSError as exc:
-            self.store.mark_dirty()
-            print(f"level=error component=apiserver msg=\"cannot write state file\" file={self.state_file} "
-                  f"error={exc.strerror!r}", file=sys.stderr)
-
     def stop(self) -> None:
         if self._httpd is None:
             return
         self._stop.set()
+        self._httpd.stop()
         self.store.close()
-        self._httpd.shutdown()
-        self._httpd.server_close()
         for t in self._threads:
             t.join(timeout=5)
         self._threads = []
         self._httpd = None
-        self.persist()
 
     def __enter__(self) -> EmbeddedApiServer:
         self.start()

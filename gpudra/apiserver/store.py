@@ -7,17 +7,22 @@ can serialize them without copying and without holding the lock.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import functools
 import json
 import random
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from gpudra.apiserver import objects as o
+from gpudra.apiserver import schema
 from gpudra.apiserver import status as st
 from gpudra.apiserver.patch import PatchError, json_patch, merge_patch
+from gpudra.apiserver.persistence import Change, SqliteLog, StorageError
 from gpudra.apiserver.resources import Registry, ResourceType
 from gpudra.apiserver.selectors import FieldSelector, LabelSelector, labels_of
 from gpudra.validation.workloads import KINDS as WORKLOAD_KINDS
@@ -29,6 +34,15 @@ Codec = tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[[dict[str, An
 
 PROTECTED_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
 _PATCH_RETRIES = 50
+# etcd's default request limit (--max-request-bytes, 1.5 MiB): kube-apiserver cannot store a larger object.
+MAX_OBJECT_BYTES = 1536 * 1024
+FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _encode(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
 
 
 @dataclass(frozen=True)
@@ -38,6 +52,43 @@ class Event:
     type: str  # ADDED, MODIFIED, DELETED
     obj: dict[str, Any]
     old: dict[str, Any] | None
+    # The object's JSON, encoded once at commit (or lazily for history read back from disk) for all watchers.
+    obj_json: bytes | None = field(default=None, compare=False, repr=False)
+
+    def line(self, etype: str) -> bytes:
+        """`{"type":..,"object":..}` and a newline: one watch event as every watcher of it sends it. The type is
+        per watcher (a selector may turn MODIFIED into ADDED or DELETED); the object is never re-encoded."""
+        body = self.obj_json
+        if body is None:
+            body = _encode(self.obj)
+            object.__setattr__(self, "obj_json", body)
+        return b'{"type":"%s","object":%b}\n' % (etype.encode(), body)
+
+
+@dataclass
+class FieldPolicy:
+    """How one request treats unknown and duplicate fields (`fieldValidation`), and the warnings it produced."""
+
+    mode: str = "Ignore"  # Ignore, Warn or Strict
+    duplicates: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _durable(method: F) -> F:
+    """Return only once every change the call made is committed (a no-op for in-memory stores)."""
+
+    @functools.wraps(method)
+    def wrapper(self: Store, *args: Any, **kwargs: Any) -> Any:
+        self._tls.rv = 0
+        result = method(self, *args, **kwargs)
+        if self._log is not None and self._tls.rv:
+            try:
+                self._log.wait_durable(self._tls.rv)
+            except StorageError as exc:
+                raise st.StatusError(500, "InternalError", str(exc))
+        return result
+
+    return wrapper  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -66,19 +117,29 @@ class Store:
         self.registry = registry
         self._admission = admission
         self._history_limit = history_limit
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # the garbage collector's queue and shutdown
+        # Watchers wait per resource type and are woken only by events of their type.
+        self._rt_conds = {rt: threading.Condition(self._lock) for rt in registry.types}
+        self._rt_visible = {rt: 0 for rt in registry.types}  # newest event of each type watchers may see
+        self._visible = 0  # every event up to here is visible to watchers (committed, when durable)
+        self._log: SqliteLog | None = None
+        # resourceVersions after the last commit before a restart and before where it continued: a reader may
+        # have seen them on objects that were then lost with the process, so a watch resuming from one is 410
+        # (the client relists and drops what it saw), never silently continued.
+        self._lost_rvs = range(0)
+        self._tls = threading.local()
         self._objects: dict[ResourceType, dict[tuple[str, str], dict[str, Any]]] = {rt: {} for rt in registry.types}
         self._by_uid: dict[str, ObjKey] = {}
+        # The JSON of each stored object, by id(): encoded once at commit, reused by GET, list and watch.
+        self._json: dict[int, bytes] = {}
         self._dependents: dict[str, set[ObjKey]] = {}
         self._rv = 0
         self._history: list[Event] = []
         self._history_rvs: list[int] = []
         # Every event with rv > _floor is still in the history; older ones were compacted.
         self._floor = 0
-        self._uid_prefix = uuid.uuid4().hex[:20]
-        self._uid_counter = 0
         self._closed = False
-        self._dirty = False
         self._gc_queue: list[str] = []  # owner uids and "ns:NAME" markers for the collector thread
         self._rng = random.Random()
 
@@ -103,12 +164,66 @@ class Store:
         items.sort(key=lambda kv: kv[0])
         return [obj for _, obj in items if flt.matches(obj)], rv
 
+    def await_durable(self, rv: int | str | None) -> None:
+        """Return once every change up to `rv` is committed: a reader is never answered with a change that a
+        crash could still lose (writes reach the in-memory state just before their commit)."""
+        if self._log is None or not rv:
+            return
+        try:
+            self._log.wait_durable(int(rv))
+        except StorageError as exc:
+            raise st.StatusError(500, "InternalError", str(exc))
+        except ValueError:
+            return
+
+    @property
+    def _dry_run(self) -> bool:
+        return bool(getattr(self._tls, "dry_run", False))
+
+    @contextlib.contextmanager
+    def dry_run(self, enabled: bool = True) -> Iterator[None]:
+        """Writes made by this thread inside the block are checked and answered but not stored (`dryRun=All`)."""
+        self._tls.dry_run = enabled
+        try:
+            yield
+        finally:
+            self._tls.dry_run = False
+
+    def json_of(self, obj: dict[str, Any]) -> bytes:
+        """The JSON encoding of `obj`: the one made when it was stored, or a fresh one for any other dict."""
+        cached = self._json.get(id(obj))
+        return cached if cached is not None else _encode(obj)
+
     # ----- writing -------------------------------------------------------------------------------------------
 
     def _next_uid(self) -> str:
-        self._uid_counter += 1
-        raw = f"{self._uid_prefix}{self._uid_counter:012x}"
-        return f"{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:32]}"
+        # Random (RFC 4122 version 4) as kube-apiserver's: never derived from a counter that a crash could rewind.
+        while True:
+            uid = str(uuid.uuid4())
+            if uid not in self._by_uid:
+                return uid
+
+    def clean_fields(self, rt: ResourceType, obj: dict[str, Any], policy: FieldPolicy | None,
+                     version: str | None = None) -> dict[str, Any]:
+        """`obj` (in `version`, default the storage version) without unknown fields; Strict refuses unknown or
+        duplicate ones, Warn records warnings; a value of the wrong type is 400 in every mode."""
+        version = version or rt.version
+        model = schema.model_name(rt.group, version, rt.kind)
+        if model is None:
+            return obj
+        report = schema.check_fields(model, obj)
+        if report.type_errors:
+            raise st.bad_request(f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: json: '
+                                 f"{report.type_errors[0]}")
+        policy = policy or FieldPolicy()
+        problems = [f'unknown field "{p}"' for p in report.unknown] + [f'duplicate field "{p}"'
+                                                                       for p in policy.duplicates]
+        if problems and policy.mode == "Strict":
+            raise st.bad_request(f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: '
+                                 f"strict decoding error: {', '.join(problems)}")
+        if policy.mode == "Warn":
+            policy.warnings.extend(p for p in problems if p not in policy.warnings)
+        return report.pruned  # type: ignore[no-any-return]
 
     def _admits(self, rt: ResourceType) -> bool:
         return self._admission is not None and rt.group == "resource.k8s.io"
@@ -131,10 +246,38 @@ class Store:
     def _commit(self, rt: ResourceType, key: tuple[str, str], new: dict[str, Any] | None, event_type: str,
                 old: dict[str, Any] | None) -> dict[str, Any]:
         """Store (or remove, when `new` is None) one object and record its event; caller holds the lock."""
-        self._rv += 1
-        table = self._objects[rt]
+        rv = self._rv + 1
+        obj_json: bytes | None = None
         if new is not None:
-            o.meta(new)["resourceVersion"] = str(self._rv)
+            o.meta(new)["resourceVersion"] = str(rv)
+            obj_json = _encode(new)
+            if len(obj_json) > MAX_OBJECT_BYTES:
+                o.meta(new)["resourceVersion"] = (old or {}).get("metadata", {}).get("resourceVersion")
+                raise st.StatusError(413, "RequestEntityTooLarge",
+                                     f"Request entity too large: {rt.kind} {key[1]!r} is {len(obj_json)} bytes "
+                                     f"encoded; etcdserver: request is too large (limit {MAX_OBJECT_BYTES} bytes)")
+        if self._dry_run:
+            # Everything was checked; nothing is stored, no resourceVersion is used, no event is sent.
+            if new is None:
+                assert old is not None
+                return old
+            if old is None:
+                o.meta(new).pop("resourceVersion", None)
+            else:
+                o.meta(new)["resourceVersion"] = old["metadata"].get("resourceVersion")
+            return new
+        if self._log is not None:
+            try:
+                self._log.check_writable()
+            except StorageError as exc:
+                raise st.StatusError(503, "ServiceUnavailable", str(exc))
+        self._rv = rv
+        table = self._objects[rt]
+        if old is not None:
+            self._json.pop(id(table.get(key)), None)
+        if new is not None:
+            assert obj_json is not None
+            self._json[id(new)] = obj_json
             table[key] = new
             uid = new["metadata"]["uid"]
             self._by_uid[uid] = (rt, key[0], key[1])
@@ -166,16 +309,33 @@ class Store:
                     self._enqueue_gc_locked("ns:" + key[0])
             # The DELETED event carries the final state with the deletion's resourceVersion, as Kubernetes does.
             event_obj = {**old, "metadata": {**old["metadata"], "resourceVersion": str(self._rv)}}
-        self._history.append(Event(self._rv, rt, event_type, event_obj, old))
+        event = Event(self._rv, rt, event_type, event_obj, old, obj_json if new is not None else _encode(event_obj))
+        self._history.append(event)
         self._history_rvs.append(self._rv)
         if len(self._history) > 2 * self._history_limit:
             drop = len(self._history) - self._history_limit
             self._floor = self._history_rvs[drop - 1]
             del self._history[:drop]
             del self._history_rvs[:drop]
-        self._dirty = True
-        self._cond.notify_all()
+        self._tls.rv = self._rv
+        if self._log is None:
+            self._publish_locked(self._rv, (rt,))
+        else:
+            assert event.obj_json is not None
+            self._log.submit(Change(self._rv, rt.kind, key[0], key[1], obj_json, event_type, event.obj_json,
+                                    _encode(old) if old is not None else None))
         return event_obj
+
+    def _publish_locked(self, rv: int, rts: Any) -> None:
+        """Make events up to `rv` visible to watchers and wake the watchers of the types in `rts`."""
+        self._visible = max(self._visible, rv)
+        for rt in set(rts):
+            self._rt_visible[rt] = max(self._rt_visible[rt], rv)
+            self._rt_conds[rt].notify_all()
+
+    def _on_durable(self, rv: int, batch: list[Change]) -> None:
+        with self._lock:
+            self._publish_locked(rv, [rt for ch in batch if (rt := self.registry.by_kind(ch.kind)) is not None])
 
     def _check_namespace(self, rt: ResourceType, namespace: str, name: str) -> None:
         if not rt.namespaced:
@@ -189,11 +349,13 @@ class Store:
             raise st.forbidden(rt, name, f"unable to create new content in namespace {namespace} because it is "
                                          "being terminated")
 
-    def create(self, rt: ResourceType, namespace: str, body: Any) -> dict[str, Any]:
+    @_durable
+    def create(self, rt: ResourceType, namespace: str, body: Any, fields: FieldPolicy | None = None) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise st.bad_request(f"the body of a {rt.kind} create must be a JSON object")
+        check_type_meta(rt, body)
         # apiVersion and kind first, as Kubernetes serializes them.
-        obj = {"apiVersion": rt.api_version, "kind": rt.kind, **o.deep_copy(body)}
+        obj = {"apiVersion": rt.api_version, "kind": rt.kind, **self.clean_fields(rt, o.deep_copy(body), fields)}
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
         m = o.meta(obj)
         body_ns = m.get("namespace")
@@ -276,13 +438,16 @@ class Store:
             m["generation"] = int(om.get("generation", 1)) + 1
         return new
 
+    @_durable
     def update(self, rt: ResourceType, namespace: str, name: str, body: Any,
-               subresource: str | None = None) -> dict[str, Any]:
+               subresource: str | None = None, fields: FieldPolicy | None = None) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise st.bad_request(f"the body of a {rt.kind} update must be a JSON object")
+        check_type_meta(rt, body)
+        body = self.clean_fields(rt, body, fields)
         bm = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
-        if bm.get("name") and bm["name"] != name:
-            raise st.bad_request(f'the name of the object ({bm["name"]}) does not match the name on the URL ({name})')
+        if bm.get("name") != name:  # an omitted name does not match either, as in kube-apiserver
+            raise st.bad_request(f'the name of the object ({bm.get("name") or ""}) does not match the name on the URL ({name})')
         if rt.namespaced and bm.get("namespace") and bm["namespace"] != namespace:
             raise st.bad_request(f"the namespace of the provided object ({bm['namespace']}) does not match the "
                                  f"namespace sent on the request ({namespace})")
@@ -290,6 +455,7 @@ class Store:
         old = self.get(rt, namespace, name)
         if want_rv and want_rv != old["metadata"].get("resourceVersion"):
             raise st.conflict(rt, name)
+        _check_uid(rt, name, bm, old)
         new = self._merge_update(rt, old, body, subresource)
         return self._write(rt, namespace, name, old, new, want_rv or None)
 
@@ -317,8 +483,10 @@ class Store:
                 return self._commit(rt, (namespace, name), None, "DELETED", new)
             return self._commit(rt, (namespace, name), new, "MODIFIED", old)
 
+    @_durable
     def patch(self, rt: ResourceType, namespace: str, name: str, patch_type: str, body: Any,
-              subresource: str | None = None, codec: Codec | None = None) -> dict[str, Any]:
+              subresource: str | None = None, codec: Codec | None = None,
+              fields: FieldPolicy | None = None) -> dict[str, Any]:
         """`codec` (to the request's version, back to storage) applies the patch to the object as the
         request's API version shows it, as Kubernetes patches in the version the client speaks."""
         for _ in range(_PATCH_RETRIES):
@@ -337,6 +505,9 @@ class Store:
                 raise st.bad_request(f"the patch for {rt.kind} {name!r} must produce a JSON object")
             if codec:
                 patched = codec[1](patched)
+            check_type_meta(rt, patched)
+            patched = self.clean_fields(rt, patched, fields)
+            _check_uid(rt, name, o.meta(patched), old)
             want_rv = (patched.get("metadata") or {}).get("resourceVersion")
             if want_rv and want_rv != old["metadata"].get("resourceVersion"):
                 raise st.conflict(rt, name)
@@ -353,6 +524,7 @@ class Store:
                     raise
         raise st.conflict(rt, name, "too many concurrent writers; please retry")
 
+    @_durable
     def bind(self, namespace: str, name: str, body: Any) -> dict[str, Any]:
         rt = self.registry.by_kind("Pod")
         assert rt is not None
@@ -381,6 +553,7 @@ class Store:
         self._write(rt, namespace, name, old, new, None)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
+    @_durable
     def delete(self, rt: ResourceType, namespace: str, name: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
         options = options or {}
         if rt.kind == "Namespace" and name in PROTECTED_NAMESPACES:
@@ -431,6 +604,8 @@ class Store:
     # ----- garbage collection -----------------------------------------------------------------------------------
 
     def _enqueue_gc_locked(self, item: str) -> None:
+        if self._dry_run:
+            return
         self._gc_queue.append(item)
         self._cond.notify_all()
 
@@ -488,7 +663,8 @@ class Store:
     def watch(self, flt: Filter, resource_version: int | None, initial: bool) -> Watcher:
         with self._cond:
             start = self._rv if resource_version is None else resource_version
-            if resource_version is not None and resource_version < self._floor:
+            if resource_version is not None and (resource_version < self._floor or
+                                                 resource_version in self._lost_rvs):
                 raise st.expired(resource_version, self._floor)
             if resource_version is not None and resource_version > self._rv:
                 raise st.StatusError(504, "Timeout", f"Too large resource version: {resource_version}, current: "
@@ -496,53 +672,57 @@ class Store:
             snapshot = [obj for key, obj in sorted(self._objects[flt.rt].items()) if flt.matches(obj)] if initial else []
         return Watcher(self, flt, start, snapshot)
 
-    def _events_after(self, pos: int) -> tuple[list[Event], int] | None:
-        """Events after `pos` and the new position; None when `pos` was compacted. Caller holds the lock."""
+    def _events_after(self, rt: ResourceType, pos: int) -> tuple[list[Event], int] | None:
+        """Visible events of `rt` after `pos` and the new position; None when `pos` was compacted (lock held)."""
         if pos < self._floor:
             return None
-        idx = bisect.bisect_right(self._history_rvs, pos)
-        return self._history[idx:], self._rv
+        visible = self._visible
+        if self._rt_visible[rt] <= pos:
+            return [], max(pos, visible)
+        lo = bisect.bisect_right(self._history_rvs, pos)
+        hi = bisect.bisect_right(self._history_rvs, visible, lo)
+        return [ev for ev in self._history[lo:hi] if ev.rt is rt], max(pos, visible)
 
-    def wait_events(self, pos: int, timeout: float) -> tuple[list[Event], int] | None:
-        with self._cond:
-            if self._rv <= pos and not self._closed:
-                self._cond.wait(timeout)
-            return self._events_after(pos)
+    def wait_events(self, rt: ResourceType, pos: int, timeout: float) -> tuple[list[Event], int] | None:
+        """Events of `rt` after `pos`, waiting up to `timeout` for one; only `rt`'s events wake the wait."""
+        with self._lock:
+            if self._rt_visible[rt] <= pos and not self._closed:
+                self._rt_conds[rt].wait(timeout)
+            return self._events_after(rt, pos)
 
     @property
     def closed(self) -> bool:
         return self._closed
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             self._closed = True
             self._cond.notify_all()
+            for cond in self._rt_conds.values():
+                cond.notify_all()
+        if self._log is not None:
+            self._log.close()
 
     # ----- persistence ---------------------------------------------------------------------------------------
 
-    def snapshot(self) -> dict[str, Any] | None:
-        """The state to persist, or None when nothing changed since the last snapshot."""
-        with self._cond:
-            if not self._dirty:
-                return None
-            self._dirty = False
-            items = [obj for rt in self.registry.types for _, obj in sorted(self._objects[rt].items())]
-            return {"resourceVersion": self._rv, "uidPrefix": self._uid_prefix, "uidCounter": self._uid_counter,
-                    "objects": items}
+    def storage_stats(self) -> dict[str, int] | None:
+        """Commits and writes so far of the durable store (writes/commits: how well group commit works)."""
+        return self._log.stats() if self._log is not None else None
 
-    def mark_dirty(self) -> None:
-        with self._cond:
-            self._dirty = True
-
-    def restore(self, state: dict[str, Any]) -> list[str]:
-        """Load persisted objects; returns a description of each object that could not be loaded."""
+    def open_durable(self, path: str | Path) -> list[str]:
+        """Load the state database at `path` (created when missing) and commit every later write to it before
+        the write returns. Returns a description of each stored object that could not be loaded."""
+        log = SqliteLog(path, self._history_limit, on_durable=self._on_durable)
+        state = log.open()
         problems: list[str] = []
-        with self._cond:
-            self._rv = int(state.get("resourceVersion", 0))
-            self._floor = self._rv
-            self._uid_prefix = str(state.get("uidPrefix") or self._uid_prefix)
-            self._uid_counter = int(state.get("uidCounter", 0))
-            for obj in state.get("objects") or []:
+        if state.migrated_from is not None:
+            problems.append(f"migrated the JSON state file of an earlier version into the database {path}; "
+                            f"the JSON file is kept as {state.migrated_from}")
+        with self._lock:
+            self._rv = self._visible = state.rv
+            self._floor = state.floor
+            self._lost_rvs = range(state.committed_rv + 1, state.rv)
+            for obj, raw in state.objects:
                 rt = self.registry.by_kind(obj.get("kind", "")) if isinstance(obj, dict) else None
                 m = obj.get("metadata") if isinstance(obj, dict) else None
                 if rt is None or not isinstance(m, dict) or not m.get("name") or not m.get("uid"):
@@ -550,13 +730,40 @@ class Store:
                     continue
                 key = (m.get("namespace", "") if rt.namespaced else "", m["name"])
                 self._objects[rt][key] = obj
+                self._json[id(obj)] = raw
                 self._by_uid[m["uid"]] = (rt, key[0], key[1])
                 for owner in o.owner_uids(obj):
                     self._dependents.setdefault(owner, set()).add((rt, key[0], key[1]))
+            for rv, kind, etype, obj, old in state.events:
+                rt = self.registry.by_kind(kind)
+                if rt is None:
+                    continue
+                self._history.append(Event(rv, rt, etype, obj, old))
+                self._history_rvs.append(rv)
+                self._rt_visible[rt] = rv
             for owner in self._dependents:
                 if owner not in self._by_uid:
                     self._gc_queue.append(owner)
+            self._log = log
         return problems
+
+
+def check_type_meta(rt: ResourceType, body: dict[str, Any]) -> None:
+    """A body's apiVersion and kind, when given, must be the URL's, as kube-apiserver's decoder insists."""
+    api_version, kind = body.get("apiVersion"), body.get("kind")
+    if api_version not in (None, "") and api_version != rt.api_version:
+        raise st.bad_request(f"the API version in the data ({api_version}) does not match the expected API version "
+                             f"({rt.api_version})")
+    if kind not in (None, "") and kind != rt.kind:
+        raise st.bad_request(f"the kind in the data ({kind}) does not match the expected kind ({rt.kind}) of "
+                             f"{rt.qualified}")
+
+
+def _check_uid(rt: ResourceType, name: str, new_meta: dict[str, Any], old: dict[str, Any]) -> None:
+    """metadata.uid may be omitted on update (the stored one is kept) but never changed, as Kubernetes validates."""
+    uid = new_meta.get("uid")
+    if uid and uid != old["metadata"]["uid"]:
+        raise st.invalid(rt, name, [f"metadata.uid: Invalid value: {json.dumps(uid)}: field is immutable"])
 
 
 class Watcher:
@@ -573,28 +780,28 @@ class Watcher:
             yield "ADDED", obj
         self.initial = []
 
-    def next_events(self, timeout: float) -> list[tuple[str, dict[str, Any]]]:
-        """Events since the last call (waiting up to `timeout` for one); raises StatusError(410) when compacted."""
-        got = self.store.wait_events(self.pos, timeout)
+    def next_events(self, timeout: float) -> list[tuple[str, Event]]:
+        """Events since the last call (waiting up to `timeout` for one); raises StatusError(410) when compacted.
+
+        Each is (type for this watch, event); `event.line(type)` is its encoded form, shared by all watchers."""
+        got = self.store.wait_events(self.flt.rt, self.pos, timeout)
         if got is None:
             raise st.expired(self.pos, self.store._floor)
         events, newest = got
-        out: list[tuple[str, dict[str, Any]]] = []
+        out: list[tuple[str, Event]] = []
         flt = self.flt
         for ev in events:
-            if ev.rt is not flt.rt:
-                continue
             now = flt.matches(ev.obj) if ev.type != "DELETED" else False
             before = flt.matches(ev.old) if ev.old is not None else False
             if ev.type == "DELETED":
                 if before or flt.matches(ev.obj):
-                    out.append(("DELETED", ev.obj))
+                    out.append(("DELETED", ev))
             elif now and before:
-                out.append(("MODIFIED", ev.obj))
+                out.append(("MODIFIED", ev))
             elif now:
-                out.append(("ADDED", ev.obj))
+                out.append(("ADDED", ev))
             elif before:
                 # The object left the selection: Kubernetes reports it as deleted for this watch.
-                out.append(("DELETED", ev.obj))
+                out.append(("DELETED", ev))
         self.pos = newest
         return out

@@ -11,7 +11,9 @@ listed. Nothing else in the container is looked at, so the output is the contain
 MIG devices created later (partitionable GPUs, on demand at prepare) are known in advance: the simulator names a
 MIG device by its GPU, profile and placement, so the table holds every placement of every profile of a
 MIG-capable GPU. Where two profiles share a placement (hence a cap node), such a row is listed only when
-NVIDIA_VISIBLE_DEVICES names its UUID.
+NVIDIA_VISIBLE_DEVICES names its UUID; the agent's claim specs set it to `void` (the NVIDIA runtime must not
+inject by it), so for those the install is written again once the MIG device exists (`write` with the new
+inventory), which lists it as existing.
 
 Real nodes never get this: the agent with `--nvml real` reads the host's install.
 """

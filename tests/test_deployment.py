@@ -1,0 +1,254 @@
+"""What a real GPU node needs from the shipped manifests (read against NVIDIA's DRA driver chart), and RBAC that
+grants every API call the code makes, derived from the code's KubeApi and Writer calls rather than listed by hand."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controller.manager import CLUSTER_KINDS
+from gpudra.kubeapi import KINDS
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFESTS = ROOT / "manifests"
+NAMESPACE = "gpu-dra-system"
+
+pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+
+
+def build(overlay: str = "") -> list[dict[str, Any]]:
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(MANIFESTS / overlay)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    return [o for o in yaml.safe_load_all(out) if o]
+
+
+def agent_pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    ds = next(o for o in objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "gpu-dra-node-agent")
+    return ds["spec"]["template"]["spec"]
+
+
+# ---- the node agent's pod ---------------------------------------------------------------------------------
+
+
+def test_node_agent_is_privileged_with_dev_and_driver_root_and_no_gpus_injected() -> None:
+    spec = agent_pod(build())
+    (container,) = spec["containers"]
+    assert container["securityContext"]["privileged"] is True
+    assert "capabilities" not in container["securityContext"]  # nothing dropped from a privileged container
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert env["GPU_DRA_NVML"] == "real"
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[mounts["/dev"]["name"]]["hostPath"]["path"] == "/dev"
+    root = mounts["/driver-root"]
+    assert root["readOnly"] and root["mountPropagation"] == "HostToContainer"
+    assert volumes[root["name"]]["hostPath"]["path"] == "/"
+    assert "--driver-root=/driver-root" in container["args"]
+    plugins = mounts["/var/lib/kubelet/plugins"]
+    assert plugins["mountPropagation"] == "Bidirectional"  # the MPS shm tmpfs must reach the host
+    for path in ("/var/lib/kubelet/plugins_registry", "/var/run/cdi"):
+        assert path in mounts
+
+
+def test_node_agent_runs_on_gpu_nodes_only_and_tolerates_the_gpu_taint() -> None:
+    spec = agent_pod(build())
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    keys = {e["key"]: e["values"] for t in terms for e in t["matchExpressions"]}
+    assert keys["feature.node.kubernetes.io/pci-10de.present"] == ["true"]
+    assert keys["nvidia.com/gpu.present"] == ["true"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+
+
+def test_device_plugin_shim_is_opt_in() -> None:
+    assert "--device-plugin" not in agent_pod(build())["containers"][0]["args"]
+    assert "--device-plugin" in agent_pod(build("device-plugin"))["containers"][0]["args"]
+
+
+def test_kind_overlay_runs_the_simulator_on_unlabelled_nodes() -> None:
+    spec = agent_pod(build("kind/overlay"))
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env["GPU_DRA_NVML"].startswith("sim:")
+    assert "affinity" not in spec
+
+
+# ---- RBAC derived from the code ---------------------------------------------------------------------------
+
+# KubeApi methods -> (verb, subresource); `watch` is list + watch.
+KUBEAPI_VERBS: dict[str, list[tuple[str, str]]] = {
+    "get": [("get", "")], "try_get": [("get", "")], "list": [("list", "")], "watch": [("list", ""), ("watch", "")],
+    "create": [("create", "")], "replace": [("update", "")], "replace_status": [("update", "status")],
+    "patch": [("patch", "")], "delete": [("delete", "")],
+}
+# controller.writes.Writer methods -> what they call on the API (updates re-read on a conflict, delete reads after).
+WRITER_VERBS: dict[str, list[tuple[str, str]]] = {
+    "read": [("get", "")], "create": [("create", "")], "update": [("update", ""), ("get", "")],
+    "update_status": [("update", "status"), ("get", "")], "patch": [("patch", "")],
+    "patch_status": [("patch", "status")], "delete": [("delete", ""), ("get", "")],
+}
+API_RECEIVERS = {"api", "_api"}
+WRITER_RECEIVERS = {"writer", "_writer"}
+# Run only with `gpu-dra controller --embedded` (the embedded control plane, no RBAC): the kube-scheduler's and
+# kube-controller-manager's work (placement and binding, claims from templates and for pod groups, device taint
+# eviction). The deployed controller runs in cluster mode; test_embedded_only_modules_run_only_in_embedded_mode
+# checks the list.
+EMBEDDED_ONLY = {"controller/scheduler.py", "controller/claims.py", "controller/taintevict.py",
+                 # claims shared by a PodGroup (kube-controller-manager's part of KEP-5729)
+                 "controller/podgroupclaims.py",
+                 # kube-scheduler's PodScheduled condition, written by the embedded scheduler only
+                 "controller/podconditions.py"}
+# Helpers in that list that the manager does not drive itself: only embedded-only modules may import them.
+EMBEDDED_ONLY_HELPERS = {"controller/podconditions.py"}
+
+
+@dataclass(frozen=True)
+class Need:
+    group: str
+    resource: str  # plural, or plural/subresource
+    verb: str
+    where: str
+
+
+def _receiver_name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _literal_kind(call: ast.Call) -> str | None:
+    if call.args and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str):
+        return call.args[0].value
+    return None
+
+
+def needs_of(path: Path) -> Iterator[Need]:
+    tree = ast.parse(path.read_text(), str(path))
+    rel = str(path.relative_to(ROOT))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "bind_pod":
+            yield Need("", "pods/binding", "create", f"{rel}:{node.lineno}")  # controller.writes.bind_pod
+            continue
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        method, receiver = node.func.attr, _receiver_name(node.func.value)
+        where = f"{rel}:{node.lineno}"
+        if receiver in API_RECEIVERS and method == "bind_pod":
+            if rel != "controller/writes.py":  # the wrapper's own call; its callers are counted above
+                yield Need("", "pods/binding", "create", where)
+            continue
+        table = KUBEAPI_VERBS if receiver in API_RECEIVERS else WRITER_VERBS if receiver in WRITER_RECEIVERS else None
+        if table is None or method not in table:
+            continue
+        kind = _literal_kind(node)
+        if kind is None:
+            continue  # the generic wrappers (Writer, Informer) themselves; their callers name the kind
+        info = KINDS[kind]
+        sub = next((k.value for k in node.keywords if k.arg == "subresource" and isinstance(k.value, ast.Constant)), None)
+        for verb, subresource in table[method]:
+            subresource = subresource or (str(sub.value) if sub is not None else "")
+            yield Need(info.group, f"{info.plural}/{subresource}" if subresource else info.plural, verb, where)
+
+
+def code_needs(package: str) -> list[Need]:
+    out: list[Need] = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        if str(path.relative_to(ROOT)) in EMBEDDED_ONLY:
+            continue
+        out.extend(needs_of(path))
+    return out
+
+
+def granted(objects: list[dict[str, Any]], service_account: str) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) the service account gets from the shipped (Cluster)Roles and bindings."""
+    roles = {(o["kind"], o["metadata"]["name"]): o for o in objects if o["kind"] in ("Role", "ClusterRole")}
+    out: set[tuple[str, str, str]] = set()
+    for b in objects:
+        if b["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if not any(s["kind"] == "ServiceAccount" and s["name"] == service_account and s["namespace"] == NAMESPACE
+                   for s in b["subjects"]):
+            continue
+        role = roles[(b["roleRef"]["kind"], b["roleRef"]["name"])]
+        for rule in role["rules"]:
+            for g in rule["apiGroups"]:
+                for r in rule["resources"]:
+                    for v in rule["verbs"]:
+                        out.add((g, r, v))
+    return out
+
+
+def _missing(needs: list[Need], grants: set[tuple[str, str, str]]) -> list[str]:
+    return sorted({f"{n.verb} {n.resource} ({n.group or 'core'}) for {n.where}"
+                   for n in needs if (n.group, n.resource, n.verb) not in grants})
+
+
+def test_the_derivation_sees_the_calls_it_must() -> None:
+    """A guard against a derivation that silently finds nothing: known calls are found."""
+    controller = {(n.resource, n.verb) for n in code_needs("controller")}
+    assert {("events", "get"), ("events", "create"), ("resourceclaims/status", "update"), ("pods", "patch"),
+            ("leases", "update")} <= controller
+    agent = {(n.resource, n.verb) for n in code_needs("driver")}
+    assert {("resourceslices", "create"), ("resourceslices", "watch"), ("resourceclaims", "get"),
+            ("pods", "create"), ("pods", "delete")} <= agent
+
+
+def test_controller_rbac_grants_every_call_the_controller_makes() -> None:
+    needs = code_needs("controller")
+    # The informers list and watch these kinds (named in a constant, not at the call).
+    for kind in CLUSTER_KINDS:
+        info = KINDS[kind]
+        needs += [Need(info.group, info.plural, v, "controller/manager.py CLUSTER_KINDS") for v in ("list", "watch")]
+    assert _missing(needs, granted(build(), "gpu-dra-controller")) == []
+
+
+def test_node_agent_rbac_grants_every_call_the_agent_makes() -> None:
+    needs = code_needs("driver")
+    assert _missing(needs, granted(build(), "gpu-dra-node-agent")) == []
+
+
+def test_embedded_only_modules_run_only_in_embedded_mode() -> None:
+    """The excluded modules' objects are driven only inside `if self.config.embedded:` of the manager's pass (the
+    scheduler module's cluster-mode PendingExplainer writes only through the explainer, which is counted)."""
+    tree = ast.parse((ROOT / "controller/manager.py").read_text())
+    driven_in_embedded: set[str] = set()
+    driven_anywhere: set[str] = set()
+    for fn in ast.walk(tree):
+        if not (isinstance(fn, ast.FunctionDef) and fn.name == "_pass"):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.If) and "embedded" in ast.unparse(node.test):
+                for inner in ast.walk(ast.Module(body=node.body, type_ignores=[])):
+                    if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Attribute):
+                        driven_in_embedded.add(inner.value.attr)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+                driven_anywhere.add(node.value.attr)
+    # self.claims (ClaimLifecycle), self.scheduler (EmbeddedScheduler), self.taint_evictor (TaintEvictor),
+    # self.pod_group_claims (PodGroupClaims)
+    embedded_only = {"claims", "scheduler", "taint_evictor", "pod_group_claims"}
+    assert embedded_only <= driven_in_embedded
+    assert not embedded_only & (driven_anywhere - driven_in_embedded)
+
+
+def test_embedded_only_helpers_are_imported_only_by_embedded_only_modules() -> None:
+    for helper in EMBEDDED_ONLY_HELPERS:
+        module = helper.removesuffix(".py").replace("/", ".")
+        importers = set()
+        for path in sorted((ROOT / "controller").rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module == module:
+                    importers.add(str(path.relative_to(ROOT)))
+                if isinstance(node, ast.Import) and any(a.name == module for a in node.names):
+                    importers.add(str(path.relative_to(ROOT)))
+        assert importers and importers <= EMBEDDED_ONLY, (helper, importers)

@@ -1,0 +1,135 @@
+"""NVML and NVIDIA's tools found and loaded by path from a driver root (a fake one built here)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from driver.driverroot import DriverRoot, DriverRootError
+from driver.gputools import CommandResult, GpuToolError, MpsDirs, NvidiaTools
+
+# A stand-in libnvidia-ml.so.1: enough of NVML's C API for pynvml's init and a device count.
+FAKE_NVML_C = r"""
+#include <string.h>
+static int initialised = 0;
+int nvmlInit_v2(void) { initialised = 1; return 0; }
+int nvmlInitWithFlags(unsigned int flags) { initialised = 1; return 0; }
+int nvmlShutdown(void) { initialised = 0; return 0; }
+int nvmlDeviceGetCount_v2(unsigned int *count) { if (!initialised) return 1; *count = 3; return 0; }
+int nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    strncpy(version, "550.54.15-fake", length); return 0; }
+const char *nvmlErrorString(int result) { return "fake error"; }
+"""
+
+
+def _build_library(tmp_path: Path) -> Path:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed to build the stand-in libnvidia-ml.so.1")
+    source = tmp_path / "fake_nvml.c"
+    source.write_text(FAKE_NVML_C)
+    out = tmp_path / "libnvidia-ml.so.550.54.15"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(source)], check=True)
+    return out
+
+
+def _fake_root(tmp_path: Path, lib_dir: str = "usr/lib/x86_64-linux-gnu") -> Path:
+    """A driver root laid out like a host: the versioned library, and `.so.1` as an absolute link to it."""
+    built = _build_library(tmp_path)
+    root = tmp_path / "driver-root"
+    d = root / lib_dir
+    d.mkdir(parents=True)
+    shutil.copy(built, d / built.name)
+    # Absolute link text, as distributions install it: must resolve inside the root, not in this machine's /.
+    (d / "libnvidia-ml.so.1").symlink_to(f"/{lib_dir}/{built.name}")
+    return root
+
+
+def test_library_found_through_an_absolute_link_inside_the_root(tmp_path: Path) -> None:
+    root = _fake_root(tmp_path, "usr/lib64")
+    found = DriverRoot(root).find_library()
+    assert found == root / "usr/lib64/libnvidia-ml.so.550.54.15"
+
+
+def test_missing_library_names_every_path_searched(tmp_path: Path) -> None:
+    root = tmp_path / "empty-root"
+    root.mkdir()
+    with pytest.raises(DriverRootError) as err:
+        DriverRoot(root).find_library()
+    message = str(err.value)
+    for d in DriverRoot(root).library_dirs:
+        assert str(root / d.lstrip("/") / "libnvidia-ml.so.1") in message
+    assert "--driver-root" in message
+
+
+def test_real_backend_loads_nvml_by_path_from_the_driver_root(tmp_path: Path) -> None:
+    """In a fresh interpreter (pynvml holds one library per process): the fake root's library is the one used."""
+    root = _fake_root(tmp_path)
+    script = textwrap.dedent(f"""
+        import pynvml
+        from pathlib import Path
+        from driver.nvml import load_backend
+        nvml = load_backend("real", driver_root=Path({str(root)!r}))
+        print(nvml.nvmlDeviceGetCount(), pynvml.nvmlLib._name, nvml.nvmlSystemGetDriverVersion())
+    """)
+    env = {**os.environ, "LD_LIBRARY_PATH": ""}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    count, loaded, version = done.stdout.split()
+    assert count == "3"
+    assert loaded == str(root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15")
+    assert version == "550.54.15-fake"
+
+
+def test_plugin_exits_2_naming_the_paths_when_the_root_has_no_nvml(tmp_path: Path) -> None:
+    root = tmp_path / "no-driver"
+    root.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.main", "plugin", "--node", "n1", "--nvml", "real", "--driver-root", str(root)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2
+    assert f"{root}/usr/lib64/libnvidia-ml.so.1" in done.stderr
+    assert "sim:" in done.stderr
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], dict[str, str]]] = []
+
+    def run(self, argv, *, env=None, stdin=None) -> CommandResult:  # noqa: ANN001 - CommandRunner protocol
+        self.calls.append((list(argv), dict(env or {})))
+        return CommandResult(0, "", "")
+
+
+def test_tools_run_from_the_driver_root_with_its_nvml_preloaded(tmp_path: Path) -> None:
+    root = _fake_root(tmp_path, "usr/lib64")
+    bin_dir = root / "usr/bin"
+    bin_dir.mkdir(parents=True)
+    for tool in ("nvidia-smi", "nvidia-cuda-mps-control"):
+        (bin_dir / tool).write_text("#!/bin/sh\n")
+        (bin_dir / tool).chmod(0o755)
+    runner = _Recorder()
+    tools = NvidiaTools(runner, driver_root=DriverRoot(root))
+    tools.set_timeslice("GPU-1", 2)
+    tools.mps_command(MpsDirs(tmp_path / "pipe", tmp_path / "log"), "get_server_list")
+    (smi, smi_env), (mps, mps_env) = runner.calls
+    assert smi == [str(bin_dir / "nvidia-smi"), "compute-policy", "-i", "GPU-1", "--set-timeslice", "2"]
+    library = str(root / "usr/lib64/libnvidia-ml.so.550.54.15")
+    assert smi_env["LD_PRELOAD"].split(":")[0] == library
+    assert smi_env["LD_LIBRARY_PATH"].split(":")[0] == str(root / "usr/lib64")
+    assert mps[0] == str(bin_dir / "nvidia-cuda-mps-control")
+    assert mps_env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "pipe") and mps_env["LD_PRELOAD"].startswith(library)
+
+
+def test_a_tool_missing_from_the_root_names_the_paths(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    tools = NvidiaTools(_Recorder(), driver_root=DriverRoot(root))
+    with pytest.raises(GpuToolError, match=f"{root}/usr/bin/nvidia-smi"):
+        tools.set_timeslice("GPU-1", 0)

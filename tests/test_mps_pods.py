@@ -1,0 +1,152 @@
+"""MPS control daemons as pods of their own: the pod a node needs, and a daemon that outlives the agent.
+
+A stand-in kubelet watches the embedded API server for the daemon's pod and, like the real daemon, listens on
+`<pipe dir>/control` (a host path both the agent and the pod see); it stops listening when the pod is deleted.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver import sharing
+from driver.gputools import CommandResult, GpuToolError, MpsDirs, NvidiaTools
+from driver.mpsdaemon import MpsDaemonPods, MpsPodSettings, pod_manifest, pod_name
+from gpudra.deviceconfig import parse
+from tests.plugin_helpers import short_tmp
+
+NODE = "gpu-node-1"
+SETTINGS = MpsPodSettings(namespace="gpu-dra-system", node_name=NODE, image="gpu-dra:dev",
+                          host_driver_root="/run/nvidia/driver", ready_timeout_s=30)
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.stdin: list[str] = []
+
+    def run(self, argv, *, env=None, stdin=None) -> CommandResult:  # noqa: ANN001 - CommandRunner protocol
+        self.calls.append(list(argv))
+        self.stdin.append(stdin or "")
+        return CommandResult(0, "", "")
+
+
+class _Kubelet:
+    """Runs the MPS pods it sees: a listener on the pod's pipe hostPath, closed when the pod is deleted."""
+
+    def __init__(self, api: Any) -> None:
+        self._api = api
+        self._stop = threading.Event()
+        self.listeners: dict[str, socket.socket] = {}
+        self.started: list[str] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for event, pod in self._api.watch("Pod", namespace=SETTINGS.namespace, stop=self._stop):
+            name = pod["metadata"]["name"]
+            if event == "ADDED" and name not in self.listeners:
+                pipe = next(v["hostPath"]["path"] for v in pod["spec"]["volumes"] if v["name"] == "mps-pipe")
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.bind(f"{pipe}/control")
+                s.listen(4)
+                self.listeners[name] = s
+                self.started.append(name)
+            elif event == "DELETED" and name in self.listeners:
+                s = self.listeners.pop(name)
+                path = s.getsockname()
+                s.close()
+                Path(path).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self._stop.set()
+        for s in self.listeners.values():
+            s.close()
+
+
+@pytest.fixture
+def api(apiserver: Any) -> Any:
+    apiserver.api.create("Namespace", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SETTINGS.namespace}})
+    return apiserver.api
+
+
+@pytest.fixture
+def tmp() -> Iterator[Path]:
+    with short_tmp() as path:
+        yield path
+
+
+def test_daemon_pod_is_what_a_gpu_node_needs(tmp: Path) -> None:
+    dirs = sharing.mps_dirs(tmp / "mps", "uid-1")
+    pod = pod_manifest(SETTINGS, dirs, ["GPU-a", "MIG-b"])
+    spec = pod["spec"]
+    assert spec["nodeName"] == NODE and spec["hostPID"] is True and spec["restartPolicy"] == "Always"
+    (container,) = spec["containers"]
+    assert container["securityContext"]["privileged"] is True
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-a,MIG-b" and env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    assert volumes == {"driver-root": "/run/nvidia/driver", "mps-pipe": str(dirs.pipe), "mps-log": str(dirs.log),
+                       "mps-shm": str(dirs.shm)}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts["/driver-root"] == "driver-root" and mounts["/dev/shm"] == "mps-shm"
+    assert pod["metadata"]["name"] == pod_name(NODE, dirs) and len(pod["metadata"]["name"]) <= 63
+
+
+def test_daemon_outlives_the_agent_and_is_stopped_with_its_claim(api: Any, tmp: Path) -> None:
+    kubelet = _Kubelet(api)
+    try:
+        dirs = sharing.mps_dirs(tmp / "mps", "uid-1")
+        config = parse({"apiVersion": "gpu.nvidia.com/v1alpha1", "kind": "GpuConfig",
+                        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}})
+        devices = [sharing.SharedDevice(uuid="GPU-a", gpu_uuid="GPU-a", gpu_index=0)]
+
+        def agent(runner: _Recorder) -> Any:
+            """One incarnation of the agent's backend: real pods, recorded tool and mount commands."""
+            pods = MpsDaemonPods(api, SETTINGS, NvidiaTools(runner), runner=runner, poll_s=0.05,
+                                 is_mount=lambda p: any(c[:2] == ["mount", "-t"] and c[-1] == p for c in runner.calls))
+
+            class Backend:
+                set_compute_mode = staticmethod(lambda uuid, mode: None)
+                set_timeslice = staticmethod(lambda uuid, level: None)
+                mps_start = staticmethod(pods.start)
+                mps_command = staticmethod(pods.command)
+                mps_stop = staticmethod(pods.stop)
+                mps_running = staticmethod(pods.running)
+
+            return Backend()
+
+        first = _Recorder()
+        assert sharing.start_mps(agent(first), config, devices, dirs) is True
+        assert kubelet.started == [pod_name(NODE, dirs)]
+        assert ["mount", "-t", "tmpfs", "-o", "rw,nosuid,nodev,noexec,relatime,size=8g", "shm", str(dirs.shm)] in first.calls
+        assert "set_default_active_thread_percentage 50\n" in first.stdin  # limits sent over the shared pipe dir
+        edits = sharing.apply(agent(first), config, devices, dirs)
+        assert {"hostPath": str(dirs.shm), "containerPath": "/dev/shm", "options": ["rbind", "rw", "nosuid", "nodev"]} in edits.mounts
+
+        # The agent restarts (a new backend, nothing in memory): the daemon's pod still runs, nothing is started.
+        second = _Recorder()
+        assert sharing.start_mps(agent(second), config, devices, dirs) is False
+        assert kubelet.started == [pod_name(NODE, dirs)]
+        assert api.get("Pod", pod_name(NODE, dirs), SETTINGS.namespace)["spec"]["hostPID"] is True
+
+        # Unprepare: quit through the control pipe, the pod deleted, the shm unmounted.
+        sharing.undo(agent(second), config, set(), devices, dirs)
+        assert "quit\n" in second.stdin
+        assert api.try_get("Pod", pod_name(NODE, dirs), SETTINGS.namespace) is None
+    finally:
+        kubelet.close()
+
+
+def test_a_daemon_pod_that_never_listens_names_the_pod(api: Any, tmp: Path) -> None:
+    settings = MpsPodSettings(namespace="gpu-dra-system", node_name=NODE, image="gpu-dra:dev", ready_timeout_s=0.3)
+    pods = MpsDaemonPods(api, settings, NvidiaTools(_Recorder()), runner=_Recorder(), poll_s=0.05,
+                         is_mount=lambda p: True)
+    dirs = MpsDirs(tmp / "p", tmp / "l")
+    with pytest.raises(GpuToolError, match=f"gpu-dra-system/{pod_name(NODE, dirs)} did not listen on .*control"):
+        pods.start(dirs, ["GPU-a"])
