@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from gpudra import DEFAULT_DRIVER_NAME
+from gpudra import DEFAULT_DRIVER_NAME, cliopts, logfmt
 from gpudra.apiserver import EmbeddedApiServer
 from controller.validationhooks import validation_admission
 from gpudra.apiserver.persistence import StateFileError
@@ -18,7 +18,7 @@ from gpudra.apiserver.podlogs import PodLogsDir
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=int, default=0, help="TCP port (default: a free port)")
+    parser.add_argument("--port", type=cliopts.port, default=0, help="TCP port (default: a free port)")
     parser.add_argument("--address", default="127.0.0.1",
                         help="loopback address to listen on (default 127.0.0.1; non-loopback addresses are refused)")
     parser.add_argument("--kubeconfig-out", metavar="FILE", help="write a kubeconfig for this server to FILE")
@@ -26,6 +26,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="keep objects in the SQLite database DB (created if missing; every write is committed "
                              "before it is answered); a JSON state file of an earlier version is migrated once, "
                              "keeping it as DB.json-backup. Without --state, objects live in memory only")
+    cliopts.add_log_level(parser)
     parser.add_argument("--pod-logs-dir", metavar="DIR",
                         help="serve pods/log (kubectl logs) from DIR in the kubelet's /var/log/pods layout "
                              "(<namespace>_<pod>_<uid>/<container>/<restart>.log, CRI log format)")
@@ -37,6 +38,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    logfmt.configure(cliopts.log_level(args))
     try:
         version = check_version(args.kubernetes_version)
     except FeatureGateError as exc:

@@ -7,6 +7,7 @@ and `gpu-dra plugin` does not pay for the allocator.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 from collections.abc import Sequence
@@ -22,29 +23,80 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "allocate": ("controller.commands.allocate", "allocate claims offline with Kubernetes' structured-parameters semantics"),
     "explain": ("controller.commands.explain", "explain, per claim and node, why claims cannot be allocated"),
     "controller": ("controller.commands.controller", "run the cluster agent (explanations, gang allocation, embedded scheduling)"),
-    "bench": ("bench.command", "run a benchmark: allocate, prepare, cel, schedule, serving or store"),
+    "bench": ("bench.command", "run a benchmark: {benchmarks}"),
     "demo": ("sim.commands.demo", "run the end-to-end demo on an embedded control plane with simulated GPU nodes"),
+    "cluster": ("sim.commands.cluster", "a simulated GPU cluster that stays up: up, down, status, list, fault"),
+    "completion": ("cli.completion", "print a shell completion script: bash or zsh"),
 }
 
 
-def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+def version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version as dist_version
+
+        return dist_version("gpu-dra")
+    except PackageNotFoundError:  # a checkout run without installing
+        return "unknown (not installed)"
+
+
+def help_text(name: str) -> str:
+    text = COMMANDS[name][1]
+    if "{benchmarks}" in text:
+        from bench.command import BENCHMARKS  # a name table only: cheap to import
+
+        text = text.format(benchmarks=", ".join(sorted(BENCHMARKS)))
+    return text
+
+
+def build_parser(argv: Sequence[str], *, load_all: bool = False) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-dra", description="Kubernetes DRA driver for NVIDIA GPUs")
+    parser.add_argument("--version", action="version", version=f"gpu-dra {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     wanted = next((a for a in argv if not a.startswith("-")), None)
-    for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+    for name, (module, _) in COMMANDS.items():
+        text = help_text(name)
+        p = sub.add_parser(name, help=text, description=text)
         # Only the chosen subcommand's module is imported; the others just show in --help.
-        if name == wanted:
+        if name == wanted or load_all:
             mod = importlib.import_module(module)
             mod.register(p)
             p.set_defaults(_run=mod.run)
     return parser
 
 
+def chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost (sub)command parser the arguments selected, e.g. `cluster up`'s."""
+    while True:
+        action = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if action is None:
+            return parser
+        picked = getattr(args, action.dest, None)
+        if picked not in action.choices:
+            return parser
+        parser = action.choices[picked]
+
+
+def option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    return [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+
+
+def unknown_arguments_error(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    hints = []
+    for arg in extras:
+        if arg.startswith("--"):
+            best = difflib.get_close_matches(arg.split("=", 1)[0], option_strings(parser), n=1, cutoff=0.6)
+            if best:
+                hints.append(f"{arg.split('=', 1)[0]}: did you mean {best[0]}?")
+    return f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(hints)})" if hints else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        # A typo in a flag shows the usage of the subcommand it was meant for, with the closest flag.
+        chosen_parser(parser, args).error(unknown_arguments_error(chosen_parser(parser, args), extras))
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:

@@ -10,11 +10,10 @@ Exit codes: 0 when every object is valid, 1 when any is invalid, 2 when an input
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from gpudra import DEFAULT_DRIVER_NAME
+from gpudra import DEFAULT_DRIVER_NAME, cliopts
 from gpudra.apiserver.schema import check_object
 from gpudra.manifests import InputError, load_objects, object_label
 from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, check_version
@@ -30,7 +29,7 @@ from controller.validationhooks import cel_checker, opaque_validators
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--filename", dest="files", action="extend", nargs="+", required=True, metavar="FILE",
                         help="YAML or JSON manifest (multi-document and `kind: List` allowed; `-` for stdin); repeatable")
-    parser.add_argument("-o", "--output", choices=["json", "text"], default="text", help="output format (default text)")
+    cliopts.add_output(parser)
     parser.add_argument("--strict", action="store_true",
                         help="unknown fields are errors (default: warnings), as fieldValidation=Strict")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
@@ -92,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     results = validate_all(objects, cel_checker(), opaque_validators(args.driver_name), version, strict=args.strict)
-    if args.output == "json":
-        print(json.dumps({"results": results}, indent=2))
+    if args.output != "table":
+        print(cliopts.render({"results": results}, args.output))
     else:
         for result in results:
             state = "valid" if result["valid"] else "invalid"

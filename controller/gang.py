@@ -202,6 +202,47 @@ class GangSummary:
     by_gang: dict[str, str] = field(default_factory=dict)
 
 
+def plan_gang(view: View, gang: Gang, allocated: list[Obj], features: Features, cel: Any) -> GangPlan | str:
+    """Places the gang's unallocated claims all-or-nothing (pure: nothing is written); the explanation text when
+    they do not all fit. Shared by the controller and the offline tools, so both place gangs the same way."""
+    pending = [c for c in gang.claims if o.allocation(c) is None]
+    attempts: list[list[str] | None] = [None]  # None: the whole gang on one node, any node
+    attempts += [nodes for nodes in clique_domains(view).values() if len(nodes) > 1]
+    attempts.append([])  # []: spread over all nodes
+    reasons = ""
+    for nodes in attempts:
+        snapshot, _ = build_snapshot(view, allocated)
+        placer = Placer(snapshot, features, cel)
+        parsed = [parse_claim(c) for c in pending]
+        if nodes is None:
+            result = placer.place(parsed)
+            if not isinstance(result, NoPlacement):
+                return GangPlan({c.key: (result.node, alloc) for c, alloc in zip(parsed, result.allocations)})
+            reasons = summarize(explain(snapshot, parsed, features=features, cel_env=cel))
+            continue
+        plan = _spread(placer, parsed, nodes or snapshot.node_names)
+        if plan is not None:
+            return plan
+    return f"gang {gang.key}: its {len(pending)} unallocated claims do not fit together: {reasons}"
+
+
+def _spread(placer: Placer, claims: list[Any], nodes: list[str]) -> GangPlan | None:
+    placements: dict[str, tuple[str, dict[str, Any]]] = {}
+    used: list[str] = []
+    for claim in claims:
+        # Fill nodes the gang already uses before opening another one.
+        result = placer.place([claim], used) if used else NoPlacement()
+        if isinstance(result, NoPlacement):
+            result = placer.place([claim], [n for n in nodes if n not in used])
+        if isinstance(result, NoPlacement):
+            return None
+        placer.commit([claim.key], result.allocations, result.node)
+        placements[claim.key] = (result.node, result.allocations[0])
+        if result.node not in used:
+            used.append(result.node)
+    return GangPlan(placements)
+
+
 class GangController:
     def __init__(
         self,
@@ -237,41 +278,7 @@ class GangController:
 
     def plan(self, view: View, gang: Gang, allocated: list[Obj]) -> GangPlan | str:
         """Places the gang's unallocated claims; the explanation text when they do not all fit."""
-        pending = [c for c in gang.claims if o.allocation(c) is None]
-        attempts: list[list[str] | None] = [None]  # None: the whole gang on one node, any node
-        attempts += [nodes for nodes in clique_domains(view).values() if len(nodes) > 1]
-        attempts.append([])  # []: spread over all nodes
-        reasons = ""
-        for nodes in attempts:
-            snapshot, _ = build_snapshot(view, allocated)
-            placer = Placer(snapshot, self._features, self._cel)
-            parsed = [parse_claim(c) for c in pending]
-            if nodes is None:
-                result = placer.place(parsed)
-                if not isinstance(result, NoPlacement):
-                    return GangPlan({c.key: (result.node, alloc) for c, alloc in zip(parsed, result.allocations)})
-                reasons = summarize(explain(snapshot, parsed, features=self._features, cel_env=self._cel))
-                continue
-            plan = self._spread(placer, parsed, nodes or snapshot.node_names)
-            if plan is not None:
-                return plan
-        return f"gang {gang.key}: its {len(pending)} unallocated claims do not fit together: {reasons}"
-
-    def _spread(self, placer: Placer, claims: list[Any], nodes: list[str]) -> GangPlan | None:
-        placements: dict[str, tuple[str, dict[str, Any]]] = {}
-        used: list[str] = []
-        for claim in claims:
-            # Fill nodes the gang already uses before opening another one.
-            result = placer.place([claim], used) if used else NoPlacement()
-            if isinstance(result, NoPlacement):
-                result = placer.place([claim], [n for n in nodes if n not in used])
-            if isinstance(result, NoPlacement):
-                return None
-            placer.commit([claim.key], result.allocations, result.node)
-            placements[claim.key] = (result.node, result.allocations[0])
-            if result.node not in used:
-                used.append(result.node)
-        return GangPlan(placements)
+        return plan_gang(view, gang, allocated, self._features, self._cel)
 
     # -- the pass ----------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -16,6 +17,14 @@ from controller.objects import Obj
 from gpudra.kubeapi import ApiError, KubeApi
 
 log = logging.getLogger("gpudra.controller.informer")
+
+
+MAX_BACKOFF_SECONDS = 30.0
+
+
+def _at(seconds: float) -> str:
+    """Wall-clock time `seconds` from now (RFC 3339, UTC), for log lines that say when the next try is."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + seconds))
 
 
 class Store:
@@ -158,16 +167,22 @@ class Informer:
 
         The periodic resync is `relist()`, called by the manager's loop every resync period.
         """
+        failures = 0
         while not stop.is_set():
             try:
                 resource_version = self.relist()
+                failures = 0
                 for event_type, obj in self._api.watch(
                     self.kind, namespace=self._namespace, resource_version=resource_version, stop=stop
                 ):
                     self.apply(event_type, obj)
-            except ApiError as err:
-                log.warning("list/watch failed", extra={"kind": self.kind, "error": str(err)})
-                stop.wait(self._backoff)
-            except OSError as err:
-                log.warning("list/watch connection failed", extra={"kind": self.kind, "error": str(err)})
-                stop.wait(self._backoff)
+            except (ApiError, OSError) as err:
+                # Exponential backoff, one line per step (not one per retry of every request): an API server that
+                # is down for a minute costs a handful of lines, each saying where and when the next try is.
+                failures += 1
+                wait = min(self._backoff * 2 ** (failures - 1), MAX_BACKOFF_SECONDS)
+                unreachable = isinstance(err, OSError) or err.status == 0  # status 0: no HTTP answer at all
+                what = "API server unreachable" if unreachable else "list/watch failed"
+                log.warning(what, extra={"kind": self.kind, "url": self._api.host, "failures": failures,
+                                         "retryIn": f"{wait:.0f}s", "nextRetry": _at(wait), "error": str(err)})
+                stop.wait(wait)

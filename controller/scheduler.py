@@ -367,10 +367,16 @@ class EmbeddedScheduler:
 
         allocations: list[dict[str, Any]] = []
         if pending:
-            parsed = [parse_claim(c) for c in pending]
-            result = state.placer.place(parsed, found.members)
+            try:
+                parsed = [parse_claim(c) for c in pending]
+                result = state.placer.place(parsed, found.members)
+                reasons = explain(state.snapshot, parsed, candidates, self._features, self._cel) \
+                    if isinstance(result, NoPlacement) else []
+            except AllocationError as err:
+                # A CEL runtime error, a missing DeviceClass...: the claims' explanation says so too, not only the Event.
+                self._unschedulable(pod, pending, str(err), reason="error")
+                return False
             if isinstance(result, NoPlacement):
-                reasons = explain(state.snapshot, parsed, candidates, self._features, self._cel)
                 self._unschedulable(pod, pending, unavailable_message(total_nodes, [*reasons, *rejected]), reason="unschedulable")
                 return False
             node, allocations = result.node, result.allocations

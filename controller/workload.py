@@ -3,8 +3,11 @@
 Pods reference claims by `resourceClaimName`, or by `resourceClaimTemplateName`, in which case the
 claim `<pod>-<entry name>` is generated from the template like the resourceclaim controller does
 (labels and annotations from the template, spec copied). Claims with `status.allocation` hold
-their devices. A pod's pending claims are placed together; claims no pod references are placed
-on their own. Units keep the input order.
+their devices. A pod's pending claims are placed together; a pending claim that several pods
+reference is placed with the first of them and shared by the others (which then follow its
+allocation's node selector); claims no pod references are placed on their own. Deployments,
+ReplicaSets, StatefulSets, Jobs and CronJobs are first expanded into their pods
+(controller.expand). Units keep the input order.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.allocator.nodes import Node, NodeSelector
+from controller.expand import WORKLOAD_KINDS, expand
 from controller.objects import claim_key
 from controller.taintrules import apply_taint_rules
 
-KINDS = ("Node", "DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "Pod", "DeviceTaintRule")
+KINDS = ("Node", "DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "Pod", "DeviceTaintRule",
+         *WORKLOAD_KINDS)
 
 
 
@@ -32,6 +37,9 @@ class Unit:
     node_selector: dict[str, str] = field(default_factory=dict)  # pod spec.nodeSelector
     errors: list[tuple[str, str]] = field(default_factory=list)  # (claim key, message) for unresolvable references
     pinned: list[NodeSelector] = field(default_factory=list)  # nodeSelectors of the pod's already-allocated claims
+    # Pending claims of this pod that an earlier unit places (a claim shared by several pods): this pod follows
+    # wherever that allocation lands, and cannot start if it fails.
+    shared: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -42,25 +50,32 @@ class Workload:
     allocated: list[dict[str, Any]]
     units: list[Unit]
     ignored: list[str]  # kinds we do not use, for a warning
+    # The pods (their generated claims' names in status.resourceClaimStatuses, as the claim controller records
+    # them) and the PodGroups (Workload API), for gangs.
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    pod_groups: list[dict[str, Any]] = field(default_factory=list)
 
-    def node_candidates(self, unit: Unit, all_nodes: Iterable[Node]) -> list[str]:
+    def node_candidates(self, unit: Unit, all_nodes: Iterable[Node], extra_pins: Iterable[NodeSelector] = ()) -> list[str]:
         names = []
+        pins = [*unit.pinned, *extra_pins]
         for node in all_nodes:
             if unit.node_name and node.name != unit.node_name:
                 continue
             if any(node.labels.get(k) != v for k, v in unit.node_selector.items()):
                 continue
-            if any(not s.matches(node) for s in unit.pinned):
+            if any(not s.matches(node) for s in pins):
                 continue
             names.append(node.name)
         return sorted(names)
 
 
 def build_workload(objects: Iterable[Mapping[str, Any]]) -> Workload:
+    """Raises controller.expand.ExpandError for a workload object that cannot be expanded."""
     nodes, classes, slices, claims, templates, pods, ignored = [], [], [], [], {}, [], []
     taint_rules: list[dict[str, Any]] = []
+    pod_groups: list[dict[str, Any]] = []
     order: list[tuple[str, dict[str, Any]]] = []
-    for obj in objects:
+    for obj in expand(objects):
         kind = obj.get("kind")
         if kind == "Node":
             nodes.append(dict(obj))
@@ -78,16 +93,19 @@ def build_workload(objects: Iterable[Mapping[str, Any]]) -> Workload:
             order.append(("pod", pods[-1]))
         elif kind == "DeviceTaintRule":
             taint_rules.append(dict(obj))
+        elif kind == "PodGroup":
+            pod_groups.append(dict(obj))
         else:
             ignored.append(f"{kind}/{claim_key(obj)}")
     by_key = {claim_key(c): c for c in claims}
     referenced: set[str] = set()
     units: list[Unit] = []
     generated: list[dict[str, Any]] = []
+    placed_by: dict[str, str] = {}  # pending claim key -> owner of the unit that places it
     for kind, obj in order:
         if kind != "pod":
             continue
-        unit = _pod_unit(obj, by_key, templates, referenced, generated)
+        unit = _pod_unit(obj, by_key, templates, referenced, generated, placed_by)
         obj["_unit"] = unit
     allocated = [c for c in [*claims, *generated] if (c.get("status") or {}).get("allocation")]
     for kind, obj in order:
@@ -95,11 +113,23 @@ def build_workload(objects: Iterable[Mapping[str, Any]]) -> Workload:
             units.append(obj.pop("_unit"))
         elif claim_key(obj) not in referenced and not (obj.get("status") or {}).get("allocation"):
             units.append(Unit(owner=f"ResourceClaim {claim_key(obj)}", claims=[obj]))
-    return Workload(nodes, classes, apply_taint_rules(slices, taint_rules), allocated, units, ignored)
+    return Workload(nodes, classes, apply_taint_rules(slices, taint_rules), allocated, units, ignored,
+                    [_with_claim_statuses(p) for p in pods], pod_groups)
+
+
+def _with_claim_statuses(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod as the claim controller leaves it: each template entry's claim name in status.resourceClaimStatuses."""
+    name = str((pod.get("metadata") or {}).get("name", ""))
+    entries = [e for e in (pod.get("spec") or {}).get("resourceClaims") or [] if e.get("resourceClaimTemplateName")]
+    status = dict(pod.get("status") or {})
+    recorded = {s.get("name") for s in status.get("resourceClaimStatuses") or []}
+    status["resourceClaimStatuses"] = list(status.get("resourceClaimStatuses") or []) + [
+        {"name": e.get("name"), "resourceClaimName": f"{name}-{e.get('name')}"} for e in entries if e.get("name") not in recorded]
+    return {**pod, "status": status}
 
 
 def _pod_unit(pod: Mapping[str, Any], claims: dict[str, dict[str, Any]], templates: Mapping[str, Mapping[str, Any]],
-              referenced: set[str], generated: list[dict[str, Any]]) -> Unit:
+              referenced: set[str], generated: list[dict[str, Any]], placed_by: dict[str, str]) -> Unit:
     meta = pod.get("metadata") or {}
     ns, name = meta.get("namespace") or "default", str(meta.get("name", ""))
     spec = pod.get("spec") or {}
@@ -135,7 +165,10 @@ def _pod_unit(pod: Mapping[str, Any], claims: dict[str, dict[str, Any]], templat
         if alloc:
             if alloc.get("nodeSelector"):
                 unit.pinned.append(NodeSelector.parse(alloc["nodeSelector"], f"ResourceClaim {key}: status.allocation.nodeSelector"))
+        elif key in placed_by and placed_by[key] != unit.owner:
+            unit.shared.append(key)
         elif claim not in unit.claims:
+            placed_by[key] = unit.owner
             unit.claims.append(claim)
     return unit
 

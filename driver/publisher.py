@@ -364,9 +364,11 @@ class SlicePublisher:
             except Exception as err:  # noqa: BLE001 - the loop must survive any failure and retry
                 failures += 1
                 wait = min(self.backoff_seconds * 2 ** (failures - 1), self.max_backoff_seconds)
+                # One line per backoff step, with the server and when the next try is.
                 log.warning(
-                    "slice publish failed node=%s driver=%s failures=%d retry_in=%.1fs error=%r",
-                    self.node_name, self.driver_name, failures, wait, str(err),
+                    "slice publish failed node=%s driver=%s url=%s failures=%d retry_in=%.1fs next_retry=%s error=%r",
+                    self.node_name, self.driver_name, getattr(self.api, "host", "-"), failures, wait,
+                    time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + wait)), str(err),
                 )
             if stop.is_set():
                 break

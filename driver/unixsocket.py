@@ -8,7 +8,8 @@ from pathlib import Path
 
 import grpc
 
-MAX_UNIX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
+# sun_path is 108 bytes including the terminating NUL, but gRPC refuses unix paths longer than 105 bytes.
+MAX_UNIX_SOCKET_PATH = 105
 
 SocketIdentity = tuple[int, int, int]
 

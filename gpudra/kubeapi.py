@@ -70,6 +70,11 @@ KINDS: dict[str, KindInfo] = {
     "DeviceTaintRule": KindInfo("resource.k8s.io", "v1", "devicetaintrules", False),
     "ResourceClaim": KindInfo("resource.k8s.io", "v1", "resourceclaims", True),
     "ResourceClaimTemplate": KindInfo("resource.k8s.io", "v1", "resourceclaimtemplates", True),
+    "Deployment": KindInfo("apps", "v1", "deployments", True),
+    "ReplicaSet": KindInfo("apps", "v1", "replicasets", True),
+    "StatefulSet": KindInfo("apps", "v1", "statefulsets", True),
+    "Job": KindInfo("batch", "v1", "jobs", True),
+    "CronJob": KindInfo("batch", "v1", "cronjobs", True),
 }
 
 

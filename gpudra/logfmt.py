@@ -49,3 +49,5 @@ def configure(level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # urllib3 logs every connection retry of every request; our loops log one line per backoff step instead.
+    logging.getLogger("urllib3").setLevel(max(level, logging.ERROR))

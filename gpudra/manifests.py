@@ -127,10 +127,52 @@ def parse_documents(text: str, source: str) -> list[dict[str, Any]]:
     return [obj for i, d in enumerate(docs) for obj in _flatten(d, source, f"document {i + 1}")]
 
 
-def load_objects(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """Objects from all files in order; `-` reads standard input. Raises InputError naming the file."""
-    objects: list[dict[str, Any]] = []
+# What kubectl reads from a directory given to -f (non-recursive, in name order).
+MANIFEST_SUFFIXES = (".json", ".yaml", ".yml")
+
+
+def expand_paths(paths: Sequence[str | Path]) -> list[str]:
+    """`-f` arguments as kubectl takes them: a directory stands for its .json/.yaml/.yml files in name order (not
+    recursive), `-` for standard input, anything else for a file."""
+    out: list[str] = []
     for path in paths:
+        source = str(path)
+        if source != "-" and Path(source).is_dir():
+            found = sorted(str(p) for p in Path(source).iterdir() if p.suffix in MANIFEST_SUFFIXES and p.is_file())
+            if not found:
+                raise InputError(f"{source}: a directory with no .json, .yaml or .yml files")
+            out += found
+        else:
+            out.append(source)
+    return out
+
+
+# Kinds without a namespace; every other kind is namespaced (what kubectl assumes of the kinds it reads).
+CLUSTER_SCOPED_KINDS = frozenset({
+    "Node", "Namespace", "PriorityClass", "DeviceClass", "ResourceSlice", "PersistentVolume", "StorageClass",
+    "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "RuntimeClass", "VolumeAttachment",
+    "CSIDriver", "CSINode", "IngressClass", "APIService", "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+    "DeviceTaintRule", "List",
+})
+DEFAULT_NAMESPACE = "default"
+
+
+def default_namespace(obj: dict[str, Any], namespace: str = DEFAULT_NAMESPACE) -> dict[str, Any]:
+    """A namespaced object without metadata.namespace goes into `namespace`, as kubectl applies it."""
+    meta = obj.get("metadata")
+    kind = obj.get("kind")
+    if isinstance(kind, str) and kind not in CLUSTER_SCOPED_KINDS and isinstance(meta, dict) and not meta.get("namespace"):
+        meta["namespace"] = namespace
+    return obj
+
+
+def load_objects(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Objects from all files in order; a directory reads its manifests (expand_paths), `-` reads standard input.
+    Namespaced objects without a namespace are put in `default`, as kubectl does. Raises InputError naming the
+    file."""
+    objects: list[dict[str, Any]] = []
+    for path in expand_paths(paths):
         source = str(path)
         try:
             if source == "-":
@@ -145,7 +187,7 @@ def load_objects(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
             raise InputError(f"{source}: not UTF-8 text: {err}") from None
         except OSError as err:
             raise InputError(f"{source}: cannot read: {err.strerror or err}") from None
-        objects.extend(parse_documents(text, source))
+        objects.extend(default_namespace(obj) for obj in parse_documents(text, source))
     return objects
 
 

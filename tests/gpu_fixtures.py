@@ -48,7 +48,7 @@ def h100(i: int, *, mig_enabled: bool = False, health: Health | None = None, bus
         mig_capable=True,
         mig_enabled=mig_enabled,
         mig_profiles=H100_PROFILES,
-        nvlink_domain="nvl-a1b2c3",
+        nvlink_domain="nvlink-79fb5a60f134808e",  # the published format: nvlink- and 16 hex digits
         memory_slices=8,
         compute_slices=7,
         health=health or Health(),

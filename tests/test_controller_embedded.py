@@ -235,3 +235,23 @@ def test_missing_template_is_reported_on_the_pod(apiserver: Any) -> None:
     assert event["message"] == (
         'spec.resourceClaims[gpu].resourceClaimTemplateName: resourceclaimtemplate "nope" not found in namespace default'
     )
+
+
+def test_cel_runtime_error_and_missing_class_are_in_the_claim_explanation(apiserver: Any) -> None:
+    api = apiserver.api
+    _cluster(api)
+    typo = claim("typo")
+    typo["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": 'device.attributes["gpu.nvidia.com"].prodcutName == "x"'}}]
+    noclass = claim("noclass")
+    noclass["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "gpu.nvidia.co"
+    create_all(api, [typo, noclass, pod("p-typo", claims={"gpu": "typo"}), pod("p-noclass", claims={"gpu": "noclass"})])
+    manager(api).step()
+    claims = claims_of(api)
+    why = claims["typo"]["metadata"]["annotations"]["gpu.nvidia.com/explanation"]
+    assert "CEL runtime error: no such key: prodcutName" in why and "; did you mean productName? (device gpu-" in why
+    assert "productName" in why.split("has attributes gpu.nvidia.com: ")[1]
+    why = claims["noclass"]["metadata"]["annotations"]["gpu.nvidia.com/explanation"]
+    assert 'deviceclass.resource.k8s.io "gpu.nvidia.co" not found; did you mean gpu.nvidia.com?' in why
+    (event,) = [e for e in events_for(api, "p-typo") if e["reason"] == REASON_UNSCHEDULABLE]
+    assert "did you mean productName?" in event["message"]

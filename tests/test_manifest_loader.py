@@ -87,4 +87,5 @@ def test_every_command_exits_2_with_one_line(tmp_path: Path, command: list[str],
 def test_load_objects_reads_json_manifests(tmp_path: Path) -> None:
     path = tmp_path / "a.json"
     path.write_text(json.dumps({"kind": "List", "items": [{"kind": "Pod", "metadata": {"name": "p"}}]}))
-    assert load_objects([str(path)]) == [{"kind": "Pod", "metadata": {"name": "p"}}]
+    # a namespaced object without a namespace is read into `default`, as kubectl applies it
+    assert load_objects([str(path)]) == [{"kind": "Pod", "metadata": {"name": "p", "namespace": "default"}}]

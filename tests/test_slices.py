@@ -167,7 +167,7 @@ def test_full_gpu_attributes_and_capacity() -> None:
         "cudaDriverVersion": {"version": "13.0.0"},
         "migCapable": {"bool": True},
         "migEnabled": {"bool": False},
-        "nvlinkDomain": {"string": "nvl-a1b2c3"},
+        "nvlinkDomain": {"string": "nvlink-79fb5a60f134808e"},
         "numaNode": {"int": 0},
         "resource.kubernetes.io/pciBusID": {"string": "0000:38:00.0"},
         "resource.kubernetes.io/pcieRoot": {"string": "pci0000:37"},

@@ -164,8 +164,13 @@ def test_load_objects_flattens_lists_and_skips_empty_documents(tmp_path: Path) -
     b = tmp_path / "b.json"
     b.write_text(json.dumps([{"kind": "D"}, {"kind": "ConfigMapList", "items": [{"kind": "E"}]}]))
     assert [o["kind"] for o in load_objects([a, str(b)])] == ["A", "B", "C", "D", "E"]
-    with pytest.raises(InputError, match="is a directory"):
-        load_objects([tmp_path])
+    # a directory stands for its manifests in name order, like kubectl -f DIR
+    (tmp_path / "notes.txt").write_text("not a manifest")
+    assert [o["kind"] for o in load_objects([tmp_path])] == ["A", "B", "C", "D", "E"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError, match="a directory with no .json, .yaml or .yml files"):
+        load_objects([empty])
 
 
 UNKNOWN = """\

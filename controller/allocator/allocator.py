@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.allocator import capacity as cap
+from controller.cel.errors import closest, missing_key_hint
 from controller.allocator.errors import CANNOT_ALLOCATE, INVALID_POOLS, AllocationError, Unschedulable
 from controller.allocator.model import (
     LIST_KINDS,
@@ -40,6 +41,9 @@ from controller.allocator.pools import Pool, binding_enabled
 from controller.allocator.snapshot import ClusterSnapshot
 from gpudra.features import Features
 from gpudra.quantity import Quantity
+
+# Separates Kubernetes' text of a selector error from our suggestion, which the message puts last.
+HINT_SEPARATOR = "\x00"
 
 _OK, _FAIL, _MAX = 1, 0, 2  # allocateOne outcomes; _MAX = the 32-results limit was hit
 _SHARE_NS = uuid.UUID("6b1f3c1e-2a57-4c55-9a8e-6d1b8f0f5a31")
@@ -210,13 +214,15 @@ class Allocator:
 
     def _selector_error(self, owner: str, index: int, dev: Device, text: str) -> str:
         """Kubernetes' wording for a selector failure. Since 1.37 a runtime error names the device and a
-        missing key gets a hint (cel.EnhanceRuntimeError); compile errors are unchanged."""
+        missing key gets a hint (cel.EnhanceRuntimeError); compile errors are unchanged. Our own suggestion for a
+        mistyped attribute (after HINT_SEPARATOR in `text`) comes last, after Kubernetes' text."""
+        text, _, ours = text.partition(HINT_SEPARATOR)
         if not self.features.at_least("1.37") or not text.startswith("CEL runtime error: "):
-            return f"{owner}: selector #{index}: {text}"
+            return f"{owner}: selector #{index}: {text}{ours}"
         if "no such key:" in text:
             text += (". consider using CEL optional chaining (.? followed by orValue()) or guarding the check "
                      "with has() for optional fields")
-        return f"{owner}: selector #{index} on device {dev.slice.driver}/{dev.slice.pool}/{dev.name}: {text}"
+        return f"{owner}: selector #{index} on device {dev.slice.driver}/{dev.slice.pool}/{dev.name}: {text}{ours}"
 
     def selector_matches(self, dev: Device, expr: str) -> bool | str:
         """True/False, or the error text (compile errors start with 'CEL compile error: ')."""
@@ -238,10 +244,13 @@ class Allocator:
         if isinstance(program, Exception):
             result = f"CEL compile error: {program}"
         else:
+            view = dev.cel_view()
             try:
-                result = bool(program.matches(dev.cel_view()))
+                result = bool(program.matches(view))
             except Exception as exc:  # noqa: BLE001 - any runtime failure is fatal, with Kubernetes' text
-                result = f"CEL runtime error: {exc}"
+                # Kubernetes' text, then (placed last by _selector_error) what the device has and the closest name.
+                hint = missing_key_hint(str(exc), view.attributes, view.capacity, view.name or dev.name)
+                result = f"CEL runtime error: {exc}" + (HINT_SEPARATOR + hint if hint else "")
         cache[key] = result if isinstance(result, bool) else AllocationError(result)
         return result
 
@@ -337,9 +346,13 @@ class _Run:
             raise AllocationError(f"claim {key}, request {request.name}: missing device class name (unsupported request type?)")
         klass = self.snap.classes.get(request.class_name)
         if klass is None:
+            known = sorted(self.snap.classes)
+            best = closest(request.class_name, known)
             raise AllocationError(
                 f"claim {key}, request {request.name}: could not retrieve device class {request.class_name}: "
                 f'deviceclass.resource.k8s.io "{request.class_name}" not found'
+                + (f"; did you mean {best}?" if best else "")
+                + f" (DeviceClasses: {', '.join(known) if known else 'none'})"
             )
         rd = _ReqData(request, klass, 0, is_sub)
         if request.mode == "ExactCount":

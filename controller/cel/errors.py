@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 
 
 class CelCompileError(ValueError):
@@ -50,3 +51,36 @@ def compile_message(status: str) -> str:
     text = _STATUS_PREFIX.sub("", status.strip(), count=1)
     text = _STATUS_SUFFIX.sub("", text)
     return f"compilation failed: {text}"
+
+
+_NO_SUCH_KEY = re.compile(r"^no such key: (\S+)$")
+
+
+def closest(name: str, choices: Iterable[str]) -> str | None:
+    """The choice nearest to a mistyped `name` (case-insensitive similarity), if any is close enough."""
+    import difflib
+
+    pool = sorted(set(choices))
+    by_lower = {c.lower(): c for c in pool}
+    found = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    return by_lower[found[0]] if found else None
+
+
+def missing_key_hint(message: str, attributes: Mapping[str, Mapping[str, object]],
+                     capacity: Mapping[str, Mapping[str, object]], device: str) -> str:
+    """For a `no such key: NAME` runtime error: what the device does have, and the closest name. Empty otherwise.
+
+    Appended after Kubernetes' text, e.g. "no such key: prodcutName; did you mean productName? (device gpu-0 has
+    attributes gpu.nvidia.com: architecture, brand, ...; capacity gpu.nvidia.com: memory)".
+    """
+    missing = _NO_SUCH_KEY.match(message)
+    if not missing:
+        return ""
+    name = missing.group(1)
+    names = [n for domain in (*attributes.values(), *capacity.values()) for n in domain]
+    names += [d for d in (*attributes, *capacity) if d]
+    best = closest(name, (n for n in names if n != name))
+    parts = [f"attributes {domain}: {', '.join(sorted(ids))}" for domain, ids in sorted(attributes.items()) if ids]
+    parts += [f"capacity {domain}: {', '.join(sorted(ids))}" for domain, ids in sorted(capacity.items()) if ids]
+    has = f"device {device} has " + ("; ".join(parts) if parts else "no attributes or capacity")
+    return (f"; did you mean {best}?" if best else "") + f" ({has})"

@@ -7,13 +7,13 @@ any runtime error, 2 when an input file cannot be read or holds no usable device
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from controller.cel import CelCompileError, CelEnvironment, CelRuntimeError, DeviceView
+from gpudra import cliopts
 from gpudra.features import FeatureGateError, Features
 from gpudra.features import add_arguments as add_feature_arguments
 from gpudra.features import from_arguments as features_from_arguments
@@ -36,7 +36,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action="store_true",
                         help="use the API-validation environment (fields behind disabled gates are unknown)")
     add_feature_arguments(parser)
-    parser.add_argument("-o", "--output", choices=["json", "table"], default="table")
+    cliopts.add_output(parser)
 
 
 def load_device_file(path: str) -> list[NamedDevice]:
@@ -120,9 +120,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     report = evaluate(args.expression, devices, args.strict, features)
-    if args.output == "json":
-        print(json.dumps(report, indent=2))
-    else:
+    if args.output == "table":
         _print_table(report)
+    else:
+        print(cliopts.render(report, args.output))
     failed = report["compileError"] is not None or any("error" in r for r in report["results"])
     return 1 if failed else 0

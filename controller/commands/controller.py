@@ -12,7 +12,7 @@ from types import FrameType
 
 from controller.leader import LeaseTimings
 from controller.manager import ControllerConfig, ControllerManager, default_identity
-from gpudra import DEFAULT_DRIVER_NAME
+from gpudra import DEFAULT_DRIVER_NAME, cliopts
 from gpudra.features import FeatureGateError
 from gpudra.features import add_arguments as add_feature_arguments
 from gpudra.features import from_arguments as features_from_arguments
@@ -23,11 +23,11 @@ log = logging.getLogger("gpudra.controller")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster configuration)")
+    cliopts.add_kubeconfig(parser)
     parser.add_argument("--embedded", action="store_true",
                         help="also act as kube-scheduler and the resourceclaim controller (for `gpu-dra apiserver`)")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help="DRA driver name (default %(default)s)")
-    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    parser.add_argument("--metrics-port", type=cliopts.port, default=None, help="serve Prometheus metrics on this port")
     parser.add_argument("--metrics-host", default="0.0.0.0", help="address for the metrics server (default %(default)s)")
     parser.add_argument("--binding-timeout", type=float, default=600.0,
                         help="embedded mode: seconds a pod waits for its devices' binding conditions (KEP-5007) before "
@@ -46,7 +46,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--event-repeat", type=float, default=60.0,
                         help="seconds before an unchanged explanation Event is posted again (default %(default)s)")
     add_feature_arguments(parser, "DRA feature gate")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    cliopts.add_log_level(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> ControllerConfig:
@@ -79,16 +79,20 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure(logging.DEBUG if args.verbose else logging.INFO)
+    configure(cliopts.log_level(args))
     try:
         config = config_from_args(args)
     except (ValueError, FeatureGateError) as err:
         print(f"gpu-dra controller: {err}", file=sys.stderr)
         return 2
     try:
-        api = KubeApi.connect(kubeconfig=args.kubeconfig)
+        source = cliopts.kubeconfig_source(args.kubeconfig)
+        api = KubeApi.connect(kubeconfig=source)
+    except cliopts.NoApiConfig as err:
+        print(f"gpu-dra controller: {err}", file=sys.stderr)
+        return 2
     except Exception as err:  # noqa: BLE001 - any config loading failure is a usage error here
-        where = f"--kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster configuration"
+        where = f"kubeconfig {source}" if source else "in-cluster configuration"
         print(f"gpu-dra controller: cannot load {where}: {err}", file=sys.stderr)
         return 2
     manager = ControllerManager(api, config)

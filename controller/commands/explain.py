@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from controller.cel import CelEnvironment
 from controller.commands._inputs import read_inputs, report_input_errors
 from controller.offline import Session
+from gpudra import cliopts
 from gpudra.features import FeatureGateError
 from gpudra.features import add_arguments as add_feature_arguments
 from gpudra.features import from_arguments as features_from_arguments
@@ -17,7 +17,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--filename", dest="files", action="extend", nargs="+", required=True, metavar="FILE",
                         help="YAML/JSON with Node, DeviceClass, ResourceSlice, ResourceClaim(Template), Pod objects (repeatable)")
     add_feature_arguments(parser)
-    parser.add_argument("-o", "--output", choices=["json", "table"], default="table")
+    cliopts.add_output(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - malformed objects the validator let through
         return report_input_errors([str(exc)], args.output)
     units = session.explain_all()
-    if args.output == "json":
-        print(json.dumps({"units": units}, indent=2))
+    if args.output != "table":
+        print(cliopts.render({"units": units}, args.output))
     else:
         for u in units:
             print(f"{u['owner']} ({', '.join(u['claims']) or 'no pending claims'})")

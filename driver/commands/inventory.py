@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import socket
-import sys
 from typing import Any
 
 from driver.commands.nvmlinventory import discover_once
+from gpudra import cliopts
 from driver.inventory import Gpu, Inventory, MigDevice, MigProfile
 
 
@@ -20,7 +19,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="NVML backend: the real driver, or the simulator with a shipped profile or a profile file (default: real)",
     )
     parser.add_argument("--node", default=None, help="node name to report (default: this host's name)")
-    parser.add_argument("-o", "--output", choices=("json", "table"), default="table", help="output format (default: table)")
+    cliopts.add_output(parser)
 
 
 def _profile_json(p: MigProfile) -> dict[str, Any]:
@@ -137,8 +136,5 @@ def run(args: argparse.Namespace) -> int:
     inv = discover_once(args.nvml, node, "gpu-dra inventory")
     if inv is None:
         return 2
-    if args.output == "json":
-        print(json.dumps(inventory_to_json(inv), indent=2))
-    else:
-        print(inventory_table(inv))
+    print(cliopts.render(inventory_to_json(inv), args.output, lambda: inventory_table(inv)))
     return 0

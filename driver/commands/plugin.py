@@ -7,7 +7,6 @@ device plugin shim is started beside it and shares the agent's checkpoint ledger
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from gpudra import DEFAULT_DRIVER_NAME, logfmt
+from gpudra import DEFAULT_DRIVER_NAME, cliopts, logfmt
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
 DEFAULT_CDI_DIR = "/var/run/cdi"
@@ -26,7 +25,7 @@ DEFAULT_CDI_DIR = "/var/run/cdi"
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", required=True, help="this node's name (the pool name)")
     parser.add_argument("--nvml", required=True, help="real, sim:PROFILE or sim:/path/profile.yaml")
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config)")
+    cliopts.add_kubeconfig(parser)
     parser.add_argument("--kubelet-dir", help=f"kubelet root dir (default {DEFAULT_KUBELET_DIR}; with a simulator, "
                                               "<private state dir>/kubelet)")
     parser.add_argument("--cdi-dir", help=f"dynamic CDI spec dir (default {DEFAULT_CDI_DIR}; with a simulator, "
@@ -63,8 +62,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "DRADeviceBindingConditions, on from Kubernetes 1.36: use --no-binding-conditions on "
                              "1.34/1.35 clusters without it)")
     parser.add_argument("--reserved-gpus", default="", help="comma-separated GPU UUIDs kept for the device plugin (not published)")
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--metrics-port", type=cliopts.port, help="serve Prometheus metrics on this port")
+    cliopts.add_log_level(parser)
 
 
 def _driver_root(args: argparse.Namespace) -> Path | None:
@@ -95,7 +94,7 @@ def node_dirs(args: argparse.Namespace) -> tuple[Path, Path, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    logfmt.configure(getattr(logging, args.log_level))
+    logfmt.configure(cliopts.log_level(args))
     if args.device_plugin:
         from driver.deviceplugin import extended_resource_name_error
 
@@ -130,9 +129,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --reserved-gpus: {', '.join(unknown)}: not a GPU of this node", file=sys.stderr)
         return 2
     try:
-        api = KubeApi.connect(kubeconfig=args.kubeconfig)
+        source = cliopts.kubeconfig_source(args.kubeconfig)
+        api = KubeApi.connect(kubeconfig=source)
+    except cliopts.NoApiConfig as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:
-        where = args.kubeconfig or "the in-cluster config"
+        where = source or "the in-cluster config"
         print(f"error: --kubeconfig: cannot connect with {where}: {exc}", file=sys.stderr)
         return 2
     if args.mps_daemon_image and args.nvml == "real":

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-import yaml
-
 from driver.slices import SliceBuildError, SliceSettings, build_slices
-from gpudra import DEFAULT_DRIVER_NAME
+from gpudra import DEFAULT_DRIVER_NAME, cliopts
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +24,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="publish MIG-capable GPUs as shared counters plus every MIG placement (DRAPartitionableDevices)",
     )
-    parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
+    cliopts.add_output(parser, default="yaml")
 
 
 def slice_list(slices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -54,10 +51,15 @@ def run(args: argparse.Namespace) -> int:
     except SliceBuildError as err:
         print(f"gpu-dra slices: node {args.node}: {err}", file=sys.stderr)
         return 1
-    doc = slice_list(slices)
-    if args.output == "json":
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        yaml.safe_dump(doc, sys.stdout, sort_keys=False)
+    print(cliopts.render(slice_list(slices), args.output, lambda: slices_table(slices)))
     return 0
+
+
+def slices_table(slices: list[dict[str, Any]]) -> str:
+    rows = [("NAME", "NODE", "DRIVER", "POOL", "DEVICES")]
+    for s in slices:
+        spec = s.get("spec") or {}
+        rows.append((str(s["metadata"]["name"]), str(spec.get("nodeName") or "-"), str(spec.get("driver")),
+                     str((spec.get("pool") or {}).get("name")), str(len(spec.get("devices") or []))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

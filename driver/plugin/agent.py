@@ -26,9 +26,13 @@ from driver.plugin.server import KubeletPlugin, PluginPaths
 from driver.prepare import ClaimGetter, ClaimNotFound, FaultHook, Preparer, StartReport
 from driver.sharing import NvmlSharing
 from driver.slices import SliceSettings, build_slices, gpu_device_name, mig_device_name, mig_health, mig_mode_switchable
+from gpudra.logfmt import quote
 
 log = logging.getLogger("gpu-dra.agent")
 
+# "Waiting for a kubelet" is reported after 5 s, then at doubling intervals up to every 5 minutes.
+KUBELET_WAIT_FIRST_S = 5.0
+KUBELET_WAIT_MAX_S = 300.0
 # Test-only fault hook: SIGKILL this process right after the named prepare/unprepare step (see tests/test_crash.py).
 CRASH_AFTER_ENV = "GPU_DRA_TEST_CRASH_AFTER"
 
@@ -111,6 +115,7 @@ class NodeAgent:
         self.extra_taints: Callable[[], Mapping[str, Sequence[Mapping[str, str]]]] = dict
         self._stop = threading.Event()
         self._publisher_thread: threading.Thread | None = None
+        self._registered = threading.Event()
         kwargs: dict[str, Any] = {}
         if settings.boot_id_path is not None:
             kwargs["boot_id_path"] = settings.boot_id_path
@@ -235,6 +240,9 @@ class NodeAgent:
         self._publish_changed.set()
 
     def _on_registered(self) -> None:
+        if not self._registered.is_set():
+            log.info("event=kubelet-registered node=%s socket=%s", self.settings.node_name, self.paths.registration_socket)
+        self._registered.set()
         if self._publisher is None:
             return
         if self._publisher_thread is None:
@@ -264,9 +272,26 @@ class NodeAgent:
         self.plugin.start()
         if self.binder is not None:
             self.binder.start(self._stop)
+        threading.Thread(target=self._report_waiting_for_kubelet, name="kubelet-wait", daemon=True).start()
+
+    def _report_waiting_for_kubelet(self) -> None:
+        """Until a kubelet registers the plugin nothing is published; say so, with backoff, so that an agent started
+        without a kubelet (e.g. beside `gpu-dra apiserver` only) does not look stuck for no reason."""
+        delay = KUBELET_WAIT_FIRST_S
+        waited = 0.0
+        while not self._registered.wait(delay) and not self._stop.is_set():
+            waited += delay
+            log.warning(
+                "event=waiting-for-kubelet node=%s socket=%s waited_s=%d next_report_s=%d msg=%s",
+                self.settings.node_name, self.paths.registration_socket, waited, min(delay * 2, KUBELET_WAIT_MAX_S),
+                quote("no kubelet has registered this plugin yet; ResourceSlices are published once one does "
+                      "(a kubelet watches <kubelet-dir>/plugins_registry; check --kubelet-dir)"),
+            )
+            delay = min(delay * 2, KUBELET_WAIT_MAX_S)
 
     def stop(self) -> None:
         self._stop.set()
+        self._registered.set()
         if self.binder is not None:
             self.binder.join()
         if self._monitor is not None:

@@ -175,6 +175,12 @@ DEFAULT_REGISTRY = Registry(
                      served=served_versions("ResourceClaimTemplate")),
         ResourceType("resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", False, has_status=True,
                      served=served_versions("DeviceTaintRule")),
+        # Workload controllers, stored as they are; `gpu-dra cluster` runs the controllers that make their pods.
+        ResourceType("apps", "v1", "deployments", "Deployment", True, ("deploy",), has_status=True, categories=("all",)),
+        ResourceType("apps", "v1", "replicasets", "ReplicaSet", True, ("rs",), has_status=True, categories=("all",)),
+        ResourceType("apps", "v1", "statefulsets", "StatefulSet", True, ("sts",), has_status=True, categories=("all",)),
+        ResourceType("batch", "v1", "jobs", "Job", True, has_status=True, categories=("all",)),
+        ResourceType("batch", "v1", "cronjobs", "CronJob", True, ("cj",), has_status=True, categories=("all",)),
     )
 )
 

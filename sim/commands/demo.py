@@ -9,7 +9,6 @@ the report to stdout. Exit 0 only when every expected outcome happened, 1 when o
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import signal
 import sys
@@ -19,13 +18,16 @@ import traceback
 from pathlib import Path
 from types import FrameType
 
-MAX_SOCKET_PATH_BYTES = 107  # sun_path is 108 bytes with the terminating NUL
+from driver.unixsocket import MAX_UNIX_SOCKET_PATH
+from gpudra import cliopts
+
+MAX_SOCKET_PATH_BYTES = MAX_UNIX_SOCKET_PATH  # what gRPC can bind (sun_path less its limits)
 # The longest socket path the demo creates under the work dir.
 LONGEST_SOCKET_SUFFIX = "/nodes/a100-1/kubelet/plugins_registry/gpu.nvidia.com-reg.sock"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-o", "--output", choices=["table", "json"], default="table", help="report format (default table)")
+    cliopts.add_output(parser)
     parser.add_argument("--workdir", metavar="DIR",
                         help="keep sockets, CDI specs, checkpoints and logs in DIR (default: a temporary dir, removed)")
     parser.add_argument("--step-timeout", type=float, default=45.0, metavar="SECONDS",
@@ -142,8 +144,9 @@ def run(args: argparse.Namespace) -> int:
                 print(f"--- last lines of {log.name}:\n{log_tail(log, 8)}", file=sys.stderr)
             if keep:
                 print(f"gpu-dra demo: logs are in {workdir / 'logs'}", file=sys.stderr)
-            if args.output == "json":
-                print(json.dumps({"ok": False, "error": failure, "wallSeconds": round(wall, 2), "workdir": shown_workdir}))
+            if args.output != "table":
+                print(cliopts.render({"ok": False, "error": failure, "wallSeconds": round(wall, 2), "workdir": shown_workdir},
+                                     args.output))
             return 1
         rows = observe.workloads(observed)
         util = observe.utilization(observed, rows)
@@ -153,10 +156,10 @@ def run(args: argparse.Namespace) -> int:
             "every child exited 0 on SIGTERM" if not unclean else f"exit codes {unclean}",
         ))
         progress(f"all processes stopped; wall time {wall:.1f} s")
-        if args.output == "json":
+        if args.output != "table":
             doc = report.as_json(rows, util, results, wall_seconds=wall, workdir=shown_workdir)
             doc["runtime"] = {"kind": runtime.kind, "reason": runtime.reason}
-            print(json.dumps(doc, indent=2))
+            print(cliopts.render(doc, args.output))
         else:
             print(report.as_table(rows, util, results, wall_seconds=wall, workdir=shown_workdir))
             print(f"container runtime: {runtime.kind}: {runtime.reason}")

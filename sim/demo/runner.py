@@ -23,8 +23,6 @@ pods are marked Running after prepare and the demo ends the trainings itself (`N
 from __future__ import annotations
 
 import logging
-import os
-import select
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,15 +31,15 @@ from typing import Any, TypeVar
 
 from sim.kubelet.devicemanager import DeviceManagerSim
 from driver.discovery import discover
-from sim.kubelet.dra import KubeletError
 from driver.nvml import load_backend
 from gpudra import DEFAULT_DRIVER_NAME
 from sim.demo import cluster, disk
 from sim.kubelet.pods import NodeKubelet
-from sim.runtime import Runtimes, driverinstall
+from sim.runtime import Runtimes
 from sim.runtime.podman import PodmanRuntime
 from sim.demo.observe import ApiState, Observed
-from sim.demo.processes import ChildFailed, ChildGroup, gpu_dra_command
+from sim.demo.processes import ChildFailed, ChildGroup
+from sim.cluster import nodes
 from gpudra.kubeapi import KubeApi
 
 log = logging.getLogger("sim.demo")
@@ -127,27 +125,17 @@ class Demo:
     # ---- start-up ---------------------------------------------------------------------------------------
 
     def start_control_plane(self) -> None:
-        child = self.r.children.start(
-            "apiserver", gpu_dra_command("apiserver", "--kubeconfig-out", str(self.kubeconfig),
-                                         "--pod-logs-dir", str(self.pod_logs_dir)), stdout_pipe=True, tier=0
-        )
-        assert child.process.stdout is not None
-        fd = child.process.stdout.fileno()
-        deadline = time.monotonic() + self.s.step_timeout
-        line = b""
-        while not line.endswith(b"\n"):
-            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-            chunk = os.read(fd, 256) if ready else b""
-            if not chunk:
-                raise DemoFailed(str(child.failure("did not print its URL")))
-            line += chunk
-        url = line.decode().splitlines()[0].strip()
+        try:
+            _, url = nodes.start_apiserver(self.r.children, self.kubeconfig, timeout=self.s.step_timeout,
+                                           pod_logs_dir=self.pod_logs_dir)
+        except ChildFailed as exc:
+            raise DemoFailed(str(exc)) from exc
         self.r.api = KubeApi.connect(kubeconfig=str(self.kubeconfig))
         manifests = self.s.manifests
         cluster.create_all(self.api, cluster.example_objects([manifests.examples / "00-namespace.yaml", manifests.device_classes]))
         self.progress(f"control plane: gpu-dra apiserver at {url}; namespace {NAMESPACE}, PriorityClass and DeviceClasses "
                       f"{', '.join(sorted(c['metadata']['name'] for c in self.api.list('DeviceClass')[0]))} created")
-        self.r.children.start("controller", gpu_dra_command("controller", "--kubeconfig", str(self.kubeconfig), "--embedded"))
+        self.r.children.start("controller", nodes.controller_argv(self.kubeconfig))
 
     @property
     def pod_logs_dir(self) -> Path:
@@ -156,38 +144,28 @@ class Demo:
 
     def start_nodes(self) -> None:
         runtimes = Runtimes(self.s.workdir / "runtime") if self.s.runtime == "podman" else None
+        agents = {}
         for spec in self.s.nodes:
             dirs = cluster.node_dirs(self.s.workdir, spec.name)
-            dirs.kubelet.mkdir(parents=True, exist_ok=True)
             dirs.cdi.mkdir(parents=True, exist_ok=True)
-            inventory = discover(load_backend(f"sim:{spec.profile}", node=spec.name), spec.name)
-            driver_root = driverinstall.write(dirs.root / "driver", spec.name, inventory)
-            cluster.register_node(self.api, cluster.node_object(spec.name, gpu_allocatable=0 if spec.device_plugin else None))
-            dm: DeviceManagerSim | None = None
-            if spec.device_plugin:
-                # The kubelet's kubelet.sock must be served before a device plugin can register.
-                dm = DeviceManagerSim(dirs.kubelet)
-                dm.start()
-                self.r.device_managers.append(dm)
-            argv = ["plugin", "--node", spec.name, "--nvml", f"sim:{spec.profile}", "--kubeconfig", str(self.kubeconfig),
-                    "--kubelet-dir", str(dirs.kubelet), "--cdi-dir", str(dirs.cdi), "--driver-name", self.s.driver_name,
-                    "--driver-root", str(driver_root), "--host-driver-root", str(driver_root)]
-            if spec.device_plugin:
-                argv.append("--device-plugin")
-            self.r.children.start(f"plugin-{spec.name}", gpu_dra_command(*argv))
             runtime = None
             if runtimes is not None:
                 runtime = runtimes.for_node(spec.name, dirs.cdi)
                 self.r.runtimes.append(runtime)
-            self.r.kubelets[spec.name] = NodeKubelet(self.api, spec.name, dirs.kubelet, self.s.driver_name, device_manager=dm,
-                                                     runtime=runtime, pod_logs_dir=self.pod_logs_dir)
-        for name, kubelet in self.r.kubelets.items():
+            side = nodes.start_node_side(self.api, spec, dirs, self.s.driver_name, runtime=runtime,
+                                         pod_logs_dir=self.pod_logs_dir)
+            if side.device_manager is not None:
+                self.r.device_managers.append(side.device_manager)
+            agents[spec.name] = self.r.children.start(
+                f"plugin-{spec.name}", nodes.plugin_argv(spec, dirs, self.kubeconfig, self.s.driver_name,
+                                                         driver_root=side.driver_root))
+            self.r.kubelets[spec.name] = side.kubelet
+        for spec in self.s.nodes:
             try:
-                kubelet.register_plugin(timeout=self.s.step_timeout)
-            except KubeletError as exc:
-                child = next(c for c in self.r.children.children if c.name == f"plugin-{name}")
-                raise DemoFailed(f"node {name}: {exc}\n{child.failure('did not register')}") from exc
-            kubelet.start()
+                nodes.register_and_start(nodes.NodeSide(self.r.kubelets[spec.name], None), agents[spec.name],
+                                         self.s.step_timeout)
+            except ChildFailed as exc:
+                raise DemoFailed(str(exc)) from exc
         counts = self.wait("every node to publish its ResourceSlices", self._slice_counts)
         self.progress("nodes: " + "; ".join(
             f"{s.name} ({s.profile}) agent registered, {counts[s.name]} devices published"
@@ -200,11 +178,7 @@ class Demo:
                           lambda n=spec.name: self._extended_allocatable(n) > 0)
 
     def _slice_counts(self) -> dict[str, int] | None:
-        slices, _ = self.api.list("ResourceSlice")
-        counts: dict[str, int] = {}
-        for sl in slices:
-            node = (sl.get("spec") or {}).get("nodeName")
-            counts[str(node)] = counts.get(str(node), 0) + len((sl.get("spec") or {}).get("devices") or [])
+        counts = nodes.slice_device_counts(self.api)
         return counts if all(counts.get(s.name) for s in self.s.nodes) else None
 
     def _extended_allocatable(self, node: str) -> int:

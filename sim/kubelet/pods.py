@@ -48,6 +48,7 @@ log = logging.getLogger("sim.kubelet.pods")
 
 EXTENDED_GPU_RESOURCE = "nvidia.com/gpu"
 RETRY_SECONDS = 0.2
+WATCH_BACKOFF_MAX_SECONDS = 5.0
 # A container the runtime refused is retried after 1 s, doubling up to this (the kubelet's back-off is 10 s to 5 min).
 MAX_START_BACKOFF_SECONDS = 10.0
 # An exited container is restarted after 0.5 s, doubling per restart up to 10 s (the kubelet's CrashLoopBackOff
@@ -337,14 +338,21 @@ class NodeKubelet:
     # ---- threads ----------------------------------------------------------------------------------------
 
     def _watch(self) -> None:
+        failures = 0
         while not self._stop.is_set():
             try:
                 for kind, pod in self.api.watch("Pod", field_selector=f"spec.nodeName={self.node_name}", stop=self._stop):
+                    failures = 0
                     self._events.put((kind, pod))
             except Exception as exc:  # noqa: BLE001 - the watch restarts; the demo's deadline bounds the wait
                 if not self._stop.is_set():
-                    log.warning("event=watch-failed node=%s error=%r", self.node_name, exc)
-                    self._stop.wait(RETRY_SECONDS)
+                    # Backoff doubling to 5 s, one line per step: a control plane restarting (`gpu-dra cluster`)
+                    # costs a few lines, not five per second per node.
+                    failures += 1
+                    wait = min(RETRY_SECONDS * 2 ** (failures - 1), WATCH_BACKOFF_MAX_SECONDS)
+                    log.warning("event=watch-failed node=%s url=%s failures=%d retry_in=%.1fs error=%r",
+                                self.node_name, self.api.host, failures, wait, str(exc))
+                    self._stop.wait(wait)
 
     def _work(self) -> None:
         last_retry = time.monotonic()

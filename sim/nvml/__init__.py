@@ -5,11 +5,13 @@ Product code reaches it only through `driver.nvml.load_backend("sim:...")`, whic
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
 from urllib.parse import parse_qs
 
 from driver.nvml import NvmlUnavailable, ProfileError
-from sim.nvml.faults import FAULTS_ENV
+from sim.nvml.faults import FAULTS_ENV, read_faults
 from sim.nvml.profile import load_profile, shipped_profiles
 from sim.nvml.simulator import SimulatedNvml
 
@@ -37,6 +39,27 @@ def parse_sim_spec(spec: str) -> tuple[str, str | None]:
 def load_simulator(spec: str, node: str | None = None) -> SimulatedNvml:
     """An initialised simulator for "sim:NAME" or "sim:/path/profile.yaml" (optionally "?faults=FILE")."""
     name, faults = parse_sim_spec(spec)
+    if faults is not None:
+        check_faults_file(faults, spec)
     sim = SimulatedNvml(load_profile(name), faults_path=faults, node=node)
     sim.nvmlInit()
     return sim
+
+
+log = logging.getLogger("gpu-dra.sim")
+
+
+def check_faults_file(path: str, spec: str) -> None:
+    """A faults file is reported at start: an unusable one is an error, a missing one a warning (it may be written
+    later; until then there are no faults)."""
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise NvmlUnavailable(f"--nvml {spec}: faults file {path}: its directory {target.parent} does not exist")
+    if not target.exists():
+        log.warning("event=faults-file-missing path=%s msg=\"no faults until the file is written; it is re-read on "
+                    "every NVML call\"", path)
+        return
+    try:
+        read_faults(target)
+    except (ValueError, OSError) as exc:
+        raise NvmlUnavailable(f"--nvml {spec}: faults file {path}: {exc}") from None

@@ -273,7 +273,9 @@ class PodmanRuntime:
         if c.finished is not None:
             return c.finished
         watched = c.pid if c.pid is not None else c.conmon_pid
-        if watched is not None and _alive(watched):
+        # conmon outlives the container while it drains the container's output into the log: until it is gone
+        # too, the logs may still be short of the last lines, so the container is not reported finished yet.
+        if any(p is not None and _alive(p) for p in (c.pid, c.conmon_pid)):
             return ContainerStatus(name, True, None, c.started_at)
         done = self._podman("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name, check=False)
         words = done.stdout.split()

@@ -1,0 +1,269 @@
+"""The background process behind `gpu-dra cluster up`: starts the cluster, keeps it up, stops it on SIGTERM.
+
+Run as `python -m sim.cluster.supervisor STATE_DIR` (detached by `cluster up`). It starts the embedded control plane
+with its durable store, the controller in embedded mode, one node agent per node, and (in this process) one kubelet
+simulator per node; then watches its children and restarts one that exits (with a per-child backoff), re-registering
+a restarted node agent with its kubelet. Everything it knows is published in STATE_DIR/supervisor.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from gpudra import DEFAULT_DRIVER_NAME, logfmt
+from gpudra.kubeapi import KubeApi
+from sim.cluster import nodes
+from sim.cluster.workloads import WorkloadController
+from sim.cluster.spec import ClusterPaths, ClusterSpec, ProcessInfo, SupervisorStatus, read_json, write_json
+from sim.demo.cluster import DEFAULT_MANIFESTS, NodeDirs, create_all, example_objects
+from sim.demo.processes import Child, ChildFailed, ChildGroup
+from sim.runtime import Runtimes
+from sim.nvml.faults import write_faults
+
+log = logging.getLogger("gpu-dra.cluster")
+
+STEP_TIMEOUT_S = 120.0
+POLL_S = 0.5
+RESTART_FIRST_S = 1.0
+RESTART_MAX_S = 30.0
+# A child that stayed up this long has its backoff reset.
+STABLE_S = 60.0
+
+
+@dataclass
+class _Slot:
+    """One supervised child: how to start it, and its restart bookkeeping."""
+
+    role: str
+    node: str | None
+    child: Child
+    restarts: int = 0
+    backoff: float = RESTART_FIRST_S
+    started: float = field(default_factory=time.monotonic)
+    restart_at: float | None = None
+
+
+class Supervisor:
+    def __init__(self, paths: ClusterPaths, spec: ClusterSpec, *, driver_name: str = DEFAULT_DRIVER_NAME) -> None:
+        self.paths = paths
+        self.spec = spec
+        self.driver_name = driver_name
+        self.children = ChildGroup(paths.logs)
+        self.status = SupervisorStatus(pid=os.getpid())
+        self.slots: list[_Slot] = []
+        self.sides: dict[str, nodes.NodeSide] = {}
+        self.api: KubeApi | None = None
+        self.port = 0
+        self.stop_event = threading.Event()
+        self.workloads: WorkloadController | None = None
+        # One container runtime per node with --runtime podman (sim.runtime); none: pods Run once prepared.
+        self.runtimes = Runtimes(paths.root / "runtime") if spec.runtime == "podman" else None
+        self.node_runtimes: list[Any] = []
+
+    # ---- status --------------------------------------------------------------------------------------------
+
+    def publish(self) -> None:
+        procs = [ProcessInfo("supervisor", self.status.pid)]
+        procs += [ProcessInfo(s.role, s.child.process.pid, s.node, s.restarts) for s in self.slots]
+        procs += [ProcessInfo("kubelet", self.status.pid, name) for name in self.sides]
+        self.status.processes = procs
+        write_json(self.paths.status, self.status.to_json())
+
+    def step(self, text: str) -> None:
+        log.info("event=step msg=%s", logfmt.quote(text))
+        self.status.steps.append(text)
+        self.publish()
+
+    # ---- start ---------------------------------------------------------------------------------------------
+
+    def _dirs(self, node: str) -> NodeDirs:
+        """The node's directories as its processes see them: through the short link (see ClusterPaths.node_link)."""
+        real = self.paths.node(node)
+        real.mkdir(parents=True, exist_ok=True)
+        link = self.paths.node_link(Path(self.spec.links), node)
+        if not (link.is_symlink() and link.resolve() == real.resolve()):
+            link.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(real)
+        return NodeDirs(link)
+
+    def _start_apiserver(self) -> Child:
+        child, url = nodes.start_apiserver(self.children, self.paths.kubeconfig, timeout=STEP_TIMEOUT_S,
+                                           state=self.paths.store, port=self.port, pod_logs_dir=self.paths.pod_logs)
+        self.port = int(url.rsplit(":", 1)[1].split("/")[0])
+        self.status.server = url
+        return child
+
+    def _start_controller(self) -> Child:
+        return self.children.start("controller", nodes.controller_argv(
+            self.paths.kubeconfig, features=self.spec.features, leader_elect=False))
+
+    def _start_agent(self, node: str) -> Child:
+        spec = self.spec.node(node)
+        assert spec is not None
+        faults = self.paths.faults(node)
+        if not faults.exists():
+            write_faults(faults)  # no faults yet: `cluster fault` adds them
+        return self.children.start(f"plugin-{node}", nodes.plugin_argv(
+            spec, self._dirs(node), self.paths.kubeconfig, self.driver_name, faults=self.paths.faults(node),
+            partitionable=self.spec.partitionable, driver_root=self.sides[node].driver_root))
+
+    def start(self) -> None:
+        apiserver = self._start_apiserver()
+        self.slots.append(_Slot("apiserver", None, apiserver))
+        self.api = KubeApi.connect(kubeconfig=str(self.paths.kubeconfig))
+        create_all(self.api, example_objects([DEFAULT_MANIFESTS / "base" / "deviceclasses.yaml"]))
+        classes = sorted(c["metadata"]["name"] for c in self.api.list("DeviceClass")[0])
+        self.step(f"control plane: gpu-dra apiserver at {self.status.server} (store {self.paths.store}); "
+                  f"DeviceClasses {', '.join(classes)}")
+        self.slots.append(_Slot("controller", None, self._start_controller()))
+        self.step("controller: started in embedded mode (scheduler, claim controller, explanations, gangs)")
+        for spec in self.spec.nodes:
+            dirs = self._dirs(spec.name)
+            runtime = None
+            if self.runtimes is not None:
+                dirs.cdi.mkdir(parents=True, exist_ok=True)
+                runtime = self.runtimes.for_node(spec.name, dirs.cdi)
+                self.node_runtimes.append(runtime)
+            self.sides[spec.name] = nodes.start_node_side(self.api, spec, dirs, self.driver_name, runtime=runtime,
+                                                          pod_logs_dir=self.paths.pod_logs)
+            self.slots.append(_Slot("plugin", spec.name, self._start_agent(spec.name)))
+        self.publish()
+        for slot in self.slots:
+            if slot.role == "plugin" and slot.node is not None:
+                nodes.register_and_start(self.sides[slot.node], slot.child, STEP_TIMEOUT_S)
+        deadline = time.monotonic() + STEP_TIMEOUT_S
+        while True:
+            self.children.check_alive()
+            counts = nodes.slice_device_counts(self.api)
+            if all(counts.get(n.name) for n in self.spec.nodes):
+                break
+            if time.monotonic() > deadline:
+                missing = [n.name for n in self.spec.nodes if not counts.get(n.name)]
+                raise ChildFailed(f"timed out after {STEP_TIMEOUT_S:.0f} s waiting for ResourceSlices of {', '.join(missing)}")
+            time.sleep(0.1)
+        for spec in self.spec.nodes:
+            self.step(f"node {spec.name} ({spec.profile}): Ready, agent registered, {counts[spec.name]} devices published"
+                      + (", device plugin nvidia.com/gpu" if spec.device_plugin else ""))
+        self.workloads = WorkloadController(self.api)
+        self.workloads.start()
+        self.step("workload controllers: Deployments, ReplicaSets, StatefulSets, Jobs and CronJobs get their pods")
+        self.status.phase = "ready"
+        self.publish()
+
+    # ---- keep up -------------------------------------------------------------------------------------------
+
+    def _restart(self, slot: _Slot) -> None:
+        old = slot.child
+        self.children.children.remove(old)
+        old.stop(0.1)  # reaps it and closes its log
+        if slot.role == "apiserver":
+            slot.child = self._start_apiserver()
+        elif slot.role == "controller":
+            slot.child = self._start_controller()
+        else:
+            assert slot.node is not None
+            slot.child = self._start_agent(slot.node)
+            side = self.sides[slot.node]
+            # Register the new agent as the kubelet's plugin watcher would on the new socket (slices follow).
+            threading.Thread(target=self._reregister, args=(side, slot), daemon=True).start()
+        slot.restarts += 1
+        slot.started = time.monotonic()
+        slot.restart_at = None
+        log.warning("event=restarted role=%s node=%s pid=%d restarts=%d", slot.role, slot.node or "-",
+                    slot.child.process.pid, slot.restarts)
+        self.publish()
+
+    def _reregister(self, side: nodes.NodeSide, slot: _Slot) -> None:
+        if nodes.reregister(side, self.driver_name, STEP_TIMEOUT_S):
+            log.info("event=plugin-registered node=%s pid=%d", slot.node, slot.child.process.pid)
+        else:
+            log.error("event=reregister-failed node=%s timeout_s=%.0f", slot.node, STEP_TIMEOUT_S)
+
+    def watch(self) -> None:
+        while not self.stop_event.wait(POLL_S):
+            now = time.monotonic()
+            for slot in self.slots:
+                if slot.child.alive():
+                    if now - slot.started > STABLE_S:
+                        slot.backoff = RESTART_FIRST_S
+                    continue
+                if slot.restart_at is None:
+                    slot.restart_at = now + (slot.backoff if now - slot.started < STABLE_S else 0.0)
+                    log.warning("event=child-exited role=%s node=%s code=%s restart_in_s=%.1f", slot.role,
+                                slot.node or "-", slot.child.process.returncode, max(0.0, slot.restart_at - now))
+                    slot.backoff = min(slot.backoff * 2, RESTART_MAX_S)
+                if now >= slot.restart_at:
+                    try:
+                        self._restart(slot)
+                    except (OSError, ChildFailed) as exc:
+                        log.error("event=restart-failed role=%s node=%s error=%r", slot.role, slot.node or "-", str(exc))
+                        slot.restart_at = now + slot.backoff
+
+    def close(self) -> None:
+        self.status.phase = "stopping"
+        self.publish()
+        if self.workloads is not None:
+            self.workloads.stop()
+        for side in self.sides.values():
+            side.stop()  # the kubelets remove the containers they started
+        for runtime in self.node_runtimes:
+            runtime.close()
+        self.children.stop_all()
+        if self.api is not None:
+            self.api.close()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m sim.cluster.supervisor STATE_DIR", file=sys.stderr)
+        return 2
+    paths = ClusterPaths(Path(argv[0]))
+    data = read_json(paths.spec)
+    if not isinstance(data, dict):
+        print(f"{paths.spec}: missing or unreadable cluster spec", file=sys.stderr)
+        return 2
+    logfmt.configure(logging.INFO)
+    # While the control plane restarts, urllib3 would log every connection retry of every watch; the kubelets
+    # already log each failed watch once.
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    sup = Supervisor(paths, ClusterSpec.from_json(data))
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        sup.stop_event.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    sup.publish()
+    code = 0
+    try:
+        sup.start()
+        sup.watch()
+    except Exception as exc:  # noqa: BLE001 - a start failure is reported to `cluster up` through the status file
+        log.exception("event=failed")
+        sup.status.phase = "failed"
+        sup.status.error = str(exc)
+        code = 1
+    finally:
+        failed = sup.status.phase == "failed"
+        sup.close()
+        if failed:
+            sup.status.phase = "failed"
+        else:
+            sup.status.phase = "stopped"
+        sup.publish()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,159 @@
+"""The workload controllers of `gpu-dra cluster`, as far as pods go: what kube-controller-manager's Deployment,
+ReplicaSet, StatefulSet, Job and CronJob controllers do, so that a user's own workloads run on the simulated
+cluster as they would on a real one.
+
+Pods are made by `controller.expand`, the same expansion `gpu-dra allocate` uses, so the cluster and the offline
+tools name them alike. Each pass lists the workloads, creates the pods they should have, deletes pods a workload
+no longer wants (scaled down, template changed, workload deleted: Kubernetes' garbage collector), and writes the
+workloads' replica counts into their status. Simplifications, since no container ever exits without a runtime:
+a Job's pods run until deleted, and a CronJob starts its Job at once rather than at the next scheduled time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.expand import (WORKLOAD_KINDS, ExpandError, cronjob_job, deployment_replicaset, job_pods,
+                               replicaset_pods, statefulset_pods)
+from gpudra.kubeapi import AlreadyExists, ApiError, KubeApi
+
+log = logging.getLogger("gpu-dra.cluster.workloads")
+
+# What owns what: Deployments own ReplicaSets, CronJobs own Jobs; ReplicaSets, StatefulSets and Jobs own pods.
+PARENTS = {"Deployment": "ReplicaSet", "CronJob": "Job"}
+POD_OWNERS = ("ReplicaSet", "StatefulSet", "Job")
+POD_MAKERS = {"ReplicaSet": replicaset_pods, "StatefulSet": statefulset_pods, "Job": job_pods}
+CHILD_MAKERS = {"Deployment": deployment_replicaset, "CronJob": cronjob_job}
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or "default"), str(meta.get("name"))
+
+
+def _controller(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    return next((r for r in (obj.get("metadata") or {}).get("ownerReferences") or [] if r.get("controller")), None)
+
+
+@dataclass
+class Plan:
+    create: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (kind, object)
+    delete: list[tuple[str, tuple[str, str]]] = field(default_factory=list)  # (kind, (namespace, name))
+    problems: list[str] = field(default_factory=list)
+
+
+def _reconcile_children(plan: Plan, child_kind: str, wanted: Mapping[tuple[str, str], dict[str, Any]],
+                        have: list[dict[str, Any]], owner_kinds: set[str]) -> None:
+    """Create what is wanted and missing; delete what a controller of `owner_kinds` owns and no longer wants
+    (Kubernetes' garbage collector, and scaling down)."""
+    existing = {_key(o): o for o in have}
+    plan.create += [(child_kind, o) for k, o in wanted.items() if k not in existing]
+    for k, o in existing.items():
+        owner = _controller(o)
+        if owner and owner.get("kind") in owner_kinds and k not in wanted \
+                and not (o.get("metadata") or {}).get("deletionTimestamp"):
+            plan.delete.append((child_kind, k))
+
+
+def plan(objects: Mapping[str, list[dict[str, Any]]]) -> Plan:
+    """One pass of the controllers over `objects` (kind -> live objects, Pods included): pure."""
+    out = Plan()
+    for parent, child in PARENTS.items():
+        wanted: dict[tuple[str, str], dict[str, Any]] = {}
+        for obj in objects.get(parent, []):
+            try:
+                made = CHILD_MAKERS[parent]({**obj, "kind": parent})
+            except ExpandError as exc:
+                out.problems.append(str(exc))
+                continue
+            wanted[_key(made)] = made
+        _reconcile_children(out, child, wanted, objects.get(child, []), {parent})
+    pods: dict[tuple[str, str], dict[str, Any]] = {}
+    for kind in POD_OWNERS:
+        # Pods of live owners only: one created in this pass gets its pods (and its uid) next pass.
+        for obj in objects.get(kind, []):
+            try:
+                pods.update({_key(p): p for p in POD_MAKERS[kind]({**obj, "kind": kind})})
+            except ExpandError as exc:
+                out.problems.append(str(exc))
+    _reconcile_children(out, "Pod", pods, objects.get("Pod", []), set(POD_OWNERS))
+    return out
+
+
+def workload_status(kind: str, obj: Mapping[str, Any], objects: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The counts a controller reports in its object's status, from the pods (or ReplicaSets) it owns."""
+    uid = (obj.get("metadata") or {}).get("uid")
+
+    def owned(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [i for i in items if (_controller(i) or {}).get("uid") == uid and uid]
+
+    if kind == "Deployment":
+        pods = [p for rs in owned(objects.get("ReplicaSet", []))
+                for p in objects.get("Pod", []) if (_controller(p) or {}).get("uid") == (rs.get("metadata") or {}).get("uid")]
+    elif kind == "CronJob":
+        return {"active": [{"kind": "Job", "name": j["metadata"]["name"], "namespace": j["metadata"].get("namespace"),
+                            "uid": j["metadata"].get("uid")} for j in owned(objects.get("Job", []))]}
+    else:
+        pods = owned(objects.get("Pod", []))
+    running = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running")
+    if kind == "Job":
+        return {"active": len(pods)}
+    status: dict[str, Any] = {"replicas": len(pods), "readyReplicas": running, "availableReplicas": running,
+                              "observedGeneration": (obj.get("metadata") or {}).get("generation", 1)}
+    if kind == "Deployment":
+        status["updatedReplicas"] = len(pods)
+    return status
+
+
+class WorkloadController:
+    def __init__(self, api: KubeApi, *, interval: float = 1.0) -> None:
+        self.api = api
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._reported: set[str] = set()
+
+    def reconcile(self) -> None:
+        objects = {kind: list(self.api.list(kind)[0]) for kind in (*WORKLOAD_KINDS, "Pod")}
+        todo = plan(objects)
+        for problem in todo.problems:
+            if problem not in self._reported:
+                log.warning("event=workload-invalid problem=%r", problem)
+        self._reported = set(todo.problems)
+        for kind, obj in todo.create:
+            ns, name = _key(obj)
+            try:
+                self.api.create(kind, {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}, namespace=ns)
+                log.info("event=created kind=%s object=%s/%s", kind, ns, name)
+            except AlreadyExists:
+                pass
+        for kind, (ns, name) in todo.delete:
+            if self.api.delete(kind, name, namespace=ns):
+                log.info("event=deleted kind=%s object=%s/%s", kind, ns, name)
+        for kind in WORKLOAD_KINDS:
+            for obj in objects[kind]:
+                status = workload_status(kind, obj, objects)
+                current = obj.get("status") or {}
+                if any(current.get(k) != v for k, v in status.items()):
+                    ns, name = _key(obj)
+                    self.api.patch(kind, name, {"status": status}, namespace=ns, subresource="status")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.reconcile()
+            except (ApiError, OSError) as exc:
+                log.warning("event=workloads-pass-failed error=%r", str(exc))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="workloads", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

@@ -1,0 +1,326 @@
+"""`gpu-dra cluster`: up / status / fault / restart of killed children / down, end to end with real processes.
+
+The official `kubernetes` client talks to the cluster through the merged kubeconfig context; kubectl too where
+it is installed. Every process the cluster starts is stopped by `cluster down` (checked), or by the fixture's
+clean-up when a step fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+from controller.expand import expand
+from sim.cluster import kubeconfig as kc
+from sim.cluster.report import gpu_usage
+from sim.cluster.spec import ClusterSpec, SpecError, default_nodes, parse_nodes, pid_alive
+from sim.nvml.profile import shipped_profiles
+from tests.plugin_helpers import short_tmp
+
+ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+NAME = "t"
+CONTEXT = "gpu-dra-t"
+
+
+def _until(what: str, check: Callable[[], T | None], timeout: float = 90.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+class Cli:
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.kubeconfig = home / "kube" / "config"
+        self.env = dict(os.environ, XDG_STATE_HOME=str(home / "state"), KUBECONFIG=str(self.kubeconfig),
+                        PYTHONPATH=str(ROOT))
+
+    def run(self, *args: str, timeout: float = 240.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cli.main", "cluster", *args], env=self.env, cwd=str(ROOT),
+                              capture_output=True, text=True, timeout=timeout)
+
+    def status(self) -> dict[str, Any]:
+        out = self.run("status", "--name", NAME, "-o", "json")
+        return json.loads(out.stdout)
+
+    def pid(self, role: str, node: str | None = None) -> int:
+        return next(p["pid"] for p in self.status()["processes"] if p["role"] == role and p["node"] == node)
+
+
+@pytest.fixture
+def cli() -> Iterator[Cli]:
+    with short_tmp() as home:
+        c = Cli(home)
+        try:
+            yield c
+        finally:
+            c.run("down", "--name", NAME, timeout=120)
+
+
+def _api(cli: Cli) -> k8s_client.ApiClient:
+    cfg = k8s_client.Configuration()
+    k8s_config.load_kube_config(config_file=str(cli.kubeconfig), context=CONTEXT, client_configuration=cfg)
+    return k8s_client.ApiClient(cfg)
+
+
+def _taints(api: k8s_client.ApiClient, node: str) -> list[dict[str, Any]]:
+    slices = k8s_client.ResourceV1Api(api).list_resource_slice().to_dict()["items"]
+    return [t for s in slices if s["spec"]["node_name"] == node for d in s["spec"]["devices"] for t in d.get("taints") or []]
+
+
+def _device_count(api: k8s_client.ApiClient, node: str) -> int:
+    slices = k8s_client.ResourceV1Api(api).list_resource_slice().to_dict()["items"]
+    return sum(len(s["spec"]["devices"]) for s in slices if s["spec"]["node_name"] == node)
+
+
+CLAIM_AND_POD = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: one-gpu, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {deviceClassName: gpu.nvidia.com}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: POD, namespace: default}
+spec:
+  nodeSelector: {kubernetes.io/hostname: NODE}
+  containers:
+  - name: main
+    image: busybox
+    resources: {claims: [{name: gpu}]}
+  resourceClaims:
+  - {name: gpu, resourceClaimTemplateName: one-gpu}
+"""
+
+
+def pod_spec(node: str) -> dict[str, Any]:
+    return {"nodeSelector": {"kubernetes.io/hostname": node}, "containers": [{"name": "main", "image": "busybox"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}
+
+
+def _pod_phase(api: k8s_client.ApiClient, name: str) -> str | None:
+    pod = k8s_client.CoreV1Api(api).read_namespaced_pod(name, "default")
+    return pod.status.phase if pod.status else None
+
+
+def _create_pod(api: k8s_client.ApiClient, name: str, node: str) -> None:
+    docs = list(yaml.safe_load_all(CLAIM_AND_POD.replace("POD", name).replace("NODE", node)))
+    try:
+        k8s_client.ResourceV1Api(api).create_namespaced_resource_claim_template("default", docs[0])
+    except k8s_client.ApiException as exc:
+        assert exc.status == 409
+    k8s_client.CoreV1Api(api).create_namespaced_pod("default", docs[1])
+
+
+def test_cluster_up_fault_restart_down(cli: Cli) -> None:
+    up = cli.run("up", "--name", NAME, "--nodes", "small=t4-1,quad=v100-4", "--runtime", "none")
+    assert up.returncode == 0, up.stderr
+    assert f"kubeconfig context {CONTEXT} written to {cli.kubeconfig}" in up.stdout
+    assert "node quad (v100-4): Ready, agent registered, 4 devices published" in up.stderr  # a progress line
+    config = yaml.safe_load(cli.kubeconfig.read_text())
+    assert config["current-context"] == CONTEXT
+    state = cli.home / "state" / "gpu-dra" / "clusters" / NAME
+    assert (state / "store.db").exists() and not str(state).startswith(str(ROOT))
+
+    # a second `up` of the same name is refused; status and list show the cluster
+    again = cli.run("up", "--name", NAME, "--nodes", "x=t4-1")
+    assert again.returncode == 1 and "already up" in again.stderr
+    status = cli.status()
+    assert status["name"] == NAME and status["server"].startswith("http://127.0.0.1:")
+    assert status["kubeconfig"] == str(cli.kubeconfig)
+    assert {n["name"]: (n["profile"], n["ready"], n["gpusInUse"], n["gpusTotal"]) for n in status["nodes"]} == {
+        "small": ("t4-1", True, 0, 1), "quad": ("v100-4", True, 0, 4)}
+    roles = sorted((p["role"], p["node"] or "") for p in status["processes"])
+    assert roles == [("apiserver", ""), ("controller", ""), ("kubelet", "quad"), ("kubelet", "small"),
+                     ("plugin", "quad"), ("plugin", "small"), ("supervisor", "")]
+    listed = json.loads(cli.run("list", "-o", "json").stdout)
+    assert listed == {"clusters": [{"name": NAME, "state": "ready", "nodes": 2, "server": status["server"]}]}
+
+    api = _api(cli)
+    try:
+        nodes = {n.metadata.name for n in k8s_client.CoreV1Api(api).list_node().items}
+        assert nodes == {"small", "quad"}
+        _create_pod(api, "first", "quad")
+        _until("pod first Running", lambda: _pod_phase(api, "first") == "Running")
+        assert {n["name"]: n["gpusInUse"] for n in cli.status()["nodes"]}["quad"] == 1
+
+        # workload controllers: a Deployment's pods are named as the offline tools name them, and go with it
+        deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "default"},
+                      "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                               "template": {"metadata": {"labels": {"app": "web"}},
+                                            "spec": pod_spec("quad")}}}
+        k8s_client.AppsV1Api(api).create_namespaced_deployment("default", deployment)
+        offline = sorted(p["metadata"]["name"] for p in expand([deployment]))
+        _until("the Deployment's pods Running", lambda: sorted(
+            p.metadata.name for p in k8s_client.CoreV1Api(api).list_namespaced_pod("default").items
+            if p.metadata.name.startswith("web-") and p.status.phase == "Running") == offline)
+        k8s_client.AppsV1Api(api).delete_namespaced_deployment("web", "default")
+        _until("the Deployment's pods to go", lambda: not [
+            p for p in k8s_client.CoreV1Api(api).list_namespaced_pod("default").items if p.metadata.name.startswith("web-")])
+
+        # a fault through the node's faults file: the taint appears on the slice
+        assert not _taints(api, "quad")
+        fault = cli.run("fault", "quad", "--name", NAME, "--gpu", "2", "--xid", "48")
+        assert fault.returncode == 0, fault.stderr
+        taint = _until("the Xid taint", lambda: [t for t in _taints(api, "quad") if t["key"] == "gpu.nvidia.com/xid"])
+        assert taint[0]["value"] == "48" and taint[0]["effect"] == "NoSchedule"
+
+        lost = cli.run("fault", "quad", "--name", NAME, "--gpu", "3", "--lost")
+        assert lost.returncode == 0, lost.stderr
+        _until("the gpu-lost taint", lambda: [t for t in _taints(api, "quad") if t["key"] == "gpu.nvidia.com/gpu-lost"])
+
+        # a killed node agent and a killed controller are restarted; the cluster keeps working
+        agent, controller = cli.pid("plugin", "quad"), cli.pid("controller")
+        os.kill(agent, signal.SIGKILL)
+        os.kill(controller, signal.SIGKILL)
+        _until("restarted agent and controller",
+               lambda: cli.pid("plugin", "quad") != agent and cli.pid("controller") != controller)
+        restarted = {(p["role"], p["node"]): p["restarts"] for p in cli.status()["processes"]}
+        assert restarted[("plugin", "quad")] == 1 and restarted[("controller", None)] == 1
+        _create_pod(api, "second", "quad")
+        _until("pod second Running after the restarts", lambda: _pod_phase(api, "second") == "Running")
+        # as on a real node, NVML does not replay Xid events to a new process and no longer enumerates a GPU that
+        # fell off the bus: the restarted agent publishes the three others
+        _until("the restarted agent to publish 3 GPUs", lambda: _device_count(api, "quad") == 3)
+
+        # a killed control plane comes back on the same URL with everything in its store
+        apiserver = cli.pid("apiserver")
+        os.kill(apiserver, signal.SIGKILL)
+        _until("restarted apiserver", lambda: cli.pid("apiserver") != apiserver)
+        assert cli.status()["server"] == status["server"]
+        _until("pods after the control plane restart", lambda: _pod_phase(api, "second") == "Running")
+
+        # clear = GPU reset: the agent restarts and the taint goes
+        cleared = cli.run("fault", "quad", "--name", NAME, "--clear")
+        assert cleared.returncode == 0, cleared.stderr
+        _until("all 4 GPUs back, untainted", lambda: _device_count(api, "quad") == 4 and not _taints(api, "quad"))
+
+        if shutil.which("kubectl"):
+            out = subprocess.run(["kubectl", "--context", CONTEXT, "get", "nodes", "-o", "name"], env=cli.env,
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            assert sorted(out.stdout.split()) == ["node/quad", "node/small"]
+    finally:
+        api.close()
+
+    pids = [p["pid"] for p in cli.status()["processes"]]
+    down = cli.run("down", "--name", NAME)
+    assert down.returncode == 0, down.stderr
+    assert f"context {CONTEXT} removed" in down.stdout
+    assert CONTEXT not in cli.kubeconfig.read_text()
+    assert not state.exists()
+    _until("every process to exit", lambda: not any(pid_alive(p) for p in pids) or None, timeout=30)
+    assert cli.run("status", "--name", NAME).returncode == 1
+
+
+def test_fault_errors_name_what_is_accepted(cli: Cli) -> None:
+    assert cli.run("fault", "n1", "--name", NAME, "--gpu", "0", "--xid", "79").returncode == 1  # no such cluster
+    up = cli.run("up", "--name", NAME, "--nodes", "n1=t4-1")
+    assert up.returncode == 0, up.stderr
+    bad_gpu = cli.run("fault", "n1", "--name", NAME, "--gpu", "7", "--xid", "79")
+    assert bad_gpu.returncode == 2 and "--gpu 7: not a GPU of node n1; its GPUs: 0=GPU-" in bad_gpu.stderr
+    bad_node = cli.run("fault", "nope", "--name", NAME, "--gpu", "0", "--lost")
+    assert bad_node.returncode == 2 and "its nodes: n1" in bad_node.stderr
+    no_gpu = cli.run("fault", "n1", "--name", NAME, "--xid", "79")
+    assert no_gpu.returncode == 2 and "--gpu" in no_gpu.stderr
+    bad_xid = cli.run("fault", "n1", "--name", NAME, "--gpu", "0", "--xid", "x")
+    assert bad_xid.returncode == 2 and "expected an Xid number" in bad_xid.stderr and "Traceback" not in bad_xid.stderr
+
+
+def test_parse_nodes() -> None:
+    shipped = shipped_profiles()
+    assert [(n.name, n.profile, n.device_plugin) for n in parse_nodes("a=t4-1, b=v100-4", shipped, device_plugin=True)] \
+        == [("a", "t4-1", True), ("b", "v100-4", True)]
+    for text, message in [("a", "expected NAME=PROFILE"), ("a=nope", "neither a shipped profile"),
+                          ("A=t4-1", "DNS label"), ("a=t4-1,a=t4-1", "given twice"), ("", "at least one")]:
+        with pytest.raises(SpecError, match=message):
+            parse_nodes(text, shipped, device_plugin=False)
+    assert [n.name for n in default_nodes(device_plugin=False)] == ["a100-1", "a100-2", "v100-1", "h100-1"]
+    spec = ClusterSpec("x", default_nodes(device_plugin=False), "none", ("DRADeviceTaints=true",), True)
+    assert ClusterSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
+
+
+def test_kubeconfig_merge_keeps_other_entries(tmp_path: Path) -> None:
+    path = tmp_path / "config"
+    other = {"apiVersion": "v1", "kind": "Config", "current-context": "prod",
+             "clusters": [{"name": "prod", "cluster": {"server": "https://prod"}}],
+             "users": [{"name": "prod", "user": {"token": "x"}}],
+             "contexts": [{"name": "prod", "context": {"cluster": "prod", "user": "prod"}}]}
+    path.write_text(yaml.safe_dump(other))
+    kc.merge(path, "dev", "http://127.0.0.1:1")
+    kc.merge(path, "dev", "http://127.0.0.1:2")  # up again: replaced, not duplicated
+    merged = yaml.safe_load(path.read_text())
+    assert [c["name"] for c in merged["contexts"]] == ["prod", "gpu-dra-dev"]
+    assert merged["clusters"][1]["cluster"]["server"] == "http://127.0.0.1:2"
+    assert merged["current-context"] == "gpu-dra-dev"
+    assert kc.remove(path, "dev") is True
+    assert yaml.safe_load(path.read_text()) | {"preferences": None} == other | {"current-context": "", "preferences": None}
+    assert kc.target_file(None, {"KUBECONFIG": f"/a/one{os.pathsep}/b/two"}) == Path("/a/one")
+    path.write_text("clusters: [")
+    with pytest.raises(kc.KubeconfigError, match="not a valid kubeconfig"):
+        kc.merge(path, "dev", "http://x")
+
+
+def test_gpu_usage_counts_physical_gpus() -> None:
+    def dev(name: str, uuid: str, parent: str | None = None) -> dict[str, Any]:
+        attrs = {"uuid": {"string": uuid}} | ({"parentUUID": {"string": parent}} if parent else {})
+        return {"name": name, "attributes": attrs}
+
+    slices = [{"spec": {"nodeName": "n", "driver": "d", "pool": {"name": "n"},
+                        "devices": [dev("g0", "GPU-0"), dev("m0", "MIG-0", "GPU-1"), dev("m1", "MIG-1", "GPU-1")]}}]
+    claims = [{"status": {"allocation": {"devices": {"results": [
+        {"driver": "d", "pool": "n", "device": "m0"}, {"driver": "d", "pool": "n", "device": "m1"}]}}}}]
+    assert gpu_usage("n", slices, claims, "d") == (1, 2)
+    assert gpu_usage("other", slices, claims, "d") == (0, 0)
+
+
+def test_workload_controllers_plan_owners_then_pods() -> None:
+    from sim.cluster.workloads import plan, workload_status
+
+    template = {"metadata": {"labels": {"app": "w"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
+    deploy = {"metadata": {"name": "web", "namespace": "default", "uid": "d-1"},
+              "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "w"}}, "template": template}}
+    first = plan({"Deployment": [deploy]})
+    ((kind, made),) = first.create
+    phash = made["metadata"]["labels"]["pod-template-hash"]
+    assert kind == "ReplicaSet" and made["metadata"]["name"] == f"web-{phash}"
+    assert made["metadata"]["ownerReferences"][0] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                                                      "uid": "d-1", "controller": True, "blockOwnerDeletion": True}
+    rs = {**first.create[0][1], "metadata": {**first.create[0][1]["metadata"], "uid": "rs-1"}}
+    second = plan({"Deployment": [deploy], "ReplicaSet": [rs]})
+    pods = [o for k, o in second.create if k == "Pod"]
+    assert sorted(p["metadata"]["name"] for p in pods) == sorted(p["metadata"]["name"] for p in expand([{**deploy, "kind": "Deployment"}]))
+    assert all(p["metadata"]["ownerReferences"][0]["uid"] == "rs-1" for p in pods)
+    running = [{**p, "status": {"phase": "Running"}} for p in pods]
+    assert workload_status("Deployment", deploy, {"ReplicaSet": [rs], "Pod": running})["readyReplicas"] == 2
+    # the Deployment is gone: its ReplicaSet goes, then the ReplicaSet's pods (the garbage collector's order)
+    gone = plan({"ReplicaSet": [rs], "Pod": running})
+    assert gone.delete == [("ReplicaSet", ("default", rs["metadata"]["name"]))]
+    orphans = plan({"Pod": running})
+    assert sorted(n for _, (_, n) in orphans.delete) == sorted(p["metadata"]["name"] for p in pods)
+    bad = plan({"StatefulSet": [{"metadata": {"name": "db"}, "spec": {"replicas": -1, "template": template}}]})
+    assert bad.problems == ["StatefulSet/default/db: spec.replicas: -1: expected a non-negative integer"]
