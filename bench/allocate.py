@@ -1,12 +1,15 @@
-"""`gpu-dra bench allocate [-o json] [--scenario a|b|all] [--seed N]`: placement throughput and latency.
+"""`gpu-dra bench allocate [-o json] [--scenario a|b|all] [--nodes N] [--devices D] [--seed N]`: placement
+throughput, latency and CPU cost per claim.
 
-(a) kube-scheduler scheduler_perf's SchedulingWithResourceClaimTemplate shape: 500 nodes x 10 devices
-    (one slice per node), a device class with a driver selector, 5000 one-device claims from a
-    template, placed one after another until the cluster is full.
-(b) 1000 nodes x 8 GPUs (NVLink domains of 8, or two of 4), class and request CEL selectors, 4- and
-    8-GPU claims with matchAttribute on gpu.nvidia.com/nvlinkDomain.
+(a) kube-scheduler scheduler_perf's SchedulingWithResourceClaimTemplate shape: by default 500 nodes x 10
+    devices (one slice per node), a device class with a driver selector, one-device claims from a
+    template (nodes x devices of them), placed one after another until the cluster is full.
+(b) by default 1000 nodes x 8 GPUs (NVLink domains of 8, or two of 4), class and request CEL selectors,
+    4- and 8-GPU claims with matchAttribute on gpu.nvidia.com/nvlinkDomain (1.4 claims per node).
 Each placement runs the full Placer (allocator per candidate node, scoring, commit); latency is per
-claim (per placement), wall-clock, single thread.
+claim (per placement), wall-clock, single thread; `cpuMsPerClaim` is the process CPU time of the
+placements divided by the claims, robust to other work sharing the machine. `placementDigest` is a
+SHA-256 over every claim's node and devices in placement order: equal digests mean equal placements.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ import json
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from controller.allocator import ClusterSnapshot, parse_claim
 from controller.scoring import Placement, Placer
 from controller.workload import claim_from_template
 from gpudra import DEFAULT_DRIVER_NAME
-from bench.stats import peak_rss_mib, percentile
+from bench.stats import peak_rss_mib, percentile, placement_digest
 from gpudra.features import Features
 
 
@@ -33,38 +37,49 @@ def _slice(node: str, driver: str, devices: list[dict[str, Any]]) -> dict[str, A
                      "devices": devices}}
 
 
-def scenario_a(seed: int) -> tuple[ClusterSnapshot, list[dict[str, Any]]]:
+@dataclass(frozen=True)
+class Size:
+    """Cluster size of a scenario; None takes the scenario's own default."""
+
+    nodes: int | None = None
+    devices: int | None = None
+
+
+def scenario_a(seed: int, size: Size = Size()) -> tuple[ClusterSnapshot, list[dict[str, Any]]]:
     driver = "test-driver.cdi.k8s.io"
-    slices = [_slice(f"node-{n:03d}", driver, [{"name": f"device-{d}"} for d in range(10)]) for n in range(500)]
+    nodes, devices = size.nodes or 500, size.devices or 10
+    slices = [_slice(f"node-{n:03d}", driver, [{"name": f"device-{d}"} for d in range(devices)]) for n in range(nodes)]
     cls = {"kind": "DeviceClass", "metadata": {"name": "test-class"},
            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}}
     template = {"kind": "ResourceClaimTemplate", "metadata": {"name": "test-claim-template", "namespace": "default"},
                 "spec": {"spec": {"devices": {"requests": [{"name": "req-0", "exactly": {"deviceClassName": "test-class"}}]}}}}
     claims = [claim_from_template(template, {"metadata": {"name": f"pod-{i:04d}", "namespace": "default"}}, "resource")
-              for i in range(5000)]
+              for i in range(nodes * devices)]
     return ClusterSnapshot(slices, [cls]), claims
 
 
-def scenario_b(seed: int) -> tuple[ClusterSnapshot, list[dict[str, Any]]]:
+def scenario_b(seed: int, size: Size = Size()) -> tuple[ClusterSnapshot, list[dict[str, Any]]]:
     rng = random.Random(seed)
     driver = DEFAULT_DRIVER_NAME
+    nodes, gpus = size.nodes or 1000, size.devices or 8
+    half = max(gpus // 2, 1)
     slices = []
-    for n in range(1000):
+    for n in range(nodes):
         node = f"gpu-node-{n:04d}"
         split = rng.random() < 0.3
         devices = []
-        for g in range(8):
-            domain = f"{node}-nvl{g // 4 if split else 0}"
+        for g in range(gpus):
+            domain = f"{node}-nvl{g // half if split else 0}"
             devices.append({"name": f"gpu-{g}", "attributes": {
                 "type": {"string": "gpu"}, "productName": {"string": "NVIDIA H100 80GB HBM3"},
-                "nvlinkDomain": {"string": domain}, "numaNode": {"int": g // 4}, "index": {"int": g}},
+                "nvlinkDomain": {"string": domain}, "numaNode": {"int": g // half}, "index": {"int": g}},
                 "capacity": {"memory": {"value": "80Gi"}}})
         slices.append(_slice(node, driver, devices))
     cls = {"kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
            "spec": {"selectors": [{"cel": {"expression":
                                            f'device.driver == "{driver}" && device.attributes["{driver}"].type == "gpu"'}}]}}
     claims = []
-    for i in range(1400):
+    for i in range(nodes * 14 // 10):
         count = 8 if rng.random() < 0.4 else 4
         claims.append({"kind": "ResourceClaim", "metadata": {"name": f"train-{i:04d}", "namespace": "ml"}, "spec": {"devices": {
             "requests": [{"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": count, "selectors": [
@@ -74,16 +89,19 @@ def scenario_b(seed: int) -> tuple[ClusterSnapshot, list[dict[str, Any]]]:
     return ClusterSnapshot(slices, [cls]), claims
 
 
-SCENARIOS: dict[str, Callable[[int], tuple[ClusterSnapshot, list[dict[str, Any]]]]] = {"a": scenario_a, "b": scenario_b}
+SCENARIOS: dict[str, Callable[[int, Size], tuple[ClusterSnapshot, list[dict[str, Any]]]]] = {
+    "a": scenario_a, "b": scenario_b}
 
 
-def measure(name: str, seed: int, cel_env: Any) -> dict[str, Any]:
-    snapshot, claim_dicts = SCENARIOS[name](seed)
+def measure(name: str, seed: int, cel_env: Any, size: Size = Size()) -> dict[str, Any]:
+    snapshot, claim_dicts = SCENARIOS[name](seed, size)
     placer = Placer(snapshot, Features(), cel_env)
     latencies: list[float] = []
+    placements: list[tuple[str, str | None, list[dict[str, Any]]]] = []
     allocated = 0
     gc.collect()
     start = time.perf_counter()
+    cpu_start = time.process_time()
     for obj in claim_dicts:
         t0 = time.perf_counter()
         claim = parse_claim(obj)
@@ -91,12 +109,21 @@ def measure(name: str, seed: int, cel_env: Any) -> dict[str, Any]:
         if isinstance(placed, Placement):
             placer.commit([claim.key], placed.allocations, placed.node)
             allocated += 1
+            placements.append((claim.key, placed.node, placed.allocations))
+        else:
+            placements.append((claim.key, None, []))
         latencies.append((time.perf_counter() - t0) * 1000)
+    cpu = time.process_time() - cpu_start
     elapsed = time.perf_counter() - start
     latencies.sort()
-    return {"claims": len(claim_dicts), "allocated": allocated, "seconds": round(elapsed, 3),
-            "claimsPerSecond": round(len(claim_dicts) / elapsed, 1), "p50Ms": round(percentile(latencies, 50), 3),
-            "p99Ms": round(percentile(latencies, 99), 3), "maxMs": round(latencies[-1], 3) if latencies else 0.0}
+    return {"nodes": len(snapshot.node_names), "devices": sum(len(sl.devices) for sl in snapshot.slices), "claims": len(claim_dicts),
+            "allocated": allocated, "seconds": round(elapsed, 3),
+            "claimsPerSecond": round(len(claim_dicts) / elapsed, 1),
+            "cpuMsPerClaim": round(cpu * 1000 / max(len(claim_dicts), 1), 4),
+            "cpuClaimsPerSecond": round(len(claim_dicts) / cpu, 1) if cpu > 0 else 0.0,
+            "p50Ms": round(percentile(latencies, 50), 3),
+            "p99Ms": round(percentile(latencies, 99), 3), "maxMs": round(latencies[-1], 3) if latencies else 0.0,
+            "placementDigest": placement_digest(placements)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,15 +135,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"--scenario {unknown[0]!r}: unknown scenario; accepted: a, b, all")
         return 2
     seed = int(getattr(args, "seed", 1) or 1)
-    results = {w: measure(w, seed, CelEnvironment()) for w in wanted}
+    size = Size(getattr(args, "nodes", None), getattr(args, "devices", None))
+    for flag, value in (("--nodes", size.nodes), ("--devices", size.devices)):
+        if value is not None and value < 1:
+            print(f"{flag} {value}: must be at least 1")
+            return 2
+    results = {w: measure(w, seed, CelEnvironment(), size) for w in wanted}
     head = results[wanted[0]]
-    doc = {"benchmark": "allocate", "claimsPerSecond": head["claimsPerSecond"], "p50Ms": head["p50Ms"],
-           "p99Ms": head["p99Ms"], "peakRssMiB": peak_rss_mib(), "seed": seed, "scenarios": results}
+    doc = {"benchmark": "allocate", "claimsPerSecond": head["claimsPerSecond"], "cpuMsPerClaim": head["cpuMsPerClaim"],
+           "p50Ms": head["p50Ms"], "p99Ms": head["p99Ms"], "peakRssMiB": peak_rss_mib(),
+           "placementDigest": head["placementDigest"], "seed": seed, "scenarios": results}
     if getattr(args, "output", "table") == "json":
         print(json.dumps(doc, indent=2))
     else:
         for w, r in results.items():
-            print(f"scenario {w}: {r['claims']} claims ({r['allocated']} allocated) in {r['seconds']} s: "
-                  f"{r['claimsPerSecond']} claims/s, p50 {r['p50Ms']} ms, p99 {r['p99Ms']} ms, max {r['maxMs']} ms")
+            print(f"scenario {w}: {r['nodes']} nodes, {r['devices']} devices, {r['claims']} claims ({r['allocated']} allocated) "
+                  f"in {r['seconds']} s: {r['claimsPerSecond']} claims/s, CPU {r['cpuMsPerClaim']} ms/claim, "
+                  f"p50 {r['p50Ms']} ms, p99 {r['p99Ms']} ms, max {r['maxMs']} ms, digest {r['placementDigest'][:16]}")
         print(f"peak RSS {doc['peakRssMiB']} MiB")
     return 0

@@ -1,4 +1,4 @@
-"""`gpu-dra bench allocate|prepare|cel|schedule|serving|store`: dispatch to one benchmark module of this package."""
+"""`gpu-dra bench allocate|cel|kubeapi|prepare|schedule|serving|store`: dispatch to one benchmark module of this package."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import importlib
 BENCHMARKS: dict[str, str] = {
     "allocate": "bench.allocate",
     "cel": "bench.cel",
+    "kubeapi": "bench.kubeapi",
     "prepare": "bench.prepare",
     "schedule": "bench.schedule",
     "serving": "bench.apiserver:run_serving",
@@ -22,6 +23,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scenario", default="all", help="allocate only: a (scheduler_perf shape), b (NVLink gangs of 4/8) or all"
     )
+    parser.add_argument("--nodes", type=int, default=None, help="allocate, schedule: cluster size (default: the scenario's own)")
+    parser.add_argument("--devices", type=int, default=None, help="allocate only: devices per node (default: the scenario's own)")
+    parser.add_argument("--pods", type=int, default=None, help="schedule only: pods to create (default 4 per node)")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="schedule only: create pods at this many per second instead of back to back")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,25 +1,33 @@
-"""`gpu-dra bench schedule [-o json] [--seed N]`: the embedded controller placing pods end to end.
+"""`gpu-dra bench schedule [-o json] [--seed N] [--nodes N] [--pods P] [--rate R]`: the embedded controller
+placing pods end to end.
 
-An in-process embedded API server (validation admission on, as in the tests) holds 100 simulated DGX A100
-nodes (8 GPUs each, slices as the node agent publishes them), the project's DeviceClasses and three
-ResourceClaimTemplates (1, 2 and 4 GPUs). The controller runs in embedded mode on its own threads
-(informers + reconcile loop, no leader election), exactly as `gpu-dra controller --embedded` does. Then 400
-pods (1, 2 or 4 GPUs, drawn with a fixed seed) are created back to back; a watch on a second connection
-records when each pod gets its nodeName.
+The embedded API server runs in its own process (`gpu-dra apiserver`, validation admission on), as a real
+cluster's would, and holds N simulated DGX A100 nodes (default 100; 8 GPUs each, slices as the node agent
+publishes them), the project's DeviceClasses and three ResourceClaimTemplates (1, 2 and 4 GPUs). The
+controller runs in this process in embedded mode on its own threads (informers + reconcile loop, no leader
+election), exactly as `gpu-dra controller --embedded` does. Then P pods (default 4 per node; 1, 2 or 4 GPUs,
+drawn with a fixed seed) are created back to back, or at R pods per second with `--rate`; a watch on a
+second connection records when each pod gets its nodeName.
 
 Measured: pods/s from the first create until the last pod is bound, per-pod latency (create returned ->
-binding seen by the watch) p50/p99, controller passes, peak RSS of the whole process (API server included).
-The outcome is verified afterwards from the API: every pod bound, every claim allocated on its pod's node
-with the requested number of devices, no device allocated twice. Any violation fails the run (exit 1).
+binding seen by the watch) p50/p99, controller passes, CPU time per pod of this process (controller, pod
+creation and the watch) and of the API server process, peak RSS of each. `placementDigest` hashes each pod's
+node and devices in pod order (equal digests, equal placements). The outcome is verified afterwards from the
+API: every pod bound, every claim allocated on its pod's node with the requested number of devices, no
+device allocated twice. Any violation fails the run (exit 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +39,7 @@ from driver.discovery import discover
 from driver.nvml import load_backend
 from driver.slices import SliceSettings, build_slices
 from gpudra import DEFAULT_DRIVER_NAME
-from gpudra.apiserver import EmbeddedApiServer
-from controller.validationhooks import validation_admission
-from bench.stats import peak_rss_mib, percentile
+from bench.stats import peak_rss_mib, percentile, placement_digest
 from gpudra.kubeapi import KubeApi
 from gpudra.manifests import load_objects
 
@@ -54,7 +60,67 @@ class BenchFailed(Exception):
 class Shape:
     nodes: int = 100
     pods: int = 400
+    rate: float | None = None  # pods created per second; None: back to back
     timeout: float = 600.0
+
+
+class CountingKubeApi(KubeApi):
+    """KubeApi that counts its requests by verb and resource (the controller's round trips per pod)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: Counter[str] = Counter()
+        self._count_lock = threading.Lock()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        parts = path.split("?")[0].strip("/").split("/")
+        # .../<plural>[/<name>[/<subresource>]]: name the resource and subresource, not the object.
+        plurals = [i for i, p in enumerate(parts) if p in _PLURALS]
+        what = parts[plurals[-1]] if plurals else parts[-1]
+        if plurals and len(parts) > plurals[-1] + 2:
+            what += "/" + parts[plurals[-1] + 2]
+        verb = "WATCH" if kwargs.get("stream") else method
+        with self._count_lock:
+            self.calls[f"{verb} {what}"] += 1
+        return super()._call(method, path, **kwargs)
+
+
+_PLURALS = frozenset({"pods", "resourceclaims", "resourceslices", "deviceclasses", "nodes", "events",
+                      "resourceclaimtemplates", "priorityclasses", "resourcequotas", "leases", "namespaces"})
+
+
+class ServerProcess:
+    """`gpu-dra apiserver` in a child process: its URL, CPU time and peak memory."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cli", "apiserver", "--port", "0", "--driver-name", DRIVER],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(Path(__file__).resolve().parents[1]))
+        line = self.proc.stdout.readline().strip() if self.proc.stdout is not None else ""
+        if not line.startswith("http"):
+            self.stop()
+            raise BenchFailed(f"the API server process did not start (printed {line!r})")
+        self.url = line
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process so far (Linux /proc)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def peak_rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+        return 0.0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
 
 
 @dataclass
@@ -117,8 +183,9 @@ def populate(api: KubeApi, nodes: int) -> None:
             api.create("ResourceSlice", piece)
 
 
-def verify(api: KubeApi, sizes: Mapping[str, int]) -> None:
-    """Every pod bound, each claim allocated on its pod's node with the requested count, no device twice."""
+def verify(api: KubeApi, sizes: Mapping[str, int]) -> str:
+    """Every pod bound, each claim allocated on its pod's node with the requested count, no device twice.
+    Returns the placement digest: per pod, in pod name order, its node and its claims' devices."""
     pods = {o.name(p): p for p in api.list("Pod", namespace=NAMESPACE)[0]}
     claims = api.list("ResourceClaim", namespace=NAMESPACE)[0]
     problems: list[str] = []
@@ -150,6 +217,12 @@ def verify(api: KubeApi, sizes: Mapping[str, int]) -> None:
         problems.append(f"{len(missing)} pods have no claim (first: {', '.join(missing[:5])})")
     if problems:
         raise BenchFailed("; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else ""))
+    by_pod: dict[str, list[dict[str, Any]]] = {}
+    for claim in claims:
+        owner = owners[o.controller_owner_uid(claim) or ""]
+        by_pod.setdefault(o.name(owner), []).append(o.allocation(claim) or {})
+    return placement_digest((name, o.section(pods[name], "spec").get("nodeName"), by_pod.get(name, []))
+                            for name in sorted(sizes))
 
 
 def _passes(manager: ControllerManager) -> int:
@@ -163,13 +236,14 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
     if sum(sizes.values()) > capacity:
         raise BenchFailed(f"--seed {seed}: the pods ask for {sum(sizes.values())} GPUs, more than the {capacity} "
                           "the cluster has; choose another seed")
-    server = EmbeddedApiServer(admission=validation_admission(DRIVER))
-    url = server.start()
+    server = ServerProcess()
+    url = server.url
     api = KubeApi.connect(url=url)
     watch_api = KubeApi.connect(url=url)
     config = ControllerConfig(driver_name=DRIVER, embedded=True, leader_elect=False, identity="bench-schedule",
                               tick=1.0, resync_period=600.0)
-    manager = ControllerManager(api, config)
+    controller_api = CountingKubeApi.connect(url=url)
+    manager = ControllerManager(controller_api, config)
     watcher = BindWatch(watch_api, expected=len(sizes))
     try:
         populate(api, shape.nodes)
@@ -180,9 +254,15 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
         watch_thread = threading.Thread(target=watcher.run, args=(str(rv),), name="bench-bind-watch", daemon=True)
         watch_thread.start()
         passes_before = _passes(manager)
+        calls_before = Counter(controller_api.calls)
         created_at: dict[str, float] = {}
+        cpu_start, server_cpu_start = time.process_time(), server.cpu_seconds()
         start = time.perf_counter()
-        for name, gpus in sizes.items():
+        for i, (name, gpus) in enumerate(sizes.items()):
+            if shape.rate:
+                pause = start + i / shape.rate - time.perf_counter()
+                if pause > 0:
+                    time.sleep(pause)
             api.create("Pod", pod_object(name, gpus), namespace=NAMESPACE)
             created_at[name] = time.perf_counter()
         created = time.perf_counter()
@@ -192,12 +272,18 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
         if not finished:
             raise BenchFailed(f"only {len(watcher.bound_at)} of {len(sizes)} pods bound within {shape.timeout:.0f} s")
         end = max(watcher.bound_at.values())
+        cpu, server_cpu = time.process_time() - cpu_start, server.cpu_seconds() - server_cpu_start
         passes = _passes(manager) - passes_before
-        verify(api, sizes)
+        calls = Counter(controller_api.calls)
+        calls.subtract(calls_before)
+        rebuilds = manager.live.rebuilds
+        digest = verify(api, sizes)
+        server_rss = server.peak_rss_mib()
     finally:
         watcher.stop.set()
         manager.stop()
         api.close()
+        controller_api.close()
         watch_api.close()
         server.stop()
     latencies = sorted((watcher.bound_at[n] - created_at[n]) * 1000 for n in sizes)
@@ -205,6 +291,8 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
     return {
         "benchmark": "schedule",
         "podsPerSecond": round(len(sizes) / elapsed, 1),
+        "cpuMsPerPod": round(cpu * 1000 / len(sizes), 2),
+        "serverCpuMsPerPod": round(server_cpu * 1000 / len(sizes), 2),
         "p50Ms": round(percentile(latencies, 50), 1),
         "p99Ms": round(percentile(latencies, 99), 1),
         "maxMs": round(latencies[-1], 1),
@@ -212,19 +300,33 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
         # The pods are created while the controller already places them (same process, same GIL).
         "createSeconds": round(created - start, 2),
         "peakRssMiB": peak_rss_mib(),
+        "serverPeakRssMiB": server_rss,
         "pods": len(sizes),
         "nodes": shape.nodes,
         "gpus": capacity,
         "gpusRequested": sum(sizes.values()),
+        "rate": shape.rate,
         "controllerPasses": passes,
+        # The controller's requests while the pods were placed, per pod, by verb and resource.
+        "apiCallsPerPod": {k: round(v / len(sizes), 2) for k, v in sorted(calls.items()) if v > 0},
+        "snapshotRebuilds": rebuilds,
+        "placementDigest": digest,
         "seed": seed,
     }
 
 
 def run(args: argparse.Namespace) -> int:
     seed = int(getattr(args, "seed", 1) or 1)
+    nodes = getattr(args, "nodes", None)
+    nodes = 100 if nodes is None else nodes
+    pods = getattr(args, "pods", None)
+    pods = 4 * nodes if pods is None else pods
+    rate = getattr(args, "rate", None)
+    if nodes < 1 or pods < 1 or (rate is not None and rate <= 0):
+        print("--nodes and --pods must be at least 1, --rate above 0")
+        return 2
     try:
-        doc = measure(seed)
+        doc = measure(seed, Shape(nodes=nodes, pods=pods, rate=rate))
     except BenchFailed as err:
         print(f"bench schedule FAILED: {err}")
         return 1
@@ -233,5 +335,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"{doc['pods']} pods ({doc['gpusRequested']} GPUs) on {doc['nodes']} nodes x {GPUS_PER_NODE} GPUs bound in "
               f"{doc['seconds']} s: {doc['podsPerSecond']} pods/s, p50 {doc['p50Ms']} ms, p99 {doc['p99Ms']} ms, "
-              f"max {doc['maxMs']} ms; {doc['controllerPasses']} controller passes; peak RSS {doc['peakRssMiB']} MiB")
+              f"max {doc['maxMs']} ms; CPU {doc['cpuMsPerPod']} ms/pod (API server {doc['serverCpuMsPerPod']} ms/pod); "
+              f"{doc['controllerPasses']} controller passes; peak RSS {doc['peakRssMiB']} MiB "
+              f"(API server {doc['serverPeakRssMiB']} MiB); digest {doc['placementDigest'][:16]}")
     return 0

@@ -1,9 +1,13 @@
-"""Figures every benchmark prints the same way: percentiles of latencies and the process's peak memory."""
+"""Figures every benchmark prints the same way: percentiles of latencies, the process's peak memory and the
+digest of the placements made."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import resource
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 
 def percentile(values: Sequence[float], p: float) -> float:
@@ -17,3 +21,15 @@ def percentile(values: Sequence[float], p: float) -> float:
 def peak_rss_mib() -> float:
     """Peak resident memory of this process so far, in MiB (Linux reports ru_maxrss in KiB)."""
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def placement_digest(placements: Iterable[tuple[str, str | None, Sequence[Mapping[str, Any]]]]) -> str:
+    """SHA-256 over (claim, node, devices in result order) per placement, in the order given; a claim that was
+    not placed has node None and no devices. Two runs placed identically exactly when their digests match."""
+    h = hashlib.sha256()
+    for claim, node, allocations in placements:
+        devices = [[r.get("request"), r.get("driver"), r.get("pool"), r.get("device")]
+                   for alloc in allocations for r in (alloc.get("devices") or {}).get("results") or []]
+        h.update(json.dumps([claim, node, devices], separators=(",", ":")).encode())
+        h.update(b"\n")
+    return h.hexdigest()

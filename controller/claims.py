@@ -90,12 +90,14 @@ def generated_claim_for(pod: Mapping[str, Any], pod_claim_name: str, claims: Ite
 class GeneratedClaims:
     """Claims generated from templates, by (namespace, owning pod UID, pod claim name).
 
-    Built once per pass so that resolving every pending pod does not scan every claim (O(pods x claims)).
-    The first claim seen for a key wins, as a linear scan in the same order would pick it.
+    Built once (per pass, or kept current with `add`/`discard` as claims change) so that resolving every
+    pending pod does not scan every claim (O(pods x claims)). The first claim seen for a key wins, as a linear
+    scan in the same order would pick it.
     """
 
     def __init__(self, claims: Iterable[Mapping[str, Any]] = ()) -> None:
         self._by_owner: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+        self._entry_of: dict[str, tuple[str, str, str]] = {}  # claim key -> the entry it holds
         for claim in claims:
             self.add(claim)
 
@@ -103,7 +105,16 @@ class GeneratedClaims:
         owner = o.controller_owner_uid(claim)
         pcn = o.annotations(claim).get(POD_CLAIM_NAME_ANNOTATION)
         if owner and isinstance(pcn, str):
-            self._by_owner.setdefault((o.namespace(claim), owner, pcn), claim)
+            entry = (o.namespace(claim), owner, pcn)
+            if entry not in self._by_owner:
+                self._by_owner[entry] = claim
+                self._entry_of[o.key(claim)] = entry
+
+    def discard(self, claim_key: str) -> None:
+        """Forget the claim of this key (deleted, or about to be added again as changed)."""
+        entry = self._entry_of.pop(claim_key, None)
+        if entry is not None:
+            del self._by_owner[entry]
 
     def find(self, pod: Mapping[str, Any], pod_claim_name: str) -> Mapping[str, Any] | None:
         pod_uid = o.uid(pod)
@@ -207,47 +218,60 @@ class ClaimLifecycle:
         pods: Iterable[Mapping[str, Any]],
         claims: Iterable[Mapping[str, Any]],
         templates: Mapping[str, Mapping[str, Any]],
+        index: GeneratedClaims | None = None,
     ) -> tuple[int, list[str]]:
-        """Create missing claims for pods' templates and record them in pod status.
+        """Create missing claims for pods' templates and record them in pod status (`index`, when given, is a
+        current index of `claims` to use instead of building one).
 
         Returns how many claims were created and the problems seen (missing templates).
         """
         problems: list[str] = []
         created_count = 0
-        index = GeneratedClaims(claims)
+        index = index if index is not None else GeneratedClaims(claims)
         for pod in pods:
-            if o.pod_done(pod) or o.deleting(pod):
-                continue
-            resolved = resolve_pod_claims(pod, index)
-            if not any(pc.template for pc in resolved):
-                continue
-            statuses: list[dict[str, Any]] = []
-            for pc in resolved:
-                if pc.template is None:
-                    continue
-                claim_name = pc.claim_name
-                if claim_name is None:
-                    template = templates.get(f"{o.namespace(pod)}/{pc.template}")
-                    if template is None:
-                        problems.append(
-                            f"pod {o.key(pod)}: spec.resourceClaims[{pc.pod_claim_name}].resourceClaimTemplateName: "
-                            f"ResourceClaimTemplate {o.namespace(pod)}/{pc.template} not found"
-                        )
-                        continue
-                    created = self._writer.create("ResourceClaim", claim_from_template(pod, pc.pod_claim_name, template))
-                    if created is None:
-                        continue
-                    claim_name = o.name(created)
-                    index.add(created)
-                    created_count += 1
-                    self._metrics.claims_created.inc()
-                    log.info(
-                        "claim created from template",
-                        extra={"pod": o.key(pod), "podClaim": pc.pod_claim_name, "claim": claim_name, "template": pc.template},
-                    )
-                statuses.append({"name": pc.pod_claim_name, "resourceClaimName": claim_name})
-            self._record_statuses(pod, statuses)
+            created, missing = self.expand_pod(pod, index, templates)
+            created_count += len(created)
+            problems += missing
         return created_count, problems
+
+    def expand_pod(
+        self, pod: Mapping[str, Any], index: GeneratedClaims, templates: Mapping[str, Mapping[str, Any]]
+    ) -> tuple[list[Obj], list[str]]:
+        """Template expansion for one pod: the claims created (also added to `index`) and the problems seen."""
+        problems: list[str] = []
+        created_claims: list[Obj] = []
+        if o.pod_done(pod) or o.deleting(pod):
+            return created_claims, problems
+        resolved = resolve_pod_claims(pod, index)
+        if not any(pc.template for pc in resolved):
+            return created_claims, problems
+        statuses: list[dict[str, Any]] = []
+        for pc in resolved:
+            if pc.template is None:
+                continue
+            claim_name = pc.claim_name
+            if claim_name is None:
+                template = templates.get(f"{o.namespace(pod)}/{pc.template}")
+                if template is None:
+                    problems.append(
+                        f"pod {o.key(pod)}: spec.resourceClaims[{pc.pod_claim_name}].resourceClaimTemplateName: "
+                        f"ResourceClaimTemplate {o.namespace(pod)}/{pc.template} not found"
+                    )
+                    continue
+                created = self._writer.create("ResourceClaim", claim_from_template(pod, pc.pod_claim_name, template))
+                if created is None:
+                    continue
+                claim_name = o.name(created)
+                index.add(created)
+                created_claims.append(created)
+                self._metrics.claims_created.inc()
+                log.info(
+                    "claim created from template",
+                    extra={"pod": o.key(pod), "podClaim": pc.pod_claim_name, "claim": claim_name, "template": pc.template},
+                )
+            statuses.append({"name": pc.pod_claim_name, "resourceClaimName": claim_name})
+        self._record_statuses(pod, statuses)
+        return created_claims, problems
 
     def _record_statuses(self, pod: Mapping[str, Any], statuses: list[dict[str, Any]]) -> None:
         current = {

@@ -34,6 +34,27 @@ class Store:
         self.kind = kind
         self._lock = threading.Lock()
         self._items: dict[str, Obj] = {}
+        # Keys changed since each consumer last drained its set (consumers that keep state derived from the cache
+        # update it from these deltas instead of rescanning every object).
+        self._trackers: list[set[str]] = []
+
+    def track(self) -> set[str]:
+        """A change set for one consumer: every current key at first, then each key that changes or goes."""
+        with self._lock:
+            tracker = set(self._items)
+            self._trackers.append(tracker)
+            return tracker
+
+    def drain(self, tracker: set[str]) -> set[str]:
+        """The keys changed since the last drain of this tracker (and forget them)."""
+        with self._lock:
+            changed = set(tracker)
+            tracker.clear()
+            return changed
+
+    def _touched(self, key: str) -> None:
+        for tracker in self._trackers:
+            tracker.add(key)
 
     def get(self, key: str) -> Obj | None:
         with self._lock:
@@ -61,6 +82,7 @@ class Store:
                 return False
             # A different UID is a new object of the same name: always take it.
             self._items[k] = obj
+            self._touched(k)
             return True
 
     def remove(self, obj: Mapping[str, Any]) -> bool:
@@ -72,6 +94,7 @@ class Store:
             if o.uid(obj) and o.uid(current) and o.uid(obj) != o.uid(current):
                 return False  # a newer object of the same name replaced the deleted one
             del self._items[k]
+            self._touched(k)
             return True
 
     def replace(self, items: Iterable[Obj], list_rv: str = "") -> bool:
@@ -88,10 +111,12 @@ class Store:
                 current = self._items.get(k)
                 if current is None or (current != obj and o.rv_newer(obj, current)):
                     self._items[k] = obj
+                    self._touched(k)
                     changed = True
             for k in [k for k in self._items if k not in fresh]:
                 if not list_rv or o.rv_newer(marker, self._items[k]):
                     del self._items[k]
+                    self._touched(k)
                     changed = True
         return changed
 

@@ -15,20 +15,23 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from controller import objects as o
-from controller.claims import ClaimLifecycle
+from controller.cel import CelEnvironment
+from controller.claims import ClaimLifecycle, GeneratedClaims
 from controller.explanation_writer import ExplanationWriter
-from controller.gang import GangController, GangSummary
+from controller.gang import GangController, GangSummary, gang_label
 from controller.podgroupclaims import PodGroupClaims
 from controller.informer import Informer, Store
 from controller.leader import LeaderElector, LeaseTimings
 from controller.metrics import ControllerMetrics, MetricsServer
-from controller.scheduler import EmbeddedScheduler, PendingExplainer
+from controller.scheduler import EmbeddedScheduler, PendingExplainer, is_pending
+from controller.snapshots import LiveSnapshot
 from controller.taintevict import TaintEvictor
+from controller.watchlist import ClaimWatchlist
 from controller.view import View
 from controller.writes import NotLeader, Writer
 from gpudra import DEFAULT_DRIVER_NAME
@@ -145,15 +148,30 @@ class ControllerManager:
             wall=wall,
             fresh_claims=self._fresh_claims,
         )
+        self.live = LiveSnapshot(self.stores, config.features, CelEnvironment(features=config.features))
         self.scheduler = EmbeddedScheduler(
             self.writer,
             self.explainer,
             self.metrics,
             features=config.features,
-            fresh_claims=self._fresh_claims,
+            live=self.live,
             driver_name=config.driver_name,
+            expand=self._expand_pod,
+            pods=self.stores["Pod"],
+            claim_index=self._claim_index,
             binding_timeout=config.binding_timeout,
         )
+        # Kept across passes from the caches' change sets (embedded mode): the generated-claims index, and the pods
+        # whose template expansion the pass must look at again.
+        self._generated = GeneratedClaims()
+        self._index_changes: set[str] = self.stores["ResourceClaim"].track()
+        self._expansion_changes: set[str] = self.stores["Pod"].track()
+        self._template_changes: set[str] = (self.stores["ResourceClaimTemplate"].track()
+                                            if "ResourceClaimTemplate" in self.stores else set())
+        self._last_full_expansion = float("-inf")
+        self._held: set[str] = set()  # pods whose PodGroup shares their claims, as of this pass
+        self._watchlist = ClaimWatchlist(self.stores["Pod"], self.stores["ResourceClaim"],
+                                         full_every=config.resync_period, clock=clock)
         self.pending = PendingExplainer(self.explainer, self.metrics, features=config.features, driver_name=config.driver_name)
         self.taint_evictor = TaintEvictor(self.writer, self.explainer)
 
@@ -184,6 +202,52 @@ class ControllerManager:
         store = self.stores.get(kind)
         if store is not None:
             store.remove(obj)
+
+    def _expand_pod(self, pod: o.Obj, index: GeneratedClaims, templates: Mapping[str, o.Obj]) -> list[o.Obj]:
+        if o.key(pod) in self._held:
+            return []  # its PodGroup shares its claims (DRAWorkloadResourceClaims): no per-pod claims
+        created, problems = self.claims.expand_pod(pod, index, templates)
+        for problem in problems:
+            log.debug("reconcile problem", extra={"problem": problem})
+        return created
+
+    def _claim_index(self) -> GeneratedClaims:
+        """The generated-claims index, brought up to date with the claims changed since the last call."""
+        store = self.stores["ResourceClaim"]
+        for key in store.drain(self._index_changes):
+            self._generated.discard(key)
+            claim = store.get(key)
+            if claim is not None:
+                self._generated.add(claim)
+        return self._generated
+
+    def _expansion_candidates(self, view: View) -> list[o.Obj]:
+        """Pods the pass expands up front. Expansion only acts on a pod whose status does not name its claims yet,
+        which only a new or changed pod (or a template created later) can be; all pods are looked at again every
+        resync period in case a create failed."""
+        changed = self.stores["Pod"].drain(self._expansion_changes)
+        templates_changed = bool(self.stores["ResourceClaimTemplate"].drain(self._template_changes)) \
+            if "ResourceClaimTemplate" in self.stores else False
+        now = self._clock()
+        if templates_changed or now - self._last_full_expansion >= self.config.resync_period:
+            self._last_full_expansion = now
+            pods = list(view.pods.values())
+        else:
+            pods = [view.pods[k] for k in changed if k in view.pods]
+        return [p for p in pods if self._expanded_before_scheduling(p, view.templates)]
+
+    def _expanded_before_scheduling(self, pod: o.Obj, templates: Mapping[str, o.Obj]) -> bool:
+        """Pods whose claims the pass expands up front: those the scheduler will not take pod by pod (bound, or
+        for another scheduler) and those with gang templates, whose claims the gang controller places together."""
+        if not is_pending(pod):
+            return True
+        label = gang_label(self.config.driver_name)
+        for entry in o.list_field(o.section(pod, "spec"), "resourceClaims"):
+            name = entry.get("resourceClaimTemplateName") if isinstance(entry, Mapping) else None
+            template = templates.get(f"{o.namespace(pod)}/{name}") if name else None
+            if template is not None and label in (o.section(o.section(template, "spec"), "metadata").get("labels") or {}):
+                return True
+        return False
 
     def _fresh_claims(self) -> list[o.Obj]:
         """All claims straight from the API server (the re-check before writing an allocation)."""
@@ -228,16 +292,23 @@ class ControllerManager:
                     # Claims a PodGroup shares first, so member pods never get per-pod claims for them.
                     created, held = self.pod_group_claims.sync(view)
                     view = self.view()
-                pods = [p for p in view.pods.values() if o.key(p) not in held]
-                made, missing = self.claims.expand_templates(pods, view.claims.values(), view.templates)
+                self._held = held
+                # Pending pods are expanded one by one by the scheduler, right before each is placed.
+                upfront = [p for p in self._expansion_candidates(view) if o.key(p) not in held]
+                made, missing = self.claims.expand_templates(upfront, view.claims.values(), view.templates,
+                                                             index=self._claim_index())
                 created += made
                 problems += missing
                 view = self.view()
-                released = self.claims.release(view.claims.values(), view.pods,
+                # Only the claims that changed, or whose pods did, since the last pass (all once a resync period);
+                # reservations by PodGroups are not tracked, so with them every claim is looked at.
+                to_check = self._watchlist.claims_to_check(view.claims)
+                check = set(view.claims) if self.config.features.workload_resource_claims else {o.key(c) for c in to_check}
+                released = self.claims.release([c for k, c in view.claims.items() if k in check], view.pods,
                                                view.pod_groups if self.config.features.workload_resource_claims else None)
                 # Each step sees the previous step's writes: the writer updates the caches it reads from.
                 view = self.view()
-                deleted = self.claims.delete_orphans(view.claims.values(), view.pods_by_uid())
+                deleted = self.claims.delete_orphans([c for k, c in view.claims.items() if k in check], view.pods_by_uid())
         with self._timed("gang"):
             gangs = self.gangs.reconcile(self.view())
         self.metrics.set_gang_states(gangs.states)
@@ -246,6 +317,7 @@ class ControllerManager:
             with self._timed("scheduler"):
                 outcome = self.scheduler.reconcile(self.view())
             bound, unschedulable = outcome.bound, outcome.unschedulable
+            created += outcome.claims_created
             with self._timed("taint-eviction"):
                 view = self.view()
                 self.taint_evictor.reconcile(view.pods.values(), view.claims.values(), view.sorted_slices(),

@@ -1,23 +1,29 @@
 """Embedded mode's kube-scheduler role for DRA, and cluster mode's explanations for pending pods.
 
-EmbeddedScheduler, per pass:
-- pending pods (no nodeName, not done) in PriorityClass order, ties by creation time;
-- per pod: its claims must all exist (template claims are created by ClaimLifecycle first); claims already
-  allocated pin the pod to their nodes; the others are allocated together on the best node
-  (controller.scoring.Placer over the allocator, one Filter call per node); legacy `nvidia.com/gpu` requests
-  need Node allocatable minus what bound pods request, unless a DeviceClass backs them (DRAExtendedResource:
-  the pod then gets Kubernetes' special claim `<pod>-extended-resources-xxxxx`, created, allocated and named
-  in the pod's status.extendedResourceClaimStatus before binding); namespace device quotas are checked;
-- before writing, the chosen devices are checked free against a fresh list of claims (plus this pass's own
-  writes); then finalizer + allocation + reservedFor per claim, then pods/binding. A failed step undoes the
-  earlier ones of that pod;
-- a pod that cannot be placed gets an Event (rate-limited) and its pending claims the explanation annotation;
-  it is retried on the next pass, which runs whenever something changes.
+EmbeddedScheduler, per pass, pod by pod:
+- pending pods (no nodeName, not done, not bound by us already) in a bounded queue (`max_pods`) ordered by
+  PriorityClass value, then creation time (controller.schedqueue); pods created during the pass join the
+  queue in their rank before the next pod is taken; a pass stops after `budget` seconds so that the other
+  concerns run, and the next pass starts at once;
+- per pod, one after another: its template claims are created (the `expand` hook), then its claims must
+  all exist; claims already allocated pin the pod to their nodes; the others are allocated together on the
+  best node (controller.scoring.Placer over the allocator); legacy `nvidia.com/gpu` requests need Node
+  allocatable minus what bound pods request, unless a DeviceClass backs them (DRAExtendedResource: the pod then
+  gets Kubernetes' special claim `<pod>-extended-resources-xxxxx`, created, allocated and named in the pod's
+  status.extendedResourceClaimStatus before binding); namespace device quotas are checked (`pre_bind` checks);
+- the snapshot the Placer searches is a LiveSnapshot: kept current from the informer caches' deltas and
+  from this scheduler's own allocations at commit, never rebuilt by a relist;
+- then finalizer + allocation + reservedFor per claim, then pods/binding. A failed step undoes the earlier
+  ones of that pod. A bound pod is assumed bound until the watch shows it (no re-read after binding);
+- a pod that cannot be placed is reported through `_unschedulable` (an Event, rate-limited, and the
+  explanation annotation on its pending claims); it is retried on the next pass, which runs whenever
+  something changes.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -29,7 +35,7 @@ from controller import podgroupclaims, podgroups
 from controller.allocator import AllocationError, ClusterSnapshot, Node, parse_claim
 from controller.cel import CelEnvironment
 from controller.claims import GeneratedClaims, resolve_pod_claims
-from controller.commit import AllocationCommitter, allocation_devices, used_devices
+from controller.commit import AllocationCommitter
 from controller.diagnosis import NodeReason, explain, summarize
 from controller.explanation_writer import REASON_GANG_WAITING, REASON_QUOTA, REASON_SCHEDULED, REASON_UNSCHEDULABLE, ExplanationWriter
 from controller.extended import (
@@ -39,11 +45,13 @@ from controller.gang import gang_label, is_gang_claim
 from controller.metrics import ControllerMetrics
 from controller.nodefit import allocation_rejects, as_allocator_node, node_rejects
 from controller.objects import Obj
+from controller.informer import Store
 from controller.podconditions import mark_unschedulable
-from controller.priority import scheduling_order
+from controller.priority import priority_values
+from controller.schedqueue import SchedulingQueue
 from controller.quota import check_quota, devices_by_class
 from controller.scoring import NoPlacement, Placer
-from controller.snapshots import build_snapshot
+from controller.snapshots import LiveSnapshot, build_snapshot
 from controller.view import View
 from controller.writes import NotLeader, Writer, bind_pod
 from gpudra.features import Features
@@ -124,6 +132,11 @@ def gather_pod_claims(
 class SchedulerOutcome:
     bound: int = 0
     unschedulable: int = 0
+    claims_created: int = 0
+
+
+# Expands one pod's template claims: (pod, generated-claims index, templates) -> the claims it created.
+ExpandHook = Callable[[Obj, GeneratedClaims, Mapping[str, Obj]], list[Obj]]
 
 
 @dataclass
@@ -134,15 +147,44 @@ class _PassState:
     claims_by_key: dict[str, Obj]
     snapshot: ClusterSnapshot
     placer: Placer
-    busy: set[tuple[str, str, str]]
-    extended_free: dict[str, int]
     node_objects: dict[str, Obj]
-    bound_per_node: Counter[str]
     generated: GeneratedClaims
     node_names: list[str]
-    allocator_nodes: dict[str, Node]
-    # Per pod shape (nodeSelector and tolerations, all node_rejects reads of a pod): node -> why not, or None.
-    node_verdicts: dict[str, dict[str, str | None]]
+    allocator_nodes: dict[str, Node]  # filled on demand
+    # Per pod shape (nodeSelector and tolerations, all node_rejects reads of a pod): the nodes that take it.
+    shape_nodes: dict[str, "_Candidates"]
+    # Both scan every pod, so they are computed only for the first pod that needs them.
+    _extended_free: dict[str, int] | None = None
+    _bound_per_node: Counter[str] | None = None
+
+    @property
+    def extended_free(self) -> dict[str, int]:
+        """Node allocatable `nvidia.com/gpu` minus what bound pods request."""
+        if self._extended_free is None:
+            self._extended_free = free_by_node(self.view.nodes.values(), self.view.pods.values())
+        return self._extended_free
+
+    @property
+    def bound_per_node(self) -> Counter[str]:
+        if self._bound_per_node is None:
+            self._bound_per_node = Counter(
+                str(o.section(p, "spec").get("nodeName")) for p in self.view.pods.values()
+                if o.pod_scheduled(p) and not o.pod_done(p)
+            )
+        return self._bound_per_node
+
+    def bound(self, node: str, need_extended: int) -> None:
+        if self._extended_free is not None:
+            self._extended_free[node] = self._extended_free.get(node, 0) - need_extended
+        if self._bound_per_node is not None:
+            self._bound_per_node[node] += 1
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    names: list[str]  # in node name order
+    members: frozenset[str]
+    rejected: list[NodeReason]
 
 
 class EmbeddedScheduler:
@@ -153,8 +195,14 @@ class EmbeddedScheduler:
         metrics: ControllerMetrics,
         *,
         features: Features,
-        fresh_claims: Callable[[], list[Obj]],
+        live: LiveSnapshot,
         driver_name: str,
+        expand: ExpandHook | None = None,
+        max_pods: int = 1000,
+        budget: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        pods: Store | None = None,
+        claim_index: Callable[[], GeneratedClaims] | None = None,
         binding_timeout: float = bindingconditions.DEFAULT_BINDING_TIMEOUT_SECONDS,
     ) -> None:
         self.binding_timeout = binding_timeout
@@ -162,42 +210,76 @@ class EmbeddedScheduler:
         self._explainer = explainer
         self._metrics = metrics
         self._features = features
-        self._fresh_claims = fresh_claims
+        self._live = live
+        self._expand = expand
         self.driver = driver_name
-        self._cel = CelEnvironment(features=features)
+        self.max_pods = max_pods
+        self.budget = budget
+        self._clock = clock
+        self._cel = live.cel_env
         self._committer = AllocationCommitter(writer, drop_annotations=(explainer.annotation,))
+        # Pods bound by this scheduler whose binding the caches have not shown yet: pod UID -> node.
+        self._assumed: dict[str, str] = {}
+        # The pod cache and its change set: pods that arrive during a pass are queued in the same pass.
+        self._pods = pods
+        # The generated-claims index kept current by the manager (None: built from the view each pass).
+        self._claim_index = claim_index
+        # (snapshot, node objects, node names, allocator nodes, candidates per pod shape), kept while nodes are.
+        self._node_cache: tuple[ClusterSnapshot, dict[str, Obj], list[str], dict[str, Node], dict[str, _Candidates]] | None = None
+        self._pod_changes: set[str] = pods.track() if pods is not None else set()
 
     def _start_pass(self, view: View) -> _PassState:
-        fresh = self._fresh_claims()
-        claims_by_key = {o.key(c): c for c in fresh}
-        snapshot, _ = build_snapshot(view, fresh)
-        node_objects = {o.name(n): n for n in view.nodes.values()}
-        bound = Counter(
-            str(o.section(p, "spec").get("nodeName")) for p in view.pods.values() if o.pod_scheduled(p) and not o.pod_done(p)
-        )
+        snapshot, placer = self._live.current()
+        # What is known per node (and per pod shape and node) holds while the nodes do; the live snapshot is
+        # rebuilt whenever a Node changes, so its identity says whether they did.
+        if self._node_cache is None or self._node_cache[0] is not snapshot:
+            node_objects = dict(self._live.nodes)
+            names = sorted(node_objects) if node_objects else list(snapshot.node_names)
+            self._node_cache = (snapshot, node_objects, names, {}, {})
+        _, node_objects, names, allocator_nodes, shape_nodes = self._node_cache
         return _PassState(
             view=view,
-            claims_by_key=claims_by_key,
+            claims_by_key=dict(view.claims),
             snapshot=snapshot,
-            placer=Placer(snapshot, self._features, self._cel),
-            busy=used_devices(fresh),
-            extended_free=free_by_node(view.nodes.values(), view.pods.values()),
+            placer=placer,
             node_objects=node_objects,
-            bound_per_node=bound,
-            generated=GeneratedClaims(fresh),
-            node_names=sorted(node_objects) if node_objects else list(snapshot.node_names),
-            allocator_nodes={name: as_allocator_node(n) for name, n in node_objects.items()},
-            node_verdicts={},
+            generated=self._claim_index() if self._claim_index is not None else GeneratedClaims(view.claims.values()),
+            node_names=names,
+            allocator_nodes=allocator_nodes,
+            shape_nodes=shape_nodes,
         )
 
     def reconcile(self, view: View) -> SchedulerOutcome:
-        pending = [p for p in view.pods.values() if is_pending(p)]
-        if not pending:
+        waiting = [p for p in view.pods.values() if is_pending(p)]
+        # Forget assumed bindings once the cache shows them (or the pod is gone); skip the others.
+        waiting_uids = {o.uid(p) for p in waiting}
+        self._assumed = {uid: node for uid, node in self._assumed.items() if uid in waiting_uids}
+        if self._pods is not None:
+            self._pods.drain(self._pod_changes)  # the view already has everything up to now
+        values, default = priority_values(view.priority_classes.values())
+        queue = SchedulingQueue(values, default, self.max_pods)
+        for pod in waiting:
+            if o.uid(pod) not in self._assumed:
+                queue.push(dict(pod))
+        if not queue:
             return SchedulerOutcome()
         state = self._start_pass(view)
-        bound = unschedulable = 0
-        for pod in scheduling_order(pending, view.priority_classes.values()):
+        bound = unschedulable = created_claims = 0
+        handled: set[str] = set()
+        deadline = self._clock() + self.budget
+        while True:
+            if handled and self._clock() > deadline:
+                break  # the rest waits for the next pass (the other concerns run in between)
+            self._admit_arrivals(queue, handled)
+            pod = queue.pop()
+            if pod is None:
+                break
+            handled.add(o.key(pod))
             try:
+                if self._expand is not None:
+                    for created in self._expand(pod, state.generated, view.templates):
+                        state.claims_by_key[o.key(created)] = created
+                        created_claims += 1
                 placed = self._schedule(pod, state)
             except NotLeader:
                 raise
@@ -211,35 +293,60 @@ class EmbeddedScheduler:
                 bound += 1
             else:
                 unschedulable += 1
-        return SchedulerOutcome(bound, unschedulable)
+        return SchedulerOutcome(bound, unschedulable, created_claims)
+
+    def _admit_arrivals(self, queue: SchedulingQueue, handled: set[str]) -> None:
+        """Queue the pods that became pending since the pass began (created meanwhile), each in its rank."""
+        if self._pods is None:
+            return
+        for key in self._pods.drain(self._pod_changes):
+            if key in handled:
+                continue
+            pod = self._pods.get(key)
+            if pod is not None and is_pending(pod) and o.uid(pod) not in self._assumed:
+                queue.push(dict(pod))
 
     # -- one pod -----------------------------------------------------------------------------------
 
-    def _candidate_nodes(self, pod: Obj, claims: list[Obj], need_extended: int, state: _PassState) -> tuple[list[str], list[NodeReason]]:
-        ok: list[str] = []
-        rejected: list[NodeReason] = []
-        verdicts = state.node_verdicts.setdefault(_pod_shape(pod), {})
-        for name in state.node_names:
-            node_obj = state.node_objects.get(name)
-            if node_obj is None:
-                why = None
-            elif name in verdicts:
-                why = verdicts[name]
-            else:
-                why = verdicts[name] = node_rejects(pod, node_obj)
-            if why is None:
-                cached = state.allocator_nodes.get(name)
-                node = cached if cached is not None else Node.inferred(name)
-                why = allocation_rejects(claims, node)
+    def _candidate_nodes(self, pod: Obj, claims: list[Obj], need_extended: int, state: _PassState) -> _Candidates:
+        """The nodes the pod may use, and why the others not. The verdict on the pod's own constraints (node
+        selector, tolerations) is computed once per pod shape while the nodes are unchanged; only pods pinned by allocated claims or
+        asking for extended resources filter further, so a typical pod costs nothing per node here."""
+        shape = _pod_shape(pod)
+        base = state.shape_nodes.get(shape)
+        if base is None:
+            ok: list[str] = []
+            rejected: list[NodeReason] = []
+            for name in state.node_names:
+                node_obj = state.node_objects.get(name)
+                why = node_rejects(pod, node_obj) if node_obj is not None else None
+                if why is None:
+                    ok.append(name)
+                else:
+                    rejected.append(NodeReason(name, "unschedulable", why))
+            base = _Candidates(ok, frozenset(ok), rejected)
+            state.shape_nodes[shape] = base
+        pinned = any((o.allocation(c) or {}).get("nodeSelector") is not None for c in claims)
+        if not pinned and not need_extended:
+            return base
+        names: list[str] = []
+        more = list(base.rejected)
+        for name in base.names:
+            node = state.allocator_nodes.get(name)
+            if node is None:
+                node_obj = state.node_objects.get(name)
+                node = as_allocator_node(node_obj) if node_obj is not None else Node.inferred(name)
+                state.allocator_nodes[name] = node
+            why = allocation_rejects(claims, node)
             if why is None and need_extended:
                 free = state.extended_free.get(name, 0)
                 if free < need_extended:
                     why = f"Insufficient nvidia.com/gpu (requested {need_extended}, free {max(free, 0)})"
             if why is None:
-                ok.append(name)
+                names.append(name)
             else:
-                rejected.append(NodeReason(name, "unschedulable", why))
-        return ok, rejected
+                more.append(NodeReason(name, "unschedulable", why))
+        return _Candidates(names, frozenset(names), more)
 
     def _schedule(self, pod: Obj, state: _PassState) -> bool:
         group_wait = podgroups.wait_reason(pod, state.view, state.claims_by_key)
@@ -264,7 +371,8 @@ class EmbeddedScheduler:
                 claims = [*claims, special]
                 if any(m["resourceName"] == EXTENDED_GPU_RESOURCE for m in mappings):
                     need_extended = 0  # served by DRA, not by a device plugin's allocatable
-        candidates, rejected = self._candidate_nodes(pod, claims, need_extended, state)
+        found = self._candidate_nodes(pod, claims, need_extended, state)
+        candidates, rejected = found.names, found.rejected
         total_nodes = len(candidates) + len(rejected)
         pending = [c for c in claims if o.allocation(c) is None]
         if not candidates:
@@ -276,7 +384,7 @@ class EmbeddedScheduler:
         if pending:
             try:
                 parsed = [parse_claim(c) for c in pending]
-                result = state.placer.place(parsed, candidates)
+                result = state.placer.place(parsed, found.members)
                 reasons = explain(state.snapshot, parsed, candidates, self._features, self._cel) \
                     if isinstance(result, NoPlacement) else []
             except AllocationError as err:
@@ -291,18 +399,7 @@ class EmbeddedScheduler:
             # Nothing to allocate: spread such pods over the nodes that can take them.
             node = min(candidates, key=lambda n: (state.bound_per_node[n], n))
 
-        new_devices: Counter[str] = Counter()
-        for claim, alloc in zip(pending, allocations):
-            new_devices.update(devices_by_class(claim, alloc))
-        verdict = check_quota(o.namespace(pod), new_devices, state.claims_by_key.values(), state.view.quotas.values())
-        if not verdict.ok:
-            self._unschedulable(pod, pending, verdict.message, event=REASON_QUOTA, reason="quota")
-            return False
-
-        planned = [d for alloc in allocations for d in allocation_devices(alloc)]
-        if state.busy.intersection(planned):
-            self._metrics.failures.labels(reason="conflict").inc()
-            log.warning("chosen devices are no longer free; retrying next pass", extra={"pod": o.key(pod), "node": node})
+        if not self._pre_bind(pod, node, pending, allocations, state):
             return False
 
         if special is not None and o.allocation(special) is None:
@@ -313,8 +410,7 @@ class EmbeddedScheduler:
             pending = [*pending[:index], created, *pending[index + 1:]]
         written = self._write(pod, node, pending, allocations, [c for c in claims if o.allocation(c) is not None], state)
         if written is None:  # allocated and reserved, waiting for binding conditions: the devices are taken
-            state.placer.commit([o.key(c) for c in pending], allocations, node)
-            state.busy.update(planned)
+            self._live.commit([o.key(c) for c in pending], allocations, node)
             return False
         if not written:
             if special is not None and o.allocation(special) is None:
@@ -326,12 +422,23 @@ class EmbeddedScheduler:
         self._metrics.allocations.labels(path="scheduler").inc(len(pending))
         kind = "dra" if claims else ("extended-resource" if need_extended else "plain")
         self._metrics.bindings.labels(kind=kind).inc()
-        state.placer.commit([o.key(c) for c in pending], allocations, node)
-        state.busy.update(planned)
-        state.extended_free[node] = state.extended_free.get(node, 0) - need_extended
-        state.bound_per_node[node] += 1
+        self._live.commit([o.key(c) for c in pending], allocations, node)
+        self._assumed[o.uid(pod)] = node
+        state.bound(node, need_extended)
         self._explainer.forget(pod, REASON_UNSCHEDULABLE)
         self._explainer.event(pod, REASON_SCHEDULED, f"Successfully assigned {o.key(pod)} to {node}", warning=False)
+        return True
+
+    def _pre_bind(self, pod: Obj, node: str, pending: list[Obj], allocations: list[dict[str, Any]], state: _PassState) -> bool:
+        """Checks between choosing a node and writing anything (namespace device quotas); False after reporting
+        the pod unschedulable. Further checks (binding conditions, gangs) belong here."""
+        new_devices: Counter[str] = Counter()
+        for claim, alloc in zip(pending, allocations):
+            new_devices.update(devices_by_class(claim, alloc))
+        verdict = check_quota(o.namespace(pod), new_devices, state.claims_by_key.values(), state.view.quotas.values())
+        if not verdict.ok:
+            self._unschedulable(pod, pending, verdict.message, event=REASON_QUOTA, reason="quota")
+            return False
         return True
 
     def _extended_claim(self, pod: Obj, state: _PassState) -> tuple[Obj | None, list[dict[str, str]], str]:
@@ -396,7 +503,7 @@ class EmbeddedScheduler:
         gate = self._binding_gate(pod, [c for c, _ in done])
         if gate != bindingconditions.BIND:
             return None if gate == bindingconditions.WAIT else False
-        if not bind_pod(self._writer, pod, node):
+        if not bind_pod(self._writer, pod, node, refresh=False):
             undo()
             return False
         return True

@@ -12,27 +12,31 @@ then the node name (ascending) breaks ties.
 Finding the best node without running the allocator on every node: nodes are visited in order of
 their packing key (then name), and components 1 and 2 have a known maximum for the claims. The
 first feasible node that reaches that maximum wins outright, since every later node has an equal
-or worse packing key. Nodes with fewer free devices than the claims need at least are skipped
-without running the allocator. For typical claims (no firstAvailable fallbacks, one device or
+or worse packing key; so does the first that reaches the best topology bound any node has (kept
+as a count of nodes per largest-free-groups shape). Nodes with fewer free devices than the claims
+need at least are never visited: the order is kept in buckets by free-device count, current across
+commits, so a placement costs in proportion to the nodes it looks at, not to the cluster's size. For typical claims (no firstAvailable fallbacks, one device or
 topology-aligned devices) this evaluates one or a few nodes per placement, where kube-scheduler
 filters a percentage of all nodes; the result is still the best node by the score above.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from controller.allocator import AllocationError, Allocator, Claim, ClusterSnapshot, Unschedulable
-from controller.allocator.model import Constraint, Device
+from controller.allocator.model import UNKNOWN_ATTRIBUTE, Constraint, Device
 from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.features import Features
 
 Policy = Literal["binpack", "spread"]
 MAX_SUBREQUESTS = 8  # resourceapi.FirstAvailableDeviceRequestMaxSize: the top firstAvailable score
 TOPOLOGY_ATTRIBUTES = ("nvlinkDomain", "numaNode")
+UNBOUNDED = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -80,8 +84,51 @@ def prioritized_score(claims: Sequence[Claim], allocations: Sequence[Mapping[str
     return score
 
 
+class _NodeOrder:
+    """Nodes bucketed by their free-device count, names sorted within a bucket: the packing order of
+    `Placer.place` kept current as allocations change instead of sorted for every claim. A placement
+    visits buckets from the fewest free devices it can use (binpack) or the most (spread), so nodes
+    that cannot fit the claims are never looked at."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, list[str]] = {}
+        self.free: dict[str, int] = {}
+
+    def put(self, node: str, free: int) -> None:
+        old = self.free.get(node)
+        if old == free:
+            return
+        if old is not None:
+            self._unbucket(node, old)
+        self.free[node] = free
+        insort(self.buckets.setdefault(free, []), node)
+
+    def remove(self, node: str) -> None:
+        free = self.free.pop(node, None)
+        if free is not None:
+            self._unbucket(node, free)
+
+    def _unbucket(self, node: str, free: int) -> None:
+        bucket = self.buckets[free]
+        del bucket[bisect_left(bucket, node)]
+        if not bucket:
+            del self.buckets[free]
+
+    def walk(self, policy: Policy, least: int | None) -> Iterator[str]:
+        """Nodes in packing order (then name), only those with at least `least` free devices (None: all)."""
+        keys = sorted(k for k in self.buckets if least is None or k >= least)
+        if policy != "binpack":
+            keys.reverse()
+        for key in keys:
+            yield from self.buckets[key]
+
+
 class Placer:
-    """Places claims on the best node of a snapshot, one placement after another."""
+    """Places claims on the best node of a snapshot, one placement after another.
+
+    Per node it keeps the device counts and the largest free topology groups, and the node order by
+    packing key, current across `commit()`; `invalidate()` drops them when the snapshot changed by other
+    means (slices, nodes, allocations made elsewhere)."""
 
     def __init__(
         self,
@@ -94,13 +141,52 @@ class Placer:
         self.snapshot = snapshot
         self.topology_domain = topology_domain
         self._groups: dict[str, tuple[int, ...]] = {}  # node -> largest free group per topology attribute
+        # node -> attributes -> the most free devices sharing one value of each (see _shared_free)
+        self._shared: dict[str, dict[tuple[str, ...], int]] = {}
+        # node -> claims' signature -> why they did not fit: the allocator is deterministic, so the same claims
+        # on an unchanged node fail the same way (a node changes only through commit() or invalidate()).
+        self._failed: dict[str, dict[str, str]] = {}
+        # Counter sets may be shared by the devices of several nodes: then any commit may change any node.
+        self._nodes_independent = not any(sl.shared_counters for sl in snapshot.slices)
         self.features = features or Features()
         self.allocator = Allocator(snapshot, self.features, cel_env)
         self.policy = policy
         self._totals: dict[str, tuple[int, int]] = {}  # node -> (devices, in use)
         self._index: dict[tuple[str, str, str], Device] = {}
-        # Shared devices (DRAConsumableCapacity) may fill several slots, so free counts bound nothing then.
-        self._prefilter = not self.features.consumable_capacity
+        self._order: _NodeOrder | None = None
+        # How many nodes have each largest-groups tuple: bounds the topology score any node can reach.
+        self._group_counts: Counter[tuple[int, ...]] | None = None
+        self._prefilter = self._counts_bound()
+
+    def invalidate(self, nodes: Iterable[str] | None = None) -> None:
+        """Forget what is kept about `nodes` (None: every node, and the device index) after the snapshot changed."""
+        if nodes is None:
+            self._totals.clear()
+            self._groups.clear()
+            self._shared.clear()
+            self._failed.clear()
+            self._nodes_independent = not any(sl.shared_counters for sl in self.snapshot.slices)
+            self._prefilter = self._counts_bound()
+            self._index.clear()
+            self._order = None
+            self._group_counts = None
+            return
+        for node in nodes:
+            self._totals.pop(node, None)
+            self._forget_groups(node)
+            if self._order is not None:
+                if node in self.snapshot.nodes:
+                    self._order.put(node, self._free(node))
+                else:
+                    self._order.remove(node)
+
+    def _counts_bound(self) -> bool:
+        """Whether a node's free-device count bounds what it can take: not when some device may be allocated
+        several times (DRAConsumableCapacity's allowMultipleAllocations), since one device may then fill several
+        requests and an allocated one may still be free."""
+        if not self.features.consumable_capacity:
+            return True
+        return not any(d.allow_multiple for sl in self.snapshot.slices for d in sl.devices)
 
     # ---- per-node device counts ------------------------------------------------------------------
 
@@ -119,6 +205,18 @@ class Placer:
             self._totals[node] = found
         return found
 
+    def _free(self, node: str) -> int:
+        total, used = self._counts(node)
+        return total - used
+
+    def _node_order(self) -> _NodeOrder:
+        if self._order is None:
+            order = _NodeOrder()
+            for name in self.snapshot.node_names:
+                order.put(name, self._free(name))
+            self._order = order
+        return self._order
+
     def commit(self, claim_keys: Sequence[str], allocations: Sequence[Mapping[str, Any]], node: str) -> None:
         """Hold the devices of a placement for the placements that follow."""
         touches_other_nodes = False
@@ -132,24 +230,37 @@ class Placer:
                 self._totals[node] = (total, used + added)
             elif added:
                 touches_other_nodes = True
-            self._groups.pop(node, None)
+        if not self._nodes_independent:
+            self._failed.clear()
         if touches_other_nodes:
             self._totals.clear()
             self._groups.clear()
+            self._shared.clear()
+            self._failed.clear()
+            self._order = None
+            self._group_counts = None
+            return
+        self._forget_groups(node)
+        if self._order is not None and node in self._order.free:
+            self._order.put(node, self._free(node))
+
+    def node_of(self, result: Mapping[str, Any]) -> str | None:
+        """The node whose own slice holds the device of an allocation result; None when the device is not
+        local to one node (or unknown)."""
+        return self._slice_node(result)
 
     def _slice_node(self, result: Mapping[str, Any]) -> str | None:
         if not self._index:
             for sl in self.snapshot.slices:
                 for d in sl.devices:
                     self._index[(sl.driver, sl.pool, d.name)] = d
-        dev = self._index.get((result["driver"], result["pool"], result["device"]))
+        dev = self._index.get((result.get("driver"), result.get("pool"), result.get("device")))  # type: ignore[arg-type]
         return dev.slice.node_name if dev is not None and not dev.slice.per_device else None
 
     # ---- scoring ---------------------------------------------------------------------------------
 
     def _packing(self, node: str) -> int:
-        total, used = self._counts(node)
-        free = total - used
+        free = self._free(node)
         return -free if self.policy == "binpack" else free
 
     def topology_score(self, allocations: Sequence[Mapping[str, Any]]) -> int:
@@ -183,11 +294,32 @@ class Placer:
                                 counters[i][(sl.driver, value)] += 1
             found = tuple(max(c.values(), default=0) for c in counters)
             self._groups[node] = found
+            if self._group_counts is not None:
+                self._group_counts[found] += 1
         return found
 
+    def _forget_groups(self, node: str) -> None:
+        self._shared.pop(node, None)
+        self._failed.pop(node, None)
+        found = self._groups.pop(node, None)
+        if found is not None and self._group_counts is not None:
+            self._group_counts[found] -= 1
+            if self._group_counts[found] <= 0:
+                del self._group_counts[found]
+        if self._group_counts is not None and node in self.snapshot.nodes:
+            self._largest_groups(node)  # keep the counts complete
+
     def _topology_bound(self, node: str, needs: Sequence[int]) -> int:
-        groups = self._largest_groups(node)
-        return sum(1 for n in needs for g in groups if n <= 1 or g >= n)
+        return _bound(self._largest_groups(node), needs)
+
+    def _best_bound(self, needs: Sequence[int]) -> int:
+        """The highest topology bound of any node: once a placement reaches it, no other node can beat it."""
+        if self._group_counts is None:
+            self._group_counts = Counter()
+            self._groups.clear()
+            for name in self.snapshot.node_names:
+                self._largest_groups(name)
+        return max((_bound(g, needs) for g in self._group_counts), default=0)
 
     def _variants(self, claims: Sequence[Claim]) -> list[list[Claim]]:
         """The claims with extra matchAttribute constraints that align devices (NVLink domain and NUMA node, then
@@ -204,8 +336,41 @@ class Placer:
         out.append(list(claims))
         return out
 
-    def _allocate(self, node: str, variants: list[list[Claim]]) -> list[dict[str, Any]] | Unschedulable:
-        for variant in variants[:-1]:
+    def _shared_free(self, node: str, attrs: tuple[str, ...]) -> int:
+        """The most free devices of the node that share one value of each of `attrs` (looked up as the
+        allocator's matchAttribute does): an upper bound of the devices that constraints on them can take.
+        Unbounded when a value cannot be counted (an attribute of unknown type is the allocator's to report)."""
+        cache = self._shared.setdefault(node, {})
+        found = cache.get(attrs)
+        if found is None:
+            counts: Counter[tuple[Any, ...]] = Counter()
+            allocated = self.snapshot.allocated
+            try:
+                for pool in self.snapshot.pools(node, self.features):
+                    for sl in pool.slices:
+                        for dev in sl.devices:
+                            if (sl.driver, sl.pool, dev.name) in allocated:
+                                continue
+                            values = tuple(dev.attribute(a) for a in attrs)
+                            if None in values:
+                                continue
+                            if UNKNOWN_ATTRIBUTE in values:
+                                raise TypeError(attrs)
+                            counts[values] += 1
+                found = max(counts.values(), default=0)
+            except TypeError:
+                found = UNBOUNDED
+            cache[attrs] = found
+        return found
+
+    def _cannot_fit(self, node: str, scopes: Sequence[tuple[tuple[str, ...], int]]) -> bool:
+        return any(need > self._shared_free(node, attrs) for attrs, need in scopes)
+
+    def _allocate(self, node: str, variants: list[list[Claim]],
+                  scopes: Sequence[Sequence[tuple[tuple[str, ...], int]]] = ()) -> list[dict[str, Any]] | Unschedulable:
+        for i, variant in enumerate(variants[:-1]):
+            if i < len(scopes) and self._cannot_fit(node, scopes[i]):
+                continue  # the aligned variant has no solution on this node: the search would fail
             try:
                 outcome = self.allocator.allocate(node, variant)
             except AllocationError:
@@ -215,32 +380,86 @@ class Placer:
         return self.allocator.allocate(node, variants[-1])
 
     def place(self, claims: Sequence[Claim], nodes: Iterable[str] | None = None) -> Placement | NoPlacement:
-        """Best node for the claims together (one Filter call per node). Raises AllocationError when fatal."""
-        names = list(nodes) if nodes is not None else self.snapshot.node_names
+        """Best node for the claims together (one Filter call per node). Raises AllocationError when fatal.
+
+        `nodes` limits the candidates (a set is used as is); nodes unknown to the snapshot are not candidates."""
+        allowed: Container[str] | None = None
+        if nodes is not None:
+            allowed = nodes if isinstance(nodes, (set, frozenset)) else set(nodes)
         need = min_devices(claims)
         top_prio, top_topo = max_scores(claims)
-        order = sorted(names, key=lambda n: (-self._packing(n), n))
         needs = [min_devices([c]) for c in claims]
         variants = self._variants(claims)
+        # Our own alignment variants are skipped on nodes without enough free devices sharing the values they
+        # ask for (a search that must fail); the claims as written always run, so errors surface as before.
+        scopes = [match_scopes(v) for v in variants[:-1]] if self._prefilter else []
+        signature = repr([(c.requests, c.constraints) for c in claims])
+        order = self._node_order()
         best: Placement | None = None
-        failure = NoPlacement()
-        for name in order:
-            total, used = self._counts(name)
-            if self._prefilter and total - used < need:
-                failure.reasons[name] = f"only {total - used} free devices, the claims need at least {need}"
+        tried: dict[str, str] = {}
+        reachable: int | None = None  # the best topology bound over all nodes, computed when first needed
+        for name in order.walk(self.policy, need if self._prefilter else None):
+            if allowed is not None and name not in allowed:
                 continue
             if best is not None and (top_prio, self._topology_bound(name, needs)) <= best.score[:2]:
                 continue  # cannot beat the best node found so far, which also packs better
-            outcome = self._allocate(name, variants)
+            known = self._failed.get(name)
+            if known is not None and signature in known:
+                tried[name] = known[signature]
+                continue
+            outcome = self._allocate(name, variants, scopes)
             if isinstance(outcome, Unschedulable):
-                failure.reasons[name] = outcome.reason
+                tried[name] = outcome.reason
+                self._failed.setdefault(name, {})[signature] = outcome.reason
                 continue
             score = (prioritized_score(claims, outcome), self.topology_score(outcome), self._packing(name))
             if best is None or score[:2] > best.score[:2]:
                 best = Placement(name, outcome, score)
-            if best.score[:2] == (top_prio, top_topo):
-                break
-        return best if best is not None else failure
+            if best.score[0] == top_prio:
+                if best.score[1] == top_topo:
+                    break
+                if reachable is None:
+                    reachable = self._best_bound(needs)
+                if best.score[1] >= reachable:
+                    break  # every other node would be skipped by the bound check above
+        if best is not None:
+            return best
+        failure = NoPlacement()
+        for name in order.walk(self.policy, None):
+            if allowed is not None and name not in allowed:
+                continue
+            free = order.free[name]
+            if name in tried:
+                failure.reasons[name] = tried[name]
+            elif self._prefilter and free < need:
+                failure.reasons[name] = f"only {free} free devices, the claims need at least {need}"
+        return failure
+
+
+def match_scopes(claims: Sequence[Claim]) -> list[tuple[tuple[str, ...], int]]:
+    """Per claim and request scope of its matchAttribute constraints: the attributes whose values all devices of
+    the scope must share, and a lower bound of how many free devices that takes (one device needs no sharing)."""
+    out: list[tuple[tuple[str, ...], int]] = []
+    for claim in claims:
+        by_scope: dict[frozenset[str], list[str]] = {}
+        for c in claim.constraints:
+            if c.kind == "match":
+                by_scope.setdefault(c.requests, []).append(c.attribute)
+        for scope, attrs in by_scope.items():
+            need = 0
+            for entry in claim.requests:
+                if scope and entry.name not in scope:
+                    continue
+                reqs = entry.subrequests or ((entry.exact,) if entry.exact else ())
+                counts = [0 if (r.admin or r.mode != "ExactCount") else max(r.count, 0) for r in reqs]
+                need += min(counts) if counts else 0
+            if need > 1:
+                out.append((tuple(sorted(set(attrs))), need))
+    return out
+
+
+def _bound(groups: tuple[int, ...], needs: Sequence[int]) -> int:
+    return sum(1 for n in needs for g in groups if n <= 1 or g >= n)
 
 
 __all__ = ["AllocationError", "NoPlacement", "Placement", "Placer", "Policy", "max_scores", "min_devices"]

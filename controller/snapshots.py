@@ -1,15 +1,20 @@
-"""Building the allocator's ClusterSnapshot from the caches without letting one bad object stop the rest."""
+"""Building the allocator's ClusterSnapshot from the caches without letting one bad object stop the rest, and
+keeping one current from the caches' deltas (LiveSnapshot)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from controller import objects as o
 from controller.allocator import AllocationError, ClusterSnapshot, Node
 from controller.allocator.model import parse_class, parse_slice
+from controller.informer import Store
+from controller.objects import Obj
+from controller.scoring import Placer, Policy
 from controller.view import View
+from gpudra.features import Features
 
 log = logging.getLogger("gpudra.controller.snapshots")
 
@@ -53,3 +58,102 @@ def build_snapshot(view: View, allocated_claims: Iterable[Mapping[str, Any]]) ->
     for problem in problems:
         log.warning("object left out of allocation", extra={"problem": problem})
     return snapshot, problems
+
+
+# Changes to these rebuild the snapshot (DeviceTaintRules put taints on slices' devices).
+STRUCTURE_KINDS = ("ResourceSlice", "DeviceClass", "Node", "DeviceTaintRule")
+
+
+class LiveSnapshot:
+    """The allocator snapshot and its Placer, kept current from the informer stores' deltas.
+
+    Slices, classes, nodes and device taint rules change rarely: any change to them rebuilds the snapshot (and drops the selector
+    cache, which is keyed by device). Claims change all the time: each changed claim's allocation is released
+    and committed again on the snapshot, and only the nodes whose devices moved are re-indexed by the Placer,
+    so a pass costs in proportion to what changed, not to the cluster. Allocations this controller makes go
+    through `commit()` at once (before the watch brings them back, which is then a no-op).
+    """
+
+    def __init__(self, stores: Mapping[str, Store], features: Features, cel_env: Any, policy: Policy = "binpack") -> None:
+        self._stores = stores
+        self._features = features
+        self._cel = cel_env
+        self._policy = policy
+        self._trackers = {kind: stores[kind].track() for kind in (*STRUCTURE_KINDS, "ResourceClaim") if kind in stores}
+        self._snapshot: ClusterSnapshot | None = None
+        self._placer: Placer | None = None
+        self._held: dict[str, Mapping[str, Any]] = {}  # claim key -> the allocation the snapshot holds for it
+        self.rebuilds = 0
+        # The Node objects the current snapshot was built from (a Node change rebuilds it), by name.
+        self.nodes: dict[str, Obj] = {}
+
+    @property
+    def cel_env(self) -> Any:
+        return self._cel
+
+    def current(self) -> tuple[ClusterSnapshot, Placer]:
+        """The snapshot with every change seen by the stores so far applied."""
+        structural = False
+        for kind in STRUCTURE_KINDS:
+            tracker = self._trackers.get(kind)
+            if tracker is not None and self._stores[kind].drain(tracker):
+                structural = True
+        claims_tracker = self._trackers.get("ResourceClaim")
+        changed = self._stores["ResourceClaim"].drain(claims_tracker) if claims_tracker is not None else set()
+        if self._snapshot is None or self._placer is None or structural:
+            return self._rebuild()
+        snapshot, placer = self._snapshot, self._placer
+        snapshot.forget_device_views()
+        touched: set[str] = set()
+        everywhere = False
+        store = self._stores["ResourceClaim"]
+        for key in changed:
+            claim = store.get(key)
+            alloc = o.allocation(claim) if claim is not None else None
+            old = self._held.get(key)
+            if old == alloc:
+                continue
+            for moved in (old, alloc):
+                if moved is None:
+                    continue
+                for r in (moved.get("devices") or {}).get("results") or []:
+                    node = placer.node_of(r) if isinstance(r, Mapping) else None
+                    if node is None:
+                        everywhere = True
+                    else:
+                        touched.add(node)
+            if old is not None:
+                snapshot.release(key, old)
+                del self._held[key]
+            if alloc is not None:
+                snapshot.commit(key, alloc)
+                self._held[key] = alloc
+        if everywhere:
+            placer.invalidate()
+        elif touched:
+            placer.invalidate(touched)
+        return snapshot, placer
+
+    def commit(self, claim_keys: Sequence[str], allocations: Sequence[Mapping[str, Any]], node: str) -> None:
+        """Record allocations this controller is writing (the Placer holds their devices from now on)."""
+        if self._placer is None:
+            return
+        self._placer.commit(claim_keys, allocations, node)
+        for key, alloc in zip(claim_keys, allocations):
+            self._held[key] = alloc
+
+    def _rebuild(self) -> tuple[ClusterSnapshot, Placer]:
+        def grab(kind: str) -> dict[str, Obj]:
+            store = self._stores.get(kind)
+            return store.by_key() if store is not None else {}
+
+        view = View(claims=grab("ResourceClaim"), slices=grab("ResourceSlice"), classes=grab("DeviceClass"),
+                    nodes=grab("Node"), taint_rules=grab("DeviceTaintRule"))
+        allocated = view.allocated_claims()
+        snapshot, _ = build_snapshot(view, allocated)
+        self._snapshot = snapshot
+        self.nodes = {o.name(n): n for n in view.nodes.values()}
+        self._placer = Placer(snapshot, self._features, self._cel, self._policy)
+        self._held = {o.key(c): alloc for c in allocated if (alloc := o.allocation(c)) is not None}
+        self.rebuilds += 1
+        return snapshot, self._placer

@@ -156,8 +156,10 @@ def _deep_copy(obj: Mapping[str, Any] | None) -> Obj | None:
     return None if obj is None else copy.deepcopy(dict(obj))
 
 
-def bind_pod(writer: Writer, pod: Mapping[str, Any], node: str) -> bool:
-    """POST pods/binding; False when the pod is gone or already bound (the next pass sees why)."""
+def bind_pod(writer: Writer, pod: Mapping[str, Any], node: str, *, refresh: bool = True) -> bool:
+    """POST pods/binding; False when the pod is gone or already bound (the next pass sees why). With `refresh`
+    the bound pod is read back into the cache; a caller that remembers the binding itself (the scheduler's
+    assumed pods) saves that round trip and lets the watch bring it."""
     writer.check()
     try:
         writer.api.bind_pod(o.namespace(pod) or "default", o.name(pod), node, uid=o.uid(pod) or None)
@@ -167,5 +169,6 @@ def bind_pod(writer: Writer, pod: Mapping[str, Any], node: str) -> bool:
     except ApiError as err:
         log.warning("bind failed", extra={"pod": o.key(pod), "node": node, "error": str(err)})
         return False
-    writer.read("Pod", pod)
+    if refresh:
+        writer.read("Pod", pod)
     return True

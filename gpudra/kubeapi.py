@@ -1,10 +1,11 @@
 """`KubeApi`: the one Kubernetes API access layer every component uses, on the official `kubernetes` client.
 
-Requests go through the official client's `ApiClient` (its configuration loading, auth, TLS, connection pool
-and REST layer), so the same code runs against a real cluster and against `gpu-dra apiserver`. Bodies are plain
-dicts sent and received as JSON: the typed `*Api` methods validate a dict body into pydantic models first
-(about 3 ms for a 128-device ResourceSlice, and they reject fields newer than the client), so we build the
-request with `ApiClient.param_serialize` and decode the JSON ourselves.
+Requests go through the official client's `ApiClient`: its configuration loading, auth (and token refresh),
+TLS and urllib3 connection pool, so the same code runs against a real cluster and against `gpu-dra apiserver`.
+Bodies are plain dicts sent and received as JSON: the typed `*Api` methods validate a dict body into pydantic
+models first (about 3 ms for a 128-device ResourceSlice, and they reject fields newer than the client), and even
+the generic `param_serialize` + `call_api` path walks every body and header in Python on each call; so each
+request is encoded once with `json` and sent on the ApiClient's own pool (`bench kubeapi` measures both paths).
 
 `get` raises `NotFound` for a missing object; `try_get` returns None instead. `delete` tolerates a missing
 object and says whether it deleted anything.
@@ -12,6 +13,7 @@ object and says whether it deleted anything.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import random
@@ -20,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 import urllib3
 from kubernetes import client as k8s_client
@@ -156,6 +159,12 @@ def retry_on_conflict(fn: Callable[[], T], attempts: int = 10, base_delay: float
 _RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
+def _query_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 class KubeApi:
     """Thread-safe: the underlying urllib3 pool is shared and each call holds no state of its own."""
 
@@ -167,6 +176,8 @@ class KubeApi:
         self.max_backoff = max_backoff
         self._typed_lock = threading.Lock()
         self._typed: dict[str, Any] = {}
+        self._pool: Any = None  # the host's urllib3 connection pool, taken from the ApiClient's PoolManager
+        self._prefix = ""  # a path the host URL carries (an API behind a path-routing proxy)
 
     # ----- construction --------------------------------------------------------------------------------------
 
@@ -207,17 +218,14 @@ class KubeApi:
     def _call(self, method: str, path: str, *, query: list[tuple[str, Any]] | None = None, body: Any = None,
               content_type: str | None = None, stream: bool = False,
               timeout: float | tuple[float, float] | None = None) -> Any:
-        headers: dict[str, Any] = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type or "application/json"
+        target = path
+        if query:
+            target += "?" + urlencode([(k, _query_value(v)) for k, v in query])
+        data = json.dumps(body, default=self._json_default).encode() if body is not None else None
         delay = self.backoff
         for attempt in range(self.retries + 1):
-            request = self.client.param_serialize(
-                method=method, resource_path=path, query_params=list(query or []), header_params=dict(headers),
-                body=body, auth_settings=["BearerToken"],
-            )
             try:
-                response = self.client.call_api(*request, _request_timeout=timeout)
+                response = self._send(method, path, target, data, content_type, timeout)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 # A create may have reached the server before the connection broke; only retry it when the
                 # connection was never established, so a retry cannot create a second object.
@@ -232,16 +240,57 @@ class KubeApi:
             status = response.status
             if 200 <= status < 300:
                 if stream:
-                    return response.response
-                return json.loads(response.read() or b"null")
-            data = response.read()
+                    return response
+                try:
+                    return json.loads(response.read() or b"null")
+                finally:
+                    response.release_conn()
+            data_out = response.read()
+            response.release_conn()
             if status in _RETRYABLE_STATUS and attempt < self.retries:
-                retry_after = response.getheader("Retry-After")
+                retry_after = response.headers.get("Retry-After")
                 self._sleep(float(retry_after) if retry_after and retry_after.isdigit() else delay, attempt)
                 delay = min(delay * 2, self.max_backoff)
                 continue
-            raise error_from_response(status, data)
+            raise error_from_response(status, data_out)
         raise AssertionError("unreachable: the loop returns or raises")
+
+    def _send(self, method: str, path: str, target: str, data: bytes | None, content_type: str | None,
+              timeout: float | tuple[float, float] | None) -> Any:
+        """One request on the ApiClient's own urllib3 pool, with its configuration: default headers (User-Agent),
+        cookie and auth (`update_params_for_auth`, which also runs a token refresh hook), TLS and proxy settings
+        (held by the pool). This skips the generated client's per-call serialization layers (`bench kubeapi`
+        measures both); bodies here are plain JSON-able dicts. Without a proxy the request goes straight to the
+        host's connection pool, which skips the PoolManager's per-call URL parsing and pool lookup too."""
+        headers: dict[str, Any] = {"Accept": "application/json", **self.client.default_headers}
+        if data is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        if self.client.cookie:
+            headers["Cookie"] = self.client.cookie
+        self.client.update_params_for_auth(headers, [], ["BearerToken"], path, method, None)
+        if isinstance(timeout, tuple):
+            pool_timeout: Any = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+        elif timeout:
+            pool_timeout = urllib3.Timeout(total=timeout)
+        else:
+            pool_timeout = None
+        manager = self.client.rest_client.pool_manager
+        host = self.client.configuration.host
+        if isinstance(manager, urllib3.ProxyManager):
+            return manager.request(method, host + target, body=data, headers=headers, timeout=pool_timeout,
+                                   preload_content=False)
+        pool = self._pool
+        if pool is None or pool.pool is None:  # first use, or closed (the manager dropped it)
+            pool = self._pool = manager.connection_from_url(host)
+            self._prefix = (urllib3.util.parse_url(host).path or "").rstrip("/")
+        return pool.urlopen(method, self._prefix + target, body=data, headers=headers, timeout=pool_timeout,
+                            preload_content=False, redirect=False, assert_same_host=False)
+
+    def _json_default(self, value: Any) -> Any:
+        # What the official client's sanitize_for_serialization does for values JSON lacks (YAML timestamps, models).
+        if isinstance(value, (datetime.datetime, datetime.date)):
+            return value.isoformat()
+        return self.client.sanitize_for_serialization(value)
 
     def _sleep(self, delay: float, attempt: int) -> None:
         time.sleep(min(self.max_backoff, delay) * random.uniform(0.5, 1.0))

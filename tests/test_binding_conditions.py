@@ -17,6 +17,7 @@ from driver.discovery import discover
 from driver.nvml import load_backend
 from driver.plugin.agent import AgentSettings, NodeAgent, kubeapi_claim_getter
 from gpudra import bindingconditions as bc
+from gpudra.kubeapi import Conflict
 from tests.plugin_helpers import DRIVER, NODE, short_tmp
 
 READY, FAILED = f"{DRIVER}/mig-ready", f"{DRIVER}/mig-failed"
@@ -165,14 +166,22 @@ def test_failure_condition_deallocates_and_the_agent_releases_the_instance(work:
         ctl = manager(api)
         ctl.step()
         _wait(lambda: _migs(agent), "the MIG instance")
-        claim = api.get("ResourceClaim", "mig-3g", "default")
-        (result,) = claim["status"]["allocation"]["devices"]["results"]
-        # Something (an operator, a health check) declares the binding failed before the pod was bound.
-        entry = {"driver": DRIVER, "pool": NODE, "device": result["device"], "conditions": [
-            bc.condition(READY, True, "Ready", "", bc.now_rfc3339()),
-            bc.condition(FAILED, True, "Broken", "instance lost", bc.now_rfc3339())]}
-        claim["status"]["devices"] = [entry]
-        api.replace_status("ResourceClaim", claim)
+        # Something (an operator, a health check) declares the binding failed before the pod was bound. The node
+        # agent writes the same status concurrently (its Ready condition), so this is a read-modify-write that
+        # starts over on a conflict, as any client of the API would.
+        deadline = time.monotonic() + 60
+        while True:
+            claim = api.get("ResourceClaim", "mig-3g", "default")
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            entry = {"driver": DRIVER, "pool": NODE, "device": result["device"], "conditions": [
+                bc.condition(READY, True, "Ready", "", bc.now_rfc3339()),
+                bc.condition(FAILED, True, "Broken", "instance lost", bc.now_rfc3339())]}
+            claim["status"]["devices"] = [entry]
+            try:
+                api.replace_status("ResourceClaim", claim)
+                break
+            except Conflict:
+                assert time.monotonic() < deadline, "the claim's status kept changing under the test for 60 s"
         ctl.step()
         after = api.get("ResourceClaim", "mig-3g", "default")
         assert "allocation" not in after["status"] and "devices" not in after["status"]

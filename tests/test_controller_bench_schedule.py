@@ -47,3 +47,39 @@ def test_verify_reports_a_device_allocated_twice(apiserver: Any) -> None:
     _allocated(api, "b", "pod-b", device)
     with pytest.raises(BenchFailed, match=f"gpu.nvidia.com/n1/{device} allocated twice"):
         verify(api, {"pod-a": 1, "pod-b": 1})
+
+
+def test_run_reports_cpu_calls_digest_and_honours_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+    import json
+
+    from bench.schedule import run
+
+    args = argparse.Namespace(seed=3, nodes=2, pods=6, rate=30.0, output="json")
+    assert run(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["nodes"], doc["pods"], doc["rate"]) == (2, 6, 30.0)
+    assert doc["seconds"] >= 5 / 30.0  # the last pod was created 5/30 s after the first
+    assert doc["cpuMsPerPod"] > 0 and doc["serverCpuMsPerPod"] > 0 and doc["serverPeakRssMiB"] > 0
+    assert doc["apiCallsPerPod"]["POST pods/binding"] == 1.0 and "GET pods" not in doc["apiCallsPerPod"]
+    assert len(doc["placementDigest"]) == 64 and doc["snapshotRebuilds"] >= 1
+    # The same seed and shape place the same way.
+    again = measure(3, Shape(nodes=2, pods=6, timeout=60.0))
+    assert again["placementDigest"] == doc["placementDigest"]
+
+
+def test_bad_sizes_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from bench.schedule import run
+
+    assert run(argparse.Namespace(seed=1, nodes=0, pods=None, rate=None, output="json")) == 2
+    assert "--nodes and --pods must be at least 1" in capsys.readouterr().out
+
+
+def test_embedded_scheduler_placements_are_pinned() -> None:
+    # Recorded with `bench schedule --nodes 10 --pods 40` on the scheduler that relisted claims and rebuilt the
+    # snapshot every pass and expanded every pod's templates before binding any (commit 88fda9d); the 100 x 400
+    # default shape gives 65e113a9... on both.
+    doc = measure(1, Shape(nodes=10, pods=40, timeout=120.0))
+    assert doc["placementDigest"] == "51a47c94f2f068ce7aef3a7cfe804cd380d8cfa1510f8fa6d745fee2822ac388"

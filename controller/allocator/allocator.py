@@ -470,10 +470,21 @@ class _Run:
 
     def _capacity_fits(self, request: Request, dev: Device) -> bool:
         did = dev.id
+        shared = self.snap.shared_consumed.get(did, ())
+        allocating = self.allocating_capacity.get(did, {})
+        if request.capacity is None and not shared and not allocating:
+            # Nothing requested and nothing consumed: the answer depends on the device alone (its capacities'
+            # policies and values), and the search asks it for every candidate device of every claim.
+            key = (dev.uid, self.f.fractional_capacity_range)
+            known = self.snap.idle_capacity_fits.get(key)
+            if known is None:
+                known = cap.fits(dev.raw.get("capacity") or {}, None, {}, {}, self.f.fractional_capacity_range)
+                self.snap.idle_capacity_fits[key] = known
+            return known
         consumed: dict[str, Quantity] = {}
-        for entry in self.snap.shared_consumed.get(did, ()):
+        for entry in shared:
             cap.add_into(consumed, entry)
-        return cap.fits(dev.raw.get("capacity") or {}, request.capacity, consumed, self.allocating_capacity.get(did, {}),
+        return cap.fits(dev.raw.get("capacity") or {}, request.capacity, consumed, allocating,
                         self.f.fractional_capacity_range)
 
     def _allocate_device(self, ci: int, rd: _ReqData, dev: Device, pool: Pool, must: bool) -> Callable[[], None] | None:

@@ -5,6 +5,7 @@ Range arithmetic is on integer values (Quantity.Value(), rounded up), except tha
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -17,7 +18,14 @@ Consumed = dict[str, Quantity]
 def _q(raw: Any) -> Quantity:
     if isinstance(raw, Quantity):
         return raw
-    return Quantity.parse(str(raw))
+    return _parse(str(raw))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(text: str) -> Quantity:
+    # Quantities are immutable and every device of a kind repeats the same few texts ("80Gi"): the search checks
+    # capacity for each candidate device, so parse each text once (errors are raised, not cached).
+    return Quantity.parse(text)
 
 
 def _value(q: Quantity) -> int:

@@ -16,8 +16,8 @@ from gpudra.features import Features
 class ClusterSnapshot:
     """Parsed once; pools are gathered once per (node, feature set) and reused.
 
-    `commit()` records a new allocation so that later placements see its devices in use; everything
-    else is immutable after construction.
+    `commit()` records a new allocation so that later placements see its devices in use, `release()` takes
+    one back (a claim deallocated or deleted); slices, classes and nodes are immutable after construction.
     """
 
     def __init__(
@@ -63,6 +63,8 @@ class ClusterSnapshot:
             self.commit(claim_key(claim), alloc)
         self._pools: dict[tuple[str, Features], list[Pool]] = {}
         self.selector_cache: dict[tuple[int, str], bool | AllocationError] = {}
+        # (device uid, fractional ranges on) -> whether a request for no capacity fits the idle device.
+        self.idle_capacity_fits: dict[tuple[int, bool], bool] = {}
 
     def node(self, name: str) -> Node:
         node = self.nodes.get(name)
@@ -99,3 +101,29 @@ class ClusterSnapshot:
                 continue
             self.allocated.add(did)
             self.allocated_by[did] = owner
+
+    def release(self, owner: str, allocation: Mapping[str, Any]) -> None:
+        """Undo `commit(owner, allocation)`: the devices of that allocation are free again."""
+        results = ((allocation.get("devices") or {}).get("results")) or []
+        for r in results:
+            if not isinstance(r, Mapping) or r.get("adminAccess"):
+                continue
+            did = (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
+            if r.get("shareID"):
+                consumed = self.shared_consumed.get(did)
+                if consumed and r.get("consumedCapacity") in consumed:
+                    consumed.remove(r["consumedCapacity"])
+                    if not consumed:
+                        del self.shared_consumed[did]
+            else:
+                self.allocated.discard(did)
+            if self.allocated_by.get(did) == owner:
+                del self.allocated_by[did]
+
+    def forget_device_views(self) -> None:
+        """Drop the devices' CEL views (about 7 KB each). Selector results stay cached per (device, expression), so
+        a view is only rebuilt for an expression not evaluated on that device yet; a long-lived snapshot calls
+        this between passes so that it does not keep a view of every device it ever looked at."""
+        for sl in self.slices:
+            for dev in sl.devices:
+                dev._view = None
