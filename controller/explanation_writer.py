@@ -23,6 +23,7 @@ from controller import objects as o
 from controller.metrics import ControllerMetrics
 from controller.objects import Obj
 from controller.writes import Writer
+from gpudra.timestamps import rfc3339
 from gpudra.kubeapi import ApiError
 
 log = logging.getLogger("gpudra.controller.explanation_writer")
@@ -49,10 +50,6 @@ def event_name(pod: Mapping[str, Any], reason: str) -> str:
 
 def truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _timestamp(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -101,7 +98,7 @@ class ExplanationWriter:
         if not should_post(previous, message, now, self._repeat):
             return False
         count = 1 if previous is None else previous.count + 1
-        stamp = _timestamp(self._wall())
+        stamp = rfc3339(self._wall())
         body: Obj = {
             "apiVersion": "v1",
             "kind": "Event",

@@ -35,7 +35,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from controller import objects as o
@@ -50,6 +50,7 @@ from controller.scoring import NoPlacement, Placer
 from controller.snapshots import build_snapshot
 from controller.view import View
 from controller.writes import Writer
+from gpudra.timestamps import parse_rfc3339, rfc3339
 from gpudra.features import Features
 
 log = logging.getLogger("gpudra.controller.gang")
@@ -81,19 +82,6 @@ def gang_gate(driver: str) -> str:
 def is_gang_claim(claim: Mapping[str, Any], driver: str) -> bool:
     labels = o.labels(claim)
     return gang_label(driver) in labels and gang_size_label(driver) in labels
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -381,7 +369,7 @@ class GangController:
 
     def _lift_gates_when_settled(self, view: View, gang: Gang) -> bool:
         """Remove the `<driver>/gang` scheduling gate from the gang's pods once the allocation has settled."""
-        stamps = [_parse_time(o.annotations(c).get(allocated_at_annotation(self.driver))) for c in self._ours(gang)]
+        stamps = [parse_rfc3339(o.annotations(c).get(allocated_at_annotation(self.driver))) for c in self._ours(gang)]
         started = min((s for s in stamps if s is not None), default=None)
         if started is not None and (self._wall() - started).total_seconds() < self.settle_seconds:
             return False
@@ -406,7 +394,7 @@ class GangController:
         when their last consumer is gone (reservedFor emptied after use). The gang has run; allocating it again
         would hold its GPUs for nobody until the timeout. It is marked released, like a timed-out gang, and is
         allocated again only for a live pod that references one of these claims."""
-        stamp = _rfc3339(self._wall())
+        stamp = rfc3339(self._wall())
         for claim in claims:
             self._writer.patch(
                 "ResourceClaim",
@@ -420,11 +408,11 @@ class GangController:
         ours = [c for c in gang.claims if allocated_at_annotation(self.driver) in o.annotations(c)]
         if not ours:
             return "allocated", False  # allocated by someone else: not ours to release
-        stamps = [_parse_time(o.annotations(c).get(allocated_at_annotation(self.driver))) for c in ours]
+        stamps = [parse_rfc3339(o.annotations(c).get(allocated_at_annotation(self.driver))) for c in ours]
         started = min((s for s in stamps if s is not None), default=None)
         if started is None or (self._wall() - started).total_seconds() < self.timeout:
             return "allocated", False
-        stamp = _rfc3339(self._wall())
+        stamp = rfc3339(self._wall())
         for claim in ours:
             self._committer.undo(claim, None, deallocate=True)
             self._writer.patch(
@@ -478,7 +466,7 @@ class GangController:
             self._metrics.failures.labels(reason="conflict").inc()
             log.warning("gang plan conflicts with a fresh list; retrying", extra={"gang": gang.key})
             return "unschedulable", False
-        stamp = _rfc3339(self._wall())
+        stamp = rfc3339(self._wall())
         written: list[Obj] = []
         for claim in members:
             if o.allocation(claim) is not None:

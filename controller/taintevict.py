@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 from controller import objects as o
@@ -21,6 +21,7 @@ from controller.allocator.model import Taint, Toleration
 from controller.explanation_writer import ExplanationWriter
 from controller.taintrules import RULE_KEY
 from controller.writes import Writer
+from gpudra.timestamps import parse_rfc3339, rfc3339
 
 CONDITION = "EvictionInProgress"
 POD_CONDITION = {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByDeviceTaintManager",
@@ -28,20 +29,6 @@ POD_CONDITION = {"type": "DisruptionTarget", "status": "True", "reason": "Deleti
 EVENT_REASON = "DeviceTaintManagerEviction"
 RULE_STATUS_PERIOD = timedelta(seconds=10)  # upstream's shortest time between status updates of one rule
 
-
-def _time(text: Any) -> datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    for fmt in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S.%fZ"):
-        try:
-            return datetime.strptime(text, fmt).replace(tzinfo=timezone.utc)
-        except ValueError:
-            continue
-    return None
-
-
-def _stamp(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -84,7 +71,7 @@ def _device_taints(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, 
 
 def _eviction_time(taint: Mapping[str, Any], tolerations: list[Mapping[str, Any]], now: datetime) -> datetime | None:
     """When a pod must go because of this taint: never (None) when a toleration without seconds tolerates it."""
-    added = _time(taint.get("timeAdded")) or now
+    added = parse_rfc3339(taint.get("timeAdded")) or now
     model = Taint(str(taint.get("key", "")), str(taint.get("value", "") or ""), "NoExecute", taint)
     seconds: list[int] = []
     for tol in tolerations:
@@ -213,7 +200,7 @@ class TaintEvictor:
         self._explainer.event(pod, EVENT_REASON, "Marking for deletion", warning=False)
         conditions = [dict(c) for c in o.list_field(o.section(pod, "status"), "conditions")
                       if isinstance(c, Mapping) and c.get("type") != POD_CONDITION["type"]]
-        conditions.append({**POD_CONDITION, "lastTransitionTime": _stamp(datetime.now(timezone.utc))})
+        conditions.append({**POD_CONDITION, "lastTransitionTime": rfc3339()})
         self._writer.patch_status("Pod", pod, {"status": {"conditions": conditions}})
         self._writer.delete("Pod", pod)
 
@@ -246,11 +233,11 @@ class TaintEvictor:
                         if isinstance(c, Mapping) and c.get("type") == CONDITION), None)
         if current is not None:
             same = all(current.get(k) == v for k, v in wanted.items())
-            changed_at = _time(current.get("lastTransitionTime"))
+            changed_at = parse_rfc3339(current.get("lastTransitionTime"))
             recent = changed_at is not None and now - changed_at < RULE_STATUS_PERIOD
             if same or (recent and current.get("observedGeneration") == wanted["observedGeneration"]):
                 return
         others = [dict(c) for c in o.list_field(o.section(rule, "status"), "conditions")
                   if isinstance(c, Mapping) and c.get("type") != CONDITION]
         self._writer.patch_status("DeviceTaintRule", rule, {"status": {"conditions": others + [
-            {**wanted, "lastTransitionTime": _stamp(now)}]}})
+            {**wanted, "lastTransitionTime": rfc3339(now)}]}})

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from gpudra.timestamps import parse_rfc3339
 from gpudra.apiserver.resources import ResourceType
 
 INCLUDE_OBJECT = ("None", "Metadata", "Object")
@@ -29,17 +30,6 @@ _AGE_DOC = ("CreationTimestamp is a timestamp representing the server time when 
 
 def wants_table(accept: str | None) -> bool:
     return bool(accept) and "as=Table" in accept  # type: ignore[operator]
-
-
-def _parse_time(text: Any) -> datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    for fmt in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S.%fZ"):
-        try:
-            return datetime.strptime(text, fmt).replace(tzinfo=timezone.utc)
-        except ValueError:
-            continue
-    return None
 
 
 def human_duration(seconds_total: float) -> str:
@@ -76,7 +66,7 @@ def human_duration(seconds_total: float) -> str:
 
 def since(timestamp: Any, now: datetime | None = None) -> str:
     """translateTimestampSince: `<unknown>` for an absent time."""
-    then = _parse_time(timestamp)
+    then = parse_rfc3339(timestamp)
     if then is None:
         return "<unknown>"
     return human_duration(((now or datetime.now(timezone.utc)) - then).total_seconds())
@@ -129,7 +119,7 @@ def _pod_cells(pod: dict[str, Any], now: datetime) -> list[Any]:
     init_statuses = _list(status, "initContainerStatuses")
     for i, cs in enumerate(init_statuses):
         restarts += int(cs.get("restartCount") or 0)
-        finished = _parse_time(_get(cs, "lastState", "terminated", "finishedAt"))
+        finished = parse_rfc3339(_get(cs, "lastState", "terminated", "finishedAt"))
         last_restart = _later(last_restart, finished)
         if cs.get("name") in sidecars:
             sidecar_restarts += int(cs.get("restartCount") or 0)
@@ -168,7 +158,7 @@ def _container_states(status: dict[str, Any], reason: str, restarts: int, last_r
     has_running = False
     for cs in reversed(_list(status, "containerStatuses")):
         restarts += int(cs.get("restartCount") or 0)
-        last_restart = _later(last_restart, _parse_time(_get(cs, "lastState", "terminated", "finishedAt")))
+        last_restart = _later(last_restart, parse_rfc3339(_get(cs, "lastState", "terminated", "finishedAt")))
         state = cs.get("state") if isinstance(cs.get("state"), dict) else {}
         waiting, terminated = state.get("waiting"), state.get("terminated")
         if isinstance(waiting, dict) and waiting.get("reason"):

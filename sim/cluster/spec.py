@@ -15,6 +15,7 @@ from typing import Any
 from driver.unixsocket import MAX_UNIX_SOCKET_PATH
 from gpudra.atomicfile import atomic_write
 from sim.demo.cluster import NODES, NodeSpec
+from sim.demo.processes import pid_alive
 
 DEFAULT_NAME = "gpu-dra"
 RUNTIMES = ("auto", "podman", "none")
@@ -203,16 +204,6 @@ class SupervisorStatus:
     def from_json(cls, data: dict[str, Any]) -> SupervisorStatus:
         return cls(int(data["pid"]), str(data.get("phase")), data.get("server"), data.get("error"),
                    list(data.get("steps") or []), [ProcessInfo(**p) for p in data.get("processes") or []])
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def pid_is_ours(pid: int, marker: str) -> bool:

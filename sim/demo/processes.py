@@ -38,6 +38,17 @@ def gpu_dra_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "cli.main", *args]
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one owned by another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def log_tail(path: Path, lines: int = 15) -> str:
     try:
         text = path.read_text(errors="replace")

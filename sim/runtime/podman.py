@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from gpudra.apiserver.podlogs import parse_cri_log
+from sim.demo.processes import pid_alive
 from sim.runtime.namespace import PRIVATE_RUN, NamespaceError, PrivateMountNamespace
 from sim.runtime.rootfs import PROBE_DIR, SEEN_DIR
 
@@ -275,7 +276,7 @@ class PodmanRuntime:
         watched = c.pid if c.pid is not None else c.conmon_pid
         # conmon outlives the container while it drains the container's output into the log: until it is gone
         # too, the logs may still be short of the last lines, so the container is not reported finished yet.
-        if any(p is not None and _alive(p) for p in (c.pid, c.conmon_pid)):
+        if any(p is not None and pid_alive(p) for p in (c.pid, c.conmon_pid)):
             return ContainerStatus(name, True, None, c.started_at)
         done = self._podman("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name, check=False)
         words = done.stdout.split()
@@ -355,11 +356,3 @@ def _read_pid(path: Path) -> int | None:
         return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
