@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bench.report import emit
 from controller.allocator import ClusterSnapshot, parse_claim
 from controller.scoring import Placement, Placer
 from controller.workload import claim_from_template
@@ -132,25 +133,18 @@ def run(args: argparse.Namespace) -> int:
     wanted = ["a", "b"] if getattr(args, "scenario", "all") == "all" else [args.scenario]
     unknown = [w for w in wanted if w not in SCENARIOS]
     if unknown:
-        print(f"--scenario {unknown[0]!r}: unknown scenario; accepted: a, b, all")
+        print(f"--scenario {unknown[0]!r}: unknown scenario; accepted: a, b, all", file=sys.stderr)
         return 2
     seed = int(getattr(args, "seed", 1) or 1)
     size = Size(getattr(args, "nodes", None), getattr(args, "devices", None))
     for flag, value in (("--nodes", size.nodes), ("--devices", size.devices)):
         if value is not None and value < 1:
-            print(f"{flag} {value}: must be at least 1")
+            print(f"{flag} {value}: must be at least 1", file=sys.stderr)
             return 2
     results = {w: measure(w, seed, CelEnvironment(), size) for w in wanted}
     head = results[wanted[0]]
     doc = {"benchmark": "allocate", "claimsPerSecond": head["claimsPerSecond"], "cpuMsPerClaim": head["cpuMsPerClaim"],
            "p50Ms": head["p50Ms"], "p99Ms": head["p99Ms"], "peakRssMiB": peak_rss_mib(),
            "placementDigest": head["placementDigest"], "seed": seed, "scenarios": results}
-    if getattr(args, "output", "table") == "json":
-        print(json.dumps(doc, indent=2))
-    else:
-        for w, r in results.items():
-            print(f"scenario {w}: {r['nodes']} nodes, {r['devices']} devices, {r['claims']} claims ({r['allocated']} allocated) "
-                  f"in {r['seconds']} s: {r['claimsPerSecond']} claims/s, CPU {r['cpuMsPerClaim']} ms/claim, "
-                  f"p50 {r['p50Ms']} ms, p99 {r['p99Ms']} ms, max {r['maxMs']} ms, digest {r['placementDigest'][:16]}")
-        print(f"peak RSS {doc['peakRssMiB']} MiB")
+    emit("allocate", doc, getattr(args, "output", "table"))
     return 0

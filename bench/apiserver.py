@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
+from bench.report import emit
 from bench.stats import peak_rss_mib, percentile
 from gpudra.apiserver import EmbeddedApiServer
 
@@ -238,27 +239,12 @@ def bench_serving(requests: int = 2000, events: int = 200, watchers: int = 32) -
     return out
 
 
-def _print(title: str, result: dict[str, Any], output: str) -> None:
-    if output == "json":
-        print(json.dumps({title: result}, indent=2))
-        return
-    print(title)
-    for key, value in result.items():
-        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
-            for sub, fig in value.items():
-                print(f"  {key:<8} {sub:<10} " + "  ".join(f"{k}={v}" for k, v in fig.items()))
-        elif isinstance(value, dict):
-            print(f"  {key:<19} " + "  ".join(f"{k}={v}" for k, v in value.items()))
-        else:
-            print(f"  {key:<19} {value}")
-
-
 def run_store(args: argparse.Namespace) -> int:
-    _print("store (HTTP creates; durable = fsync'd before 201)", bench_store(directory=os.environ.get("TMPDIR")),
-           args.output)
+    figures = bench_store(directory=os.environ.get("TMPDIR"))
+    emit("store", {"shape": "HTTP creates; durable = fsync'd before 201", **figures}, args.output)
     return 0
 
 
 def run_serving(args: argparse.Namespace) -> int:
-    _print("serving (4 kept-alive clients; one event to 32 watchers)", bench_serving(), args.output)
+    emit("serving", {"shape": "4 kept-alive clients; one event to 32 watchers", **bench_serving()}, args.output)
     return 0

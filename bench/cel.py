@@ -18,13 +18,13 @@ Both passes must agree on every result.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
+from bench.report import emit
 from controller.cel import CelEnvironment, DeviceView
 from gpudra import DEFAULT_DRIVER_NAME
 from bench.stats import peak_rss_mib, percentile
@@ -125,9 +125,5 @@ def measure(seed: int) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     result = measure(int(getattr(args, "seed", 1)))
-    if getattr(args, "output", "table") == "json":
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:16} {value}")
+    emit("cel", result, getattr(args, "output", "table"))
     return 0

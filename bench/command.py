@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from bench.report import OUTPUTS
+
 BENCHMARKS: dict[str, str] = {
     "allocate": "bench.allocate",
     "cel": "bench.cel",
@@ -18,7 +20,8 @@ BENCHMARKS: dict[str, str] = {
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("benchmark", choices=sorted(BENCHMARKS), help="which benchmark to run")
-    parser.add_argument("-o", "--output", choices=["json", "table"], default="table")
+    parser.add_argument("-o", "--output", choices=OUTPUTS, default="table",
+                        help="one result object per benchmark, the same keys in every format")
     parser.add_argument("--seed", type=int, default=1, help="random seed (fixed for comparable runs)")
     parser.add_argument(
         "--scenario", default="all", help="allocate only: a (scheduler_perf shape), b (NVLink gangs of 4/8) or all"

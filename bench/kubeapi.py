@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bench.report import emit
 from bench.schedule import ServerProcess, node_object, pod_object
 from bench.stats import peak_rss_mib
 from gpudra.kubeapi import KubeApi
@@ -98,10 +99,5 @@ def measure(calls: int = CALLS) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     doc = measure()
-    if getattr(args, "output", "table") == "json":
-        print(json.dumps(doc, indent=2))
-    else:
-        for shape, figures in doc["shapes"].items():
-            print(f"{shape}: official client path {figures['officialCpuUsPerCall']} us CPU/call, "
-                  f"KubeApi {figures['kubeapiCpuUsPerCall']} us CPU/call")
+    emit("kubeapi", doc, getattr(args, "output", "table"))
     return 0

@@ -9,7 +9,6 @@ the fsynced checkpoint transactions.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shutil
 import statistics
@@ -18,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.report import emit
 from bench.stats import peak_rss_mib, percentile
 
 CLAIMS = 1000
@@ -113,9 +113,5 @@ def measure(seed: int, claims: int = CLAIMS) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     result = measure(getattr(args, "seed", 1))
-    if getattr(args, "output", "table") == "json":
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:>22}  {value}")
+    emit("prepare", result, getattr(args, "output", "table"))
     return 0

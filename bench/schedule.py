@@ -20,7 +20,6 @@ device allocated twice. Any violation fails the run (exit 1).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import subprocess
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.report import emit
 from controller import objects as o
 from controller.manager import ControllerConfig, ControllerManager
 from driver.discovery import discover
@@ -323,19 +323,12 @@ def run(args: argparse.Namespace) -> int:
     pods = 4 * nodes if pods is None else pods
     rate = getattr(args, "rate", None)
     if nodes < 1 or pods < 1 or (rate is not None and rate <= 0):
-        print("--nodes and --pods must be at least 1, --rate above 0")
+        print("--nodes and --pods must be at least 1, --rate above 0", file=sys.stderr)
         return 2
     try:
         doc = measure(seed, Shape(nodes=nodes, pods=pods, rate=rate))
     except BenchFailed as err:
-        print(f"bench schedule FAILED: {err}")
+        print(f"bench schedule FAILED: {err}", file=sys.stderr)
         return 1
-    if getattr(args, "output", "table") == "json":
-        print(json.dumps(doc, indent=2))
-    else:
-        print(f"{doc['pods']} pods ({doc['gpusRequested']} GPUs) on {doc['nodes']} nodes x {GPUS_PER_NODE} GPUs bound in "
-              f"{doc['seconds']} s: {doc['podsPerSecond']} pods/s, p50 {doc['p50Ms']} ms, p99 {doc['p99Ms']} ms, "
-              f"max {doc['maxMs']} ms; CPU {doc['cpuMsPerPod']} ms/pod (API server {doc['serverCpuMsPerPod']} ms/pod); "
-              f"{doc['controllerPasses']} controller passes; peak RSS {doc['peakRssMiB']} MiB "
-              f"(API server {doc['serverPeakRssMiB']} MiB); digest {doc['placementDigest'][:16]}")
+    emit("schedule", doc, getattr(args, "output", "table"))
     return 0

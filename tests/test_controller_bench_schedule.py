@@ -74,7 +74,7 @@ def test_bad_sizes_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     from bench.schedule import run
 
     assert run(argparse.Namespace(seed=1, nodes=0, pods=None, rate=None, output="json")) == 2
-    assert "--nodes and --pods must be at least 1" in capsys.readouterr().out
+    assert "--nodes and --pods must be at least 1" in capsys.readouterr().err
 
 
 def test_embedded_scheduler_placements_are_pinned() -> None:

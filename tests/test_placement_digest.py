@@ -157,7 +157,7 @@ def test_allocate_command_takes_sizes_and_reports_cpu_and_digest(capsys: pytest.
     assert (a["nodes"], a["devices"], a["claims"], a["allocated"]) == (20, 80, 80, 80)
     assert doc["cpuMsPerClaim"] == a["cpuMsPerClaim"] > 0 and doc["placementDigest"] == a["placementDigest"]
     assert run(argparse.Namespace(scenario="b", nodes=0, devices=None, seed=1, output="json")) == 2
-    assert "--nodes 0: must be at least 1" in capsys.readouterr().out
+    assert "--nodes 0: must be at least 1" in capsys.readouterr().err
 
 
 def test_free_counts_prune_only_without_devices_allocated_several_times() -> None:

@@ -1,0 +1,69 @@
+"""Every benchmark prints one result object in the same shape, as JSON, YAML or a table of the same keys."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.command import BENCHMARKS
+from bench.report import render
+from cli.main import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_render_is_one_object_with_the_same_keys_in_every_format() -> None:
+    doc = {"benchmark": "x", "claimsPerSecond": 10.5, "p99Ms": 1.25, "scenarios": {"a": {"nodes": 3}}, "list": [1, 2]}
+    assert json.loads(render(doc, "json")) == doc
+    assert yaml.safe_load(render(doc, "yaml")) == doc
+    rows = dict(line.split(None, 1) for line in render(doc, "table").splitlines())
+    assert rows == {"benchmark": "x", "claimsPerSecond": "10.5", "p99Ms": "1.25", "scenarios.a.nodes": "3",
+                    "list": "[1, 2]"}
+
+
+@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+def test_every_benchmark_prints_through_the_one_report(name: str) -> None:
+    module, _, func = BENCHMARKS[name].partition(":")
+    tree = ast.parse((REPO / (module.replace(".", "/") + ".py")).read_text())
+    entry = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == (func or "run"))
+    calls = [n.func.id for n in ast.walk(entry) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    assert "emit" in calls
+    # Nothing else goes to stdout from the entry point: messages about bad flags go to stderr.
+    for node in ast.walk(entry):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+            assert any(k.arg == "file" for k in node.keywords), ast.unparse(node)
+
+
+def test_help_lists_every_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = capsys.readouterr().out
+    assert all(name in out for name in BENCHMARKS)
+
+
+def test_allocate_prints_the_same_figures_in_each_format(capsys: pytest.CaptureFixture[str]) -> None:
+    docs = {}
+    for output in ("json", "yaml", "table"):
+        assert main(["bench", "allocate", "--scenario", "a", "--nodes", "4", "--devices", "2", "-o", output]) == 0
+        docs[output] = capsys.readouterr().out
+    as_json = json.loads(docs["json"])
+    as_yaml = yaml.safe_load(docs["yaml"])
+    table = dict(line.split(None, 1) for line in docs["table"].splitlines())
+    assert as_json["benchmark"] == as_yaml["benchmark"] == table["benchmark"] == "allocate"
+    # Timing figures differ run to run; the shape and the deterministic outcome do not.
+    assert set(as_json) == set(as_yaml)
+    assert {k for k in table if "." not in k} == set(as_json) - {"scenarios"}
+    for doc in (as_json, as_yaml):
+        assert doc["scenarios"]["a"]["allocated"] == 8 and {"claimsPerSecond", "p50Ms", "p99Ms", "peakRssMiB"} <= set(doc)
+    assert as_json["placementDigest"] == as_yaml["placementDigest"] == table["placementDigest"]
+    assert table["scenarios.a.allocated"] == "8"
+
+
+def test_bad_flag_value_is_reported_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "allocate", "--nodes", "0"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--nodes 0: must be at least 1" in captured.err
