@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from controller.allocator.errors import AllocationError
@@ -88,11 +88,7 @@ class ClusterSnapshot:
 
     def commit(self, owner: str, allocation: Mapping[str, Any]) -> None:
         """Mark the devices of an allocation result as in use (adminAccess results never are)."""
-        results = ((allocation.get("devices") or {}).get("results")) or []
-        for r in results:
-            if not isinstance(r, Mapping) or r.get("adminAccess"):
-                continue
-            did = (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
+        for did, r in _counted_results(allocation):
             if r.get("shareID"):
                 if r.get("consumedCapacity"):
                     self.shared_consumed.setdefault(did, []).append(r["consumedCapacity"])
@@ -104,11 +100,7 @@ class ClusterSnapshot:
 
     def release(self, owner: str, allocation: Mapping[str, Any]) -> None:
         """Undo `commit(owner, allocation)`: the devices of that allocation are free again."""
-        results = ((allocation.get("devices") or {}).get("results")) or []
-        for r in results:
-            if not isinstance(r, Mapping) or r.get("adminAccess"):
-                continue
-            did = (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
+        for did, r in _counted_results(allocation):
             if r.get("shareID"):
                 consumed = self.shared_consumed.get(did)
                 if consumed and r.get("consumedCapacity") in consumed:
@@ -127,3 +119,11 @@ class ClusterSnapshot:
         for sl in self.slices:
             for dev in sl.devices:
                 dev._view = None
+
+
+def _counted_results(allocation: Mapping[str, Any]) -> Iterator[tuple[DeviceID, Mapping[str, Any]]]:
+    """(driver, pool, device) and the result, for each result of an allocation that holds its device (adminAccess
+    results never do)."""
+    for r in ((allocation.get("devices") or {}).get("results")) or []:
+        if isinstance(r, Mapping) and not r.get("adminAccess"):
+            yield (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", ""))), r

@@ -13,7 +13,7 @@ from the declarative rules on the v1beta1 types: what the embedded control plane
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from gpudra.validation.errors import FieldError, child, duplicate, forbidden, index, invalid, not_supported, required, too_many
@@ -59,18 +59,7 @@ def _workload_spec(spec: Mapping[str, Any], path: str) -> Errors:
                                              "required"))
     elif len(templates) > MAX_POD_GROUP_TEMPLATES:
         errs.append(too_many(templates_path, len(templates), MAX_POD_GROUP_TEMPLATES))
-    seen: set[str] = set()
-    for i, item in enumerate(templates[:MAX_POD_GROUP_TEMPLATES]):
-        item_path = index(templates_path, i)
-        template = get_map(item, item_path, errs)
-        name = get_str(template.get("name"), child(item_path, "name"), errs)
-        if not name:
-            errs.append(required(child(item_path, "name")))
-        else:
-            errs.extend(dns_label(name, child(item_path, "name")))
-            if name in seen:
-                errs.append(duplicate(item_path, name))
-            seen.add(name)
+    for item_path, template in _named_items(templates[:MAX_POD_GROUP_TEMPLATES], templates_path, errs):
         errs.extend(_group_fields(template, item_path))
     ref = spec.get("controllerRef")
     if ref is not None:
@@ -160,18 +149,7 @@ def _resource_claims(value: Any, path: str) -> Errors:
     claims = get_list(value, path, errs)
     if len(claims) > MAX_POD_GROUP_RESOURCE_CLAIMS:
         errs.append(too_many(path, len(claims), MAX_POD_GROUP_RESOURCE_CLAIMS))
-    seen: set[str] = set()
-    for i, item in enumerate(claims[:MAX_POD_GROUP_RESOURCE_CLAIMS]):
-        item_path = index(path, i)
-        claim = get_map(item, item_path, errs)
-        name = get_str(claim.get("name"), child(item_path, "name"), errs)
-        if not name:
-            errs.append(required(child(item_path, "name")))
-        else:
-            errs.extend(dns_label(name, child(item_path, "name")))
-            if name in seen:
-                errs.append(duplicate(item_path, name))
-            seen.add(name)
+    for item_path, claim in _named_items(claims[:MAX_POD_GROUP_RESOURCE_CLAIMS], path, errs):
         sources = [k for k in ("resourceClaimName", "resourceClaimTemplateName") if claim.get(k) is not None]
         if len(sources) != 1:
             errs.append(invalid(item_path, claim, "must specify one of: `resourceClaimName`, "
@@ -180,6 +158,24 @@ def _resource_claims(value: Any, path: str) -> Errors:
             text = get_str(claim.get(k), child(item_path, k), errs)
             errs.extend(dns_subdomain(text, child(item_path, k)) if text else [required(child(item_path, k))])
     return errs
+
+
+def _named_items(items: list[Any], path: str, errs: Errors) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Each item of a list keyed by `name` (a required DNS label, unique in the list), with its path; problems with
+    the names go into `errs`."""
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        item_path = index(path, i)
+        entry = get_map(item, item_path, errs)
+        name = get_str(entry.get("name"), child(item_path, "name"), errs)
+        if not name:
+            errs.append(required(child(item_path, "name")))
+        else:
+            errs.extend(dns_label(name, child(item_path, "name")))
+            if name in seen:
+                errs.append(duplicate(item_path, name))
+            seen.add(name)
+        yield item_path, entry
 
 
 def _path_segment(value: str, path: str) -> Errors:
