@@ -19,8 +19,9 @@ Functions here are pure: they return new dicts and never modify their input.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
+
+from gpudra.jsoncopy import deep_copy
 
 GROUP = "resource.k8s.io"
 STORAGE_VERSION = "v1"
@@ -168,19 +169,27 @@ def _convert_spec(kind: str, obj: dict[str, Any], to_v1: bool) -> dict[str, Any]
 # ----- entry points ----------------------------------------------------------------------------------------------
 
 
-def to_storage(obj: dict[str, Any]) -> dict[str, Any]:
-    """The v1 form of a resource.k8s.io object given in any served version (a new dict).
+def storage_view(obj: dict[str, Any]) -> dict[str, Any]:
+    """The v1 form of a resource.k8s.io object given in any served version, for reading only: `obj` itself
+    when it is v1, else a new dict that shares every part conversion leaves alone with `obj`.
     Raises ConversionError when its version does not serve its kind."""
     group, version = split_api_version(obj.get("apiVersion"))
     kind = str(obj.get("kind") or "")
     if group != GROUP:
         raise ConversionError(f"apiVersion {obj.get('apiVersion')!r} is not in {GROUP}")
     _check(kind, version)
-    out = copy.deepcopy(obj)
-    out["apiVersion"] = f"{GROUP}/{STORAGE_VERSION}"
+    if version == STORAGE_VERSION:
+        return obj
+    out = {**obj, "apiVersion": f"{GROUP}/{STORAGE_VERSION}"}
     if version == "v1beta1":
         _convert_spec(kind, out, to_v1=True)
     return out
+
+
+def to_storage(obj: dict[str, Any]) -> dict[str, Any]:
+    """The v1 form of a resource.k8s.io object given in any served version (a new dict sharing nothing
+    with `obj`). Raises ConversionError when its version does not serve its kind."""
+    return deep_copy(storage_view(obj))  # type: ignore[no-any-return]
 
 
 def from_storage(obj: dict[str, Any], version: str) -> dict[str, Any]:

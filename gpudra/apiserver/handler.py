@@ -15,11 +15,12 @@ from urllib.parse import parse_qs, urlsplit
 
 from gpudra import strictjson
 from gpudra.apiserver import resources as res
-from gpudra.apiserver import schema
+from gpudra.apiserver import httphead, schema
 from gpudra.apiserver import status as st
 from gpudra.apiserver.podpriority import admit_pod_priority
 from gpudra.apiserver.openapi import openapi_group_version, openapi_root, openapi_v2, openapi_v2_protobuf
 from gpudra.apiserver.podlogs import PodLogSource, parse_cri_log
+from gpudra.apiserver.serving import wait_ready
 from gpudra.apiserver.selectors import FieldSelector, LabelSelector, SelectorError
 from gpudra.apiserver.store import FIELD_VALIDATION, FieldPolicy, Filter, Store
 from gpudra.apiserver.tables import INCLUDE_OBJECT, to_table, wants_table
@@ -93,15 +94,22 @@ def _encode(value: Any) -> bytes:
 
 
 class SocketWriter:
-    """The handler's `wfile`: whole writes with a timeout, so a client that stops reading cannot hold a thread."""
+    """The handler's `wfile` on a non-blocking socket: whole writes, each wait for the client to read bounded
+    by a timeout, so a client that stops reading cannot hold a thread."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
 
     def write(self, data: bytes) -> int:
-        self.sock.settimeout(_WRITE_TIMEOUT_S)
-        self.sock.sendall(data)
-        return len(data)
+        view = memoryview(data)
+        sent = 0
+        while sent < len(view):
+            try:
+                sent += self.sock.send(view[sent:])
+            except (BlockingIOError, InterruptedError):
+                if not wait_ready(self.sock, select.POLLOUT, _WRITE_TIMEOUT_S):
+                    raise TimeoutError("the client did not read the response in time") from None
+        return len(view)
 
     def flush(self) -> None:
         return None
@@ -158,6 +166,50 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._warnings: list[str] = []
         self.handle_one_request()
         return not self.close_connection
+
+    def handle_one_request(self) -> None:
+        """Read one request head (gpudra.apiserver.httphead, not the stdlib's MIME parser) and dispatch it to
+        `do_<METHOD>`, with http.server's limits, status codes and keep-alive rules."""
+        self.close_connection = True
+        self.command = ""
+        self.requestline = ""
+        self.request_version = "HTTP/1.1"
+        try:
+            raw = self.rfile.readline(httphead.MAX_LINE + 1)
+            if len(raw) > httphead.MAX_LINE:
+                self.send_error(414)
+                return
+            if not raw:
+                return  # the client closed the connection
+            self.raw_requestline = raw
+            self.requestline = str(raw, "iso-8859-1").rstrip("\r\n")
+            try:
+                line = httphead.parse_request_line(raw)
+                if line is None:
+                    return  # an empty line: http.server closes the connection without an answer
+                self.request_version = line.version
+                self.headers = httphead.read_headers(self.rfile)
+            except httphead.HeadError as err:
+                self.send_error(err.code, err.message)
+                return
+            self.command, self.path = line.method, line.target
+            # HTTP/1.1 keeps the connection unless told otherwise; HTTP/1.0 closes it unless told otherwise.
+            self.close_connection = line.version_number < (1, 1)
+            options = httphead.connection_tokens(self.headers)
+            if "close" in options:
+                self.close_connection = True
+            elif "keep-alive" in options:
+                self.close_connection = False
+            if ((self.headers.get("Expect") or "").lower() == "100-continue"
+                    and line.version_number >= (1, 1)):
+                self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            method = getattr(self, "do_" + line.method, None)
+            if method is None:
+                self.send_error(501, f"Unsupported method ({line.method!r})")
+                return
+            method()
+        except TimeoutError:
+            self.close_connection = True
 
     @property
     def ctx(self) -> ServerContext:

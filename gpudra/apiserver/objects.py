@@ -8,6 +8,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gpudra.apiserver.resources import ResourceType
+from gpudra.jsoncopy import deep_copy
+
+__all__ = ["deep_copy"]  # re-exported: the store copies objects through this module
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -16,11 +19,6 @@ GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 # Resources whose status is reset on create, as Kubernetes' create strategies do.
 _STATUS_CLEARED_ON_CREATE = frozenset({"ResourceClaim", "ResourceQuota"})
-
-
-def deep_copy(obj: Any) -> Any:
-    # A JSON round trip is both a deep copy and a guard that only JSON values are stored.
-    return json.loads(json.dumps(obj))
 
 
 def now_rfc3339() -> str:

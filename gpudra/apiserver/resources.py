@@ -72,6 +72,14 @@ class ResourceType:
     # Objects are stored at `version` and converted (gpudra.conversion) for the others.
     served: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        # Types key the store's tables and are hashed on every request; the generated hash would walk all
+        # thirteen fields each time.
+        object.__setattr__(self, "_hash", hash((self.group, self.version, self.plural, self.kind)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined, no-any-return]
+
     @property
     def versions(self) -> tuple[str, ...]:
         return self.served or (self.version,)

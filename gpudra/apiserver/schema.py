@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpudra.jsoncopy import deep_copy
+
 _SCALARS = frozenset({"str", "int", "bool", "float", "datetime", "date", "bytearray", "bytes"})
 _TABLE = Path(__file__).with_name("schema_fields.json")
 # Beyond the served kinds (every version of each): the bodies of binding and delete requests.
@@ -163,40 +165,92 @@ def _type_error(errors: list[str], value: Any, struct: str, path: str, go_type: 
                   f"{go_type}")
 
 
-def _walk(typ: str, value: Any, path: str, unknown: list[str], errors: list[str], struct: str) -> Any:
-    if value is None or typ == "object":
-        return value
+# A type string compiled once into a node: (kind, ...) with kind "o" (object: anything), "s" (scalar: its type
+# string and the exact Python types accepted without a closer look), "l"/"d" (list/map: the item node and the
+# type string) or "m" (a model: its name). Every object written goes through the walk, so its per-field cost
+# matters: no type-string parsing and no path strings unless something is reported.
+_Node = tuple[Any, ...]
+_EXACT_OK: dict[str, frozenset[type]] = {"str": frozenset({str, int, float}), "int": frozenset({int}),
+                                         "bool": frozenset({bool}), "float": frozenset({int, float})}
+
+
+@functools.lru_cache(maxsize=None)
+def _node(typ: str) -> _Node:
+    if typ == "object":
+        return ("o",)
     if typ in _SCALARS:
-        if not _scalar_ok(typ, value):
-            _type_error(errors, value, struct, path, _go_type(typ))
-        return value
+        return ("s", typ, _EXACT_OK.get(typ, frozenset({str})))
     if typ.startswith("List[") and typ.endswith("]"):
-        if not isinstance(value, list):
-            _type_error(errors, value, struct, path, _go_type(typ))
-            return value
-        inner = typ[5:-1]
-        return [_walk(inner, item, f"{path}[{i}]", unknown, errors, struct) for i, item in enumerate(value)]
+        return ("l", _node(typ[5:-1]), typ)
     if typ.startswith("Dict[") and typ.endswith("]"):
-        if not isinstance(value, dict):
-            _type_error(errors, value, struct, path, _go_type(typ))
+        return ("d", _node(typ[5:-1].partition(",")[2].strip()), typ)
+    return ("m", typ)
+
+
+@functools.lru_cache(maxsize=None)
+def _model_nodes(model: str) -> dict[str, _Node]:
+    return {name: _node(typ) for name, typ in fields_of(model).items()}
+
+
+def _walk(typ: str, value: Any, path: str, unknown: list[str], errors: list[str], struct: str) -> Any:
+    return _walk_node(_node(typ), value, path, unknown, errors, struct)
+
+
+def _walk_node(node: _Node, value: Any, path: str, unknown: list[str], errors: list[str], struct: str) -> Any:
+    if value is None:
+        return value
+    kind = node[0]
+    if kind == "m":
+        return _walk_model(node[1], value, path, unknown, errors, struct)
+    if kind == "s":
+        if type(value) not in node[2] and not _scalar_ok(node[1], value):
+            _type_error(errors, value, struct, path, _go_type(node[1]))
+        return value
+    if kind == "o":
+        return deep_copy(value)
+    if kind == "l":
+        if not isinstance(value, list):
+            _type_error(errors, value, struct, path, _go_type(node[2]))
             return value
-        inner = typ[5:-1].partition(",")[2].strip()
-        return {k: _walk(inner, v, f"{path}.{k}" if path else k, unknown, errors, struct) for k, v in value.items()}
+        inner = node[1]
+        if inner[0] == "s":  # a list of strings and the like: no recursion for well-typed items
+            ok = inner[2]
+            if all(type(v) in ok for v in value):
+                return list(value)
+        elif inner[0] == "m":
+            model = inner[1]
+            return [_walk_model(model, item, f"{path}[{i}]", unknown, errors, struct) if item is not None else None
+                    for i, item in enumerate(value)]
+        return [_walk_node(inner, item, f"{path}[{i}]", unknown, errors, struct) for i, item in enumerate(value)]
+    if not isinstance(value, dict):
+        _type_error(errors, value, struct, path, _go_type(node[2]))
+        return value
+    inner = node[1]
+    if inner[0] == "s":  # map[string]string and the like: no recursion for well-typed values
+        ok = inner[2]
+        if all(type(v) in ok for v in value.values()):
+            return dict(value)
+    return {k: _walk_node(inner, v, f"{path}.{k}" if path else k, unknown, errors, struct) for k, v in value.items()}
+
+
+def _walk_model(typ: str, value: Any, path: str, unknown: list[str], errors: list[str], struct: str) -> Any:
     if not isinstance(value, dict):
         _type_error(errors, value, struct, path, _go_name(typ))
         return value
-    known = fields_of(typ)
+    known = _model_nodes(typ)
     out: dict[str, Any] = {}
     for key, item in value.items():
-        field_type = known.get(key)
-        if field_type is None:
+        node = known.get(key)
+        if node is None:
             unknown.append(f"{path}.{key}" if path else key)
-        elif field_type == "object" or item is None:
+        elif item is None:
             out[key] = item
-        elif field_type == "str" and isinstance(item, str):
+        elif node[0] == "s" and type(item) in node[2]:
             out[key] = item  # the common case, without building a path
+        elif node[0] == "m":
+            out[key] = _walk_model(node[1], item, f"{path}.{key}" if path else key, unknown, errors, typ)
         else:
-            out[key] = _walk(field_type, item, f"{path}.{key}" if path else key, unknown, errors, typ)
+            out[key] = _walk_node(node, item, f"{path}.{key}" if path else key, unknown, errors, typ)
     return out
 
 
@@ -213,7 +267,8 @@ def _go_name(model: str) -> str:
 
 
 def check_fields(model: str, obj: Any) -> FieldReport:
-    """Every unknown field of `obj` read as `model`, and `obj` without them (a new value; `obj` is untouched)."""
+    """Every unknown field of `obj` read as `model`, and `obj` without them: a new value sharing no dict or
+    list with `obj` (which is untouched), so the caller owns it."""
     unknown: list[str] = []
     errors: list[str] = []
     pruned = _walk(model, obj, "", unknown, errors, model)

@@ -38,29 +38,41 @@ _SWEEP_S = 0.5
 LINGER_S = 0.002  # how long an otherwise idle worker waits for a kept-alive client's next request
 
 
+def wait_ready(sock: socket.socket, events: int, timeout: float | None) -> bool:
+    """Whether `sock` becomes ready for `events` (select.POLLIN, POLLOUT) within `timeout` seconds (None: no
+    limit). Connections stay non-blocking for good: switching a socket's mode or timeout is a system call
+    (and a release of the GIL) each time, and a request made several of them."""
+    poller = select.poll()
+    poller.register(sock.fileno(), events)
+    return bool(poller.poll(None if timeout is None else max(0.0, timeout) * 1000))
+
+
 class DeadlineReader(io.RawIOBase):
-    """A socket's receiving side whose reads fail once the current request's deadline has passed."""
+    """A (non-blocking) socket's receiving side whose reads wait for data until the current request's
+    deadline, and fail once it has passed."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.deadline: float | None = None
-        self.nonblocking = False
+        self.nonblocking = False  # return None at once when nothing is there (a peek for pipelined requests)
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buf: Any) -> int | None:
-        if self.nonblocking:
+        while True:
             try:
                 return self.sock.recv_into(buf)
             except (BlockingIOError, InterruptedError):
-                return None
-        if self.deadline is not None:
-            remaining = self.deadline - time.monotonic()
-            if remaining <= 0:
+                if self.nonblocking:
+                    return None
+            remaining = None
+            if self.deadline is not None:
+                remaining = self.deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError("the request was not received in time")
+            if not wait_ready(self.sock, select.POLLIN, remaining):
                 raise TimeoutError("the request was not received in time")
-            self.sock.settimeout(remaining)
-        return self.sock.recv_into(buf)
 
 
 @dataclass(eq=False)
@@ -77,16 +89,11 @@ class Connection:
         """Whether bytes of a next request are already here (pipelined), without blocking."""
         self.reader.nonblocking = True
         try:
-            self.sock.setblocking(False)
             return bool(self.rfile.peek(1))
         except OSError:
             return False
         finally:
             self.reader.nonblocking = False
-            try:
-                self.sock.setblocking(True)
-            except OSError:
-                pass
 
 
 class PooledHttpServer:
@@ -204,7 +211,7 @@ class PooledHttpServer:
                         return
                     continue
                 return
-            sock.setblocking(True)
+            sock.setblocking(False)  # for good: reads and writes wait with poll (wait_ready)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             reader = DeadlineReader(sock)
             conn = Connection(sock, address, reader, io.BufferedReader(reader, 65536))

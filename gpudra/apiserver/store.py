@@ -205,12 +205,13 @@ class Store:
 
     def clean_fields(self, rt: ResourceType, obj: dict[str, Any], policy: FieldPolicy | None,
                      version: str | None = None) -> dict[str, Any]:
-        """`obj` (in `version`, default the storage version) without unknown fields; Strict refuses unknown or
-        duplicate ones, Warn records warnings; a value of the wrong type is 400 in every mode."""
+        """`obj` (in `version`, default the storage version) without unknown fields, as a new value the caller
+        owns (it shares no dict or list with `obj`); Strict refuses unknown or duplicate ones, Warn records
+        warnings; a value of the wrong type is 400 in every mode."""
         version = version or rt.version
         model = schema.model_name(rt.group, version, rt.kind)
         if model is None:
-            return obj
+            return o.deep_copy(obj)  # type: ignore[no-any-return]
         report = schema.check_fields(model, obj)
         if report.type_errors:
             raise st.bad_request(f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: json: '
@@ -355,7 +356,7 @@ class Store:
             raise st.bad_request(f"the body of a {rt.kind} create must be a JSON object")
         check_type_meta(rt, body)
         # apiVersion and kind first, as Kubernetes serializes them.
-        obj = {"apiVersion": rt.api_version, "kind": rt.kind, **self.clean_fields(rt, o.deep_copy(body), fields)}
+        obj = {"apiVersion": rt.api_version, "kind": rt.kind, **self.clean_fields(rt, body, fields)}
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
         m = o.meta(obj)
         body_ns = m.get("namespace")
@@ -409,20 +410,24 @@ class Store:
 
     def _merge_update(self, rt: ResourceType, old: dict[str, Any], body: dict[str, Any],
                       subresource: str | None) -> dict[str, Any]:
-        """The object a PUT of `body` produces from `old`, honouring status isolation and server fields."""
+        """The object a PUT of `body` produces from `old`, honouring status isolation and server fields.
+
+        `body` is the caller's to give away (a fresh value from clean_fields). The result shares the parts it
+        keeps from `old` with it: stored objects are never modified, and only the result's own top level and
+        metadata dict are written to after this."""
         if subresource == "status":
-            new = o.deep_copy(old)
+            new = {**old, "metadata": dict(old["metadata"])}
             if "status" in body:
-                new["status"] = o.deep_copy(body["status"])
+                new["status"] = body["status"]
             else:
                 new.pop("status", None)
             return new
-        new = o.deep_copy(body)
+        new = body
         new["apiVersion"] = rt.api_version
         new["kind"] = rt.kind
         if rt.has_status:
             if "status" in old:
-                new["status"] = o.deep_copy(old["status"])
+                new["status"] = old["status"]
             else:
                 new.pop("status", None)
         m = o.meta(new)
@@ -543,13 +548,14 @@ class Store:
         want_uid = (body.get("metadata") or {}).get("uid")
         if want_uid and want_uid != old["metadata"]["uid"]:
             raise st.conflict(rt, name, "Precondition failed: UID in precondition does not match")
-        new = o.deep_copy(old)
-        new.setdefault("spec", {})["nodeName"] = node
-        conditions = [c for c in (new.setdefault("status", {}).get("conditions") or [])
-                      if c.get("type") != "PodScheduled"]
+        # Only what changes is new; the rest is shared with `old` (stored objects are never modified).
+        status = old.get("status") if isinstance(old.get("status"), dict) else {}
+        conditions = [c for c in (status.get("conditions") or []) if c.get("type") != "PodScheduled"]
         conditions.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
                            "lastTransitionTime": o.now_rfc3339()})
-        new["status"]["conditions"] = conditions
+        spec = old.get("spec") if isinstance(old.get("spec"), dict) else {}
+        new = {**old, "metadata": dict(old["metadata"]), "spec": {**spec, "nodeName": node},
+               "status": {**status, "conditions": conditions}}
         self._write(rt, namespace, name, old, new, None)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 

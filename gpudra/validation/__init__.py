@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpudra.conversion import ConversionError, served_versions, split_api_version, to_storage
+from gpudra.conversion import ConversionError, served_versions, split_api_version, storage_view
 from gpudra.validation.claims import gather_request_names, validate_claim_spec, validate_claim_status, validate_device_class_spec
 from gpudra.validation.common import Hooks
 from gpudra.validation.errors import FieldError, child, invalid, not_supported, required
@@ -32,7 +32,7 @@ API_VERSION = "resource.k8s.io/v1"
 KINDS = ["DeviceClass", "DeviceTaintRule", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice"]
 NAMESPACED_KINDS = frozenset({"ResourceClaim", "ResourceClaimTemplate"})
 
-__all__ = ["API_VERSION", "FieldError", "KINDS", "NAMESPACED_KINDS", "validate_object"]
+__all__ = ["API_VERSION", "FieldError", "KINDS", "NAMESPACED_KINDS", "validate_object", "validate_update"]
 
 
 def validate_object(
@@ -61,7 +61,7 @@ def validate_object(
     if group != "resource.k8s.io" or version not in served_versions(kind):
         return [not_supported("apiVersion", api_version, accepted)]
     try:
-        obj = to_storage(obj)
+        obj = storage_view(obj)  # validation only reads: no copy of a v1 object
     except ConversionError as exc:
         return [FieldError(exc.path, f"Invalid value: {exc}")]
 
@@ -88,3 +88,37 @@ def validate_object(
         errs.extend(validate_template_meta(spec.get("metadata"), child("spec", "metadata")))
         errs.extend(validate_claim_spec(spec.get("spec"), child("spec", "spec"), hooks))
     return errs
+
+
+def validate_update(
+    obj: Any,
+    old: Any,
+    *,
+    cel: Callable[[str, bool], str | None] | None = None,
+    opaque: Mapping[str, Callable[[dict[str, Any]], list[str]]] | None = None,
+    kubernetes_version: str = "1.37",
+) -> list[FieldError]:
+    """The validation errors of an update of the stored `old` to `obj`, as Kubernetes' update strategies
+    validate it. Immutable fields are the server's own check (a changed claim spec or allocation is refused
+    there), not repeated here.
+
+    A ResourceClaim's update validates its metadata (ValidateResourceClaimUpdate: the spec is immutable, so it
+    is not validated again); its status update validates the status against the stored one
+    (ValidateResourceClaimStatusUpdate). A server's update keeps the stored status and its status update the
+    stored spec and metadata, so a changed status is what marks a status update. Every other kind is
+    validated in full, as their strategies do."""
+    if not isinstance(obj, dict) or not isinstance(old, dict) or obj.get("kind") != "ResourceClaim" \
+            or old.get("kind") != "ResourceClaim":
+        return validate_object(obj, cel=cel, opaque=opaque, kubernetes_version=kubernetes_version)
+    try:
+        new_v1, old_v1 = storage_view(obj), storage_view(old)
+    except ConversionError:
+        return validate_object(obj, cel=cel, opaque=opaque, kubernetes_version=kubernetes_version)
+    if new_v1.get("status") == old_v1.get("status"):
+        return validate_object_meta(new_v1.get("metadata"), namespaced=True)
+    hooks = Hooks(cel=cel, opaque=dict(opaque or {}))
+    spec = get_map(new_v1.get("spec"), "spec", [])
+    names = gather_request_names(get_map(spec.get("devices"), "spec.devices", []))
+    meta = new_v1.get("metadata") if isinstance(new_v1.get("metadata"), dict) else {}
+    return validate_claim_status(new_v1.get("status"), "status", names, hooks, old_value=old_v1.get("status") or {},
+                                 deleted=bool(meta.get("deletionTimestamp")))

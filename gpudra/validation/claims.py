@@ -256,9 +256,16 @@ def _validate_constraint(value: Any, path: str, names: RequestNames) -> list[Fie
     return errs
 
 
-def validate_claim_status(value: Any, path: str, names: RequestNames, hooks: Hooks) -> list[FieldError]:
+def validate_claim_status(
+    value: Any, path: str, names: RequestNames, hooks: Hooks, *, old_value: Any = None, deleted: bool = False
+) -> list[FieldError]:
+    """A claim's status. With `old_value` (the stored status: a status update), as Kubernetes' status update
+    strategy: an allocation that was already set is not validated again (it may not change, which the server
+    checks on its own: "status.allocation: field is immutable"), and while the claim is being deleted
+    (`deleted`) reservedFor may lose entries but gain none."""
     errs: list[FieldError] = []
     status = get_map(value, path, errs)
+    old = old_value if isinstance(old_value, dict) else {}
     reserved_path = child(path, "reservedFor")
     reserved = get_list(status.get("reservedFor"), reserved_path, errs)
     validate_list(
@@ -272,8 +279,16 @@ def validate_claim_status(value: Any, path: str, names: RequestNames, hooks: Hoo
     allocation = status.get("allocation")
     if reserved and allocation is None:
         errs.append(forbidden(reserved_path, "may not be specified when `allocated` is not set"))
+    elif reserved and deleted:
+        before = {_consumer_key(r) for r in old.get("reservedFor") or [] if isinstance(r, dict)}
+        if any(_consumer_key(r) not in before for r in reserved if isinstance(r, dict)):
+            errs.append(forbidden(reserved_path, "new entries may not be added while `deallocationRequested` or "
+                                                 "`deletionTimestamp` are set"))
     allocated: set[str] = set()
-    if allocation is not None:
+    if allocation is not None and old.get("allocation") is not None:
+        # Stored earlier, validated then; validation of new results is stricter than it was (admin access).
+        allocated = _allocated_devices(allocation)
+    elif allocation is not None:
         errs.extend(_validate_allocation(allocation, child(path, "allocation"), names, hooks, allocated))
     devices_path = child(path, "devices")
     devices = get_list(status.get("devices"), devices_path, errs)
@@ -287,6 +302,17 @@ def validate_claim_status(value: Any, path: str, names: RequestNames, hooks: Hoo
                 errs.append(duplicate(item_path, device_id))
             seen.add(device_id)
     return errs
+
+
+def _consumer_key(ref: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(str(ref.get(k) or "") for k in ("apiGroup", "resource", "name", "uid"))
+
+
+def _allocated_devices(allocation: Any) -> set[str]:
+    """The device IDs of an allocation's results, without validating them."""
+    devices = allocation.get("devices") if isinstance(allocation, dict) else None
+    results = devices.get("results") if isinstance(devices, dict) else None
+    return {_device_id(r) for r in results or [] if isinstance(r, dict)} if isinstance(results, list) else set()
 
 
 def _device_id(entry: dict[str, Any]) -> str:
