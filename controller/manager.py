@@ -435,6 +435,7 @@ class ControllerManager:
         for thread in self._threads:
             thread.join(timeout)
         self._threads.clear()
+        self.scheduler.close()
         if self._metrics_server is not None:
             self._metrics_server.stop()
             self._metrics_server = None
