@@ -5,7 +5,7 @@ The embedded API server runs in its own process (`gpu-dra apiserver`, validation
 cluster's would, and holds N simulated DGX A100 nodes (default 100; 8 GPUs each, slices as the node agent
 publishes them), the project's DeviceClasses and three ResourceClaimTemplates (1, 2 and 4 GPUs). The
 controller runs in this process in embedded mode on its own threads (informers + reconcile loop, no leader
-election), exactly as `gpu-dra controller --embedded` does. Then P pods (default 4 per node; 1, 2 or 4 GPUs,
+election), exactly as `gpu-dra controller --embedded` does, and has finished its first pass. Then P pods (default 4 per node; 1, 2 or 4 GPUs,
 drawn with a fixed seed) are created back to back, or at R pods per second with `--rate`; a watch on a
 second connection records when each pod gets its nodeName.
 
@@ -226,7 +226,7 @@ def verify(api: KubeApi, sizes: Mapping[str, int]) -> str:
 
 
 def _passes(manager: ControllerManager) -> int:
-    value = manager.metrics.registry.get_sample_value("gpudra_controller_reconcile_seconds_count", {"concern": "gang"})
+    value = manager.metrics.registry.get_sample_value("gpudra_controller_reconcile_seconds_count", {"concern": "scheduler"})
     return int(value or 0)
 
 
@@ -250,6 +250,12 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
         manager.start()
         if not manager.wait_synced(60.0):
             raise BenchFailed("the controller's informers did not sync within 60 s")
+        # A running controller: its first pass (which builds the allocator snapshot) is over before pods come.
+        settle = time.monotonic() + 120.0
+        while _passes(manager) < 1:
+            if time.monotonic() > settle:
+                raise BenchFailed("the controller did not finish its first pass within 120 s")
+            time.sleep(0.05)
         _, rv = api.list("Pod", namespace=NAMESPACE)
         watch_thread = threading.Thread(target=watcher.run, args=(str(rv),), name="bench-bind-watch", daemon=True)
         watch_thread.start()

@@ -320,6 +320,7 @@ class EmbeddedScheduler:
             if o.uid(pod) not in self._assumed:
                 queue.push(dict(pod))
         if not queue:
+            self._live.current()  # kept current while idle: the first pod of a burst does not pay for a rebuild
             return SchedulerOutcome()
         state = self._start_pass(view)
         tally = _Tally()

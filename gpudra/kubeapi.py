@@ -229,15 +229,7 @@ class KubeApi:
         delay = self.backoff
         for attempt in range(self.retries + 1):
             try:
-                if stream:
-                    response = self._send(method, target, data, content_type, timeout)
-                    if 200 <= response.status < 300:
-                        return response
-                    reply = Reply(response.status, {k.lower(): v for k, v in response.headers.items()},
-                                  response.read(), False)
-                    response.release_conn()
-                else:
-                    reply = self._exchange(method, target, data, content_type, timeout)
+                reply = self._exchange(method, target, data, content_type, timeout, stream=stream)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 # A create may have reached the server before the connection broke; only retry it when the
                 # connection was never established, so a retry cannot create a second object.
@@ -249,6 +241,8 @@ class KubeApi:
                 self._sleep(delay, attempt)
                 delay = min(delay * 2, self.max_backoff)
                 continue
+            if not isinstance(reply, Reply):
+                return reply  # a stream
             status = reply.status
             if 200 <= status < 300:
                 return json.loads(reply.data or b"null")
@@ -287,14 +281,17 @@ class KubeApi:
         return pool
 
     def _exchange(self, method: str, target: str, data: bytes | None, content_type: str | None,
-                  timeout: float | tuple[float, float] | None) -> Reply:
-        """One request read whole, on a connection of the host's pool with `gpudra.http1` (through urllib3 behind a
-        proxy). A kept-alive connection the server closed meanwhile is retried once on a fresh one: nothing of the
-        request was processed then, whatever its method."""
+                  timeout: float | tuple[float, float] | None, *, stream: bool = False) -> Any:
+        """One request on a connection of the host's pool with `gpudra.http1` (through urllib3 behind a proxy): a
+        Reply read whole, or with `stream` and a 2xx status a stream of lines (`http1.Stream`, or urllib3's
+        response behind a proxy) holding the connection until closed. A kept-alive connection the server closed
+        meanwhile is retried once on a fresh one: nothing of the request was processed then, whatever its method."""
         headers = self._headers(method, target, data, content_type)
         pool = self._host_pool()
         if pool is None:
             response = self._send(method, target, data, content_type, timeout, headers=headers)
+            if stream and 200 <= response.status < 300:
+                return response
             reply = Reply(response.status, {k.lower(): v for k, v in response.headers.items()}, response.read(), False)
             response.release_conn()
             return reply
@@ -307,22 +304,27 @@ class KubeApi:
                 if not reused:
                     conn.connect()
                 conn.sock.settimeout(read_timeout)
-                reply = http1.exchange(conn.sock, request, bodyless=method == "HEAD")
+                result = http1.exchange(conn.sock, request, bodyless=method == "HEAD", stream=stream)
             except http1.NothingReceived:
-                conn.close()
-                pool._put_conn(conn)  # noqa: SLF001 - a closed connection reconnects on its next use
+                self._give_back(pool, conn, close=True)
                 if reused and not fresh:
                     continue
                 raise
             except BaseException:
-                conn.close()
-                pool._put_conn(conn)  # noqa: SLF001
+                self._give_back(pool, conn, close=True)
                 raise
-            if not reply.keep_alive:
-                conn.close()
-            pool._put_conn(conn)  # noqa: SLF001
-            return reply
+            if isinstance(result, http1.Stream):
+                result.on_close = lambda: self._give_back(pool, conn, close=True)
+            else:
+                self._give_back(pool, conn, close=not result.keep_alive)
+            return result
         raise AssertionError("unreachable: the loop returns or raises")
+
+    @staticmethod
+    def _give_back(pool: Any, conn: Any, *, close: bool) -> None:
+        if close:
+            conn.close()  # it connects again on its next use
+        pool._put_conn(conn)  # noqa: SLF001
 
     def _send(self, method: str, target: str, data: bytes | None, content_type: str | None,
               timeout: float | tuple[float, float] | None, *, headers: dict[str, Any] | None = None) -> Any:

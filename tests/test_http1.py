@@ -88,3 +88,25 @@ def test_a_kept_alive_connection_the_server_closed_is_retried_once_on_a_new_one(
     finally:
         api.close()
         listener.close()
+
+
+def test_a_stream_yields_lines_across_chunk_boundaries_and_hands_its_connection_back_once() -> None:
+    left, right = socket.socketpair()
+    try:
+        right.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                      b"6\r\n{\"a\":1\r\n" b"8\r\n}\n{\"b\":2\r\n" b"2\r\n}\n\r\n" b"0\r\n\r\n")
+        stream = http1.exchange(left, b"GET /watch HTTP/1.1\r\n\r\n", stream=True)
+        assert isinstance(stream, http1.Stream)
+        handed_back: list[bool] = []
+        stream.on_close = lambda: handed_back.append(True)
+        assert list(stream) == [b'{"a":1}', b'{"b":2}']
+        stream.close()
+        stream.close()
+        assert stream.closed and handed_back == [True]
+        # An error status is read whole, not streamed.
+        right.sendall(b"HTTP/1.1 410 Gone\r\nContent-Length: 2\r\n\r\n{}")
+        reply = http1.exchange(left, b"GET /watch HTTP/1.1\r\n\r\n", stream=True)
+        assert isinstance(reply, http1.Reply) and (reply.status, reply.data) == (410, b"{}")
+    finally:
+        left.close()
+        right.close()
