@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from bench.schedule import BenchFailed, Shape, measure, pod_object, verify
+from bench.podload import pod_object
+from bench.schedule import BenchFailed, Shape, measure, verify
 from controller_helpers import create_all, gpu_class, node, sim_slices, template
 from gpudra.kubeapi import KubeApi
 
