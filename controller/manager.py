@@ -206,7 +206,8 @@ class ControllerManager:
     def _expand_pod(self, pod: o.Obj, index: GeneratedClaims, templates: Mapping[str, o.Obj]) -> list[o.Obj]:
         if o.key(pod) in self._held:
             return []  # its PodGroup shares its claims (DRAWorkloadResourceClaims): no per-pod claims
-        created, problems = self.claims.expand_pod(pod, index, templates)
+        # The scheduler allocates these claims next: they are created protected.
+        created, problems = self.claims.expand_pod(pod, index, templates, protected=True)
         for problem in problems:
             log.debug("reconcile problem", extra={"problem": problem})
         return created

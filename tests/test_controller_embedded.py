@@ -314,3 +314,18 @@ def test_a_failed_binding_gives_its_devices_back_and_the_pod_is_placed_on_the_ne
     assert m.step().pods_bound == 1
     (claim_x,) = claims_of(api).values()
     assert len(devices_of(claim_x)) == 8 and api.get("Pod", "x", "default")["spec"]["nodeName"] == "node-a"
+
+
+def test_claims_the_scheduler_expands_are_created_protected_and_lose_the_finalizer_while_unallocated(apiserver: Any) -> None:
+    api = apiserver.api
+    _cluster(api)
+    create_all(api, [template("gpu-16", 16), pod("big", templates={"gpu": "gpu-16"})])
+    m = manager(api)
+    assert m.step().pods_unschedulable == 1
+    (claim_big,) = claims_of(api).values()
+    # Created for placement right away, so with kube-scheduler's finalizer already on it...
+    assert claim_big["metadata"]["finalizers"] == [DELETE_PROTECTION_FINALIZER] and "allocation" not in claim_big.get("status", {})
+    # ...which the release pass takes off a claim that stays unallocated, as for any claim nobody holds.
+    m.step()
+    (claim_big,) = claims_of(api).values()
+    assert DELETE_PROTECTION_FINALIZER not in (claim_big["metadata"].get("finalizers") or [])
