@@ -19,7 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.report import emit
-from bench.schedule import ServerProcess, node_object, pod_object
+from bench.podload import pod_object
+from bench.schedule import ServerProcess, node_object
 from bench.stats import peak_rss_mib
 from gpudra.kubeapi import KubeApi
 

@@ -81,10 +81,11 @@ def unsupported_class_errors(obj: object) -> list[str]:
 
 def validation_admission(driver_name: str = DEFAULT_DRIVER_NAME, kubernetes_version: str = "1.37") -> Admission:
     """The embedded API server's admission: Kubernetes' validation (of that release) with both hooks, then our
-    class refusals."""
+    class refusals. Those are checked on create only: what they look at (a DeviceClass's name, a claim's or
+    template's spec) cannot change afterwards."""
     kubernetes = validating_admission(cel_checker(), opaque_validators(driver_name), kubernetes_version)
 
     def admit(obj: dict[str, Any], old: dict[str, Any] | None) -> list[str]:
-        return kubernetes(obj, old) + unsupported_class_errors(obj)
+        return kubernetes(obj, old) + (unsupported_class_errors(obj) if old is None else [])
 
     return admit

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from gpudra.conversion import storage_view, to_storage
-from gpudra.jsoncopy import deep_copy
 from gpudra.manifests import load_objects
 from gpudra.validation import validate_object, validate_update
 
@@ -167,30 +166,6 @@ def test_v1beta1_conversion_result_is_unchanged() -> None:
     obj = _corpus()[-1]
     assert storage_view(obj)["spec"]["devices"]["requests"] == [
         {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 2}}]
-
-
-# ----- deep copies of JSON values ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("value", [
-    None, 1, 2.5, True, "s", [], {},
-    {"a": [1, {"b": [None, "x", {"c": {}}]}], "d": {"e": [[1, 2], [3]]}},
-])
-def test_deep_copy_equals_and_shares_no_container(value: Any) -> None:
-    out = deep_copy(value)
-    assert out == value and type(out) is type(value)
-    if isinstance(value, dict) and value:
-        out["a"][1]["b"].append("new")
-        out["d"]["e"][0][0] = 99
-        assert value["a"][1]["b"] == [None, "x", {"c": {}}] and value["d"]["e"][0][0] == 1
-
-
-def test_deep_copy_turns_tuples_and_mapping_subclasses_into_plain_json_containers() -> None:
-    from collections import OrderedDict
-
-    out = deep_copy(OrderedDict(a=(1, [2]), b={"c": (3,)}))
-    assert out == {"a": [1, [2]], "b": {"c": [3]}}
-    assert type(out) is dict and type(out["a"]) is list and type(out["b"]["c"]) is list
 
 
 # ----- through the API server's admission ------------------------------------------------------------------------

@@ -318,9 +318,13 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         try:
-            url = urlsplit(self.path)
-            query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
-            self._route(method, url.path, query)
+            if self.path.startswith("/") and "#" not in self.path:
+                path, _, raw_query = self.path.partition("?")  # what urlsplit gives for an origin-form target
+            else:
+                url = urlsplit(self.path)
+                path, raw_query = url.path, url.query
+            query = {k: v[-1] for k, v in parse_qs(raw_query, keep_blank_values=True).items()} if raw_query else {}
+            self._route(method, path, query)
         except st.StatusError as err:
             self._drain()
             self._send_error(err)
@@ -428,7 +432,10 @@ class ApiHandler(BaseHTTPRequestHandler):
         dry_run = query.get("dryRun", "")
         if dry_run not in ("", "All"):
             raise st.bad_request(f"dryRun: Unsupported value: {json.dumps(dry_run)}: supported values: \"All\"")
-        with self.ctx.store.dry_run(dry_run == "All"):
+        if dry_run:
+            with self.ctx.store.dry_run():
+                self._serve(method, route, query)
+        else:
             self._serve(method, route, query)
 
     def _discovery(self, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | tuple[bytes, str] | None:

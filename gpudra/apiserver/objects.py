@@ -8,9 +8,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gpudra.apiserver.resources import ResourceType
-from gpudra.jsoncopy import deep_copy
-
-__all__ = ["deep_copy"]  # re-exported: the store copies objects through this module
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpudra.jsoncopy import deep_copy
+from gpudra.jsoncopy import copy_json
 
 _SCALARS = frozenset({"str", "int", "bool", "float", "datetime", "date", "bytearray", "bytes"})
 _TABLE = Path(__file__).with_name("schema_fields.json")
@@ -207,7 +207,7 @@ def _walk_node(node: _Node, value: Any, path: str, unknown: list[str], errors: l
             _type_error(errors, value, struct, path, _go_type(node[1]))
         return value
     if kind == "o":
-        return deep_copy(value)
+        return copy_json(value)
     if kind == "l":
         if not isinstance(value, list):
             _type_error(errors, value, struct, path, _go_type(node[2]))

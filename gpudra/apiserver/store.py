@@ -25,6 +25,7 @@ from gpudra.apiserver.patch import PatchError, json_patch, merge_patch
 from gpudra.apiserver.persistence import Change, SqliteLog, StorageError
 from gpudra.apiserver.resources import Registry, ResourceType
 from gpudra.apiserver.selectors import FieldSelector, LabelSelector, labels_of
+from gpudra.jsoncopy import copy_json
 from gpudra.validation.workloads import KINDS as WORKLOAD_KINDS
 from gpudra.validation.workloads import validate_workload_api_object
 
@@ -211,7 +212,7 @@ class Store:
         version = version or rt.version
         model = schema.model_name(rt.group, version, rt.kind)
         if model is None:
-            return o.deep_copy(obj)  # type: ignore[no-any-return]
+            return copy_json(obj)  # type: ignore[no-any-return]
         report = schema.check_fields(model, obj)
         if report.type_errors:
             raise st.bad_request(f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: json: '
@@ -583,7 +584,7 @@ class Store:
             if om.get("deletionTimestamp"):
                 return old
             if om.get("finalizers") or rt.kind == "Namespace":
-                new = o.deep_copy(old)
+                new = copy_json(old)
                 nm = new["metadata"]
                 nm["deletionTimestamp"] = o.now_rfc3339()
                 nm["deletionGracePeriodSeconds"] = 0
@@ -599,7 +600,7 @@ class Store:
             dep = self._objects[rt].get((ns, name))
             if dep is None:
                 continue
-            new = o.deep_copy(dep)
+            new = copy_json(dep)
             refs = [r for r in new["metadata"].get("ownerReferences") or [] if r.get("uid") != owner_uid]
             if refs:
                 new["metadata"]["ownerReferences"] = refs
