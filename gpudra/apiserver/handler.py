@@ -22,7 +22,7 @@ from gpudra.apiserver.openapi import openapi_group_version, openapi_root, openap
 from gpudra.apiserver.podlogs import PodLogSource, parse_cri_log
 from gpudra.apiserver.serving import wait_ready
 from gpudra.apiserver.selectors import FieldSelector, LabelSelector, SelectorError
-from gpudra.apiserver.store import FIELD_VALIDATION, FieldPolicy, Filter, Store
+from gpudra.apiserver.store import FIELD_VALIDATION, Event, FieldPolicy, Filter, Store, Watcher
 from gpudra.apiserver.tables import INCLUDE_OBJECT, to_table, wants_table
 from gpudra.conversion import ConversionError, from_storage, split_api_version, to_storage
 
@@ -679,6 +679,9 @@ class ApiHandler(BaseHTTPRequestHandler):
             send(etype, obj)
         if send_initial and bookmarks:
             self._bookmark(r, watcher.pos, initial_end=True)
+        if shared and self.ctx.store.pushes:
+            self._pushed_watch(r, watcher, started, timeout_s, bookmarks)
+            return
         last_sent = time.monotonic()
         try:
             while not self.ctx.stopping:
@@ -711,6 +714,74 @@ class ApiHandler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         except OSError:  # the client went away or stopped reading
             return
+
+    def _pushed_watch(self, r: Route, watcher: Watcher, started: float, timeout_s: int | None,
+                      bookmarks: bool) -> None:
+        """The rest of a plain JSON watch whose events the writing threads send (Store.push_to). This thread
+        sends what they could not (a client slow to read), bookmarks and the end, and notices a client that
+        left; it wakes only for that."""
+        unsent = [b""]
+
+        def push(events: list[tuple[str, Event]]) -> bool:
+            data = self._chunk_bytes(b"".join(ev.line(etype) for etype, ev in events))
+            view = memoryview(data)
+            sent = 0
+            while sent < len(view):
+                try:
+                    sent += self.connection.send(view[sent:])
+                except (BlockingIOError, InterruptedError):
+                    unsent[0] = bytes(view[sent:])
+                    return False
+                except OSError:
+                    return False  # gone: this thread notices on its next write or look at the connection
+            watcher.pushed_at = time.monotonic()
+            return True
+
+        store = self.ctx.store
+        watcher.pushed_at = time.monotonic()
+        watcher.poked.set()  # events since the watch began are sent by the first pass
+        store.push_to(watcher, push)
+        try:
+            while not self.ctx.stopping:
+                now = time.monotonic()
+                if timeout_s is not None and now - started >= timeout_s:
+                    break
+                wait = _WATCH_POLL_S
+                if timeout_s is not None:
+                    wait = min(wait, timeout_s - (now - started))
+                if bookmarks:
+                    wait = min(wait, max(0.0, self.ctx.bookmark_interval - (now - watcher.pushed_at)))
+                watcher.poked.wait(max(wait, 0.0))
+                watcher.poked.clear()
+                with watcher.delivery:
+                    if unsent[0]:
+                        self.wfile.write(unsent[0])
+                        unsent[0] = b""
+                    watcher.stalled = False
+                    try:
+                        events = watcher.ready_events()
+                        if events is None:
+                            events = watcher.next_events(0.0)  # raises the 410
+                    except st.StatusError as err:
+                        self._chunk("ERROR", err.body())
+                        break
+                    if events:
+                        self._chunk_line(b"".join(ev.line(etype) for etype, ev in events))
+                        watcher.pushed_at = time.monotonic()
+                    elif self._client_gone():
+                        return
+                    elif bookmarks and time.monotonic() - watcher.pushed_at >= self.ctx.bookmark_interval:
+                        self._bookmark(r, watcher.pos)
+                        watcher.pushed_at = time.monotonic()
+            store.stop_pushing(watcher)
+            with watcher.delivery:
+                if unsent[0]:
+                    self.wfile.write(unsent[0])
+                self.wfile.write(b"0\r\n\r\n")
+        except OSError:  # the client went away or stopped reading
+            return
+        finally:
+            store.stop_pushing(watcher)
 
     # ----- pods/log ------------------------------------------------------------------------------------------
 
@@ -814,7 +885,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._chunk_line(_encode({"type": etype, "object": obj}) + b"\n")
 
     def _chunk_line(self, line: bytes) -> None:
-        self.wfile.write(b"%x\r\n%b\r\n" % (len(line), line))
+        self.wfile.write(self._chunk_bytes(line))
+
+    @staticmethod
+    def _chunk_bytes(line: bytes) -> bytes:
+        return b"%x\r\n%b\r\n" % (len(line), line)
 
     def _client_gone(self) -> bool:
         """Whether the watching client closed its end (it sends nothing on a watch, so EOF means gone)."""

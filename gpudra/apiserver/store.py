@@ -81,7 +81,13 @@ def _durable(method: F) -> F:
     @functools.wraps(method)
     def wrapper(self: Store, *args: Any, **kwargs: Any) -> Any:
         self._tls.rv = 0
-        result = method(self, *args, **kwargs)
+        self._tls.published = published = set()
+        try:
+            result = method(self, *args, **kwargs)
+        finally:
+            self._tls.published = None
+            for rt in published:
+                self._push(rt)
         if self._log is not None and self._tls.rv:
             try:
                 self._log.wait_durable(self._tls.rv)
@@ -123,6 +129,7 @@ class Store:
         # Watchers wait per resource type and are woken only by events of their type.
         self._rt_conds = {rt: threading.Condition(self._lock) for rt in registry.types}
         self._rt_visible = {rt: 0 for rt in registry.types}  # newest event of each type watchers may see
+        self._pushed: dict[ResourceType, set[Watcher]] = {}  # watchers sent to by writing threads (push_to)
         self._visible = 0  # every event up to here is visible to watchers (committed, when durable)
         self._log: SqliteLog | None = None
         # resourceVersions after the last commit before a restart and before where it continued: a reader may
@@ -329,11 +336,61 @@ class Store:
         return event_obj
 
     def _publish_locked(self, rv: int, rts: Any) -> None:
-        """Make events up to `rv` visible to watchers and wake the watchers of the types in `rts`."""
+        """Make events up to `rv` visible to watchers and wake the watchers of the types in `rts`. Pushed
+        watchers (push_to) get them from the writing thread once its call returns (see _durable), or are
+        woken when there is no such thread (the durable log's, the garbage collector's)."""
         self._visible = max(self._visible, rv)
+        published = getattr(self._tls, "published", None)
         for rt in set(rts):
             self._rt_visible[rt] = max(self._rt_visible[rt], rv)
             self._rt_conds[rt].notify_all()
+            pushed = self._pushed.get(rt)
+            if pushed:
+                if published is not None:
+                    published.add(rt)
+                else:
+                    for watcher in tuple(pushed):
+                        watcher.poked.set()
+
+    @property
+    def pushes(self) -> bool:
+        """Whether writes send pushed watchers their events themselves: in memory, where an event is visible
+        once written. A durable store publishes from its log's thread, which wakes each watch instead."""
+        return self._log is None
+
+    def push_to(self, watcher: Watcher, push: Callable[[list[tuple[str, Event]]], bool]) -> None:
+        """Deliver `watcher`'s events from the threads that write them: `push(events)` sends them without
+        blocking (False when it could not send them all). A watch thread wakes for each event it is to send;
+        a write that sends it itself saves that wake-up (and its thread switches) for every watcher.
+        The watch's own thread still sends what a push could not, with `watcher.delivery` held."""
+        watcher.push = push
+        with self._lock:
+            self._pushed.setdefault(watcher.flt.rt, set()).add(watcher)
+
+    def stop_pushing(self, watcher: Watcher) -> None:
+        with self._lock:
+            self._pushed.get(watcher.flt.rt, set()).discard(watcher)
+        watcher.push = None
+
+    def _push(self, rt: ResourceType) -> None:
+        """Send the new events of `rt` to its pushed watchers, from this (writing) thread."""
+        for watcher in tuple(self._pushed.get(rt, ())):
+            if not watcher.delivery.acquire(blocking=False):
+                watcher.poked.set()  # its thread (or another writer) is sending: it sends these next
+                continue
+            try:
+                push = watcher.push
+                if push is None or watcher.stalled:
+                    watcher.poked.set()
+                    continue
+                events = watcher.ready_events()
+                if events is None:
+                    watcher.poked.set()  # compacted: its thread reports it
+                elif events and not push(events):
+                    watcher.stalled = True  # a slow client: its thread sends the rest, and what follows
+                    watcher.poked.set()
+            finally:
+                watcher.delivery.release()
 
     def _on_durable(self, rv: int, batch: list[Change]) -> None:
         with self._lock:
@@ -707,6 +764,9 @@ class Store:
             self._cond.notify_all()
             for cond in self._rt_conds.values():
                 cond.notify_all()
+            for pushed in self._pushed.values():
+                for watcher in pushed:
+                    watcher.poked.set()
         if self._log is not None:
             self._log.close()
 
@@ -781,6 +841,13 @@ class Watcher:
         self.flt = flt
         self.pos = start
         self.initial = initial
+        # Pushed delivery (Store.push_to): whoever sends this watch's events holds `delivery`, so that they
+        # go out in order and once; `poked` wakes the watch's thread to send what writers could not.
+        self.push: Callable[[list[tuple[str, Event]]], bool] | None = None
+        self.delivery = threading.Lock()
+        self.poked = threading.Event()
+        self.stalled = False
+        self.pushed_at = 0.0  # when events were last sent (for the bookmark interval)
 
     def initial_events(self) -> Iterator[tuple[str, dict[str, Any]]]:
         for obj in self.initial:
@@ -794,7 +861,15 @@ class Watcher:
         got = self.store.wait_events(self.flt.rt, self.pos, timeout)
         if got is None:
             raise st.expired(self.pos, self.store._floor)
-        events, newest = got
+        return self._translate(*got)
+
+    def ready_events(self) -> list[tuple[str, Event]] | None:
+        """next_events without waiting; None (instead of raising) when compacted."""
+        with self.store._lock:
+            got = self.store._events_after(self.flt.rt, self.pos)
+        return None if got is None else self._translate(*got)
+
+    def _translate(self, events: list[Event], newest: int) -> list[tuple[str, Event]]:
         out: list[tuple[str, Event]] = []
         flt = self.flt
         for ev in events:
