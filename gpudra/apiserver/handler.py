@@ -89,8 +89,11 @@ class Route:
             raise st.bad_request(f"{self.rt.kind} in {self.rt.api_version_at(version)}: {exc.path}: {exc}")
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # one for every response (json.dumps would build one per call)
+
+
 def _encode(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+    return _ENCODER.encode(value).encode()
 
 
 class SocketWriter:
@@ -217,6 +220,9 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature fixed by the base class
         return  # per-request access logs would swamp the structured logs of the processes using us
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        return  # as log_message, without formatting a line for nobody
 
     # ----- plumbing ------------------------------------------------------------------------------------------
 

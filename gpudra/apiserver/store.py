@@ -42,8 +42,12 @@ FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# One encoder for every write (json.dumps with options builds a new one per call).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def _encode(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+    return _ENCODER.encode(value).encode()
 
 
 @dataclass(frozen=True)
