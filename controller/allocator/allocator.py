@@ -9,7 +9,10 @@ changes which devices a successful search picks:
   constraints, capacity) rejects it (upstream leaks them in that case);
 - shareIDs are derived deterministically from the claim and device instead of random bytes;
 - failed sub-searches are memoised by (position, devices picked so far) so that permutations of
-  the same devices are not re-explored: they would fail the same way.
+  the same devices are not re-explored: they would fail the same way;
+- a request whose devices a matchAttribute value already narrows fails at once when fewer free devices
+  have that value than it still needs, once every free device has been checked for it in the call (so
+  no error the full search would raise is skipped).
 """
 
 from __future__ import annotations
@@ -423,6 +426,10 @@ class _Run:
             return out
 
         admin = request.admin
+        if self.memo_ok and not admin and self._cannot_complete(ci, ri, si, rd, rd.num - di):
+            if memo_key is not None:
+                self.failed.add(memo_key)
+            return _FAIL
         in_use = self.snap.allocated
         allocating = self.allocating
         for pool in self.pools:
@@ -453,6 +460,46 @@ class _Run:
         if memo_key is not None:
             self.failed.add(memo_key)
         return _FAIL
+
+    def _cannot_complete(self, ci: int, ri: int, si: int, rd: _ReqData, need: int) -> bool:
+        """Whether the loop over devices below is sure to fail without raising: a matchAttribute of the claim
+        already holds a value, and fewer free devices have it (and are selectable) than the request still needs.
+
+        Only sound where the search depends on the set of devices picked (memo_ok) and every free device has
+        been through this request's checks earlier in the run (its selector results are in match_cache): the
+        loop would then evaluate nothing new, so it cannot raise a selector error; a device whose constrained
+        attribute has an unknown type could raise in a constraint check, so its presence disables this.
+        Counters and taints only ever reject more devices, so the count is an upper bound."""
+        request = rd.request
+        states = [st for st in self.constraints[ci] if st.applies(request)]
+        fixed = [st for st in states if st.count]
+        if not fixed:
+            return False
+        in_use = self.snap.allocated
+        allocating = self.allocating
+        cache = self.match_cache
+        binding = self.binding
+        left = 0
+        for pool in self.pools:
+            if pool.incomplete or pool.invalid:
+                continue
+            for sl in pool.slices:
+                for dev in sl.devices:
+                    did = dev.id
+                    if did in in_use or allocating.get(did):
+                        continue
+                    if not binding and dev.binding_conditions:
+                        continue  # never selectable
+                    selectable = cache.get((dev.uid, ci, ri, si))
+                    if selectable is None:
+                        return False  # not looked at yet in this run: the loop would evaluate it
+                    if any(dev.attribute(st.attribute) == UNKNOWN_ATTRIBUTE for st in states):
+                        return False
+                    if selectable and all(dev.attribute(st.attribute) == st.value for st in fixed):
+                        left += 1
+                        if left >= need:
+                            return False
+        return True
 
     def _selectable(self, ci: int, ri: int, si: int, rd: _ReqData, dev: Device) -> bool:
         if not self.binding and dev.binding_conditions:
