@@ -437,7 +437,7 @@ class _Run:
                 continue
             for sl in pool.slices:
                 for dev in sl.devices:
-                    did = (sl.driver, sl.pool, dev.name)
+                    did = dev.id
                     if admin:
                         users = allocating.get(did)
                         if users and ci in users:
@@ -448,7 +448,7 @@ class _Run:
                         continue
                     if self.f.consumable_capacity and not self._capacity_fits(request, dev):
                         continue
-                    undo = self._allocate_device(ci, rd, dev, pool, must=False)
+                    undo = self._allocate_device(ci, rd, dev, pool, must=False, capacity_checked=True)
                     if undo is None:
                         continue
                     out = self._one(ci, ri, si, di + 1, in_sub)
@@ -534,7 +534,10 @@ class _Run:
         return cap.fits(dev.raw.get("capacity") or {}, request.capacity, consumed, allocating,
                         self.f.fractional_capacity_range)
 
-    def _allocate_device(self, ci: int, rd: _ReqData, dev: Device, pool: Pool, must: bool) -> Callable[[], None] | None:
+    def _allocate_device(self, ci: int, rd: _ReqData, dev: Device, pool: Pool, must: bool,
+                         capacity_checked: bool = False) -> Callable[[], None] | None:
+        """Add `dev` to claim `ci` for `rd`; the undo, or None when it cannot be. `capacity_checked`: the caller has
+        just found that the request fits the device's capacity (nothing in between changes that)."""
         request = rd.request
         did = dev.id
         multi = self.f.consumable_capacity and dev.allow_multiple
@@ -563,7 +566,7 @@ class _Run:
         consumed: dict[str, Quantity] | None = None
         share_id: str | None = None
         if self.f.consumable_capacity:
-            if not self._capacity_fits(request, dev):
+            if not capacity_checked and not self._capacity_fits(request, dev):
                 release_counters()
                 return None
             if multi:
