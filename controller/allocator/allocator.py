@@ -193,6 +193,9 @@ class Allocator:
         self.features = features or Features()
         self.cel_env = cel_env
         self._compiled: dict[str, Any] = {}
+        # The view last built for a device that does not keep one: its class and request selectors run one
+        # after the other, so they share it.
+        self._recent_view: tuple[Device, Any] | None = None
 
     def allocate(self, node_name: str, claims: Sequence[Claim | Mapping[str, Any]]) -> list[dict[str, Any]] | Unschedulable:
         """One Filter call: all claims together on `node_name`. Raises AllocationError for fatal errors."""
@@ -227,6 +230,17 @@ class Allocator:
                      "with has() for optional fields")
         return f"{owner}: selector #{index} on device {dev.slice.driver}/{dev.slice.pool}/{dev.name}: {text}{ours}"
 
+    def _view(self, dev: Device) -> Any:
+        """The device's CEL view. Most selectors are answered from results shared by devices of one model
+        (Selector's footprint) without evaluation data, so a view is kept on the device only once an evaluation
+        stored some in it: thousands of views kept only to be read once would be collected again and again."""
+        recent = self._recent_view
+        if recent is not None and recent[0] is dev:
+            return recent[1]
+        view = dev.cel_view(keep=False)
+        self._recent_view = (dev, view)
+        return view
+
     def selector_matches(self, dev: Device, expr: str) -> bool | str:
         """True/False, or the error text (compile errors start with 'CEL compile error: ')."""
         key = (dev.uid, expr)
@@ -247,13 +261,15 @@ class Allocator:
         if isinstance(program, Exception):
             result = f"CEL compile error: {program}"
         else:
-            view = dev.cel_view()
+            view = self._view(dev)
             try:
                 result = bool(program.matches(view))
             except Exception as exc:  # noqa: BLE001 - any runtime failure is fatal, with Kubernetes' text
                 # Kubernetes' text, then (placed last by _selector_error) what the device has and the closest name.
                 hint = missing_key_hint(str(exc), view.attributes, view.capacity, view.name or dev.name)
                 result = f"CEL runtime error: {exc}" + (HINT_SEPARATOR + hint if hint else "")
+            if view._cel_cache and dev._view is None:
+                dev._view = view  # it holds evaluation data now: keep it for the device's other selectors
         cache[key] = result if isinstance(result, bool) else AllocationError(result)
         return result
 

@@ -76,12 +76,16 @@ class Device:
         """Kubernetes' lookupAttribute: the fully qualified name, or the bare id when the domain is the driver's."""
         return self._lookup.get(qualified)
 
-    def cel_view(self) -> Any:
-        if self._view is None:
-            from controller.cel import DeviceView  # the CEL runtime is only needed once a selector runs
+    def cel_view(self, keep: bool = True) -> Any:
+        """The device as CEL sees it; kept on the device unless `keep` is false (then built anew on each call)."""
+        if self._view is not None:
+            return self._view
+        from controller.cel import DeviceView  # the CEL runtime is only needed once a selector runs
 
-            self._view = DeviceView.from_slice_device(self.slice.driver, dict(self.raw))
-        return self._view
+        view = DeviceView.from_slice_device(self.slice.driver, dict(self.raw))
+        if keep:
+            self._view = view
+        return view
 
 
 @dataclass(eq=False)
