@@ -296,6 +296,8 @@ class _Run:
         self.chosen: list[tuple[DeviceID, int, str]] = []
         self.memo_ok = True
         self.binding = binding_enabled(self.f)
+        self._usable: list[Device] | None = None
+        self._unknown: dict[str, bool] = {}
 
     # ---- setup ----------------------------------------------------------------------------------
 
@@ -484,11 +486,16 @@ class _Run:
         Only sound where the search depends on the set of devices picked (memo_ok) and every free device has
         been through this request's checks earlier in the run (its selector results are in match_cache): the
         loop would then evaluate nothing new, so it cannot raise a selector error; a device whose constrained
-        attribute has an unknown type could raise in a constraint check, so its presence disables this.
+        attribute has an unknown type could raise in a constraint check, so one on the node disables this.
         Counters and taints only ever reject more devices, so the count is an upper bound."""
         request = rd.request
-        states = [st for st in self.constraints[ci] if st.applies(request)]
-        fixed = [st for st in states if st.count]
+        fixed: list[tuple[str, AttrValue | None]] = []
+        for st in self.constraints[ci]:
+            if st.applies(request):
+                if self._has_unknown(st.attribute):
+                    return False
+                if st.count:
+                    fixed.append((st.attribute, st.value))
         if not fixed:
             return False
         in_use = self.snap.allocated
@@ -496,26 +503,39 @@ class _Run:
         cache = self.match_cache
         binding = self.binding
         left = 0
-        for pool in self.pools:
-            if pool.incomplete or pool.invalid:
+        for dev in self._usable_devices():
+            did = dev.id
+            if did in in_use or allocating.get(did):
                 continue
-            for sl in pool.slices:
-                for dev in sl.devices:
-                    did = dev.id
-                    if did in in_use or allocating.get(did):
-                        continue
-                    if not binding and dev.binding_conditions:
-                        continue  # never selectable
-                    selectable = cache.get((dev.uid, ci, ri, si))
-                    if selectable is None:
-                        return False  # not looked at yet in this run: the loop would evaluate it
-                    if any(dev.attribute(st.attribute) == UNKNOWN_ATTRIBUTE for st in states):
+            if not binding and dev.binding_conditions:
+                continue  # never selectable
+            selectable = cache.get((dev.uid, ci, ri, si))
+            if selectable is None:
+                return False  # not looked at yet in this run: the loop would evaluate it
+            if selectable:
+                for attribute, value in fixed:
+                    if dev.attribute(attribute) != value:
+                        break
+                else:
+                    left += 1
+                    if left >= need:
                         return False
-                    if selectable and all(dev.attribute(st.attribute) == st.value for st in fixed):
-                        left += 1
-                        if left >= need:
-                            return False
         return True
+
+    def _usable_devices(self) -> list[Device]:
+        """The devices the search loop walks (pools neither incomplete nor invalid), in its order."""
+        if self._usable is None:
+            self._usable = [dev for pool in self.pools if not (pool.incomplete or pool.invalid)
+                            for sl in pool.slices for dev in sl.devices]
+        return self._usable
+
+    def _has_unknown(self, attribute: str) -> bool:
+        """Whether a device the search may look at has `attribute` with a value of unknown type."""
+        found = self._unknown.get(attribute)
+        if found is None:
+            found = self._unknown[attribute] = any(dev.attribute(attribute) == UNKNOWN_ATTRIBUTE
+                                                   for dev in self._usable_devices())
+        return found
 
     def _selectable(self, ci: int, ri: int, si: int, rd: _ReqData, dev: Device) -> bool:
         if not self.binding and dev.binding_conditions:
