@@ -5,33 +5,35 @@ The embedded API server runs in its own process (`gpu-dra apiserver`, validation
 cluster's would, and holds N simulated DGX A100 nodes (default 100; 8 GPUs each, slices as the node agent
 publishes them), the project's DeviceClasses and three ResourceClaimTemplates (1, 2 and 4 GPUs). The
 controller runs in this process in embedded mode on its own threads (informers + reconcile loop, no leader
-election), exactly as `gpu-dra controller --embedded` does. Then P pods (default 4 per node; 1, 2 or 4 GPUs,
-drawn with a fixed seed) are created back to back, or at R pods per second with `--rate`; a watch on a
-second connection records when each pod gets its nodeName.
+election), exactly as `gpu-dra controller --embedded` does, and has finished its first pass. Then a third
+process (`bench.podload`, as a cluster's users are) creates P pods (default 4 per node; 1, 2 or 4 GPUs, drawn
+with a fixed seed) back to back, or at R pods per second with `--rate`, and a watch on its second connection
+records when each pod gets its nodeName.
 
 Measured: pods/s from the first create until the last pod is bound, per-pod latency (create returned ->
-binding seen by the watch) p50/p99, controller passes, CPU time per pod of this process (controller, pod
-creation and the watch) and of the API server process, peak RSS of each. `placementDigest` hashes each pod's
-node and devices in pod order (equal digests, equal placements). The outcome is verified afterwards from the
-API: every pod bound, every claim allocated on its pod's node with the requested number of devices, no
-device allocated twice. Any violation fails the run (exit 1).
+binding seen by the watch) p50/p99, controller passes, CPU time per pod of the controller's process, of the
+API server's and of the pod creator's, peak RSS of the first two. `placementDigest` hashes each pod's node and
+devices in pod order (equal digests, equal placements). The outcome is verified afterwards from the API: every
+pod bound, every claim allocated on its pod's node with the requested number of devices, no device allocated
+twice. Any violation fails the run (exit 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import random
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.podload import NAMESPACE, POD_SHAPES, pod_sizes
 from bench.report import emit
 from controller import objects as o
 from controller.manager import ControllerConfig, ControllerManager
@@ -44,12 +46,9 @@ from gpudra.kubeapi import KubeApi
 from gpudra.manifests import load_objects
 
 DRIVER = DEFAULT_DRIVER_NAME
-NAMESPACE = "default"
 DEVICE_CLASSES = Path(__file__).resolve().parents[1] / "manifests" / "base" / "deviceclasses.yaml"
 PROFILE = "sim:dgx-a100"
 GPUS_PER_NODE = 8
-# (GPUs per pod, weight): 1.8 GPUs per pod on average, so 400 pods take about 90% of 100 x 8 GPUs.
-POD_SHAPES: tuple[tuple[int, float], ...] = ((1, 0.5), (2, 0.35), (4, 0.15))
 
 
 class BenchFailed(Exception):
@@ -123,29 +122,6 @@ class ServerProcess:
                 self.proc.wait(10)
 
 
-@dataclass
-class BindWatch:
-    """Records, from a watch on its own connection, when each pod was first seen with a nodeName."""
-
-    api: KubeApi
-    bound_at: dict[str, float] = field(default_factory=dict)
-    stop: threading.Event = field(default_factory=threading.Event)
-    all_bound: threading.Event = field(default_factory=threading.Event)
-    expected: int = 0
-    error: str = ""
-
-    def run(self, resource_version: str) -> None:
-        try:
-            for _, pod in self.api.watch("Pod", namespace=NAMESPACE, resource_version=resource_version, stop=self.stop):
-                if o.section(pod, "spec").get("nodeName") and o.name(pod) not in self.bound_at:
-                    self.bound_at[o.name(pod)] = time.perf_counter()
-                    if len(self.bound_at) >= self.expected:
-                        self.all_bound.set()
-        except Exception as err:  # noqa: BLE001 - reported by the main thread, which fails the run
-            self.error = f"pod watch failed: {err}"
-            self.all_bound.set()
-
-
 def node_object(name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}
 
@@ -155,19 +131,6 @@ def template(count: int) -> dict[str, Any]:
             "metadata": {"name": f"gpu-{count}", "namespace": NAMESPACE},
             "spec": {"spec": {"devices": {"requests": [
                 {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": count}}]}}}}
-
-
-def pod_object(name: str, gpus: int) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"gpus": str(gpus)}},
-            "spec": {"containers": [{"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
-                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": f"gpu-{gpus}"}]}}
-
-
-def pod_sizes(seed: int, pods: int) -> list[int]:
-    rng = random.Random(seed)
-    counts = [c for c, _ in POD_SHAPES]
-    weights = [w for _, w in POD_SHAPES]
-    return rng.choices(counts, weights, k=pods)
 
 
 def populate(api: KubeApi, nodes: int) -> None:
@@ -226,8 +189,41 @@ def verify(api: KubeApi, sizes: Mapping[str, int]) -> str:
 
 
 def _passes(manager: ControllerManager) -> int:
-    value = manager.metrics.registry.get_sample_value("gpudra_controller_reconcile_seconds_count", {"concern": "gang"})
+    value = manager.metrics.registry.get_sample_value("gpudra_controller_reconcile_seconds_count", {"concern": "scheduler"})
     return int(value or 0)
+
+
+class LoadProcess:
+    """`python -m bench.podload` in a child process: it creates the pods and watches them get bound."""
+
+    def __init__(self, url: str, seed: int, shape: Shape) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.podload", url, str(seed), str(shape.pods), str(shape.rate or 0),
+             str(shape.timeout)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).resolve().parents[1]))
+        line = self.proc.stdout.readline().strip() if self.proc.stdout is not None else ""
+        if line != "ready":
+            self.stop()
+            raise BenchFailed(f"the pod load process did not start (printed {line!r})")
+
+    def run(self, timeout: float) -> dict[str, Any]:
+        """Start creating; the result once every pod is bound (or the load process gave up)."""
+        try:
+            out, _ = self.proc.communicate("go\n", timeout=timeout + 60.0)
+        except subprocess.TimeoutExpired:
+            raise BenchFailed(f"the pod load process did not finish within {timeout + 60.0:.0f} s") from None
+        try:
+            result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise BenchFailed(f"the pod load process printed no result ({out.strip()[-200:]!r})") from None
+        if result.get("error"):
+            raise BenchFailed(str(result["error"]))
+        return result
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
 
 
 def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
@@ -239,40 +235,32 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
     server = ServerProcess()
     url = server.url
     api = KubeApi.connect(url=url)
-    watch_api = KubeApi.connect(url=url)
     config = ControllerConfig(driver_name=DRIVER, embedded=True, leader_elect=False, identity="bench-schedule",
                               tick=1.0, resync_period=600.0)
     controller_api = CountingKubeApi.connect(url=url)
     manager = ControllerManager(controller_api, config)
-    watcher = BindWatch(watch_api, expected=len(sizes))
+    load: LoadProcess | None = None
     try:
         populate(api, shape.nodes)
         manager.start()
         if not manager.wait_synced(60.0):
             raise BenchFailed("the controller's informers did not sync within 60 s")
-        _, rv = api.list("Pod", namespace=NAMESPACE)
-        watch_thread = threading.Thread(target=watcher.run, args=(str(rv),), name="bench-bind-watch", daemon=True)
-        watch_thread.start()
+        # A running controller: its first pass (which builds the allocator snapshot) is over before pods come.
+        settle = time.monotonic() + 120.0
+        while _passes(manager) < 1:
+            if time.monotonic() > settle:
+                raise BenchFailed("the controller did not finish its first pass within 120 s")
+            time.sleep(0.05)
+        load = LoadProcess(url, seed, shape)
         passes_before = _passes(manager)
         calls_before = Counter(controller_api.calls)
-        created_at: dict[str, float] = {}
         cpu_start, server_cpu_start = time.process_time(), server.cpu_seconds()
-        start = time.perf_counter()
-        for i, (name, gpus) in enumerate(sizes.items()):
-            if shape.rate:
-                pause = start + i / shape.rate - time.perf_counter()
-                if pause > 0:
-                    time.sleep(pause)
-            api.create("Pod", pod_object(name, gpus), namespace=NAMESPACE)
-            created_at[name] = time.perf_counter()
-        created = time.perf_counter()
-        finished = watcher.all_bound.wait(shape.timeout)
-        if watcher.error:
-            raise BenchFailed(watcher.error)
-        if not finished:
-            raise BenchFailed(f"only {len(watcher.bound_at)} of {len(sizes)} pods bound within {shape.timeout:.0f} s")
-        end = max(watcher.bound_at.values())
+        result = load.run(shape.timeout)
         cpu, server_cpu = time.process_time() - cpu_start, server.cpu_seconds() - server_cpu_start
+        created_at: dict[str, float] = result["created"]
+        bound_at: dict[str, float] = result["bound"]
+        if len(bound_at) < len(sizes):
+            raise BenchFailed(f"only {len(bound_at)} of {len(sizes)} pods bound within {shape.timeout:.0f} s")
         passes = _passes(manager) - passes_before
         calls = Counter(controller_api.calls)
         calls.subtract(calls_before)
@@ -280,25 +268,27 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
         digest = verify(api, sizes)
         server_rss = server.peak_rss_mib()
     finally:
-        watcher.stop.set()
+        if load is not None:
+            load.stop()
         manager.stop()
         api.close()
         controller_api.close()
-        watch_api.close()
         server.stop()
-    latencies = sorted((watcher.bound_at[n] - created_at[n]) * 1000 for n in sizes)
-    elapsed = end - start
+    latencies = sorted((bound_at[n] - created_at[n]) * 1000 for n in sizes)
+    elapsed = max(bound_at.values())
+    created = max(created_at.values())
     return {
         "benchmark": "schedule",
         "podsPerSecond": round(len(sizes) / elapsed, 1),
         "cpuMsPerPod": round(cpu * 1000 / len(sizes), 2),
         "serverCpuMsPerPod": round(server_cpu * 1000 / len(sizes), 2),
+        "clientCpuMsPerPod": round(float(result["cpuSeconds"]) * 1000 / len(sizes), 2),
         "p50Ms": round(percentile(latencies, 50), 1),
         "p99Ms": round(percentile(latencies, 99), 1),
         "maxMs": round(latencies[-1], 1),
         "seconds": round(elapsed, 2),
-        # The pods are created while the controller already places them (same process, same GIL).
-        "createSeconds": round(created - start, 2),
+        # The pods are created (from their own process) while the controller already places them.
+        "createSeconds": round(created, 2),
         "peakRssMiB": peak_rss_mib(),
         "serverPeakRssMiB": server_rss,
         "pods": len(sizes),

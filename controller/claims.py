@@ -41,8 +41,12 @@ def generate_name(pod_name: str, pod_claim_name: str) -> str:
     return f"{pod_name[: len(pod_name) * _MAX_BASE_LEN // total]}-{pod_claim_name[: len(pod_claim_name) * _MAX_BASE_LEN // total]}"
 
 
-def claim_from_template(pod: Mapping[str, Any], pod_claim_name: str, template: Mapping[str, Any]) -> Obj:
-    """The ResourceClaim the resourceclaim controller creates for one pod claim."""
+def claim_from_template(pod: Mapping[str, Any], pod_claim_name: str, template: Mapping[str, Any], *,
+                        protected: bool = False) -> Obj:
+    """The ResourceClaim the resourceclaim controller creates for one pod claim; `protected` when the caller
+    allocates it next (the embedded scheduler): it then carries the delete-protection finalizer from the start,
+    which saves kube-scheduler's separate update that adds it (one that finds it there goes on, as upstream's
+    does; a claim that stays unallocated has it removed by the release pass)."""
     tspec = o.section(template, "spec")
     tmeta = o.section(tspec, "metadata")
     annotations = dict(tmeta.get("annotations") or {})
@@ -64,6 +68,8 @@ def claim_from_template(pod: Mapping[str, Any], pod_claim_name: str, template: M
     }
     if tmeta.get("labels"):
         metadata["labels"] = dict(tmeta["labels"])
+    if protected:
+        metadata["finalizers"] = [DELETE_PROTECTION_FINALIZER]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -235,9 +241,11 @@ class ClaimLifecycle:
         return created_count, problems
 
     def expand_pod(
-        self, pod: Mapping[str, Any], index: GeneratedClaims, templates: Mapping[str, Mapping[str, Any]]
+        self, pod: Mapping[str, Any], index: GeneratedClaims, templates: Mapping[str, Mapping[str, Any]], *,
+        protected: bool = False,
     ) -> tuple[list[Obj], list[str]]:
-        """Template expansion for one pod: the claims created (also added to `index`) and the problems seen."""
+        """Template expansion for one pod: the claims created (also added to `index`) and the problems seen
+        (`protected`: see claim_from_template)."""
         problems: list[str] = []
         created_claims: list[Obj] = []
         if o.pod_done(pod) or o.deleting(pod):
@@ -258,7 +266,8 @@ class ClaimLifecycle:
                         f"ResourceClaimTemplate {o.namespace(pod)}/{pc.template} not found"
                     )
                     continue
-                created = self._writer.create("ResourceClaim", claim_from_template(pod, pc.pod_claim_name, template))
+                created = self._writer.create("ResourceClaim", claim_from_template(pod, pc.pod_claim_name, template,
+                                                                                  protected=protected))
                 if created is None:
                     continue
                 claim_name = o.name(created)

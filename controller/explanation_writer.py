@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -85,6 +86,8 @@ class ExplanationWriter:
         self._wall = wall
         self._repeat = repeat_interval
         self._posted: dict[tuple[str, str], _Posted] = {}
+        # The scheduler posts Scheduled events from its write threads (controller.inflight).
+        self._posted_lock = threading.Lock()
         self._read_denied_logged = False
 
     # -- events ------------------------------------------------------------------------------------
@@ -94,7 +97,8 @@ class ExplanationWriter:
         message = truncate(message, MAX_EVENT_MESSAGE_CHARS)
         memo_key = (o.uid(pod) or o.key(pod), reason)
         now = self._clock()
-        previous = self._posted.get(memo_key)
+        with self._posted_lock:
+            previous = self._posted.get(memo_key)
         if not should_post(previous, message, now, self._repeat):
             return False
         count = 1 if previous is None else previous.count + 1
@@ -122,7 +126,8 @@ class ExplanationWriter:
         }
         written = self._upsert_event(body, likely_new=previous is None)
         if written:
-            self._posted[memo_key] = _Posted(message, now, count)
+            with self._posted_lock:
+                self._posted[memo_key] = _Posted(message, now, count)
             self._metrics.events.labels(reason=reason).inc()
             log.info("event posted", extra={"pod": o.key(pod), "reason": reason, "eventMessage": message})
         return written
@@ -184,9 +189,11 @@ class ExplanationWriter:
     def forget_pods(self, live_uids: Iterable[str]) -> None:
         """Drop rate-limit memory of pods that are gone."""
         live = set(live_uids)
-        for memo_key in [k for k in self._posted if k[0] not in live]:
-            del self._posted[memo_key]
+        with self._posted_lock:
+            for memo_key in [k for k in self._posted if k[0] not in live]:
+                del self._posted[memo_key]
 
     def forget(self, pod: Mapping[str, Any], reason: str) -> None:
         """Forget one (pod, reason), so that the next occurrence is posted at once (the reason came back)."""
-        self._posted.pop((o.uid(pod) or o.key(pod), reason), None)
+        with self._posted_lock:
+            self._posted.pop((o.uid(pod) or o.key(pod), reason), None)

@@ -278,7 +278,7 @@ class GangController:
         states: Counter[str] = Counter({s: 0 for s in GANG_STATES})
         by_gang: dict[str, str] = {}
         changed = 0
-        refs = referenced_claims(view.pods.values())
+        refs = referenced_claims(view.pods.values()) if gangs else set()
         live = {g.key for g in gangs}
         for stale in [k for k in self._failed if k not in live]:
             del self._failed[stale]

@@ -206,7 +206,8 @@ class ControllerManager:
     def _expand_pod(self, pod: o.Obj, index: GeneratedClaims, templates: Mapping[str, o.Obj]) -> list[o.Obj]:
         if o.key(pod) in self._held:
             return []  # its PodGroup shares its claims (DRAWorkloadResourceClaims): no per-pod claims
-        created, problems = self.claims.expand_pod(pod, index, templates)
+        # The scheduler allocates these claims next: they are created protected.
+        created, problems = self.claims.expand_pod(pod, index, templates, protected=True)
         for problem in problems:
             log.debug("reconcile problem", extra={"problem": problem})
         return created
@@ -435,6 +436,7 @@ class ControllerManager:
         for thread in self._threads:
             thread.join(timeout)
         self._threads.clear()
+        self.scheduler.close()
         if self._metrics_server is not None:
             self._metrics_server.stop()
             self._metrics_server = None

@@ -14,9 +14,14 @@ POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 EXTENDED_GPU_RESOURCE = "nvidia.com/gpu"
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    # `type(...) is dict` first: objects are plain dicts almost always, and an ABC isinstance check costs ~10x more
+    # on paths that run per object per pass.
+    return value if type(value) is dict or isinstance(value, Mapping) else {}
+
+
 def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    value = obj.get("metadata")
-    return value if isinstance(value, Mapping) else {}
+    return _mapping(obj.get("metadata"))
 
 
 def name(obj: Mapping[str, Any]) -> str:
@@ -44,13 +49,11 @@ def claim_key(obj: Mapping[str, Any]) -> str:
 
 
 def labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    value = meta(obj).get("labels")
-    return value if isinstance(value, Mapping) else {}
+    return _mapping(meta(obj).get("labels"))
 
 
 def annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    value = meta(obj).get("annotations")
-    return value if isinstance(value, Mapping) else {}
+    return _mapping(meta(obj).get("annotations"))
 
 
 def finalizers(obj: Mapping[str, Any]) -> list[str]:
@@ -63,8 +66,7 @@ def deleting(obj: Mapping[str, Any]) -> bool:
 
 
 def section(obj: Mapping[str, Any], field: str) -> Mapping[str, Any]:
-    value = obj.get(field)
-    return value if isinstance(value, Mapping) else {}
+    return _mapping(obj.get(field))
 
 
 def list_field(obj: Mapping[str, Any], field: str) -> list[Any]:
@@ -74,7 +76,7 @@ def list_field(obj: Mapping[str, Any], field: str) -> list[Any]:
 
 def allocation(claim: Mapping[str, Any]) -> Mapping[str, Any] | None:
     value = section(claim, "status").get("allocation")
-    return value if isinstance(value, Mapping) else None
+    return value if type(value) is dict or isinstance(value, Mapping) else None
 
 
 def reserved_for(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:

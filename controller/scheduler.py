@@ -5,7 +5,7 @@ EmbeddedScheduler, per pass, pod by pod:
   PriorityClass value, then creation time (controller.schedqueue); pods created during the pass join the
   queue in their rank before the next pod is taken; a pass stops after `budget` seconds so that the other
   concerns run, and the next pass starts at once;
-- per pod, one after another: its template claims are created (the `expand` hook), then its claims must
+- per pod: its template claims are created (the `expand` hook, ahead of its placement), then its claims must
   all exist; claims already allocated pin the pod to their nodes; the others are allocated together on the
   best node (controller.scoring.Placer over the allocator); legacy `nvidia.com/gpu` requests need Node
   allocatable minus what bound pods request, unless a DeviceClass backs them (DRAExtendedResource: the pod then
@@ -13,8 +13,13 @@ EmbeddedScheduler, per pass, pod by pod:
   status.extendedResourceClaimStatus before binding); namespace device quotas are checked (`pre_bind` checks);
 - the snapshot the Placer searches is a LiveSnapshot: kept current from the informer caches' deltas and
   from this scheduler's own allocations at commit, never rebuilt by a relist;
-- then finalizer + allocation + reservedFor per claim, then pods/binding. A failed step undoes the earlier
-  ones of that pod. A bound pod is assumed bound until the watch shows it (no re-read after binding);
+- placement happens on the scheduling thread, one pod at a time in queue order; the API writes around it run
+  on a small pool (controller.inflight): the template claims of the next pods are created while this one is
+  placed, and a placed pod is *assumed* (devices taken, claims allocated, pod bound, for the rest of the pass)
+  while its writes run: finalizer (when the claim lacks it) + allocation + reservedFor per claim, then
+  pods/binding and the Scheduled Event. A failed step undoes the earlier ones of that pod and gives its devices
+  back; its pod is tried on the next pass. A pass ends with no write in flight. A bound pod is assumed bound
+  until the watch shows it (no re-read after binding);
 - a pod that cannot be placed is reported through `_unschedulable` (an Event, rate-limited, and the
   explanation annotation on its pending claims); it is retried on the next pass, which runs whenever
   something changes.
@@ -24,8 +29,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +51,7 @@ from controller.gang import gang_label, is_gang_claim
 from controller.metrics import ControllerMetrics
 from controller.nodefit import allocation_rejects, as_allocator_node, node_rejects
 from controller.objects import Obj
+from controller.inflight import InFlight
 from controller.informer import Store
 from controller.podconditions import mark_unschedulable
 from controller.priority import priority_values
@@ -173,11 +180,15 @@ class _PassState:
             )
         return self._bound_per_node
 
-    def bound(self, node: str, need_extended: int) -> None:
+    def bound(self, node: str, need_extended: int, pods: int = 1) -> None:
         if self._extended_free is not None:
-            self._extended_free[node] = self._extended_free.get(node, 0) - need_extended
+            self._extended_free[node] = self._extended_free.get(node, 0) - need_extended * pods
         if self._bound_per_node is not None:
-            self._bound_per_node[node] += 1
+            self._bound_per_node[node] += pods
+
+    def unbound(self, node: str, need_extended: int) -> None:
+        """Undo `bound` (the binding did not happen)."""
+        self.bound(node, need_extended, pods=-1)
 
 
 @dataclass(frozen=True)
@@ -185,6 +196,39 @@ class _Candidates:
     names: list[str]  # in node name order
     members: frozenset[str]
     rejected: list[NodeReason]
+
+
+_BOUND, _WAITING, _FAILED = "bound", "waiting", "failed"
+
+
+@dataclass(frozen=True)
+class _Binding:
+    """One placed pod's writes: allocate `pending` (with `allocations`), reserve `allocated`, bind to `node`."""
+
+    pod: Obj
+    node: str
+    pending: list[Obj]
+    allocations: list[dict[str, Any]]
+    allocated: list[Obj]
+    consumers: list[Obj]  # the reservedFor consumer of each claim, pending ones first
+    need_extended: int
+    kind: str  # the bindings metric's label
+    before: dict[str, Obj]  # the pod's claims as they were before this binding, by key
+
+
+@dataclass(frozen=True)
+class _Bound:
+    binding: _Binding
+    outcome: str  # _BOUND, _WAITING (allocated, waiting for binding conditions) or _FAILED (nothing stays written)
+    stored: list[Obj]  # the claims as the API stored them
+    error: Exception | None = None
+
+
+@dataclass
+class _Tally:
+    bound: int = 0
+    unschedulable: int = 0
+    claims_created: int = 0
 
 
 class EmbeddedScheduler:
@@ -204,8 +248,14 @@ class EmbeddedScheduler:
         pods: Store | None = None,
         claim_index: Callable[[], GeneratedClaims] | None = None,
         binding_timeout: float = bindingconditions.DEFAULT_BINDING_TIMEOUT_SECONDS,
+        bindings_in_flight: int = 4,
+        expansions_ahead: int = 2,
     ) -> None:
         self.binding_timeout = binding_timeout
+        self.bindings_in_flight = bindings_in_flight
+        self.expansions_ahead = expansions_ahead
+        # Threads for the writes beside placement (controller.inflight), started with the first pass that writes.
+        self._pool_instance: ThreadPoolExecutor | None = None
         self._writer = writer
         self._explainer = explainer
         self._metrics = metrics
@@ -227,6 +277,19 @@ class EmbeddedScheduler:
         # (snapshot, node objects, node names, allocator nodes, candidates per pod shape), kept while nodes are.
         self._node_cache: tuple[ClusterSnapshot, dict[str, Obj], list[str], dict[str, Node], dict[str, _Candidates]] | None = None
         self._pod_changes: set[str] = pods.track() if pods is not None else set()
+
+    @property
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._pool_instance is None:
+            self._pool_instance = ThreadPoolExecutor(self.bindings_in_flight + self.expansions_ahead + 1,
+                                                     thread_name_prefix="scheduler-writes")
+        return self._pool_instance
+
+    def close(self) -> None:
+        """Stop the write threads (a pass never leaves work on them); a later pass starts new ones."""
+        pool, self._pool_instance = self._pool_instance, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def _start_pass(self, view: View) -> _PassState:
         snapshot, placer = self._live.current()
@@ -262,38 +325,59 @@ class EmbeddedScheduler:
             if o.uid(pod) not in self._assumed:
                 queue.push(dict(pod))
         if not queue:
+            self._live.current()  # kept current while idle: the first pod of a burst does not pay for a rebuild
             return SchedulerOutcome()
         state = self._start_pass(view)
-        bound = unschedulable = created_claims = 0
+        tally = _Tally()
+        bindings: InFlight[_Bound] = InFlight(self._pool, self.bindings_in_flight)
+        ahead: deque[tuple[Obj, Future[list[Obj]] | None]] = deque()  # popped pods, their expansion started
         handled: set[str] = set()
         deadline = self._clock() + self.budget
-        while True:
-            if handled and self._clock() > deadline:
-                break  # the rest waits for the next pass (the other concerns run in between)
-            self._admit_arrivals(queue, handled)
-            pod = queue.pop()
-            if pod is None:
-                break
-            handled.add(o.key(pod))
-            try:
-                if self._expand is not None:
-                    for created in self._expand(pod, state.generated, view.templates):
+        try:
+            while True:
+                if handled and self._clock() > deadline:
+                    break  # the rest waits for the next pass (the other concerns run in between)
+                self._admit_arrivals(queue, handled)
+                while len(ahead) <= self.expansions_ahead:
+                    queued = queue.pop()
+                    if queued is None:
+                        break
+                    handled.add(o.key(queued))
+                    ahead.append((queued, self._start_expansion(queued, state, view)))
+                if not ahead:
+                    break
+                pod, expansion = ahead.popleft()
+                self._settle(bindings.finished(), state, tally)
+                try:
+                    for created in expansion.result() if expansion is not None else ():
                         state.claims_by_key[o.key(created)] = created
-                        created_claims += 1
-                placed = self._schedule(pod, state)
-            except NotLeader:
-                raise
-            except AllocationError as err:
-                self._unschedulable(pod, [], str(err), reason="error")
-                placed = False
-            except Exception:  # noqa: BLE001 - one malformed pod must not stop the others
-                log.exception("placing pod failed", extra={"pod": o.key(pod)})
-                placed = False
-            if placed:
-                bound += 1
-            else:
-                unschedulable += 1
-        return SchedulerOutcome(bound, unschedulable, created_claims)
+                        tally.claims_created += 1
+                    if self._schedule(pod, state, bindings, tally):
+                        continue
+                except NotLeader:
+                    raise
+                except AllocationError as err:
+                    self._unschedulable(pod, [], str(err), reason="error")
+                except Exception:  # noqa: BLE001 - one malformed pod must not stop the others
+                    log.exception("placing pod failed", extra={"pod": o.key(pod)})
+                tally.unschedulable += 1
+        finally:
+            # Nothing of this pass stays in flight: the other concerns of the pass never race its writes.
+            for _, expansion in ahead:
+                if expansion is not None and expansion.exception() is None:
+                    tally.claims_created += len(expansion.result())
+            self._settle(bindings.finished(everything=True), state, tally)
+        return SchedulerOutcome(tally.bound, tally.unschedulable, tally.claims_created)
+
+    def _start_expansion(self, pod: Obj, state: _PassState, view: View) -> Future[list[Obj]] | None:
+        """Create the pod's template claims on the pool, while the pods ahead of it are placed."""
+        if self._expand is None or not any(
+            isinstance(e, Mapping) and e.get("resourceClaimTemplateName")
+            for e in o.list_field(o.section(pod, "spec"), "resourceClaims")
+        ):
+            return None
+        expand = self._expand
+        return self._pool.submit(lambda: expand(pod, state.generated, view.templates))
 
     def _admit_arrivals(self, queue: SchedulingQueue, handled: set[str]) -> None:
         """Queue the pods that became pending since the pass began (created meanwhile), each in its rank."""
@@ -348,12 +432,18 @@ class EmbeddedScheduler:
                 more.append(NodeReason(name, "unschedulable", why))
         return _Candidates(names, frozenset(names), more)
 
-    def _schedule(self, pod: Obj, state: _PassState) -> bool:
+    def _schedule(self, pod: Obj, state: _PassState, bindings: InFlight[_Bound], tally: _Tally) -> bool:
+        """Place one pod and start its binding (whose outcome `_settle` counts); False when it cannot be placed now
+        (reported as unschedulable)."""
         group_wait = podgroups.wait_reason(pod, state.view, state.claims_by_key)
         if group_wait:
             self._unschedulable(pod, [], group_wait, event=REASON_GANG_WAITING, reason="waiting")
             return False
         gathered = gather_pod_claims(pod, state.claims_by_key, self.driver, state.view.templates, state.generated)
+        if gathered.claims and bindings.touching(o.key(c) for c in gathered.claims):
+            # A claim it shares is being written for an earlier pod: take that result first.
+            self._settle(bindings.finished(claims=[o.key(c) for c in gathered.claims]), state, tally)
+            gathered = gather_pod_claims(pod, state.claims_by_key, self.driver, state.view.templates, state.generated)
         if gathered.wait_reason:
             if not gathered.silent:
                 self._unschedulable(pod, [], gathered.wait_reason, event=gathered.wait_event, reason="waiting")
@@ -402,32 +492,115 @@ class EmbeddedScheduler:
         if not self._pre_bind(pod, node, pending, allocations, state):
             return False
 
+        index = -1
         if special is not None and o.allocation(special) is None:
             created = self._create_special(pod, special, mappings)
             if created is None:
                 return False
             index = next(i for i, c in enumerate(pending) if c is special)
             pending = [*pending[:index], created, *pending[index + 1:]]
-        written = self._write(pod, node, pending, allocations, [c for c in claims if o.allocation(c) is not None], state)
-        if written is None:  # allocated and reserved, waiting for binding conditions: the devices are taken
-            self._live.commit([o.key(c) for c in pending], allocations, node)
-            return False
-        if not written:
-            if special is not None and o.allocation(special) is None:
-                # Undo the special claim and the pod's pointer to it; the next pass starts afresh.
-                self._writer.delete("ResourceClaim", pending[index])
-                self._writer.patch_status("Pod", pod, {"status": {"extendedResourceClaimStatus": None}})
-            return False
-        log.info("pod bound", extra={"pod": o.key(pod), "node": node, "claims": len(claims), "allocated": len(pending)})
-        self._metrics.allocations.labels(path="scheduler").inc(len(pending))
-        kind = "dra" if claims else ("extended-resource" if need_extended else "plain")
-        self._metrics.bindings.labels(kind=kind).inc()
-        self._live.commit([o.key(c) for c in pending], allocations, node)
-        self._assumed[o.uid(pod)] = node
-        state.bound(node, need_extended)
-        self._explainer.forget(pod, REASON_UNSCHEDULABLE)
-        self._explainer.event(pod, REASON_SCHEDULED, f"Successfully assigned {o.key(pod)} to {node}", warning=False)
+        allocated = [c for c in claims if o.allocation(c) is not None]
+        binding = _Binding(
+            pod=pod, node=node, pending=pending, allocations=allocations, allocated=allocated,
+            consumers=[self._consumer(c, pod, state) for c in (*pending, *allocated)],
+            need_extended=need_extended, kind="dra" if claims else ("extended-resource" if need_extended else "plain"),
+            before={o.key(c): c for c in (*pending, *allocated)},
+        )
+        self._assume(binding, state)
+        if index < 0:
+            self._settle(bindings.submit(lambda: self._bind(binding), binding.before), state, tally)
+            return True
+        # The special claim was just created for this pod: bind now, so that a failure can take it back.
+        bound = self._bind(binding)
+        self._settle([bound], state, tally)
+        if bound.outcome == _FAILED:
+            self._writer.delete("ResourceClaim", pending[index])
+            self._writer.patch_status("Pod", pod, {"status": {"extendedResourceClaimStatus": None}})
         return True
+
+    # -- binding: assumed on the scheduling thread, written on the pool, settled on the scheduling thread ---------
+
+    def _assume(self, binding: _Binding, state: _PassState) -> None:
+        """What the pass believes from now on: the devices are taken, the claims allocated (quota checks see that),
+        the pod bound to the node."""
+        pending_keys = [o.key(c) for c in binding.pending]
+        self._live.commit(pending_keys, binding.allocations, binding.node)
+        for claim, alloc in zip(binding.pending, binding.allocations):
+            state.claims_by_key[o.key(claim)] = {**claim, "status": {**o.section(claim, "status"), "allocation": alloc}}
+        self._assumed[o.uid(binding.pod)] = binding.node
+        state.bound(binding.node, binding.need_extended)
+
+    def _bind(self, binding: _Binding) -> _Bound:
+        """On the pool: the binding's writes, and what became of them (never raises)."""
+        try:
+            return self._write_binding(binding)
+        except NotLeader as err:
+            return _Bound(binding, _FAILED, [], error=err)
+        except Exception as err:  # noqa: BLE001 - the scheduling thread reports it; the pod is tried again
+            log.exception("binding pod failed", extra={"pod": o.key(binding.pod), "node": binding.node})
+            return _Bound(binding, _FAILED, [], error=err)
+
+    def _write_binding(self, binding: _Binding) -> _Bound:
+        """Finalizer + allocation + reservedFor per claim, the binding gate, then pods/binding and the Scheduled
+        event. A failed step undoes the earlier ones."""
+        pod = binding.pod
+        done: list[tuple[Obj, bool]] = []  # (claim, deallocate on undo)
+
+        def undo() -> _Bound:
+            for claim, dealloc in reversed(done):
+                self._committer.undo(claim, pod, deallocate=dealloc)
+            self._metrics.failures.labels(reason="write-failed").inc()
+            return _Bound(binding, _FAILED, [])
+
+        consumers = iter(binding.consumers)
+        for claim, alloc in zip(binding.pending, binding.allocations):
+            stored = self._committer.allocate(claim, bindingconditions.stamp(alloc), next(consumers))
+            if stored is None:
+                return undo()
+            done.append((stored, True))
+        for claim in binding.allocated:
+            stored = self._committer.reserve(claim, next(consumers))
+            if stored is None:
+                return undo()
+            done.append((stored, False))
+        stored_claims = [c for c, _ in done]
+        gate = self._binding_gate(pod, stored_claims)
+        if gate == bindingconditions.WAIT:
+            return _Bound(binding, _WAITING, stored_claims)  # allocated and reserved: the devices stay taken
+        if gate != bindingconditions.BIND:
+            return _Bound(binding, _FAILED, [])  # the gate deallocated them
+        if not bind_pod(self._writer, pod, binding.node, refresh=False):
+            return undo()
+        log.info("pod bound", extra={"pod": o.key(pod), "node": binding.node, "claims": len(binding.before),
+                                     "allocated": len(binding.pending)})
+        self._metrics.allocations.labels(path="scheduler").inc(len(binding.pending))
+        self._metrics.bindings.labels(kind=binding.kind).inc()
+        self._explainer.forget(pod, REASON_UNSCHEDULABLE)
+        self._explainer.event(pod, REASON_SCHEDULED, f"Successfully assigned {o.key(pod)} to {binding.node}", warning=False)
+        return _Bound(binding, _BOUND, stored_claims)
+
+    def _settle(self, results: Iterable[_Bound], state: _PassState, tally: _Tally) -> None:
+        """Take finished bindings into the pass: what the API stored replaces what was assumed; a binding that did
+        not happen gives its devices back and its pod waits for the next pass (one waiting for device binding
+        conditions keeps its devices)."""
+        lost: NotLeader | None = None
+        for result in results:
+            binding = result.binding
+            if isinstance(result.error, NotLeader):
+                lost = result.error
+            if result.outcome == _FAILED:
+                state.claims_by_key.update(binding.before)
+                self._live.release([o.key(c) for c in binding.pending])
+            for stored in result.stored:
+                state.claims_by_key[o.key(stored)] = stored
+            if result.outcome == _BOUND:
+                tally.bound += 1
+            else:
+                tally.unschedulable += 1
+                self._assumed.pop(o.uid(binding.pod), None)
+                state.unbound(binding.node, binding.need_extended)
+        if lost is not None:
+            raise lost
 
     def _pre_bind(self, pod: Obj, node: str, pending: list[Obj], allocations: list[dict[str, Any]], state: _PassState) -> bool:
         """Checks between choosing a node and writing anything (namespace device quotas); False after reporting
@@ -467,46 +640,6 @@ class EmbeddedScheduler:
             self._writer.delete("ResourceClaim", created)
             return None
         return created
-
-    def _write(
-        self,
-        pod: Obj,
-        node: str,
-        pending: list[Obj],
-        allocations: list[dict[str, Any]],
-        allocated: list[Obj],
-        state: _PassState,
-    ) -> bool | None:
-        """True when bound, False when nothing stays written, None when the claims stay allocated and reserved
-        while the pod waits for device binding conditions (controller.bindingconditions)."""
-        done: list[tuple[Obj, bool]] = []  # (claim, deallocate on undo)
-
-        def undo() -> None:
-            for claim, dealloc in reversed(done):
-                self._committer.undo(claim, pod, deallocate=dealloc)
-            self._metrics.failures.labels(reason="write-failed").inc()
-
-        for claim, alloc in zip(pending, allocations):
-            stored = self._committer.allocate(claim, bindingconditions.stamp(alloc), self._consumer(claim, pod, state))
-            if stored is None:
-                undo()
-                return False
-            done.append((stored, True))
-            state.claims_by_key[o.key(stored)] = stored
-        for claim in allocated:
-            stored = self._committer.reserve(claim, self._consumer(claim, pod, state))
-            if stored is None:
-                undo()
-                return False
-            done.append((stored, False))
-            state.claims_by_key[o.key(stored)] = stored
-        gate = self._binding_gate(pod, [c for c, _ in done])
-        if gate != bindingconditions.BIND:
-            return None if gate == bindingconditions.WAIT else False
-        if not bind_pod(self._writer, pod, node, refresh=False):
-            undo()
-            return False
-        return True
 
     def _consumer(self, claim: Obj, pod: Obj, state: _PassState) -> Obj:
         """The pod, or its PodGroup for a claim the group shares (DRAWorkloadResourceClaims)."""

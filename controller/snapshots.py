@@ -104,35 +104,51 @@ class LiveSnapshot:
             return self._rebuild()
         snapshot, placer = self._snapshot, self._placer
         snapshot.forget_device_views()
-        touched: set[str] = set()
-        everywhere = False
         store = self._stores["ResourceClaim"]
+        moved: list[Mapping[str, Any]] = []
         for key in changed:
             claim = store.get(key)
             alloc = o.allocation(claim) if claim is not None else None
             old = self._held.get(key)
             if old == alloc:
                 continue
-            for moved in (old, alloc):
-                if moved is None:
-                    continue
-                for r in (moved.get("devices") or {}).get("results") or []:
-                    node = placer.node_of(r) if isinstance(r, Mapping) else None
-                    if node is None:
-                        everywhere = True
-                    else:
-                        touched.add(node)
             if old is not None:
+                moved.append(old)
                 snapshot.release(key, old)
                 del self._held[key]
             if alloc is not None:
+                moved.append(alloc)
                 snapshot.commit(key, alloc)
                 self._held[key] = alloc
-        if everywhere:
-            placer.invalidate()
-        elif touched:
-            placer.invalidate(touched)
+        self._reindex(placer, moved)
         return snapshot, placer
+
+    @staticmethod
+    def _reindex(placer: Placer, moved: Iterable[Mapping[str, Any]]) -> None:
+        """Tell the Placer which nodes' devices moved (all of them when a result names no node it knows)."""
+        touched: set[str] = set()
+        for alloc in moved:
+            for r in (alloc.get("devices") or {}).get("results") or []:
+                node = placer.node_of(r) if isinstance(r, Mapping) else None
+                if node is None:
+                    placer.invalidate()
+                    return
+                touched.add(node)
+        if touched:
+            placer.invalidate(touched)
+
+    def release(self, claim_keys: Iterable[str]) -> None:
+        """Give back what `commit` holds for these claims (their writes did not happen). A claim the API does show
+        allocated after all comes back through the stores' deltas on the next `current()`."""
+        if self._snapshot is None or self._placer is None:
+            return
+        moved = []
+        for key in claim_keys:
+            old = self._held.pop(key, None)
+            if old is not None:
+                self._snapshot.release(key, old)
+                moved.append(old)
+        self._reindex(self._placer, moved)
 
     def commit(self, claim_keys: Sequence[str], allocations: Sequence[Mapping[str, Any]], node: str) -> None:
         """Record allocations this controller is writing (the Placer holds their devices from now on)."""

@@ -87,9 +87,13 @@ def _eviction_time(taint: Mapping[str, Any], tolerations: list[Mapping[str, Any]
 
 
 def plan(pods: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]],
-         now: datetime) -> Plan:
-    """Which pods must be evicted now, and which later, because of the NoExecute taints on their devices."""
-    taints = _device_taints(slices)
+         now: datetime, *, taints: Mapping[tuple[str, str, str], list[Mapping[str, Any]]] | None = None) -> Plan:
+    """Which pods must be evicted now, and which later, because of the NoExecute taints on their devices
+    (`taints`: those of `slices`, when the caller has them already)."""
+    if taints is None:
+        taints = _device_taints(slices)
+    if not taints:
+        return Plan()
     by_uid = {o.uid(p): p for p in pods if o.uid(p)}
     found: dict[str, PodEviction] = {}
     for claim in claims:
@@ -180,11 +184,24 @@ class TaintEvictor:
         self._writer = writer
         self._explainer = explainer
         self._evicted: dict[str, int] = {}  # rule uid -> pods evicted because of it since start
+        # The NoExecute taints of the last slices seen, by those slice objects' identities (the caches replace an
+        # object when it changes): walking every device of every slice each pass is the cost of this concern.
+        self._taints: tuple[tuple[int, ...], dict[tuple[str, str, str], list[Mapping[str, Any]]]] = ((), {})
+
+    def _taints_of(self, slices: list[Mapping[str, Any]]) -> dict[tuple[str, str, str], list[Mapping[str, Any]]]:
+        ids = tuple(id(sl) for sl in slices)
+        if ids != self._taints[0]:
+            self._taints = (ids, _device_taints(slices))
+        return self._taints[1]
 
     def reconcile(self, pods: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]],
                   slices: Iterable[Mapping[str, Any]], rules: Iterable[Mapping[str, Any]], now: datetime) -> int:
-        pods, claims, slices, rules = list(pods), list(claims), list(slices), list(rules)
-        decided = plan(pods, claims, slices, now)
+        slices, rules = list(slices), list(rules)
+        taints = self._taints_of(slices)
+        if not taints and not rules:
+            return 0  # nothing tainted, nothing to report: the usual pass costs no walk over pods and claims
+        pods, claims = list(pods), list(claims)
+        decided = plan(pods, claims, slices, now, taints=taints)
         rules_by_name = {o.name(r): r for r in rules}
         for eviction in decided.evict_now:
             self._evict(eviction.pod)

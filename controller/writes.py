@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 from controller import objects as o
 from controller.metrics import ControllerMetrics
 from controller.objects import Obj
+from gpudra.jsoncopy import copy_json
 from gpudra.kubeapi import AlreadyExists, ApiError, Conflict, KubeApi, NotFound
 
 log = logging.getLogger("gpudra.controller.writes")
@@ -153,7 +153,7 @@ class Writer:
 
 
 def _deep_copy(obj: Mapping[str, Any] | None) -> Obj | None:
-    return None if obj is None else copy.deepcopy(dict(obj))
+    return None if obj is None else copy_json(dict(obj))
 
 
 def bind_pod(writer: Writer, pod: Mapping[str, Any], node: str, *, refresh: bool = True) -> bool:

@@ -28,6 +28,9 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
+from gpudra import http1
+from gpudra.http1 import Reply
+
 log = logging.getLogger("gpudra.kubeapi")
 T = TypeVar("T")
 
@@ -178,6 +181,7 @@ class KubeApi:
         self._typed: dict[str, Any] = {}
         self._pool: Any = None  # the host's urllib3 connection pool, taken from the ApiClient's PoolManager
         self._prefix = ""  # a path the host URL carries (an API behind a path-routing proxy)
+        self._host_header = ""
 
     # ----- construction --------------------------------------------------------------------------------------
 
@@ -225,7 +229,7 @@ class KubeApi:
         delay = self.backoff
         for attempt in range(self.retries + 1):
             try:
-                response = self._send(method, path, target, data, content_type, timeout)
+                reply = self._exchange(method, target, data, content_type, timeout, stream=stream)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 # A create may have reached the server before the connection broke; only retry it when the
                 # connection was never established, so a retry cannot create a second object.
@@ -237,52 +241,108 @@ class KubeApi:
                 self._sleep(delay, attempt)
                 delay = min(delay * 2, self.max_backoff)
                 continue
-            status = response.status
+            if not isinstance(reply, Reply):
+                return reply  # a stream
+            status = reply.status
             if 200 <= status < 300:
-                if stream:
-                    return response
-                try:
-                    return json.loads(response.read() or b"null")
-                finally:
-                    response.release_conn()
-            data_out = response.read()
-            response.release_conn()
+                return json.loads(reply.data or b"null")
             if status in _RETRYABLE_STATUS and attempt < self.retries:
-                retry_after = response.headers.get("Retry-After")
+                retry_after = reply.headers.get("retry-after")
                 self._sleep(float(retry_after) if retry_after and retry_after.isdigit() else delay, attempt)
                 delay = min(delay * 2, self.max_backoff)
                 continue
-            raise error_from_response(status, data_out)
+            raise error_from_response(status, reply.data)
         raise AssertionError("unreachable: the loop returns or raises")
 
-    def _send(self, method: str, path: str, target: str, data: bytes | None, content_type: str | None,
-              timeout: float | tuple[float, float] | None) -> Any:
-        """One request on the ApiClient's own urllib3 pool, with its configuration: default headers (User-Agent),
-        cookie and auth (`update_params_for_auth`, which also runs a token refresh hook), TLS and proxy settings
-        (held by the pool). This skips the generated client's per-call serialization layers (`bench kubeapi`
-        measures both); bodies here are plain JSON-able dicts. Without a proxy the request goes straight to the
-        host's connection pool, which skips the PoolManager's per-call URL parsing and pool lookup too."""
+    def _headers(self, method: str, target: str, data: bytes | None, content_type: str | None) -> dict[str, Any]:
+        """The ApiClient's default headers (User-Agent), cookie and auth (`update_params_for_auth`, which also runs
+        a token refresh hook) for one request."""
         headers: dict[str, Any] = {"Accept": "application/json", **self.client.default_headers}
         if data is not None:
             headers["Content-Type"] = content_type or "application/json"
         if self.client.cookie:
             headers["Cookie"] = self.client.cookie
-        self.client.update_params_for_auth(headers, [], ["BearerToken"], path, method, None)
+        self.client.update_params_for_auth(headers, [], ["BearerToken"], target.split("?", 1)[0], method, None)
+        return headers
+
+    def _host_pool(self) -> Any:
+        """The host's urllib3 connection pool, from the ApiClient's PoolManager (None behind a proxy). Going to it
+        directly skips the PoolManager's per-call URL parsing and pool lookup."""
+        manager = self.client.rest_client.pool_manager
+        if isinstance(manager, urllib3.ProxyManager):
+            return None
+        pool = self._pool
+        if pool is None or pool.pool is None:  # first use, or closed (the manager dropped it)
+            host = self.client.configuration.host
+            pool = self._pool = manager.connection_from_url(host)
+            url = urllib3.util.parse_url(host)
+            self._prefix = (url.path or "").rstrip("/")
+            self._host_header = url.netloc or ""
+        return pool
+
+    def _exchange(self, method: str, target: str, data: bytes | None, content_type: str | None,
+                  timeout: float | tuple[float, float] | None, *, stream: bool = False) -> Any:
+        """One request on a connection of the host's pool with `gpudra.http1` (through urllib3 behind a proxy): a
+        Reply read whole, or with `stream` and a 2xx status a stream of lines (`http1.Stream`, or urllib3's
+        response behind a proxy) holding the connection until closed. A kept-alive connection the server closed
+        meanwhile is retried once on a fresh one: nothing of the request was processed then, whatever its method."""
+        headers = self._headers(method, target, data, content_type)
+        pool = self._host_pool()
+        if pool is None:
+            response = self._send(method, target, data, content_type, timeout, headers=headers)
+            if stream and 200 <= response.status < 300:
+                return response
+            reply = Reply(response.status, {k.lower(): v for k, v in response.headers.items()}, response.read(), False)
+            response.release_conn()
+            return reply
+        request = http1.encode_request(method, self._prefix + target, self._host_header, headers, data)
+        read_timeout = timeout[1] if isinstance(timeout, tuple) else timeout
+        for fresh in (False, True):
+            conn = pool._get_conn()  # noqa: SLF001 - the pool's own checkout: liveness check, size limit
+            reused = conn.sock is not None
+            try:
+                if not reused:
+                    conn.connect()
+                conn.sock.settimeout(read_timeout)
+                result = http1.exchange(conn.sock, request, bodyless=method == "HEAD", stream=stream)
+            except http1.NothingReceived:
+                self._give_back(pool, conn, close=True)
+                if reused and not fresh:
+                    continue
+                raise
+            except BaseException:
+                self._give_back(pool, conn, close=True)
+                raise
+            if isinstance(result, http1.Stream):
+                result.on_close = lambda: self._give_back(pool, conn, close=True)
+            else:
+                self._give_back(pool, conn, close=not result.keep_alive)
+            return result
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    @staticmethod
+    def _give_back(pool: Any, conn: Any, *, close: bool) -> None:
+        if close:
+            conn.close()  # it connects again on its next use
+        pool._put_conn(conn)  # noqa: SLF001
+
+    def _send(self, method: str, target: str, data: bytes | None, content_type: str | None,
+              timeout: float | tuple[float, float] | None, *, headers: dict[str, Any] | None = None) -> Any:
+        """A request through urllib3 (streams, and requests behind a proxy), with the ApiClient's configuration:
+        TLS and proxy settings are held by the pool; the response is left unread."""
+        if headers is None:
+            headers = self._headers(method, target, data, content_type)
         if isinstance(timeout, tuple):
             pool_timeout: Any = urllib3.Timeout(connect=timeout[0], read=timeout[1])
         elif timeout:
             pool_timeout = urllib3.Timeout(total=timeout)
         else:
             pool_timeout = None
-        manager = self.client.rest_client.pool_manager
-        host = self.client.configuration.host
-        if isinstance(manager, urllib3.ProxyManager):
-            return manager.request(method, host + target, body=data, headers=headers, timeout=pool_timeout,
-                                   preload_content=False)
-        pool = self._pool
-        if pool is None or pool.pool is None:  # first use, or closed (the manager dropped it)
-            pool = self._pool = manager.connection_from_url(host)
-            self._prefix = (urllib3.util.parse_url(host).path or "").rstrip("/")
+        pool = self._host_pool()
+        if pool is None:
+            manager = self.client.rest_client.pool_manager
+            return manager.request(method, self.client.configuration.host + target, body=data, headers=headers,
+                                   timeout=pool_timeout, preload_content=False)
         return pool.urlopen(method, self._prefix + target, body=data, headers=headers, timeout=pool_timeout,
                             preload_content=False, redirect=False, assert_same_host=False)
 

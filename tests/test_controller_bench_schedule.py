@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from bench.schedule import BenchFailed, Shape, measure, pod_object, verify
+from bench.podload import pod_object
+from bench.schedule import BenchFailed, Shape, measure, verify
 from controller_helpers import create_all, gpu_class, node, sim_slices, template
 from gpudra.kubeapi import KubeApi
 
@@ -62,6 +63,8 @@ def test_run_reports_cpu_calls_digest_and_honours_rate(capsys: pytest.CaptureFix
     assert doc["seconds"] >= 5 / 30.0  # the last pod was created 5/30 s after the first
     assert doc["cpuMsPerPod"] > 0 and doc["serverCpuMsPerPod"] > 0 and doc["serverPeakRssMiB"] > 0
     assert doc["apiCallsPerPod"]["POST pods/binding"] == 1.0 and "GET pods" not in doc["apiCallsPerPod"]
+    # Claims are created with their finalizer: no separate update adds it.
+    assert "PUT resourceclaims" not in doc["apiCallsPerPod"] and doc["apiCallsPerPod"]["PUT resourceclaims/status"] == 1.0
     assert len(doc["placementDigest"]) == 64 and doc["snapshotRebuilds"] >= 1
     # The same seed and shape place the same way.
     again = measure(3, Shape(nodes=2, pods=6, timeout=60.0))

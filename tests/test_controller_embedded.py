@@ -282,3 +282,50 @@ def test_cel_runtime_error_and_missing_class_are_in_the_claim_explanation(apiser
     assert 'deviceclass.resource.k8s.io "gpu.nvidia.co" not found; did you mean gpu.nvidia.com?' in why
     (event,) = [e for e in events_for(api, "p-typo") if e["reason"] == REASON_UNSCHEDULABLE]
     assert "did you mean productName?" in event["message"]
+
+
+def test_a_failed_binding_gives_its_devices_back_and_the_pod_is_placed_on_the_next_pass(
+    apiserver: Any, monkeypatch: Any
+) -> None:
+    """Bindings run beside placement (controller.inflight): one that fails after its claim was allocated is undone
+    through the API and in the pass's snapshot, so no device stays held for a pod that is not bound."""
+    import controller.scheduler as scheduler_module
+
+    api = apiserver.api
+    _cluster(api)
+    create_all(api, [template("gpu-8", 8), pod("x", templates={"gpu": "gpu-8"})])
+    real_bind = scheduler_module.bind_pod
+    refused: list[str] = []
+
+    def refuse_first(writer: Any, p: Any, node_name: str, **kwargs: Any) -> bool:
+        if not refused:
+            refused.append(p["metadata"]["name"])
+            return False
+        return real_bind(writer, p, node_name, **kwargs)
+
+    monkeypatch.setattr(scheduler_module, "bind_pod", refuse_first)
+    m = manager(api)
+    report = m.step()
+    assert (report.pods_bound, report.pods_unschedulable, refused) == (0, 1, ["x"])
+    (claim_x,) = claims_of(api).values()
+    assert "allocation" not in claim_x["status"] and not api.get("Pod", "x", "default")["spec"].get("nodeName")
+    assert DELETE_PROTECTION_FINALIZER not in (claim_x["metadata"].get("finalizers") or [])
+    # The snapshot holds nothing for it: all 8 GPUs are free for the retry.
+    assert m.step().pods_bound == 1
+    (claim_x,) = claims_of(api).values()
+    assert len(devices_of(claim_x)) == 8 and api.get("Pod", "x", "default")["spec"]["nodeName"] == "node-a"
+
+
+def test_claims_the_scheduler_expands_are_created_protected_and_lose_the_finalizer_while_unallocated(apiserver: Any) -> None:
+    api = apiserver.api
+    _cluster(api)
+    create_all(api, [template("gpu-16", 16), pod("big", templates={"gpu": "gpu-16"})])
+    m = manager(api)
+    assert m.step().pods_unschedulable == 1
+    (claim_big,) = claims_of(api).values()
+    # Created for placement right away, so with kube-scheduler's finalizer already on it...
+    assert claim_big["metadata"]["finalizers"] == [DELETE_PROTECTION_FINALIZER] and "allocation" not in claim_big.get("status", {})
+    # ...which the release pass takes off a claim that stays unallocated, as for any claim nobody holds.
+    m.step()
+    (claim_big,) = claims_of(api).values()
+    assert DELETE_PROTECTION_FINALIZER not in (claim_big["metadata"].get("finalizers") or [])

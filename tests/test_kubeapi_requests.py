@@ -14,25 +14,36 @@ from gpudra.kubeapi import Invalid, KubeApi, NotFound
 def test_auth_and_default_headers_come_from_the_client_configuration(apiserver: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import urllib3
 
+    from gpudra import http1
+
     api = KubeApi.connect(url=apiserver.url)
     try:
         api.client.configuration.api_key["BearerToken"] = "secret-token"
         api.client.configuration.api_key_prefix["BearerToken"] = "Bearer"
         api.client.default_headers["X-Test"] = "yes"
-        seen: dict[str, Any] = {}
-        original = urllib3.HTTPConnectionPool.urlopen
+        sent: list[bytes] = []
+        pools: list[Any] = []
+        exchange, get_conn = http1.exchange, urllib3.HTTPConnectionPool._get_conn
 
-        def spy(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-            seen.update(kwargs["headers"], url=url, pool=self)
-            return original(self, method, url, *args, **kwargs)
+        def spy_exchange(sock: Any, request: bytes, **kwargs: Any) -> Any:
+            sent.append(request)
+            return exchange(sock, request, **kwargs)
 
-        monkeypatch.setattr(urllib3.HTTPConnectionPool, "urlopen", spy)
+        def spy_get_conn(self: Any, *args: Any, **kwargs: Any) -> Any:
+            pools.append(self)
+            return get_conn(self, *args, **kwargs)
+
+        monkeypatch.setattr(http1, "exchange", spy_exchange)
+        monkeypatch.setattr(urllib3.HTTPConnectionPool, "_get_conn", spy_get_conn)
         api.list("Node", label_selector="a in (x,y)")
-        assert seen["authorization"] == "Bearer secret-token"
-        assert seen["X-Test"] == "yes" and seen["User-Agent"] == api.client.user_agent
-        assert seen["url"] == "/api/v1/nodes?labelSelector=a+in+%28x%2Cy%29"
-        # The pool is the ApiClient's own, the one its PoolManager holds for the host.
-        assert seen["pool"] is api.client.rest_client.pool_manager.connection_from_url(apiserver.url)
+        request_line, *header_lines = sent[0].decode("latin-1").split("\r\n\r\n")[0].split("\r\n")
+        headers = dict(line.split(": ", 1) for line in header_lines)
+        assert headers["authorization"] == "Bearer secret-token"
+        assert headers["X-Test"] == "yes" and headers["User-Agent"] == api.client.user_agent
+        assert request_line == "GET /api/v1/nodes?labelSelector=a+in+%28x%2Cy%29 HTTP/1.1"
+        assert headers["Host"] == apiserver.url.split("//", 1)[1]
+        # The connection is the ApiClient's own, from the pool its PoolManager holds for the host.
+        assert pools == [api.client.rest_client.pool_manager.connection_from_url(apiserver.url)]
     finally:
         api.close()
 
