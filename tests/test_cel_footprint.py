@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -72,3 +73,53 @@ def test_errors_are_not_shared_each_device_is_evaluated() -> None:
     assert len(sel._results._messages) == 0
     # `||` absorbs the error when the other side is true: a result like any other.
     assert sel.matches(device("c", {"d/n": {"int": 2}})) is True
+
+
+FOOTPRINT_EXPRESSIONS = [
+    'device.attributes["d"].model == "a" && device.attributes["d"].n >= 1',
+    'has(device.attributes["d"].n) ? device.attributes["d"].n == 1 : device.attributes["d"].model.startsWith("b")',
+    'device.attributes["d"].v.isGreaterThan(semver("1.0.0"))',
+    f'device.capacity["{DRIVER}"].memory.compareTo(quantity("1Gi")) >= 0 || device.attributes["d"].flag',
+    'device.attributes["d"].tags.exists(t, t == "x")',
+    f'device.driver == "{DRIVER}" && !device.allowMultipleAllocations',
+    'device.attributes["e"].n == 1',  # a domain most devices lack
+]
+
+
+def _random_device(rng: random.Random, i: int) -> dict[str, Any]:
+    pool: dict[str, Any] = {
+        "d/model": {"string": rng.choice("ab")},
+        "d/n": rng.choice([{"int": 1}, {"int": 2}, {"bool": True}, {"string": "1"}]),
+        "d/v": {"version": rng.choice(["1.2.3", "1.2.3+build", "0.9.0", "1.0.0-rc.1"])},
+        "d/flag": {"bool": rng.random() < 0.5},
+        "d/tags": {"strings": rng.sample(["x", "y", "z"], rng.randrange(0, 3))},
+        "e/n": {"int": rng.randrange(2)},
+        "d/index": {"int": i},  # read by no expression: must not split results
+    }
+    attributes = {k: v for k, v in pool.items() if rng.random() < 0.8}
+    return {"name": f"dev-{i}", "attributes": attributes, "allowMultipleAllocations": rng.random() < 0.2,
+            "capacity": {"memory": {"value": rng.choice(["1Gi", "1024Mi", "512Mi", "2Gi"])}}}
+
+
+def _outcome(selector: Any, view: DeviceView) -> tuple[str, Any]:
+    try:
+        return ("ok", selector.matches(view))
+    except CelRuntimeError as err:
+        return ("error", str(err))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_shared_results_equal_evaluating_every_device(seed: int) -> None:
+    rng = random.Random(seed)
+    devices = [_random_device(rng, i) for i in range(200)]
+    shared = CelEnvironment()
+    plain = CelEnvironment()
+    for expr in FOOTPRINT_EXPRESSIONS:
+        selector = shared.compile(expr)
+        assert selector._footprint is not None, expr
+        reference = plain.compile(expr)
+        reference._footprint = None  # evaluates every device
+        got = [_outcome(selector, DeviceView.from_slice_device(DRIVER, d)) for d in devices]
+        want = [_outcome(reference, DeviceView.from_slice_device(DRIVER, d)) for d in devices]
+        assert got == want, expr
+        assert 0 < len(selector._results._messages) < len(devices) / 2, expr  # shared, yet not one answer
