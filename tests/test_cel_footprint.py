@@ -123,3 +123,11 @@ def test_shared_results_equal_evaluating_every_device(seed: int) -> None:
         want = [_outcome(reference, DeviceView.from_slice_device(DRIVER, d)) for d in devices]
         assert got == want, expr
         assert 0 < len(selector._results._messages) < len(devices) / 2, expr  # shared, yet not one answer
+
+
+def test_environment_without_sharing_evaluates_every_device() -> None:
+    env = CelEnvironment(share_results=False)
+    sel = env.compile('device.attributes["d"].model == "a"')
+    assert sel._footprint is None
+    assert [sel.matches(device(f"dev-{i}", {"d/model": {"string": "a"}})) for i in range(3)] == [True] * 3
+    assert len(sel._results._messages) == 0

@@ -135,9 +135,13 @@ class CelEnvironment:
     (``device.allowMultipleAllocations``, DRAConsumableCapacity) are unknown.
     """
 
-    def __init__(self, strict: bool = False, cost_limit: int = COST_LIMIT, features: Features | None = None) -> None:
+    def __init__(self, strict: bool = False, cost_limit: int = COST_LIMIT, features: Features | None = None,
+                 share_results: bool = True) -> None:
         self.strict = strict
         self.cost_limit = cost_limit
+        # Selectors keep results by the device values they read (footprint.py); off, every device is evaluated
+        # (what `bench cel` measures: the evaluation itself).
+        self.share_results = share_results
         features = features or Features()
         # `<value>.includes(<value>)` (KEP-5491): declared with DRAListTypeAttributes (alpha, 1.36); from 1.37 the
         # stored-expressions environment has it whatever the gate, so that objects written with it keep working.
@@ -187,7 +191,7 @@ class CelEnvironment:
         except Exception as err:
             raise CelCompileError(compile_message(str(err))) from None
         parsed = program.serialize()
-        footprint = parsed_footprint(parsed, self._types)
+        footprint = parsed_footprint(parsed, self._types) if self.share_results else None
         folded = fold_literals(parsed, self._types)
         if folded is not None:
             program = self._runtime.deserialize(folded)
