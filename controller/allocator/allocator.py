@@ -268,7 +268,7 @@ class Allocator:
                 # Kubernetes' text, then (placed last by _selector_error) what the device has and the closest name.
                 hint = missing_key_hint(str(exc), view.attributes, view.capacity, view.name or dev.name)
                 result = f"CEL runtime error: {exc}" + (HINT_SEPARATOR + hint if hint else "")
-            if view._cel_cache and dev._view is None:
+            if view.holds_evaluation_data and dev._view is None:
                 dev._view = view  # it holds evaluation data now: keep it for the device's other selectors
         cache[key] = result if isinstance(result, bool) else AllocationError(result)
         return result

@@ -130,6 +130,11 @@ class DeviceView:
         """Capacities by fully-qualified name."""
         return {f"{domain}/{ident}": value for domain, ids in self.capacity.items() for ident, value in ids.items()}
 
+    @property
+    def holds_evaluation_data(self) -> bool:
+        """Whether an evaluation has converted this device for CEL (worth keeping the view for)."""
+        return bool(self._cel_cache)
+
     def cached(self, key: Any, build: Callable[[], Any]) -> Any:
         """Per-view memo used by the CEL environment for evaluation data (keyed by environment)."""
         value = self._cel_cache.get(key)
