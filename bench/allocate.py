@@ -1,5 +1,6 @@
-"""`gpu-dra bench allocate [-o json] [--scenario a|b|all] [--nodes N] [--devices D] [--seed N]`: placement
-throughput, latency and CPU cost per claim.
+"""`gpu-dra bench allocate [-o json] [--scenario a|b|all] [--nodes N[,N...]] [--devices D] [--seed N]`: placement
+throughput, latency and CPU cost per claim; with several node counts, one run per size in one process, the
+`curve` of their figures and `cpuMsPerClaimGrowth` (largest size over smallest).
 
 (a) kube-scheduler scheduler_perf's SchedulingWithResourceClaimTemplate shape: by default 500 nodes x 10
     devices (one slice per node), a device class with a driver selector, one-device claims from a
@@ -136,15 +137,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"--scenario {unknown[0]!r}: unknown scenario; accepted: a, b, all", file=sys.stderr)
         return 2
     seed = int(getattr(args, "seed", 1) or 1)
-    size = Size(getattr(args, "nodes", None), getattr(args, "devices", None))
-    for flag, value in (("--nodes", size.nodes), ("--devices", size.devices)):
+    nodes = getattr(args, "nodes", None)
+    node_counts: list[int | None] = [nodes] if nodes is None or isinstance(nodes, int) else list(nodes)
+    devices = getattr(args, "devices", None)
+    for flag, value in [*(("--nodes", n) for n in node_counts), ("--devices", devices)]:
         if value is not None and value < 1:
             print(f"{flag} {value}: must be at least 1", file=sys.stderr)
             return 2
-    results = {w: measure(w, seed, CelEnvironment(), size) for w in wanted}
+    # One run per size and scenario, in this process; the largest size's figures head the result.
+    curve = {w: [measure(w, seed, CelEnvironment(), Size(n, devices)) for n in node_counts] for w in wanted}
+    results = {w: runs[-1] for w, runs in curve.items()}
     head = results[wanted[0]]
     doc = {"benchmark": "allocate", "claimsPerSecond": head["claimsPerSecond"], "cpuMsPerClaim": head["cpuMsPerClaim"],
            "p50Ms": head["p50Ms"], "p99Ms": head["p99Ms"], "peakRssMiB": peak_rss_mib(),
            "placementDigest": head["placementDigest"], "seed": seed, "scenarios": results}
+    if len(node_counts) > 1:
+        doc["curve"] = {w: [{k: r[k] for k in CURVE_KEYS} for r in runs] for w, runs in curve.items()}
+        # CPU per claim at the largest size over the smallest: 1.0 is a flat cost per claim.
+        doc["cpuMsPerClaimGrowth"] = {w: round(runs[-1]["cpuMsPerClaim"] / runs[0]["cpuMsPerClaim"], 2)
+                                      if runs[0]["cpuMsPerClaim"] else None for w, runs in curve.items()}
     emit("allocate", doc, getattr(args, "output", "table"))
     return 0
+
+
+CURVE_KEYS = ("nodes", "claims", "cpuMsPerClaim", "claimsPerSecond", "p50Ms", "p99Ms", "placementDigest")

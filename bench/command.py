@@ -26,11 +26,22 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scenario", default="all", help="allocate only: a (scheduler_perf shape), b (NVLink gangs of 4/8) or all"
     )
-    parser.add_argument("--nodes", type=int, default=None, help="allocate, schedule: cluster size (default: the scenario's own)")
+    parser.add_argument("--nodes", type=node_sizes, default=None,
+                        help="allocate, schedule: cluster size (default: the scenario's own); allocate also takes a "
+                             "comma-separated list (100,500,1000: one run per size, and the scale curve)")
     parser.add_argument("--devices", type=int, default=None, help="allocate only: devices per node (default: the scenario's own)")
     parser.add_argument("--pods", type=int, default=None, help="schedule only: pods to create (default 4 per node)")
     parser.add_argument("--rate", type=float, default=None,
                         help="schedule only: create pods at this many per second instead of back to back")
+
+
+def node_sizes(text: str) -> list[int]:
+    """`--nodes N` or `--nodes N,N,...`: whole numbers (checked further by each benchmark)."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of nodes, or several separated by commas "
+                                         "(100,500,1000)") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,7 +4,8 @@ Both paths talk to one `gpu-dra apiserver` in a child process over the same ApiC
 urllib3 pool); only the client side differs:
 - official: `ApiClient.param_serialize` + `ApiClient.call_api` (the generated client's generic request path, what
   KubeApi used before), JSON decoded from the response;
-- kubeapi: `KubeApi._call` (one `json.dumps`, the host's connection pool, one `json.loads`).
+- kubeapi: `KubeApi._call` (one `json.dumps`, a connection of the host's pool, the response read by
+  `gpudra.http1`, one `json.loads`).
 Per path and call shape (GET of a pod, PUT of a claim's status with a 4-device allocation, POST of an Event),
 N calls are timed with this thread's CPU time (robust to other load); the server's work is not counted.
 """

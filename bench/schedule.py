@@ -308,6 +308,11 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     seed = int(getattr(args, "seed", 1) or 1)
     nodes = getattr(args, "nodes", None)
+    if isinstance(nodes, list):
+        if len(nodes) > 1:
+            print(f"--nodes {','.join(map(str, nodes))}: schedule takes one cluster size", file=sys.stderr)
+            return 2
+        nodes = nodes[0]
     nodes = 100 if nodes is None else nodes
     pods = getattr(args, "pods", None)
     pods = 4 * nodes if pods is None else pods

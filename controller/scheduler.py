@@ -5,7 +5,7 @@ EmbeddedScheduler, per pass, pod by pod:
   PriorityClass value, then creation time (controller.schedqueue); pods created during the pass join the
   queue in their rank before the next pod is taken; a pass stops after `budget` seconds so that the other
   concerns run, and the next pass starts at once;
-- per pod, one after another: its template claims are created (the `expand` hook), then its claims must
+- per pod: its template claims are created (the `expand` hook, ahead of its placement), then its claims must
   all exist; claims already allocated pin the pod to their nodes; the others are allocated together on the
   best node (controller.scoring.Placer over the allocator); legacy `nvidia.com/gpu` requests need Node
   allocatable minus what bound pods request, unless a DeviceClass backs them (DRAExtendedResource: the pod then
@@ -13,8 +13,13 @@ EmbeddedScheduler, per pass, pod by pod:
   status.extendedResourceClaimStatus before binding); namespace device quotas are checked (`pre_bind` checks);
 - the snapshot the Placer searches is a LiveSnapshot: kept current from the informer caches' deltas and
   from this scheduler's own allocations at commit, never rebuilt by a relist;
-- then finalizer + allocation + reservedFor per claim, then pods/binding. A failed step undoes the earlier
-  ones of that pod. A bound pod is assumed bound until the watch shows it (no re-read after binding);
+- placement happens on the scheduling thread, one pod at a time in queue order; the API writes around it run
+  on a small pool (controller.inflight): the template claims of the next pods are created while this one is
+  placed, and a placed pod is *assumed* (devices taken, claims allocated, pod bound, for the rest of the pass)
+  while its writes run: finalizer (when the claim lacks it) + allocation + reservedFor per claim, then
+  pods/binding and the Scheduled Event. A failed step undoes the earlier ones of that pod and gives its devices
+  back; its pod is tried on the next pass. A pass ends with no write in flight. A bound pod is assumed bound
+  until the watch shows it (no re-read after binding);
 - a pod that cannot be placed is reported through `_unschedulable` (an Event, rate-limited, and the
   explanation annotation on its pending claims); it is retried on the next pass, which runs whenever
   something changes.
@@ -428,7 +433,8 @@ class EmbeddedScheduler:
         return _Candidates(names, frozenset(names), more)
 
     def _schedule(self, pod: Obj, state: _PassState, bindings: InFlight[_Bound], tally: _Tally) -> bool:
-        """Place one pod and start its binding; False when it cannot be placed now (reported as unschedulable)."""
+        """Place one pod and start its binding (whose outcome `_settle` counts); False when it cannot be placed now
+        (reported as unschedulable)."""
         group_wait = podgroups.wait_reason(pod, state.view, state.claims_by_key)
         if group_wait:
             self._unschedulable(pod, [], group_wait, event=REASON_GANG_WAITING, reason="waiting")
@@ -515,8 +521,8 @@ class EmbeddedScheduler:
     # -- binding: assumed on the scheduling thread, written on the pool, settled on the scheduling thread ---------
 
     def _assume(self, binding: _Binding, state: _PassState) -> None:
-        """What the pass believes from now on: the devices are taken, the claims allocated and reserved for the pod
-        (quota checks and pods sharing a claim see that), the pod bound to the node."""
+        """What the pass believes from now on: the devices are taken, the claims allocated (quota checks see that),
+        the pod bound to the node."""
         pending_keys = [o.key(c) for c in binding.pending]
         self._live.commit(pending_keys, binding.allocations, binding.node)
         for claim, alloc in zip(binding.pending, binding.allocations):

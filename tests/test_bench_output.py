@@ -67,3 +67,25 @@ def test_bad_flag_value_is_reported_on_stderr(capsys: pytest.CaptureFixture[str]
     assert main(["bench", "allocate", "--nodes", "0"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "--nodes 0: must be at least 1" in captured.err
+
+
+def test_allocate_runs_several_sizes_in_one_process_and_prints_the_scale_curve(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "allocate", "--scenario", "a", "--devices", "2", "--nodes", "3,6", "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    curve = doc["curve"]["a"]
+    assert [(r["nodes"], r["claims"]) for r in curve] == [(3, 6), (6, 12)]
+    assert doc["scenarios"]["a"]["nodes"] == 6 and doc["placementDigest"] == curve[-1]["placementDigest"]
+    assert doc["cpuMsPerClaimGrowth"]["a"] == round(curve[-1]["cpuMsPerClaim"] / curve[0]["cpuMsPerClaim"], 2)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["bench", "allocate", "--nodes", "10,x"], "expected a whole number of nodes, or several separated by commas"),
+    (["bench", "allocate", "--nodes", "10,0"], "--nodes 0: must be at least 1"),
+    (["bench", "schedule", "--nodes", "10,20"], "--nodes 10,20: schedule takes one cluster size"),
+])
+def test_bad_node_sizes_are_refused(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse refuses a malformed value itself
+        code = int(exit_.code or 0)
+    assert code == 2 and message in capsys.readouterr().err

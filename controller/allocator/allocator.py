@@ -9,7 +9,10 @@ changes which devices a successful search picks:
   constraints, capacity) rejects it (upstream leaks them in that case);
 - shareIDs are derived deterministically from the claim and device instead of random bytes;
 - failed sub-searches are memoised by (position, devices picked so far) so that permutations of
-  the same devices are not re-explored: they would fail the same way.
+  the same devices are not re-explored: they would fail the same way;
+- a request whose devices a matchAttribute value already narrows fails at once when fewer free devices
+  have that value than it still needs, once every free device has been checked for it in the call (so
+  no error the full search would raise is skipped).
 """
 
 from __future__ import annotations
@@ -190,6 +193,9 @@ class Allocator:
         self.features = features or Features()
         self.cel_env = cel_env
         self._compiled: dict[str, Any] = {}
+        # The view last built for a device that does not keep one: its class and request selectors run one
+        # after the other, so they share it.
+        self._recent_view: tuple[Device, Any] | None = None
 
     def allocate(self, node_name: str, claims: Sequence[Claim | Mapping[str, Any]]) -> list[dict[str, Any]] | Unschedulable:
         """One Filter call: all claims together on `node_name`. Raises AllocationError for fatal errors."""
@@ -224,6 +230,17 @@ class Allocator:
                      "with has() for optional fields")
         return f"{owner}: selector #{index} on device {dev.slice.driver}/{dev.slice.pool}/{dev.name}: {text}{ours}"
 
+    def _view(self, dev: Device) -> Any:
+        """The device's CEL view. Most selectors are answered from results shared by devices of one model
+        (Selector's footprint) without evaluation data, so a view is kept on the device only once an evaluation
+        stored some in it: thousands of views kept only to be read once would be collected again and again."""
+        recent = self._recent_view
+        if recent is not None and recent[0] is dev:
+            return recent[1]
+        view = dev.cel_view(keep=False)
+        self._recent_view = (dev, view)
+        return view
+
     def selector_matches(self, dev: Device, expr: str) -> bool | str:
         """True/False, or the error text (compile errors start with 'CEL compile error: ')."""
         key = (dev.uid, expr)
@@ -244,13 +261,15 @@ class Allocator:
         if isinstance(program, Exception):
             result = f"CEL compile error: {program}"
         else:
-            view = dev.cel_view()
+            view = self._view(dev)
             try:
                 result = bool(program.matches(view))
             except Exception as exc:  # noqa: BLE001 - any runtime failure is fatal, with Kubernetes' text
                 # Kubernetes' text, then (placed last by _selector_error) what the device has and the closest name.
                 hint = missing_key_hint(str(exc), view.attributes, view.capacity, view.name or dev.name)
                 result = f"CEL runtime error: {exc}" + (HINT_SEPARATOR + hint if hint else "")
+            if view.holds_evaluation_data and dev._view is None:
+                dev._view = view  # it holds evaluation data now: keep it for the device's other selectors
         cache[key] = result if isinstance(result, bool) else AllocationError(result)
         return result
 
@@ -277,6 +296,8 @@ class _Run:
         self.chosen: list[tuple[DeviceID, int, str]] = []
         self.memo_ok = True
         self.binding = binding_enabled(self.f)
+        self._usable: list[Device] | None = None
+        self._unknown: dict[str, bool] = {}
 
     # ---- setup ----------------------------------------------------------------------------------
 
@@ -423,6 +444,10 @@ class _Run:
             return out
 
         admin = request.admin
+        if self.memo_ok and not admin and self._cannot_complete(ci, ri, si, rd, rd.num - di):
+            if memo_key is not None:
+                self.failed.add(memo_key)
+            return _FAIL
         in_use = self.snap.allocated
         allocating = self.allocating
         for pool in self.pools:
@@ -430,7 +455,7 @@ class _Run:
                 continue
             for sl in pool.slices:
                 for dev in sl.devices:
-                    did = (sl.driver, sl.pool, dev.name)
+                    did = dev.id
                     if admin:
                         users = allocating.get(did)
                         if users and ci in users:
@@ -441,7 +466,7 @@ class _Run:
                         continue
                     if self.f.consumable_capacity and not self._capacity_fits(request, dev):
                         continue
-                    undo = self._allocate_device(ci, rd, dev, pool, must=False)
+                    undo = self._allocate_device(ci, rd, dev, pool, must=False, capacity_checked=True)
                     if undo is None:
                         continue
                     out = self._one(ci, ri, si, di + 1, in_sub)
@@ -453,6 +478,64 @@ class _Run:
         if memo_key is not None:
             self.failed.add(memo_key)
         return _FAIL
+
+    def _cannot_complete(self, ci: int, ri: int, si: int, rd: _ReqData, need: int) -> bool:
+        """Whether the loop over devices below is sure to fail without raising: a matchAttribute of the claim
+        already holds a value, and fewer free devices have it (and are selectable) than the request still needs.
+
+        Only sound where the search depends on the set of devices picked (memo_ok) and every free device has
+        been through this request's checks earlier in the run (its selector results are in match_cache): the
+        loop would then evaluate nothing new, so it cannot raise a selector error; a device whose constrained
+        attribute has an unknown type could raise in a constraint check, so one on the node disables this.
+        Counters and taints only ever reject more devices, so the count is an upper bound."""
+        request = rd.request
+        fixed: list[tuple[str, AttrValue | None]] = []
+        for st in self.constraints[ci]:
+            if st.applies(request):
+                if self._has_unknown(st.attribute):
+                    return False
+                if st.count:
+                    fixed.append((st.attribute, st.value))
+        if not fixed:
+            return False
+        in_use = self.snap.allocated
+        allocating = self.allocating
+        cache = self.match_cache
+        binding = self.binding
+        left = 0
+        for dev in self._usable_devices():
+            did = dev.id
+            if did in in_use or allocating.get(did):
+                continue
+            if not binding and dev.binding_conditions:
+                continue  # never selectable
+            selectable = cache.get((dev.uid, ci, ri, si))
+            if selectable is None:
+                return False  # not looked at yet in this run: the loop would evaluate it
+            if selectable:
+                for attribute, value in fixed:
+                    if dev.attribute(attribute) != value:
+                        break
+                else:
+                    left += 1
+                    if left >= need:
+                        return False
+        return True
+
+    def _usable_devices(self) -> list[Device]:
+        """The devices the search loop walks (pools neither incomplete nor invalid), in its order."""
+        if self._usable is None:
+            self._usable = [dev for pool in self.pools if not (pool.incomplete or pool.invalid)
+                            for sl in pool.slices for dev in sl.devices]
+        return self._usable
+
+    def _has_unknown(self, attribute: str) -> bool:
+        """Whether a device the search may look at has `attribute` with a value of unknown type."""
+        found = self._unknown.get(attribute)
+        if found is None:
+            found = self._unknown[attribute] = any(dev.attribute(attribute) == UNKNOWN_ATTRIBUTE
+                                                   for dev in self._usable_devices())
+        return found
 
     def _selectable(self, ci: int, ri: int, si: int, rd: _ReqData, dev: Device) -> bool:
         if not self.binding and dev.binding_conditions:
@@ -487,7 +570,10 @@ class _Run:
         return cap.fits(dev.raw.get("capacity") or {}, request.capacity, consumed, allocating,
                         self.f.fractional_capacity_range)
 
-    def _allocate_device(self, ci: int, rd: _ReqData, dev: Device, pool: Pool, must: bool) -> Callable[[], None] | None:
+    def _allocate_device(self, ci: int, rd: _ReqData, dev: Device, pool: Pool, must: bool,
+                         capacity_checked: bool = False) -> Callable[[], None] | None:
+        """Add `dev` to claim `ci` for `rd`; the undo, or None when it cannot be. `capacity_checked`: the caller has
+        just found that the request fits the device's capacity (nothing in between changes that)."""
         request = rd.request
         did = dev.id
         multi = self.f.consumable_capacity and dev.allow_multiple
@@ -516,7 +602,7 @@ class _Run:
         consumed: dict[str, Quantity] | None = None
         share_id: str | None = None
         if self.f.consumable_capacity:
-            if not self._capacity_fits(request, dev):
+            if not capacity_checked and not self._capacity_fits(request, dev):
                 release_counters()
                 return None
             if multi:

@@ -120,7 +120,9 @@ def fits(
                 total = total + consumed[name]
             if name in allocating:
                 total = total + allocating[name]
-            if total > _q(cap.get("value", "0")):
+            limit = _q(cap.get("value", "0"))
+            # An idle device asked for nothing consumes its own value, the very object _q cached: not over it.
+            if total is not limit and total > limit:
                 return False
     except (QuantityError, TypeError, AttributeError, ZeroDivisionError):
         return False

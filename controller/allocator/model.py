@@ -59,27 +59,33 @@ class Device:
     binds_to_node: bool = False
     uid: int = field(default_factory=lambda: next(_device_uids))
     _view: Any = None
+    # (driver, pool, device): the search, the constraints and scoring look it up for every candidate.
+    id: DeviceID = field(init=False, repr=False)
+    # Every name attribute() resolves, to its value: `<driver>/<name>` for each name as written (the domain of a
+    # lookup is what precedes its first "/"), then the names as written, which win.
+    _lookup: dict[str, AttrValue] = field(init=False, repr=False)
 
-    @property
-    def id(self) -> DeviceID:
-        return (self.slice.driver, self.slice.pool, self.name)
+    def __post_init__(self) -> None:
+        self.id = (self.slice.driver, self.slice.pool, self.name)
+        driver = self.slice.driver
+        lookup = {} if "/" in driver else {f"{driver}/{k}": v for k, v in self.attributes.items()}
+        lookup.update(self.attributes)
+        self._lookup = lookup
 
     def attribute(self, qualified: str) -> AttrValue | None:
         """Kubernetes' lookupAttribute: the fully qualified name, or the bare id when the domain is the driver's."""
-        found = self.attributes.get(qualified)
-        if found is not None:
-            return found
-        domain, sep, ident = qualified.partition("/")
-        if not sep or domain != self.slice.driver:
-            return None
-        return self.attributes.get(ident)
+        return self._lookup.get(qualified)
 
-    def cel_view(self) -> Any:
-        if self._view is None:
-            from controller.cel import DeviceView  # the CEL runtime is only needed once a selector runs
+    def cel_view(self, keep: bool = True) -> Any:
+        """The device as CEL sees it; kept on the device unless `keep` is false (then built anew on each call)."""
+        if self._view is not None:
+            return self._view
+        from controller.cel import DeviceView  # the CEL runtime is only needed once a selector runs
 
-            self._view = DeviceView.from_slice_device(self.slice.driver, dict(self.raw))
-        return self._view
+        view = DeviceView.from_slice_device(self.slice.driver, dict(self.raw))
+        if keep:
+            self._view = view
+        return view
 
 
 @dataclass(eq=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -14,6 +15,7 @@ AttributeValue = Union[int, bool, str, Semver]
 
 _ATTRIBUTE_KINDS = ("int", "bool", "string", "version")
 _LIST_KINDS = {"ints": "int", "bools": "bool", "strings": "string", "versions": "version"}
+_PLAIN = {"string": str, "int": int, "bool": bool}
 
 
 def split_qualified_name(name: str, default_domain: str) -> tuple[str, str]:
@@ -25,6 +27,11 @@ def split_qualified_name(name: str, default_domain: str) -> tuple[str, str]:
 def parse_attribute(name: str, raw: Any) -> AttributeValue | list[AttributeValue]:
     """One v1 DeviceAttribute (``{"int": 5}``, ``{"version": "1.2.3"}``, ``{"strings": ["a"]}``, ...) as a Python
     value; list-type attributes (KEP-5491) become lists."""
+    if type(raw) is dict and len(raw) == 1:
+        # The common shapes, answered as the checks below would answer them: one plain string, int or bool.
+        ((kind, value),) = raw.items()
+        if type(value) is _PLAIN.get(kind):
+            return value  # type: ignore[no-any-return]
     if not isinstance(raw, Mapping):
         raise ValueError(f"attributes[{name}]: must be an object with one of {', '.join(_ATTRIBUTE_KINDS)}")
     lists = [k for k in _LIST_KINDS if raw.get(k) is not None]
@@ -63,9 +70,15 @@ def parse_capacity(name: str, raw: Any) -> Quantity:
     if not isinstance(raw, Mapping) or not isinstance(raw.get("value"), (str, int)):
         raise ValueError(f"capacity[{name}].value: must be a quantity string such as \"80Gi\"")
     try:
-        return Quantity.parse(str(raw["value"]))
+        return _parse_quantity(str(raw["value"]))
     except QuantityError as err:
         raise ValueError(f"capacity[{name}].value: {err}") from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_quantity(text: str) -> Quantity:
+    # Quantities are immutable and devices of a model repeat the same few texts ("80Gi"); errors are not cached.
+    return Quantity.parse(text)
 
 
 @dataclass(eq=False)
@@ -116,6 +129,11 @@ class DeviceView:
     def qualified_capacity(self) -> dict[str, Quantity]:
         """Capacities by fully-qualified name."""
         return {f"{domain}/{ident}": value for domain, ids in self.capacity.items() for ident, value in ids.items()}
+
+    @property
+    def holds_evaluation_data(self) -> bool:
+        """Whether an evaluation has converted this device for CEL (worth keeping the view for)."""
+        return bool(self._cel_cache)
 
     def cached(self, key: Any, build: Callable[[], Any]) -> Any:
         """Per-view memo used by the CEL environment for evaluation data (keyed by environment)."""

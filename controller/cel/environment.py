@@ -10,6 +10,7 @@ from controller.cel.cost import CostEstimate, estimate_checked_cost
 from controller.cel.device import DeviceView
 from controller.cel.errors import CelCompileError, CelRuntimeError, compile_message, runtime_message
 from controller.cel.fold import fold_literals
+from controller.cel.footprint import Footprint, parsed_footprint
 from controller.cel.library import KubernetesLibrary
 from controller.cel.messages import DEVICE_TYPE, STRICT_DEVICE_TYPE, MessageTypes, build_message_types
 from controller.cel.values import MessageMemo, quantity_to_message, semver_to_message
@@ -70,7 +71,8 @@ class _Key(NamedTuple):
 class Selector:
     """A compiled selector expression."""
 
-    def __init__(self, env: "CelEnvironment", expression: str, program: Any, cost: CostEstimate) -> None:
+    def __init__(self, env: "CelEnvironment", expression: str, program: Any, cost: CostEstimate,
+                 footprint: Footprint | None = None) -> None:
         self.expression = expression
         self.cost = cost.max
         self._env = env
@@ -80,6 +82,11 @@ class Selector:
         self._capacity_domains = cost.capacity_domains
         self._base_key = _Key(id(env), frozenset(), frozenset())
         self._pads_domains = bool(self._attribute_domains or self._capacity_domains)
+        # Results by the values of the device paths the expression reads (see footprint.py): devices of one
+        # model share them, so most devices are answered without converting them or running the program.
+        # Only true/false is kept; an error is raised again by evaluating, with that device's own text.
+        self._footprint = footprint
+        self._results = MessageMemo()
 
     def matches(self, device: DeviceView) -> bool:
         """Evaluate against one device; raises CelRuntimeError with Kubernetes' text on any error."""
@@ -87,6 +94,12 @@ class Selector:
             # cel-expr-python cannot stop a running evaluation, so an expression whose worst case is over
             # the limit is refused outright with the error Kubernetes gives when it hits the limit.
             raise CelRuntimeError(COST_EXCEEDED)
+        footprint = None
+        if self._footprint is not None:
+            footprint = self._footprint.key(device)
+            known = self._results.get(footprint)
+            if known is not None:
+                return known  # type: ignore[no-any-return]
         key = self._base_key
         if self._pads_domains:
             missing_attr = self._attribute_domains.difference(device.attributes)
@@ -104,6 +117,8 @@ class Selector:
             raise CelRuntimeError(runtime_message(str(err))) from None
         value = result.value()
         if value is True or value is False:
+            if footprint is not None:
+                self._results.put(footprint, value)
             return value
         if result.type() == cel.Type.ERROR:
             raise CelRuntimeError(runtime_message(str(value)))
@@ -120,9 +135,13 @@ class CelEnvironment:
     (``device.allowMultipleAllocations``, DRAConsumableCapacity) are unknown.
     """
 
-    def __init__(self, strict: bool = False, cost_limit: int = COST_LIMIT, features: Features | None = None) -> None:
+    def __init__(self, strict: bool = False, cost_limit: int = COST_LIMIT, features: Features | None = None,
+                 share_results: bool = True) -> None:
         self.strict = strict
         self.cost_limit = cost_limit
+        # Selectors keep results by the device values they read (footprint.py); off, every device is evaluated
+        # (what `bench cel` measures: the evaluation itself).
+        self.share_results = share_results
         features = features or Features()
         # `<value>.includes(<value>)` (KEP-5491): declared with DRAListTypeAttributes (alpha, 1.36); from 1.37 the
         # stored-expressions environment has it whatever the gate, so that objects written with it keep working.
@@ -171,10 +190,12 @@ class CelEnvironment:
             program = self._runtime.compile(expression, disable_check=True)
         except Exception as err:
             raise CelCompileError(compile_message(str(err))) from None
-        folded = fold_literals(program.serialize(), self._types)
+        parsed = program.serialize()
+        footprint = parsed_footprint(parsed, self._types) if self.share_results else None
+        folded = fold_literals(parsed, self._types)
         if folded is not None:
             program = self._runtime.deserialize(folded)
-        return Selector(self, expression, program, cost)
+        return Selector(self, expression, program, cost, footprint)
 
     def estimate_cost(self, expression: str) -> int:
         """Kubernetes-style worst-case cost of a compilable expression; raises CelCompileError."""
