@@ -760,6 +760,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                 watcher.poked.wait(max(wait, 0.0))
                 watcher.poked.clear()
                 with watcher.delivery:
+                    watcher.dirty = False
                     if unsent[0]:
                         self.wfile.write(unsent[0])
                         unsent[0] = b""
@@ -779,6 +780,8 @@ class ApiHandler(BaseHTTPRequestHandler):
                     elif bookmarks and time.monotonic() - watcher.pushed_at >= self.ctx.bookmark_interval:
                         self._bookmark(r, watcher.pos)
                         watcher.pushed_at = time.monotonic()
+                if watcher.dirty:
+                    watcher.poked.set()  # a writer came while this thread was sending: another pass at once
             store.stop_pushing(watcher)
             with watcher.delivery:
                 if unsent[0]:

@@ -377,24 +377,27 @@ class Store:
         watcher.push = None
 
     def _push(self, rt: ResourceType) -> None:
-        """Send the new events of `rt` to its pushed watchers, from this (writing) thread."""
+        """Send the new events of `rt` to its pushed watchers, from this (writing) thread.
+
+        Whoever holds a watcher's `delivery` looks at `dirty` again after releasing it: a writer that found it
+        held only marks it, and the holder (another writer, or the watch's thread) sends its events too."""
         for watcher in tuple(self._pushed.get(rt, ())):
-            if not watcher.delivery.acquire(blocking=False):
-                watcher.poked.set()  # its thread (or another writer) is sending: it sends these next
-                continue
-            try:
-                push = watcher.push
-                if push is None or watcher.stalled:
-                    watcher.poked.set()
-                    continue
-                events = watcher.ready_events()
-                if events is None:
-                    watcher.poked.set()  # compacted: its thread reports it
-                elif events and not push(events):
-                    watcher.stalled = True  # a slow client: its thread sends the rest, and what follows
-                    watcher.poked.set()
-            finally:
-                watcher.delivery.release()
+            watcher.dirty = True
+            while watcher.dirty and watcher.delivery.acquire(blocking=False):
+                try:
+                    watcher.dirty = False
+                    push = watcher.push
+                    if push is None or watcher.stalled:
+                        watcher.poked.set()
+                        continue
+                    events = watcher.ready_events()
+                    if events is None:
+                        watcher.poked.set()  # compacted: its thread reports it
+                    elif events and not push(events):
+                        watcher.stalled = True  # a slow client: its thread sends the rest, and what follows
+                        watcher.poked.set()
+                finally:
+                    watcher.delivery.release()
 
     def _on_durable(self, rv: int, batch: list[Change]) -> None:
         with self._lock:
@@ -851,6 +854,7 @@ class Watcher:
         self.delivery = threading.Lock()
         self.poked = threading.Event()
         self.stalled = False
+        self.dirty = False  # events may be waiting: set before trying `delivery`, read after releasing it
         self.pushed_at = 0.0  # when events were last sent (for the bookmark interval)
 
     def initial_events(self) -> Iterator[tuple[str, dict[str, Any]]]:
