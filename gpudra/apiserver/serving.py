@@ -8,7 +8,8 @@ The standard `ThreadingHTTPServer` gives each connection a thread that blocks re
   `keepalive_timeout` (between requests).
 - A connection is handed to a worker only when bytes have arrived; the worker reads one request under a
   deadline (`request_timeout` for the request line, headers and body together), answers it, and gives the
-  connection back to the selector (or serves the next pipelined request at once).
+  connection back to the selector (or serves the next pipelined request at once, or, while another worker is
+  idle, waits up to `LINGER_S` for the client's next request: a busy client keeps its worker).
 - Workers are a bounded pool. A watch is long-lived: its worker leaves the pool (a replacement is started)
   and ends when the watch ends; watches are bounded by `max_watches`.
 - At `max_connections` (or when the process runs out of file descriptors) the connection idle the longest
@@ -35,7 +36,11 @@ WORKERS = 16
 MAX_CONNECTIONS = 4096
 MAX_WATCHES = 4096
 _SWEEP_S = 0.5
-LINGER_S = 0.002  # how long an otherwise idle worker waits for a kept-alive client's next request
+# How long a worker waits on a kept-alive connection for the client's next request while another worker is idle.
+# A busy client (a controller's write pool, a load generator) then keeps its worker: the selector thread's
+# hand-offs (its wake-up, the dispatch, the worker's wake-up: three thread switches per request) cost about a
+# sixth of the server's CPU per scheduled pod with 2 ms; a waiting worker costs nothing.
+LINGER_S = 0.05
 
 
 def wait_ready(sock: socket.socket, events: int, timeout: float | None) -> bool:
@@ -119,6 +124,7 @@ class PooledHttpServer:
         self._idle: collections.OrderedDict[Connection, None] = collections.OrderedDict()  # oldest first
         self._returned: collections.deque[Connection] = collections.deque()  # back from workers, to re-park
         self._ready: collections.deque[Connection] = collections.deque()
+        self._idle_workers = 0  # workers waiting for a connection (read without the lock: a hint)
         self._mu = threading.Condition()
         self._open = 0
         self._watches = 0
@@ -279,7 +285,9 @@ class PooledHttpServer:
         while True:
             with self._mu:
                 while not self._ready and not self._stopping:
+                    self._idle_workers += 1
                     self._mu.wait()
+                    self._idle_workers -= 1
                 if self._stopping:
                     return
                 conn = self._ready.popleft()
@@ -320,10 +328,10 @@ class PooledHttpServer:
             return False
 
     def _next_request_soon(self, conn: Connection) -> bool:
-        """Whether the client sends its next request within `linger_s`, when no other connection is waiting:
-        a busy client's requests then skip the round trip through the selector thread."""
-        if self.linger_s <= 0 or self._ready:
-            return False
+        """Whether the client sends its next request within `linger_s`, when no other connection is waiting and
+        another worker is idle: a busy client's requests then skip the round trip through the selector thread."""
+        if self.linger_s <= 0 or self._ready or not self._idle_workers:
+            return False  # someone else needs this worker, or could soon with none left idle
         poller = select.poll()
         poller.register(conn.sock.fileno(), select.POLLIN)
         return bool(poller.poll(self.linger_s * 1000))
