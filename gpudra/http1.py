@@ -26,8 +26,13 @@ class ProtocolError(OSError):
     """The peer broke the protocol or the connection; nothing of a response was usable."""
 
 
+class NothingSent(ProtocolError):
+    """The connection broke before the whole request was written: the server cannot have acted on it."""
+
+
 class NothingReceived(ProtocolError):
-    """The connection ended before any byte of a response: a kept-alive connection the server had closed."""
+    """The connection ended (or was reset) before any byte of a response, after the request was written: a
+    kept-alive connection the server had closed, or a server that went away while handling the request."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,10 @@ def encode_request(method: str, target: str, host: str, headers: dict[str, Any],
 def exchange(sock: socket.socket, request: bytes, *, bodyless: bool = False, stream: bool = False) -> Reply | Stream:
     """Send `request` and read the response: whole, or (`stream`, and a 2xx status) as a Stream of lines that
     owns the socket from then on. `bodyless` for a HEAD request."""
-    sock.sendall(request)
+    try:
+        sock.sendall(request)
+    except (BrokenPipeError, ConnectionResetError) as exc:
+        raise NothingSent(f"the connection broke while sending the request: {exc}") from exc
     reader = sock.makefile("rb")
     try:
         status, headers, keep_alive = read_head(reader)
@@ -93,7 +101,10 @@ def read_rest(reader: io.BufferedIOBase, status: int, headers: dict[str, str], k
 
 def read_head(reader: io.BufferedIOBase) -> tuple[int, dict[str, str], bool]:
     """Status, headers (lower-cased names) and whether the connection may be reused."""
-    line = reader.readline(MAX_LINE + 1)
+    try:
+        line = reader.readline(MAX_LINE + 1)
+    except ConnectionResetError as exc:
+        raise NothingReceived(f"the connection was reset before a response: {exc}") from exc
     if not line:
         raise NothingReceived("the server closed the connection without a response")
     status, version = _status_line(line)

@@ -162,6 +162,11 @@ def retry_on_conflict(fn: Callable[[], T], attempts: int = 10, base_delay: float
 _RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
+# Methods a request may be repeated with (RFC 9110 9.2.2): retried on a fresh connection when a kept-alive one
+# ended without a response.
+_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+
+
 def _query_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -285,7 +290,8 @@ class KubeApi:
         """One request on a connection of the host's pool with `gpudra.http1` (through urllib3 behind a proxy): a
         Reply read whole, or with `stream` and a 2xx status a stream of lines (`http1.Stream`, or urllib3's
         response behind a proxy) holding the connection until closed. A kept-alive connection the server closed
-        meanwhile is retried once on a fresh one: nothing of the request was processed then, whatever its method."""
+        meanwhile is retried once on a fresh one, as Go's net/http does: any request that was not fully written, and
+        an idempotent one that got no byte of a response (a create could have been acted on)."""
         headers = self._headers(method, target, data, content_type)
         pool = self._host_pool()
         if pool is None:
@@ -305,9 +311,9 @@ class KubeApi:
                     conn.connect()
                 conn.sock.settimeout(read_timeout)
                 result = http1.exchange(conn.sock, request, bodyless=method == "HEAD", stream=stream)
-            except http1.NothingReceived:
+            except (http1.NothingSent, http1.NothingReceived) as exc:
                 self._give_back(pool, conn, close=True)
-                if reused and not fresh:
+                if reused and not fresh and (isinstance(exc, http1.NothingSent) or method in _IDEMPOTENT):
                     continue
                 raise
             except BaseException:
