@@ -248,8 +248,8 @@ class EmbeddedScheduler:
         pods: Store | None = None,
         claim_index: Callable[[], GeneratedClaims] | None = None,
         binding_timeout: float = bindingconditions.DEFAULT_BINDING_TIMEOUT_SECONDS,
-        bindings_in_flight: int = 4,
-        expansions_ahead: int = 2,
+        bindings_in_flight: int = 8,
+        expansions_ahead: int = 4,
     ) -> None:
         self.binding_timeout = binding_timeout
         self.bindings_in_flight = bindings_in_flight
