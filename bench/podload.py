@@ -53,9 +53,10 @@ class BindWatch:
 
     def run(self, resource_version: str) -> None:
         # From the resourceVersion of a list made before any pod exists: no binding is missed, however late the
-        # stream opens.
+        # stream opens. Only bound pods: a pod appears (ADDED) in this watch when it gets its nodeName.
         try:
-            for _, pod in self.api.watch("Pod", namespace=NAMESPACE, resource_version=resource_version, stop=self.stop):
+            for _, pod in self.api.watch("Pod", namespace=NAMESPACE, field_selector="spec.nodeName!=",
+                                         resource_version=resource_version, stop=self.stop):
                 if o.section(pod, "spec").get("nodeName") and o.name(pod) not in self.bound_at:
                     self.bound_at[o.name(pod)] = time.perf_counter()
                     if len(self.bound_at) >= self.expected:
