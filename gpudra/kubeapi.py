@@ -295,19 +295,21 @@ class KubeApi:
         headers = self._headers(method, target, data, content_type)
         pool = self._host_pool()
         if pool is None:
-            response = self._send(method, target, data, content_type, timeout, headers=headers)
+            response = self._through_proxy(method, target, data, headers, timeout)
             if stream and 200 <= response.status < 300:
                 return response
             reply = Reply(response.status, {k.lower(): v for k, v in response.headers.items()}, response.read(), False)
             response.release_conn()
             return reply
         request = http1.encode_request(method, self._prefix + target, self._host_header, headers, data)
-        read_timeout = timeout[1] if isinstance(timeout, tuple) else timeout
+        connect_timeout, read_timeout = timeout if isinstance(timeout, tuple) else (timeout, timeout)
         for fresh in (False, True):
             conn = pool._get_conn()  # noqa: SLF001 - the pool's own checkout: liveness check, size limit
             reused = conn.sock is not None
             try:
                 if not reused:
+                    if connect_timeout is not None:
+                        conn.timeout = connect_timeout
                     conn.connect()
                 conn.sock.settimeout(read_timeout)
                 result = http1.exchange(conn.sock, request, bodyless=method == "HEAD", stream=stream)
@@ -332,25 +334,17 @@ class KubeApi:
             conn.close()  # it connects again on its next use
         pool._put_conn(conn)  # noqa: SLF001
 
-    def _send(self, method: str, target: str, data: bytes | None, content_type: str | None,
-              timeout: float | tuple[float, float] | None, *, headers: dict[str, Any] | None = None) -> Any:
-        """A request through urllib3 (streams, and requests behind a proxy), with the ApiClient's configuration:
-        TLS and proxy settings are held by the pool; the response is left unread."""
-        if headers is None:
-            headers = self._headers(method, target, data, content_type)
+    def _through_proxy(self, method: str, target: str, data: bytes | None, headers: dict[str, Any],
+                       timeout: float | tuple[float, float] | None) -> Any:
+        """A request through the ApiClient's ProxyManager (a proxy is configured); the response is left unread."""
         if isinstance(timeout, tuple):
             pool_timeout: Any = urllib3.Timeout(connect=timeout[0], read=timeout[1])
         elif timeout:
             pool_timeout = urllib3.Timeout(total=timeout)
         else:
             pool_timeout = None
-        pool = self._host_pool()
-        if pool is None:
-            manager = self.client.rest_client.pool_manager
-            return manager.request(method, self.client.configuration.host + target, body=data, headers=headers,
-                                   timeout=pool_timeout, preload_content=False)
-        return pool.urlopen(method, self._prefix + target, body=data, headers=headers, timeout=pool_timeout,
-                            preload_content=False, redirect=False, assert_same_host=False)
+        return self.client.rest_client.pool_manager.request(method, self.client.configuration.host + target, body=data,
+                                                            headers=headers, timeout=pool_timeout, preload_content=False)
 
     def _json_default(self, value: Any) -> Any:
         # What the official client's sanitize_for_serialization does for values JSON lacks (YAML timestamps, models).

@@ -78,3 +78,44 @@ def test_errors_and_streams(apiserver: Any) -> None:
     kind, obj = next(stream)
     assert (kind, obj["metadata"]["name"]) == ("ADDED", "n1")
     stream.close()
+
+
+def test_behind_a_proxy_requests_go_through_the_clients_proxy_manager() -> None:
+    """With `proxy` configured, KubeApi keeps using the ApiClient's ProxyManager (absolute-URI requests to the
+    proxy), for whole responses and errors alike."""
+    import socket
+    import threading
+
+    from kubernetes import client as k8s_client
+
+    from gpudra.kubeapi import NotFound
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: list[str] = []
+
+    def proxy() -> None:
+        for body, status in ((b'{"kind": "NodeList", "items": [], "metadata": {"resourceVersion": "7"}}', "200 OK"),
+                             (b'{"kind": "Status", "reason": "NotFound", "message": "nodes \\"x\\" not found", "code": 404}',
+                              "404 Not Found")):
+            conn, _ = listener.accept()
+            with conn, conn.makefile("rb") as rfile:
+                seen.append(rfile.readline().decode().strip())
+                while rfile.readline() not in (b"\r\n", b""):
+                    pass
+                conn.sendall(f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                             "Connection: close\r\n\r\n".encode() + body)
+
+    threading.Thread(target=proxy, daemon=True).start()
+    cfg = k8s_client.Configuration()
+    cfg.host = "http://api.example:6443"
+    cfg.proxy = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    api = KubeApi(k8s_client.ApiClient(cfg))
+    try:
+        assert api.list("Node") == ([], "7")
+        with pytest.raises(NotFound, match='nodes "x" not found'):
+            api.get("Node", "x")
+        assert seen == ["GET http://api.example:6443/api/v1/nodes HTTP/1.1",
+                        "GET http://api.example:6443/api/v1/nodes/x HTTP/1.1"]
+    finally:
+        api.close()
+        listener.close()
