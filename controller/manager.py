@@ -166,6 +166,7 @@ class ControllerManager:
         self._generated = GeneratedClaims()
         self._index_changes: set[str] = self.stores["ResourceClaim"].track()
         self._expansion_changes: set[str] = self.stores["Pod"].track()
+        self._pods_gone: set[str] = self.stores["Pod"].track()
         self._template_changes: set[str] = (self.stores["ResourceClaimTemplate"].track()
                                             if "ResourceClaimTemplate" in self.stores else set())
         self._last_full_expansion = float("-inf")
@@ -309,7 +310,9 @@ class ControllerManager:
                                                view.pod_groups if self.config.features.workload_resource_claims else None)
                 # Each step sees the previous step's writes: the writer updates the caches it reads from.
                 view = self.view()
-                deleted = self.claims.delete_orphans([c for k, c in view.claims.items() if k in check], view.pods_by_uid())
+                if check:
+                    deleted = self.claims.delete_orphans([c for k, c in view.claims.items() if k in check],
+                                                         view.pods_by_uid())
         with self._timed("gang"):
             gangs = self.gangs.reconcile(self.view())
         self.metrics.set_gang_states(gangs.states)
@@ -327,8 +330,10 @@ class ControllerManager:
             with self._timed("explain"):
                 unschedulable = self.pending.reconcile(self.view())
         self.metrics.pending_pods.set(unschedulable)
-        live = [o.uid(p) for p in self.stores["Pod"].values()]
-        self.explainer.forget_pods(live)
+        pods = self.stores["Pod"]
+        if any(pods.get(key) is None for key in pods.drain(self._pods_gone)):
+            # Rate-limit memory goes with the pods; only a pass after a pod went has any to drop.
+            self.explainer.forget_pods(o.uid(p) for p in pods.values())
         for problem in problems:
             # Users see these as Events on the pod (rate-limited); the log keeps them at debug level.
             log.debug("reconcile problem", extra={"problem": problem})

@@ -277,6 +277,7 @@ class EmbeddedScheduler:
         # (snapshot, node objects, node names, allocator nodes, candidates per pod shape), kept while nodes are.
         self._node_cache: tuple[ClusterSnapshot, dict[str, Obj], list[str], dict[str, Node], dict[str, _Candidates]] | None = None
         self._pod_changes: set[str] = pods.track() if pods is not None else set()
+        self._pending: dict[str, Obj] = {}  # pending pods by key, kept from the pod cache's changes
 
     @property
     def _pool(self) -> ThreadPoolExecutor:
@@ -313,12 +314,14 @@ class EmbeddedScheduler:
         )
 
     def reconcile(self, view: View) -> SchedulerOutcome:
-        waiting = [p for p in view.pods.values() if is_pending(p)]
+        if self._pods is not None:
+            self._refresh_pending()
+            waiting = list(self._pending.values())
+        else:
+            waiting = [p for p in view.pods.values() if is_pending(p)]
         # Forget assumed bindings once the cache shows them (or the pod is gone); skip the others.
         waiting_uids = {o.uid(p) for p in waiting}
         self._assumed = {uid: node for uid, node in self._assumed.items() if uid in waiting_uids}
-        if self._pods is not None:
-            self._pods.drain(self._pod_changes)  # the view already has everything up to now
         values, default = priority_values(view.priority_classes.values())
         queue = SchedulingQueue(values, default, self.max_pods)
         for pod in waiting:
@@ -383,12 +386,25 @@ class EmbeddedScheduler:
         """Queue the pods that became pending since the pass began (created meanwhile), each in its rank."""
         if self._pods is None:
             return
-        for key in self._pods.drain(self._pod_changes):
+        for key in self._refresh_pending():
             if key in handled:
                 continue
-            pod = self._pods.get(key)
-            if pod is not None and is_pending(pod) and o.uid(pod) not in self._assumed:
+            pod = self._pending.get(key)
+            if pod is not None and o.uid(pod) not in self._assumed:
                 queue.push(dict(pod))
+
+    def _refresh_pending(self) -> set[str]:
+        """Bring the pending pods up to date with the pod cache's changes (a pass costs what changed, not every
+        pod in the cluster); the keys that changed."""
+        assert self._pods is not None
+        changed = self._pods.drain(self._pod_changes)
+        for key in changed:
+            pod = self._pods.get(key)
+            if pod is not None and is_pending(pod):
+                self._pending[key] = pod
+            else:
+                self._pending.pop(key, None)
+        return changed
 
     # -- one pod -----------------------------------------------------------------------------------
 

@@ -329,3 +329,19 @@ def test_claims_the_scheduler_expands_are_created_protected_and_lose_the_finaliz
     m.step()
     (claim_big,) = claims_of(api).values()
     assert DELETE_PROTECTION_FINALIZER not in (claim_big["metadata"].get("finalizers") or [])
+
+
+def test_event_memory_of_a_pod_goes_with_the_pod(apiserver: Any) -> None:
+    api = apiserver.api
+    _cluster(api)
+    create_all(api, [template("nine", 9), pod("greedy", templates={"gpu": "nine"}), pod("other", templates={"gpu": "nine"})])
+    m = manager(api)
+    m.step()
+    uids = {api.get("Pod", n, "default")["metadata"]["uid"] for n in ("greedy", "other")}
+    remembered = lambda: {uid for uid, _ in m.explainer._posted}  # noqa: E731 - the rate limiter's memory
+    assert remembered() == uids
+    m.step()  # nothing went: the memory stays
+    assert remembered() == uids
+    api.delete("Pod", "greedy", "default")
+    m.step()
+    assert remembered() == {api.get("Pod", "other", "default")["metadata"]["uid"]}
