@@ -197,15 +197,18 @@ def plan_release(claim: Mapping[str, Any], pods: Mapping[str, Mapping[str, Any]]
     return ClaimRelease(valid, changed, deallocate, remove_finalizer)
 
 
-def claims_to_delete(claims: Iterable[Mapping[str, Any]], pods_by_uid: Mapping[str, Mapping[str, Any]]) -> list[Obj]:
-    """Generated claims whose owning pod is gone or done (GC, and the resourceclaim controller's cleanup)."""
+def claims_to_delete(claims: Iterable[Mapping[str, Any]], pods: Mapping[str, Mapping[str, Any]]) -> list[Obj]:
+    """Generated claims whose owning pod is gone or done (GC, and the resourceclaim controller's cleanup). `pods`
+    by `namespace/name`: the owner is the pod of the reference's name while it has the reference's UID (a pod
+    of that name created later is another pod), so a check costs a lookup, not an index of every pod."""
     out = []
     for claim in claims:
-        owner = o.controller_owner_uid(claim)
+        ref = o.controller_owner(claim)
+        owner = str(ref.get("uid") or "") if ref is not None else ""
         if not owner or POD_CLAIM_NAME_ANNOTATION not in o.annotations(claim) or o.deleting(claim):
             continue
-        pod = pods_by_uid.get(owner)
-        if pod is None or o.pod_done(pod):
+        pod = pods.get(f"{o.namespace(claim)}/{ref.get('name') if ref is not None else ''}")
+        if pod is None or o.uid(pod) != owner or o.pod_done(pod):
             out.append(dict(claim))
     return out
 
@@ -347,9 +350,10 @@ class ClaimLifecycle:
         dropped = self._writer.update("ResourceClaim", current, drop_finalizer)
         return updated is not None or dropped is not None
 
-    def delete_orphans(self, claims: Iterable[Mapping[str, Any]], pods_by_uid: Mapping[str, Mapping[str, Any]]) -> int:
+    def delete_orphans(self, claims: Iterable[Mapping[str, Any]], pods: Mapping[str, Mapping[str, Any]]) -> int:
+        """Delete the generated claims whose pod is gone or done (`pods` by namespace/name)."""
         deleted = 0
-        for claim in claims_to_delete(claims, pods_by_uid):
+        for claim in claims_to_delete(claims, pods):
             try:
                 self._writer.delete("ResourceClaim", claim)
             except NotFound:

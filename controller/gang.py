@@ -99,9 +99,11 @@ class Gang:
 
 def group_gangs(claims: Iterable[Mapping[str, Any]], driver: str) -> list[Gang]:
     groups: dict[tuple[str, str], list[Obj]] = {}
+    name_label, size_label = gang_label(driver), gang_size_label(driver)  # once, not per claim: this scans them all
     for claim in claims:
-        if is_gang_claim(claim, driver):
-            groups.setdefault((o.namespace(claim), str(o.labels(claim)[gang_label(driver)])), []).append(dict(claim))
+        labels = o.labels(claim)
+        if name_label in labels and size_label in labels:
+            groups.setdefault((o.namespace(claim), str(labels[name_label])), []).append(dict(claim))
     gangs = []
     for (ns, name), members in sorted(groups.items()):
         members.sort(key=o.name)

@@ -167,6 +167,7 @@ class ControllerManager:
         self._index_changes: set[str] = self.stores["ResourceClaim"].track()
         self._expansion_changes: set[str] = self.stores["Pod"].track()
         self._pods_gone: set[str] = self.stores["Pod"].track()
+        self._taint_inputs = {k: self.stores[k].track() for k in ("ResourceSlice", "DeviceTaintRule") if k in self.stores}
         self._template_changes: set[str] = (self.stores["ResourceClaimTemplate"].track()
                                             if "ResourceClaimTemplate" in self.stores else set())
         self._last_full_expansion = float("-inf")
@@ -310,9 +311,7 @@ class ControllerManager:
                                                view.pod_groups if self.config.features.workload_resource_claims else None)
                 # Each step sees the previous step's writes: the writer updates the caches it reads from.
                 view = self.view()
-                if check:
-                    deleted = self.claims.delete_orphans([c for k, c in view.claims.items() if k in check],
-                                                         view.pods_by_uid())
+                deleted = self.claims.delete_orphans([c for k, c in view.claims.items() if k in check], view.pods)
         with self._timed("gang"):
             gangs = self.gangs.reconcile(self.view())
         self.metrics.set_gang_states(gangs.states)
@@ -324,8 +323,11 @@ class ControllerManager:
             created += outcome.claims_created
             with self._timed("taint-eviction"):
                 view = self.view()
-                self.taint_evictor.reconcile(view.pods.values(), view.claims.values(), view.sorted_slices(),
-                                             view.taint_rules.values(), self._wall())
+                # Slices as the taint rules change them: any slice or rule change, and any rule (its status ages).
+                changed = [bool(self.stores[k].drain(t)) for k, t in self._taint_inputs.items()]
+                self.taint_evictor.reconcile(view.pods.values(), view.claims.values(), view.sorted_slices,
+                                             view.taint_rules.values(), self._wall(),
+                                             slices_changed=any(changed) or bool(view.taint_rules))
         else:
             with self._timed("explain"):
                 unschedulable = self.pending.reconcile(self.view())

@@ -107,11 +107,17 @@ def pod_scheduled(pod: Mapping[str, Any]) -> bool:
     return bool(section(pod, "spec").get("nodeName"))
 
 
-def controller_owner_uid(obj: Mapping[str, Any]) -> str | None:
+def controller_owner(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The owner reference with `controller: true`, if any."""
     for ref in meta(obj).get("ownerReferences") or []:
         if isinstance(ref, Mapping) and ref.get("controller"):
-            return str(ref.get("uid") or "")
+            return ref
     return None
+
+
+def controller_owner_uid(obj: Mapping[str, Any]) -> str | None:
+    ref = controller_owner(obj)
+    return str(ref.get("uid") or "") if ref is not None else None
 
 
 def rv_newer(candidate: Mapping[str, Any], current: Mapping[str, Any]) -> bool:

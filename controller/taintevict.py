@@ -11,7 +11,7 @@ DeviceTaintRule's status carries the `EvictionInProgress` condition with upstrea
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -184,24 +184,26 @@ class TaintEvictor:
         self._writer = writer
         self._explainer = explainer
         self._evicted: dict[str, int] = {}  # rule uid -> pods evicted because of it since start
-        # The NoExecute taints of the last slices seen, by those slice objects' identities (the caches replace an
-        # object when it changes): walking every device of every slice each pass is the cost of this concern.
-        self._taints: tuple[tuple[int, ...], dict[tuple[str, str, str], list[Mapping[str, Any]]]] = ((), {})
-
-    def _taints_of(self, slices: list[Mapping[str, Any]]) -> dict[tuple[str, str, str], list[Mapping[str, Any]]]:
-        ids = tuple(id(sl) for sl in slices)
-        if ids != self._taints[0]:
-            self._taints = (ids, _device_taints(slices))
-        return self._taints[1]
+        # The NoExecute taints of the slices of the last call that read them: walking every device of every slice
+        # each pass was this concern's cost, for taints that change rarely.
+        self._taints: dict[tuple[str, str, str], list[Mapping[str, Any]]] | None = None
 
     def reconcile(self, pods: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]],
-                  slices: Iterable[Mapping[str, Any]], rules: Iterable[Mapping[str, Any]], now: datetime) -> int:
-        slices, rules = list(slices), list(rules)
-        taints = self._taints_of(slices)
+                  slices: Callable[[], list[Mapping[str, Any]]], rules: Iterable[Mapping[str, Any]], now: datetime,
+                  *, slices_changed: bool = True) -> int:
+        """`slices` gives the slices (with the DeviceTaintRules' taints) when they are needed; `slices_changed`
+        False says they are the same as at the last call (no slice or rule changed)."""
+        rules = list(rules)
+        current: list[Mapping[str, Any]] | None = None
+        if slices_changed or self._taints is None:
+            current = slices()
+            self._taints = _device_taints(current)
+        taints = self._taints
         if not taints and not rules:
             return 0  # nothing tainted, nothing to report: the usual pass costs no walk over pods and claims
+        slices_now = current if current is not None else slices()
         pods, claims = list(pods), list(claims)
-        decided = plan(pods, claims, slices, now, taints=taints)
+        decided = plan(pods, claims, slices_now, now, taints=taints)
         rules_by_name = {o.name(r): r for r in rules}
         for eviction in decided.evict_now:
             self._evict(eviction.pod)
@@ -210,7 +212,7 @@ class TaintEvictor:
                     uid = o.uid(rules_by_name[name])
                     self._evicted[uid] = self._evicted.get(uid, 0) + 1
         for rule in rules:
-            self._rule_status(rule, pods, claims, slices, decided, now)
+            self._rule_status(rule, pods, claims, slices_now, decided, now)
         return len(decided.evict_now)
 
     def _evict(self, pod: Mapping[str, Any]) -> None:

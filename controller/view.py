@@ -43,9 +43,6 @@ class View:
             taint_rules=grab("DeviceTaintRule"),
         )
 
-    def pods_by_uid(self) -> dict[str, Obj]:
-        return {o.uid(p): p for p in self.pods.values() if o.uid(p)}
-
     def sorted_slices(self) -> list[Obj]:
         """Slices in name order (the allocator searches slices in input order, so fix one), with the taints of
         the DeviceTaintRules added to the devices they select."""

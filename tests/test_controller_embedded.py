@@ -345,3 +345,19 @@ def test_event_memory_of_a_pod_goes_with_the_pod(apiserver: Any) -> None:
     api.delete("Pod", "greedy", "default")
     m.step()
     assert remembered() == {api.get("Pod", "other", "default")["metadata"]["uid"]}
+
+
+def test_a_generated_claim_is_an_orphan_once_its_pod_is_gone_done_or_replaced_by_a_namesake() -> None:
+    from controller.claims import claims_to_delete
+
+    claim = {"metadata": {"name": "p-gpu-abcde", "namespace": "default",
+                          "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
+                          "ownerReferences": [{"kind": "Pod", "name": "p", "uid": "u1", "controller": True}]}}
+
+    def pod_obj(uid: str, phase: str = "Running") -> dict[str, Any]:
+        return {"metadata": {"name": "p", "namespace": "default", "uid": uid}, "status": {"phase": phase}}
+
+    assert claims_to_delete([claim], {"default/p": pod_obj("u1")}) == []
+    assert claims_to_delete([claim], {"default/p": pod_obj("u1", "Succeeded")}) == [claim]
+    assert claims_to_delete([claim], {"default/p": pod_obj("u2")}) == [claim]  # a new pod of the same name
+    assert claims_to_delete([claim], {}) == [claim]

@@ -205,3 +205,20 @@ def test_plan_honours_toleration_seconds() -> None:
     assert not later.evict_now and later.later[0].when == datetime(2026, 1, 1, 0, 5, 0, tzinfo=timezone.utc)
     forever = plan([running], [claim(None)], slices, now)
     assert not forever.evict_now and not forever.later
+
+
+def test_a_no_execute_taint_published_on_a_slice_later_evicts_the_pod_using_the_device(apiserver: Any) -> None:
+    """Passes without taints skip the walk over slices; a slice that changes (the node agent publishing a device
+    taint, as for an XID error) is read again on the next pass."""
+    api = apiserver.api
+    m = _running_pod_on_node_a(api)
+    m.step()  # a pass with nothing tainted and nothing changed
+    (claim,) = api.list("ResourceClaim", namespace="default")[0]
+    device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+    (sl,) = [s for s in api.list("ResourceSlice")[0] if s["spec"]["nodeName"] == "node-a"]
+    for dev in sl["spec"]["devices"]:
+        if dev["name"] == device:
+            dev["taints"] = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoExecute"}]
+    api.replace("ResourceSlice", sl)
+    m.step()
+    assert api.try_get("Pod", "worker", "default") is None
