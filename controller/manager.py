@@ -66,6 +66,8 @@ class ControllerConfig:
     resync_period: float = 30.0
     # The loop runs at least this often without events (gang timeouts, repeated explanations).
     tick: float = 1.0
+    # After an event wakes the loop, how long it waits for the events that come with it before a pass.
+    coalesce: float = 0.005
     event_repeat_interval: float = 60.0
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
@@ -399,7 +401,10 @@ class ControllerManager:
     def _loop(self) -> None:
         last_resync = time.monotonic()
         while not self._stop.is_set():
-            self._wake.wait(self.config.tick)
+            if self._wake.wait(self.config.tick) and self.config.coalesce > 0:
+                # One change arrives as several watch events (a pod, its claim, their status updates, our own
+                # writes echoed back): a pass for each would redo the pass's fixed work for nothing.
+                self._stop.wait(self.config.coalesce)
             self._wake.clear()
             if self._stop.is_set():
                 break
