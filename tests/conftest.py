@@ -33,3 +33,14 @@ def apiserver(tmp_path: Path) -> Iterator[RunningApiServer]:
     finally:
         api.close()
         server.stop()
+
+
+@pytest.fixture
+def server() -> Iterator[EmbeddedApiServer]:
+    """A started embedded control plane without admission, for tests that speak to it on the wire themselves."""
+    srv = EmbeddedApiServer()
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import socket
-from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
@@ -116,16 +115,6 @@ def test_connection_options() -> None:
 
 
 # ----- on the wire ------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def server() -> Iterator[EmbeddedApiServer]:
-    srv = EmbeddedApiServer()
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 def _raw(srv: EmbeddedApiServer, request: bytes) -> bytes:

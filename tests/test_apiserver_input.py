@@ -7,7 +7,6 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,16 +16,6 @@ from gpudra.apiserver import EmbeddedApiServer
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
-
-
-@pytest.fixture
-def server() -> Iterator[EmbeddedApiServer]:
-    srv = EmbeddedApiServer()
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 def _addr(srv: EmbeddedApiServer) -> tuple[str, int]:

@@ -6,26 +6,13 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
-
-import pytest
 
 from gpudra.apiserver import EmbeddedApiServer
 from gpudra.kubeapi import KubeApi
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
-
-
-@pytest.fixture
-def server() -> Iterator[EmbeddedApiServer]:
-    srv = EmbeddedApiServer()
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 class RawWatch:

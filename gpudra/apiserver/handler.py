@@ -691,16 +691,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         last_sent = time.monotonic()
         try:
             while not self.ctx.stopping:
-                now = time.monotonic()
-                if timeout_s is not None and now - started >= timeout_s:
+                wait = self._watch_wait(started, timeout_s, last_sent if bookmarks else None)
+                if wait is None:
                     break
-                wait = _WATCH_POLL_S
-                if timeout_s is not None:
-                    wait = min(wait, timeout_s - (now - started))
-                if bookmarks:
-                    wait = min(wait, max(0.0, self.ctx.bookmark_interval - (now - last_sent)))
                 try:
-                    events = watcher.next_events(max(wait, 0.0))
+                    events = watcher.next_events(wait)
                 except st.StatusError as err:
                     self._chunk("ERROR", err.body())
                     break
@@ -720,6 +715,19 @@ class ApiHandler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         except OSError:  # the client went away or stopped reading
             return
+
+    def _watch_wait(self, started: float, timeout_s: int | None, last_sent: float | None) -> float | None:
+        """How long a watch may wait for events now: until its timeout, its next bookmark (`last_sent`: when it
+        last sent something, None without bookmarks) or the next look at the client; None once it timed out."""
+        now = time.monotonic()
+        if timeout_s is not None and now - started >= timeout_s:
+            return None
+        wait = _WATCH_POLL_S
+        if timeout_s is not None:
+            wait = min(wait, timeout_s - (now - started))
+        if last_sent is not None:
+            wait = min(wait, max(0.0, self.ctx.bookmark_interval - (now - last_sent)))
+        return max(wait, 0.0)
 
     def _pushed_watch(self, r: Route, watcher: Watcher, started: float, timeout_s: int | None,
                       bookmarks: bool) -> None:
@@ -749,15 +757,10 @@ class ApiHandler(BaseHTTPRequestHandler):
         store.push_to(watcher, push)
         try:
             while not self.ctx.stopping:
-                now = time.monotonic()
-                if timeout_s is not None and now - started >= timeout_s:
+                wait = self._watch_wait(started, timeout_s, watcher.pushed_at if bookmarks else None)
+                if wait is None:
                     break
-                wait = _WATCH_POLL_S
-                if timeout_s is not None:
-                    wait = min(wait, timeout_s - (now - started))
-                if bookmarks:
-                    wait = min(wait, max(0.0, self.ctx.bookmark_interval - (now - watcher.pushed_at)))
-                watcher.poked.wait(max(wait, 0.0))
+                watcher.poked.wait(wait)
                 watcher.poked.clear()
                 with watcher.delivery:
                     watcher.dirty = False
