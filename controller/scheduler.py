@@ -241,11 +241,11 @@ class EmbeddedScheduler:
         features: Features,
         live: LiveSnapshot,
         driver_name: str,
+        pods: Store,
         expand: ExpandHook | None = None,
         max_pods: int = 1000,
         budget: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
-        pods: Store | None = None,
         claim_index: Callable[[], GeneratedClaims] | None = None,
         binding_timeout: float = bindingconditions.DEFAULT_BINDING_TIMEOUT_SECONDS,
         bindings_in_flight: int = 8,
@@ -276,7 +276,7 @@ class EmbeddedScheduler:
         self._claim_index = claim_index
         # (snapshot, node objects, node names, allocator nodes, candidates per pod shape), kept while nodes are.
         self._node_cache: tuple[ClusterSnapshot, dict[str, Obj], list[str], dict[str, Node], dict[str, _Candidates]] | None = None
-        self._pod_changes: set[str] = pods.track() if pods is not None else set()
+        self._pod_changes: set[str] = pods.track()
         self._pending: dict[str, Obj] = {}  # pending pods by key, kept from the pod cache's changes
 
     @property
@@ -314,11 +314,8 @@ class EmbeddedScheduler:
         )
 
     def reconcile(self, view: View) -> SchedulerOutcome:
-        if self._pods is not None:
-            self._refresh_pending()
-            waiting = list(self._pending.values())
-        else:
-            waiting = [p for p in view.pods.values() if is_pending(p)]
+        self._refresh_pending()
+        waiting = list(self._pending.values())
         # Forget assumed bindings once the cache shows them (or the pod is gone); skip the others.
         waiting_uids = {o.uid(p) for p in waiting}
         self._assumed = {uid: node for uid, node in self._assumed.items() if uid in waiting_uids}
@@ -384,8 +381,6 @@ class EmbeddedScheduler:
 
     def _admit_arrivals(self, queue: SchedulingQueue, handled: set[str]) -> None:
         """Queue the pods that became pending since the pass began (created meanwhile), each in its rank."""
-        if self._pods is None:
-            return
         for key in self._refresh_pending():
             if key in handled:
                 continue
@@ -396,7 +391,6 @@ class EmbeddedScheduler:
     def _refresh_pending(self) -> set[str]:
         """Bring the pending pods up to date with the pod cache's changes (a pass costs what changed, not every
         pod in the cluster); the keys that changed."""
-        assert self._pods is not None
         changed = self._pods.drain(self._pod_changes)
         for key in changed:
             pod = self._pods.get(key)

@@ -60,22 +60,16 @@ def exchange(sock: socket.socket, request: bytes, *, bodyless: bool = False, str
     except (BrokenPipeError, ConnectionResetError) as exc:
         raise NothingSent(f"the connection broke while sending the request: {exc}") from exc
     reader = sock.makefile("rb")
+    handed_over = False
     try:
         status, headers, keep_alive = read_head(reader)
         if stream and 200 <= status < 300:
+            handed_over = True
             return Stream(sock, reader, headers)
         return read_rest(reader, status, headers, keep_alive, bodyless=bodyless)
-    except BaseException:
-        reader.close()
-        raise
     finally:
-        if not stream:
+        if not handed_over:
             reader.close()  # the socket stays open: makefile readers share it
-
-
-def read_reply(reader: io.BufferedIOBase, *, bodyless: bool = False) -> Reply:
-    status, headers, keep_alive = read_head(reader)
-    return read_rest(reader, status, headers, keep_alive, bodyless=bodyless)
 
 
 def read_rest(reader: io.BufferedIOBase, status: int, headers: dict[str, str], keep_alive: bool, *,

@@ -14,7 +14,8 @@ from gpudra.kubeapi import ApiError, KubeApi
 
 
 def reply_of(raw: bytes, **kwargs: Any) -> http1.Reply:
-    return http1.read_reply(io.BufferedReader(io.BytesIO(raw)), **kwargs)  # type: ignore[arg-type]
+    reader = io.BufferedReader(io.BytesIO(raw))  # type: ignore[arg-type]
+    return http1.read_rest(reader, *http1.read_head(reader), **kwargs)
 
 
 def test_content_length_chunked_and_until_close_bodies() -> None:
