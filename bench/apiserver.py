@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from bench.report import emit
 from bench.stats import peak_rss_mib, percentile
-from gpudra.apiserver import EmbeddedApiServer
+from controlplane import EmbeddedApiServer
 
 _LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
 

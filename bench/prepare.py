@@ -30,7 +30,7 @@ def measure(seed: int, claims: int = CLAIMS) -> dict[str, Any]:
     from driver.nvml import load_backend
     from driver.plugin.agent import AgentSettings, NodeAgent, kubeapi_claim_getter
     from driver.slices import SliceSettings, build_slices
-    from gpudra.apiserver import EmbeddedApiServer
+    from controlplane import EmbeddedApiServer
     from gpudra.kubeapi import KubeApi
 
     rng = random.Random(seed)

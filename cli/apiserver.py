@@ -10,11 +10,11 @@ from pathlib import Path
 from types import FrameType
 
 from gpudra import DEFAULT_DRIVER_NAME, cliopts, logfmt
-from gpudra.apiserver import EmbeddedApiServer
+from controlplane import EmbeddedApiServer
 from controller.validationhooks import validation_admission
-from gpudra.apiserver.persistence import StateFileError
+from controlplane.persistence import StateFileError
 from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, check_version
-from gpudra.apiserver.podlogs import PodLogsDir
+from controlplane.podlogs import PodLogsDir
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from gpudra import DEFAULT_DRIVER_NAME, cliopts
-from gpudra.apiserver.schema import check_object
+from gpudra.validation.schema import check_object
 from gpudra.manifests import InputError, load_objects, object_label
 from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, check_version
 from gpudra.validation import FieldError, validate_object

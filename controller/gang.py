@@ -44,8 +44,10 @@ from controller.cel import CelEnvironment
 from controller.commit import AllocationCommitter, allocation_devices, used_devices
 from controller.diagnosis import explain, summarize
 from controller.explanation_writer import ExplanationWriter
+from controller.ganggroups import Gang, allocated_at_annotation, gang_gate, group_gangs, released_at_annotation
 from controller.metrics import GANG_STATES, ControllerMetrics
 from controller.objects import Obj
+from controller.podgroups import pod_group_gangs
 from controller.scoring import NoPlacement, Placer
 from controller.snapshots import build_snapshot
 from controller.view import View
@@ -56,76 +58,6 @@ from gpudra.features import Features
 log = logging.getLogger("gpudra.controller.gang")
 
 CLIQUE_ATTRIBUTES = ("fabricClusterUUID", "fabricCliqueID")
-
-
-def gang_label(driver: str) -> str:
-    return f"{driver}/gang"
-
-
-def gang_size_label(driver: str) -> str:
-    return f"{driver}/gang-size"
-
-
-def allocated_at_annotation(driver: str) -> str:
-    return f"{driver}/gang-allocated-at"
-
-
-def released_at_annotation(driver: str) -> str:
-    return f"{driver}/gang-released-at"
-
-
-def gang_gate(driver: str) -> str:
-    """The scheduling gate gang pods may carry until their gang's allocation has settled."""
-    return f"{driver}/gang"
-
-
-def is_gang_claim(claim: Mapping[str, Any], driver: str) -> bool:
-    labels = o.labels(claim)
-    return gang_label(driver) in labels and gang_size_label(driver) in labels
-
-
-@dataclass(frozen=True)
-class Gang:
-    namespace: str
-    name: str
-    size: int | None  # None when the label is not a positive integer or the claims disagree
-    claims: tuple[Obj, ...]  # sorted by name
-    problem: str = ""
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-def group_gangs(claims: Iterable[Mapping[str, Any]], driver: str) -> list[Gang]:
-    groups: dict[tuple[str, str], list[Obj]] = {}
-    name_label, size_label = gang_label(driver), gang_size_label(driver)  # once, not per claim: this scans them all
-    for claim in claims:
-        labels = o.labels(claim)
-        if name_label in labels and size_label in labels:
-            groups.setdefault((o.namespace(claim), str(labels[name_label])), []).append(dict(claim))
-    gangs = []
-    for (ns, name), members in sorted(groups.items()):
-        members.sort(key=o.name)
-        sizes = {str(o.labels(c)[gang_size_label(driver)]) for c in members}
-        size: int | None = None
-        problem = ""
-        if len(sizes) != 1:
-            problem = f"gang {ns}/{name}: claims disagree on label {gang_size_label(driver)} ({', '.join(sorted(sizes))})"
-        else:
-            raw = next(iter(sizes))
-            if raw.isdigit() and int(raw) > 0:
-                size = int(raw)
-                if len(members) > size:
-                    problem = (
-                        f"gang {ns}/{name}: {len(members)} claims carry label {gang_label(driver)}={name} "
-                        f"but {gang_size_label(driver)} is {size}"
-                    )
-                    size = None
-            else:
-                problem = f"gang {ns}/{name}: label {gang_size_label(driver)}: {raw!r} is not a positive integer"
-        gangs.append(Gang(ns, name, size, tuple(members), problem))
-    return gangs
 
 
 def referenced_claims(pods: Iterable[Mapping[str, Any]]) -> set[str]:
@@ -273,8 +205,6 @@ class GangController:
     # -- the pass ----------------------------------------------------------------------------------
 
     def reconcile(self, view: View) -> GangSummary:
-        from controller.podgroups import pod_group_gangs  # it builds on Gang: imported here, not at the top
-
         # Label-named gangs, then the gangs of PodGroups (Workload API) whose minCount pods exist.
         gangs = group_gangs(view.claims.values(), self.driver) + pod_group_gangs(view)
         states: Counter[str] = Counter({s: 0 for s in GANG_STATES})

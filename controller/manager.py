@@ -23,7 +23,8 @@ from controller import objects as o
 from controller.cel import CelEnvironment
 from controller.claims import ClaimLifecycle, GeneratedClaims
 from controller.explanation_writer import ExplanationWriter
-from controller.gang import GangController, GangSummary, gang_label
+from controller.gang import GangController, GangSummary
+from controller.ganggroups import gang_label
 from controller.podgroupclaims import PodGroupClaims
 from controller.informer import Informer, Store
 from controller.leader import LeaderElector, LeaseTimings

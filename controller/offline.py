@@ -18,7 +18,8 @@ from controller.allocator import INVALID_POOLS, AllocationError, ClusterSnapshot
 from controller.allocator.model import Claim
 from controller.allocator.nodes import NodeSelector
 from controller.diagnosis import Diagnoser, NodeReason, summarize
-from controller.gang import Gang, GangPlan, group_gangs, plan_gang
+from controller.gang import GangPlan, plan_gang
+from controller.ganggroups import Gang, group_gangs
 from controller.podgroups import min_count, pod_group_gangs, pod_group_name, wait_reason
 from controller.objects import claim_key
 from controller.scoring import Placement, Placer, Policy

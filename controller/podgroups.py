@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from controller import objects as o
-from controller.gang import Gang
+from controller.ganggroups import Gang
 from controller.objects import Obj
 from controller.view import View
 

@@ -47,7 +47,7 @@ from controller.explanation_writer import REASON_GANG_WAITING, REASON_QUOTA, REA
 from controller.extended import (
     EXTENDED_GPU_RESOURCE, class_for_resource, dra_extended_requests, extended_resource_claim, free_by_node, pod_request,
 )
-from controller.gang import gang_label, is_gang_claim
+from controller.ganggroups import gang_label, is_gang_claim
 from controller.metrics import ControllerMetrics
 from controller.nodefit import allocation_rejects, as_allocator_node, node_rejects
 from controller.objects import Obj

@@ -11,9 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpudra import DEFAULT_DRIVER_NAME
-from gpudra.apiserver.admission import validating_admission
-from gpudra.apiserver.store import Admission
 from gpudra.deviceconfig import validate_parameters
+from gpudra.validation.admission import Admission, validating_admission
 from gpudra.validation.common import CelChecker, OpaqueValidators
 from controller.cel.check import Checker
 

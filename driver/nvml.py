@@ -26,18 +26,11 @@ from typing import Any
 
 from driver.driverroot import DriverRoot, DriverRootError
 from driver.gputools import MpsDirs, NvidiaTools
+from driver.nvmlapi import NvmlUnavailable
 
-__all__ = ["NvmlUnavailable", "ProfileError", "RealNvml", "load_backend", "shipped_profiles", "sysfs_pcie_root"]
+__all__ = ["RealNvml", "load_backend", "shipped_profiles", "sysfs_pcie_root"]
 
 SYSFS_PCI_DEVICES = Path("/sys/bus/pci/devices")
-
-
-class NvmlUnavailable(RuntimeError):
-    """NVML cannot be used: the library or the NVIDIA driver is missing, or the spec is wrong."""
-
-
-class ProfileError(ValueError):
-    """A simulator profile that cannot be loaded: the message names the file and the field path."""
 
 
 def _simulator() -> ModuleType:
@@ -175,7 +168,7 @@ def load_backend(spec: str, node: str | None = None, driver_root: Path | None = 
     `driver_root` is where real NVML and NVIDIA's tools are looked up by path; None: by name on this
     machine's loader path and PATH (a host with the driver installed, e.g. `gpu-dra inventory` run there).
 
-    Raises NvmlUnavailable (real NVML missing, bad spec) or ProfileError (bad profile).
+    Raises NvmlUnavailable (real NVML missing, bad spec) or BackendConfigError (bad simulator profile).
     """
     if spec == "real":
         return _load_real(driver_root)

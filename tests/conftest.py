@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudra.apiserver import EmbeddedApiServer
+from controlplane import EmbeddedApiServer
 from controller.validationhooks import validation_admission
 from gpudra.kubeapi import KubeApi
 

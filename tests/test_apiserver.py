@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from gpudra.apiserver import EmbeddedApiServer
+from controlplane import EmbeddedApiServer
 from gpudra.kubeapi import AlreadyExists, ApiError, Conflict, KubeApi, NotFound
 
 

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from gpudra.apiserver import EmbeddedApiServer
+from controlplane import EmbeddedApiServer
 
 ROOT = Path(__file__).resolve().parent.parent
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
@@ -244,7 +244,7 @@ def test_second_server_on_the_same_database_is_refused(tmp_path: Path) -> None:
 
 def test_writers_waiting_on_a_commit_share_the_next_one(tmp_path: Path) -> None:
     """Group commit: changes submitted while a commit is in progress go to disk together in the next one."""
-    from gpudra.apiserver.persistence import Change, SqliteLog
+    from controlplane.persistence import Change, SqliteLog
 
     log = SqliteLog(tmp_path / "state.db", history_limit=100)
     state = log.open()

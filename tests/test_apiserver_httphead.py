@@ -1,4 +1,4 @@
-"""The API server's own request-head parser (gpudra.apiserver.httphead), alone and on the wire."""
+"""The API server's own request-head parser (controlplane.httphead), alone and on the wire."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from gpudra.apiserver import EmbeddedApiServer
-from gpudra.apiserver.httphead import MAX_HEADERS, MAX_LINE, HeadError, connection_tokens, parse_request_line, read_headers
+from controlplane import EmbeddedApiServer
+from controlplane.httphead import MAX_HEADERS, MAX_LINE, HeadError, connection_tokens, parse_request_line, read_headers
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
 

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from gpudra.apiserver import EmbeddedApiServer
+from controlplane import EmbeddedApiServer
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpudra.apiserver import EmbeddedApiServer
+from controlplane import EmbeddedApiServer
 from gpudra.kubeapi import KubeApi
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpudra.apiserver import EmbeddedApiServer
+from controlplane import EmbeddedApiServer
 from gpudra.kubeapi import ApiError, Conflict, Invalid, KubeApi
 
 

@@ -9,7 +9,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from gpudra.apiserver import EmbeddedApiServer
+from controlplane import EmbeddedApiServer
 from gpudra.kubeapi import KubeApi
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"

@@ -199,8 +199,8 @@ def test_an_object_read_through_v1beta1_parses_as_the_client_model() -> None:
 def test_no_other_type_differs_between_versions() -> None:
     """Every model reachable from the served kinds has v1's fields in v1beta2 and v1beta1, except the two that
     conversion handles, so nothing else can be lost or misplaced by a round trip."""
-    from gpudra.apiserver.openapi import definitions
-    from gpudra.apiserver.resources import DEFAULT_REGISTRY
+    from controlplane.openapi import definitions
+    from controlplane.resources import DEFAULT_REGISTRY
 
     differing = set()
     for model in definitions(DEFAULT_REGISTRY).names:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from gpudra.apiserver.podlogs import PodLogsDir
+from controlplane.podlogs import PodLogsDir
 from gpudra.kubeapi import KubeApi, NotFound
 from sim.kubelet.pods import NodeKubelet
 from sim.runtime import Runtimes

@@ -9,7 +9,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from driver.nvml import NvmlUnavailable, ProfileError, load_backend, sysfs_pcie_root
+from driver.nvml import load_backend, sysfs_pcie_root
+from driver.nvmlapi import NvmlUnavailable
+from sim.nvml import ProfileError
 from sim.nvml.faults import CallFault, FAULTS_ENV, append_xid, read_faults, write_faults
 from sim.nvml.profile import load_profile, shipped_profiles
 from sim.nvml.simulator import SimulatedNvml

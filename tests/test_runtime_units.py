@@ -14,7 +14,7 @@ import pytest
 from driver.commands.plugin import DEFAULT_CDI_DIR, DEFAULT_KUBELET_DIR, node_dirs, simulated_state_dir
 from driver.discovery import discover
 from driver.nvml import load_backend
-from gpudra.apiserver.podlogs import PodLogsDir, parse_cri_log
+from controlplane.podlogs import PodLogsDir, parse_cri_log
 from sim.kubelet.dra import ClaimInfo, PreparedDevice
 from sim.kubelet.pods import (
     ContainerRun, LegacyGrant, PreparedClaim, container_cdi_devices, container_command, container_env, expand, pod_phase,

@@ -7,8 +7,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from gpudra.apiserver.resources import DEFAULT_REGISTRY
-from gpudra.apiserver.tables import claim_state, human_duration, node_status_text, table_row
+from controlplane.resources import DEFAULT_REGISTRY
+from controlplane.tables import claim_state, human_duration, node_status_text, table_row
 
 
 @pytest.mark.parametrize(("seconds", "text"), [

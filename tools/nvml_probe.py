@@ -19,7 +19,8 @@ import pynvml
 
 from driver.commands.inventory import inventory_to_json
 from driver.discovery import discover
-from driver.nvml import NvmlUnavailable, ProfileError, load_backend
+from driver.nvml import load_backend
+from driver.nvmlapi import BackendConfigError, NvmlUnavailable
 
 
 def _raw_mig(nvml: Any, handle: Any) -> dict[str, Any]:
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         nvml = load_backend(args.nvml, driver_root=args.driver_root)
-    except (NvmlUnavailable, ProfileError) as exc:
+    except (NvmlUnavailable, BackendConfigError) as exc:
         print(f"nvml_probe: {exc}", file=sys.stderr)
         return 2
     inventory = discover(nvml, socket.gethostname())

@@ -6,7 +6,8 @@ import sys
 
 from driver.discovery import discover
 from driver.inventory import Inventory
-from driver.nvml import NvmlUnavailable, ProfileError, load_backend
+from driver.nvml import load_backend
+from driver.nvmlapi import BackendConfigError, NvmlUnavailable
 
 
 def discover_once(nvml_spec: str, node: str, prog: str) -> Inventory | None:
@@ -16,7 +17,7 @@ def discover_once(nvml_spec: str, node: str, prog: str) -> Inventory | None:
     except NvmlUnavailable as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return None
-    except ProfileError as exc:
+    except BackendConfigError as exc:
         print(f"{prog}: invalid simulator profile:\n{exc}", file=sys.stderr)
         return None
     try:

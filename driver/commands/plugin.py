@@ -140,14 +140,15 @@ def run(args: argparse.Namespace) -> int:
 
     from driver.discovery import discover
     from driver.health import HealthMonitor
-    from driver.nvml import NvmlUnavailable, ProfileError, load_backend
+    from driver.nvml import load_backend
+    from driver.nvmlapi import BackendConfigError, NvmlUnavailable
     from driver.plugin.agent import AgentSettings, NodeAgent, crash_hook_from_env, kubeapi_claim_getter
     from driver.publisher import SlicePublisher
     from gpudra.kubeapi import KubeApi
 
     try:
         nvml = load_backend(args.nvml, node=args.node, driver_root=_driver_root(args))
-    except (NvmlUnavailable, ProfileError) as exc:
+    except (NvmlUnavailable, BackendConfigError) as exc:
         print(f"error: --nvml {args.nvml}: {exc}", file=sys.stderr)
         return 2
     inventory = discover(nvml, args.node)

@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from driver.nvml import NvmlUnavailable, ProfileError
+from driver.nvmlapi import NvmlUnavailable
 from sim.nvml.faults import FAULTS_ENV, read_faults
-from sim.nvml.profile import load_profile, shipped_profiles
+from sim.nvml.profile import ProfileError, load_profile, shipped_profiles
 from sim.nvml.simulator import SimulatedNvml
 
 __all__ = ["ProfileError", "SimulatedNvml", "load_profile", "load_simulator", "parse_sim_spec", "shipped_profiles"]

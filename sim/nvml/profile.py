@@ -17,9 +17,13 @@ import pynvml
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from driver.nvml import ProfileError
+from driver.nvmlapi import BackendConfigError
 
 PROFILE_PACKAGE = "sim.nvml.profiles"
+
+
+class ProfileError(BackendConfigError):
+    """A simulator profile that cannot be loaded: the message names the file and the field path."""
 
 
 class _Model(BaseModel):

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from gpudra.apiserver.podlogs import parse_cri_log
+from controlplane.podlogs import parse_cri_log
 from sim.demo.processes import pid_alive
 from sim.runtime.namespace import PRIVATE_RUN, NamespaceError, PrivateMountNamespace
 from sim.runtime.rootfs import PROBE_DIR, SEEN_DIR

@@ -1,13 +1,17 @@
-"""Wiring Kubernetes' resource.k8s.io validation (gpudra.validation) into the embedded server's admission."""
+"""Kubernetes' resource.k8s.io validation as one admission callable: the interface between the validation rules
+(shared by `gpu-dra validate`, the webhook and the embedded control plane) and whoever admits objects."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
-from gpudra.apiserver.store import Admission
 from gpudra.validation import validate_object, validate_update
 from gpudra.validation.common import CelChecker, OpaqueValidators
+
+# (object, the stored object on an update or None on a create) -> error texts, empty when admitted.
+Admission = Callable[[dict[str, Any], "dict[str, Any] | None"], list[str]]
 
 
 def validating_admission(cel: CelChecker | None, opaque: OpaqueValidators, kubernetes_version: str = "1.37") -> Admission:

@@ -14,16 +14,17 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from gpudra import strictjson
-from gpudra.apiserver import resources as res
-from gpudra.apiserver import httphead, schema
-from gpudra.apiserver import status as st
-from gpudra.apiserver.podpriority import admit_pod_priority
-from gpudra.apiserver.openapi import openapi_group_version, openapi_root, openapi_v2, openapi_v2_protobuf
-from gpudra.apiserver.podlogs import PodLogSource, parse_cri_log
-from gpudra.apiserver.serving import wait_ready
-from gpudra.apiserver.selectors import FieldSelector, LabelSelector, SelectorError
-from gpudra.apiserver.store import FIELD_VALIDATION, Event, FieldPolicy, Filter, Store, Watcher
-from gpudra.apiserver.tables import INCLUDE_OBJECT, to_table, wants_table
+from controlplane import resources as res
+from controlplane import httphead
+from gpudra.validation import schema
+from controlplane import status as st
+from controlplane.podpriority import admit_pod_priority
+from controlplane.openapi import openapi_group_version, openapi_root, openapi_v2, openapi_v2_protobuf
+from controlplane.podlogs import PodLogSource, parse_cri_log
+from controlplane.serving import wait_ready
+from controlplane.selectors import FieldSelector, LabelSelector, SelectorError
+from controlplane.store import FIELD_VALIDATION, Event, FieldPolicy, Filter, Store, Watcher
+from controlplane.tables import INCLUDE_OBJECT, to_table, wants_table
 from gpudra.conversion import ConversionError, from_storage, split_api_version, to_storage
 
 _CONVERTED_KINDS = frozenset({"DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice",
@@ -171,7 +172,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         return not self.close_connection
 
     def handle_one_request(self) -> None:
-        """Read one request head (gpudra.apiserver.httphead, not the stdlib's MIME parser) and dispatch it to
+        """Read one request head (controlplane.httphead, not the stdlib's MIME parser) and dispatch it to
         `do_<METHOD>`, with http.server's limits, status codes and keep-alive rules."""
         self.close_connection = True
         self.command = ""

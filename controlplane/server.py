@@ -11,14 +11,15 @@ from typing import Any
 
 import yaml
 
-from gpudra.apiserver.handler import ApiHandler
-from gpudra.apiserver.serving import Connection, PooledHttpServer
-from gpudra.apiserver.podpriority import system_priority_classes
-from gpudra.apiserver.podlogs import PodLogSource
+from controlplane.handler import ApiHandler
+from controlplane.serving import Connection, PooledHttpServer
+from controlplane.podpriority import system_priority_classes
+from controlplane.podlogs import PodLogSource
 from gpudra.atomicfile import atomic_write
-from gpudra.apiserver.resources import Registry, registry_for
-from gpudra.apiserver.status import StatusError
-from gpudra.apiserver.store import Admission, Store
+from controlplane.resources import Registry, registry_for
+from controlplane.status import StatusError
+from controlplane.store import Store
+from gpudra.validation.admission import Admission
 
 _INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 

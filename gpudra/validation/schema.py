@@ -11,7 +11,7 @@ Used by the API server (`fieldValidation`) and by `gpu-dra validate`; also usabl
 
 The client's models are pydantic classes, imported lazily, and importing the ~200 reachable from the served
 kinds takes seconds; so the table derived from them for the served kinds is kept in `schema_fields.json`
-(regenerate with `python -m gpudra.apiserver.schema`; a test checks it equals what the installed client
+(regenerate with `python -m controlplane.schematable`; a test checks it equals what the installed client
 gives). A model missing from the file is read from the client itself.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from typing import Any
 from gpudra.jsoncopy import copy_json
 
 _SCALARS = frozenset({"str", "int", "bool", "float", "datetime", "date", "bytearray", "bytes"})
-_TABLE = Path(__file__).with_name("schema_fields.json")
+TABLE = Path(__file__).with_name("schema_fields.json")
 # Beyond the served kinds (every version of each): the bodies of binding and delete requests.
 EXTRA_ROOTS: tuple[str, ...] = ("V1Binding", "V1DeleteOptions")
 
@@ -36,7 +36,7 @@ EXTRA_ROOTS: tuple[str, ...] = ("V1Binding", "V1DeleteOptions")
 @functools.lru_cache(maxsize=1)
 def _table() -> dict[str, dict[str, str]]:
     try:
-        return json.loads(_TABLE.read_text())  # type: ignore[no-any-return]
+        return json.loads(TABLE.read_text())  # type: ignore[no-any-return]
     except (OSError, ValueError):
         return {}
 
@@ -88,25 +88,23 @@ def _inner(typ: str) -> str:
     return typ
 
 
-def roots() -> list[str]:
-    """The models of every kind the default registry serves, in every served version, and EXTRA_ROOTS."""
-    from gpudra.apiserver.resources import DEFAULT_REGISTRY
-
+def roots(kinds: Iterable[tuple[str, Iterable[str], str]]) -> list[str]:
+    """The models of `kinds` ((group, served versions, kind) each), in every version, and EXTRA_ROOTS."""
     out = list(EXTRA_ROOTS)
-    for rt in DEFAULT_REGISTRY.types:
-        for version in rt.versions:
+    for group, versions, kind in kinds:
+        for version in versions:
             v = version[:1].upper() + version[1:]
-            for candidate in (f"{_group_prefix(rt.group)}{v}{rt.kind}", f"{v}{rt.kind}"):
+            for candidate in (f"{_group_prefix(group)}{v}{kind}", f"{v}{kind}"):
                 if _client_fields(candidate) is not None:
                     out.append(candidate)
                     break
     return out
 
 
-def generate(models: list[str] | None = None) -> dict[str, dict[str, str]]:
-    """The table for `models` (default: `roots()`) and every model reachable from them, read from the client."""
+def generate(models: list[str]) -> dict[str, dict[str, str]]:
+    """The table for `models` and every model reachable from them, read from the client."""
     out: dict[str, dict[str, str]] = {}
-    todo = list(models if models is not None else roots())
+    todo = list(models)
     while todo:
         model = todo.pop()
         if model in out:
@@ -286,6 +284,8 @@ def check_object(obj: dict[str, Any]) -> FieldReport | None:
     return check_fields(model, obj) if model else None
 
 
-if __name__ == "__main__":
-    _TABLE.write_text(json.dumps(generate(), indent=0, sort_keys=True) + "\n")
-    print(f"wrote {_TABLE} ({len(generate())} models)", file=sys.stderr)
+def write_table(kinds: Iterable[tuple[str, Iterable[str], str]]) -> int:
+    """Regenerates the table file for `kinds` (the embedded control plane's served kinds); the model count."""
+    table = generate(roots(kinds))
+    TABLE.write_text(json.dumps(table, indent=0, sort_keys=True) + "\n")
+    return len(table)

@@ -18,18 +18,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpudra.apiserver import objects as o
-from gpudra.apiserver import schema
-from gpudra.apiserver import status as st
-from gpudra.apiserver.patch import PatchError, json_patch, merge_patch
-from gpudra.apiserver.persistence import Change, SqliteLog, StorageError
-from gpudra.apiserver.resources import Registry, ResourceType
-from gpudra.apiserver.selectors import FieldSelector, LabelSelector, labels_of
+from controlplane import objects as o
+from gpudra.validation import schema
+from controlplane import status as st
+from controlplane.patch import PatchError, json_patch, merge_patch
+from controlplane.persistence import Change, SqliteLog, StorageError
+from controlplane.resources import Registry, ResourceType
+from controlplane.selectors import FieldSelector, LabelSelector, labels_of
 from gpudra.jsoncopy import copy_json
+from gpudra.validation.admission import Admission
 from gpudra.validation.workloads import KINDS as WORKLOAD_KINDS
 from gpudra.validation.workloads import validate_workload_api_object
 
-Admission = Callable[[dict[str, Any], "dict[str, Any] | None"], list[str]]
 ObjKey = tuple[ResourceType, str, str]  # (type, namespace or "", name)
 Codec = tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[[dict[str, Any]], dict[str, Any]]]
 

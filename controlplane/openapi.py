@@ -1,4 +1,4 @@
-"""OpenAPI documents for the served kinds, generated from the official client's models (gpudra.apiserver.schema).
+"""OpenAPI documents for the served kinds, generated from the official client's models (gpudra.validation.schema).
 
 kubectl reads them three ways:
 - `kubectl explain` walks the OpenAPI v3 document of the kind's group-version (`/openapi/v3/apis/G/V`),
@@ -23,8 +23,8 @@ from typing import Any
 
 import kubernetes.client as kclient
 
-from gpudra.apiserver.resources import Registry, SERVER_VERSION
-from gpudra.apiserver.schema import fields_of, model_name
+from controlplane.resources import Registry, SERVER_VERSION
+from gpudra.validation.schema import fields_of, model_name
 
 _META_MODELS = frozenset({
     "V1ObjectMeta", "V1ListMeta", "V1OwnerReference", "V1ManagedFieldsEntry", "V1Condition", "V1LabelSelector",

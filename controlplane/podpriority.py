@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudra.apiserver import status as st
-from gpudra.apiserver.resources import Registry
-from gpudra.apiserver.selectors import FieldSelector, LabelSelector
-from gpudra.apiserver.store import Filter, Store
+from controlplane import status as st
+from controlplane.resources import Registry
+from controlplane.selectors import FieldSelector, LabelSelector
+from controlplane.store import Filter, Store
 
 DEFAULT_PREEMPTION_POLICY = "PreemptLowerPriority"
 # Kubernetes' built-in classes: kube-apiserver creates them at start, so they exist on every cluster.

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gpudra.timestamps import parse_rfc3339
-from gpudra.apiserver.resources import ResourceType
+from controlplane.resources import ResourceType
 
 INCLUDE_OBJECT = ("None", "Metadata", "Object")
 # Descriptions kube-apiserver attaches to the two columns every table has (ObjectMeta's swagger docs).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudra.apiserver.resources import ResourceType
+from controlplane.resources import ResourceType
 
 # Kubernetes' FieldError types, recognised from the start of a validation message.
 _CAUSE_REASONS: tuple[tuple[str, str], ...] = (
