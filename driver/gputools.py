@@ -10,8 +10,8 @@
 
 `NvidiaTools` runs them through a `CommandRunner` (the subprocess one on a node, a recording one in tests);
 failures raise `GpuToolError` with the command and its stderr. Given a driver root (driver.driverroot), the
-tools are run by their path under it with the driver's `libnvidia-ml.so.1` preloaded and its library directory
-on `LD_LIBRARY_PATH` (the agent's image has neither the tools nor the library); without one, from PATH.
+tools are run by their path under it with the driver's `libnvidia-ml.so.1` preloaded (`LD_PRELOAD` only: the
+driver's library directory may hold the host's libc, see driver.driverroot); without one, from PATH.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class NvidiaTools:
         except DriverRootError as exc:
             raise GpuToolError(str(exc)) from exc
         # The preload goes on top of whatever LD_PRELOAD this process has, as NVIDIA's plugin does.
-        base = {k: v for k, v in os.environ.items() if k in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
+        base = {k: v for k, v in os.environ.items() if k == "LD_PRELOAD"}
         return [str(program), *argv[1:]], {**extra, **self._root.tool_env({**base, **extra})}
 
     def _run(self, argv: Sequence[str], env: Mapping[str, str] | None = None, stdin: str | None = None) -> str:

@@ -9,7 +9,8 @@ driver runs one daemon per claim in its own pod instead; so does this backend:
   `/driver-root`, and the claim's pipe, log and shm directories from the host. It runs
   `nvidia-cuda-mps-control -d` in a chroot of the driver root when that root has a shell (the host's `/` or a
   driver container's root: the daemon then uses the driver's own libc and libraries), otherwise directly with
-  the driver's directories on PATH and LD_LIBRARY_PATH, and then follows the control log;
+  the driver's bin directories on PATH and its NVML preloaded (never its library directory on the loader's
+  path: it may hold the host's libc), and then follows the control log;
 - the agent waits until the daemon listens on `<pipe dir>/control` (the directory is a host path both see), then
   talks to it with `nvidia-cuda-mps-control` from the driver root (driver.gputools) to set the claim's limits;
 - stop sends `quit`, deletes the pod and unmounts the shm;
@@ -51,7 +52,12 @@ if [ -x {DRIVER_ROOT_IN_POD}/bin/sh ] || [ -x {DRIVER_ROOT_IN_POD}/usr/bin/sh ];
   LOGFILE={DRIVER_ROOT_IN_POD}{LOG_IN_POD}/control.log
 else
   export PATH="{DRIVER_ROOT_IN_POD}/usr/bin:{DRIVER_ROOT_IN_POD}/bin:$PATH"
-  export LD_LIBRARY_PATH="{DRIVER_ROOT_IN_POD}/usr/lib64:{DRIVER_ROOT_IN_POD}/usr/lib/x86_64-linux-gnu:{DRIVER_ROOT_IN_POD}/usr/lib/aarch64-linux-gnu:{DRIVER_ROOT_IN_POD}/lib64"
+  # NVML preloaded, no driver library dir on the loader's path: it may hold the host's libc (driver.driverroot).
+  # The versioned file itself: the .so.1 link's text is absolute, relative to the driver root, not to this pod.
+  for f in {DRIVER_ROOT_IN_POD}/usr/lib64/libnvidia-ml.so.*.* {DRIVER_ROOT_IN_POD}/usr/lib/*-linux-gnu/libnvidia-ml.so.*.* \
+           {DRIVER_ROOT_IN_POD}/lib64/libnvidia-ml.so.*.*; do
+    if [ -f "$f" ] && [ ! -L "$f" ]; then export LD_PRELOAD="$f"; break; fi
+  done
   export CUDA_MPS_PIPE_DIRECTORY={DRIVER_ROOT_IN_POD}{PIPE_IN_POD}
   export CUDA_MPS_LOG_DIRECTORY={DRIVER_ROOT_IN_POD}{LOG_IN_POD}
   RUN="sh -c"

@@ -122,7 +122,7 @@ def test_tools_run_from_the_driver_root_with_its_nvml_preloaded(tmp_path: Path) 
     assert smi == [str(bin_dir / "nvidia-smi"), "compute-policy", "-i", "GPU-1", "--set-timeslice", "2"]
     library = str(root / "usr/lib64/libnvidia-ml.so.550.54.15")
     assert smi_env["LD_PRELOAD"].split(":")[0] == library
-    assert smi_env["LD_LIBRARY_PATH"].split(":")[0] == str(root / "usr/lib64")
+    assert "LD_LIBRARY_PATH" not in smi_env  # the driver's lib dir may hold the host's libc
     assert mps[0] == str(bin_dir / "nvidia-cuda-mps-control")
     assert mps_env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "pipe") and mps_env["LD_PRELOAD"].startswith(library)
 
