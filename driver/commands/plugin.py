@@ -44,6 +44,16 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="where that driver install is on the host (default /; e.g. /run/nvidia/driver for a driver container)",
     )
     parser.add_argument(
+        "--proc-root", default="/proc",
+        help="with --nvml real: the procfs the driver's device numbers are read from (/proc/devices, "
+             "/proc/driver/nvidia/capabilities; default /proc)",
+    )
+    parser.add_argument(
+        "--cdi-hook-path",
+        help="an nvidia-cdi-hook (NVIDIA Container Toolkit 1.18 or later) on the host: claim specs then also carry "
+             "its enable-cuda-compat and disable-device-node-modification hooks (default: none, specs carry files only)",
+    )
+    parser.add_argument(
         "--mps-daemon-image",
         help="with --nvml real: run each claim's MPS control daemon as a pod of this image on this node (privileged, "
         "hostPID, driver root mounted), so that daemons outlive agent restarts; without it they run in this process",
@@ -128,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.host_driver_root.startswith("/"):
         print(f"error: --host-driver-root: {args.host_driver_root!r}: expected an absolute path on the host", file=sys.stderr)
         return 2
+    if args.cdi_hook_path is not None and not args.cdi_hook_path.startswith("/"):
+        print(f"error: --cdi-hook-path: {args.cdi_hook_path!r}: expected an absolute path on the host", file=sys.stderr)
+        return 2
     if args.shared_capacity and args.partitionable:
         print("error: --shared-capacity and --partitionable exclude each other: a GPU shared by capacity cannot also "
               "be split into MIG placements", file=sys.stderr)
@@ -181,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         partitionable=args.partitionable, shared_capacity=args.shared_capacity, reserved_uuids=reserved,
         metrics_port=args.metrics_port,
         driver_root=_driver_root(args), host_driver_root=args.host_driver_root,
-        proc_root=Path("/proc") if args.nvml == "real" else None,
+        proc_root=Path(args.proc_root) if args.nvml == "real" else None, cdi_hook_path=args.cdi_hook_path,
         binding_conditions=args.binding_conditions,
     )
     agent = NodeAgent(

@@ -78,8 +78,11 @@ class AgentSettings:
     # where that same tree is on the host, which is what the specs must name.
     driver_root: Path | None = None
     host_driver_root: str = "/"
-    # procfs the driver's device numbers are read from (real GPUs); None: CDI device nodes by path only.
+    # procfs the driver's device numbers are read from (real GPUs); None: the backend's (`device_numbers()`, the
+    # simulator's), else CDI device nodes by path only.
     proc_root: Path | None = None
+    # An nvidia-cdi-hook (1.18+) on the host, for the forward-compat and device-node hooks (driver.driverfiles).
+    cdi_hook_path: str | None = None
     # With `partitionable`: MIG placements carry KEP-5007 binding conditions and the agent creates the instance
     # when a claim is allocated to one (driver.binder), before the scheduler binds the pod.
     binding_conditions: bool = False
@@ -131,7 +134,7 @@ class NodeAgent:
             reserved=settings.reserved_uuids, fault_hook=fault_hook,
             partitionable=settings.partitionable, nvml=nvml, on_inventory_change=self.refresh_inventory,
             common_edits=self.driver_files.container_edits(),
-            device_numbers=self._device_numbers,
+            device_numbers=self.device_numbers,
         )
         self.board = HealthBoard(self._health_entries())
         self.metrics = PluginMetrics()
@@ -146,9 +149,12 @@ class NodeAgent:
                                     interval=settings.watch_seconds)
         self.start_report: StartReport | None = None
 
-    def _device_numbers(self) -> DeviceNumbers:
+    def device_numbers(self) -> DeviceNumbers:
         root = self.settings.proc_root
-        return DeviceNumbers.read(root) if root is not None else DeviceNumbers()
+        if root is not None:
+            return DeviceNumbers.read(root)
+        simulated = getattr(self._nvml, "device_numbers", None)
+        return simulated() if callable(simulated) else DeviceNumbers()
 
     def _discover_driver_files(self, inventory: Inventory) -> DriverFiles:
         """Once per agent start: the driver install does not change under a running driver (an upgrade
@@ -157,7 +163,8 @@ class NodeAgent:
         if root is None:
             return DriverFiles()
         try:
-            files = discover_driver_files(root, inventory.driver_version, host_root=self.settings.host_driver_root)
+            files = discover_driver_files(root, inventory.driver_version, host_root=self.settings.host_driver_root,
+                                          hook_path=self.settings.cdi_hook_path)
         except Exception:  # noqa: BLE001 - an unreadable driver root must not stop the agent; specs stay minimal
             log.exception("event=driver-files-failed root=%s", root)
             return DriverFiles()
