@@ -208,3 +208,50 @@ def test_cuda_in_the_container_sees_exactly_its_devices(box: Box, built: Built, 
         assert sorted(lines[2:]) == sorted([f"mig-cap {gi}", f"mig-cap {ci}"])
     finally:
         runtime.close()
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_plugin_process_with_real_nvml_publishes_and_prepares(layout: str, built: Built, apiserver: Any) -> None:
+    """`gpu-dra plugin --nvml real --driver-root ...` as a process: it registers with the kubelet simulator,
+    publishes the mock's devices and prepares a TimeSlicing claim over the kubelet's gRPC."""
+    from sim.kubelet.dra import ClaimInfo, KubeletSim
+    from tests.plugin_helpers import DRIVER, NODE as POOL, create_allocated_claim, stop_process
+
+    inventory = discover(load_backend(f"sim:{PROFILE}", node=POOL), POOL)
+    with short_tmp() as tmp:
+        inst = install(tmp / "host", LAYOUTS[layout], built, profile=PROFILE, node=POOL, version=inventory.driver_version)
+        proc = _proc(tmp, uvm=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
+        with open(tmp / "plugin.log", "wb") as log:
+            plugin = subprocess.Popen(
+                [sys.executable, "-m", "cli.main", "plugin", "--node", POOL, "--nvml", "real",
+                 "--driver-root", str(inst.root), "--host-driver-root", str(inst.root), "--proc-root", str(proc),
+                 "--kubeconfig", str(apiserver.kubeconfig), "--kubelet-dir", str(tmp / "kubelet"),
+                 "--cdi-dir", str(tmp / "cdi"), "--log-level", "WARNING"],
+                env=env, stdout=subprocess.DEVNULL, stderr=log,
+            )
+        kubelet = KubeletSim(tmp / "kubelet")
+        try:
+            registered = kubelet.wait_for_plugin(DRIVER, timeout=DEADLINE)
+            full = [gpu_device_name(g) for g in inventory.gpus if not g.mig_enabled]
+            migs = [mig_device_name(g, m) for g in inventory.gpus for m in g.mig_devices]
+            deadline = time.monotonic() + DEADLINE
+            while True:
+                slices, _ = apiserver.api.list("ResourceSlice")
+                names = sorted(d["name"] for s in slices for d in s["spec"].get("devices", []))
+                if names == sorted(full + migs):
+                    break
+                assert time.monotonic() < deadline, (names, (tmp / "plugin.log").read_text())
+                time.sleep(0.1)
+            shared = inventory.gpus[2]
+            config = [{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": TIMESLICE}}]
+            claim = create_allocated_claim(apiserver.api, "ts", [("gpu", gpu_device_name(shared))], config=config)
+            prepared = registered.prepare([ClaimInfo("default", claim["metadata"]["uid"], "ts")])
+            assert [d.device_name for d in prepared[claim["metadata"]["uid"]]] == [gpu_device_name(shared)]
+            calls = inst.calls_log.read_text()
+            assert f"-i {shared.uuid} --set-timeslice 3 result=ok" in calls, calls
+            (spec_file,) = (tmp / "cdi").glob("*.json")
+            assert cdi.validate_spec(json.loads(spec_file.read_text())) == []
+        finally:
+            kubelet.close()
+            stop_process(plugin)
