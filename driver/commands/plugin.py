@@ -27,7 +27,9 @@ DEFAULT_CDI_DIR = "/var/run/cdi"
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", required=True, help="this node's name (the pool name)")
-    parser.add_argument("--nvml", required=True, help="real, sim:PROFILE or sim:/path/profile.yaml")
+    parser.add_argument("--nvml", required=True,
+                        help="real, sim:PROFILE, sim:/path/profile.yaml or sim:node-label (the profile this node's "
+                             "gpu-dra.simulated-profile label names)")
     cliopts.add_kubeconfig(parser)
     parser.add_argument("--kubelet-dir", help=f"kubelet root dir (default {DEFAULT_KUBELET_DIR}; with a simulator, "
                                               "<private state dir>/kubelet)")
@@ -86,6 +88,32 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="set GPU Feature Discovery's labels (nvidia.com/gpu.product, gpu.count, gpu.memory, ...) on this node",
     )
     cliopts.add_log_level(parser)
+
+
+SIM_FROM_NODE_LABEL = "sim:node-label"
+PROFILE_LABEL = "gpu-dra.simulated-profile"
+
+
+def resolve_nvml_spec(spec: str, api: Any, node: str) -> str:
+    """`sim:node-label` -> `sim:<the profile the node's gpu-dra.simulated-profile label names>` (kind workers
+    each simulate their own GPUs from one DaemonSet); any other spec as given. Raises ValueError naming the node,
+    the label and what is accepted."""
+    if spec != SIM_FROM_NODE_LABEL:
+        return spec
+    from driver.nvml import shipped_profiles
+    from gpudra.kubeapi import ApiError, NotFound
+
+    try:
+        obj = api.get("Node", node)
+    except NotFound as exc:
+        raise ValueError(f"--nvml {spec}: Node {node} does not exist, so its {PROFILE_LABEL} label cannot be read") from exc
+    except ApiError as exc:
+        raise ValueError(f"--nvml {spec}: reading Node {node} failed: {exc}") from exc
+    profile = ((obj.get("metadata") or {}).get("labels") or {}).get(PROFILE_LABEL, "")
+    if not profile:
+        raise ValueError(f"--nvml {spec}: Node {node} has no {PROFILE_LABEL} label; set it to one of "
+                         f"{', '.join(shipped_profiles())} (e.g. kubectl label node {node} {PROFILE_LABEL}=dgx-a100)")
+    return f"sim:{profile}"
 
 
 def _driver_root(args: argparse.Namespace) -> Path | None:
@@ -160,16 +188,6 @@ def run(args: argparse.Namespace) -> int:
     from gpudra.kubeapi import KubeApi
 
     try:
-        nvml = load_backend(args.nvml, node=args.node, driver_root=_driver_root(args))
-    except (NvmlUnavailable, BackendConfigError) as exc:
-        print(f"error: --nvml {args.nvml}: {exc}", file=sys.stderr)
-        return 2
-    inventory = discover(nvml, args.node)
-    unknown = sorted(reserved - {g.uuid for g in inventory.gpus})
-    if unknown:
-        print(f"error: --reserved-gpus: {', '.join(unknown)}: not a GPU of this node", file=sys.stderr)
-        return 2
-    try:
         source = cliopts.kubeconfig_source(args.kubeconfig)
         api = KubeApi.connect(kubeconfig=source)
     except cliopts.NoApiConfig as exc:
@@ -178,6 +196,20 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:
         where = source or "the in-cluster config"
         print(f"error: --kubeconfig: cannot connect with {where}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        args.nvml = resolve_nvml_spec(args.nvml, api, args.node)
+        nvml = load_backend(args.nvml, node=args.node, driver_root=_driver_root(args))
+    except (NvmlUnavailable, BackendConfigError) as exc:
+        print(f"error: --nvml {args.nvml}: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # the node's profile label
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    inventory = discover(nvml, args.node)
+    unknown = sorted(reserved - {g.uuid for g in inventory.gpus})
+    if unknown:
+        print(f"error: --reserved-gpus: {', '.join(unknown)}: not a GPU of this node", file=sys.stderr)
         return 2
     if args.mps_daemon_image and args.nvml == "real":
         from driver.mpsdaemon import MpsDaemonPods, MpsPodSettings
