@@ -227,7 +227,7 @@ def test_plugin_process_with_real_nvml_publishes_and_prepares(layout: str, built
                 [sys.executable, "-m", "cli.main", "plugin", "--node", POOL, "--nvml", "real",
                  "--driver-root", str(inst.root), "--host-driver-root", str(inst.root), "--proc-root", str(proc),
                  "--kubeconfig", str(apiserver.kubeconfig), "--kubelet-dir", str(tmp / "kubelet"),
-                 "--cdi-dir", str(tmp / "cdi"), "--log-level", "WARNING"],
+                 "--cdi-dir", str(tmp / "cdi"), "--log-level", "WARNING", "--rediscover-seconds", "0.5"],
                 env=env, stdout=subprocess.DEVNULL, stderr=log,
             )
         kubelet = KubeletSim(tmp / "kubelet")
@@ -252,6 +252,14 @@ def test_plugin_process_with_real_nvml_publishes_and_prepares(layout: str, built
             assert f"-i {shared.uuid} --set-timeslice 3 result=ok" in calls, calls
             (spec_file,) = (tmp / "cdi").glob("*.json")
             assert cdi.validate_spec(json.loads(spec_file.read_text())) == []
+            # A driver upgrade under the running agent (a new libnvidia-ml.so.1 in the root): it exits so that
+            # its DaemonSet restarts it on the new driver.
+            link = inst.lib_dir / "libnvidia-ml.so.1"
+            shutil.copy2(built.nvml, inst.lib_dir / "libnvidia-ml.so.590.10.01")
+            link.unlink()
+            link.symlink_to("libnvidia-ml.so.590.10.01")
+            assert plugin.wait(timeout=DEADLINE) == 3, (tmp / "plugin.log").read_text()
+            assert "event=exit-for-driver-change" in (tmp / "plugin.log").read_text()
         finally:
             kubelet.close()
             stop_process(plugin)

@@ -82,6 +82,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "DRADeviceBindingConditions, on from Kubernetes 1.36: use --no-binding-conditions on "
                              "1.34/1.35 clusters without it)")
     parser.add_argument("--reserved-gpus", default="", help="comma-separated GPU UUIDs kept for the device plugin (not published)")
+    parser.add_argument("--rediscover-seconds", type=float, default=60.0,
+                        help="walk the GPUs again this often (and on health events): a MIG layout changed outside the "
+                             "agent is republished, a driver change makes the agent exit so its DaemonSet restarts it "
+                             "(default 60; 0: never)")
     parser.add_argument("--metrics-port", type=cliopts.port, help="serve Prometheus metrics on this port")
     parser.add_argument(
         "--node-labels", action="store_true",
@@ -228,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
         driver_root=_driver_root(args), host_driver_root=args.host_driver_root,
         proc_root=Path(args.proc_root) if args.nvml == "real" else None, cdi_hook_path=args.cdi_hook_path,
         binding_conditions=args.binding_conditions,
+        rediscover_interval_s=args.rediscover_seconds if args.rediscover_seconds > 0 else None,
     )
     agent = NodeAgent(
         settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api),
@@ -244,6 +249,7 @@ def run(args: argparse.Namespace) -> int:
     shim: Any = None
     agent.start()
     labels_pending = bool(args.node_labels)
+    exit_code = 0
     try:
         if args.device_plugin:
             from driver.deviceplugin import start_device_plugin
@@ -256,10 +262,13 @@ def run(args: argparse.Namespace) -> int:
                 labels_pending = not _label_node(api, args.node, inventory)
             if stop.wait(1.0):
                 break
+            if agent.exit_requested.is_set():
+                exit_code = 3  # the driver changed under the agent: the DaemonSet restarts it on the new one
+                break
             tick += 1
     finally:
         if shim is not None:
             shim.stop()
         agent.stop()
         api.close()
-    return 0
+    return exit_code
