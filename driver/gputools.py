@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -99,7 +100,11 @@ class MpsDirs:
 def control_socket_alive(pipe_dir: Path) -> bool:
     """Whether an MPS control daemon listens on `<pipe_dir>/control` (a stale socket file refuses connections)."""
     path = pipe_dir / MPS_CONTROL_SOCKET
-    if not path.exists():
+    try:
+        # lstat: a link planted in the pipe dir is never followed, only the daemon's own socket counts.
+        if os.path.islink(pipe_dir) or not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return False
+    except OSError:
         return False
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(2.0)
@@ -148,8 +153,11 @@ class NvidiaTools:
             raise GpuToolError(f"GPU {gpu_uuid}: timeslice level {level} is not one of {TIMESLICE_LEVELS}")
         self._run([NVIDIA_SMI, "compute-policy", "-i", gpu_uuid, "--set-timeslice", str(level)])
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
+        """A daemon in this process's container (no daemon pods): started, then given its limits."""
         self._run([MPS_CONTROL, "-d"], env={**dirs.env(), "CUDA_VISIBLE_DEVICES": ",".join(device_uuids)})
+        for command in commands:
+            self.mps_command(dirs, command)
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
         return self._run([MPS_CONTROL], env=dirs.env(), stdin=command + "\n")

@@ -218,7 +218,7 @@ def test_the_derivation_sees_the_calls_it_must() -> None:
             ("leases", "update")} <= controller
     agent = {(n.resource, n.verb) for n in code_needs("driver")}
     assert {("resourceslices", "create"), ("resourceslices", "watch"), ("resourceclaims", "get"),
-            ("pods", "create"), ("pods", "delete")} <= agent
+            ("deployments", "create"), ("deployments", "delete"), ("pods", "list")} <= agent
 
 
 def test_controller_rbac_grants_every_call_the_controller_makes() -> None:

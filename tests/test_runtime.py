@@ -132,7 +132,7 @@ def test_container_sees_its_claims_device_nodes_and_no_other_gpu(node: Node) -> 
     assert len([n for n in nodes if n.startswith("/dev/nvidia-caps/")]) == 2
 
 
-def test_env_and_mounts_as_the_spec_says_and_mps_pipe_dirs_are_shared(node: Node) -> None:
+def test_env_and_mounts_as_the_spec_says_and_the_mps_pipe_dir_is_shared_read_only(node: Node) -> None:
     gpu = next(g for g in node.inv.gpus if not g.mig_devices)
     mps = [{"requests": [], "opaque": {"driver": DRIVER, "parameters": {**CFG, "sharing": {"strategy": "MPS"}}}}]
     ids = node.prepare("mps", [("gpu", gpu_device_name(gpu))], config=mps)
@@ -141,20 +141,24 @@ def test_env_and_mounts_as_the_spec_says_and_mps_pipe_dirs_are_shared(node: Node
     env = dict(e.split("=", 1) for e in edits["env"])
     pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
     assert {m["containerPath"] for m in edits["mounts"]} >= {pipe}
-    # The spec's env arrives as written; the driver install's nvidia-smi is mounted read-only where the spec says.
-    code, out = node.run("writer", f"env; echo hello > {pipe}/from-writer && echo WROTE; "
-                                   "echo x > /usr/bin/nvidia-smi 2>/dev/null || echo NVIDIA_SMI_READ_ONLY", ids,
+    host_pipe = next(m["hostPath"] for m in edits["mounts"] if m["containerPath"] == pipe)
+    (Path(host_pipe) / "from-daemon").write_text("hello\n")  # what the daemon creates there
+    # The spec's env arrives as written; the driver install's nvidia-smi and the pipe dir are mounted read-only:
+    # a tenant can neither write into the daemon's pipe dir nor plant a link there.
+    code, out = node.run("tenant", f"env; cat {pipe}/from-daemon; (echo x > {pipe}/planted) 2>/dev/null || echo PIPE_READ_ONLY; "
+                                   f"ln -s /etc/passwd {pipe}/control 2>/dev/null || echo NO_LINK; "
+                                   "(echo x > /usr/bin/nvidia-smi) 2>/dev/null || echo NVIDIA_SMI_READ_ONLY", ids,
                          env={"POD_ENV": "from-the-pod"})
     assert code == 0, out
     lines = out.splitlines()
     for key, value in env.items():
         assert f"{key}={value}" in lines
-    assert "POD_ENV=from-the-pod" in lines and "WROTE" in lines and "NVIDIA_SMI_READ_ONLY" in lines
-    # The second replica of the same claim sees what the first wrote: one MPS pipe dir for both.
-    code, out = node.run("reader", f"cat {pipe}/from-writer", ids)
+    assert "POD_ENV=from-the-pod" in lines and "hello" in lines
+    assert {"PIPE_READ_ONLY", "NO_LINK", "NVIDIA_SMI_READ_ONLY"} <= set(lines)
+    assert sorted(p.name for p in Path(host_pipe).iterdir()) == ["from-daemon"]
+    # The second replica of the same claim sees the same daemon pipe dir.
+    code, out = node.run("second", f"cat {pipe}/from-daemon", ids)
     assert (code, out) == (0, "hello\n")
-    host_pipe = next(m["hostPath"] for m in edits["mounts"] if m["containerPath"] == pipe)
-    assert (Path(host_pipe) / "from-writer").read_text() == "hello\n"
 
 
 @pytest.fixture

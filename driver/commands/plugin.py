@@ -61,6 +61,11 @@ def register(parser: argparse.ArgumentParser) -> None:
         "hostPID, driver root mounted), so that daemons outlive agent restarts; without it they run in this process",
     )
     parser.add_argument(
+        "--mps-image-pull-secrets", default="",
+        help="comma-separated image pull secrets (in --namespace) the MPS daemon pods use for --mps-daemon-image; "
+             "pass the agent pod's own when its image is in a private registry",
+    )
+    parser.add_argument(
         "--namespace", default=os.environ.get("POD_NAMESPACE", "gpu-dra-system"),
         help="namespace of the MPS control daemon pods (default: $POD_NAMESPACE, else gpu-dra-system)",
     )
@@ -221,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
         nvml.run_mps_daemons_as_pods(MpsDaemonPods(api, MpsPodSettings(
             namespace=args.namespace, node_name=args.node, image=args.mps_daemon_image,
             host_driver_root=args.host_driver_root,
+            image_pull_secrets=tuple(s.strip() for s in args.mps_image_pull_secrets.split(",") if s.strip()),
         ), nvml.tools))
     kubelet_dir, cdi_dir, notice = node_dirs(args)
     if notice:

@@ -337,7 +337,12 @@ class SimulatedNvml:
                 raise ValueError(f"get_timeslice: no GPU with uuid {gpu_uuid!r} in profile {self.profile.name}")
             return gpu.timeslice
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
+        self._mps_start(dirs, device_uuids)
+        for command in commands:
+            self.mps_command(dirs, command)
+
+    def _mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
         what = f"`CUDA_VISIBLE_DEVICES={','.join(device_uuids)} nvidia-cuda-mps-control -d`"
         with self._lock:
             self._refresh_faults()
