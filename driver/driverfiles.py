@@ -190,9 +190,9 @@ def plan(
                     targets.add(target)
                     mounts.append(Mount(_host_path(host_root, path), target))
     for name in BINARIES:
-        path = _first_executable(snapshot, snapshot.bin_dirs, name)
-        if path is not None:
-            mounts.append(Mount(_host_path(host_root, path), posixpath.join(CONTAINER_BIN_DIR, name)))
+        binary = _first_executable(snapshot, snapshot.bin_dirs, name)
+        if binary is not None:
+            mounts.append(Mount(_host_path(host_root, binary), posixpath.join(CONTAINER_BIN_DIR, name)))
     firmware = sorted(
         p for p in snapshot.files
         if posixpath.dirname(p) in snapshot.firmware_dirs

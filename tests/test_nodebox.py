@@ -134,7 +134,7 @@ def test_discovery_through_pynvml_on_the_mock_matches_the_simulator(box: Box, si
 
 
 def test_every_claim_prepares_and_the_tools_ran_cleanly(box: Box, sim_inventory: Inventory) -> None:
-    assert {n: r["error"] for n, r in box.report["results"].items()} == {n: "" for n in box.claims}
+    assert {n: r["error"] for n, r in box.report["results"].items()} == dict.fromkeys(box.claims, "")
     calls = box.inst.calls_log.read_text().splitlines()
     shared = sim_inventory.gpus[2]
     smi = [c for c in calls if " argv=" in c and "nvidia-smi compute-policy" in c]

@@ -125,6 +125,22 @@ def resolve_nvml_spec(spec: str, api: Any, node: str) -> str:
     return f"sim:{profile}"
 
 
+def _connect(kubeconfig: str | None) -> Any:
+    """The API client, or None after saying on stderr why there is none."""
+    from gpudra.kubeapi import KubeApi
+
+    source: str | None = None
+    try:
+        source = cliopts.kubeconfig_source(kubeconfig)
+        return KubeApi.connect(kubeconfig=source)
+    except cliopts.NoApiConfig as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except Exception as exc:
+        where = source or "the in-cluster config"
+        print(f"error: --kubeconfig: cannot connect with {where}: {exc}", file=sys.stderr)
+    return None
+
+
 def _driver_root(args: argparse.Namespace) -> Path | None:
     # Simulated GPUs have no driver install: scanning this machine's / would put whatever NVIDIA files it
     # happens to hold (of another driver version) into the simulated claims' specs.
@@ -190,37 +206,36 @@ def run(args: argparse.Namespace) -> int:
 
     from driver.discovery import discover
     from driver.health import HealthMonitor
-    from driver.nvml import load_backend
+    from driver.nvml import RealNvml, load_backend
     from driver.nvmlapi import BackendConfigError, NvmlUnavailable
     from driver.plugin.agent import AgentSettings, NodeAgent, crash_hook_from_env, kubeapi_claim_getter
     from driver.publisher import SlicePublisher
-    from gpudra.kubeapi import KubeApi
-
+    api: Any = None
+    if args.nvml == SIM_FROM_NODE_LABEL:  # the profile is on this node's Node: the API first
+        api = _connect(args.kubeconfig)
+        if api is None:
+            return 2
+        try:
+            args.nvml = resolve_nvml_spec(args.nvml, api, args.node)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            api.close()
+            return 2
     try:
-        source = cliopts.kubeconfig_source(args.kubeconfig)
-        api = KubeApi.connect(kubeconfig=source)
-    except cliopts.NoApiConfig as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        where = source or "the in-cluster config"
-        print(f"error: --kubeconfig: cannot connect with {where}: {exc}", file=sys.stderr)
-        return 2
-    try:
-        args.nvml = resolve_nvml_spec(args.nvml, api, args.node)
         nvml = load_backend(args.nvml, node=args.node, driver_root=_driver_root(args))
     except (NvmlUnavailable, BackendConfigError) as exc:
         print(f"error: --nvml {args.nvml}: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:  # the node's profile label
-        print(f"error: {exc}", file=sys.stderr)
         return 2
     inventory = discover(nvml, args.node)
     unknown = sorted(reserved - {g.uuid for g in inventory.gpus})
     if unknown:
         print(f"error: --reserved-gpus: {', '.join(unknown)}: not a GPU of this node", file=sys.stderr)
         return 2
-    if args.mps_daemon_image and args.nvml == "real":
+    if api is None:
+        api = _connect(args.kubeconfig)
+        if api is None:
+            return 2
+    if args.mps_daemon_image and isinstance(nvml, RealNvml):
         from driver.mpsdaemon import MpsDaemonPods, MpsPodSettings
 
         nvml.run_mps_daemons_as_pods(MpsDaemonPods(api, MpsPodSettings(
