@@ -167,3 +167,30 @@ class NvidiaTools:
 
     def mps_running(self, dirs: MpsDirs) -> bool:
         return control_socket_alive(dirs.pipe)
+
+
+NVIDIA_MODPROBE = "nvidia-modprobe"
+
+
+def ensure_uvm_loaded(driver_root: DriverRoot, proc_root: Path, runner: CommandRunner | None = None) -> str:
+    """Load nvidia-uvm (CUDA's unified memory module) with the driver's `nvidia-modprobe -u -c=0` when it is
+    not loaded yet, as NVIDIA's tools do; returns what happened, for the log. Without nvidia-modprobe, or when
+    it fails, the module stays unloaded and claim specs leave /dev/nvidia-uvm* out (driver.cdi)."""
+    try:
+        loaded = any(line.split()[1:] == ["nvidia-uvm"] for line in (proc_root / "devices").read_text().splitlines())
+    except OSError as exc:
+        return f"cannot read {proc_root / 'devices'}: {exc}"
+    if loaded:
+        return "nvidia-uvm is loaded"
+    try:
+        program = driver_root.find_binary(NVIDIA_MODPROBE)
+    except DriverRootError:
+        return f"nvidia-uvm is not loaded and the driver root has no {NVIDIA_MODPROBE}: /dev/nvidia-uvm* left out of specs"
+    argv = [str(program), "-u", "-c=0"]
+    try:
+        result = (runner or SubprocessRunner()).run(argv)
+    except GpuToolError as exc:
+        return f"{' '.join(argv)} failed: {exc}; /dev/nvidia-uvm* left out of specs"
+    if result.returncode != 0:
+        return f"{_describe(argv, result)}; /dev/nvidia-uvm* left out of specs"
+    return f"nvidia-uvm loaded with {' '.join(argv)}"

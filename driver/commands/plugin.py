@@ -227,6 +227,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --nvml {args.nvml}: {exc}", file=sys.stderr)
         return 2
     inventory = discover(nvml, args.node)
+    root = _driver_root(args)
+    if isinstance(nvml, RealNvml) and root is not None:
+        from driver.driverroot import DriverRoot
+        from driver.gputools import ensure_uvm_loaded
+
+        log.info("event=nvidia-uvm node=%s msg=%s", args.node,
+                 logfmt.quote(ensure_uvm_loaded(DriverRoot(root), Path(args.proc_root))))
     unknown = sorted(reserved - {g.uuid for g in inventory.gpus})
     if unknown:
         print(f"error: --reserved-gpus: {', '.join(unknown)}: not a GPU of this node", file=sys.stderr)
