@@ -263,3 +263,43 @@ def test_plugin_process_with_real_nvml_publishes_and_prepares(layout: str, built
         finally:
             kubelet.close()
             stop_process(plugin)
+
+
+def test_mig_instances_are_created_and_destroyed_through_pynvml_on_the_mock(built: Built, sim_inventory: Inventory) -> None:
+    """What partitionable MIG (driver.miginstances) does, on the mock: destroy, create at a placement, refuse an
+    overlap, and discovery seeing each layout; in a process of its own (one NVML per process)."""
+    script = r"""
+import json, sys
+from pathlib import Path
+from driver import miginstances
+from driver.discovery import discover
+from driver.nvml import load_backend
+nvml = load_backend("real", driver_root=Path(sys.argv[1]))
+gpu = discover(nvml, "n").gpus[0]
+small = next(p for p in gpu.mig_profiles if p.name == "1g.6gb")
+last = next(m for m in gpu.mig_devices if m.profile == "1g.6gb" and m.placement.start == 3)
+out = {"destroyed": miginstances.destroy(nvml, gpu.uuid, small.profile_id, 3)}
+out["after_destroy"] = [m.uuid for m in discover(nvml, "n").gpus[0].mig_devices]
+created = miginstances.create(nvml, gpu.uuid, small.profile_id, 3, 1)
+out["created"] = [created.gpu_instance_id, created.compute_instance_id, created.uuid]
+out["after_create"] = [m.uuid for m in discover(nvml, "n").gpus[0].mig_devices]
+try:
+    miginstances.create(nvml, gpu.uuid, small.profile_id, 2, 1)
+except miginstances.MigError as exc:
+    out["overlap"] = str(exc)
+out["again"] = miginstances.destroy(nvml, gpu.uuid, small.profile_id, 1)
+print(json.dumps(out))
+"""
+    with short_tmp() as tmp:
+        inst = install(tmp / "host", LAYOUTS["ubuntu"], built, profile=PROFILE, node=NODE, version=sim_inventory.driver_version)
+        done = subprocess.run([sys.executable, "-c", script, str(inst.root)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    gpu = sim_inventory.gpus[0]
+    uuids = [m.uuid for m in gpu.mig_devices]
+    gone = next(m for m in gpu.mig_devices if m.placement.start == 3)
+    assert out["destroyed"] is True and out["after_destroy"] == [u for u in uuids if u != gone.uuid]
+    # The same GPU instance id and UUID the simulator gives that placement.
+    assert out["created"] == [gone.gpu_instance_id, 0, gone.uuid] and out["after_create"] == uuids
+    assert "taken or overlaps" in out["overlap"]
+    assert out["again"] is False  # nothing at placement 1: destroying what is gone is not an error
