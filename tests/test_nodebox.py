@@ -206,6 +206,11 @@ def test_cuda_in_the_container_sees_exactly_its_devices(box: Box, built: Built, 
         lines = out.splitlines()
         assert lines[:2] == ["libcuda /usr/lib/x86_64-linux-gnu/libcuda.so.1", f"device 0 minor {mig_gpu.minor}"]
         assert sorted(lines[2:]) == sorted([f"mig-cap {gi}", f"mig-cap {ci}"])
+        # The shared GPUs' claims too: each container finds exactly its GPU.
+        for claim, gpu in (("timeslice", sim_inventory.gpus[2]), ("mps", sim_inventory.gpus[3])):
+            code, out = _run(runtime, claim, results[claim]["cdiIds"])
+            assert code == 0, out
+            assert out.splitlines() == ["libcuda /usr/lib/x86_64-linux-gnu/libcuda.so.1", f"device 0 minor {gpu.minor}"]
     finally:
         runtime.close()
 
