@@ -541,8 +541,10 @@ class ApiHandler(BaseHTTPRequestHandler):
                                                       r.subresource, policy)))
         elif method == "PATCH":
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-            if ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+            if ctype == "application/merge-patch+json":
                 kind = "merge"
+            elif ctype == "application/strategic-merge-patch+json":
+                kind = "strategic"
             elif ctype == "application/json-patch+json":
                 kind = "json"
             elif ctype == "application/apply-patch+yaml":
@@ -556,7 +558,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             policy = self._field_policy(query, body)
             codec = (r.shown, r.stored) if r.converts else None
             self._send_json(200, r.shown(store.patch(r.rt, r.namespace, r.name, kind, body, r.subresource,
-                                                     codec, policy)))
+                                                     codec, policy, r.version or r.rt.version)))
         elif method == "DELETE":
             body = self._body()
             if body is not None and not isinstance(body, dict):

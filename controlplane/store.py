@@ -21,7 +21,9 @@ from typing import Any, TypeVar
 from controlplane import objects as o
 from gpudra.validation import schema
 from controlplane import status as st
+from controlplane import patchmeta
 from controlplane.patch import PatchError, json_patch, merge_patch
+from controlplane.strategicmerge import strategic_merge
 from controlplane.persistence import Change, SqliteLog, StorageError
 from controlplane.resources import Registry, ResourceType
 from controlplane.selectors import FieldSelector, LabelSelector, labels_of
@@ -556,18 +558,22 @@ class Store:
     @_durable
     def patch(self, rt: ResourceType, namespace: str, name: str, patch_type: str, body: Any,
               subresource: str | None = None, codec: Codec | None = None,
-              fields: FieldPolicy | None = None) -> dict[str, Any]:
-        """`codec` (to the request's version, back to storage) applies the patch to the object as the
-        request's API version shows it, as Kubernetes patches in the version the client speaks."""
+              fields: FieldPolicy | None = None, version: str | None = None) -> dict[str, Any]:
+        """`patch_type` is "json", "merge" or "strategic". `codec` (to the request's version, back to storage)
+        applies the patch to the object as the request's API version (`version`) shows it, as Kubernetes
+        patches in the version the client speaks."""
+        type_name = strategic_type(rt, version or rt.version) if patch_type == "strategic" else None
         for _ in range(_PATCH_RETRIES):
             old = self.get(rt, namespace, name)
             view = codec[0](old) if codec else old
             try:
                 if patch_type == "json":
                     patched = json_patch(view, body)
+                elif not isinstance(body, dict):
+                    raise st.bad_request(f"a {patch_type} merge patch body must be a JSON object")
+                elif type_name is not None:
+                    patched = strategic_merge(view, body, patchmeta.load(), type_name)
                 else:
-                    if not isinstance(body, dict):
-                        raise st.bad_request("a merge patch body must be a JSON object")
                     patched = merge_patch(view, body)
             except PatchError as exc:
                 raise st.StatusError(422, "Invalid", f'{rt.qualified_kind} "{name}" is invalid: {exc}')
@@ -820,6 +826,17 @@ class Store:
                     self._gc_queue.append(owner)
             self._log = log
         return problems
+
+
+def strategic_type(rt: ResourceType, version: str) -> str:
+    """The API type a strategic merge patch of `rt` in `version` is applied with. Kinds the built-in API does
+    not define (custom resources) have no patch strategies: kube-apiserver answers 415 for them."""
+    type_name = patchmeta.load().type_of(rt.group, version, rt.kind)
+    if type_name is None:
+        raise st.StatusError(415, "UnsupportedMediaType",
+                             "the body of the request was in an unknown format - accepted media types include: "
+                             "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml")
+    return type_name
 
 
 def check_type_meta(rt: ResourceType, body: dict[str, Any]) -> None:
