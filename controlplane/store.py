@@ -22,6 +22,7 @@ from controlplane import objects as o
 from gpudra.validation import schema
 from controlplane import status as st
 from controlplane import patchmeta
+from controlplane.defaults import apply_defaults
 from controlplane.patch import PatchError, json_patch, merge_patch
 from controlplane.strategicmerge import strategic_merge
 from controlplane.persistence import Change, SqliteLog, StorageError
@@ -444,6 +445,7 @@ class Store:
         if not name and not generate:
             raise st.invalid(rt, "", ["metadata.name: Required value: name or generateName is required"])
         o.prepare_create(rt, obj)
+        apply_defaults(rt, obj)
         # Objects that go through admission have their names checked there, together with everything else,
         # so that one 422 lists all of an object's errors as Kubernetes does.
         if not self._admits(rt):
@@ -517,6 +519,7 @@ class Store:
             raise st.bad_request(f"the body of a {rt.kind} update must be a JSON object")
         check_type_meta(rt, body)
         body = self.clean_fields(rt, body, fields)
+        apply_defaults(rt, body)
         bm = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
         if bm.get("name") != name:  # an omitted name does not match either, as in kube-apiserver
             raise st.bad_request(f'the name of the object ({bm.get("name") or ""}) does not match the name on the URL ({name})')
@@ -583,6 +586,7 @@ class Store:
                 patched = codec[1](patched)
             check_type_meta(rt, patched)
             patched = self.clean_fields(rt, patched, fields)
+            apply_defaults(rt, patched)
             _check_uid(rt, name, o.meta(patched), old)
             want_rv = (patched.get("metadata") or {}).get("resourceVersion")
             if want_rv and want_rv != old["metadata"].get("resourceVersion"):
