@@ -22,12 +22,14 @@ from controlplane import objects as o
 from gpudra.validation import schema
 from controlplane import status as st
 from controlplane import patchmeta
-from controlplane.defaults import apply_defaults
+from controlplane.gatedfields import GatedFields
 from controlplane.patch import PatchError, json_patch, merge_patch
 from controlplane.strategicmerge import strategic_merge
 from controlplane.persistence import Change, SqliteLog, StorageError
 from controlplane.resources import Registry, ResourceType
 from controlplane.selectors import FieldSelector, LabelSelector, labels_of
+from gpudra.defaults import apply_defaults
+from gpudra.features import Features
 from gpudra.jsoncopy import copy_json
 from gpudra.validation.admission import Admission
 from gpudra.validation.workloads import KINDS as WORKLOAD_KINDS
@@ -127,9 +129,11 @@ class Filter:
 
 
 class Store:
-    def __init__(self, registry: Registry, admission: Admission | None = None, history_limit: int = 20000) -> None:
+    def __init__(self, registry: Registry, admission: Admission | None = None, history_limit: int = 20000,
+                 gated: GatedFields | None = None) -> None:
         self.registry = registry
         self._admission = admission
+        self._gated = gated or GatedFields(Features())
         self._history_limit = history_limit
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # the garbage collector's queue and shutdown
@@ -445,7 +449,8 @@ class Store:
         if not name and not generate:
             raise st.invalid(rt, "", ["metadata.name: Required value: name or generateName is required"])
         o.prepare_create(rt, obj)
-        apply_defaults(rt, obj)
+        apply_defaults(rt.group, rt.kind, obj)
+        self._gated.drop_disabled(rt.group, rt.kind, obj, None)
         # Objects that go through admission have their names checked there, together with everything else,
         # so that one 422 lists all of an object's errors as Kubernetes does.
         if not self._admits(rt):
@@ -519,7 +524,7 @@ class Store:
             raise st.bad_request(f"the body of a {rt.kind} update must be a JSON object")
         check_type_meta(rt, body)
         body = self.clean_fields(rt, body, fields)
-        apply_defaults(rt, body)
+        apply_defaults(rt.group, rt.kind, body)
         bm = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
         if bm.get("name") != name:  # an omitted name does not match either, as in kube-apiserver
             raise st.bad_request(f'the name of the object ({bm.get("name") or ""}) does not match the name on the URL ({name})')
@@ -543,6 +548,8 @@ class Store:
             if added:
                 raise st.invalid(rt, name, [f"metadata.finalizers: Forbidden: no new finalizers can be added if the "
                                             f"object is being deleted, found new finalizers {sorted(added)}"])
+        # Parts of `new` shared with `old` lose nothing here: a gate's fields are kept when `old` has them.
+        self._gated.drop_disabled(rt.group, rt.kind, new, old)
         self._admit(rt, name, new, old)
         with self._cond:
             current = self._objects[rt].get((namespace, name))
@@ -586,7 +593,7 @@ class Store:
                 patched = codec[1](patched)
             check_type_meta(rt, patched)
             patched = self.clean_fields(rt, patched, fields)
-            apply_defaults(rt, patched)
+            apply_defaults(rt.group, rt.kind, patched)
             _check_uid(rt, name, o.meta(patched), old)
             want_rv = (patched.get("metadata") or {}).get("resourceVersion")
             if want_rv and want_rv != old["metadata"].get("resourceVersion"):

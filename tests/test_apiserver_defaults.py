@@ -6,12 +6,10 @@ import json
 import urllib.request
 from typing import Any
 
-from controlplane.defaults import apply_defaults
-from controlplane.resources import DEFAULT_REGISTRY
+import pytest
 
-
-def _rt(kind: str) -> Any:
-    return DEFAULT_REGISTRY.by_kind(kind)
+from conftest import RESOURCE_BETAS
+from gpudra.defaults import apply_defaults
 
 
 def test_pod_defaults(apiserver: Any) -> None:
@@ -39,32 +37,33 @@ def test_pod_defaults(apiserver: Any) -> None:
 
 def test_defaults_never_override_what_was_written() -> None:
     pod = {"spec": {"restartPolicy": "Never", "containers": [{"name": "a", "image": "x", "imagePullPolicy": "Never"}]}}
-    apply_defaults(_rt("Pod"), pod)
+    apply_defaults("", "Pod", pod)
     assert pod["spec"]["restartPolicy"] == "Never"
     assert pod["spec"]["containers"][0]["imagePullPolicy"] == "Never"
 
 
 def test_workload_defaults() -> None:
     deployment: dict[str, Any] = {"spec": {"template": {"spec": {"containers": [{"name": "a", "image": "x:1"}]}}}}
-    apply_defaults(_rt("Deployment"), deployment)
+    apply_defaults("apps", "Deployment", deployment)
     assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
                                               "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}
     assert (deployment["spec"]["replicas"], deployment["spec"]["revisionHistoryLimit"],
             deployment["spec"]["progressDeadlineSeconds"]) == (1, 10, 600)
     assert deployment["spec"]["template"]["spec"]["restartPolicy"] == "Always"
     recreate: dict[str, Any] = {"spec": {"strategy": {"type": "Recreate"}}}
-    apply_defaults(_rt("Deployment"), recreate)
+    apply_defaults("apps", "Deployment", recreate)
     assert recreate["spec"]["strategy"] == {"type": "Recreate"}
     job: dict[str, Any] = {"spec": {"template": {"spec": {"restartPolicy": "Never", "containers": []}}}}
-    apply_defaults(_rt("Job"), job)
+    apply_defaults("batch", "Job", job)
     assert {k: v for k, v in job["spec"].items() if k != "template"} == {
         "completions": 1, "parallelism": 1, "backoffLimit": 6, "completionMode": "NonIndexed", "suspend": False,
         "podReplacementPolicy": "TerminatingOrFailed"}
     parallel: dict[str, Any] = {"spec": {"parallelism": 4}}
-    apply_defaults(_rt("Job"), parallel)
+    apply_defaults("batch", "Job", parallel)
     assert "completions" not in parallel["spec"]
 
 
+@pytest.mark.apiserver_options(runtime_config=RESOURCE_BETAS)
 def test_claim_defaults_round_trip_through_every_version(apiserver: Any) -> None:
     api = apiserver.api
     api.create("ResourceClaim", {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",

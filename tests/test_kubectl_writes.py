@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 import yaml
 
+from conftest import RESOURCE_BETAS
 from tests.test_kubectl import KUBECTL, kubectl
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
@@ -113,6 +115,7 @@ def test_strategic_patch_with_directives(apiserver: Any, tmp_path: Path) -> None
     assert [c["name"] for c in _containers(apiserver)] == ["only"]
 
 
+@pytest.mark.apiserver_options(runtime_config=RESOURCE_BETAS)
 def test_label_through_v1beta1_of_a_template_created_through_v1(apiserver: Any, tmp_path: Path) -> None:
     _apply(apiserver, tmp_path, {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",

@@ -1,5 +1,6 @@
-"""kube-apiserver's defaulting (the `SetDefaults_*` functions of each API group), applied to every object a
-write stores, so that what one served version omits reads back the same through every other.
+"""kube-apiserver's defaulting (the `SetDefaults_*` functions of each API group), applied by the embedded control
+plane to every object a write stores, so that what one served version omits reads back the same through every
+other, and by the offline tools where a controller's result depends on it (pod-template-hash).
 
 Defaults are applied to the storage form (v1 for resource.k8s.io; v1beta1's own defaults run before its
 conversion, in gpudra.conversion), on create, update and patch alike, as kube-apiserver's decoder defaults
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from controlplane.resources import ResourceType
+from gpudra.jsoncopy import copy_json
 
 _PROBE_DEFAULTS = {"timeoutSeconds": 1, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3}
 _FILE_MODE = 420  # 0644, the mode of projected files (configMap, secret, downwardAPI, projected volumes)
@@ -240,8 +241,17 @@ _DEFAULTERS: dict[tuple[str, str], Callable[[dict[str, Any]], None]] = {
 }
 
 
-def apply_defaults(rt: ResourceType, obj: dict[str, Any]) -> None:
-    """Set, in place, the defaults kube-apiserver gives an object of `rt` in its storage version."""
-    defaulter = _DEFAULTERS.get((rt.group, rt.kind))
+def apply_defaults(group: str, kind: str, obj: dict[str, Any]) -> None:
+    """Set, in place, the defaults kube-apiserver gives an object of `group`/`kind` in its storage version."""
+    defaulter = _DEFAULTERS.get((group, kind))
     if defaulter is not None:
         defaulter(obj)
+
+
+def defaulted_pod_template(template: Any) -> Any:
+    """A copy of a pod template (`{metadata, spec}`) as a server stores it in its owner: what the controllers
+    hash for `pod-template-hash`, so that names made offline match the cluster's."""
+    out = copy_json(template)
+    if isinstance(out, dict):
+        pod_spec(_dict(out, "spec"))
+    return out
