@@ -18,7 +18,9 @@ from controlplane import resources as res
 from controlplane import httphead
 from gpudra.validation import schema
 from controlplane import status as st
+from controlplane import protobuf
 from controlplane.podpriority import admit_pod_priority
+from controlplane.protobufbodies import protobuf_request, protobuf_response
 from controlplane.openapi import openapi_group_version, openapi_root, openapi_v2, openapi_v2_protobuf
 from controlplane.podlogs import PodLogSource, parse_cri_log
 from controlplane.serving import wait_ready
@@ -244,6 +246,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.log_request(code)
 
     def _send_json(self, code: int, value: Any) -> None:
+        if getattr(self, "_protobuf_out", False) and isinstance(value, dict):
+            body = protobuf_response(value)  # None: no message type for it, answered in JSON (the client's fallback)
+            if body is not None:
+                self._send(code, body, protobuf.MEDIA_TYPE)
+                return
         self._send(code, self.ctx.store.json_of(value) if isinstance(value, dict) else _encode(value))
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
@@ -317,13 +324,17 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._duplicates: list[str] = []
         if not raw:
             return None
+        if (self.headers.get("Content-Type") or "").split(";")[0].strip() == protobuf.MEDIA_TYPE:
+            return protobuf_request(raw)
         try:
             value, self._duplicates = strictjson.decode(raw)
             return value
         except strictjson.StrictJsonError as exc:
-            raise st.bad_request(f"the request body is not valid JSON: {exc}; this server accepts JSON only")
+            raise st.bad_request(f"the request body is not valid JSON: {exc}; this server accepts JSON and "
+                                 f"{protobuf.MEDIA_TYPE}")
 
     def _dispatch(self, method: str) -> None:
+        self._protobuf_out = False
         try:
             if self.path.startswith("/") and "#" not in self.path:
                 path, _, raw_query = self.path.partition("?")  # what urlsplit gives for an origin-form target
@@ -502,6 +513,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _serve(self, method: str, r: Route, query: dict[str, str]) -> None:
         store = self.ctx.store
+        self._protobuf_out = protobuf.accepts(self.headers.get("Accept"))
         if r.name is None:
             if method == "GET":
                 if _bool_param(query, "watch"):
