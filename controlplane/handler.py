@@ -18,7 +18,7 @@ from controlplane import resources as res
 from controlplane import httphead
 from gpudra.validation import schema
 from controlplane import status as st
-from controlplane import protobuf
+from controlplane import health, protobuf
 from controlplane.podpriority import admit_pod_priority
 from controlplane.protobufbodies import protobuf_request, protobuf_response
 from controlplane.openapi import openapi_group_version, openapi_root, openapi_v2, openapi_v2_protobuf
@@ -430,6 +430,10 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _route(self, method: str, path: str, query: dict[str, str]) -> None:
         parts = [p for p in path.split("/") if p]
         reg = self.ctx.registry
+        if method == "GET" and len(parts) == 1 and parts[0] in health.ENDPOINTS:
+            code, text = health.report(parts[0], self.ctx.store.storage_failure, "verbose" in query)
+            self._send(code, text, "text/plain; charset=utf-8")
+            return
         if method == "GET":
             doc = self._discovery(parts, reg)
             if doc is not None:
@@ -457,8 +461,6 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._serve(method, route, query)
 
     def _discovery(self, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | tuple[bytes, str] | None:
-        if parts in (["healthz"], ["readyz"], ["livez"]):
-            return b"ok"
         if parts == ["version"]:
             return res.server_version(self.ctx.kubernetes_version)
         if parts == ["openapi", "v2"]:

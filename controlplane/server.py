@@ -16,6 +16,7 @@ from controlplane.serving import Connection, PooledHttpServer
 from controlplane.podpriority import system_priority_classes
 from controlplane.podlogs import PodLogSource
 from gpudra.atomicfile import atomic_write
+from controlplane.backend import HistoryLimits
 from controlplane.gatedfields import GatedFields
 from controlplane.resources import Registry, known_group_versions, registry_for
 from controlplane.runtimeconfig import RuntimeConfig
@@ -50,7 +51,8 @@ class EmbeddedApiServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, state_file: str | Path | None = None,
                  admission: Admission | None = None, *, bookmark_interval: float = 60.0,
-                 history_limit: int = 20000, registry: Registry | None = None,
+                 history_limit: int = 20000, history_bytes: int = HistoryLimits.bytes,
+                 history_age_s: float = HistoryLimits.age_s, registry: Registry | None = None,
                  persist_interval: float = 0.5, kubernetes_version: str = "1.37",
                  runtime_config: str | list[str] | RuntimeConfig | None = None,
                  features: Features | None = None) -> None:
@@ -71,7 +73,8 @@ class EmbeddedApiServer:
                                                                             self.features)
         self.bookmark_interval = bookmark_interval
         self.persist_interval = persist_interval
-        self.store = Store(self.registry, admission, history_limit, GatedFields(self.features))
+        self.store = Store(self.registry, admission, HistoryLimits(history_limit, history_bytes, history_age_s),
+                           GatedFields(self.features))
         self._stop = threading.Event()
         self._httpd: PooledHttpServer | None = None
         self._threads: list[threading.Thread] = []
