@@ -10,6 +10,7 @@ Tests drive it deterministically with `step()` (relist every cache, then one pas
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import threading
@@ -378,7 +379,7 @@ class ControllerManager:
             self._metrics_server.start()
             log.info("metrics serving", extra={"port": self._metrics_server.port})
         for kind, informer in self.informers.items():
-            self._spawn(f"informer-{kind}", lambda inf=informer: inf.run(self._stop))
+            self._spawn(f"informer-{kind}", functools.partial(informer.run, self._stop))
         if self.elector is not None:
             elector = self.elector
             self._spawn("leader-election", lambda: elector.run(self._elector_stop, release_on_stop=lambda: self._release_on_stop))
@@ -404,10 +405,7 @@ class ControllerManager:
 
     def wait_synced(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        for informer in self.informers.values():
-            if not informer.synced.wait(max(0.0, deadline - time.monotonic())):
-                return False
-        return True
+        return all(informer.synced.wait(max(0.0, deadline - time.monotonic())) for informer in self.informers.values())
 
     def _loop(self) -> None:
         last_resync = time.monotonic()

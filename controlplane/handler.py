@@ -49,6 +49,7 @@ class ServerContext(Protocol):
     store: Store
     registry: res.Registry
     bookmark_interval: float
+    kubernetes_version: str
     pod_logs: PodLogSource | None
 
     @property
@@ -89,7 +90,7 @@ class Route:
         try:
             return to_storage({**body, "apiVersion": self.rt.api_version_at(version), "kind": self.rt.kind})
         except ConversionError as exc:
-            raise st.bad_request(f"{self.rt.kind} in {self.rt.api_version_at(version)}: {exc.path}: {exc}")
+            raise st.bad_request(f"{self.rt.kind} in {self.rt.api_version_at(version)}: {exc.path}: {exc}") from exc
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"))  # one for every response (json.dumps would build one per call)
@@ -154,6 +155,11 @@ class ApiHandler(BaseHTTPRequestHandler):
     server_version = "gpu-dra-apiserver"
     # Responses are written in one piece; Nagle would hold small ones back for a delayed ACK.
     disable_nagle_algorithm = True
+    # http.server types these as a buffered file and an email Message; this handler duck-types both with its own
+    # (a socket writer with whole writes, controlplane.httphead's header index).
+    wfile: SocketWriter  # type: ignore[assignment]
+    headers: httphead.Headers  # type: ignore[assignment]
+    _ctx: ServerContext
 
     @classmethod
     def for_connection(cls, conn: Any, server: Any, ctx: ServerContext) -> ApiHandler:
@@ -219,7 +225,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     @property
     def ctx(self) -> ServerContext:
-        return self._ctx  # type: ignore[no-any-return]
+        return self._ctx
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature fixed by the base class
         return  # per-request access logs would swamp the structured logs of the processes using us
@@ -331,7 +337,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             return value
         except strictjson.StrictJsonError as exc:
             raise st.bad_request(f"the request body is not valid JSON: {exc}; this server accepts JSON and "
-                                 f"{protobuf.MEDIA_TYPE}")
+                                 f"{protobuf.MEDIA_TYPE}") from exc
 
     def _dispatch(self, method: str) -> None:
         self._protobuf_out = False
@@ -584,9 +590,9 @@ class ApiHandler(BaseHTTPRequestHandler):
                                      f"{report.type_errors[0]}")
             if "propagationPolicy" in query:
                 options = {**options, "propagationPolicy": query["propagationPolicy"]}
-            policy = options.get("propagationPolicy")
-            if policy not in (None, "Foreground", "Background", "Orphan"):
-                raise st.bad_request(f"propagationPolicy: Unsupported value: {json.dumps(policy)}: supported values: "
+            propagation = options.get("propagationPolicy")
+            if propagation not in (None, "Foreground", "Background", "Orphan"):
+                raise st.bad_request(f"propagationPolicy: Unsupported value: {json.dumps(propagation)}: supported values: "
                                      '"Foreground", "Background", "Orphan"')
             deleted = store.delete(r.rt, r.namespace, r.name, options)
             self._send_json(200, r.shown(deleted) if deleted.get("kind") == r.rt.kind else deleted)
@@ -617,7 +623,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             fields.check_fields(lambda f: r.rt.field_value({}, f) is not None, r.rt.selectable_fields,
                                 f'"{r.rt.kind}" in version "{r.rt.api_version_at(r.version or r.rt.version)}"')
         except SelectorError as exc:
-            raise st.bad_request(str(exc))
+            raise st.bad_request(str(exc)) from exc
         return Filter(r.rt, r.namespace or None, labels, fields)
 
     def _list(self, r: Route, query: dict[str, str]) -> None:
@@ -636,7 +642,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                 after = (decoded["ns"], decoded["name"])
             except (ValueError, KeyError, TypeError):
                 raise st.StatusError(400, "BadRequest", "continue: invalid token; pass back the metadata.continue "
-                                                        "value of the previous list unchanged")
+                                                        "value of the previous list unchanged") from None
             start = next((i for i, obj in enumerate(items) if self._sort_key(obj) > after), len(items))
         if limit > 0 and start + limit < len(items):
             last = items[start + limit - 1]

@@ -80,7 +80,7 @@ class ResourceType:
         object.__setattr__(self, "_hash", hash((self.group, self.version, self.plural, self.kind)))
 
     def __hash__(self) -> int:
-        return self._hash  # type: ignore[attr-defined, no-any-return]
+        return self._hash  # type: ignore[attr-defined]
 
     @property
     def versions(self) -> tuple[str, ...]:

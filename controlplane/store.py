@@ -7,6 +7,7 @@ can serialize them without copying and without holding the lock.
 from __future__ import annotations
 
 import bisect
+import builtins
 import contextlib
 import functools
 import json
@@ -92,7 +93,7 @@ def _durable(method: F) -> F:
     @functools.wraps(method)
     def wrapper(self: Store, *args: Any, **kwargs: Any) -> Any:
         self._tls.rv = 0
-        self._tls.published = published = set()
+        self._tls.published = published = set[ResourceType]()
         try:
             result = method(self, *args, **kwargs)
         finally:
@@ -103,7 +104,7 @@ def _durable(method: F) -> F:
             try:
                 self._log.wait_durable(self._tls.rv)
             except StorageError as exc:
-                raise st.StatusError(500, "InternalError", str(exc))
+                raise st.StatusError(500, "InternalError", str(exc)) from exc
         return result
 
     return wrapper  # type: ignore[return-value]
@@ -125,9 +126,7 @@ class Filter:
             return False
         if not self.labels.empty and not self.labels.matches(labels_of(obj)):
             return False
-        if not self.fields.empty and not self.fields.matches(lambda f: self.rt.field_value(obj, f)):
-            return False
-        return True
+        return self.fields.empty or self.fields.matches(lambda f: self.rt.field_value(obj, f))
 
 
 class Store:
@@ -141,7 +140,7 @@ class Store:
         self._cond = threading.Condition(self._lock)  # the garbage collector's queue and shutdown
         # Watchers wait per resource type and are woken only by events of their type.
         self._rt_conds = {rt: threading.Condition(self._lock) for rt in registry.types}
-        self._rt_visible = {rt: 0 for rt in registry.types}  # newest event of each type watchers may see
+        self._rt_visible = dict.fromkeys(registry.types, 0)  # newest event of each type watchers may see
         self._pushed: dict[ResourceType, set[Watcher]] = {}  # watchers sent to by writing threads (push_to)
         self._visible = 0  # every event up to here is visible to watchers (committed, when durable)
         self._log: Backend | None = None
@@ -197,7 +196,7 @@ class Store:
         try:
             self._log.wait_durable(int(rv))
         except StorageError as exc:
-            raise st.StatusError(500, "InternalError", str(exc))
+            raise st.StatusError(500, "InternalError", str(exc)) from exc
         except ValueError:
             return
 
@@ -236,7 +235,7 @@ class Store:
         version = version or rt.version
         model = schema.model_name(rt.group, version, rt.kind)
         if model is None:
-            return copy_json(obj)  # type: ignore[no-any-return]
+            return copy_json(obj)
         report = schema.check_fields(model, obj)
         if report.type_errors:
             raise st.bad_request(f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: json: '
@@ -249,7 +248,7 @@ class Store:
                                  f"strict decoding error: {', '.join(problems)}")
         if policy.mode == "Warn":
             policy.warnings.extend(p for p in problems if p not in policy.warnings)
-        return report.pruned  # type: ignore[no-any-return]
+        return report.pruned
 
     def _admits(self, rt: ResourceType) -> bool:
         return self._admission is not None and rt.group == "resource.k8s.io"
@@ -260,12 +259,13 @@ class Store:
             errors.extend(o.immutability_errors(rt, obj, old))
         if rt.group == "scheduling.k8s.io" and rt.kind in WORKLOAD_KINDS:
             errors.extend(str(e) for e in validate_workload_api_object(obj, old))
-        if self._admits(rt):
+        admission = self._admission
+        if admission is not None and self._admits(rt):
             try:
-                errors.extend(self._admission(obj, old))
+                errors.extend(admission(obj, old))
             except Exception as exc:  # a broken validator must not take the server down
                 raise st.StatusError(500, "InternalError",
-                                     f'{rt.qualified_kind} "{name}": admission failed: {type(exc).__name__}: {exc}')
+                                     f'{rt.qualified_kind} "{name}": admission failed: {type(exc).__name__}: {exc}') from exc
         if errors:
             raise st.invalid(rt, name, errors)
 
@@ -299,7 +299,7 @@ class Store:
             try:
                 self._log.check_writable()
             except StorageError as exc:
-                raise st.StatusError(503, "ServiceUnavailable", str(exc))
+                raise st.StatusError(503, "ServiceUnavailable", str(exc)) from exc
         self._rv = rv
         table = self._objects[rt]
         if old is not None:
@@ -400,7 +400,7 @@ class Store:
         once written. A durable store publishes from its log's thread, which wakes each watch instead."""
         return self._log is None
 
-    def push_to(self, watcher: Watcher, push: Callable[[list[tuple[str, Event]]], bool]) -> None:
+    def push_to(self, watcher: Watcher, push: Callable[[builtins.list[tuple[str, Event]]], bool]) -> None:
         """Deliver `watcher`'s events from the threads that write them: `push(events)` sends them without
         blocking (False when it could not send them all). A watch thread wakes for each event it is to send;
         a write that sends it itself saves that wake-up (and its thread switches) for every watcher.
@@ -437,7 +437,7 @@ class Store:
                 finally:
                     watcher.delivery.release()
 
-    def _on_durable(self, rv: int, batch: list[Change]) -> None:
+    def _on_durable(self, rv: int, batch: builtins.list[Change]) -> None:
         with self._lock:
             self._publish_locked(rv, [rt for ch in batch if (rt := self.registry.by_kind(ch.kind)) is not None])
 
@@ -556,7 +556,9 @@ class Store:
         check_type_meta(rt, body)
         body = self.clean_fields(rt, body, fields)
         apply_defaults(rt.group, rt.kind, body)
-        bm = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        bm = body.get("metadata")
+        if not isinstance(bm, dict):
+            bm = {}
         if bm.get("name") != name:  # an omitted name does not match either, as in kube-apiserver
             raise st.bad_request(f'the name of the object ({bm.get("name") or ""}) does not match the name on the URL ({name})')
         if rt.namespaced and bm.get("namespace") and bm["namespace"] != namespace:
@@ -617,7 +619,7 @@ class Store:
                 else:
                     patched = merge_patch(view, body)
             except PatchError as exc:
-                raise st.StatusError(422, "Invalid", f'{rt.qualified_kind} "{name}" is invalid: {exc}')
+                raise st.StatusError(422, "Invalid", f'{rt.qualified_kind} "{name}" is invalid: {exc}') from exc
             if not isinstance(patched, dict):
                 raise st.bad_request(f"the patch for {rt.kind} {name!r} must produce a JSON object")
             if codec:
@@ -648,7 +650,9 @@ class Store:
         assert rt is not None
         if not isinstance(body, dict):
             raise st.bad_request("the body of a pod binding must be a Binding object")
-        target = body.get("target") if isinstance(body.get("target"), dict) else {}
+        target = body.get("target")
+        if not isinstance(target, dict):
+            target = {}
         node = target.get("name")
         if not node:
             raise st.invalid(rt, name, ["target.name: Required value: the node to bind to"])
@@ -662,11 +666,15 @@ class Store:
         if want_uid and want_uid != old["metadata"]["uid"]:
             raise st.conflict(rt, name, "Precondition failed: UID in precondition does not match")
         # Only what changes is new; the rest is shared with `old` (stored objects are never modified).
-        status = old.get("status") if isinstance(old.get("status"), dict) else {}
+        status = old.get("status")
+        if not isinstance(status, dict):
+            status = {}
         conditions = [c for c in (status.get("conditions") or []) if c.get("type") != "PodScheduled"]
         conditions.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
                            "lastTransitionTime": o.now_rfc3339()})
-        spec = old.get("spec") if isinstance(old.get("spec"), dict) else {}
+        spec = old.get("spec")
+        if not isinstance(spec, dict):
+            spec = {}
         new = {**old, "metadata": dict(old["metadata"]), "spec": {**spec, "nodeName": node},
                "status": {**status, "conditions": conditions}}
         self._write(rt, namespace, name, old, new, None)
@@ -791,7 +799,7 @@ class Store:
             snapshot = [obj for key, obj in sorted(self._objects[flt.rt].items()) if flt.matches(obj)] if initial else []
         return Watcher(self, flt, start, snapshot)
 
-    def _events_after(self, rt: ResourceType, pos: int) -> tuple[list[Event], int] | None:
+    def _events_after(self, rt: ResourceType, pos: int) -> tuple[builtins.list[Event], int] | None:
         """Visible events of `rt` after `pos` and the new position; None when `pos` was compacted (lock held)."""
         if pos < self._floor:
             return None
@@ -802,7 +810,7 @@ class Store:
         hi = bisect.bisect_right(self._history_rvs, visible, lo)
         return [ev for ev in self._history[lo:hi] if ev.rt is rt], max(pos, visible)
 
-    def wait_events(self, rt: ResourceType, pos: int, timeout: float) -> tuple[list[Event], int] | None:
+    def wait_events(self, rt: ResourceType, pos: int, timeout: float) -> tuple[builtins.list[Event], int] | None:
         """Events of `rt` after `pos`, waiting up to `timeout` for one; only `rt`'s events wake the wait."""
         with self._lock:
             if self._rt_visible[rt] <= pos and not self._closed:
@@ -835,7 +843,7 @@ class Store:
         """Commits and writes so far of the durable store (writes/commits: how well group commit works)."""
         return self._log.stats() if self._log is not None else None
 
-    def open_durable(self, path: str | Path) -> list[str]:
+    def open_durable(self, path: str | Path) -> builtins.list[str]:
         """Load the state database at `path` (created when missing) and commit every later write to it before
         the write returns. Returns a description of each stored object that could not be loaded."""
         log: Backend = SqliteLog(path, self._limits, on_durable=self._on_durable)

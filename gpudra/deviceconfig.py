@@ -104,7 +104,7 @@ class MpsConfig(BaseModel):
         limits: dict[str, int] = {}
         if self.default_pinned_device_memory_limit is not None:
             mib = self.default_pinned_device_memory_limit.as_int() // MIB
-            limits = {u: mib for u in ordered}
+            limits = dict.fromkeys(ordered, mib)
         errors = []
         for key, limit in self.default_per_device_pinned_memory_limit.items():
             if key in ordered:

@@ -281,7 +281,7 @@ class Demo:
                 raise DemoFailed(f"pod {NAMESPACE}/{pod} is not running on a node (spec.nodeName {node!r})")
             if self.s.runtime != "podman":
                 self.r.kubelets[node].finish(NAMESPACE, pod)
-        training_claims = {p: [n for n in _claim_names(st.pods[p])] for p in TRAININGS}
+        training_claims = {p: list(_claim_names(st.pods[p])) for p in TRAININGS}
 
         def released() -> ApiState | None:
             s = self.state()
