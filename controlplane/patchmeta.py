@@ -101,7 +101,7 @@ def build_table(definitions: dict[str, Any]) -> dict[str, Any]:
 def source_definitions() -> dict[str, Any]:
     """The OpenAPI definitions of the schema set the table comes from (needs kubernetes-validate, a test and
     development dependency)."""
-    import kubernetes_validate  # noqa: PLC0415 - only the generator and its currency test need it
+    import kubernetes_validate  # type: ignore[import-untyped]  # noqa: PLC0415 - generator and its test only
 
     path = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / SOURCE_VERSION / "_definitions.json"
     doc = json.loads(path.read_text())

@@ -16,7 +16,7 @@ from functools import cache
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from proto.k8sapi import DESCRIPTORS, GO_FIELDS
@@ -58,7 +58,7 @@ def _is_zero(value: Any) -> bool:
 
 
 def _message_class(full_name: str) -> type[Message]:
-    return message_factory.GetMessageClass(_pool().FindMessageTypeByName(full_name))  # type: ignore[no-any-return]
+    return message_factory.GetMessageClass(_pool().FindMessageTypeByName(full_name))
 
 
 def message_name(api_version: str, kind: str) -> str:
@@ -143,13 +143,13 @@ def _special_to_json(msg: Message) -> tuple[bool, Any]:
     return False, None
 
 
-def _is_items_wrapper(desc: Descriptor) -> bool:
+def _is_items_wrapper(desc: Any) -> bool:
     # ExtraValue, OptionalNames, ...: a message that only wraps a string list marshals as the list itself.
     return [f.name for f in desc.fields] == ["items"] and desc.fields[0].is_repeated \
         and desc.fields[0].type == FieldDescriptor.TYPE_STRING
 
 
-def _value_to_json(field: FieldDescriptor, value: Any) -> Any:
+def _value_to_json(field: Any, value: Any) -> Any:
     if field.type == FieldDescriptor.TYPE_MESSAGE:
         special, converted = _special_to_json(value)
         return converted if special else _to_json(value)
@@ -226,7 +226,7 @@ def _special_from_json(msg: Message, value: Any) -> bool:
     return True
 
 
-def _scalar(field: FieldDescriptor, value: Any) -> Any:
+def _scalar(field: Any, value: Any) -> Any:
     if field.type == FieldDescriptor.TYPE_BYTES:
         return base64.b64decode(value) if isinstance(value, str) else bytes(value)
     if field.type == FieldDescriptor.TYPE_BOOL:
@@ -247,7 +247,7 @@ def _from_json(msg: Message, value: Any) -> None:
     inline = _go_fields("inline").get(msg.DESCRIPTOR.full_name, frozenset())
     if inline:
         for name in inline:
-            inner = fields[name].message_type.fields_by_name
+            inner = fields[name].message_type.fields_by_name  # type: ignore[union-attr]
             part = {k: v for k, v in value.items() if k in inner and k not in fields}
             if part:
                 _from_json(getattr(msg, name), part)

@@ -60,15 +60,17 @@ class RuntimeConfig:
         # Broadest first, so that a more specific entry decides.
         for rank in range(4):
             for key, value in self.entries:
-                if _rank(key) != rank:
-                    continue
-                if rank == 0:
-                    on = value
-                elif rank == 1 and key == f"api/{stage(version)}":
-                    on = value
-                elif rank >= 2 and _split(key) == ((group, version, plural if rank == 3 else "")):
+                if _rank(key) == rank and _applies(key, rank, group, version, plural):
                     on = value
         return on
+
+
+def _applies(key: str, rank: int, group: str, version: str, plural: str) -> bool:
+    if rank == 0:
+        return True
+    if rank == 1:
+        return key == f"api/{stage(version)}"
+    return _split(key) == (group, version, plural if rank == 3 else "")
 
 
 def _rank(key: str) -> int:
