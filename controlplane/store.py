@@ -161,6 +161,7 @@ class Store:
         self._history_sizes: list[int] = []
         self._history_times: list[float] = []
         self._history_bytes = 0
+        self._aged_at = 0.0  # when the history was last compacted by age (at most once a second)
         # Every event with rv > _floor is still in the history; older ones were compacted.
         self._floor = 0
         self._closed = False
@@ -353,14 +354,15 @@ class Store:
         """Add one event to the watch history and compact what is past the limits (amortized: at twice the
         count or bytes, down to the limits; by age, at most once a second)."""
         now = time.monotonic()
-        self._history.append(event)
+        history = self._history
+        history.append(event)
         self._history_rvs.append(event.rv)
         self._history_sizes.append(size)
         self._history_times.append(now)
         self._history_bytes += size
         limits = self._limits
         drop = 0
-        if len(self._history) > 2 * limits.events or self._history_bytes > 2 * limits.bytes:
+        if len(history) > 2 * limits.events or self._history_bytes > 2 * limits.bytes:
             kept_bytes, keep = 0, 0
             for size_i in reversed(self._history_sizes):
                 if keep >= limits.events or kept_bytes + size_i > limits.bytes:
@@ -368,9 +370,10 @@ class Store:
                 kept_bytes += size_i
                 keep += 1
             drop = len(self._history) - keep
-        elif self._history_times[0] < now - limits.age_s and now - getattr(self, "_aged_at", 0.0) > 1.0:
+        elif now - self._aged_at > 1.0:
             self._aged_at = now
-            drop = bisect.bisect_left(self._history_times, now - limits.age_s)
+            if self._history_times[0] < now - limits.age_s:
+                drop = bisect.bisect_left(self._history_times, now - limits.age_s)
         if drop:
             self._floor = self._history_rvs[drop - 1]
             self._history_bytes -= sum(self._history_sizes[:drop])
