@@ -205,8 +205,8 @@ class NodeAgent:
         return simulated() if callable(simulated) else DeviceNumbers()
 
     def _discover_driver_files(self, inventory: Inventory) -> DriverFiles:
-        """Once per agent start: the driver install does not change under a running driver (an upgrade
-        reloads the kernel module, which restarts everything on the node, this agent included)."""
+        """Once per agent start: a new driver under a running agent makes it exit (driver.rediscovery), and the
+        next start finds the new files."""
         root = self.settings.driver_root
         if root is None:
             return DriverFiles()
