@@ -308,3 +308,21 @@ print(json.dumps(out))
     assert out["created"] == [gone.gpu_instance_id, 0, gone.uuid] and out["after_create"] == uuids
     assert "taken or overlaps" in out["overlap"]
     assert out["again"] is False  # nothing at placement 1: destroying what is gone is not an error
+
+
+@pytest.mark.parametrize("profile", ["dgx-h100", "gb200-nvl", "h100-mig", "t4-1", "v100-4"])
+def test_the_mock_answers_as_the_simulator_for_other_profiles(profile: str, built: Built) -> None:
+    """NVLink peers and NVSwitches (DGX H100), an NVLink fabric (GB200), MIG on H100, GPUs without MIG."""
+    sim = discover(load_backend(f"sim:{profile}", node=NODE), NODE)
+    script = ("import dataclasses, json, sys; from pathlib import Path; from driver.discovery import discover; "
+              "from driver.nvml import load_backend; "
+              "print(json.dumps(dataclasses.asdict(discover(load_backend('real', driver_root=Path(sys.argv[1])), sys.argv[2]))))")
+    with short_tmp() as tmp:
+        inst = install(tmp / "host", LAYOUTS["rhel"], built, profile=profile, node=NODE, version=sim.driver_version)
+        done = subprocess.run([sys.executable, "-c", script, str(inst.root), NODE], capture_output=True, text=True,
+                              timeout=120)
+    assert done.returncode == 0, done.stderr
+    real = json.loads(done.stdout)
+    for gpu in real["gpus"]:
+        gpu["pcie_root"] = None
+    assert real == _inventory_dict(sim)

@@ -403,11 +403,13 @@ nvmlReturn_t nvmlDeviceGetNumaNodeId(void *h, unsigned *node) {
     *node = (unsigned)g->numa;
     return OK;
 }
-nvmlReturn_t nvmlDeviceGetAddressingMode(void *h, unsigned *mode) {
+typedef struct { unsigned version, value; } nvmlDeviceAddressingMode_t;  /* versioned: nvmlDeviceAddressingMode_v1 */
+nvmlReturn_t nvmlDeviceGetAddressingMode(void *h, nvmlDeviceAddressingMode_t *mode) {
     GPU(h, g);
     if (!mode) return E_INVAL;
+    if (mode->version != 0x1000008) return 25; /* NVML_ERROR_ARGUMENT_VERSION_MISMATCH */
     if (g->addressing < 0) return E_NOTSUP;
-    *mode = (unsigned)g->addressing;
+    mode->value = (unsigned)g->addressing;
     return OK;
 }
 nvmlReturn_t nvmlDeviceGetComputeMode(void *h, int *mode) { GPU(h, g); if (!mode) return E_INVAL; *mode = g->compute_mode; return OK; }
