@@ -31,6 +31,10 @@ class NodeReason:
     code: str
     message: str
     details: dict[str, Any] = field(default_factory=dict)
+    # kube-scheduler's Filter reasons for this node when they are not the DynamicResources plugin's, and whether
+    # preemption could help there (Unschedulable rather than UnschedulableAndUnresolvable).
+    scheduler: tuple[str, ...] = ()
+    resolvable: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "code": self.code, "message": self.message, "details": self.details}
