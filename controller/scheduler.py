@@ -46,7 +46,7 @@ from controller.diagnosis import NodeReason, explain, summarize
 from controller.explanation_writer import REASON_GANG_WAITING, REASON_QUOTA, REASON_SCHEDULED, REASON_UNSCHEDULABLE, ExplanationWriter
 from controller.extended import class_for_resource, dra_extended_requests, extended_resource_claim
 from controller.fiterror import EVENT_REASON as FAILED_SCHEDULING, SCHEDULER_NAME, NodeStatus, fit_error
-from controller.ganggroups import gang_label, is_gang_claim
+from controller.ganggroups import gang_label, gang_size_label, is_gang_claim
 from controller.metrics import ControllerMetrics
 from controller.nodefit import (
     REASON_CANNOT_ALLOCATE, REASON_CLAIM_ELSEWHERE, allocation_rejects, as_allocator_node, dynamic_rejects,
@@ -110,6 +110,7 @@ class PodClaims:
     wait_reason: str = ""
     wait_event: str = REASON_UNSCHEDULABLE
     silent: bool = False  # waiting for something this pass itself is creating: no event
+    warning: bool = True  # False while a gang is still forming: progress, not a failure
 
 
 def gather_pod_claims(
@@ -118,7 +119,10 @@ def gather_pod_claims(
     driver: str,
     templates: Mapping[str, Obj] | None = None,
     generated: GeneratedClaims | None = None,
+    verdict_annotation: str | None = None,
 ) -> PodClaims:
+    """`verdict_annotation`: the claims' explanation annotation, where the gang controller says why a complete
+    gang was not allocated; that is then the pod's reason."""
     ns = o.namespace(pod)
     out: list[Obj] = []
     for pc in resolve_pod_claims(pod, generated if generated is not None else claims_by_key.values()):
@@ -136,14 +140,23 @@ def gather_pod_claims(
         if o.deleting(claim):
             return PodClaims([], f'resourceclaim "{pc.claim_name}" is being deleted')
         if o.allocation(claim) is None and is_gang_claim(claim, driver):
-            gang = o.labels(claim).get(gang_label(driver))
-            return PodClaims(
-                [],
-                f"claim {o.key(claim)} belongs to gang {ns}/{gang}, which is allocated all-or-nothing once all its claims exist and fit",
-                REASON_GANG_WAITING,
-            )
+            return _gang_wait(claim, claims_by_key, driver, verdict_annotation)
         out.append(claim)
     return PodClaims(out)
+
+
+def _gang_wait(claim: Obj, claims_by_key: Mapping[str, Obj], driver: str, verdict_annotation: str | None) -> PodClaims:
+    """A pod whose claim belongs to a label gang that is not allocated: still forming (Normal), or the gang
+    controller's reason why the complete gang does not fit (Warning)."""
+    ns, labels = o.namespace(claim), o.labels(claim)
+    gang, size = labels.get(gang_label(driver)), str(labels.get(gang_size_label(driver)))
+    members = sum(1 for c in claims_by_key.values()
+                  if o.namespace(c) == ns and o.labels(c).get(gang_label(driver)) == gang)
+    verdict = o.annotations(claim).get(verdict_annotation) if verdict_annotation else None
+    if size.isdigit() and members >= int(size) and verdict:
+        return PodClaims([], f"claim {o.key(claim)} belongs to gang {ns}/{gang}: {verdict}")
+    return PodClaims([], f"claim {o.key(claim)} belongs to gang {ns}/{gang} ({members} of {size} claims exist), which is "
+                         "allocated all-or-nothing once all its claims exist and fit", REASON_GANG_WAITING, warning=False)
 
 
 @dataclass(frozen=True)
@@ -444,18 +457,23 @@ class EmbeddedScheduler:
     def _schedule(self, pod: Obj, state: _PassState, bindings: InFlight[_Bound], tally: _Tally) -> bool:
         """Place one pod and start its binding (whose outcome `_settle` counts); False when it cannot be placed now
         (reported as unschedulable)."""
-        group_wait = podgroups.wait_reason(pod, state.view, state.claims_by_key)
-        if group_wait:
-            self._unschedulable(pod, [], group_wait, event=REASON_GANG_WAITING, reason="waiting")
+        group_wait = podgroups.wait_reason(pod, state.view, state.claims_by_key, self._explainer.annotation)
+        if group_wait is not None:
+            self._unschedulable(pod, [], group_wait.message, reason="waiting",
+                                event=REASON_GANG_WAITING if group_wait.forming else REASON_UNSCHEDULABLE,
+                                warning=not group_wait.forming)
             return False
-        gathered = gather_pod_claims(pod, state.claims_by_key, self.driver, state.view.templates, state.generated)
+        gathered = gather_pod_claims(pod, state.claims_by_key, self.driver, state.view.templates, state.generated,
+                                     self._explainer.annotation)
         if gathered.claims and bindings.touching(o.key(c) for c in gathered.claims):
             # A claim it shares is being written for an earlier pod: take that result first.
             self._settle(bindings.finished(claims=[o.key(c) for c in gathered.claims]), state, tally)
-            gathered = gather_pod_claims(pod, state.claims_by_key, self.driver, state.view.templates, state.generated)
+            gathered = gather_pod_claims(pod, state.claims_by_key, self.driver, state.view.templates, state.generated,
+                                         self._explainer.annotation)
         if gathered.wait_reason:
             if not gathered.silent:
                 self._unschedulable(pod, [], gathered.wait_reason, event=gathered.wait_event, reason="waiting",
+                                    warning=gathered.warning,
                                     prefilter=gathered.wait_reason if gathered.wait_event == REASON_UNSCHEDULABLE else "",
                                     state=state)
             return False
@@ -680,12 +698,13 @@ class EmbeddedScheduler:
         return gate.action
 
     def _unschedulable(self, pod: Obj, pending: list[Obj], message: str, *, event: str = REASON_UNSCHEDULABLE, reason: str,
-                       statuses: list[NodeReason] | None = None, prefilter: str = "", state: _PassState | None = None) -> None:
+                       statuses: list[NodeReason] | None = None, prefilter: str = "", state: _PassState | None = None,
+                       warning: bool = True) -> None:
         """Report a pod that stays pending: our explanation (an Event and the claims' annotation) and, where
         kube-scheduler would have tried the pod (`statuses` per node, or a `prefilter` reason before any node),
         its FailedScheduling Event in its words, which the PodScheduled condition carries as it does there."""
         self._metrics.failures.labels(reason=reason).inc()
-        self._explainer.event(pod, event, message)
+        self._explainer.event(pod, event, message, warning=warning)
         self._explainer.annotate(pending, message)
         condition = message
         if state is not None and (statuses is not None or prefilter):
@@ -713,11 +732,11 @@ class PendingExplainer:
         for pod in sorted((p for p in view.pods.values() if is_pending(p)), key=o.key):
             if not o.list_field(o.section(pod, "spec"), "resourceClaims"):
                 continue
-            gathered = gather_pod_claims(pod, claims_by_key, self.driver)
+            gathered = gather_pod_claims(pod, claims_by_key, self.driver, verdict_annotation=self._explainer.annotation)
             if gathered.wait_reason:
                 if not gathered.silent:
                     waiting += 1
-                    self._explainer.event(pod, gathered.wait_event, gathered.wait_reason)
+                    self._explainer.event(pod, gathered.wait_event, gathered.wait_reason, warning=gathered.warning)
                 continue
             pending = [c for c in gathered.claims if o.allocation(c) is None]
             if not pending:
