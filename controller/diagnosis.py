@@ -25,7 +25,7 @@ from gpudra.features import Features
 @dataclass(frozen=True)
 class NodeReason:
     """`code` is one of: fits, error, no-devices, pool-incomplete, pool-invalid, selector, in-use, taint,
-    counters, capacity, capacity-never, too-few (fewer matching devices than requested), not-enough, constraint,
+    counters, capacity, capacity-never, not-enough, constraint,
     unschedulable."""
 
     node: str
@@ -183,7 +183,7 @@ class Diagnoser:
         msg = f"request {request.full_name} of claim {claim.key} needs {need} device{'s' if need != 1 else ''}; "
         if matching < need:
             # Freeing devices cannot help: the node does not have that many.
-            code = "too-few"
+            code = "not-enough"
             msg += f"this node has only {matching} matching device{'s' if matching != 1 else ''} in all"
             if parts:
                 msg += f" ({', '.join(parts)})"

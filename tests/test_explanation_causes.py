@@ -71,7 +71,7 @@ def test_e_more_devices_than_the_node_has_does_not_suggest_freeing_some() -> Non
                  allocation=allocation("n1", ("p", "d0"), ("p", "d1"), ("p", "d2")))
     snapshot = ClusterSnapshot([slice_("s", "n1", "p", devs)], [GPU_CLASS], [held])
     r = Diagnoser(snapshot, cel_env=CEL).explain_node("n1", [parse_claim(claim(requests=[request(cls="gpu", count=12)]))])
-    assert r.code == "too-few"
+    assert r.code == "not-enough"
     assert r.message == ("request req-0 of claim default/claim-0 needs 12 devices; this node has only 4 matching devices "
                          "in all (3 in use by default/old)")
     # With enough devices on the node, what is in use is what stands in the way.
