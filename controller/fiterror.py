@@ -48,7 +48,8 @@ def fit_error(total_nodes: int, statuses: Iterable[NodeStatus], pod: Mapping[str
             counts.update(status.reasons)
         if counts:
             text += f" {_histogram(counts)}."
-    has_claims = bool(o.list_field(o.section(pod, "spec"), "resourceClaims"))
+    # The DynamicResources plugin knows the pod's claims only once its PreFilter got them all.
+    has_claims = not prefilter and bool(o.list_field(o.section(pod, "spec"), "resourceClaims"))
     post = ["still not schedulable" if has_claims else "no new claims to deallocate", _preemption(total_nodes, statuses, pod)]
     return f"{text} {', '.join(post)}"
 

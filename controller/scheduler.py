@@ -50,7 +50,7 @@ from controller.ganggroups import gang_label, gang_size_label, is_gang_claim
 from controller.metrics import ControllerMetrics
 from controller.nodefit import (
     REASON_CANNOT_ALLOCATE, REASON_CLAIM_ELSEWHERE, allocation_rejects, as_allocator_node, dynamic_rejects,
-    required_affinity, static_rejects,
+    preferred_nodes, required_affinity, static_rejects,
 )
 from controller.nodeusage import NodeUsage
 from controller.podresources import Demand, HostPort, host_ports, is_extended, node_allocatable, pod_demand
@@ -504,7 +504,10 @@ class EmbeddedScheduler:
         if pending:
             try:
                 parsed = [parse_claim(c) for c in pending]
-                result = state.placer.place(parsed, found.members)
+                preferred = preferred_nodes(pod, candidates, state.allocator_nodes)
+                result = state.placer.place(parsed, frozenset(preferred)) if preferred else None
+                if result is None or isinstance(result, NoPlacement):
+                    result = state.placer.place(parsed, found.members)
                 reasons = explain(state.snapshot, parsed, candidates, self._features, self._cel) \
                     if isinstance(result, NoPlacement) else []
             except AllocationError as err:
@@ -518,7 +521,8 @@ class EmbeddedScheduler:
             node, allocations = result.node, result.allocations
         else:
             # Nothing to allocate: spread such pods over the nodes that can take them.
-            node = min(candidates, key=lambda n: (self._usage.load(n).pods, n))
+            preferred = preferred_nodes(pod, candidates, state.allocator_nodes) or candidates
+            node = min(preferred, key=lambda n: (self._usage.load(n).pods, n))
 
         if not self._pre_bind(pod, node, pending, allocations, state):
             return False

@@ -177,3 +177,16 @@ def test_node_selector_affinity_cordon_and_taints_in_kube_scheduler_words(apiser
         "preemption: 0/4 nodes are available: 4 Preemption is not helpful for scheduling.")
     # Tolerating the cordon's taint lets a pod onto a cordoned node, as DaemonSet pods do.
     assert _bound(api, "tolerant") == "cordoned"
+
+
+def test_preferred_node_affinity_is_tried_first_and_never_blocks(apiserver: Any) -> None:
+    api = apiserver.api
+    create_all(api, [node("a"), node("b", labels={"disk": "ssd"}), node("c")])
+    prefer = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 50, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}]}}
+    nowhere = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 50, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["nvme"]}]}}]}}
+    create_all(api, [_pod("fast-1", affinity=prefer), _pod("fast-2", affinity=prefer), _pod("any", affinity=nowhere)])
+    manager(api).step()
+    assert (_bound(api, "fast-1"), _bound(api, "fast-2")) == ("b", "b")
+    assert _bound(api, "any") == "a"
