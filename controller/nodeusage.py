@@ -50,7 +50,7 @@ class NodeUsage:
         """The cache's current version of the pod (None: gone)."""
         node = o.section(pod, "spec").get("nodeName") if pod is not None else None
         if pod is None or not node or o.section(pod, "status").get("phase") in ("Succeeded", "Failed"):
-            self._release(key)
+            self.release(key)
             return
         held = self._held.get(key)
         if held is not None and held.node == node:
@@ -58,17 +58,15 @@ class NodeUsage:
         self.hold(key, str(node), pod_demand(pod), host_ports(pod))
 
     def hold(self, key: str, node: str, demand: Demand, ports: tuple[HostPort, ...]) -> None:
-        self._release(key)
+        self.release(key)
         held = _Held(node, demand, ports)
         self._held[key] = held
         self._apply(held, 1)
 
-    def _release(self, key: str) -> None:
+    def release(self, key: str) -> None:
         held = self._held.pop(key, None)
         if held is not None:
             self._apply(held, -1)
-
-    release = _release
 
     def _apply(self, held: _Held, sign: int) -> None:
         load = self._nodes.setdefault(held.node, NodeLoad())
