@@ -25,8 +25,8 @@ from gpudra.features import Features
 @dataclass(frozen=True)
 class NodeReason:
     """`code` is one of: fits, error, no-devices, pool-incomplete, pool-invalid, selector, in-use, taint,
-    counters, capacity, capacity-never, not-enough, constraint,
-    unschedulable."""
+    counters, capacity (used up by others), capacity-never (no device could ever give it), not-enough,
+    constraint, unschedulable."""
 
     node: str
     code: str

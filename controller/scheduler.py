@@ -612,7 +612,8 @@ class EmbeddedScheduler:
         self._metrics.allocations.labels(path="scheduler").inc(len(binding.pending))
         self._metrics.bindings.labels(kind=binding.kind).inc()
         self._explainer.forget(pod, REASON_UNSCHEDULABLE)
-        self._explainer.event(pod, REASON_SCHEDULED, f"Successfully assigned {o.key(pod)} to {binding.node}", warning=False)
+        self._explainer.event(pod, REASON_SCHEDULED, f"Successfully assigned {o.key(pod)} to {binding.node}", warning=False,
+                              component=SCHEDULER_NAME, action="Binding")
         return _Bound(binding, _BOUND, stored_claims)
 
     def _settle(self, results: Iterable[_Bound], state: _PassState, tally: _Tally) -> None:

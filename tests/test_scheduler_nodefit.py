@@ -127,6 +127,9 @@ def test_requests_add_up_on_a_node_until_it_is_full(apiserver: Any) -> None:
     m.step()
     assert (_bound(api, "a"), _bound(api, "b"), _bound(api, "c")) == ("only", "only", None)
     assert _failed(api, "c").startswith("0/1 nodes are available: 1 Insufficient cpu. ")
+    (scheduled,) = [e for e in events_for(api, "a") if e["reason"] == "Scheduled"]
+    assert (scheduled["type"], scheduled["source"]["component"]) == ("Normal", "default-scheduler")
+    assert scheduled["message"] == "Successfully assigned default/a to only"
     # A pod that finishes gives its share back.
     done = api.get("Pod", "b", "default")
     done["status"]["phase"] = "Succeeded"
