@@ -184,7 +184,7 @@ class Diagnoser:
         if matching < need:
             # Freeing devices cannot help: the node does not have that many.
             code = "not-enough"
-            msg += f"this node has only {matching} matching device{'s' if matching != 1 else ''} in all"
+            msg += f"the node has only {matching} matching device{'s' if matching != 1 else ''} in all"
             if parts:
                 msg += f" ({', '.join(parts)})"
         else:

@@ -147,14 +147,15 @@ def gather_pod_claims(
 
 def _gang_wait(claim: Obj, claims_by_key: Mapping[str, Obj], driver: str, verdict_annotation: str | None) -> PodClaims:
     """A pod whose claim belongs to a label gang that is not allocated: still forming (Normal), or the gang
-    controller's reason why the complete gang does not fit (Warning)."""
+    controller's reason why the complete gang does not fit (Warning). One event either way, whose type and
+    message follow the gang."""
     ns, labels = o.namespace(claim), o.labels(claim)
     gang, size = labels.get(gang_label(driver)), str(labels.get(gang_size_label(driver)))
     members = sum(1 for c in claims_by_key.values()
                   if o.namespace(c) == ns and o.labels(c).get(gang_label(driver)) == gang)
     verdict = o.annotations(claim).get(verdict_annotation) if verdict_annotation else None
     if size.isdigit() and members >= int(size) and verdict:
-        return PodClaims([], f"claim {o.key(claim)} belongs to gang {ns}/{gang}: {verdict}")
+        return PodClaims([], f"claim {o.key(claim)} belongs to gang {ns}/{gang}: {verdict}", REASON_GANG_WAITING)
     return PodClaims([], f"claim {o.key(claim)} belongs to gang {ns}/{gang} ({members} of {size} claims exist), which is "
                          "allocated all-or-nothing once all its claims exist and fit", REASON_GANG_WAITING, warning=False)
 
@@ -459,8 +460,7 @@ class EmbeddedScheduler:
         (reported as unschedulable)."""
         group_wait = podgroups.wait_reason(pod, state.view, state.claims_by_key, self._explainer.annotation)
         if group_wait is not None:
-            self._unschedulable(pod, [], group_wait.message, reason="waiting",
-                                event=REASON_GANG_WAITING if group_wait.forming else REASON_UNSCHEDULABLE,
+            self._unschedulable(pod, [], group_wait.message, reason="waiting", event=REASON_GANG_WAITING,
                                 warning=not group_wait.forming)
             return False
         gathered = gather_pod_claims(pod, state.claims_by_key, self.driver, state.view.templates, state.generated,

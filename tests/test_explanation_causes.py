@@ -9,7 +9,7 @@ import pytest
 from controller.allocator import AllocationError, Allocator, ClusterSnapshot, parse_claim
 from controller.cel import CelEnvironment
 from controller.diagnosis import Diagnoser
-from controller.explanation_writer import REASON_GANG_WAITING, REASON_UNSCHEDULABLE
+from controller.explanation_writer import REASON_GANG_WAITING
 from controller_helpers import DRIVER as CLUSTER_DRIVER
 from controller_helpers import create_all, events_for, gpu_class, manager, node, sim_slices, template
 from tests.alloc_fixtures import DRIVER, allocation, claim, device, klass, request, slice_
@@ -72,7 +72,7 @@ def test_e_more_devices_than_the_node_has_does_not_suggest_freeing_some() -> Non
     snapshot = ClusterSnapshot([slice_("s", "n1", "p", devs)], [GPU_CLASS], [held])
     r = Diagnoser(snapshot, cel_env=CEL).explain_node("n1", [parse_claim(claim(requests=[request(cls="gpu", count=12)]))])
     assert r.code == "not-enough"
-    assert r.message == ("request req-0 of claim default/claim-0 needs 12 devices; this node has only 4 matching devices "
+    assert r.message == ("request req-0 of claim default/claim-0 needs 12 devices; the node has only 4 matching devices "
                          "in all (3 in use by default/old)")
     # With enough devices on the node, what is in use is what stands in the way.
     r = Diagnoser(snapshot, cel_env=CEL).explain_node("n1", [parse_claim(claim(requests=[request(cls="gpu", count=2)]))])
@@ -127,7 +127,8 @@ def test_a_a_pod_group_gang_that_does_not_fit_says_why_and_a_forming_one_is_norm
     claims, _ = api.list("ResourceClaim", namespace="default")
     verdicts = {c["metadata"]["annotations"][f"{CLUSTER_DRIVER}/explanation"] for c in claims}
     assert len(verdicts) == 1
-    (failed,) = [e for e in events_for(api, "big-0") if e["reason"] == REASON_UNSCHEDULABLE]
+    # The gang's one event on the pod now warns, with the gang controller's reason.
+    (failed,) = [e for e in events_for(api, "big-0") if e["reason"] == REASON_GANG_WAITING]
     assert failed["type"] == "Warning"
     assert "waiting for" not in failed["message"] and verdicts.pop() in failed["message"]
 
@@ -153,5 +154,5 @@ def test_a_a_label_gang_that_does_not_fit_says_why(apiserver: Any) -> None:
     for _ in range(4):
         ctl.step()
     verdict = api.get("ResourceClaim", "trio-0", "default")["metadata"]["annotations"][f"{CLUSTER_DRIVER}/explanation"]
-    (failed,) = [e for e in events_for(api, "trio-0") if e["reason"] == REASON_UNSCHEDULABLE]
+    (failed,) = [e for e in events_for(api, "trio-0") if e["reason"] == REASON_GANG_WAITING]
     assert failed["type"] == "Warning" and verdict in failed["message"] and "once all its claims exist" not in failed["message"]
