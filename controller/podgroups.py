@@ -38,8 +38,8 @@ def min_count(pod_group: Mapping[str, Any]) -> int | None:
     if not isinstance(gang, Mapping):
         return None
     try:
-        count = int(gang.get("minCount"))
-    except (TypeError, ValueError):
+        count = int(gang["minCount"])
+    except (KeyError, TypeError, ValueError):
         return None
     return count if count > 0 else None
 
@@ -100,7 +100,7 @@ class GroupWait:
     forming: bool
 
 
-def wait_reason(pod: Mapping[str, Any], view: View, claims_by_key: Mapping[str, Obj],
+def wait_reason(pod: Mapping[str, Any], view: View, claims_by_key: Mapping[str, Mapping[str, Any]],
                 verdict_annotation: str | None = None) -> GroupWait | None:
     """Why the scheduler must not place this pod yet because of its PodGroup; None when it may.
     `verdict_annotation`: the claims' explanation annotation, where the gang controller says why a gang whose
