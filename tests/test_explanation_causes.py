@@ -11,6 +11,7 @@ from controller.cel import CelEnvironment
 from controller.diagnosis import Diagnoser
 from controller.explanation_writer import REASON_GANG_WAITING
 from controller_helpers import DRIVER as CLUSTER_DRIVER
+from gpudra.features import Features
 from controller_helpers import create_all, events_for, gpu_class, manager, node, sim_slices, template
 from tests.alloc_fixtures import DRIVER, allocation, claim, device, klass, request, slice_
 
@@ -112,10 +113,12 @@ def _pod_group(name: str, min_count: int) -> dict[str, Any]:
             "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}}}
 
 
+# The Workload API is beta and off by default in 1.37: served as the kind config turns it on.
+@pytest.mark.apiserver_options(runtime_config="scheduling.k8s.io/v1beta1=true", features=Features.parse(["GenericWorkload"]))
 def test_a_a_pod_group_gang_that_does_not_fit_says_why_and_a_forming_one_is_normal(apiserver: Any) -> None:
     api = apiserver.api
     _gang_cluster(api)
-    ctl = manager(api)
+    ctl = manager(api, features=Features.parse(["GenericWorkload"]))
     create_all(api, [_pod_group("big", 3), _group_pod("big-0", "big")])
     ctl.step()
     (forming,) = [e for e in events_for(api, "big-0") if e["reason"] == REASON_GANG_WAITING]
