@@ -94,8 +94,6 @@ class Demand:
         return next((v for n, v in self.amounts if n == name), 0)
 
 
-NO_DEMAND = Demand(())
-
 
 def pod_demand(pod: Mapping[str, Any]) -> Demand:
     spec = o.section(pod, "spec")
