@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "allocate": ("controller.commands.allocate", "allocate claims offline with Kubernetes' structured-parameters semantics"),
     "explain": ("controller.commands.explain", "explain, per claim and node, why claims cannot be allocated"),
     "controller": ("controller.commands.controller", "run the cluster agent (explanations, gang allocation, embedded scheduling)"),
+    "webhook": ("controller.commands.webhook", "serve the validating admission webhook (HTTPS, AdmissionReview v1)"),
     "bench": ("bench.command", "run a benchmark: {benchmarks}"),
     "demo": ("sim.commands.demo", "run the end-to-end demo on an embedded control plane with simulated GPU nodes"),
     "cluster": ("sim.commands.cluster", "a simulated GPU cluster that stays up: up, down, status, list, fault"),

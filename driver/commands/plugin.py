@@ -72,6 +72,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reserved-gpus", default="", help="comma-separated GPU UUIDs kept for the device plugin (not published)")
     parser.add_argument("--metrics-port", type=cliopts.port, help="serve Prometheus metrics on this port")
     parser.add_argument(
+        "--pod-uid", default=os.environ.get("POD_UID", ""),
+        help="this agent pod's UID (default: $POD_UID, from the downward API): the registration and DRA sockets "
+             "carry it, so that two agent pods overlap safely in a rolling update (maxSurge); empty: fixed names",
+    )
+    parser.add_argument(
+        "--healthcheck-port", type=cliopts.port,
+        help="serve grpc.health.v1 on this TCP port for the kubelet's grpc probes: SERVING while the registration "
+             "and DRA sockets, the node lock and NVML answer (default: off)",
+    )
+    parser.add_argument(
         "--node-labels", action="store_true",
         help="set GPU Feature Discovery's labels (nvidia.com/gpu.product, gpu.count, gpu.memory, ...) on this node",
     )
@@ -86,6 +96,11 @@ def _driver_root(args: argparse.Namespace) -> Path | None:
     return Path("/") if args.nvml == "real" else None
 
 
+def _valid_instance(uid: str) -> bool:
+    # It becomes part of socket file names.
+    return len(uid) <= 64 and all(c.isascii() and (c.isalnum() or c in "-_") for c in uid)
+
+
 def _label_node(api: Any, node: str, inventory: Any) -> bool:
     from driver.nodelabels import apply_node_labels
 
@@ -95,6 +110,15 @@ def _label_node(api: Any, node: str, inventory: Any) -> bool:
         log.warning("event=node-labels-failed node=%s error=%r", node, str(exc))
         return False
     return True
+
+
+def _serve_healthcheck(agent: Any, nvml: Any, args: argparse.Namespace) -> Any:
+    from driver.checkpoint import LOCK_NAME
+    from driver.plugin.healthcheck import HealthServicer, lock_probe, nvml_probe, serve, socket_probes
+
+    probes = socket_probes(agent.paths) + [lock_probe(agent.paths.plugin_dir / LOCK_NAME), nvml_probe(nvml)]
+    server, _ = serve(HealthServicer(probes, frozenset({args.driver_name})), args.healthcheck_port)
+    return server
 
 
 def simulated_state_dir(node: str) -> Path:
@@ -131,6 +155,10 @@ def run(args: argparse.Namespace) -> int:
     if args.shared_capacity and args.partitionable:
         print("error: --shared-capacity and --partitionable exclude each other: a GPU shared by capacity cannot also "
               "be split into MIG placements", file=sys.stderr)
+        return 2
+    if args.pod_uid and not _valid_instance(args.pod_uid):
+        print(f"error: --pod-uid: {args.pod_uid!r}: expected a pod UID (letters, digits, '-' and '_', at most 64)",
+              file=sys.stderr)
         return 2
     reserved = frozenset(u.strip() for u in args.reserved_gpus.split(",") if u.strip())
     bad = sorted(u for u in reserved if not u.startswith("GPU-"))
@@ -182,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         driver_root=_driver_root(args), host_driver_root=args.host_driver_root,
         proc_root=Path("/proc") if args.nvml == "real" else None,
-        binding_conditions=args.binding_conditions,
+        binding_conditions=args.binding_conditions, instance=args.pod_uid,
     )
     agent = NodeAgent(
         settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api),
@@ -197,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     shim: Any = None
+    health_server: Any = None
     agent.start()
     labels_pending = bool(args.node_labels)
     try:
@@ -204,6 +233,8 @@ def run(args: argparse.Namespace) -> int:
             from driver.deviceplugin import start_device_plugin
 
             shim = start_device_plugin(agent, resource_name=args.device_plugin_resource, api=api)
+        if args.healthcheck_port is not None:
+            health_server = _serve_healthcheck(agent, nvml, args)
         tick = 0
         while True:
             # Labels are retried every 30 s until they are set (the Node may not exist yet); a failure only logs.
@@ -213,6 +244,8 @@ def run(args: argparse.Namespace) -> int:
                 break
             tick += 1
     finally:
+        if health_server is not None:
+            health_server.stop(grace=None)
         if shim is not None:
             shim.stop()
         agent.stop()

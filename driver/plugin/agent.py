@@ -83,6 +83,8 @@ class AgentSettings:
     # With `partitionable`: MIG placements carry KEP-5007 binding conditions and the agent creates the instance
     # when a claim is allocated to one (driver.binder), before the scheduler binds the pod.
     binding_conditions: bool = False
+    # The agent pod's UID: per-pod socket names, so that two agent pods overlap safely in a rolling update.
+    instance: str = ""
 
 
 def _health_entry(pool: str, device: str, health: Health) -> DeviceHealthEntry:
@@ -105,7 +107,7 @@ class NodeAgent:
         binding_api: Any | None = None,
     ) -> None:
         self.settings = settings
-        self.paths = PluginPaths(settings.kubelet_dir, settings.driver_name)
+        self.paths = PluginPaths(settings.kubelet_dir, settings.driver_name, settings.instance)
         self._nvml = nvml
         self._inventory = inventory
         self._health: dict[str, Health] = {}
