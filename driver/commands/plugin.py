@@ -83,7 +83,18 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--node-labels", action="store_true",
-        help="set GPU Feature Discovery's labels (nvidia.com/gpu.product, gpu.count, gpu.memory, ...) on this node",
+        help="set GPU Feature Discovery's labels (nvidia.com/gpu.product, gpu.count, gpu.memory, ...) on this node and "
+             "refresh them when they change; skipped while GFD runs there (nvidia.com/gfd.timestamp is set)",
+    )
+    parser.add_argument(
+        "--allow-device-plugin-coexistence", action="store_true",
+        help="publish DRA GPUs even when another device plugin advertises the --device-plugin-resource on this node "
+             "(default: withhold them, with a Warning Event and the Node condition GpuDraDevicePluginConflict, "
+             "so that no GPU is handed out twice)",
+    )
+    parser.add_argument(
+        "--node-resync-seconds", type=float, default=30.0,
+        help="how often the Node is checked for another device plugin and its labels refreshed (default %(default)s)",
     )
     cliopts.add_log_level(parser)
 
@@ -99,17 +110,6 @@ def _driver_root(args: argparse.Namespace) -> Path | None:
 def _valid_instance(uid: str) -> bool:
     # It becomes part of socket file names.
     return len(uid) <= 64 and all(c.isascii() and (c.isalnum() or c in "-_") for c in uid)
-
-
-def _label_node(api: Any, node: str, inventory: Any) -> bool:
-    from driver.nodelabels import apply_node_labels
-
-    try:
-        apply_node_labels(api, node, inventory)
-    except Exception as exc:  # noqa: BLE001 - any API failure: keep serving claims, try again later
-        log.warning("event=node-labels-failed node=%s error=%r", node, str(exc))
-        return False
-    return True
 
 
 def _serve_healthcheck(agent: Any, nvml: Any, args: argparse.Namespace) -> Any:
@@ -224,10 +224,19 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    from driver.nodeguard import GuardSettings, NodeGuard
+
+    guard = NodeGuard(api, GuardSettings(
+        node_name=args.node, resource=args.device_plugin_resource, shim_enabled=args.device_plugin,
+        allow_coexistence=args.allow_device_plugin_coexistence, node_labels=args.node_labels,
+    ), withhold=agent.withhold, inventory=agent.inventory)
+    if not args.device_plugin and not args.allow_device_plugin_coexistence:
+        # Fail closed: nothing is published before the Node was seen free of another device plugin.
+        agent.withhold(f"node {args.node} not checked yet for another device plugin serving {args.device_plugin_resource}")
+    checked = guard.check()
     shim: Any = None
     health_server: Any = None
     agent.start()
-    labels_pending = bool(args.node_labels)
     try:
         if args.device_plugin:
             from driver.deviceplugin import start_device_plugin
@@ -235,14 +244,9 @@ def run(args: argparse.Namespace) -> int:
             shim = start_device_plugin(agent, resource_name=args.device_plugin_resource, api=api)
         if args.healthcheck_port is not None:
             health_server = _serve_healthcheck(agent, nvml, args)
-        tick = 0
-        while True:
-            # Labels are retried every 30 s until they are set (the Node may not exist yet); a failure only logs.
-            if labels_pending and tick % 30 == 0:
-                labels_pending = not _label_node(api, args.node, inventory)
-            if stop.wait(1.0):
-                break
-            tick += 1
+        # A failed check (the Node not registered yet, the API away) is retried sooner than the resync.
+        while not stop.wait(max(args.node_resync_seconds if checked else 2.0, 0.1)):
+            checked = guard.check()
     finally:
         if health_server is not None:
             health_server.stop(grace=None)

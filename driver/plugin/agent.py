@@ -114,6 +114,8 @@ class NodeAgent:
         self._lock = threading.Lock()
         self._publisher = publisher
         self._publish_changed = threading.Event()
+        # Why the slices are withheld (driver.nodeguard: another device plugin serves these GPUs); None: publish.
+        self._withheld: str | None = None
         # Device name -> extra slice taints; the device plugin shim sets it (ledger holds become NoSchedule taints).
         self.extra_taints: Callable[[], Mapping[str, Sequence[Mapping[str, str]]]] = dict
         self._stop = threading.Event()
@@ -224,7 +226,24 @@ class NodeAgent:
         self.board.update(self._health_entries())
         self._publish_changed.set()
 
+    def withhold(self, reason: str | None) -> None:
+        """Publish no devices while `reason` is set (existing slices are withdrawn); None publishes again."""
+        with self._lock:
+            changed, self._withheld = self._withheld != reason, reason
+        if changed:
+            if reason is None:
+                log.info("event=slices-released node=%s", self.settings.node_name)
+            else:
+                log.error("event=slices-withheld node=%s reason=%s", self.settings.node_name, quote(reason))
+            self._publish_changed.set()
+
+    @property
+    def withheld(self) -> str | None:
+        return self._withheld
+
     def desired_slices(self) -> list[dict[str, Any]]:
+        if self._withheld is not None:
+            return []
         return build_slices(
             self.inventory(),
             SliceSettings(
