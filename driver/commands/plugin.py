@@ -49,6 +49,14 @@ def register(parser: argparse.ArgumentParser) -> None:
         "hostPID, driver root mounted), so that daemons outlive agent restarts; without it they run in this process",
     )
     parser.add_argument(
+        "--mps-daemon-image-from-pod", action="store_true",
+        help="with --nvml real: as --mps-daemon-image, with this agent pod's own image, read from its Pod ($POD_NAME "
+             "in --namespace; container --container-name), so that one image reference (kustomize `images:`) "
+             "serves both",
+    )
+    parser.add_argument("--container-name", default="node-agent",
+                        help="this agent's container in its Pod (default %(default)s)")
+    parser.add_argument(
         "--namespace", default=os.environ.get("POD_NAMESPACE", "gpu-dra-system"),
         help="namespace of the MPS control daemon pods (default: $POD_NAMESPACE, else gpu-dra-system)",
     )
@@ -110,6 +118,23 @@ def _driver_root(args: argparse.Namespace) -> Path | None:
 def _valid_instance(uid: str) -> bool:
     # It becomes part of socket file names.
     return len(uid) <= 64 and all(c.isascii() and (c.isalnum() or c in "-_") for c in uid)
+
+
+def own_image(api: Any, namespace: str, pod_name: str, container: str) -> str:
+    """The image of `container` in this agent's own Pod (the downward API gives its name)."""
+    if not pod_name:
+        raise ValueError("$POD_NAME is not set (give it from the downward API: fieldRef metadata.name)")
+    try:
+        pod = api.get("Pod", pod_name, namespace=namespace)
+    except Exception as exc:  # noqa: BLE001 - reported with what was asked for
+        raise ValueError(f"cannot read Pod {namespace}/{pod_name}: {exc}") from exc
+    containers = (pod.get("spec") or {}).get("containers") or []
+    image = next((c.get("image") for c in containers if c.get("name") == container), None)
+    if not image:
+        names = ", ".join(str(c.get("name")) for c in containers)
+        raise ValueError(f"Pod {namespace}/{pod_name}: spec.containers has no container {container!r} with an image "
+                         f"(containers: {names or 'none'}; set --container-name)")
+    return str(image)
 
 
 def _serve_healthcheck(agent: Any, nvml: Any, args: argparse.Namespace) -> Any:
@@ -194,11 +219,18 @@ def run(args: argparse.Namespace) -> int:
         where = source or "the in-cluster config"
         print(f"error: --kubeconfig: cannot connect with {where}: {exc}", file=sys.stderr)
         return 2
-    if args.mps_daemon_image and args.nvml == "real":
+    mps_image = args.mps_daemon_image
+    if args.mps_daemon_image_from_pod and not mps_image and args.nvml == "real":
+        try:
+            mps_image = own_image(api, args.namespace, os.environ.get("POD_NAME", ""), args.container_name)
+        except ValueError as exc:
+            print(f"error: --mps-daemon-image-from-pod: {exc}", file=sys.stderr)
+            return 2
+    if mps_image and args.nvml == "real":
         from driver.mpsdaemon import MpsDaemonPods, MpsPodSettings
 
         nvml.run_mps_daemons_as_pods(MpsDaemonPods(api, MpsPodSettings(
-            namespace=args.namespace, node_name=args.node, image=args.mps_daemon_image,
+            namespace=args.namespace, node_name=args.node, image=mps_image,
             host_driver_root=args.host_driver_root,
         ), nvml.tools))
     kubelet_dir, cdi_dir, notice = node_dirs(args)
