@@ -57,10 +57,6 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: --port {args.port}: cannot listen on {args.bind_address}: {exc.strerror}", file=sys.stderr)
         return 2
-    host, port = server.server_address[:2]
-    # The first line of stdout is the URL (as `gpu-dra apiserver` does), so that scripts can find a port 0 server.
-    print(f"https://{host}:{port}{VALIDATE_PATH}", flush=True)
-    log.info("event=serving address=%s port=%d path=%s cert=%s", host, port, VALIDATE_PATH, files.cert)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -68,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    host, port = server.server_address[:2]
+    # The first line of stdout is the URL (as `gpu-dra apiserver` does), so that scripts can find a port 0 server.
+    print(f"https://{host}:{port}{VALIDATE_PATH}", flush=True)
+    log.info("event=serving address=%s port=%d path=%s cert=%s", host, port, VALIDATE_PATH, files.cert)
     thread = threading.Thread(target=server.serve_forever, name="webhook", daemon=True)
     thread.start()
     stop.wait()
