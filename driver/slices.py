@@ -211,6 +211,9 @@ def health_taints(health: Health, driver_name: str) -> list[dict[str, str]]:
         taints.append(
             {"key": f"{driver_name}/xid", "value": str(xid), "effect": "NoSchedule" if faults else "None"}
         )
+    if health.unmonitored:
+        # Informational: the GPU works, but its faults would not be seen (a toleration is not needed).
+        taints.append({"key": f"{driver_name}/unmonitored", "effect": "None"})
     return taints
 
 

@@ -80,6 +80,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reserved-gpus", default="", help="comma-separated GPU UUIDs kept for the device plugin (not published)")
     parser.add_argument("--metrics-port", type=cliopts.port, help="serve Prometheus metrics on this port")
     parser.add_argument(
+        "--ignore-xids", type=xid_list, default=frozenset(),
+        help="comma-separated Xids the health monitor drops entirely, on top of NVIDIA's application Xids (13, 31, "
+             "43, 45, 68, 109), which never make a GPU unhealthy and show only as an informational taint",
+    )
+    parser.add_argument(
         "--pod-uid", default=os.environ.get("POD_UID", ""),
         help="this agent pod's UID (default: $POD_UID, from the downward API): the registration and DRA sockets "
              "carry it, so that two agent pods overlap safely in a rolling update (maxSurge); empty: fixed names",
@@ -113,6 +118,17 @@ def _driver_root(args: argparse.Namespace) -> Path | None:
     if args.driver_root:
         return Path(args.driver_root)
     return Path("/") if args.nvml == "real" else None
+
+
+def xid_list(text: str) -> frozenset[int]:
+    out = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not part.isdigit() or not 0 < int(part) < 2**32:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected Xid numbers such as 13,31,43")
+        out.add(int(part))
+    return frozenset(out)
 
 
 def _valid_instance(uid: str) -> bool:
@@ -247,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
     agent = NodeAgent(
         settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api),
         publisher=SlicePublisher(api, args.driver_name, args.node), fault_hook=crash_hook_from_env(),
-        monitor_factory=lambda n, inv, cb: HealthMonitor(n, inv, cb), binding_api=api,
+        monitor_factory=lambda n, inv, cb: HealthMonitor(n, inv, cb, ignored_xids=args.ignore_xids), binding_api=api,
     )
     stop = threading.Event()
 

@@ -89,7 +89,8 @@ class AgentSettings:
 
 def _health_entry(pool: str, device: str, health: Health) -> DeviceHealthEntry:
     # Application Xids leave the device HEALTHY but are still worth a message (their taint has effect None).
-    msg = "" if health == Health() else f"xids={list(health.xids)} lost={health.lost}"
+    msg = "" if health == Health() else f"xids={list(health.xids)} lost={health.lost}" + (
+        " unmonitored=True" if health.unmonitored else "")
     return DeviceHealthEntry(pool, device, health.healthy, msg)
 
 
