@@ -106,6 +106,9 @@ class ClaimRecord(BaseModel):
     phase: ClaimPhase
     devices: list[PreparedDevice]
     mps_daemons: list[MpsDaemonRecord] = Field(default_factory=list)
+    # Prepared by the binder (KEP-5007 binding conditions) before the kubelet asked: released by the binder if
+    # the binding fails, also after an agent restart.
+    prepared_ahead: bool = False
 
 
 class CheckpointData(BaseModel):

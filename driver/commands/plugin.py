@@ -106,6 +106,12 @@ def register(parser: argparse.ArgumentParser) -> None:
              "so that no GPU is handed out twice)",
     )
     parser.add_argument(
+        "--stale-claim-interval", type=float, default=600.0, metavar="SECONDS",
+        help="how often prepared claims are checked against the API: one deleted, no longer allocated here or "
+             "reserved for no pod (on two checks in a row) is unprepared by the agent itself (default %(default)s; "
+             "0: off)",
+    )
+    parser.add_argument(
         "--node-resync-seconds", type=float, default=30.0,
         help="how often the Node is checked for another device plugin and its labels refreshed (default %(default)s)",
     )
@@ -284,7 +290,14 @@ def run(args: argparse.Namespace) -> int:
     checked = guard.check()
     shim: Any = None
     health_server: Any = None
+    sweeper: Any = None
     agent.start()
+    if args.stale_claim_interval > 0:
+        from driver.staleclaims import StaleClaimSweeper
+
+        sweeper = StaleClaimSweeper(lambda ns, name: api.try_get("ResourceClaim", name, namespace=ns), agent.preparer,
+                                    args.driver_name, args.node, interval=args.stale_claim_interval)
+        sweeper.start(stop)
     try:
         if args.device_plugin:
             from driver.deviceplugin import start_device_plugin
@@ -296,6 +309,9 @@ def run(args: argparse.Namespace) -> int:
         while not stop.wait(max(args.node_resync_seconds if checked else 2.0, 0.1)):
             checked = guard.check()
     finally:
+        stop.set()
+        if sweeper is not None:
+            sweeper.join()
         if health_server is not None:
             health_server.stop(grace=None)
         if shim is not None:
