@@ -128,6 +128,8 @@ class NodeAgent:
         self.checkpoint, self.load_report = Checkpoint.open(self.paths.plugin_dir, **kwargs)
         for problem in self.load_report.problems:
             log.error("event=checkpoint-corrupt problem=%r", problem)
+        for note in self.load_report.notes:
+            log.info("event=checkpoint-note note=%r", note)
         self.driver_files = self._discover_driver_files(inventory)
         self.preparer = Preparer(
             driver_name=settings.driver_name, node_name=settings.node_name, get_claim=get_claim,
