@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import random
 import tempfile
 from collections.abc import Iterator

@@ -13,7 +13,7 @@ import pytest
 from driver.plugin.server import PluginPaths
 from driver.unixsocket import MAX_UNIX_SOCKET_PATH
 from sim.kubelet.dra import ClaimInfo, KubeletSim
-from tests.plugin_helpers import DRIVER, NODE, create_allocated_claim, short_tmp, start_agent
+from tests.plugin_helpers import DRIVER, create_allocated_claim, short_tmp, start_agent
 
 UID_OLD = "0b6d3f7e-1111-4c1e-9a51-000000000001"
 UID_NEW = "0b6d3f7e-2222-4c1e-9a51-000000000002"

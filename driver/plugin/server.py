@@ -155,8 +155,9 @@ class DraServicer:
         elapsed = time.perf_counter() - start
         self._metrics.latency.labels("NodePrepareResources").observe(elapsed)
         self._metrics.calls.labels("NodePrepareResources", self._api, "ok").inc()
-        log.info("event=node-prepare api=%s claims=%d errors=%d ms=%.2f", self._api, len(claims),
-                 sum(1 for r in results.values() if r.error), elapsed * 1000)
+        if claims:  # an empty call is the health check's (driver.plugin.healthcheck), every few seconds
+            log.info("event=node-prepare api=%s claims=%d errors=%d ms=%.2f", self._api, len(claims),
+                     sum(1 for r in results.values() if r.error), elapsed * 1000)
         return response
 
     def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
