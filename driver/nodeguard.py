@@ -91,7 +91,7 @@ class NodeGuard:
         self.settings = settings
         self._withhold = withhold
         self._inventory = inventory
-        self._reported: Conflict | None | bool = False  # False: nothing reported yet
+        self._reported: Conflict | None = None  # the conflict last announced
         self._gfd_noted = False
 
     def check(self) -> bool:
@@ -107,33 +107,56 @@ class NodeGuard:
             return True
         conflict = decide(node, self.settings)
         self._withhold(conflict.message(self.settings) if conflict is not None and not conflict.allowed else None)
+        self._condition(node, conflict)
         if conflict != self._reported:
-            self._report(node, conflict)
+            self._announce(node, conflict)
         if self.settings.node_labels:
             self._labels(node)
         return True
 
-    def _report(self, node: Mapping[str, Any], conflict: Conflict | None) -> None:
+    def _condition(self, node: Mapping[str, Any], conflict: Conflict | None) -> None:
+        """Keep the Node condition as the last check found it: written when it is missing or says otherwise (also
+        after someone replaced the conditions list)."""
         s = self.settings
-        now = rfc3339()
-        if conflict is not None:
-            log.error("event=device-plugin-conflict node=%s resource=%s count=%d allowed=%s", s.node_name,
-                      s.resource, conflict.count, conflict.allowed)
-        condition = {
+        wanted = {
             "type": CONDITION_TYPE, "status": "True" if conflict is not None else "False",
             "reason": ("CoexistenceAllowed" if conflict.allowed else EVENT_REASON) if conflict is not None else "NoConflict",
             "message": conflict.message(s) if conflict is not None else
             f"no other device plugin advertises {s.resource} on this node",
-            "lastHeartbeatTime": now, "lastTransitionTime": now,
         }
-        try:
-            self._api.patch("Node", s.node_name, {"status": {"conditions": [condition]}}, patch_type="strategic",
-                            subresource="status")
-            if conflict is not None:
-                self._event(node, conflict, now)
-        except Exception as exc:  # noqa: BLE001 - reported again at the next check
-            log.warning("event=conflict-report-failed node=%s error=%r", s.node_name, str(exc))
+        status = node.get("status") if isinstance(node.get("status"), Mapping) else {}
+        conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+        present = next((c for c in conditions if c.get("type") == CONDITION_TYPE), None)
+        if present is not None and all(present.get(k) == v for k, v in wanted.items()):
             return
+        now = rfc3339()
+        same_status = present is not None and present.get("status") == wanted["status"]
+        condition = {**wanted, "lastHeartbeatTime": now,
+                     "lastTransitionTime": present.get("lastTransitionTime", now) if same_status and present else now}
+        others = [dict(c) for c in conditions if c.get("type") != CONDITION_TYPE]
+        # The whole list, conditional on the version read: a merge patch replaces lists (kube-apiserver merges
+        # Node conditions by type only for strategic patches), and the precondition keeps the kubelet's
+        # concurrent updates; a conflict is retried at the next check.
+        patch = {"metadata": {"resourceVersion": (node.get("metadata") or {}).get("resourceVersion")},
+                 "status": {"conditions": [*others, condition]}}
+        try:
+            self._api.patch("Node", s.node_name, patch, subresource="status")
+        except Exception as exc:  # noqa: BLE001 - written again at the next check
+            log.warning("event=node-condition-failed node=%s error=%r", s.node_name, str(exc))
+
+    def _announce(self, node: Mapping[str, Any], conflict: Conflict | None) -> None:
+        """A change of the conflict: logged, and a Warning Event when one begins."""
+        s = self.settings
+        if conflict is not None:
+            log.error("event=device-plugin-conflict node=%s resource=%s count=%d allowed=%s", s.node_name,
+                      s.resource, conflict.count, conflict.allowed)
+            try:
+                self._event(node, conflict, rfc3339())
+            except Exception as exc:  # noqa: BLE001 - announced again at the next check
+                log.warning("event=conflict-event-failed node=%s error=%r", s.node_name, str(exc))
+                return
+        elif self._reported is not None:
+            log.info("event=device-plugin-conflict-cleared node=%s resource=%s", s.node_name, s.resource)
         self._reported = conflict
 
     def _event(self, node: Mapping[str, Any], conflict: Conflict, now: str) -> None:

@@ -16,10 +16,13 @@ from sim.kubelet.dra import KubeletSim
 from tests.plugin_helpers import DRIVER, NODE, short_tmp, start_agent
 
 
+READY = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
+
+
 def _node(allocatable: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
     res = {"cpu": "8", "memory": "64Gi", "pods": "110", **(allocatable or {})}
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": labels or {}},
-            "status": {"capacity": dict(res), "allocatable": dict(res)}}
+            "status": {"capacity": dict(res), "allocatable": dict(res), "conditions": [dict(READY)]}}
 
 
 def test_decide() -> None:
@@ -86,6 +89,14 @@ def test_foreign_device_plugin_withholds_slices_loudly(running) -> None:  # type
     events = [e for e in api.list("Event", namespace="default")[0] if e["reason"] == EVENT_REASON]
     assert len(events) == 1 and events[0]["type"] == "Warning" and events[0]["involvedObject"]["name"] == NODE
     guard.check()  # no new Event while nothing changes
+    assert len([e for e in api.list("Event", namespace="default")[0] if e["reason"] == EVENT_REASON]) == 1
+
+    # The kubelet's own conditions stay; a status write that replaced the list is repaired at the next check.
+    assert any(c["type"] == "Ready" and c["status"] == "True" for c in api.get("Node", NODE)["status"]["conditions"])
+    api.patch("Node", NODE, {"status": {"conditions": [READY]}}, subresource="status")
+    assert _condition(api) is None
+    guard.check()
+    assert _condition(api)["status"] == "True"  # type: ignore[index]
     assert len([e for e in api.list("Event", namespace="default")[0] if e["reason"] == EVENT_REASON]) == 1
 
     # The other plugin goes away: published again, condition cleared.
