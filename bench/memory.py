@@ -11,9 +11,10 @@ list response. Each side is then measured in a fresh process, from its RSS after
 - controller: the list bodies of Pod, ResourceClaim, ResourceSlice, DeviceClass and Node decoded and held in the
   informers' Stores (controller.informer), as `gpu-dra controller` (cluster mode) keeps them; `steadyMiB` is the
   RSS growth with every Store filled, `peakMiB` the high-water mark (a list body and its decoded objects at once);
-- agent: one full ResourceClaim list decoded and filtered to its own node's claims (driver.allocatedclaims: the
-  device plugin shim's relist, and the binder's list before its watch, are the agent's only cluster-wide reads);
-  `peakMiB` is what a relist costs at its worst, `steadyMiB` what stays.
+- agent: the device plugin shim's claim relist (driver.allocatedclaims), the agent's one cluster-wide read: page
+  bodies of LIST_PAGE_SIZE claims decoded and filtered to its own node's one after the other (`peakMiB`,
+  `steadyMiB`), and for comparison the same claims as one unpaged list (`unpagedPeakMiB`: what the relist cost
+  before it paged, and what the binder's initial list with --partitionable still costs).
 """
 
 from __future__ import annotations
@@ -166,6 +167,13 @@ def write_cluster(directory: Path, node_count: int, pod_count: int, seed: int) -
                            "items": items}, separators=(",", ":")).encode()
         (directory / f"{kind}.json").write_bytes(body)
         sizes[kind] = len(body)
+    from driver.allocatedclaims import LIST_PAGE_SIZE
+
+    for n, start in enumerate(range(0, len(claims), LIST_PAGE_SIZE)):
+        page = {"apiVersion": "v1", "kind": "ResourceClaimList", "metadata": {"resourceVersion": "3000000",
+                "continue": "more" if start + LIST_PAGE_SIZE < len(claims) else ""},
+                "items": claims[start:start + LIST_PAGE_SIZE]}
+        (directory / f"ResourceClaim-page-{n:05d}.json").write_bytes(json.dumps(page, separators=(",", ":")).encode())
     return sizes
 
 
@@ -187,7 +195,7 @@ def _controller(directory: str, out: Any) -> None:
               "peakMiB": (_rss_kib("VmHWM") - base) / 1024, "objects": {k: len(s) for k, s in stores.items()}})
 
 
-def _agent(directory: str, node: str, out: Any) -> None:
+def _agent(directory: str, node: str, paged: bool, out: Any) -> None:
     import driver.commands.plugin  # noqa: F401 - what `gpu-dra plugin` imports: its base RSS
     import driver.deviceplugin  # noqa: F401
     import driver.plugin.agent  # noqa: F401
@@ -195,13 +203,16 @@ def _agent(directory: str, node: str, out: Any) -> None:
 
     base = _rss_kib("VmRSS")
     _reset_peak()
-    body = Path(directory, "ResourceClaim.json").read_bytes()
-    items = json.loads(body)["items"]
-    del body
-    mine = devices_by_claim(items, DRIVER, node)
-    del items
+    mine: dict[Any, Any] = {}
+    bodies = sorted(Path(directory).glob("ResourceClaim-page-*.json")) if paged else [Path(directory, "ResourceClaim.json")]
+    for path in bodies:
+        body = path.read_bytes()
+        items = json.loads(body)["items"]
+        del body
+        mine.update(devices_by_claim(items, DRIVER, node))
+        del items
     out.send({"baseMiB": base / 1024, "steadyMiB": max(_rss_kib("VmRSS") - base, 0) / 1024,
-              "peakMiB": (_rss_kib("VmHWM") - base) / 1024, "ownClaims": len(mine)})
+              "peakMiB": (_rss_kib("VmHWM") - base) / 1024, "ownClaims": len(mine), "pages": len(bodies)})
 
 
 def _measure(target: Any, *args: Any) -> dict[str, Any]:
@@ -219,7 +230,8 @@ def measure(node_count: int, pod_count: int, seed: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gpu-dra-bench-memory-") as tmp:
         sizes = write_cluster(Path(tmp), node_count, pod_count, seed)
         controller = _measure(_controller, tmp)
-        agent = _measure(_agent, tmp, "gpu-node-00000")
+        agent = _measure(_agent, tmp, "gpu-node-00000", True)
+        agent["unpagedPeakMiB"] = _measure(_agent, tmp, "gpu-node-00000", False)["peakMiB"]
     return {"nodes": node_count, "pods": pod_count, "seed": seed,
             "listBodyMiB": {k: round(v / 2**20, 1) for k, v in sizes.items()},
             "controller": controller, "agent": agent,
