@@ -18,7 +18,6 @@ COPY controller ./controller
 COPY proto ./proto
 COPY cli ./cli
 RUN pip install --no-cache-dir --no-deps . && rm -rf /src && gpu-dra --version
-COPY manifests /opt/gpu-dra/manifests
 WORKDIR /
 USER 0
 ENTRYPOINT []

@@ -7,7 +7,7 @@ KIND_CLUSTER ?= gpu-dra
 IMAGE ?= ghcr.io/gpu-dra/gpu-dra:dev
 PLATFORMS ?= linux/amd64,linux/arm64
 
-.PHONY: install install-test demo test bench proto lock image image-multiarch kind-up kind-deploy kind-demo kind-down
+.PHONY: install install-test demo test lint bench proto lock image image-multiarch kind-up kind-deploy kind-demo kind-down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ demo: install
 
 test: install-test
 	$(BIN)/pytest -q
+
+# ruff (rules in pyproject.toml's [tool.ruff]) over the whole tree; mypy (strict, [tool.mypy]) over the product.
+lint: install-test
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: install
 	$(BIN)/gpu-dra bench allocate

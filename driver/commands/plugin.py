@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
 
     from driver.discovery import discover
     from driver.health import HealthMonitor
-    from driver.nvml import load_backend
+    from driver.nvml import RealNvml, load_backend
     from driver.nvmlapi import BackendConfigError, NvmlUnavailable
     from driver.plugin.agent import AgentSettings, NodeAgent, crash_hook_from_env, kubeapi_claim_getter
     from driver.publisher import SlicePublisher
@@ -242,13 +242,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --kubeconfig: cannot connect with {where}: {exc}", file=sys.stderr)
         return 2
     mps_image = args.mps_daemon_image
-    if args.mps_daemon_image_from_pod and not mps_image and args.nvml == "real":
+    if args.mps_daemon_image_from_pod and not mps_image and isinstance(nvml, RealNvml):
         try:
             mps_image = own_image(api, args.namespace, os.environ.get("POD_NAME", ""), args.container_name)
         except ValueError as exc:
             print(f"error: --mps-daemon-image-from-pod: {exc}", file=sys.stderr)
             return 2
-    if mps_image and args.nvml == "real":
+    if mps_image and isinstance(nvml, RealNvml):
         from driver.mpsdaemon import MpsDaemonPods, MpsPodSettings
 
         nvml.run_mps_daemons_as_pods(MpsDaemonPods(api, MpsPodSettings(
