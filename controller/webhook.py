@@ -54,8 +54,8 @@ def review_response(review: object, admit: Admission) -> dict[str, Any]:
     if operation in ("CREATE", "UPDATE") and isinstance(obj, dict) and obj.get("kind") in CHECKED_KINDS:
         errors = admit(obj, old if operation == "UPDATE" and isinstance(old, dict) else None)
     response: dict[str, Any] = {"uid": uid, "allowed": not errors}
-    if errors:
-        meta = obj.get("metadata") if isinstance(obj, dict) and isinstance(obj.get("metadata"), Mapping) else {}
+    if errors and isinstance(obj, dict):
+        meta: Mapping[str, Any] = obj["metadata"] if isinstance(obj.get("metadata"), Mapping) else {}
         name = "/".join(str(p) for p in (meta.get("namespace"), meta.get("name")) if p)
         response["status"] = {
             "code": int(HTTPStatus.UNPROCESSABLE_ENTITY), "reason": "Invalid",

@@ -151,8 +151,9 @@ class AllocatedClaims:
         try:
             # Page by page, keeping only this node's: at 50,000 claims a whole list held at once costs the agent
             # about 500 MiB (`gpu-dra bench memory`), a page of LIST_PAGE_SIZE a few MiB.
-            for page, rv in self._api.list_pages("ResourceClaim", limit=LIST_PAGE_SIZE):
+            for page, page_rv in self._api.list_pages("ResourceClaim", limit=LIST_PAGE_SIZE):
                 found.update(devices_by_claim(page, self.driver_name, self.pool))
+                rv = page_rv
         except Exception as exc:  # any failure of the API means: ledger only
             self._mark(False, exc)
             return False

@@ -32,11 +32,15 @@ GFD_MARKER_LABEL = "nvidia.com/gfd.timestamp"
 COMPONENT = "gpu-dra-node-agent"
 
 
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def advertised(node: Mapping[str, Any], resource: str) -> int:
     """How many `resource` the Node advertises (allocatable, else capacity; 0 when neither names it)."""
-    status = node.get("status") if isinstance(node.get("status"), Mapping) else {}
+    status = _map(node.get("status"))
     for field in ("allocatable", "capacity"):
-        table = status.get(field) if isinstance(status.get(field), Mapping) else {}
+        table = _map(status.get(field))
         if resource in table:
             try:
                 return int(Quantity.parse(str(table[resource])).as_fraction())
@@ -124,8 +128,7 @@ class NodeGuard:
             "message": conflict.message(s) if conflict is not None else
             f"no other device plugin advertises {s.resource} on this node",
         }
-        status = node.get("status") if isinstance(node.get("status"), Mapping) else {}
-        conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+        conditions = [c for c in _map(node.get("status")).get("conditions") or [] if isinstance(c, Mapping)]
         present = next((c for c in conditions if c.get("type") == CONDITION_TYPE), None)
         if present is not None and all(present.get(k) == v for k, v in wanted.items()):
             return

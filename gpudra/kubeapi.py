@@ -34,6 +34,8 @@ from gpudra.http1 import Reply
 
 log = logging.getLogger("gpudra.kubeapi")
 T = TypeVar("T")
+# One page of a list (`list` names a method inside KubeApi).
+Items = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -377,14 +379,15 @@ class KubeApi:
     def list(self, kind: str, namespace: str | None = None, label_selector: str | None = None,
              field_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
         items: list[dict[str, Any]] = []
-        rv = ""
-        for page, rv in self.list_pages(kind, namespace, label_selector, field_selector):
+        resource_version = ""
+        for page, page_rv in self.list_pages(kind, namespace, label_selector, field_selector):
             items.extend(page)
-        return items, rv
+            resource_version = page_rv
+        return items, resource_version
 
     def list_pages(self, kind: str, namespace: str | None = None, label_selector: str | None = None,
                    field_selector: str | None = None, limit: int | None = None,
-                   ) -> Iterator[tuple[list[dict[str, Any]], str]]:
+                   ) -> Iterator[tuple[Items, str]]:
         """The list one page at a time (`limit` items each, None: as the server pages it), with the list's
         resourceVersion: a caller that keeps a few items of a large list never holds all of them at once."""
         info = kind_info(kind)

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    host, port = server.server_address[:2]
+    host, port = str(server.server_address[0]), int(server.server_address[1])
     # The first line of stdout is the URL (as `gpu-dra apiserver` does), so that scripts can find a port 0 server.
     print(f"https://{host}:{port}{VALIDATE_PATH}", flush=True)
     log.info("event=serving address=%s port=%d path=%s cert=%s", host, port, VALIDATE_PATH, files.cert)

@@ -115,7 +115,8 @@ class HealthServicer:
         self._timeout = timeout
         self._lock = threading.Lock()  # one check at a time: probes of several kubelet probe kinds queue here
 
-    def status(self) -> tuple[int, str]:
+    def status(self) -> tuple[Any, str]:
+        """(a HealthCheckResponse.ServingStatus, the failed part and why, or "")."""
         with self._lock:
             for probe in self._probes:
                 try:

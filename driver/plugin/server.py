@@ -101,8 +101,7 @@ class PluginPaths:
     def stale_sockets(self) -> list[Path]:
         """Sockets of this driver's other instances that nobody listens on any more (a pod killed before it could
         clean up): the kubelet would keep trying to register them. Live ones (an overlapping pod) are kept."""
-        found = [p for p in self.registry_dir.glob(f"{self.driver_name}-*reg.sock")]
-        found += [p for p in self.plugin_dir.glob("dra*.sock")]
+        found = [*self.registry_dir.glob(f"{self.driver_name}-*reg.sock"), *self.plugin_dir.glob("dra*.sock")]
         own = {self.registration_socket, self.dra_socket}
         return [p for p in sorted(found) if p not in own and socket_identity(p) is not None and not _listening(p)]
 
