@@ -395,6 +395,9 @@ class _FailingApi:
             raise ConnectionError("connection refused")
         return [_claim("ours", [{"driver": DRIVER, "pool": "node-a", "device": "gpu-aaa"}])], "7"
 
+    def list_pages(self, kind: str, limit: int | None = None) -> Iterator[tuple[list[dict[str, object]], str]]:
+        yield self.list(kind)
+
 
 def test_unreachable_api_falls_back_to_the_ledger_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
     from driver.allocatedclaims import AllocatedClaims

@@ -13,6 +13,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -66,6 +67,14 @@ def register(parser: argparse.ArgumentParser) -> None:
              "pass the agent pod's own when its image is in a private registry",
     )
     parser.add_argument(
+        "--mps-daemon-image-from-pod", action="store_true",
+        help="with --nvml real: as --mps-daemon-image, with this agent pod's own image, read from its Pod ($POD_NAME "
+             "in --namespace; container --container-name), so that one image reference (kustomize `images:`) "
+             "serves both",
+    )
+    parser.add_argument("--container-name", default="node-agent",
+                        help="this agent's container in its Pod (default %(default)s)")
+    parser.add_argument(
         "--namespace", default=os.environ.get("POD_NAMESPACE", "gpu-dra-system"),
         help="namespace of the MPS control daemon pods (default: $POD_NAMESPACE, else gpu-dra-system)",
     )
@@ -93,8 +102,40 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "(default 60; 0: never)")
     parser.add_argument("--metrics-port", type=cliopts.port, help="serve Prometheus metrics on this port")
     parser.add_argument(
+        "--ignore-xids", type=xid_list, default=frozenset(),
+        help="comma-separated Xids the health monitor drops entirely, on top of NVIDIA's application Xids (13, 31, "
+             "43, 45, 68, 109), which never make a GPU unhealthy and show only as an informational taint",
+    )
+    parser.add_argument(
+        "--pod-uid", default=os.environ.get("POD_UID", ""),
+        help="this agent pod's UID (default: $POD_UID, from the downward API): the registration and DRA sockets "
+             "carry it, so that two agent pods overlap safely in a rolling update (maxSurge); empty: fixed names",
+    )
+    parser.add_argument(
+        "--healthcheck-port", type=cliopts.port,
+        help="serve grpc.health.v1 on this TCP port for the kubelet's grpc probes: SERVING while the registration "
+             "and DRA sockets, the node lock and NVML answer (default: off)",
+    )
+    parser.add_argument(
         "--node-labels", action="store_true",
-        help="set GPU Feature Discovery's labels (nvidia.com/gpu.product, gpu.count, gpu.memory, ...) on this node",
+        help="set GPU Feature Discovery's labels (nvidia.com/gpu.product, gpu.count, gpu.memory, ...) on this node and "
+             "refresh them when they change; skipped while GFD runs there (nvidia.com/gfd.timestamp is set)",
+    )
+    parser.add_argument(
+        "--allow-device-plugin-coexistence", action="store_true",
+        help="publish DRA GPUs even when another device plugin advertises the --device-plugin-resource on this node "
+             "(default: withhold them, with a Warning Event and the Node condition GpuDraDevicePluginConflict, "
+             "so that no GPU is handed out twice)",
+    )
+    parser.add_argument(
+        "--stale-claim-interval", type=float, default=600.0, metavar="SECONDS",
+        help="how often prepared claims are checked against the API: one deleted, no longer allocated here or "
+             "reserved for no pod (on two checks in a row) is unprepared by the agent itself (default %(default)s; "
+             "0: off)",
+    )
+    parser.add_argument(
+        "--node-resync-seconds", type=float, default=30.0,
+        help="how often the Node is checked for another device plugin and its labels refreshed (default %(default)s)",
     )
     cliopts.add_log_level(parser)
 
@@ -149,15 +190,46 @@ def _driver_root(args: argparse.Namespace) -> Path | None:
     return Path("/") if args.nvml == "real" else None
 
 
-def _label_node(api: Any, node: str, inventory: Any) -> bool:
-    from driver.nodelabels import apply_node_labels
+def xid_list(text: str) -> frozenset[int]:
+    out = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not part.isdigit() or not 0 < int(part) < 2**32:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected Xid numbers such as 13,31,43")
+        out.add(int(part))
+    return frozenset(out)
 
+
+def _valid_instance(uid: str) -> bool:
+    # It becomes part of socket file names.
+    return len(uid) <= 64 and all(c.isascii() and (c.isalnum() or c in "-_") for c in uid)
+
+
+def own_image(api: Any, namespace: str, pod_name: str, container: str) -> str:
+    """The image of `container` in this agent's own Pod (the downward API gives its name)."""
+    if not pod_name:
+        raise ValueError("$POD_NAME is not set (give it from the downward API: fieldRef metadata.name)")
     try:
-        apply_node_labels(api, node, inventory)
-    except Exception as exc:  # noqa: BLE001 - any API failure: keep serving claims, try again later
-        log.warning("event=node-labels-failed node=%s error=%r", node, str(exc))
-        return False
-    return True
+        pod = api.get("Pod", pod_name, namespace=namespace)
+    except Exception as exc:  # noqa: BLE001 - reported with what was asked for
+        raise ValueError(f"cannot read Pod {namespace}/{pod_name}: {exc}") from exc
+    containers = (pod.get("spec") or {}).get("containers") or []
+    image = next((c.get("image") for c in containers if c.get("name") == container), None)
+    if not image:
+        names = ", ".join(str(c.get("name")) for c in containers)
+        raise ValueError(f"Pod {namespace}/{pod_name}: spec.containers has no container {container!r} with an image "
+                         f"(containers: {names or 'none'}; set --container-name)")
+    return str(image)
+
+
+def _serve_healthcheck(agent: Any, nvml: Any, args: argparse.Namespace) -> Any:
+    from driver.checkpoint import LOCK_NAME
+    from driver.plugin.healthcheck import HealthServicer, lock_probe, nvml_probe, serve, socket_probes
+
+    probes = socket_probes(agent.paths) + [lock_probe(agent.paths.plugin_dir / LOCK_NAME), nvml_probe(nvml)]
+    server, _ = serve(HealthServicer(probes, frozenset({args.driver_name})), args.healthcheck_port)
+    return server
 
 
 def simulated_state_dir(node: str) -> Path:
@@ -197,6 +269,10 @@ def run(args: argparse.Namespace) -> int:
     if args.shared_capacity and args.partitionable:
         print("error: --shared-capacity and --partitionable exclude each other: a GPU shared by capacity cannot also "
               "be split into MIG placements", file=sys.stderr)
+        return 2
+    if args.pod_uid and not _valid_instance(args.pod_uid):
+        print(f"error: --pod-uid: {args.pod_uid!r}: expected a pod UID (letters, digits, '-' and '_', at most 64)",
+              file=sys.stderr)
         return 2
     reserved = frozenset(u.strip() for u in args.reserved_gpus.split(",") if u.strip())
     bad = sorted(u for u in reserved if not u.startswith("GPU-"))
@@ -242,11 +318,18 @@ def run(args: argparse.Namespace) -> int:
         api = _connect(args.kubeconfig)
         if api is None:
             return 2
-    if args.mps_daemon_image and isinstance(nvml, RealNvml):
+    mps_image = args.mps_daemon_image
+    if args.mps_daemon_image_from_pod and not mps_image and isinstance(nvml, RealNvml):
+        try:
+            mps_image = own_image(api, args.namespace, os.environ.get("POD_NAME", ""), args.container_name)
+        except ValueError as exc:
+            print(f"error: --mps-daemon-image-from-pod: {exc}", file=sys.stderr)
+            return 2
+    if mps_image and isinstance(nvml, RealNvml):
         from driver.mpsdaemon import MpsDaemonPods, MpsPodSettings
 
         nvml.run_mps_daemons_as_pods(MpsDaemonPods(api, MpsPodSettings(
-            namespace=args.namespace, node_name=args.node, image=args.mps_daemon_image,
+            namespace=args.namespace, node_name=args.node, image=mps_image,
             host_driver_root=args.host_driver_root,
             image_pull_secrets=tuple(s.strip() for s in args.mps_image_pull_secrets.split(",") if s.strip()),
         ), nvml.tools))
@@ -259,13 +342,13 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         driver_root=_driver_root(args), host_driver_root=args.host_driver_root,
         proc_root=Path(args.proc_root) if args.nvml == "real" else None, cdi_hook_path=args.cdi_hook_path,
-        binding_conditions=args.binding_conditions,
+        binding_conditions=args.binding_conditions, instance=args.pod_uid,
         rediscover_interval_s=args.rediscover_seconds if args.rediscover_seconds > 0 else None,
     )
     agent = NodeAgent(
         settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api),
         publisher=SlicePublisher(api, args.driver_name, args.node), fault_hook=crash_hook_from_env(),
-        monitor_factory=lambda n, inv, cb: HealthMonitor(n, inv, cb), binding_api=api,
+        monitor_factory=lambda n, inv, cb: HealthMonitor(n, inv, cb, ignored_xids=args.ignore_xids), binding_api=api,
     )
     stop = threading.Event()
 
@@ -274,27 +357,50 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    from driver.nodeguard import GuardSettings, NodeGuard
+
+    guard = NodeGuard(api, GuardSettings(
+        node_name=args.node, resource=args.device_plugin_resource, shim_enabled=args.device_plugin,
+        allow_coexistence=args.allow_device_plugin_coexistence, node_labels=args.node_labels,
+    ), withhold=agent.withhold, inventory=agent.inventory)
+    if not args.device_plugin and not args.allow_device_plugin_coexistence:
+        # Fail closed: nothing is published before the Node was seen free of another device plugin.
+        agent.withhold(f"node {args.node} not checked yet for another device plugin serving {args.device_plugin_resource}")
+    checked = guard.check()
     shim: Any = None
+    health_server: Any = None
+    sweeper: Any = None
     agent.start()
-    labels_pending = bool(args.node_labels)
     exit_code = 0
+    if args.stale_claim_interval > 0:
+        from driver.staleclaims import StaleClaimSweeper
+
+        sweeper = StaleClaimSweeper(lambda ns, name: api.try_get("ResourceClaim", name, namespace=ns), agent.preparer,
+                                    args.driver_name, args.node, interval=args.stale_claim_interval)
+        sweeper.start(stop)
     try:
         if args.device_plugin:
             from driver.deviceplugin import start_device_plugin
 
             shim = start_device_plugin(agent, resource_name=args.device_plugin_resource, api=api)
-        tick = 0
-        while True:
-            # Labels are retried every 30 s until they are set (the Node may not exist yet); a failure only logs.
-            if labels_pending and tick % 30 == 0:
-                labels_pending = not _label_node(api, args.node, inventory)
-            if stop.wait(1.0):
-                break
+        if args.healthcheck_port is not None:
+            health_server = _serve_healthcheck(agent, nvml, args)
+        # A failed check (the Node not registered yet, the API away) is retried sooner than the resync. The loop
+        # ticks every second so that a driver change is acted on at once.
+        next_check = time.monotonic() + (args.node_resync_seconds if checked else 2.0)
+        while not stop.wait(1.0):
             if agent.exit_requested.is_set():
                 exit_code = 3  # the driver changed under the agent: the DaemonSet restarts it on the new one
                 break
-            tick += 1
+            if time.monotonic() >= next_check:
+                checked = guard.check()
+                next_check = time.monotonic() + (args.node_resync_seconds if checked else 2.0)
     finally:
+        stop.set()
+        if sweeper is not None:
+            sweeper.join()
+        if health_server is not None:
+            health_server.stop(grace=None)
         if shim is not None:
             shim.stop()
         agent.stop()

@@ -90,11 +90,14 @@ class AgentSettings:
     # With `partitionable`: MIG placements carry KEP-5007 binding conditions and the agent creates the instance
     # when a claim is allocated to one (driver.binder), before the scheduler binds the pod.
     binding_conditions: bool = False
+    # The agent pod's UID: per-pod socket names, so that two agent pods overlap safely in a rolling update.
+    instance: str = ""
 
 
 def _health_entry(pool: str, device: str, health: Health) -> DeviceHealthEntry:
     # Application Xids leave the device HEALTHY but are still worth a message (their taint has effect None).
-    msg = "" if health == Health() else f"xids={list(health.xids)} lost={health.lost}"
+    msg = "" if health == Health() else f"xids={list(health.xids)} lost={health.lost}" + (
+        " unmonitored=True" if health.unmonitored else "")
     return DeviceHealthEntry(pool, device, health.healthy, msg)
 
 
@@ -112,13 +115,15 @@ class NodeAgent:
         binding_api: Any | None = None,
     ) -> None:
         self.settings = settings
-        self.paths = PluginPaths(settings.kubelet_dir, settings.driver_name)
+        self.paths = PluginPaths(settings.kubelet_dir, settings.driver_name, settings.instance)
         self._nvml = nvml
         self._inventory = inventory
         self._health: dict[str, Health] = {}
         self._lock = threading.Lock()
         self._publisher = publisher
         self._publish_changed = threading.Event()
+        # Why the slices are withheld (driver.nodeguard: another device plugin serves these GPUs); None: publish.
+        self._withheld: str | None = None
         # Device name -> extra slice taints; the device plugin shim sets it (ledger holds become NoSchedule taints).
         self.extra_taints: Callable[[], Mapping[str, Sequence[Mapping[str, str]]]] = dict
         self._stop = threading.Event()
@@ -130,6 +135,8 @@ class NodeAgent:
         self.checkpoint, self.load_report = Checkpoint.open(self.paths.plugin_dir, **kwargs)
         for problem in self.load_report.problems:
             log.error("event=checkpoint-corrupt problem=%r", problem)
+        for note in self.load_report.notes:
+            log.info("event=checkpoint-note note=%r", note)
         self.driver_files = self._discover_driver_files(inventory)
         self.preparer = Preparer(
             driver_name=settings.driver_name, node_name=settings.node_name, get_claim=get_claim,
@@ -281,7 +288,24 @@ class NodeAgent:
         if self.rediscoverer is not None:
             self.rediscoverer.poke()  # a lost GPU or a reset may have changed what NVML reports
 
+    def withhold(self, reason: str | None) -> None:
+        """Publish no devices while `reason` is set (existing slices are withdrawn); None publishes again."""
+        with self._lock:
+            changed, self._withheld = self._withheld != reason, reason
+        if changed:
+            if reason is None:
+                log.info("event=slices-released node=%s", self.settings.node_name)
+            else:
+                log.error("event=slices-withheld node=%s reason=%s", self.settings.node_name, quote(reason))
+            self._publish_changed.set()
+
+    @property
+    def withheld(self) -> str | None:
+        return self._withheld
+
     def desired_slices(self) -> list[dict[str, Any]]:
+        if self._withheld is not None:
+            return []
         return build_slices(
             self.inventory(),
             SliceSettings(
