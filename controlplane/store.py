@@ -377,9 +377,8 @@ class Store:
         if drop:
             self._floor = self._history_rvs[drop - 1]
             self._history_bytes -= sum(self._history_sizes[:drop])
-            columns: tuple[list[Any], ...] = (self._history, self._history_rvs, self._history_sizes,
-                                              self._history_times)
-            for column in columns:
+            column: list[Any]
+            for column in (self._history, self._history_rvs, self._history_sizes, self._history_times):
                 del column[:drop]
 
     def _publish_locked(self, rv: int, rts: Any) -> None:
