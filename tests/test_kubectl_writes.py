@@ -128,3 +128,21 @@ def test_label_through_v1beta1_of_a_template_created_through_v1(apiserver: Any, 
         "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}
     beta = _get(apiserver, "resourceclaimtemplates.v1beta1.resource.k8s.io", "one-gpu")
     assert beta["spec"]["spec"]["devices"]["requests"][0]["count"] == 1
+
+
+@pytest.mark.apiserver_options(runtime_config=RESOURCE_BETAS)
+def test_a_v1beta1_spec_applied_over_the_same_v1_object_is_accepted(apiserver: Any, tmp_path: Path) -> None:
+    """NVIDIA's v1beta1 specs applied over v1 ones: the same template in another version is no change of spec
+    (defaulting makes them equal); a real change is refused, the spec being immutable."""
+    v1 = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+          "metadata": {"name": "t", "namespace": "default"},
+          "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}}
+    _apply(apiserver, tmp_path, v1)
+    beta = {**v1, "apiVersion": "resource.k8s.io/v1beta1",
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "deviceClassName": "gpu.nvidia.com"}]}}}}
+    _apply(apiserver, tmp_path, beta)
+    beta["spec"]["spec"]["devices"]["requests"][0]["count"] = 2
+    path = tmp_path / "changed.yaml"
+    path.write_text(yaml.safe_dump(beta))
+    changed = kubectl(apiserver, "apply", "-f", str(path), check=False)
+    assert changed.returncode == 1 and "field is immutable" in changed.stderr
