@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 KIND_CLUSTER ?= gpu-dra
 IMAGE ?= gpu-dra:dev
 
-.PHONY: install install-test demo test lint bench proto kind-up kind-deploy kind-demo kind-down
+.PHONY: install install-test demo test test-fast lint bench proto kind-up kind-deploy kind-demo kind-down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ demo: install
 
 test: install-test
 	$(BIN)/pytest -q
+
+# The edit-test loop: the unit tests that start no process and take no seconds (markers `process` and `slow`,
+# pyproject.toml; tests/conftest.py fails an unmarked test that starts a process here).
+test-fast: install-test
+	GPU_DRA_TEST_FAST=1 $(BIN)/pytest -q -m "not process and not slow"
 
 # ruff (rules in pyproject.toml's [tool.ruff]) over the whole tree; mypy (strict, [tool.mypy]) over the product.
 lint: install-test
