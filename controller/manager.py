@@ -49,6 +49,15 @@ CLUSTER_KINDS: tuple[str, ...] = ("Pod", "ResourceClaim", "ResourceSlice", "Devi
 EMBEDDED_KINDS: tuple[str, ...] = ("ResourceClaimTemplate", "PriorityClass", "ResourceQuota", "DeviceTaintRule", "PodGroup")
 
 
+# Kinds a kube-apiserver serves only with a feature gate on (its REST storage is installed only then).
+_GATED_KINDS: dict[str, str] = {"PodGroup": "generic_workload", "DeviceTaintRule": "device_taint_rules"}
+
+
+def _served(kind: str, features: Features) -> bool:
+    gate = _GATED_KINDS.get(kind)
+    return gate is None or bool(getattr(features, gate))
+
+
 def default_identity() -> str:
     return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
@@ -112,7 +121,8 @@ class ControllerManager:
         self._pass_lock = threading.Lock()
         self._release_on_stop = True
         self._metrics_server: MetricsServer | None = None
-        kinds = CLUSTER_KINDS + (EMBEDDED_KINDS if config.embedded else ())
+        kinds = CLUSTER_KINDS + (tuple(k for k in EMBEDDED_KINDS if _served(k, config.features))
+                                 if config.embedded else ())
         self.stores: dict[str, Store] = {kind: Store(kind) for kind in kinds}
         self.informers: dict[str, Informer] = {
             kind: Informer(api, store, self._notify)

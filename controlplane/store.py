@@ -13,6 +13,7 @@ import functools
 import json
 import random
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,10 +23,16 @@ from typing import Any, TypeVar
 from controlplane import objects as o
 from gpudra.validation import schema
 from controlplane import status as st
+from controlplane import patchmeta
+from controlplane.gatedfields import GatedFields
 from controlplane.patch import PatchError, json_patch, merge_patch
-from controlplane.persistence import Change, SqliteLog, StorageError
+from controlplane.strategicmerge import strategic_merge
+from controlplane.backend import MAX_RESOURCE_VERSION, Backend, Change, HistoryLimits, StorageError
+from controlplane.persistence import SqliteLog
 from controlplane.resources import Registry, ResourceType
 from controlplane.selectors import FieldSelector, LabelSelector, labels_of
+from gpudra.defaults import apply_defaults
+from gpudra.features import Features
 from gpudra.jsoncopy import copy_json
 from gpudra.validation.admission import Admission
 from gpudra.validation.workloads import KINDS as WORKLOAD_KINDS
@@ -124,10 +131,12 @@ class Filter:
 
 
 class Store:
-    def __init__(self, registry: Registry, admission: Admission | None = None, history_limit: int = 20000) -> None:
+    def __init__(self, registry: Registry, admission: Admission | None = None, history: HistoryLimits | None = None,
+                 gated: GatedFields | None = None) -> None:
         self.registry = registry
         self._admission = admission
-        self._history_limit = history_limit
+        self._gated = gated or GatedFields(Features())
+        self._limits = history or HistoryLimits()
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # the garbage collector's queue and shutdown
         # Watchers wait per resource type and are woken only by events of their type.
@@ -135,7 +144,7 @@ class Store:
         self._rt_visible = dict.fromkeys(registry.types, 0)  # newest event of each type watchers may see
         self._pushed: dict[ResourceType, set[Watcher]] = {}  # watchers sent to by writing threads (push_to)
         self._visible = 0  # every event up to here is visible to watchers (committed, when durable)
-        self._log: SqliteLog | None = None
+        self._log: Backend | None = None
         # resourceVersions after the last commit before a restart and before where it continued: a reader may
         # have seen them on objects that were then lost with the process, so a watch resuming from one is 410
         # (the client relists and drops what it saw), never silently continued.
@@ -149,6 +158,11 @@ class Store:
         self._rv = 0
         self._history: list[Event] = []
         self._history_rvs: list[int] = []
+        # Per history event: the bytes it holds (its encoded object, and the old one) and when it was written.
+        self._history_sizes: list[int] = []
+        self._history_times: list[float] = []
+        self._history_bytes = 0
+        self._aged_at = 0.0  # when the history was last compacted by age (at most once a second)
         # Every event with rv > _floor is still in the history; older ones were compacted.
         self._floor = 0
         self._closed = False
@@ -261,6 +275,9 @@ class Store:
                 old: dict[str, Any] | None) -> dict[str, Any]:
         """Store (or remove, when `new` is None) one object and record its event; caller holds the lock."""
         rv = self._rv + 1
+        if rv > MAX_RESOURCE_VERSION:
+            raise st.StatusError(500, "InternalError", f"resourceVersion {rv} would exceed Kubernetes' int64 "
+                                                       f"resourceVersions ({MAX_RESOURCE_VERSION}); nothing is stored")
         obj_json: bytes | None = None
         if new is not None:
             o.meta(new)["resourceVersion"] = str(rv)
@@ -324,13 +341,7 @@ class Store:
             # The DELETED event carries the final state with the deletion's resourceVersion, as Kubernetes does.
             event_obj = {**old, "metadata": {**old["metadata"], "resourceVersion": str(self._rv)}}
         event = Event(self._rv, rt, event_type, event_obj, old, obj_json if new is not None else _encode(event_obj))
-        self._history.append(event)
-        self._history_rvs.append(self._rv)
-        if len(self._history) > 2 * self._history_limit:
-            drop = len(self._history) - self._history_limit
-            self._floor = self._history_rvs[drop - 1]
-            del self._history[:drop]
-            del self._history_rvs[:drop]
+        self._remember(event, len(event.obj_json or b"") * (2 if old is not None else 1))
         self._tls.rv = self._rv
         if self._log is None:
             self._publish_locked(self._rv, (rt,))
@@ -339,6 +350,36 @@ class Store:
             self._log.submit(Change(self._rv, rt.kind, key[0], key[1], obj_json, event_type, event.obj_json,
                                     _encode(old) if old is not None else None))
         return event_obj
+
+    def _remember(self, event: Event, size: int) -> None:
+        """Add one event to the watch history and compact what is past the limits (amortized: at twice the
+        count or bytes, down to the limits; by age, at most once a second)."""
+        now = time.monotonic()
+        history = self._history
+        history.append(event)
+        self._history_rvs.append(event.rv)
+        self._history_sizes.append(size)
+        self._history_times.append(now)
+        self._history_bytes += size
+        limits = self._limits
+        drop = 0
+        if len(history) > 2 * limits.events or self._history_bytes > 2 * limits.bytes:
+            kept_bytes, keep = 0, 0
+            for size_i in reversed(self._history_sizes):
+                if keep >= limits.events or kept_bytes + size_i > limits.bytes:
+                    break
+                kept_bytes += size_i
+                keep += 1
+            drop = len(self._history) - keep
+        elif now - self._aged_at > 1.0:
+            self._aged_at = now
+            if self._history_times[0] < now - limits.age_s:
+                drop = bisect.bisect_left(self._history_times, now - limits.age_s)
+        if drop:
+            self._floor = self._history_rvs[drop - 1]
+            self._history_bytes -= sum(self._history_sizes[:drop])
+            for history in (self._history, self._history_rvs, self._history_sizes, self._history_times):
+                del history[:drop]
 
     def _publish_locked(self, rv: int, rts: Any) -> None:
         """Make events up to `rv` visible to watchers and wake the watchers of the types in `rts`. Pushed
@@ -443,6 +484,8 @@ class Store:
         if not name and not generate:
             raise st.invalid(rt, "", ["metadata.name: Required value: name or generateName is required"])
         o.prepare_create(rt, obj)
+        apply_defaults(rt.group, rt.kind, obj)
+        self._gated.drop_disabled(rt.group, rt.kind, obj, None)
         # Objects that go through admission have their names checked there, together with everything else,
         # so that one 422 lists all of an object's errors as Kubernetes does.
         if not self._admits(rt):
@@ -516,6 +559,7 @@ class Store:
             raise st.bad_request(f"the body of a {rt.kind} update must be a JSON object")
         check_type_meta(rt, body)
         body = self.clean_fields(rt, body, fields)
+        apply_defaults(rt.group, rt.kind, body)
         bm = body.get("metadata")
         if not isinstance(bm, dict):
             bm = {}
@@ -541,6 +585,8 @@ class Store:
             if added:
                 raise st.invalid(rt, name, [f"metadata.finalizers: Forbidden: no new finalizers can be added if the "
                                             f"object is being deleted, found new finalizers {sorted(added)}"])
+        # Parts of `new` shared with `old` lose nothing here: a gate's fields are kept when `old` has them.
+        self._gated.drop_disabled(rt.group, rt.kind, new, old)
         self._admit(rt, name, new, old)
         with self._cond:
             current = self._objects[rt].get((namespace, name))
@@ -559,18 +605,22 @@ class Store:
     @_durable
     def patch(self, rt: ResourceType, namespace: str, name: str, patch_type: str, body: Any,
               subresource: str | None = None, codec: Codec | None = None,
-              fields: FieldPolicy | None = None) -> dict[str, Any]:
-        """`codec` (to the request's version, back to storage) applies the patch to the object as the
-        request's API version shows it, as Kubernetes patches in the version the client speaks."""
+              fields: FieldPolicy | None = None, version: str | None = None) -> dict[str, Any]:
+        """`patch_type` is "json", "merge" or "strategic". `codec` (to the request's version, back to storage)
+        applies the patch to the object as the request's API version (`version`) shows it, as Kubernetes
+        patches in the version the client speaks."""
+        type_name = strategic_type(rt, version or rt.version) if patch_type == "strategic" else None
         for _ in range(_PATCH_RETRIES):
             old = self.get(rt, namespace, name)
             view = codec[0](old) if codec else old
             try:
                 if patch_type == "json":
                     patched = json_patch(view, body)
+                elif not isinstance(body, dict):
+                    raise st.bad_request(f"a {patch_type} merge patch body must be a JSON object")
+                elif type_name is not None:
+                    patched = strategic_merge(view, body, patchmeta.load(), type_name)
                 else:
-                    if not isinstance(body, dict):
-                        raise st.bad_request("a merge patch body must be a JSON object")
                     patched = merge_patch(view, body)
             except PatchError as exc:
                 raise st.StatusError(422, "Invalid", f'{rt.qualified_kind} "{name}" is invalid: {exc}') from exc
@@ -580,6 +630,7 @@ class Store:
                 patched = codec[1](patched)
             check_type_meta(rt, patched)
             patched = self.clean_fields(rt, patched, fields)
+            apply_defaults(rt.group, rt.kind, patched)
             _check_uid(rt, name, o.meta(patched), old)
             want_rv = (patched.get("metadata") or {}).get("resourceVersion")
             if want_rv and want_rv != old["metadata"].get("resourceVersion"):
@@ -788,6 +839,10 @@ class Store:
 
     # ----- persistence ---------------------------------------------------------------------------------------
 
+    def storage_failure(self) -> str | None:
+        """Why the durable store can no longer write (health checks report it), or None."""
+        return self._log.failure() if self._log is not None else None
+
     def storage_stats(self) -> dict[str, int] | None:
         """Commits and writes so far of the durable store (writes/commits: how well group commit works)."""
         return self._log.stats() if self._log is not None else None
@@ -795,7 +850,7 @@ class Store:
     def open_durable(self, path: str | Path) -> builtins.list[str]:
         """Load the state database at `path` (created when missing) and commit every later write to it before
         the write returns. Returns a description of each stored object that could not be loaded."""
-        log = SqliteLog(path, self._history_limit, on_durable=self._on_durable)
+        log: Backend = SqliteLog(path, self._limits, on_durable=self._on_durable)
         state = log.open()
         problems: list[str] = []
         if state.migrated_from is not None:
@@ -817,18 +872,28 @@ class Store:
                 self._by_uid[m["uid"]] = (rt, key[0], key[1])
                 for owner in o.owner_uids(obj):
                     self._dependents.setdefault(owner, set()).add((rt, key[0], key[1]))
-            for rv, kind, etype, obj, old in state.events:
+            for rv, kind, etype, obj, old, size in state.events:
                 rt = self.registry.by_kind(kind)
                 if rt is None:
                     continue
-                self._history.append(Event(rv, rt, etype, obj, old))
-                self._history_rvs.append(rv)
+                self._remember(Event(rv, rt, etype, obj, old), size)
                 self._rt_visible[rt] = rv
             for owner in self._dependents:
                 if owner not in self._by_uid:
                     self._gc_queue.append(owner)
             self._log = log
         return problems
+
+
+def strategic_type(rt: ResourceType, version: str) -> str:
+    """The API type a strategic merge patch of `rt` in `version` is applied with. Kinds the built-in API does
+    not define (custom resources) have no patch strategies: kube-apiserver answers 415 for them."""
+    type_name = patchmeta.load().type_of(rt.group, version, rt.kind)
+    if type_name is None:
+        raise st.StatusError(415, "UnsupportedMediaType",
+                             "the body of the request was in an unknown format - accepted media types include: "
+                             "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml")
+    return type_name
 
 
 def check_type_meta(rt: ResourceType, body: dict[str, Any]) -> None:

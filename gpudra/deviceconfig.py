@@ -266,6 +266,11 @@ def validate_parameters(parameters: object) -> list[str]:
         ]
     api_version = parameters.get("apiVersion")
     kind = parameters.get("kind")
+    wrong_types = [f"{name}: must be a string, got {_type_name(value)}"
+                   for name, value in (("apiVersion", api_version), ("kind", kind))
+                   if value is not None and not isinstance(value, str)]
+    if wrong_types:
+        return wrong_types
     if api_version == API_VERSION and kind in UNSUPPORTED_KINDS:
         # Say why rather than list fields: nothing in such an object could make it acceptable here.
         return [
