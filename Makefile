@@ -14,8 +14,12 @@ $(BIN)/python:
 install: $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 
-install-test: $(BIN)/python
+# Reinstalled when pyproject.toml changes, not on every `make test`/`test-fast`/`lint` (.ci/run starts from no .venv).
+$(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+install-test: $(VENV)/.test-installed
 
 demo: install
 	$(BIN)/gpu-dra demo
