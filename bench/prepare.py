@@ -103,9 +103,10 @@ def measure(seed: int, claims: int = CLAIMS) -> dict[str, Any]:
         unprepare_ms: list[float] = []
         started = time.perf_counter()
         for op, index in plan.steps:
+            call, times = (plugin.prepare, prepare_ms) if op == "prepare" else (plugin.unprepare, unprepare_ms)
             t = time.perf_counter()
-            (plugin.prepare if op == "prepare" else plugin.unprepare)([refs[index]])
-            (prepare_ms if op == "prepare" else unprepare_ms).append((time.perf_counter() - t) * 1000)
+            call([refs[index]])
+            times.append((time.perf_counter() - t) * 1000)
         total = time.perf_counter() - started
         p99 = percentile(prepare_ms, 99)
         return {

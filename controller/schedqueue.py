@@ -1,8 +1,9 @@
 """The embedded scheduler's queue: pending pods ordered by priority, bounded.
 
-Order: priority (`controller.priority.pod_priority`, highest first), then creation time, then namespace/name. At most `capacity` pods are held; a pod that ranks above the last one held takes its place (the
-one pushed out is still pending in the caches and comes back on the next pass), a pod that ranks below is left
-for the next pass.
+Order: priority (`controller.priority.pod_priority`, highest first), then creation time, then namespace/name.
+At most `capacity` pods are held; a pod that ranks above the last one held takes its place (the one pushed out
+is still pending in the caches and comes back on the next pass), a pod that ranks below is left for the next
+pass.
 """
 
 from __future__ import annotations
