@@ -378,6 +378,7 @@ class Store:
         if drop:
             self._floor = self._history_rvs[drop - 1]
             self._history_bytes -= sum(self._history_sizes[:drop])
+            column: list[Any]
             for column in (self._history, self._history_rvs, self._history_sizes, self._history_times):
                 del column[:drop]
 

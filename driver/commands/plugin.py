@@ -27,7 +27,9 @@ DEFAULT_CDI_DIR = "/var/run/cdi"
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", required=True, help="this node's name (the pool name)")
-    parser.add_argument("--nvml", required=True, help="real, sim:PROFILE or sim:/path/profile.yaml")
+    parser.add_argument("--nvml", required=True,
+                        help="real, sim:PROFILE, sim:/path/profile.yaml or sim:node-label (the profile this node's "
+                             "gpu-dra.simulated-profile label names)")
     cliopts.add_kubeconfig(parser)
     parser.add_argument("--kubelet-dir", help=f"kubelet root dir (default {DEFAULT_KUBELET_DIR}; with a simulator, "
                                               "<private state dir>/kubelet)")
@@ -44,9 +46,24 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="where that driver install is on the host (default /; e.g. /run/nvidia/driver for a driver container)",
     )
     parser.add_argument(
+        "--proc-root", default="/proc",
+        help="with --nvml real: the procfs the driver's device numbers are read from (/proc/devices, "
+             "/proc/driver/nvidia/capabilities; default /proc)",
+    )
+    parser.add_argument(
+        "--cdi-hook-path",
+        help="an nvidia-cdi-hook (NVIDIA Container Toolkit 1.18 or later) on the host: claim specs then also carry "
+             "its enable-cuda-compat and disable-device-node-modification hooks (default: none, specs carry files only)",
+    )
+    parser.add_argument(
         "--mps-daemon-image",
         help="with --nvml real: run each claim's MPS control daemon as a pod of this image on this node (privileged, "
         "hostPID, driver root mounted), so that daemons outlive agent restarts; without it they run in this process",
+    )
+    parser.add_argument(
+        "--mps-image-pull-secrets", default="",
+        help="comma-separated image pull secrets (in --namespace) the MPS daemon pods use for --mps-daemon-image; "
+             "pass the agent pod's own when its image is in a private registry",
     )
     parser.add_argument(
         "--namespace", default=os.environ.get("POD_NAMESPACE", "gpu-dra-system"),
@@ -70,12 +87,58 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "DRADeviceBindingConditions, on from Kubernetes 1.36: use --no-binding-conditions on "
                              "1.34/1.35 clusters without it)")
     parser.add_argument("--reserved-gpus", default="", help="comma-separated GPU UUIDs kept for the device plugin (not published)")
+    parser.add_argument("--rediscover-seconds", type=float, default=60.0,
+                        help="walk the GPUs again this often (and on health events): a MIG layout changed outside the "
+                             "agent is republished, a driver change makes the agent exit so its DaemonSet restarts it "
+                             "(default 60; 0: never)")
     parser.add_argument("--metrics-port", type=cliopts.port, help="serve Prometheus metrics on this port")
     parser.add_argument(
         "--node-labels", action="store_true",
         help="set GPU Feature Discovery's labels (nvidia.com/gpu.product, gpu.count, gpu.memory, ...) on this node",
     )
     cliopts.add_log_level(parser)
+
+
+SIM_FROM_NODE_LABEL = "sim:node-label"
+PROFILE_LABEL = "gpu-dra.simulated-profile"
+
+
+def resolve_nvml_spec(spec: str, api: Any, node: str) -> str:
+    """`sim:node-label` -> `sim:<the profile the node's gpu-dra.simulated-profile label names>` (kind workers
+    each simulate their own GPUs from one DaemonSet); any other spec as given. Raises ValueError naming the node,
+    the label and what is accepted."""
+    if spec != SIM_FROM_NODE_LABEL:
+        return spec
+    from driver.nvml import shipped_profiles
+    from gpudra.kubeapi import ApiError, NotFound
+
+    try:
+        obj = api.get("Node", node)
+    except NotFound as exc:
+        raise ValueError(f"--nvml {spec}: Node {node} does not exist, so its {PROFILE_LABEL} label cannot be read") from exc
+    except ApiError as exc:
+        raise ValueError(f"--nvml {spec}: reading Node {node} failed: {exc}") from exc
+    profile = ((obj.get("metadata") or {}).get("labels") or {}).get(PROFILE_LABEL, "")
+    if not profile:
+        raise ValueError(f"--nvml {spec}: Node {node} has no {PROFILE_LABEL} label; set it to one of "
+                         f"{', '.join(shipped_profiles())} (e.g. kubectl label node {node} {PROFILE_LABEL}=dgx-a100)")
+    return f"sim:{profile}"
+
+
+def _connect(kubeconfig: str | None) -> Any:
+    """The API client, or None after saying on stderr why there is none."""
+    from gpudra.kubeapi import KubeApi
+
+    source: str | None = None
+    try:
+        source = cliopts.kubeconfig_source(kubeconfig)
+        return KubeApi.connect(kubeconfig=source)
+    except cliopts.NoApiConfig as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except Exception as exc:
+        where = source or "the in-cluster config"
+        print(f"error: --kubeconfig: cannot connect with {where}: {exc}", file=sys.stderr)
+    return None
 
 
 def _driver_root(args: argparse.Namespace) -> Path | None:
@@ -128,6 +191,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.host_driver_root.startswith("/"):
         print(f"error: --host-driver-root: {args.host_driver_root!r}: expected an absolute path on the host", file=sys.stderr)
         return 2
+    if args.cdi_hook_path is not None and not args.cdi_hook_path.startswith("/"):
+        print(f"error: --cdi-hook-path: {args.cdi_hook_path!r}: expected an absolute path on the host", file=sys.stderr)
+        return 2
     if args.shared_capacity and args.partitionable:
         print("error: --shared-capacity and --partitionable exclude each other: a GPU shared by capacity cannot also "
               "be split into MIG placements", file=sys.stderr)
@@ -144,34 +210,45 @@ def run(args: argparse.Namespace) -> int:
     from driver.nvmlapi import BackendConfigError, NvmlUnavailable
     from driver.plugin.agent import AgentSettings, NodeAgent, crash_hook_from_env, kubeapi_claim_getter
     from driver.publisher import SlicePublisher
-    from gpudra.kubeapi import KubeApi
-
+    api: Any = None
+    if args.nvml == SIM_FROM_NODE_LABEL:  # the profile is on this node's Node: the API first
+        api = _connect(args.kubeconfig)
+        if api is None:
+            return 2
+        try:
+            args.nvml = resolve_nvml_spec(args.nvml, api, args.node)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            api.close()
+            return 2
     try:
         nvml = load_backend(args.nvml, node=args.node, driver_root=_driver_root(args))
     except (NvmlUnavailable, BackendConfigError) as exc:
         print(f"error: --nvml {args.nvml}: {exc}", file=sys.stderr)
         return 2
     inventory = discover(nvml, args.node)
+    root = _driver_root(args)
+    if isinstance(nvml, RealNvml) and root is not None:
+        from driver.driverroot import DriverRoot
+        from driver.gputools import ensure_uvm_loaded
+
+        log.info("event=nvidia-uvm node=%s msg=%s", args.node,
+                 logfmt.quote(ensure_uvm_loaded(DriverRoot(root), Path(args.proc_root))))
     unknown = sorted(reserved - {g.uuid for g in inventory.gpus})
     if unknown:
         print(f"error: --reserved-gpus: {', '.join(unknown)}: not a GPU of this node", file=sys.stderr)
         return 2
-    try:
-        source = cliopts.kubeconfig_source(args.kubeconfig)
-        api = KubeApi.connect(kubeconfig=source)
-    except cliopts.NoApiConfig as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        where = source or "the in-cluster config"
-        print(f"error: --kubeconfig: cannot connect with {where}: {exc}", file=sys.stderr)
-        return 2
+    if api is None:
+        api = _connect(args.kubeconfig)
+        if api is None:
+            return 2
     if args.mps_daemon_image and isinstance(nvml, RealNvml):
         from driver.mpsdaemon import MpsDaemonPods, MpsPodSettings
 
         nvml.run_mps_daemons_as_pods(MpsDaemonPods(api, MpsPodSettings(
             namespace=args.namespace, node_name=args.node, image=args.mps_daemon_image,
             host_driver_root=args.host_driver_root,
+            image_pull_secrets=tuple(s.strip() for s in args.mps_image_pull_secrets.split(",") if s.strip()),
         ), nvml.tools))
     kubelet_dir, cdi_dir, notice = node_dirs(args)
     if notice:
@@ -181,8 +258,9 @@ def run(args: argparse.Namespace) -> int:
         partitionable=args.partitionable, shared_capacity=args.shared_capacity, reserved_uuids=reserved,
         metrics_port=args.metrics_port,
         driver_root=_driver_root(args), host_driver_root=args.host_driver_root,
-        proc_root=Path("/proc") if args.nvml == "real" else None,
+        proc_root=Path(args.proc_root) if args.nvml == "real" else None, cdi_hook_path=args.cdi_hook_path,
         binding_conditions=args.binding_conditions,
+        rediscover_interval_s=args.rediscover_seconds if args.rediscover_seconds > 0 else None,
     )
     agent = NodeAgent(
         settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api),
@@ -199,6 +277,7 @@ def run(args: argparse.Namespace) -> int:
     shim: Any = None
     agent.start()
     labels_pending = bool(args.node_labels)
+    exit_code = 0
     try:
         if args.device_plugin:
             from driver.deviceplugin import start_device_plugin
@@ -211,10 +290,13 @@ def run(args: argparse.Namespace) -> int:
                 labels_pending = not _label_node(api, args.node, inventory)
             if stop.wait(1.0):
                 break
+            if agent.exit_requested.is_set():
+                exit_code = 3  # the driver changed under the agent: the DaemonSet restarts it on the new one
+                break
             tick += 1
     finally:
         if shim is not None:
             shim.stop()
         agent.stop()
         api.close()
-    return 0
+    return exit_code
