@@ -195,3 +195,41 @@ def test_legacy_pod_gets_its_device_plugin_gpu_and_frees_it_when_done(apiserver:
             shim.stop()
             dm.stop()
             checkpoint.close()
+
+
+def test_crashing_container_goes_into_crash_loop_back_off_and_the_pod_is_not_ready(cluster: Cluster) -> None:
+    cluster.pod("crash", "echo crashing; exit 1", restart="Always")
+
+    def waiting() -> dict[str, Any] | None:
+        pod = cluster.api.get("Pod", "crash", namespace="default")
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        if statuses and "waiting" in statuses[0]["state"]:
+            return pod
+        return None
+
+    # The first exit restarts at once (restartCount 1); the second waits out a 10 s back-off.
+    pod = wait_for("CrashLoopBackOff", waiting)
+    (status,) = pod["status"]["containerStatuses"]
+    uid = pod["metadata"]["uid"]
+    assert status["state"]["waiting"] == {
+        "reason": "CrashLoopBackOff",
+        "message": f"back-off 10s restarting failed container=main pod=crash_default({uid})"}
+    assert status["ready"] is False and status["restartCount"] == 1
+    assert status["lastState"]["terminated"]["exitCode"] == 1
+    assert pod["status"]["phase"] == "Running"
+    conditions = {c["type"]: c for c in pod["status"]["conditions"]}
+    assert conditions["Ready"]["status"] == "False" and conditions["ContainersReady"]["status"] == "False"
+    assert conditions["Ready"]["message"] == "containers with unready status: [main]"
+    row = cluster.kubectl("get", "pod", "crash", "--no-headers").stdout.split()
+    assert row[1:3] == ["0/1", "CrashLoopBackOff"], row
+    events = [e for e in cluster.api.list("Event", namespace="default")[0]
+              if e["involvedObject"].get("uid") == uid and e["reason"] == "BackOff"]
+    assert len(events) == 1 and events[0]["type"] == "Warning"
+    assert events[0]["message"] == f"Back-off restarting failed container main in pod crash_default({uid})"
+    assert events[0]["involvedObject"]["fieldPath"] == "spec.containers{main}"
+    assert events[0]["source"] == {"component": "kubelet", "host": NODE}
+    # Not restarted during the back-off; restarted once it is over (restartCount 2), then 20 s.
+    time.sleep(3)
+    assert cluster.api.get("Pod", "crash", namespace="default")["status"]["containerStatuses"][0]["restartCount"] == 1
+    wait_for("the 20 s back-off", lambda: "back-off 20s" in str(waiting() or ""))
+    assert waiting()["status"]["containerStatuses"][0]["restartCount"] == 2  # type: ignore[index]

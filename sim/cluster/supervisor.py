@@ -21,6 +21,7 @@ from typing import Any
 
 from gpudra import DEFAULT_DRIVER_NAME, logfmt
 from gpudra.kubeapi import KubeApi
+from gpudra.privatedir import ensure_private_dir
 from sim.cluster import nodes
 from sim.cluster.workloads import WorkloadController
 from sim.cluster.spec import ClusterPaths, ClusterSpec, ProcessInfo, SupervisorStatus, read_json, write_json
@@ -89,9 +90,11 @@ class Supervisor:
         """The node's directories as its processes see them: through the short link (see ClusterPaths.node_link)."""
         real = self.paths.node(node)
         real.mkdir(parents=True, exist_ok=True)
-        link = self.paths.node_link(Path(self.spec.links), node)
+        links = Path(self.spec.links)
+        ensure_private_dir(links.parent)  # checked by `cluster up` too; a directory swapped in since is refused
+        ensure_private_dir(links)
+        link = self.paths.node_link(links, node)
         if not (link.is_symlink() and link.resolve() == real.resolve()):
-            link.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             if link.is_symlink() or link.exists():
                 link.unlink()
             link.symlink_to(real)

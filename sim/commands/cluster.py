@@ -126,6 +126,7 @@ def _print(obj: Any, output: str, table: str) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
+    from gpudra.privatedir import PrivateDirError, ensure_private_dir
     from sim.cluster import kubeconfig
     from sim.cluster.spec import (ClusterSpec, SpecError, SupervisorStatus, cluster_paths, default_nodes, links_home,
                                   parse_nodes, read_json, write_json)
@@ -158,6 +159,12 @@ def _up(args: argparse.Namespace) -> int:
     if existing is not None:
         _progress(f"cluster {args.name}: its supervisor is not running (stopped or killed); removing its old state")
         _remove_state(existing[0], existing[1])
+    try:
+        ensure_private_dir(links.parent)
+        ensure_private_dir(links)
+    except PrivateDirError as exc:
+        _err(f"cluster {args.name}: node link directory: {exc}; or set XDG_RUNTIME_DIR to a directory of your own")
+        return 1
     paths.root.mkdir(parents=True, exist_ok=True)
     write_json(paths.spec, spec.to_json())
     paths.logs.mkdir(parents=True, exist_ok=True)

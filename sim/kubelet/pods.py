@@ -31,13 +31,15 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
+from sim.kubelet.backoff import RestartBackoff, duration_text
 from sim.kubelet.devicemanager import DeviceManagerError, DeviceManagerSim
+from sim.kubelet.events import KubeletEvents, format_pod
 from sim.kubelet.heartbeat import heartbeat_loop
 from sim.kubelet.dra import ClaimInfo, KubeletError, KubeletSim, Pod, PreparedDevice
 from sim.kubelet.podhealth import PodHealthReporter, RunningPod
@@ -51,10 +53,10 @@ RETRY_SECONDS = 0.2
 WATCH_BACKOFF_MAX_SECONDS = 5.0
 # A container the runtime refused is retried after 1 s, doubling up to this (the kubelet's back-off is 10 s to 5 min).
 MAX_START_BACKOFF_SECONDS = 10.0
-# An exited container is restarted after 0.5 s, doubling per restart up to 10 s (the kubelet's CrashLoopBackOff
-# is 10 s doubling to 5 min; shorter here so that tests and the demo see restarts).
-FIRST_RESTART_DELAY_SECONDS = 0.5
-MAX_RESTART_DELAY_SECONDS = 10.0
+# A pod's claims that could not be unprepared (the node agent down or restarting) are retried after 0.5 s,
+# doubling up to 8 s, until the call succeeds, as the kubelet's pod workers keep retrying a terminated pod's cleanup.
+FIRST_UNPREPARE_RETRY_SECONDS = 0.5
+MAX_UNPREPARE_RETRY_SECONDS = 8.0
 
 
 class ContainerRuntime(Protocol):
@@ -102,6 +104,9 @@ class ContainerRun:
     exit_code: int | None = None
     finished_at: str = ""
     seen: Seen | None = None  # what it saw of its GPUs, once its probe ran
+    finished_mono: float = 0.0  # monotonic time it was noticed exited (the back-off counts from it)
+    waiting_message: str = ""  # set while a restart waits out its back-off (CrashLoopBackOff)
+    last_state: Mapping[str, Any] | None = None  # the previous run's `terminated` state (lastState)
 
 
 @dataclass
@@ -119,7 +124,8 @@ class PodRecord:
     containers: list[ContainerRun] = field(default_factory=list)  # the latest run of each container
     start_failures: int = 0
     next_start: float = 0.0  # monotonic time before which a refused container is not retried
-    restart_due: dict[str, float] = field(default_factory=dict)  # container -> when its back-off ends
+    unprepare_failures: int = 0
+    unprepare_at: float = 0.0  # monotonic time of the next unprepare attempt, once one failed
 
 
 def _container_gpu_limit(container: Mapping[str, Any]) -> int:
@@ -251,8 +257,44 @@ def pod_phase(restart_policy: str, runs: list[ContainerRun]) -> str | None:
     return "Succeeded" if all(r.exit_code == 0 for r in runs) else "Failed"
 
 
-def restart_delay(restart_count: int) -> float:
-    return min(MAX_RESTART_DELAY_SECONDS, FIRST_RESTART_DELAY_SECONDS * 2.0 ** restart_count)
+def terminated_state(run: ContainerRun) -> dict[str, Any]:
+    return {"exitCode": run.exit_code, "reason": "Completed" if run.exit_code == 0 else "Error",
+            "startedAt": run.started_at, "finishedAt": run.finished_at, "containerID": f"podman://{run.runtime_name}"}
+
+
+def container_status(run: ContainerRun) -> dict[str, Any]:
+    """A container's status as the kubelet reports it: running (Ready, with no readiness probe), waiting out its
+    restart back-off (CrashLoopBackOff, its last run in lastState) or terminated."""
+    if run.running:
+        state: dict[str, Any] = {"running": {"startedAt": run.started_at}}
+    elif run.waiting_message:
+        state = {"waiting": {"reason": "CrashLoopBackOff", "message": run.waiting_message}}
+    else:
+        state = {"terminated": terminated_state(run)}
+    out: dict[str, Any] = {"name": run.container, "ready": run.running, "restartCount": run.restart_count,
+                           "image": "", "imageID": "", "started": run.running,
+                           "containerID": f"podman://{run.runtime_name}", "state": state}
+    if run.waiting_message:
+        out["lastState"] = {"terminated": terminated_state(run)}
+    elif run.last_state is not None:
+        out["lastState"] = {"terminated": dict(run.last_state)}
+    return out
+
+
+def pod_conditions(statuses: list[dict[str, Any]], now: str, *, terminated: bool = False) -> list[dict[str, Any]]:
+    """PodScheduled, Initialized, ContainersReady and Ready from the container statuses (status.go's
+    GenerateContainersReadyCondition): not ready while any container is not, naming them."""
+    unready = [str(s.get("name")) for s in statuses if not s.get("ready")]
+    out = [{"type": t, "status": "True", "lastTransitionTime": now} for t in ("PodScheduled", "Initialized")]
+    for kind in ("ContainersReady", "Ready"):
+        cond: dict[str, Any] = {"type": kind, "status": "True" if not unready else "False", "lastTransitionTime": now}
+        if terminated:
+            cond["reason"] = "PodCompleted"
+        elif unready:
+            cond["reason"] = "ContainersNotReady"
+            cond["message"] = f"containers with unready status: [{' '.join(unready)}]"
+        out.append(cond)
+    return out
 
 
 def will_restart(restart_policy: str, run: ContainerRun) -> bool:
@@ -279,6 +321,8 @@ class NodeKubelet:
         kubernetes_version: str = "1.37",
         runtime: ContainerRuntime | None = None,
         pod_logs_dir: Path | None = None,
+        restart_backoff: RestartBackoff | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
         self.runtime = runtime
@@ -286,6 +330,9 @@ class NodeKubelet:
         self.node_name = node_name
         self.driver_name = driver_name
         self.sim = KubeletSim(kubelet_dir, kubernetes_version=kubernetes_version)
+        self.events = KubeletEvents(api, node_name)
+        self.backoff = restart_backoff if restart_backoff is not None else RestartBackoff()
+        self._clock = clock
         self.health = PodHealthReporter(api, self.sim, driver_name, self._running_pods)
         self.device_manager = device_manager
         self.records: dict[str, PodRecord] = {}  # pod uid -> record
@@ -296,6 +343,7 @@ class NodeKubelet:
         self._pods: dict[str, dict[str, Any]] = {}  # uid -> latest pod object seen
         self._sim_pods: dict[str, Pod] = {}  # uid -> KubeletSim's view (which claims are prepared)
         self._active: dict[str, dict[str, Any]] = {}  # uid -> pod whose containers the runtime runs
+        self._unprepare_pending: set[str] = set()  # uids whose claims an unprepare call failed for
 
     # ---- lifecycle --------------------------------------------------------------------------------------
 
@@ -339,8 +387,7 @@ class NodeKubelet:
 
     def snapshot(self) -> dict[str, PodRecord]:
         with self._lock:
-            return {uid: PodRecord(r.namespace, r.name, r.uid, r.phase, list(r.claims), list(r.legacy), r.last_error,
-                                   r.unprepared, list(r.containers))
+            return {uid: replace(r, claims=list(r.claims), legacy=list(r.legacy), containers=list(r.containers))
                     for uid, r in self.records.items()}
 
     def _running_pods(self) -> list[RunningPod]:
@@ -405,6 +452,12 @@ class NodeKubelet:
                 self._sync(self._pods[uid])
             for uid in list(self._active):
                 self._check_containers(uid)
+            now = self._clock()
+            for uid in list(self._unprepare_pending):
+                with self._lock:
+                    record = self.records.get(uid)
+                if record is None or now >= record.unprepare_at:
+                    self._teardown(uid)
             return
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         if not uid:
@@ -414,6 +467,8 @@ class NodeKubelet:
             self._active.pop(uid, None)
             self._remove_containers(uid)
             self._teardown(uid)
+            self.backoff.forget(f"{uid}/")
+            self.events.forget(uid)
             return
         self._pods[uid] = pod
         self._sync(pod)
@@ -487,6 +542,9 @@ class NodeKubelet:
         except (KubeletError, ApiError, _NotReady) as exc:
             if str(exc) != record.last_error:
                 log.info("event=pod-waiting node=%s pod=%s/%s reason=%r", self.node_name, record.namespace, record.name, str(exc))
+                if isinstance(exc, _PrepareFailed):
+                    self.events.pod({"namespace": record.namespace, "name": record.name, "uid": uid},
+                                    "FailedPrepareDynamicResources", f"Failed to prepare dynamic resources: {exc}")
             record.last_error = str(exc)
             return
         record.last_error = ""
@@ -502,9 +560,7 @@ class NodeKubelet:
             ]
         self.api.patch("Pod", record.name, {"status": {
             "phase": "Running", "hostIP": "127.0.0.1", "startTime": started,
-            "conditions": [{"type": t, "status": "True", "lastTransitionTime": started}
-                           for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
-            "containerStatuses": statuses,
+            "conditions": pod_conditions(statuses, started), "containerStatuses": statuses,
         }}, namespace=record.namespace, subresource="status")
         self._pods.pop(uid, None)
         if self.runtime is not None:
@@ -526,6 +582,7 @@ class NodeKubelet:
             if previous is not None and (only is None or cname not in only):
                 continue
             restart = previous.restart_count + 1 if previous is not None else 0
+            last_state = terminated_state(previous) if previous is not None and not previous.running else None
             env = container_env(container, record.legacy)
             request = ContainerRequest(
                 runtime_container_name(record.namespace, record.name, record.uid, cname, restart),
@@ -546,7 +603,8 @@ class NodeKubelet:
                 except RuntimeError_ as exc:
                     log.warning("event=container-remove-failed node=%s container=%s error=%r",
                                 self.node_name, previous.runtime_name, str(exc))
-            run = ContainerRun(cname, request.name, restart, request.cdi_devices, status.started_at)
+            run = ContainerRun(cname, request.name, restart, request.cdi_devices, status.started_at,
+                               last_state=last_state)
             with self._lock:
                 record.containers = [c for c in record.containers if c.container != cname] + [run]
             log.info("event=container-started node=%s pod=%s/%s container=%s restart=%d devices=%s", self.node_name,
@@ -559,20 +617,12 @@ class NodeKubelet:
         return self.pod_logs_dir / f"{record.namespace}_{record.name}_{record.uid}" / container / f"{restart}.log"
 
     def _container_statuses(self, record: PodRecord) -> list[dict[str, Any]]:
-        out = []
-        for c in record.containers:
-            if c.running:
-                state: dict[str, Any] = {"running": {"startedAt": c.started_at}}
-            else:
-                state = {"terminated": {"exitCode": c.exit_code, "reason": "Completed" if c.exit_code == 0 else "Error",
-                                        "startedAt": c.started_at, "finishedAt": c.finished_at,
-                                        "containerID": f"podman://{c.runtime_name}"}}
-            out.append({"name": c.container, "ready": c.running, "restartCount": c.restart_count, "image": "",
-                        "imageID": "", "started": c.running, "containerID": f"podman://{c.runtime_name}", "state": state})
-        return out
+        with self._lock:
+            return [container_status(c) for c in record.containers]
 
     def _check_containers(self, uid: str) -> None:
-        """Notice exited containers: restart them per restartPolicy, or end the pod Succeeded/Failed."""
+        """Notice exited containers: restart them per restartPolicy once their back-off allows (CrashLoopBackOff
+        until then, with a BackOff event), or end the pod Succeeded/Failed."""
         assert self.runtime is not None
         pod = self._active.get(uid)
         with self._lock:
@@ -588,29 +638,37 @@ class NodeKubelet:
                     log.warning("event=container-status-failed node=%s container=%s error=%r",
                                 self.node_name, c.runtime_name, status.error)
                 if not status.running and status.exit_code is not None:
-                    c = ContainerRun(c.container, c.runtime_name, c.restart_count, c.cdi_devices, c.started_at,
-                                     False, status.exit_code, status.finished_at, self.runtime.seen(c.runtime_name))
+                    c = replace(c, running=False, exit_code=status.exit_code, finished_at=status.finished_at,
+                                seen=self.runtime.seen(c.runtime_name), finished_mono=self._clock())
                     changed = True
                     log.info("event=container-exited node=%s pod=%s/%s container=%s exit_code=%d", self.node_name,
                              record.namespace, record.name, c.container, status.exit_code)
                 elif c.seen is None:
                     seen = self.runtime.seen(c.runtime_name)
                     if seen is not None:
-                        c = ContainerRun(c.container, c.runtime_name, c.restart_count, c.cdi_devices, c.started_at,
-                                         seen=seen)
+                        c = replace(c, seen=seen)
             runs.append(c)
+        policy = str((pod.get("spec") or {}).get("restartPolicy") or "Always")
+        now = self._clock()
+        restart = set()
+        for i, c in enumerate(runs):
+            if not will_restart(policy, c):
+                continue
+            key = f"{uid}/{c.container}"
+            if self.backoff.in_backoff_since(key, c.finished_mono, now):
+                if not c.waiting_message:
+                    message = (f"back-off {duration_text(self.backoff.get(key))} restarting failed container="
+                               f"{c.container} pod={format_pod(record.namespace, record.name, uid)}")
+                    runs[i] = replace(c, waiting_message=message)
+                    changed = True
+                    self.events.pod({"namespace": record.namespace, "name": record.name, "uid": uid}, "BackOff",
+                                    f"Back-off restarting failed container {c.container} in pod "
+                                    f"{format_pod(record.namespace, record.name, uid)}", container=c.container)
+                continue
+            self.backoff.next(key, c.finished_mono, now)
+            restart.add(c.container)
         with self._lock:
             record.containers = runs
-        policy = str((pod.get("spec") or {}).get("restartPolicy") or "Always")
-        now = time.monotonic()
-        restart = set()
-        for c in runs:
-            if will_restart(policy, c):
-                due = record.restart_due.setdefault(c.container, now + restart_delay(c.restart_count))
-                if now >= due:
-                    restart.add(c.container)
-        for name in restart:
-            record.restart_due.pop(name, None)
         if restart:
             try:
                 self._start_containers(pod, record, only=restart)
@@ -621,8 +679,10 @@ class NodeKubelet:
             return
         phase = pod_phase(policy, record.containers)
         if phase is None:
-            self.api.patch("Pod", record.name, {"status": {"containerStatuses": self._container_statuses(record)}},
-                           namespace=record.namespace, subresource="status")
+            statuses = self._container_statuses(record)
+            self.api.patch("Pod", record.name, {"status": {
+                "conditions": pod_conditions(statuses, _now()), "containerStatuses": statuses,
+            }}, namespace=record.namespace, subresource="status")
             return
         self._active.pop(uid, None)
         self._teardown(uid)  # the kubelet unprepares a terminated pod's claims; its containers stay for logs
@@ -631,11 +691,7 @@ class NodeKubelet:
     def _post_terminated(self, record: PodRecord, phase: str, statuses: list[dict[str, Any]]) -> None:
         finished = _now()
         self.api.patch("Pod", record.name, {"status": {
-            "phase": phase,
-            "conditions": [{"type": t, "status": s, **({"reason": "PodCompleted"} if s == "False" else {}),
-                            "lastTransitionTime": finished}
-                           for t, s in (("PodScheduled", "True"), ("Initialized", "True"), ("ContainersReady", "False"),
-                                        ("Ready", "False"))],
+            "phase": phase, "conditions": pod_conditions(statuses, finished, terminated=True),
             "containerStatuses": statuses,
         }}, namespace=record.namespace, subresource="status")
         with self._lock:
@@ -680,8 +736,11 @@ class NodeKubelet:
             if sim_pod is None:
                 sim_pod = Pod(record.name, infos)
                 self._sim_pods[uid] = sim_pod
-            self.sim.sync()  # a re-registered plugin (restart) is picked up before the call, as inotify would
-            self.sim.prepare_pod(self.driver_name, sim_pod)
+            try:
+                self.sim.sync()  # a re-registered plugin (restart) is picked up before the call, as inotify would
+                self.sim.prepare_pod(self.driver_name, sim_pod)
+            except KubeletError as exc:
+                raise _PrepareFailed(str(exc)) from exc
             with self._lock:
                 record.claims = [PreparedClaim(c, tuple(sim_pod.prepared[c.uid])) for c in infos]
         if not record.legacy:
@@ -703,18 +762,33 @@ class NodeKubelet:
                 record.legacy = grants
 
     def _teardown(self, uid: str) -> None:
+        """Unprepare the pod's claims; a failure (the agent down or restarting) is retried with a back-off by the
+        resync until it succeeds, as the kubelet never gives up a terminated pod's cleanup."""
         sim_pod = self._sim_pods.get(uid)
-        if sim_pod is not None and sim_pod.prepared:
-            try:
-                self.sim.unprepare_pod(self.driver_name, sim_pod)
-            except KubeletError as exc:
-                log.warning("event=unprepare-failed node=%s pod=%s error=%r", self.node_name, sim_pod.name, str(exc))
-                return
-        self._sim_pods.pop(uid, None)
         with self._lock:
             record = self.records.get(uid)
+        if sim_pod is not None and sim_pod.prepared:
+            try:
+                self.sim.sync()  # a restarted agent's new socket, as the plugin watcher's inotify would see it
+                self.sim.unprepare_pod(self.driver_name, sim_pod)
+            except KubeletError as exc:
+                assert record is not None  # a pod's record is made before its claims are prepared
+                record.unprepare_failures += 1
+                wait = min(MAX_UNPREPARE_RETRY_SECONDS, FIRST_UNPREPARE_RETRY_SECONDS * 2 ** (record.unprepare_failures - 1))
+                record.unprepare_at = self._clock() + wait
+                self._unprepare_pending.add(uid)
+                log.warning("event=unprepare-failed node=%s pod=%s failures=%d retry_in=%.1fs error=%r", self.node_name,
+                            sim_pod.name, record.unprepare_failures, wait, str(exc))
+                return
+            if record is not None and record.unprepare_failures:
+                log.info("event=unprepare-retried node=%s pod=%s failures=%d", self.node_name, sim_pod.name,
+                         record.unprepare_failures)
+        self._unprepare_pending.discard(uid)
+        self._sim_pods.pop(uid, None)
+        with self._lock:
             if record is not None:
                 record.unprepared = True
+                record.unprepare_failures = 0
         if record is not None and record.legacy and self.device_manager is not None:
             self.device_manager.remove_pod(uid)  # a terminated pod's device plugin devices are free again
 
@@ -738,3 +812,7 @@ class NodeKubelet:
 class _NotReady(Exception):
     """The pod cannot be admitted yet; retried on the next event or tick."""
 
+
+
+class _PrepareFailed(KubeletError):
+    """NodePrepareResources failed (FailedPrepareDynamicResources); retried like any admission failure."""

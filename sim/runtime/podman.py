@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import threading
 from collections.abc import Mapping, Sequence
@@ -329,15 +330,14 @@ class PodmanRuntime:
         return "".join(line.text for line in parse_cri_log(raw))
 
     def seen(self, name: str) -> Seen | None:
+        """What the probe recorded. The directory is the container's to write (bind-mounted at SEEN_DIR), so its
+        entries are read as untrusted: only regular files, never through a symlink, never blocking, bounded."""
         d = self.state_dir / "seen" / name
-        if not (d / "done").exists():
+        if read_untrusted(d / "done") is None:
             return None
 
         def read(f: str) -> str | None:
-            try:
-                return (d / f).read_text()
-            except FileNotFoundError:
-                return None
+            return read_untrusted(d / f)
 
         rc = (read("nvidia-smi.rc") or "").strip()
         visible = read("visible")
@@ -347,6 +347,35 @@ class PodmanRuntime:
             visible_devices=visible.rstrip("\n") if visible is not None else None,
             device_nodes=tuple((read("devices") or "").split()),
         )
+
+
+# The probe's files are a few lines; more than this is not what the probe wrote.
+MAX_SEEN_FILE_BYTES = 64 * 1024
+
+
+def read_untrusted(path: Path, limit: int = MAX_SEEN_FILE_BYTES) -> str | None:
+    """A file a container could have written, or None when it is missing, not a regular file (a FIFO, device or
+    directory), a symlink (O_NOFOLLOW), or unreadable; at most `limit` bytes of it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks: list[bytes] = []
+        left = limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 65536))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _read_pid(path: Path) -> int | None:
