@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from gpudra import strictjson
 from controlplane import resources as res
-from controlplane import httphead
+from controlplane import httphead, scale
 from gpudra.validation import schema
 from controlplane import status as st
 from controlplane.podpriority import admit_pod_priority
@@ -524,6 +524,11 @@ class ApiHandler(BaseHTTPRequestHandler):
             if method != "GET":
                 raise st.method_not_allowed(f"{method} is not supported on pods/log; supported: GET")
             self._pod_log(r, query)
+            return
+        if r.subresource == "scale":  # controlplane.scale: Deployments, ReplicaSets, StatefulSets
+            body = None if method == "GET" else self._body()
+            self._send_json(200, scale.serve(store, r.rt, r.namespace, r.name or "", method, body,
+                                             self.headers.get("Content-Type")))
             return
         if r.subresource == "binding":
             if method != "POST":

@@ -184,9 +184,12 @@ DEFAULT_REGISTRY = Registry(
         ResourceType("resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", False, has_status=True,
                      served=served_versions("DeviceTaintRule")),
         # Workload controllers, stored as they are; `gpu-dra cluster` runs the controllers that make their pods.
-        ResourceType("apps", "v1", "deployments", "Deployment", True, ("deploy",), has_status=True, categories=("all",)),
-        ResourceType("apps", "v1", "replicasets", "ReplicaSet", True, ("rs",), has_status=True, categories=("all",)),
-        ResourceType("apps", "v1", "statefulsets", "StatefulSet", True, ("sts",), has_status=True, categories=("all",)),
+        ResourceType("apps", "v1", "deployments", "Deployment", True, ("deploy",), has_status=True, categories=("all",),
+                     extra_subresources=("scale",)),
+        ResourceType("apps", "v1", "replicasets", "ReplicaSet", True, ("rs",), has_status=True, categories=("all",),
+                     extra_subresources=("scale",)),
+        ResourceType("apps", "v1", "statefulsets", "StatefulSet", True, ("sts",), has_status=True, categories=("all",),
+                     extra_subresources=("scale",)),
         ResourceType("batch", "v1", "jobs", "Job", True, has_status=True, categories=("all",)),
         ResourceType("batch", "v1", "cronjobs", "CronJob", True, ("cj",), has_status=True, categories=("all",)),
     )
@@ -225,6 +228,11 @@ def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:
         entries.append({"name": f"{rt.plural}/status", "singularName": "", "namespaced": rt.namespaced,
                         "kind": rt.kind, "verbs": ["get", "patch", "update"]})
     for sub in rt.extra_subresources:
+        if sub == "scale":  # served in autoscaling/v1, as kube-apiserver lists it
+            entries.append({"name": f"{rt.plural}/scale", "singularName": "", "namespaced": rt.namespaced,
+                            "group": "autoscaling", "version": "v1", "kind": "Scale",
+                            "verbs": ["get", "patch", "update"]})
+            continue
         entries.append({"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
                         "kind": "Binding" if sub == "binding" else rt.kind,
                         "verbs": ["get"] if sub == "log" else ["create"]})

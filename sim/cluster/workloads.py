@@ -14,19 +14,22 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.expand import (WORKLOAD_KINDS, ExpandError, cronjob_job, deployment_replicaset, job_pods,
-                               replicaset_pods, statefulset_pods)
+from controller.expand import (WORKLOAD_KINDS, ExpandError, cronjob_job, deployment_replicaset, replicaset_pods,
+                               statefulset_pods)
 from gpudra.kubeapi import AlreadyExists, ApiError, KubeApi
+from sim.cluster.jobs import plan_job
 
 log = logging.getLogger("gpu-dra.cluster.workloads")
 
-# What owns what: Deployments own ReplicaSets, CronJobs own Jobs; ReplicaSets, StatefulSets and Jobs own pods.
+# What owns what: Deployments own ReplicaSets, CronJobs own Jobs; ReplicaSets, StatefulSets and Jobs own pods
+# (Jobs through sim.cluster.jobs, which follows their pods' outcomes).
 PARENTS = {"Deployment": "ReplicaSet", "CronJob": "Job"}
-POD_OWNERS = ("ReplicaSet", "StatefulSet", "Job")
-POD_MAKERS = {"ReplicaSet": replicaset_pods, "StatefulSet": statefulset_pods, "Job": job_pods}
+POD_OWNERS = ("ReplicaSet", "StatefulSet")
+POD_MAKERS = {"ReplicaSet": replicaset_pods, "StatefulSet": statefulset_pods}
 CHILD_MAKERS = {"Deployment": deployment_replicaset, "CronJob": cronjob_job}
 
 
@@ -44,6 +47,7 @@ class Plan:
     create: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (kind, object)
     delete: list[tuple[str, tuple[str, str]]] = field(default_factory=list)  # (kind, (namespace, name))
     problems: list[str] = field(default_factory=list)
+    statuses: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (kind, ns, name) -> status
 
 
 def _reconcile_children(plan: Plan, child_kind: str, wanted: Mapping[tuple[str, str], dict[str, Any]],
@@ -59,9 +63,10 @@ def _reconcile_children(plan: Plan, child_kind: str, wanted: Mapping[tuple[str, 
             plan.delete.append((child_kind, k))
 
 
-def plan(objects: Mapping[str, list[dict[str, Any]]]) -> Plan:
-    """One pass of the controllers over `objects` (kind -> live objects, Pods included): pure."""
+def plan(objects: Mapping[str, list[dict[str, Any]]], now: datetime | None = None) -> Plan:
+    """One pass of the controllers over `objects` (kind -> live objects, Pods included): pure but for `now`."""
     out = Plan()
+    now = now or datetime.now(timezone.utc)
     for parent, child in PARENTS.items():
         wanted: dict[tuple[str, str], dict[str, Any]] = {}
         for obj in objects.get(parent, []):
@@ -81,6 +86,24 @@ def plan(objects: Mapping[str, list[dict[str, Any]]]) -> Plan:
             except ExpandError as exc:
                 out.problems.append(str(exc))
     _reconcile_children(out, "Pod", pods, objects.get("Pod", []), set(POD_OWNERS))
+    by_owner: dict[str, list[dict[str, Any]]] = {}
+    for pod in objects.get("Pod", []):
+        owner = _controller(pod)
+        if owner and owner.get("kind") == "Job":
+            by_owner.setdefault(str(owner.get("uid")), []).append(pod)
+    for job in objects.get("Job", []):
+        uid = str((job.get("metadata") or {}).get("uid") or "")
+        if not uid:
+            continue
+        try:
+            todo = plan_job(job, by_owner.get(uid, []), now)
+        except ExpandError as exc:
+            out.problems.append(str(exc))
+            continue
+        ns, name = _key(job)
+        out.create += [("Pod", p) for p in todo.create]
+        out.delete += [("Pod", (ns, p)) for p in todo.delete]
+        out.statuses[("Job", ns, name)] = todo.status
     return out
 
 
@@ -100,8 +123,6 @@ def workload_status(kind: str, obj: Mapping[str, Any], objects: Mapping[str, lis
     else:
         pods = owned(objects.get("Pod", []))
     running = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running")
-    if kind == "Job":
-        return {"active": len(pods)}
     status: dict[str, Any] = {"replicas": len(pods), "readyReplicas": running, "availableReplicas": running,
                               "observedGeneration": (obj.get("metadata") or {}).get("generation", 1)}
     if kind == "Deployment":
@@ -136,10 +157,10 @@ class WorkloadController:
                 log.info("event=deleted kind=%s object=%s/%s", kind, ns, name)
         for kind in WORKLOAD_KINDS:
             for obj in objects[kind]:
-                status = workload_status(kind, obj, objects)
+                ns, name = _key(obj)
+                status = todo.statuses.get((kind, ns, name)) or workload_status(kind, obj, objects)
                 current = obj.get("status") or {}
                 if any(current.get(k) != v for k, v in status.items()):
-                    ns, name = _key(obj)
                     self.api.patch(kind, name, {"status": status}, namespace=ns, subresource="status")
 
     def _run(self) -> None:
