@@ -168,6 +168,9 @@ DEFAULT_REGISTRY = Registry(
                      field_labels=("reason", "type", "source", "reportingComponent"),
                      field_prefixes=("involvedObject",)),
         ResourceType("", "v1", "resourcequotas", "ResourceQuota", True, ("quota",), has_status=True),
+        # What pods' env.valueFrom, envFrom and volumes read (the kubelet simulator).
+        ResourceType("", "v1", "configmaps", "ConfigMap", True, ("cm",)),
+        ResourceType("", "v1", "secrets", "Secret", True, field_labels=("type",)),
         ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True),
         ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),
         # The Workload API as Kubernetes 1.37 serves it (KEP-4671; GenericWorkload).

@@ -26,9 +26,9 @@ What each pod got (CDI device ids, device plugin grants, what each container saw
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -39,6 +39,8 @@ from typing import Any, Protocol
 
 from sim.kubelet.backoff import RestartBackoff, duration_text
 from sim.kubelet.devicemanager import DeviceManagerError, DeviceManagerSim
+from sim.kubelet import envvars
+from sim.kubelet.envvars import EnvError, Lookup, PodContext, expand
 from sim.kubelet.events import KubeletEvents, format_pod
 from sim.kubelet.heartbeat import heartbeat_loop
 from sim.kubelet.dra import ClaimInfo, KubeletError, KubeletSim, Pod, PreparedDevice
@@ -57,6 +59,34 @@ MAX_START_BACKOFF_SECONDS = 10.0
 # doubling up to 8 s, until the call succeeds, as the kubelet's pod workers keep retrying a terminated pod's cleanup.
 FIRST_UNPREPARE_RETRY_SECONDS = 0.5
 MAX_UNPREPARE_RETRY_SECONDS = 8.0
+
+
+HOST_IP = "127.0.0.1"
+
+
+class PodIPs:
+    """Pod IPs of one node from its own /24 (10.244.X.0/24, X from the node's name, as kind gives each node one):
+    .1 is the gateway, pods get .2 to .254, an address is free again once its pod is gone."""
+
+    def __init__(self, node_name: str) -> None:
+        digest = int(hashlib.sha256(node_name.encode()).hexdigest(), 16)
+        self.prefix = f"10.244.{digest % 254 + 1}"
+        self._by_uid: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def get(self, uid: str) -> str:
+        with self._lock:
+            if uid not in self._by_uid:
+                used = set(self._by_uid.values())
+                free = next((f"{self.prefix}.{i}" for i in range(2, 255) if f"{self.prefix}.{i}" not in used), None)
+                if free is None:
+                    raise KubeletError(f"no pod IP left in {self.prefix}.0/24")
+                self._by_uid[uid] = free
+            return self._by_uid[uid]
+
+    def release(self, uid: str) -> None:
+        with self._lock:
+            self._by_uid.pop(uid, None)
 
 
 class ContainerRuntime(Protocol):
@@ -211,30 +241,19 @@ def container_cdi_devices(
     return tuple(out)
 
 
-_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
-
-
-def expand(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' $(VAR) expansion of command and args: known variables are replaced, $$ escapes a $,
-    unknown references are left as they are."""
-    def sub(m: re.Match[str]) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        return env.get(m.group(1), m.group(0))
-
-    return _VAR_REF.sub(sub, text)
-
-
-def container_env(container: Mapping[str, Any], legacy: list[LegacyGrant]) -> dict[str, str]:
-    """The device plugin grant's env, then the container's own `env` values (valueFrom is not simulated)."""
-    env: dict[str, str] = {}
+def container_env(container: Mapping[str, Any], legacy: list[LegacyGrant], ctx: PodContext | None = None,
+                  lookup: Lookup | None = None) -> dict[str, str]:
+    """The device plugin grant's env, then the container's envFrom and env (sim.kubelet.envvars); without a pod
+    context only literal values (what the pure tests check)."""
+    base: dict[str, str] = {}
     for grant in legacy:
         if grant.container == container.get("name"):
-            env.update(grant.envs)
-    for entry in container.get("env") or []:
-        if isinstance(entry, Mapping) and entry.get("name") and "valueFrom" not in entry:
-            env[str(entry["name"])] = expand(str(entry.get("value") or ""), env)
-    return env
+            base.update(grant.envs)
+    if ctx is None or lookup is None:
+        literal = {**container, "envFrom": [], "env": [e for e in container.get("env") or []
+                                                        if isinstance(e, Mapping) and "valueFrom" not in e]}
+        return envvars.container_env(literal, PodContext({}, "", "", "", {}), lambda *_: None, base)
+    return envvars.container_env(container, ctx, lookup, base)
 
 
 def container_command(container: Mapping[str, Any], env: Mapping[str, str]) -> tuple[str, ...]:
@@ -344,6 +363,8 @@ class NodeKubelet:
         self._sim_pods: dict[str, Pod] = {}  # uid -> KubeletSim's view (which claims are prepared)
         self._active: dict[str, dict[str, Any]] = {}  # uid -> pod whose containers the runtime runs
         self._unprepare_pending: set[str] = set()  # uids whose claims an unprepare call failed for
+        self._pod_ips = PodIPs(node_name)
+        self._allocatable: dict[str, str] | None = None  # the Node's status.allocatable, read once
 
     # ---- lifecycle --------------------------------------------------------------------------------------
 
@@ -469,6 +490,7 @@ class NodeKubelet:
             self._teardown(uid)
             self.backoff.forget(f"{uid}/")
             self.events.forget(uid)
+            self._pod_ips.release(uid)
             return
         self._pods[uid] = pod
         self._sync(pod)
@@ -537,6 +559,7 @@ class NodeKubelet:
         record = self._record(pod)
         try:
             self._admit(pod, record)
+            self._check_env(pod, record)
             if self.runtime is not None:
                 self._start_containers(pod, record)
         except (KubeletError, ApiError, _NotReady) as exc:
@@ -558,9 +581,10 @@ class NodeKubelet:
                  "started": True, "state": {"running": {"startedAt": started}}}
                 for c in (pod.get("spec") or {}).get("containers") or []
             ]
+        ip = self._pod_ips.get(uid)
         self.api.patch("Pod", record.name, {"status": {
-            "phase": "Running", "hostIP": "127.0.0.1", "startTime": started,
-            "conditions": pod_conditions(statuses, started), "containerStatuses": statuses,
+            "phase": "Running", "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}], "podIP": ip, "podIPs": [{"ip": ip}],
+            "startTime": started, "conditions": pod_conditions(statuses, started), "containerStatuses": statuses,
         }}, namespace=record.namespace, subresource="status")
         self._pods.pop(uid, None)
         if self.runtime is not None:
@@ -583,7 +607,10 @@ class NodeKubelet:
                 continue
             restart = previous.restart_count + 1 if previous is not None else 0
             last_state = terminated_state(previous) if previous is not None and not previous.running else None
-            env = container_env(container, record.legacy)
+            try:
+                env = container_env(container, record.legacy, self._context(pod), self._lookup)
+            except EnvError as exc:
+                raise KubeletError(f"CreateContainerConfigError: {exc}") from exc
             request = ContainerRequest(
                 runtime_container_name(record.namespace, record.name, record.uid, cname, restart),
                 container_command(container, env), env,
@@ -609,6 +636,45 @@ class NodeKubelet:
                 record.containers = [c for c in record.containers if c.container != cname] + [run]
             log.info("event=container-started node=%s pod=%s/%s container=%s restart=%d devices=%s", self.node_name,
                      record.namespace, record.name, cname, restart, ",".join(request.cdi_devices) or "-")
+
+    def _lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self.api.try_get(kind, name, namespace=namespace)
+
+    def _context(self, pod: Mapping[str, Any]) -> PodContext:
+        if self._allocatable is None:
+            node = self.api.try_get("Node", self.node_name) or {}
+            self._allocatable = {str(k): str(v) for k, v in ((node.get("status") or {}).get("allocatable") or {}).items()}
+        uid = str((pod.get("metadata") or {}).get("uid"))
+        return PodContext(pod, self.node_name, self._pod_ips.get(uid), HOST_IP, self._allocatable)
+
+    def _check_env(self, pod: Mapping[str, Any], record: PodRecord) -> None:
+        """Every container's env can be built (ConfigMaps, Secrets and their keys exist); otherwise the pod stays
+        Pending with its containers waiting in CreateContainerConfigError, as the kubelet reports it."""
+        spec = pod.get("spec") or {}
+        containers = [c for c in spec.get("containers") or [] if isinstance(c, Mapping)]
+        ctx = self._context(pod)
+        problems: dict[str, str] = {}
+        for c in containers:
+            try:
+                container_env(c, record.legacy, ctx, self._lookup)
+            except EnvError as exc:
+                problems[str(c.get("name"))] = str(exc)
+        if not problems:
+            return
+        message = "; ".join(problems.values())
+        if f"CreateContainerConfigError: {message}" != record.last_error:
+            statuses = [{"name": c.get("name"), "ready": False, "restartCount": 0, "image": str(c.get("image") or ""),
+                         "imageID": "", "started": False,
+                         "state": {"waiting": {"reason": "CreateContainerConfigError", "message": problems[str(c.get("name"))]}
+                                   if str(c.get("name")) in problems else {"reason": "ContainerCreating"}}}
+                        for c in containers]
+            self.api.patch("Pod", record.name, {"status": {
+                "phase": "Pending", "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}],
+                "conditions": pod_conditions(statuses, _now()), "containerStatuses": statuses,
+            }}, namespace=record.namespace, subresource="status")
+            self.events.pod({"namespace": record.namespace, "name": record.name, "uid": record.uid}, "Failed",
+                            f"Error: {message}")
+        raise KubeletError(f"CreateContainerConfigError: {message}")
 
     def pod_log_path(self, record: PodRecord, container: str, restart: int) -> Path | None:
         """/var/log/pods layout: <dir>/<namespace>_<pod>_<uid>/<container>/<restart>.log (None: the runtime's own)."""
