@@ -315,7 +315,9 @@ def test_workload_controllers_plan_owners_then_pods() -> None:
     pods = [o for k, o in second.create if k == "Pod"]
     assert sorted(p["metadata"]["name"] for p in pods) == sorted(p["metadata"]["name"] for p in expand([{**deploy, "kind": "Deployment"}]))
     assert all(p["metadata"]["ownerReferences"][0]["uid"] == "rs-1" for p in pods)
-    running = [{**p, "status": {"phase": "Running"}} for p in pods]
+    running = [{**p, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}} for p in pods]
+    assert workload_status("Deployment", deploy, {"ReplicaSet": [rs], "Pod": [
+        {**p, "status": {"phase": "Running"}} for p in pods]})["readyReplicas"] == 0  # Running is not Ready
     assert workload_status("Deployment", deploy, {"ReplicaSet": [rs], "Pod": running})["readyReplicas"] == 2
     # the Deployment is gone: its ReplicaSet goes, then the ReplicaSet's pods (the garbage collector's order)
     gone = plan({"ReplicaSet": [rs], "Pod": running})

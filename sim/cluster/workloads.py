@@ -18,24 +18,31 @@ from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.expand import (WORKLOAD_KINDS, ExpandError, cronjob_job, deployment_replicaset, replicaset_pods,
-                               statefulset_pods)
-from gpudra.kubeapi import AlreadyExists, ApiError, KubeApi
+from controller.expand import WORKLOAD_KINDS, ExpandError, cronjob_job, replicaset_pods, statefulset_pods
+from gpudra.kubeapi import AlreadyExists, ApiError, KubeApi, NotFound
+from sim.cluster.deployments import plan_deployment
 from sim.cluster.jobs import plan_job
 
 log = logging.getLogger("gpu-dra.cluster.workloads")
 
 # What owns what: Deployments own ReplicaSets, CronJobs own Jobs; ReplicaSets, StatefulSets and Jobs own pods
 # (Jobs through sim.cluster.jobs, which follows their pods' outcomes).
-PARENTS = {"Deployment": "ReplicaSet", "CronJob": "Job"}
+# (Deployments through sim.cluster.deployments, which rolls them out.)
+PARENTS = {"CronJob": "Job"}
 POD_OWNERS = ("ReplicaSet", "StatefulSet")
 POD_MAKERS = {"ReplicaSet": replicaset_pods, "StatefulSet": statefulset_pods}
-CHILD_MAKERS = {"Deployment": deployment_replicaset, "CronJob": cronjob_job}
+CHILD_MAKERS = {"CronJob": cronjob_job}
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata") or {}
     return str(meta.get("namespace") or "default"), str(meta.get("name"))
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Running" and any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or [] if isinstance(c, dict))
 
 
 def _controller(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -48,6 +55,7 @@ class Plan:
     delete: list[tuple[str, tuple[str, str]]] = field(default_factory=list)  # (kind, (namespace, name))
     problems: list[str] = field(default_factory=list)
     statuses: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (kind, ns, name) -> status
+    patch: list[tuple[str, tuple[str, str], dict[str, Any]]] = field(default_factory=list)  # merge patches
 
 
 def _reconcile_children(plan: Plan, child_kind: str, wanted: Mapping[tuple[str, str], dict[str, Any]],
@@ -67,6 +75,7 @@ def plan(objects: Mapping[str, list[dict[str, Any]]], now: datetime | None = Non
     """One pass of the controllers over `objects` (kind -> live objects, Pods included): pure but for `now`."""
     out = Plan()
     now = now or datetime.now(timezone.utc)
+    _plan_deployments(out, objects)
     for parent, child in PARENTS.items():
         wanted: dict[tuple[str, str], dict[str, Any]] = {}
         for obj in objects.get(parent, []):
@@ -107,6 +116,42 @@ def plan(objects: Mapping[str, list[dict[str, Any]]], now: datetime | None = Non
     return out
 
 
+def _owned_by(objects: list[dict[str, Any]], kind: str) -> dict[str, list[dict[str, Any]]]:
+    """owner uid -> the objects a `kind` controls."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for obj in objects:
+        owner = _controller(obj)
+        if owner and owner.get("kind") == kind:
+            out.setdefault(str(owner.get("uid")), []).append(obj)
+    return out
+
+
+def _plan_deployments(out: Plan, objects: Mapping[str, list[dict[str, Any]]]) -> None:
+    replicasets = _owned_by(objects.get("ReplicaSet", []), "Deployment")
+    pods = _owned_by(objects.get("Pod", []), "ReplicaSet")
+    live = {str((d.get("metadata") or {}).get("uid")) for d in objects.get("Deployment", [])}
+    for owner, orphans in replicasets.items():  # the garbage collector's part: a Deployment gone, its ReplicaSets go
+        if owner not in live:
+            out.delete += [("ReplicaSet", _key(rs)) for rs in orphans
+                           if not (rs.get("metadata") or {}).get("deletionTimestamp")]
+    for deploy in objects.get("Deployment", []):
+        uid = str((deploy.get("metadata") or {}).get("uid") or "")
+        if not uid or (deploy.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        ns, name = _key(deploy)
+        try:
+            todo = plan_deployment(deploy, replicasets.get(uid, []), pods)
+        except ExpandError as exc:
+            out.problems.append(str(exc))
+            continue
+        out.create += [("ReplicaSet", rs) for rs in todo.create]
+        out.patch += [("ReplicaSet", (ns, rs), p) for rs, p in todo.patch]
+        out.delete += [("ReplicaSet", (ns, rs)) for rs in todo.delete]
+        if todo.deployment_patch:
+            out.patch.append(("Deployment", (ns, name), todo.deployment_patch))
+        out.statuses[("Deployment", ns, name)] = todo.status
+
+
 def workload_status(kind: str, obj: Mapping[str, Any], objects: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """The counts a controller reports in its object's status, from the pods (or ReplicaSets) it owns."""
     uid = (obj.get("metadata") or {}).get("uid")
@@ -122,7 +167,7 @@ def workload_status(kind: str, obj: Mapping[str, Any], objects: Mapping[str, lis
                             "uid": j["metadata"].get("uid")} for j in owned(objects.get("Job", []))]}
     else:
         pods = owned(objects.get("Pod", []))
-    running = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running")
+    running = sum(1 for p in pods if _pod_ready(p))
     status: dict[str, Any] = {"replicas": len(pods), "readyReplicas": running, "availableReplicas": running,
                               "observedGeneration": (obj.get("metadata") or {}).get("generation", 1)}
     if kind == "Deployment":
@@ -152,6 +197,11 @@ class WorkloadController:
                 log.info("event=created kind=%s object=%s/%s", kind, ns, name)
             except AlreadyExists:
                 pass
+        for kind, (ns, name), body in todo.patch:
+            try:
+                self.api.patch(kind, name, body, namespace=ns)
+            except NotFound:
+                pass  # deleted meanwhile
         for kind, (ns, name) in todo.delete:
             if self.api.delete(kind, name, namespace=ns):
                 log.info("event=deleted kind=%s object=%s/%s", kind, ns, name)
