@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from controlplane import namespaces
 from controlplane import objects as o
 from gpudra.validation import schema
 from controlplane import status as st
@@ -319,7 +320,7 @@ class Store:
             if rt.namespaced:
                 ns = self._objects[self.registry.by_kind("Namespace")].get(("", key[0]))  # type: ignore[index]
                 if ns is not None and (ns.get("metadata") or {}).get("deletionTimestamp"):
-                    self._enqueue_gc_locked("ns:" + key[0])
+                    self._enqueue_gc_locked("ns-empty:" + key[0])  # gone once empty; content waits for "ns:"
             # The DELETED event carries the final state with the deletion's resourceVersion, as Kubernetes does.
             event_obj = {**old, "metadata": {**old["metadata"], "resourceVersion": str(self._rv)}}
         event = Event(self._rv, rt, event_type, event_obj, old, obj_json if new is not None else _encode(event_obj))
@@ -653,9 +654,9 @@ class Store:
                 nm["deletionTimestamp"] = o.now_rfc3339()
                 nm["deletionGracePeriodSeconds"] = 0
                 nm["generation"] = int(om.get("generation", 1)) + 1
-                if rt.kind == "Namespace":
-                    new.setdefault("status", {})["phase"] = "Terminating"
-                    self._enqueue_gc_locked("ns:" + name)
+                if rt.kind == "Namespace":  # controlplane.namespaces: Terminating, content deleted after a delay
+                    new["status"] = {**(new.get("status") or {}), **namespaces.terminating_status(nm["deletionTimestamp"])}
+                    self._enqueue_gc_later("ns:" + name, namespaces.CONTENT_DELETION_DELAY_S)
                 return self._commit(rt, (namespace, name), new, "MODIFIED", old)
             return self._commit(rt, (namespace, name), None, "DELETED", old)
 
@@ -680,6 +681,18 @@ class Store:
         self._gc_queue.append(item)
         self._cond.notify_all()
 
+    def _enqueue_gc_later(self, item: str, delay: float) -> None:
+        if self._dry_run:
+            return
+
+        def enqueue() -> None:
+            with self._cond:
+                self._enqueue_gc_locked(item)
+
+        timer = threading.Timer(delay, enqueue)
+        timer.daemon = True
+        timer.start()
+
     def collect_garbage_once(self, timeout: float) -> bool:
         """Process the pending collection work; returns False once the store is closed."""
         with self._cond:
@@ -691,6 +704,8 @@ class Store:
         for item in work:
             if item.startswith("ns:"):
                 self._collect_namespace(item[3:])
+            elif item.startswith("ns-empty:"):
+                self._collect_namespace(item[9:], delete_content=False)
             else:
                 self._collect_dependents(item)
         return True
@@ -708,7 +723,7 @@ class Store:
             except st.StatusError:
                 pass  # already gone, or protected: nothing to collect
 
-    def _collect_namespace(self, namespace: str) -> None:
+    def _collect_namespace(self, namespace: str, delete_content: bool = True) -> None:
         ns_rt = self.registry.by_kind("Namespace")
         assert ns_rt is not None
         with self._cond:
@@ -716,7 +731,7 @@ class Store:
             if ns is None or not ns["metadata"].get("deletionTimestamp"):
                 return
             contents = [(rt, key[1]) for rt in self.registry.types if rt.namespaced
-                        for key in self._objects[rt] if key[0] == namespace]
+                        for key in self._objects[rt] if key[0] == namespace] if delete_content else []
         for rt, name in contents:
             try:
                 self.delete(rt, namespace, name)
