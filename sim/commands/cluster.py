@@ -304,6 +304,12 @@ def _remove_state(paths: Any, spec: Any) -> list[str]:
             if proc.role != "supervisor" and proc.pid != sup.pid and pid_is_ours(proc.pid, marker):
                 os.kill(proc.pid, signal.SIGKILL)
                 stopped.append(f"{proc.role} (pid {proc.pid})")
+    from sim.runtime.podman import stop_leftovers
+
+    # The containers, conmon monitors and namespace holders of a supervisor that was killed: stopped before their
+    # storage is removed.
+    for node_dir in sorted((paths.root / "runtime" / "nodes").glob("*")):
+        stopped += [f"{what} of node {node_dir.name}" for what in stop_leftovers(node_dir)]
     if spec.links:
         shutil.rmtree(spec.links, ignore_errors=True)  # only symlinks into the state dir
     shutil.rmtree(paths.root, ignore_errors=True)

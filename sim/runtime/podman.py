@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import threading
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from controlplane.podlogs import parse_cri_log
 from sim.demo.processes import pid_alive
-from sim.runtime.namespace import PRIVATE_RUN, NamespaceError, PrivateMountNamespace
+from sim.runtime.namespace import PRIVATE_RUN, NamespaceError, PrivateMountNamespace, leftover_holder, same_mount_namespace
 from sim.runtime.rootfs import PROBE_DIR, SEEN_DIR
 
 log = logging.getLogger("sim.runtime")
@@ -180,9 +181,7 @@ class PodmanRuntime:
         self.cdi_dir = cdi_dir
         self.rootfs = rootfs
         self.ns = PrivateMountNamespace(state_dir / "ns", cdi_dir)
-        self._global = [podman, "--root", str(state_dir / "storage"), "--runroot", f"{PRIVATE_RUN}/podman",
-                        "--tmpdir", f"{PRIVATE_RUN}/libpod", "--storage-driver", "vfs", "--events-backend", "file",
-                        "--runtime", runc, "--cgroup-manager", "cgroupfs"]
+        self._global = podman_flags(state_dir, runc, podman)
         self._local_majors = _free_local_majors(2)
         self._containers: dict[str, _Container] = {}
         self._lock = threading.Lock()
@@ -376,6 +375,41 @@ def read_untrusted(path: Path, limit: int = MAX_SEEN_FILE_BYTES) -> str | None:
         return None
     finally:
         os.close(fd)
+
+
+def podman_flags(state_dir: Path, runc: str, podman: str = "podman") -> list[str]:
+    return [podman, "--root", str(state_dir / "storage"), "--runroot", f"{PRIVATE_RUN}/podman",
+            "--tmpdir", f"{PRIVATE_RUN}/libpod", "--storage-driver", "vfs", "--events-backend", "file",
+            "--runtime", runc, "--cgroup-manager", "cgroupfs"]
+
+
+def stop_leftovers(state_dir: Path) -> list[str]:
+    """What a node runtime (state dir `state_dir`) left running when its process was killed: every container
+    (podman rm inside its namespace), their conmon monitors, then the namespace holder. Returns what was stopped."""
+    holder = leftover_holder(state_dir / "ns")
+    if holder is None:
+        return []
+    stopped = []
+    runc = find_runc()
+    if runc is not None:
+        argv = ["nsenter", "--target", str(holder), "--mount", "--", *podman_flags(state_dir, runc),
+                "rm", "--all", "--force", "--time", "0"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=PODMAN_TIMEOUT_SECONDS,
+                                  stdin=subprocess.DEVNULL)
+            removed = [line for line in done.stdout.split() if line]
+            if removed:
+                stopped.append(f"{len(removed)} containers")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("event=leftover-containers-not-removed state_dir=%s error=%r", state_dir, str(exc))
+    monitors = same_mount_namespace(holder)
+    for pid in [*monitors, holder]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+    stopped.append(f"namespace holder (pid {holder})" + (f" and {len(monitors)} monitors" if monitors else ""))
+    return stopped
 
 
 def _read_pid(path: Path) -> int | None:
