@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from controlplane import namespaces
 from controlplane import objects as o
+from controlplane import quota
 from gpudra.validation import schema
 from controlplane import status as st
 from controlplane.patch import PatchError, json_patch, merge_patch
@@ -469,10 +470,26 @@ class Store:
                 m["name"] = name
             if (namespace, name) in self._objects[rt]:
                 raise st.already_exists(rt, name)
+            if rt.kind in quota.QUOTA_KINDS:  # controlplane.quota: ResourceQuota admission, atomic with the write
+                self._admit_quota_locked(rt, namespace, name, obj)
             m["uid"] = self._next_uid()
             m["creationTimestamp"] = o.now_rfc3339()
             m["generation"] = 1
             return self._commit(rt, (namespace, name), obj, "ADDED", None)
+
+    def _admit_quota_locked(self, rt: ResourceType, namespace: str, name: str, obj: dict[str, Any]) -> None:
+        quota_rt = self.registry.by_kind("ResourceQuota")
+        if quota_rt is None:
+            return
+        quotas = [q for key, q in self._objects[quota_rt].items() if key[0] == namespace]
+        if not quotas:
+            return  # the common case costs one scan of the (few) quotas
+        existing = {}
+        for kind in quota.QUOTA_KINDS:
+            kind_rt = self.registry.by_kind(kind)
+            if kind_rt is not None:
+                existing[kind] = [v for key, v in self._objects[kind_rt].items() if key[0] == namespace]
+        quota.admit(rt, name, obj, quotas, existing)
 
     def _merge_update(self, rt: ResourceType, old: dict[str, Any], body: dict[str, Any],
                       subresource: str | None) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from typing import Any
 
 from controller.expand import WORKLOAD_KINDS, ExpandError, cronjob_job, replicaset_pods, statefulset_pods
 from gpudra.kubeapi import AlreadyExists, ApiError, KubeApi, NotFound
+from controlplane.quota import QUOTA_KINDS
+from controlplane.quota import used as quota_used
 from sim.cluster.deployments import plan_deployment
 from sim.cluster.jobs import plan_job
 
@@ -152,6 +154,19 @@ def _plan_deployments(out: Plan, objects: Mapping[str, list[dict[str, Any]]]) ->
         out.statuses[("Deployment", ns, name)] = todo.status
 
 
+def quota_statuses(objects: Mapping[str, list[dict[str, Any]]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The quota controller's part: each ResourceQuota whose status.hard/used is not what its namespace uses."""
+    out = []
+    for q in objects.get("ResourceQuota", []):
+        ns = _key(q)[0]
+        in_ns = {kind: [o for o in objects.get(kind, []) if _key(o)[0] == ns] for kind in QUOTA_KINDS}
+        status = {"hard": dict((q.get("spec") or {}).get("hard") or {}), "used": quota_used(q, in_ns)}
+        current = q.get("status") or {}
+        if current.get("hard") != status["hard"] or current.get("used") != status["used"]:
+            out.append((q, status))
+    return out
+
+
 def workload_status(kind: str, obj: Mapping[str, Any], objects: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """The counts a controller reports in its object's status, from the pods (or ReplicaSets) it owns."""
     uid = (obj.get("metadata") or {}).get("uid")
@@ -184,7 +199,8 @@ class WorkloadController:
         self._reported: set[str] = set()
 
     def reconcile(self) -> None:
-        objects = {kind: list(self.api.list(kind)[0]) for kind in (*WORKLOAD_KINDS, "Pod")}
+        objects = {kind: list(self.api.list(kind)[0]) for kind in (*WORKLOAD_KINDS, "Pod", "ResourceClaim",
+                                                                   "ResourceQuota")}
         todo = plan(objects)
         for problem in todo.problems:
             if problem not in self._reported:
@@ -212,6 +228,13 @@ class WorkloadController:
                 current = obj.get("status") or {}
                 if any(current.get(k) != v for k, v in status.items()):
                     self.api.patch(kind, name, {"status": status}, namespace=ns, subresource="status")
+
+        for quota, status in quota_statuses(objects):
+            ns, name = _key(quota)
+            try:
+                self.api.patch("ResourceQuota", name, {"status": status}, namespace=ns, subresource="status")
+            except NotFound:
+                pass
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

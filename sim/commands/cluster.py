@@ -169,7 +169,7 @@ def _up(args: argparse.Namespace) -> int:
     write_json(paths.spec, spec.to_json())
     paths.logs.mkdir(parents=True, exist_ok=True)
     with open(paths.logs / "supervisor.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "sim.cluster.supervisor", str(paths.root)],
+        proc = subprocess.Popen([sys.executable, "-m", "sim.cluster.keeper", str(paths.root)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=child_env(),
                                 cwd=str(PROJECT_ROOT), start_new_session=True)
     _progress(f"cluster {args.name}: starting {len(node_specs)} nodes "
@@ -286,30 +286,35 @@ def _reap(pid: int) -> None:
         pass
 
 
+def _read_pid(path: Any) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def _remove_state(paths: Any, spec: Any) -> list[str]:
     """Stop whatever of the cluster still runs (supervisor first; children it left behind by pid), then remove the
     state directory. Returns what it stopped."""
+    from sim.cluster.leftovers import stop_children, stop_runtimes
     from sim.cluster.spec import SupervisorStatus, pid_is_ours, read_json
 
     stopped = []
     raw = read_json(paths.status)
     sup = SupervisorStatus.from_json(raw) if isinstance(raw, dict) else None
     marker = str(paths.root)
-    if sup is not None:
-        if pid_is_ours(sup.pid, marker):
-            _stop_supervisor(sup.pid, marker, grace=30.0)
-            stopped.append(f"supervisor (pid {sup.pid})")
-        # A supervisor killed with SIGKILL leaves its children: each one's command line names the state dir.
-        for proc in sup.processes:
-            if proc.role != "supervisor" and proc.pid != sup.pid and pid_is_ours(proc.pid, marker):
-                os.kill(proc.pid, signal.SIGKILL)
-                stopped.append(f"{proc.role} (pid {proc.pid})")
-    from sim.runtime.podman import stop_leftovers
-
-    # The containers, conmon monitors and namespace holders of a supervisor that was killed: stopped before their
-    # storage is removed.
-    for node_dir in sorted((paths.root / "runtime" / "nodes").glob("*")):
-        stopped += [f"{what} of node {node_dir.name}" for what in stop_leftovers(node_dir)]
+    # The keeper first, so that it does not restart the supervisor being stopped.
+    keeper = _read_pid(paths.keeper_pid)
+    if keeper is not None and pid_is_ours(keeper, marker):
+        os.kill(keeper, signal.SIGKILL)
+        _reap(keeper)
+        stopped.append(f"keeper (pid {keeper})")
+    if sup is not None and pid_is_ours(sup.pid, marker):
+        _stop_supervisor(sup.pid, marker, grace=30.0)
+        stopped.append(f"supervisor (pid {sup.pid})")
+    # A supervisor killed with SIGKILL leaves its children, and its node runtimes their containers: stopped
+    # before their storage is removed.
+    stopped += stop_children(paths) + stop_runtimes(paths)
     if spec.links:
         shutil.rmtree(spec.links, ignore_errors=True)  # only symlinks into the state dir
     shutil.rmtree(paths.root, ignore_errors=True)

@@ -554,8 +554,8 @@ class NodeKubelet:
         if known is not None and known.phase in ("Succeeded", "Failed"):
             self._pods.pop(uid, None)  # a stale event from before the pod terminated: a terminated pod stays so
             return
-        if phase == "Running" and self.runtime is None:
-            return
+        if phase == "Running" and self.runtime is None and known is not None and known.phase == "Running":
+            return  # without a runtime nothing changes once Running; a restarted kubelet (no record) adopts it
         record = self._record(pod)
         try:
             self._admit(pod, record)
@@ -584,7 +584,8 @@ class NodeKubelet:
         ip = self._pod_ips.get(uid)
         self.api.patch("Pod", record.name, {"status": {
             "phase": "Running", "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}], "podIP": ip, "podIPs": [{"ip": ip}],
-            "startTime": started, "conditions": pod_conditions(statuses, started), "containerStatuses": statuses,
+            "startTime": status.get("startTime") or started, "conditions": pod_conditions(statuses, started),
+            "containerStatuses": statuses,
         }}, namespace=record.namespace, subresource="status")
         self._pods.pop(uid, None)
         if self.runtime is not None:
