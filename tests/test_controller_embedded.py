@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller.claims import generate_name
-from controller.explanation_writer import REASON_QUOTA, REASON_UNSCHEDULABLE
+from controller.explanation_writer import REASON_UNSCHEDULABLE
 from controller.objects import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION
 from controller_helpers import (
     claim,
