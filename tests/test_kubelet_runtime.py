@@ -233,3 +233,36 @@ def test_crashing_container_goes_into_crash_loop_back_off_and_the_pod_is_not_rea
     assert cluster.api.get("Pod", "crash", namespace="default")["status"]["containerStatuses"][0]["restartCount"] == 1
     wait_for("the 20 s back-off", lambda: "back-off 20s" in str(waiting() or ""))
     assert waiting()["status"]["containerStatuses"][0]["restartCount"] == 2  # type: ignore[index]
+
+
+def test_init_containers_run_in_order_to_completion_before_the_app(cluster: Cluster) -> None:
+    def create(name: str, inits: list[tuple[str, str]], restart: str = "Always") -> None:
+        cluster.api.create("Pod", {"metadata": {"name": name, "namespace": "default"}, "spec": {
+            "nodeName": NODE, "restartPolicy": restart,
+            "initContainers": [{"name": n, "image": "busybox", "command": ["sh", "-c", script]} for n, script in inits],
+            "containers": [{"name": "main", "image": "busybox", "command": ["sh", "-c", "echo app; sleep 1000"]}]}},
+            namespace="default")
+
+    create("ordered", [("first", "sleep 3; echo first"), ("second", "echo second")])
+    row = wait_for("Init:0/2", lambda: (r := cluster.kubectl("get", "pod", "ordered", "--no-headers").stdout.split())
+                   and r[2] == "Init:0/2" and r)
+    assert row[1] == "0/1"
+    pod = cluster.api.get("Pod", "ordered", namespace="default")
+    initialized = next(c for c in pod["status"]["conditions"] if c["type"] == "Initialized")
+    assert initialized["status"] == "False" and initialized["message"] == "containers with incomplete status: [first second]"
+    assert pod["status"]["phase"] == "Pending"
+    assert pod["status"]["containerStatuses"][0]["state"] == {"waiting": {"reason": "PodInitializing"}}
+    pod = cluster.wait_phase("ordered", "Running")
+    inits = pod["status"]["initContainerStatuses"]
+    assert [(s["name"], s["state"]["terminated"]["exitCode"], s["state"]["terminated"]["reason"]) for s in inits] == [
+        ("first", 0, "Completed"), ("second", 0, "Completed")]
+    first_done = inits[0]["state"]["terminated"]["finishedAt"]
+    assert first_done <= inits[1]["state"]["terminated"]["startedAt"]
+    assert cluster.kubectl("logs", "ordered", "-c", "first").stdout == "first\n"
+    wait_for("the app's output", lambda: cluster.kubectl("logs", "ordered").stdout == "app\n")
+    # A failing init container under restartPolicy Never fails the pod; its app never starts.
+    create("broken", [("setup", "exit 2")], restart="Never")
+    pod = cluster.wait_phase("broken", "Failed")
+    assert pod["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 2
+    assert cluster.kubectl("get", "pod", "broken", "--no-headers").stdout.split()[2] == "Init:Error"
+    assert not any(r.name == "broken" and r.containers for r in cluster.kubelet.snapshot().values())

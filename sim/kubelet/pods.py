@@ -31,7 +31,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -154,6 +154,8 @@ class PodRecord:
     containers: list[ContainerRun] = field(default_factory=list)  # the latest run of each container
     start_failures: int = 0
     next_start: float = 0.0  # monotonic time before which a refused container is not retried
+    init_runs: list[ContainerRun] = field(default_factory=list)  # the latest run of each init container
+    initialized: bool = False  # every init container completed
     unprepare_failures: int = 0
     unprepare_at: float = 0.0  # monotonic time of the next unprepare attempt, once one failed
 
@@ -300,11 +302,19 @@ def container_status(run: ContainerRun) -> dict[str, Any]:
     return out
 
 
-def pod_conditions(statuses: list[dict[str, Any]], now: str, *, terminated: bool = False) -> list[dict[str, Any]]:
+def pod_conditions(statuses: list[dict[str, Any]], now: str, *, terminated: bool = False,
+                   incomplete_init: Sequence[str] = ()) -> list[dict[str, Any]]:
     """PodScheduled, Initialized, ContainersReady and Ready from the container statuses (status.go's
-    GenerateContainersReadyCondition): not ready while any container is not, naming them."""
+    GeneratePodInitializedCondition and GenerateContainersReadyCondition): not initialized while an init
+    container has not completed, not ready while any container is not, naming them."""
     unready = [str(s.get("name")) for s in statuses if not s.get("ready")]
-    out = [{"type": t, "status": "True", "lastTransitionTime": now} for t in ("PodScheduled", "Initialized")]
+    out: list[dict[str, Any]] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now}]
+    if incomplete_init:
+        out.append({"type": "Initialized", "status": "False", "lastTransitionTime": now,
+                    "reason": "ContainersNotInitialized",
+                    "message": f"containers with incomplete status: [{' '.join(incomplete_init)}]"})
+    else:
+        out.append({"type": "Initialized", "status": "True", "lastTransitionTime": now})
     for kind in ("ContainersReady", "Ready"):
         cond: dict[str, Any] = {"type": kind, "status": "True" if not unready else "False", "lastTransitionTime": now}
         if terminated:
@@ -561,6 +571,8 @@ class NodeKubelet:
             self._admit(pod, record)
             self._check_env(pod, record)
             if self.runtime is not None:
+                if not record.initialized:
+                    self._run_init_containers(pod, record)
                 self._start_containers(pod, record)
         except (KubeletError, ApiError, _NotReady) as exc:
             if str(exc) != record.last_error:
@@ -585,7 +597,7 @@ class NodeKubelet:
         self.api.patch("Pod", record.name, {"status": {
             "phase": "Running", "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}], "podIP": ip, "podIPs": [{"ip": ip}],
             "startTime": status.get("startTime") or started, "conditions": pod_conditions(statuses, started),
-            "containerStatuses": statuses,
+            "initContainerStatuses": self._init_statuses(record, pod), "containerStatuses": statuses,
         }}, namespace=record.namespace, subresource="status")
         self._pods.pop(uid, None)
         if self.runtime is not None:
@@ -596,47 +608,135 @@ class NodeKubelet:
 
     def _start_containers(self, pod: Mapping[str, Any], record: PodRecord, only: set[str] | None = None) -> None:
         """Start each container of the pod that has no run yet (or those in `only`, as restarts)."""
-        assert self.runtime is not None
-        if time.monotonic() < record.next_start:
-            raise _NotReady(record.last_error or "waiting to retry a container start")
-        claim_map = pod_claim_map(pod) or {}
         spec = pod.get("spec") or {}
         for container in spec.get("containers") or []:
             cname = str(container.get("name"))
             previous = next((c for c in record.containers if c.container == cname), None)
             if previous is not None and (only is None or cname not in only):
                 continue
-            restart = previous.restart_count + 1 if previous is not None else 0
-            last_state = terminated_state(previous) if previous is not None and not previous.running else None
-            try:
-                env = container_env(container, record.legacy, self._context(pod), self._lookup)
-            except EnvError as exc:
-                raise KubeletError(f"CreateContainerConfigError: {exc}") from exc
-            request = ContainerRequest(
-                runtime_container_name(record.namespace, record.name, record.uid, cname, restart),
-                container_command(container, env), env,
-                container_cdi_devices(container, claim_map, record.claims, record.legacy, extended_claim_refs(pod)),
-                log_path=self.pod_log_path(record, cname, restart),
-            )
-            try:
-                status = self.runtime.run(request)
-            except RuntimeError_ as exc:
-                record.start_failures += 1
-                record.next_start = time.monotonic() + min(MAX_START_BACKOFF_SECONDS, 2.0 ** (record.start_failures - 1))
-                raise KubeletError(f"CreateContainerError: {exc}") from exc
-            record.start_failures = 0
-            if previous is not None:
-                try:
-                    self.runtime.remove(previous.runtime_name)  # the kubelet keeps one dead instance; we keep none
-                except RuntimeError_ as exc:
-                    log.warning("event=container-remove-failed node=%s container=%s error=%r",
-                                self.node_name, previous.runtime_name, str(exc))
-            run = ContainerRun(cname, request.name, restart, request.cdi_devices, status.started_at,
-                               last_state=last_state)
+            run = self._launch(pod, record, container, previous)
             with self._lock:
                 record.containers = [c for c in record.containers if c.container != cname] + [run]
-            log.info("event=container-started node=%s pod=%s/%s container=%s restart=%d devices=%s", self.node_name,
-                     record.namespace, record.name, cname, restart, ",".join(request.cdi_devices) or "-")
+
+    def _launch(self, pod: Mapping[str, Any], record: PodRecord, container: Mapping[str, Any],
+                previous: ContainerRun | None) -> ContainerRun:
+        """Start one container (a restart of `previous` when given) in the runtime."""
+        assert self.runtime is not None
+        if time.monotonic() < record.next_start:
+            raise _NotReady(record.last_error or "waiting to retry a container start")
+        cname = str(container.get("name"))
+        restart = previous.restart_count + 1 if previous is not None else 0
+        last_state = terminated_state(previous) if previous is not None and not previous.running else None
+        try:
+            env = container_env(container, record.legacy, self._context(pod), self._lookup)
+        except EnvError as exc:
+            raise KubeletError(f"CreateContainerConfigError: {exc}") from exc
+        request = ContainerRequest(
+            runtime_container_name(record.namespace, record.name, record.uid, cname, restart),
+            container_command(container, env), env,
+            container_cdi_devices(container, pod_claim_map(pod) or {}, record.claims, record.legacy,
+                                  extended_claim_refs(pod)),
+            log_path=self.pod_log_path(record, cname, restart),
+        )
+        try:
+            status = self.runtime.run(request)
+        except RuntimeError_ as exc:
+            record.start_failures += 1
+            record.next_start = time.monotonic() + min(MAX_START_BACKOFF_SECONDS, 2.0 ** (record.start_failures - 1))
+            raise KubeletError(f"CreateContainerError: {exc}") from exc
+        record.start_failures = 0
+        if previous is not None:
+            try:
+                self.runtime.remove(previous.runtime_name)  # the kubelet keeps one dead instance; we keep none
+            except RuntimeError_ as exc:
+                log.warning("event=container-remove-failed node=%s container=%s error=%r",
+                            self.node_name, previous.runtime_name, str(exc))
+        log.info("event=container-started node=%s pod=%s/%s container=%s restart=%d devices=%s", self.node_name,
+                 record.namespace, record.name, cname, restart, ",".join(request.cdi_devices) or "-")
+        return ContainerRun(cname, request.name, restart, request.cdi_devices, status.started_at, last_state=last_state)
+
+    def _run_init_containers(self, pod: Mapping[str, Any], record: PodRecord) -> None:
+        """Init containers in order, each to completion (exit 0) before the next, restarted with the back-off
+        when one fails unless restartPolicy is Never (the pod fails); raises _NotReady until all have completed.
+        An init container with restartPolicy Always (a sidecar) counts as done once started."""
+        assert self.runtime is not None
+        spec = pod.get("spec") or {}
+        inits = [c for c in spec.get("initContainers") or [] if isinstance(c, Mapping)]
+        policy = str(spec.get("restartPolicy") or "Always")
+        changed = False
+        runs = []
+        for r in record.init_runs:
+            if r.running:
+                st = self.runtime.status(r.runtime_name)
+                if not st.running and st.exit_code is not None:
+                    r = replace(r, running=False, exit_code=st.exit_code, finished_at=st.finished_at,
+                                finished_mono=self._clock())
+                    changed = True
+            runs.append(r)
+        with self._lock:
+            record.init_runs = runs
+        pending = False
+        for container in inits:
+            name = str(container.get("name"))
+            run = next((r for r in record.init_runs if r.container == name), None)
+            sidecar = container.get("restartPolicy") == "Always"
+            if run is not None and ((not run.running and run.exit_code == 0) or (sidecar and run.running)):
+                continue
+            pending = True
+            if run is not None and run.running:
+                break
+            if run is not None:  # it failed
+                if policy == "Never":
+                    self._active.pop(record.uid, None)
+                    self._teardown(record.uid)
+                    self._post_terminated(record, "Failed", self._container_statuses(record, pod),
+                                          incomplete_init=[str(c.get("name")) for c in inits[inits.index(container):]])
+                    raise _NotReady(f"init container {name} failed")
+                key = f"{record.uid}/{name}"
+                now = self._clock()
+                if self.backoff.in_backoff_since(key, run.finished_mono, now):
+                    if not run.waiting_message:
+                        message = (f"back-off {duration_text(self.backoff.get(key))} restarting failed container="
+                                   f"{name} pod={format_pod(record.namespace, record.name, record.uid)}")
+                        self._replace_init(record, replace(run, waiting_message=message))
+                        self.events.pod({"namespace": record.namespace, "name": record.name, "uid": record.uid},
+                                        "BackOff", f"Back-off restarting failed container {name} in pod "
+                                        f"{format_pod(record.namespace, record.name, record.uid)}", container=name)
+                        changed = True
+                    break
+                self.backoff.next(key, run.finished_mono, now)
+            self._replace_init(record, self._launch(pod, record, container, run))
+            changed = True
+            break
+        if not pending:
+            record.initialized = True
+            return
+        if changed:
+            statuses = self._container_statuses(record, pod)
+            self.api.patch("Pod", record.name, {"status": {
+                "phase": "Pending", "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}],
+                "podIP": self._pod_ips.get(record.uid), "podIPs": [{"ip": self._pod_ips.get(record.uid)}],
+                "conditions": pod_conditions(statuses, _now(), incomplete_init=[
+                    str(c.get("name")) for c in inits if not any(
+                        r.container == c.get("name") and ((not r.running and r.exit_code == 0) or
+                                                          (r.running and c.get("restartPolicy") == "Always"))
+                        for r in record.init_runs)]),
+                "initContainerStatuses": self._init_statuses(record), "containerStatuses": statuses,
+            }}, namespace=record.namespace, subresource="status")
+        raise _NotReady("init containers have not completed")
+
+    def _replace_init(self, record: PodRecord, run: ContainerRun) -> None:
+        with self._lock:
+            record.init_runs = [r for r in record.init_runs if r.container != run.container] + [run]
+
+    def _init_statuses(self, record: PodRecord, pod: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The init containers' statuses; without a runtime (nothing runs) each one of `pod` as completed."""
+        if self.runtime is None and pod is not None:
+            return [{"name": c.get("name"), "ready": False, "restartCount": 0, "image": str(c.get("image") or ""),
+                     "imageID": "", "started": False, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+                    for c in (pod.get("spec") or {}).get("initContainers") or []]
+        with self._lock:
+            return [container_status(r) for r in record.init_runs]
 
     def _lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
         return self.api.try_get(kind, name, namespace=namespace)
@@ -683,9 +783,16 @@ class NodeKubelet:
             return None
         return self.pod_logs_dir / f"{record.namespace}_{record.name}_{record.uid}" / container / f"{restart}.log"
 
-    def _container_statuses(self, record: PodRecord) -> list[dict[str, Any]]:
+    def _container_statuses(self, record: PodRecord, pod: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The runs' statuses; with `pod`, its containers not started yet too (waiting PodInitializing)."""
         with self._lock:
-            return [container_status(c) for c in record.containers]
+            out = [container_status(c) for c in record.containers]
+        started = {s["name"] for s in out}
+        for c in (pod or {}).get("spec", {}).get("containers") or []:
+            if c.get("name") not in started:
+                out.append({"name": c.get("name"), "ready": False, "restartCount": 0, "image": str(c.get("image") or ""),
+                            "imageID": "", "started": False, "state": {"waiting": {"reason": "PodInitializing"}}})
+        return out
 
     def _check_containers(self, uid: str) -> None:
         """Notice exited containers: restart them per restartPolicy once their back-off allows (CrashLoopBackOff
@@ -749,17 +856,20 @@ class NodeKubelet:
             statuses = self._container_statuses(record)
             self.api.patch("Pod", record.name, {"status": {
                 "conditions": pod_conditions(statuses, _now()), "containerStatuses": statuses,
+                "initContainerStatuses": self._init_statuses(record),
             }}, namespace=record.namespace, subresource="status")
             return
         self._active.pop(uid, None)
         self._teardown(uid)  # the kubelet unprepares a terminated pod's claims; its containers stay for logs
         self._post_terminated(record, phase, self._container_statuses(record))
 
-    def _post_terminated(self, record: PodRecord, phase: str, statuses: list[dict[str, Any]]) -> None:
+    def _post_terminated(self, record: PodRecord, phase: str, statuses: list[dict[str, Any]],
+                         incomplete_init: Sequence[str] = ()) -> None:
         finished = _now()
         self.api.patch("Pod", record.name, {"status": {
-            "phase": phase, "conditions": pod_conditions(statuses, finished, terminated=True),
-            "containerStatuses": statuses,
+            "phase": phase, "conditions": pod_conditions(statuses, finished, terminated=True,
+                                                         incomplete_init=incomplete_init),
+            "containerStatuses": statuses, "initContainerStatuses": self._init_statuses(record),
         }}, namespace=record.namespace, subresource="status")
         with self._lock:
             record.phase = phase
