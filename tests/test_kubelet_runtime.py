@@ -266,3 +266,35 @@ def test_init_containers_run_in_order_to_completion_before_the_app(cluster: Clus
     assert pod["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 2
     assert cluster.kubectl("get", "pod", "broken", "--no-headers").stdout.split()[2] == "Init:Error"
     assert not any(r.name == "broken" and r.containers for r in cluster.kubelet.snapshot().values())
+
+
+def test_empty_dir_config_map_and_secret_volumes_are_real_files(cluster: Cluster) -> None:
+    import base64
+
+    cluster.api.create("ConfigMap", {"metadata": {"name": "settings"}, "data": {"mode": "fast", "level": "3"}},
+                       namespace="default")
+    cluster.api.create("Secret", {"metadata": {"name": "token"}, "data": {"token": base64.b64encode(b"s3cret").decode()}},
+                       namespace="default")
+    script = ("cat /etc/settings/mode; echo; cat /etc/only/lvl; echo; cat /run/token/token; echo; "
+              "echo shared > /scratch/f; cat /scratch/f; touch /etc/settings/x 2>/dev/null || echo read-only")
+    cluster.api.create("Pod", {"metadata": {"name": "vols", "namespace": "default"}, "spec": {
+        "nodeName": NODE, "restartPolicy": "Never",
+        "volumes": [{"name": "settings", "configMap": {"name": "settings"}},
+                    {"name": "only", "configMap": {"name": "settings", "items": [{"key": "level", "path": "lvl"}]}},
+                    {"name": "token", "secret": {"secretName": "token"}}, {"name": "scratch", "emptyDir": {}}],
+        "containers": [{"name": "main", "image": "busybox", "command": ["sh", "-c", script], "volumeMounts": [
+            {"name": "settings", "mountPath": "/etc/settings"}, {"name": "only", "mountPath": "/etc/only"},
+            {"name": "token", "mountPath": "/run/token"}, {"name": "scratch", "mountPath": "/scratch"}]}]}},
+        namespace="default")
+    pod = cluster.wait_phase("vols", "Succeeded", "Failed")
+    assert pod["status"]["phase"] == "Succeeded", cluster.kubectl("logs", "vols").stdout
+    assert cluster.kubectl("logs", "vols").stdout.splitlines() == ["fast", "3", "s3cret", "shared", "read-only"]
+    # A missing ConfigMap keeps a pod in ContainerCreating with a FailedMount event.
+    cluster.api.create("Pod", {"metadata": {"name": "nomap", "namespace": "default"}, "spec": {
+        "nodeName": NODE, "volumes": [{"name": "cfg", "configMap": {"name": "absent"}}],
+        "containers": [{"name": "main", "image": "busybox", "volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}]}]}},
+        namespace="default")
+    event = wait_for("FailedMount", lambda: next((e for e in cluster.api.list("Event", namespace="default")[0]
+                                                  if e["reason"] == "FailedMount"), None))
+    assert event["message"] == 'MountVolume.SetUp failed for volume "cfg" : configmap "absent" not found'
+    assert cluster.kubectl("get", "pod", "nomap", "--no-headers").stdout.split()[2] == "ContainerCreating"

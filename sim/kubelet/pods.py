@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 from sim.kubelet.backoff import RestartBackoff, duration_text
 from sim.kubelet.devicemanager import DeviceManagerError, DeviceManagerSim
-from sim.kubelet import envvars
+from sim.kubelet import envvars, volumes
 from sim.kubelet.envvars import EnvError, Lookup, PodContext, expand
 from sim.kubelet.events import KubeletEvents, format_pod
 from sim.kubelet.heartbeat import heartbeat_loop
@@ -155,6 +155,7 @@ class PodRecord:
     start_failures: int = 0
     next_start: float = 0.0  # monotonic time before which a refused container is not retried
     init_runs: list[ContainerRun] = field(default_factory=list)  # the latest run of each init container
+    volumes: dict[str, Path] = field(default_factory=dict)  # volume name -> its directory on the node
     initialized: bool = False  # every init container completed
     unprepare_failures: int = 0
     unprepare_at: float = 0.0  # monotonic time of the next unprepare attempt, once one failed
@@ -359,6 +360,7 @@ class NodeKubelet:
         self.node_name = node_name
         self.driver_name = driver_name
         self.sim = KubeletSim(kubelet_dir, kubernetes_version=kubernetes_version)
+        self.kubelet_dir = kubelet_dir
         self.events = KubeletEvents(api, node_name)
         self.backoff = restart_backoff if restart_backoff is not None else RestartBackoff()
         self._clock = clock
@@ -501,6 +503,7 @@ class NodeKubelet:
             self.backoff.forget(f"{uid}/")
             self.events.forget(uid)
             self._pod_ips.release(uid)
+            volumes.tear_down(self.kubelet_dir, uid)
             return
         self._pods[uid] = pod
         self._sync(pod)
@@ -570,6 +573,7 @@ class NodeKubelet:
         try:
             self._admit(pod, record)
             self._check_env(pod, record)
+            self._set_up_volumes(pod, record)
             if self.runtime is not None:
                 if not record.initialized:
                     self._run_init_containers(pod, record)
@@ -629,7 +633,8 @@ class NodeKubelet:
         last_state = terminated_state(previous) if previous is not None and not previous.running else None
         try:
             env = container_env(container, record.legacy, self._context(pod), self._lookup)
-        except EnvError as exc:
+            mounts = volumes.container_mounts(container, record.volumes, volumes.read_only_volumes(pod))
+        except (EnvError, volumes.VolumeError) as exc:
             raise KubeletError(f"CreateContainerConfigError: {exc}") from exc
         request = ContainerRequest(
             runtime_container_name(record.namespace, record.name, record.uid, cname, restart),
@@ -637,6 +642,7 @@ class NodeKubelet:
             container_cdi_devices(container, pod_claim_map(pod) or {}, record.claims, record.legacy,
                                   extended_claim_refs(pod)),
             log_path=self.pod_log_path(record, cname, restart),
+            mounts=tuple((str(m.host), m.container, m.read_only) for m in mounts),
         )
         try:
             status = self.runtime.run(request)
@@ -747,6 +753,27 @@ class NodeKubelet:
             self._allocatable = {str(k): str(v) for k, v in ((node.get("status") or {}).get("allocatable") or {}).items()}
         uid = str((pod.get("metadata") or {}).get("uid"))
         return PodContext(pod, self.node_name, self._pod_ips.get(uid), HOST_IP, self._allocatable)
+
+    def _set_up_volumes(self, pod: Mapping[str, Any], record: PodRecord) -> None:
+        """The pod's emptyDir, configMap and secret volumes (sim.kubelet.volumes); a missing ConfigMap or Secret
+        keeps the pod in ContainerCreating with a FailedMount event, retried like any admission failure."""
+        try:
+            record.volumes = volumes.set_up(self.kubelet_dir, pod, self._lookup)
+            return
+        except (volumes.VolumeError, OSError) as exc:
+            message = str(exc)
+        if message != record.last_error:
+            containers = [c for c in (pod.get("spec") or {}).get("containers") or [] if isinstance(c, Mapping)]
+            statuses = [{"name": c.get("name"), "ready": False, "restartCount": 0, "image": str(c.get("image") or ""),
+                         "imageID": "", "started": False, "state": {"waiting": {"reason": "ContainerCreating"}}}
+                        for c in containers]
+            self.api.patch("Pod", record.name, {"status": {
+                "phase": "Pending", "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}],
+                "conditions": pod_conditions(statuses, _now()), "containerStatuses": statuses,
+            }}, namespace=record.namespace, subresource="status")
+            self.events.pod({"namespace": record.namespace, "name": record.name, "uid": record.uid}, "FailedMount",
+                            message)
+        raise KubeletError(message)
 
     def _check_env(self, pod: Mapping[str, Any], record: PodRecord) -> None:
         """Every container's env can be built (ConfigMaps, Secrets and their keys exist); otherwise the pod stays

@@ -136,6 +136,7 @@ class ContainerRequest:
     env: Mapping[str, str] = field(default_factory=dict)
     cdi_devices: tuple[str, ...] = ()
     log_path: Path | None = None  # where podman writes its k8s-file log (default: the node's logs/<name>.log)
+    mounts: tuple[tuple[str, str, bool], ...] = ()  # (host path, container path, read-only): the pod's volumes
 
 
 @dataclass(frozen=True)
@@ -250,6 +251,8 @@ class PodmanRuntime:
                 "-v", f"{self.state_dir / 'probe'}:{PROBE_DIR}:ro", "-v", f"{seen}:{SEEN_DIR}"]
         for key, value in request.env.items():
             args += ["-e", f"{key}={value}"]
+        for host, path, read_only in request.mounts:
+            args += ["-v", f"{host}:{path}:{'ro' if read_only else 'rw'}"]
         for cid in request.cdi_devices:
             args += ["--device", cid]
         args += ["--rootfs", str(self.rootfs), f"{PROBE_DIR}/probe", *(request.command or DEFAULT_COMMAND)]
