@@ -69,3 +69,37 @@ def test_pod_deleted_while_the_agent_is_down_is_unprepared_when_it_is_back(apise
         finally:
             kubelet.stop()
             agent.stop()
+
+
+def test_pod_deleted_while_the_kubelet_was_down_is_unprepared_when_it_starts(apiserver: RunningApiServer) -> None:
+    api = apiserver.api
+    with short_tmp() as tmp:
+        agent = start_agent(tmp, api, profile="v100-4")
+        kubelet = NodeKubelet(api, NODE, tmp / "kubelet", DRIVER)
+        try:
+            kubelet.register_plugin(timeout=30)
+            kubelet.start()
+            slices = wait_for("slices", lambda: api.list("ResourceSlice")[0])
+            device = slices[0]["spec"]["devices"][0]["name"]
+            uid = create_allocated_claim(api, "gpu", [("gpu", device)])["metadata"]["uid"]
+            pod = api.create("Pod", {"metadata": {"name": "p", "namespace": "default"}, "spec": {
+                "nodeName": NODE, "containers": [{"name": "c", "image": "busybox", "resources": {"claims": [{"name": "g"}]}}],
+                "resourceClaims": [{"name": "g", "resourceClaimName": "gpu"}]}}, namespace="default")
+            claim = api.get("ResourceClaim", "gpu", namespace="default")
+            claim["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": pod["metadata"]["uid"]}]
+            api.replace_status("ResourceClaim", claim)
+            wait_for("Running", lambda: api.get("Pod", "p", namespace="default").get("status", {}).get("phase") == "Running")
+            spec = tmp / "cdi" / f"k8s.gpu.nvidia.com-claim_{uid}.json"
+            assert spec.exists()
+            kubelet.stop()  # the kubelet is down (its process killed: nothing of it in memory survives) ...
+            api.delete("Pod", "p", namespace="default")  # ... when the pod goes
+            time.sleep(0.5)
+            assert spec.exists()
+            kubelet = NodeKubelet(api, NODE, tmp / "kubelet", DRIVER)  # a new kubelet: only its checkpoint is left
+            kubelet.register_plugin(timeout=30)
+            kubelet.start()
+            wait_for("the claim of the deleted pod to be unprepared", lambda: not spec.exists())
+            assert _held(tmp / "kubelet", tmp, uid) == (False, False)
+        finally:
+            kubelet.stop()
+            agent.stop()

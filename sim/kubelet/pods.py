@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 from sim.kubelet.backoff import RestartBackoff, duration_text
 from sim.kubelet.devicemanager import DeviceManagerError, DeviceManagerSim
-from sim.kubelet import envvars, volumes
+from sim.kubelet import claimstate, envvars, volumes
 from sim.kubelet.envvars import EnvError, Lookup, PodContext, expand
 from sim.kubelet.events import KubeletEvents, format_pod
 from sim.kubelet.heartbeat import heartbeat_loop
@@ -384,7 +384,37 @@ class NodeKubelet:
         """Find the node agent's registration socket and register it (raises KubeletError on failure)."""
         self.sim.wait_for_plugin(self.driver_name, timeout=timeout)
 
+    def _save_claim_state(self) -> None:
+        try:
+            claimstate.save(self.kubelet_dir, {uid: (p.name, [c for c in p.claims if c.uid in p.prepared])
+                                               for uid, p in self._sim_pods.items()})
+        except OSError as exc:
+            log.warning("event=claim-state-write-failed node=%s error=%r", self.node_name, str(exc))
+
+    def _recover_claims(self) -> None:
+        """After a restart: the pods this kubelet had prepared claims for that no longer run here get their claims
+        unprepared (retried like any unprepare); the others are adopted when their pod's event arrives."""
+        saved = claimstate.load(self.kubelet_dir)
+        if not saved:
+            return
+        try:
+            live = {str(p["metadata"]["uid"]): p for p in self.api.list("Pod", field_selector=f"spec.nodeName={self.node_name}")[0]}
+        except ApiError as exc:
+            log.warning("event=claim-recovery-deferred node=%s error=%r", self.node_name, str(exc))
+            live = None
+        for uid, (name, claims) in saved.items():
+            pod = live.get(uid) if live is not None else None
+            gone = live is not None and (pod is None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
+            if not gone:
+                continue  # a running pod is prepared again on its first event (NodePrepareResources is idempotent)
+            self._sim_pods[uid] = Pod(name, claims, {c.uid: [] for c in claims})
+            self._record({"metadata": (pod or {}).get("metadata") or {"namespace": claims[0].namespace, "name": name,
+                                                                       "uid": uid}})
+            self._unprepare_pending.add(uid)
+            log.info("event=claims-of-gone-pod node=%s pod=%s claims=%d", self.node_name, name, len(claims))
+
     def start(self) -> None:
+        self._recover_claims()
         targets = [("watch", self._watch), ("worker", self._work),
                    ("heartbeat", lambda: heartbeat_loop(self.api, self.node_name, self._stop))]
         if self.device_manager is not None:
@@ -943,6 +973,7 @@ class NodeKubelet:
             try:
                 self.sim.sync()  # a re-registered plugin (restart) is picked up before the call, as inotify would
                 self.sim.prepare_pod(self.driver_name, sim_pod)
+                self._save_claim_state()
             except KubeletError as exc:
                 raise _PrepareFailed(str(exc)) from exc
             with self._lock:
@@ -988,7 +1019,8 @@ class NodeKubelet:
                 log.info("event=unprepare-retried node=%s pod=%s failures=%d", self.node_name, sim_pod.name,
                          record.unprepare_failures)
         self._unprepare_pending.discard(uid)
-        self._sim_pods.pop(uid, None)
+        if self._sim_pods.pop(uid, None) is not None:
+            self._save_claim_state()
         with self._lock:
             if record is not None:
                 record.unprepared = True
