@@ -78,6 +78,7 @@ def cluster(apiserver: RunningApiServer) -> Iterator[Cluster]:
     require_podman()
     with short_tmp() as tmp:
         apiserver.server.pod_logs = PodLogsDir(tmp / "pod-logs")
+        apiserver.api.create("Node", {"metadata": {"name": NODE}})  # the kubelet publishes its exec port on it
         agent = start_agent(tmp, apiserver.api, profile="v100-4")
         runtime = Runtimes(tmp / "runtime").for_node(NODE, tmp / "cdi")
         kubelet = NodeKubelet(apiserver.api, NODE, tmp / "kubelet", DRIVER, runtime=runtime, pod_logs_dir=tmp / "pod-logs")
@@ -298,3 +299,23 @@ def test_empty_dir_config_map_and_secret_volumes_are_real_files(cluster: Cluster
                                                   if e["reason"] == "FailedMount"), None))
     assert event["message"] == 'MountVolume.SetUp failed for volume "cfg" : configmap "absent" not found'
     assert cluster.kubectl("get", "pod", "nomap", "--no-headers").stdout.split()[2] == "ContainerCreating"
+
+
+def test_kubectl_exec_runs_in_the_container_over_websocket(cluster: Cluster) -> None:
+    kubectl = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "kubectl")  # 1.37: WebSocket first
+    cluster.pod("shell", "echo ready > /tmp/state 2>/dev/null; sleep 1000", restart="Always")
+    cluster.wait_phase("shell", "Running")
+
+    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([kubectl, "--kubeconfig", str(cluster.kubeconfig), "-n", "default", *args],
+                              capture_output=True, text=True, timeout=60, input=stdin)
+
+    done = run("exec", "shell", "--", "sh", "-c", "echo out $GREETING; echo err >&2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "out hello\n" and done.stderr == "err\n"
+    failed = run("exec", "shell", "--", "sh", "-c", "exit 3")
+    assert failed.returncode == 3 and "command terminated with exit code 3" in failed.stderr
+    piped = run("exec", "-i", "shell", "-c", "main", "--", "sh", "-c", "tr a-z A-Z", stdin="shout\n")
+    assert piped.returncode == 0 and piped.stdout == "SHOUT\n", piped.stderr
+    missing = run("exec", "shell", "-c", "nope", "--", "true")
+    assert missing.returncode != 0 and "container nope is not valid for pod shell" in missing.stderr

@@ -42,6 +42,7 @@ from sim.kubelet.devicemanager import DeviceManagerError, DeviceManagerSim
 from sim.kubelet import claimstate, envvars, volumes
 from sim.kubelet.envvars import EnvError, Lookup, PodContext, expand
 from sim.kubelet.events import KubeletEvents, format_pod
+from sim.kubelet.execserver import ExecServer
 from sim.kubelet.heartbeat import heartbeat_loop
 from sim.kubelet.dra import ClaimInfo, KubeletError, KubeletSim, Pod, PreparedDevice
 from sim.kubelet.podhealth import PodHealthReporter, RunningPod
@@ -99,6 +100,8 @@ class ContainerRuntime(Protocol):
     def remove(self, name: str, grace_seconds: int = 1) -> None: ...
 
     def seen(self, name: str) -> Seen | None: ...
+
+    def exec_argv(self, name: str, command: Sequence[str]) -> list[str] | None: ...
 
 
 def _now() -> str:
@@ -376,6 +379,7 @@ class NodeKubelet:
         self._active: dict[str, dict[str, Any]] = {}  # uid -> pod whose containers the runtime runs
         self._unprepare_pending: set[str] = set()  # uids whose claims an unprepare call failed for
         self._pod_ips = PodIPs(node_name)
+        self.exec_server = ExecServer(self._exec_argv) if runtime is not None else None
         self._allocatable: dict[str, str] | None = None  # the Node's status.allocatable, read once
 
     # ---- lifecycle --------------------------------------------------------------------------------------
@@ -413,8 +417,29 @@ class NodeKubelet:
             self._unprepare_pending.add(uid)
             log.info("event=claims-of-gone-pod node=%s pod=%s claims=%d", self.node_name, name, len(claims))
 
+    def _exec_argv(self, namespace: str, pod: str, container: str, command: Sequence[str]) -> list[str] | None:
+        name = self.container_runtime_name(namespace, pod, container or None)
+        if name is None or self.runtime is None:
+            return None
+        return self.runtime.exec_argv(name, command)
+
+    def _publish_kubelet_port(self) -> None:
+        """The Node's daemonEndpoints name the exec server's port, where the control plane proxies pods/exec."""
+        if self.exec_server is None:
+            return
+        try:
+            self.api.patch("Node", self.node_name, {"status": {"daemonEndpoints": {"kubeletEndpoint": {
+                "Port": self.exec_server.port}}}}, subresource="status")
+        except NotFound:
+            log.info("event=no-node-object node=%s exec_port=%d", self.node_name, self.exec_server.port)
+        except ApiError as exc:
+            log.warning("event=kubelet-port-not-published node=%s error=%r", self.node_name, str(exc))
+
     def start(self) -> None:
         self._recover_claims()
+        if self.exec_server is not None:
+            self.exec_server.start()
+            self._publish_kubelet_port()
         targets = [("watch", self._watch), ("worker", self._work),
                    ("heartbeat", lambda: heartbeat_loop(self.api, self.node_name, self._stop))]
         if self.device_manager is not None:
@@ -427,6 +452,8 @@ class NodeKubelet:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.exec_server is not None:
+            self.exec_server.stop()
         self._events.put(("STOP", {}))
         self.health.stop()
         for t in self._threads:

@@ -309,6 +309,12 @@ class PodmanRuntime:
         if known is not None:
             log.info("event=container-removed container=%s", name)
 
+    def exec_argv(self, name: str, command: Sequence[str]) -> list[str] | None:
+        """argv that runs `command` in the running container `name` (stdin kept open), or None if it is not running."""
+        if not self.status(name).running:
+            return None
+        return self.ns.command([*self._global, "exec", "-i", name, *command])
+
     def names(self) -> list[str]:
         with self._lock:
             return list(self._containers)
