@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+from datetime import datetime, timezone
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -260,8 +261,6 @@ def _status(deploy: Mapping[str, Any], owned: list[dict[str, Any]], new: Mapping
 
 
 def _condition(old: Mapping[str, Any] | None, kind: str, true: bool, reason: str, message: str) -> dict[str, Any]:
-    from datetime import datetime, timezone
-
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     state = "True" if true else "False"
     same = old is not None and old.get("status") == state

@@ -1,12 +1,13 @@
-"""The workload controllers of `gpu-dra cluster`, as far as pods go: what kube-controller-manager's Deployment,
-ReplicaSet, StatefulSet, Job and CronJob controllers do, so that a user's own workloads run on the simulated
+"""The workload controllers of `gpu-dra cluster`: what kube-controller-manager's Deployment, ReplicaSet,
+StatefulSet, Job, CronJob and ResourceQuota controllers do, so that a user's own workloads run on the simulated
 cluster as they would on a real one.
 
 Pods are made by `controller.expand`, the same expansion `gpu-dra allocate` uses, so the cluster and the offline
-tools name them alike. Each pass lists the workloads, creates the pods they should have, deletes pods a workload
-no longer wants (scaled down, template changed, workload deleted: Kubernetes' garbage collector), and writes the
-workloads' replica counts into their status. Simplifications, since no container ever exits without a runtime:
-a Job's pods run until deleted, and a CronJob starts its Job at once rather than at the next scheduled time.
+tools name them alike. Each pass lists the workloads, rolls Deployments out through their ReplicaSets
+(sim.cluster.deployments), runs Jobs to completion or failure (sim.cluster.jobs), creates the pods ReplicaSets and
+StatefulSets should have, deletes pods a workload no longer wants (scaled down, workload deleted: Kubernetes'
+garbage collector), writes the workloads' status and the quotas' status.hard/used. A CronJob starts its Job at once
+rather than at the next scheduled time.
 """
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ A missing object or key fails the container's start (CreateContainerConfigError)
 
 from __future__ import annotations
 
-import base64
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -13,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpudra.quantity import Quantity, QuantityError
+from sim.kubelet.volumes import object_files
 
 # (kind, namespace, name) -> the object, or None when it does not exist.
 Lookup = Callable[[str, str, str], Mapping[str, Any] | None]
@@ -88,14 +88,7 @@ def resource_value(ref: Mapping[str, Any], container: Mapping[str, Any], ctx: Po
 
 
 def _data(kind: str, obj: Mapping[str, Any]) -> dict[str, str]:
-    if kind == "ConfigMap":
-        out = {str(k): str(v) for k, v in (obj.get("data") or {}).items()}
-        for k, v in (obj.get("binaryData") or {}).items():
-            out[str(k)] = base64.b64decode(str(v)).decode(errors="replace")
-        return out
-    out = {str(k): base64.b64decode(str(v)).decode(errors="replace") for k, v in (obj.get("data") or {}).items()}
-    out.update({str(k): str(v) for k, v in (obj.get("stringData") or {}).items()})
-    return out
+    return {k: v.decode(errors="replace") for k, v in object_files(kind, obj).items()}
 
 
 def _key_ref(kind: str, ref: Mapping[str, Any], namespace: str, lookup: Lookup) -> str | None:

@@ -38,7 +38,8 @@ def pod_dir(kubelet_dir: Path, uid: str) -> Path:
     return kubelet_dir / "pods" / uid
 
 
-def _files(kind: str, obj: Mapping[str, Any]) -> dict[str, bytes]:
+def object_files(kind: str, obj: Mapping[str, Any]) -> dict[str, bytes]:
+    """A ConfigMap's (data, binaryData) or a Secret's (data, stringData) keys and their bytes."""
     if kind == "ConfigMap":
         out = {str(k): str(v).encode() for k, v in (obj.get("data") or {}).items()}
         out.update({str(k): base64.b64decode(str(v)) for k, v in (obj.get("binaryData") or {}).items()})
@@ -78,7 +79,7 @@ def set_up(kubelet_dir: Path, pod: Mapping[str, Any], lookup: Lookup) -> dict[st
         if obj is None and not source.get("optional"):
             word = "configmap" if kind == "configMap" else "secret"
             raise VolumeError(f'MountVolume.SetUp failed for volume "{name}" : {word} "{obj_name}" not found')
-        files = _files(obj_kind, obj or {})
+        files = object_files(obj_kind, obj or {})
         default_mode = source.get("defaultMode", 0o644)
         wanted: list[tuple[str, str, int]] = []
         if source.get("items"):
