@@ -14,7 +14,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from gpudra import cliopts
@@ -127,7 +129,7 @@ def _print(obj: Any, output: str, table: str) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from gpudra.privatedir import PrivateDirError, ensure_private_dir
+    from gpudra.privatedir import ensure_private_dir
     from sim.cluster import kubeconfig
     from sim.cluster.spec import (ClusterSpec, SpecError, SupervisorStatus, cluster_paths, default_nodes, links_home,
                                   parse_nodes, read_json, write_json)
@@ -145,15 +147,16 @@ def _up(args: argparse.Namespace) -> int:
     runtime = _resolve_runtime(args.runtime)
     if runtime is None:
         return 2
-    links = links_home() / args.name
-    spec = ClusterSpec(args.name, node_specs, runtime, features, args.partitionable, str(links), runtime_config)
+    # The node links get a fresh directory of their own (mkdtemp: never a predictable name another user, or another
+    # cluster of the same name under another XDG_STATE_HOME, could hold); its name is recorded in spec.json.
+    links_root = links_home()
     existing = _load(args.name)
     if existing is not None and existing[3]:
         _err(f"cluster {args.name!r} is already up (server {existing[2].server}); "
              f"gpu-dra cluster down --name {args.name} first, or choose another --name")
         return 1
     paths = cluster_paths(args.name)
-    problem = paths.socket_problem(links, node_specs)
+    problem = paths.socket_problem(links_root / f"{args.name}-{'x' * 8}", node_specs)
     if problem:
         _err(problem)
         return 2
@@ -162,11 +165,12 @@ def _up(args: argparse.Namespace) -> int:
         _progress(f"cluster {args.name}: its supervisor is not running (stopped or killed); removing its old state")
         _remove_state(existing[0], existing[1])
     try:
-        ensure_private_dir(links.parent)
-        ensure_private_dir(links)
-    except PrivateDirError as exc:
+        ensure_private_dir(links_root)
+        links = Path(tempfile.mkdtemp(prefix=f"{args.name}-", dir=links_root))
+    except OSError as exc:  # PrivateDirError included
         _err(f"cluster {args.name}: node link directory: {exc}; or set XDG_RUNTIME_DIR to a directory of your own")
         return 1
+    spec = ClusterSpec(args.name, node_specs, runtime, features, args.partitionable, str(links), runtime_config)
     paths.root.mkdir(parents=True, exist_ok=True)
     write_json(paths.spec, spec.to_json())
     paths.logs.mkdir(parents=True, exist_ok=True)
@@ -351,8 +355,6 @@ def _down(args: argparse.Namespace) -> int:
         _progress(f"  stopped {', '.join(stopped)}")
     removed_from = None
     if isinstance(recorded, dict) and recorded.get("path"):
-        from pathlib import Path
-
         try:
             if kubeconfig.remove(Path(recorded["path"]), args.name):
                 removed_from = recorded["path"]
