@@ -236,3 +236,23 @@ def test_checkpointed_claims_no_path_may_be_built_from_are_dropped_on_load(tmp_p
     assert report.corrupt and len(report.problems) == 3
     assert any("'../../root-only'" in p and "not a Kubernetes UID" in p for p in report.problems)
     assert any("MPS pipe_dir" in p for p in report.problems)
+
+
+def test_nvidias_checkpoint_is_moved_aside_not_treated_as_corrupt(tmp_path: Path) -> None:
+    """Switching over from NVIDIA's driver: its checkpoint.json (same name, same plugin dir) is recognised,
+    kept aside and its claims named; ours starts empty and is not reported corrupt."""
+    d = tmp_path / "p"
+    d.mkdir()
+    nvidia = {"checksum": 2893617361, "v2": {"preparedClaims": {
+        "7c1f9a4e-0000-4000-8000-000000000001": {"checkpointState": "PrepareCompleted", "preparedDevices": []},
+        "7c1f9a4e-0000-4000-8000-000000000002": {"checkpointState": "PrepareStarted"}}}}
+    (d / "checkpoint.json").write_text(json.dumps(nvidia))
+    cp, report = Checkpoint.open(d, boot_id_path=_boot(tmp_path))
+    try:
+        assert report.problems == [] and not report.corrupt
+        assert cp.state.claims == {}
+        note = next(n for n in report.notes if "NVIDIA's DRA driver checkpoint" in n)
+        assert "7c1f9a4e-0000-4000-8000-000000000001, 7c1f9a4e-0000-4000-8000-000000000002" in note
+        assert json.loads((d / "checkpoint.json.nvidia-1").read_text()) == nvidia
+    finally:
+        cp.close()
