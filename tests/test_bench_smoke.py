@@ -33,6 +33,15 @@ def _kubeapi(doc: dict[str, Any]) -> None:
         _positive(figures, "officialCpuUsPerCall", "kubeapiCpuUsPerCall")
 
 
+def _memory(doc: dict[str, Any]) -> None:
+    # Each side in a fresh process: every object of the tiny cluster reaches the controller's informers, and the
+    # agent sees its own node's claims.
+    assert (doc["nodes"], doc["pods"]) == (3, 6) and doc["controller"]["objects"]["Pod"] == 6
+    assert doc["agent"]["ownClaims"] == 2 and doc["agent"]["pages"] >= 1
+    _positive(doc["controller"], "baseMiB")
+    _positive(doc, "peakRssMiB")
+
+
 def _prepare(doc: dict[str, Any]) -> None:
     # 12 claims of 1-8 of 8 exclusive GPUs: each is prepared and unprepared once, never two on one GPU.
     assert doc["claims"] == 12 and 1 <= doc["devicesPerClaimMean"] <= 8 and doc["preparedAtOnceMean"] >= 1
@@ -63,6 +72,7 @@ CASES = {
     "allocate": (["--scenario", "a", "--nodes", "2", "--devices", "2"], _allocate, ()),
     "cel": (["--size", "20"], _cel, ()),
     "kubeapi": (["--size", "5"], _kubeapi, (pytest.mark.process,)),  # the API server runs in a child process
+    "memory": (["--nodes", "3", "--pods", "6"], _memory, (pytest.mark.process,)),
     "prepare": (["--size", "12"], _prepare, (pytest.mark.slow,)),
     "schedule": (["--nodes", "1", "--pods", "2"], _schedule, (pytest.mark.process,)),
     "serving": (["--size", "8"], _serving, (pytest.mark.process,)),
