@@ -11,6 +11,7 @@ from types import FrameType
 
 from gpudra import DEFAULT_DRIVER_NAME, cliopts, logfmt
 from controlplane import EmbeddedApiServer
+from controller.cel.policyenv import PolicyEnvironment
 from controller.validationhooks import validation_admission
 from controlplane.persistence import StateFileError
 from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, check_version
@@ -46,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         server = EmbeddedApiServer(args.address, args.port, state_file=args.state,
-                                   admission=validation_admission(args.driver_name, version), kubernetes_version=version)
+                                   admission=validation_admission(args.driver_name, version), kubernetes_version=version,
+                                   unauthenticated_as_admin=False, expressions=PolicyEnvironment())
         if args.pod_logs_dir:
             server.pod_logs = PodLogsDir(Path(args.pod_logs_dir).absolute())
         url = server.start()

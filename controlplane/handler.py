@@ -18,7 +18,11 @@ from controlplane import resources as res
 from controlplane import httphead
 from gpudra.validation import schema
 from controlplane import status as st
+from controlplane import filters, reviews
+from controlplane.admission.request import AdmissionRequest
+from controlplane.authn import UserInfo
 from controlplane.podpriority import admit_pod_priority
+from controlplane.security import Security, account_uid, ensure_default_account
 from controlplane.openapi import openapi_group_version, openapi_root, openapi_v2, openapi_v2_protobuf
 from controlplane.podlogs import PodLogSource, parse_cri_log
 from controlplane.serving import wait_ready
@@ -48,6 +52,8 @@ class ServerContext(Protocol):
     registry: res.Registry
     bookmark_interval: float
     pod_logs: PodLogSource | None
+    security: Security
+    kubernetes_version: str
 
     @property
     def stopping(self) -> bool: ...
@@ -416,12 +422,21 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     # ----- routing -------------------------------------------------------------------------------------------
 
+    def _authenticate(self) -> UserInfo:
+        sec = self.ctx.security
+        store, reg = self.ctx.store, self.ctx.registry
+        return filters.authenticate(self.headers.get("Authorization"), sec.authenticator,
+                                    lambda ns, name: account_uid(store, reg, ns, name), sec.unauthenticated_as_admin)
+
     def _route(self, method: str, path: str, query: dict[str, str]) -> None:
         parts = [p for p in path.split("/") if p]
         reg = self.ctx.registry
+        self._user = user = self._authenticate()
+        authorizer = self.ctx.security.authorizer
         if method == "GET":
             doc = self._discovery(parts, reg)
             if doc is not None:
+                authorizer.require(filters.path_attributes(user, method, path))
                 if isinstance(doc, tuple):
                     self._send(200, doc[0], doc[1])
                 elif isinstance(doc, bytes):
@@ -436,13 +451,26 @@ class ApiHandler(BaseHTTPRequestHandler):
         else:
             raise st.StatusError(404, "NotFound", f"the server could not find the requested resource ({path})")
         route = self._resolve(group, version, rest, path)
+        attrs = filters.resource_attributes(user, method, route.rt, route.namespace, route.name,
+                                            route.subresource, query)
+        authorizer.require(attrs)
         dry_run = query.get("dryRun", "")
         if dry_run not in ("", "All"):
             raise st.bad_request(f"dryRun: Unsupported value: {json.dumps(dry_run)}: supported values: \"All\"")
-        if dry_run:
-            with self.ctx.store.dry_run():
-                self._serve(method, route, query)
-        else:
+        if route.rt.virtual or route.subresource == "token":
+            self._review(method, route, user)
+            return
+        store = self.ctx.store
+        admission = self.ctx.security.admission
+        operation = {"POST": "CREATE", "PUT": "UPDATE", "PATCH": "UPDATE", "DELETE": "DELETE"}.get(method, "")
+
+        def admit(rt: res.ResourceType, name: str, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+            req = AdmissionRequest(user, operation, rt, route.namespace, name, route.subresource or "", attrs.verb,
+                                   bool(dry_run), authorizer)
+            admission.admit(req, obj, old, self._warnings)
+
+        self._admit = admit
+        with store.admitting(admit), store.dry_run(bool(dry_run)):
             self._serve(method, route, query)
 
     def _discovery(self, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | tuple[bytes, str] | None:
@@ -500,6 +528,33 @@ class ApiHandler(BaseHTTPRequestHandler):
                                                   f"{rt.plural} are namespaced; use /namespaces/NAMESPACE/{rt.plural}")
         return Route(rt, namespace, name, sub, version)
 
+    def _review(self, method: str, r: Route, user: UserInfo) -> None:
+        """The endpoints that answer without storing: reviews and TokenRequest (POST only)."""
+        if method != "POST" or (r.subresource == "token" and not r.name) or (r.rt.virtual and r.name):
+            raise st.method_not_allowed(f"{method} is not supported on {r.rt.plural}"
+                                        f"{'/' + r.subresource if r.subresource else ''}; supported: POST (create)")
+        body = self._body()
+        authorizer = self.ctx.security.authorizer
+        if r.rt.kind == "SelfSubjectAccessReview":
+            answer = reviews.self_subject_access_review(body, user, authorizer)
+        elif r.rt.kind == "SubjectAccessReview":
+            answer = reviews.subject_access_review(body, authorizer)
+        elif r.rt.kind == "SelfSubjectReview":
+            answer = reviews.self_subject_review(user)
+        else:
+            store, reg = self.ctx.store, self.ctx.registry
+            account = store.get(r.rt, r.namespace, r.name or "")
+
+            def get(kind: str, ns: str, name: str) -> dict[str, Any] | None:
+                rt = reg.by_kind(kind)
+                try:
+                    return store.get(rt, ns, name) if rt is not None else None
+                except st.StatusError:
+                    return None
+            answer = reviews.token_request(r.namespace, r.name or "", account, body,
+                                           self.ctx.security.authenticator, get)
+        self._send_json(201, answer)
+
     def _serve(self, method: str, r: Route, query: dict[str, str]) -> None:
         store = self.ctx.store
         if r.name is None:
@@ -516,6 +571,8 @@ class ApiHandler(BaseHTTPRequestHandler):
                 if r.rt.kind == "Pod" and isinstance(body, dict):
                     body = admit_pod_priority(store, self.ctx.registry, body)
                 obj = store.create(r.rt, r.namespace, body, policy)
+                if r.rt.kind == "Namespace" and not store.in_dry_run:
+                    ensure_default_account(store, self.ctx.registry, obj["metadata"]["name"])
                 self._send_json(201, r.shown(obj))
                 return
             raise st.method_not_allowed(f"{method} is not supported on the collection {r.rt.plural}; "
@@ -572,6 +629,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             if policy not in (None, "Foreground", "Background", "Orphan"):
                 raise st.bad_request(f"propagationPolicy: Unsupported value: {json.dumps(policy)}: supported values: "
                                      '"Foreground", "Background", "Orphan"')
+            self._admit(r.rt, r.name, None, store.get(r.rt, r.namespace, r.name))
             deleted = store.delete(r.rt, r.namespace, r.name, options)
             self._send_json(200, r.shown(deleted) if deleted.get("kind") == r.rt.kind else deleted)
         else:

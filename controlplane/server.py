@@ -18,7 +18,9 @@ from controlplane.podlogs import PodLogSource
 from gpudra.atomicfile import atomic_write
 from controlplane.resources import Registry, registry_for
 from controlplane.status import StatusError
-from controlplane.store import Store
+from controlplane.store import Filter, Store
+from controlplane.admission.policy import Expressions
+from controlplane.security import Security, build_security, ensure_bootstrap_policy, ensure_default_account
 from gpudra.validation.admission import Admission
 
 _INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -43,12 +45,20 @@ class EmbeddedApiServer:
     """A Kubernetes-compatible API server on loopback, in memory or durable in the SQLite database `state_file`.
 
     With `state_file`, every write is committed to the database before it is answered (see persistence.py);
-    `persist_interval` is accepted for compatibility and unused (there is no periodic snapshot any more)."""
+    `persist_interval` is accepted for compatibility and unused (there is no periodic snapshot any more).
+
+    Requests pass authentication, authorization (Node, RBAC) and admission (`controlplane.security`).
+    `unauthenticated_as_admin` keeps kube-apiserver's old insecure-port behaviour for library use and tests (a
+    request without credentials is the admin); the programs (`gpu-dra apiserver`, demo, cluster) turn it off,
+    so such a request is system:anonymous. The kubeconfig written is always the admin's (a bearer token).
+    `expressions` is the CEL engine ValidatingAdmissionPolicies are evaluated with (none: policies are stored
+    but not enforced, which only library users without the controller package get)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, state_file: str | Path | None = None,
                  admission: Admission | None = None, *, bookmark_interval: float = 60.0,
                  history_limit: int = 20000, registry: Registry | None = None,
-                 persist_interval: float = 0.5, kubernetes_version: str = "1.37") -> None:
+                 persist_interval: float = 0.5, kubernetes_version: str = "1.37",
+                 unauthenticated_as_admin: bool = True, expressions: Expressions | None = None) -> None:
         check_loopback(host)
         self.kubernetes_version = kubernetes_version
         self.host = host
@@ -58,6 +68,13 @@ class EmbeddedApiServer:
         self.bookmark_interval = bookmark_interval
         self.persist_interval = persist_interval
         self.store = Store(self.registry, admission, history_limit)
+        self.security: Security = build_security(self.store, self.registry, kubernetes_version,
+                                                 expressions=expressions,
+                                                 unauthenticated_as_admin=unauthenticated_as_admin)
+        # Where a webhook's service reference is reached: (namespace, name) -> (host, port). TLS still verifies
+        # `<name>.<namespace>.svc`, as kube-apiserver's service resolver does.
+        self.service_endpoints: dict[tuple[str, str], tuple[str, int]] = {}
+        self.security.webhooks.resolve = self._resolve_service
         self._stop = threading.Event()
         self._httpd: PooledHttpServer | None = None
         self._threads: list[threading.Thread] = []
@@ -92,6 +109,35 @@ class EmbeddedApiServer:
         self._spawn("apiserver-gc", self._gc_loop)
         return self.url
 
+    def _resolve_service(self, namespace: str, name: str, port: int) -> tuple[str, int]:
+        return self.service_endpoints.get((namespace, name), (f"{name}.{namespace}.svc", port))
+
+    @property
+    def admin_token(self) -> str:
+        """The person's credential (`kubernetes-admin` in system:masters), as the kubeconfig carries it."""
+        return self.security.authenticator.admin_token
+
+    def node_token(self, node: str) -> str:
+        """A kubelet's credential: `system:node:<node>` in system:nodes (a client certificate on a cluster)."""
+        return self.security.authenticator.node_token(node)
+
+    def service_account_token(self, namespace: str, name: str, *, node: str | None = None,
+                              expiration_seconds: int = 86400 * 365) -> str:
+        """A TokenRequest token of an existing ServiceAccount, bound to Node `node` when given (so it carries
+        `authentication.kubernetes.io/node-name`, as a DaemonSet pod's projected token does)."""
+        from controlplane.authn import BoundObject
+
+        sa_rt, node_rt = self.registry.by_kind("ServiceAccount"), self.registry.by_kind("Node")
+        assert sa_rt is not None and node_rt is not None
+        account = self.store.get(sa_rt, namespace, name)
+        bound = None
+        if node is not None:
+            node_obj = self.store.get(node_rt, "", node)
+            bound = BoundObject("Node", node, str(node_obj["metadata"]["uid"]))
+        token, _ = self.security.authenticator.service_account_token(
+            namespace, name, str(account["metadata"]["uid"]), expiration_seconds=expiration_seconds, node=bound)
+        return token
+
     def _make_handler(self, conn: Connection, server: PooledHttpServer) -> ApiHandler:
         return ApiHandler.for_connection(conn, server, self)
 
@@ -108,6 +154,11 @@ class EmbeddedApiServer:
                 self.store.get(ns_rt, "", name)
             except StatusError:
                 self.store.create(ns_rt, "", {"metadata": {"name": name}})
+        ensure_bootstrap_policy(self.store, self.registry)
+        ns_items = self.store.list(Filter(ns_rt))[0]
+        for ns in ns_items:
+            if not ns["metadata"].get("deletionTimestamp"):
+                ensure_default_account(self.store, self.registry, ns["metadata"]["name"])
         pc_rt = self.registry.by_kind("PriorityClass")
         for pc in system_priority_classes() if pc_rt is not None else []:
             try:
@@ -142,7 +193,7 @@ class EmbeddedApiServer:
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "gpu-dra", "cluster": {"server": self.url}}],
-            "users": [{"name": "gpu-dra", "user": {}}],
+            "users": [{"name": "gpu-dra", "user": {"token": self.admin_token}}],
             "contexts": [{"name": "gpu-dra", "context": {"cluster": "gpu-dra", "user": "gpu-dra",
                                                          "namespace": "default"}}],
             "current-context": "gpu-dra",

@@ -123,6 +123,10 @@ class Filter:
         return True
 
 
+# (type, name, the object to store, the stored one or None) -> None; raises a StatusError to refuse.
+RequestAdmission = Callable[[ResourceType, str, dict[str, Any], "dict[str, Any] | None"], None]
+
+
 class Store:
     def __init__(self, registry: Registry, admission: Admission | None = None, history_limit: int = 20000) -> None:
         self.registry = registry
@@ -162,6 +166,11 @@ class Store:
         with self._cond:
             return self._rv
 
+    def type_version(self, rt: ResourceType) -> int:
+        """The newest visible change of `rt`'s objects: equal values mean nothing of that type changed (caches
+        of policy objects, RBAC rules, check it per request)."""
+        return self._rt_visible[rt]
+
     def get(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any]:
         with self._cond:
             obj = self._objects[rt].get((namespace, name))
@@ -191,6 +200,11 @@ class Store:
     @property
     def _dry_run(self) -> bool:
         return bool(getattr(self._tls, "dry_run", False))
+
+    @property
+    def in_dry_run(self) -> bool:
+        """Whether this thread's writes are inside `dry_run()`."""
+        return self._dry_run
 
     @contextlib.contextmanager
     def dry_run(self, enabled: bool = True) -> Iterator[None]:
@@ -241,6 +255,16 @@ class Store:
     def _admits(self, rt: ResourceType) -> bool:
         return self._admission is not None and rt.group == "resource.k8s.io"
 
+    @contextlib.contextmanager
+    def admitting(self, admit: RequestAdmission) -> Iterator[None]:
+        """Writes made by this thread inside the block also pass `admit` (the request's admission chain, which
+        knows who asks), after the strategy's validation and before the commit."""
+        self._tls.admit = admit
+        try:
+            yield
+        finally:
+            self._tls.admit = None
+
     def _admit(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         errors = o.metadata_errors(obj)
         if old is not None:
@@ -255,6 +279,9 @@ class Store:
                                      f'{rt.qualified_kind} "{name}": admission failed: {type(exc).__name__}: {exc}')
         if errors:
             raise st.invalid(rt, name, errors)
+        request_admission = getattr(self._tls, "admit", None)
+        if request_admission is not None:
+            request_admission(rt, name, obj, old)
 
     def _commit(self, rt: ResourceType, key: tuple[str, str], new: dict[str, Any] | None, event_type: str,
                 old: dict[str, Any] | None) -> dict[str, Any]:
