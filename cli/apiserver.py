@@ -48,7 +48,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         server = EmbeddedApiServer(args.address, args.port, state_file=args.state,
                                    admission=validation_admission(args.driver_name, version), kubernetes_version=version,
-                                   unauthenticated_as_admin=False, expressions=PolicyEnvironment())
+                                   # kubectl sends no credentials over plain HTTP (only over TLS, which this
+                                   # server does not serve yet): a request without any is the admin's, as on
+                                   # kube-apiserver's old localhost insecure port. Tokens that are sent (every
+                                   # component's, through the official client) are authenticated and authorized.
+                                   unauthenticated_as_admin=True, expressions=PolicyEnvironment())
         if args.pod_logs_dir:
             server.pod_logs = PodLogsDir(Path(args.pod_logs_dir).absolute())
         url = server.start()

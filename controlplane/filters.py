@@ -5,7 +5,8 @@ query)."""
 from __future__ import annotations
 
 from controlplane import status as st
-from controlplane.authn import ADMIN, TokenAuthenticator, Unauthorized, UserInfo
+from controlplane.authn import (ADMIN, ANONYMOUS_USER, AUTHENTICATED, SA_PREFIX, UNAUTHENTICATED, TokenAuthenticator,
+                                Unauthorized, UserInfo)
 from controlplane.authz.attributes import Attributes
 from controlplane.resources import ResourceType
 
@@ -22,6 +23,31 @@ def authenticate(authorization: str | None, tokens: TokenAuthenticator, accounts
         return tokens.authenticate(authorization, accounts)  # type: ignore[arg-type]
     except Unauthorized:
         raise UNAUTHORIZED from None
+
+
+def impersonate(user: UserInfo, headers: object, authorizer: object) -> UserInfo:
+    """The impersonation filter (`kubectl --as`, `--as-group`): the requester needs `impersonate` on users (or
+    serviceaccounts) and groups; the request then runs as that user, in system:authenticated."""
+    get_all = getattr(headers, "get_all")
+    names = get_all("Impersonate-User") or []
+    if not names:
+        return user
+    name = names[0]
+    groups = tuple(get_all("Impersonate-Group") or ())
+    require = getattr(authorizer, "require")
+    if name.startswith(SA_PREFIX) and name.count(":") == 3:
+        _, _, ns, sa = name.split(":")
+        require(Attributes(user, "impersonate", resource="serviceaccounts", namespace=ns, name=sa))
+    else:
+        require(Attributes(user, "impersonate", resource="users", name=name))
+    for group in groups:
+        require(Attributes(user, "impersonate", resource="groups", name=group))
+    if name.startswith(SA_PREFIX) and not groups:
+        ns = name.split(":")[2] if name.count(":") == 3 else ""
+        groups = ("system:serviceaccounts", f"system:serviceaccounts:{ns}")
+    if name == ANONYMOUS_USER:
+        return UserInfo(name, groups=groups or (UNAUTHENTICATED,))
+    return UserInfo(name, groups=tuple(dict.fromkeys((*groups, AUTHENTICATED))))
 
 
 def _field_equals(text: str | None) -> tuple[tuple[str, str], ...]:

@@ -431,8 +431,8 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _route(self, method: str, path: str, query: dict[str, str]) -> None:
         parts = [p for p in path.split("/") if p]
         reg = self.ctx.registry
-        self._user = user = self._authenticate()
         authorizer = self.ctx.security.authorizer
+        self._user = user = filters.impersonate(self._authenticate(), self.headers, authorizer)
         if method == "GET":
             doc = self._discovery(parts, reg)
             if doc is not None:
