@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import signal
 import sys
 import threading
@@ -33,9 +35,30 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "(<namespace>_<pod>_<uid>/<container>/<restart>.log, CRI log format)")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
                         help="driver whose opaque configuration admission validates (default %(default)s)")
+    parser.add_argument("--token-key", metavar="FILE",
+                        help="key that signs ServiceAccount and node tokens (created, mode 0600, if missing); keep it "
+                             "to keep tokens valid across restarts, as kube-apiserver's --service-account-signing-key-file")
+    parser.add_argument("--unauthenticated-as-admin", action=argparse.BooleanOptionalAction, default=True,
+                        help="serve a request without credentials as the admin, as kube-apiserver's old insecure "
+                             "localhost port did (default: on, because kubectl sends no credentials over plain HTTP); "
+                             "--no-unauthenticated-as-admin makes it system:anonymous. Presented tokens are always "
+                             "authenticated and authorized")
     parser.add_argument("--kubernetes-version", default=DEFAULT_VERSION, metavar="VERSION",
                         help=f"Kubernetes release the server behaves as: /version, served API versions, validation "
                              f"({SUPPORTED_VERSIONS[0]}..{SUPPORTED_VERSIONS[-1]}, default %(default)s)")
+
+
+def _token_key(path: Path) -> bytes:
+    """The signing key in `path`, made (32 random bytes, mode 0600) when the file does not exist."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+    key = path.read_bytes()
+    if len(key) < 32:
+        raise OSError(f"the key is {len(key)} bytes; at least 32 are needed (remove the file to make a new one)")
+    return key
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,13 +69,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpu-dra apiserver: {exc}", file=sys.stderr)
         return 2
     try:
+        token_key = _token_key(Path(args.token_key)) if args.token_key else None
+    except OSError as exc:
+        print(f"gpu-dra apiserver: --token-key {args.token_key}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    try:
         server = EmbeddedApiServer(args.address, args.port, state_file=args.state,
                                    admission=validation_admission(args.driver_name, version), kubernetes_version=version,
-                                   # kubectl sends no credentials over plain HTTP (only over TLS, which this
-                                   # server does not serve yet): a request without any is the admin's, as on
-                                   # kube-apiserver's old localhost insecure port. Tokens that are sent (every
-                                   # component's, through the official client) are authenticated and authorized.
-                                   unauthenticated_as_admin=True, expressions=PolicyEnvironment())
+                                   unauthenticated_as_admin=args.unauthenticated_as_admin,
+                                   expressions=PolicyEnvironment(), token_key=token_key)
         if args.pod_logs_dir:
             server.pod_logs = PodLogsDir(Path(args.pod_logs_dir).absolute())
         url = server.start()

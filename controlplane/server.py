@@ -51,6 +51,7 @@ class EmbeddedApiServer:
     `unauthenticated_as_admin` keeps kube-apiserver's old insecure-port behaviour for library use and tests (a
     request without credentials is the admin); the programs (`gpu-dra apiserver`, demo, cluster) turn it off,
     so such a request is system:anonymous. The kubeconfig written is always the admin's (a bearer token).
+    `token_key` signs the tokens it issues (random when absent: tokens then die with the process).
     `expressions` is the CEL engine ValidatingAdmissionPolicies are evaluated with (none: policies are stored
     but not enforced, which only library users without the controller package get)."""
 
@@ -58,7 +59,8 @@ class EmbeddedApiServer:
                  admission: Admission | None = None, *, bookmark_interval: float = 60.0,
                  history_limit: int = 20000, registry: Registry | None = None,
                  persist_interval: float = 0.5, kubernetes_version: str = "1.37",
-                 unauthenticated_as_admin: bool = True, expressions: Expressions | None = None) -> None:
+                 unauthenticated_as_admin: bool = True, expressions: Expressions | None = None,
+                 token_key: bytes | None = None) -> None:
         check_loopback(host)
         self.kubernetes_version = kubernetes_version
         self.host = host
@@ -70,7 +72,8 @@ class EmbeddedApiServer:
         self.store = Store(self.registry, admission, history_limit)
         self.security: Security = build_security(self.store, self.registry, kubernetes_version,
                                                  expressions=expressions,
-                                                 unauthenticated_as_admin=unauthenticated_as_admin)
+                                                 unauthenticated_as_admin=unauthenticated_as_admin,
+                                                 token_key=token_key)
         # Where a webhook's service reference is reached: (namespace, name) -> (host, port). TLS still verifies
         # `<name>.<namespace>.svc`, as kube-apiserver's service resolver does.
         self.service_endpoints: dict[tuple[str, str], tuple[str, int]] = {}
