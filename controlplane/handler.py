@@ -461,6 +461,9 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._review(method, route, user)
             return
         store = self.ctx.store
+        if method == "GET":
+            self._serve(method, route, query)  # reads write nothing: no admission
+            return
         admission = self.ctx.security.admission
         operation = {"POST": "CREATE", "PUT": "UPDATE", "PATCH": "UPDATE", "DELETE": "DELETE"}.get(method, "")
 
@@ -470,8 +473,12 @@ class ApiHandler(BaseHTTPRequestHandler):
             admission.admit(req, obj, old, self._warnings)
 
         self._admit = admit
-        with store.admitting(admit), store.dry_run(bool(dry_run)):
-            self._serve(method, route, query)
+        with store.admitting(admit):
+            if dry_run:
+                with store.dry_run():
+                    self._serve(method, route, query)
+            else:
+                self._serve(method, route, query)
 
     def _discovery(self, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | tuple[bytes, str] | None:
         if parts in (["healthz"], ["readyz"], ["livez"]):

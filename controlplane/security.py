@@ -52,8 +52,9 @@ def build_security(store: Store, registry: Registry, kubernetes_version: str, *,
     def lister(*kinds: str) -> Any:
         rts = _types(registry, *kinds)
 
-        def version() -> tuple[int, ...]:
-            return tuple(store.type_version(rt) for rt in rts)
+        def version() -> int:
+            # resourceVersions only grow, so the newest change of these types changes whenever any of them does.
+            return max(map(store.type_version, rts), default=0)
 
         def load() -> tuple[Any, ...]:
             return (version(), *(store.list(Filter(rt))[0] for rt in rts))

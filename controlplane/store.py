@@ -127,6 +127,19 @@ class Filter:
 RequestAdmission = Callable[[ResourceType, str, dict[str, Any], "dict[str, Any] | None"], None]
 
 
+class _Admitting:
+    __slots__ = ("_tls", "_admit")
+
+    def __init__(self, tls: threading.local, admit: RequestAdmission) -> None:
+        self._tls, self._admit = tls, admit
+
+    def __enter__(self) -> None:
+        self._tls.admit = self._admit
+
+    def __exit__(self, *exc: object) -> None:
+        self._tls.admit = None
+
+
 class Store:
     def __init__(self, registry: Registry, admission: Admission | None = None, history_limit: int = 20000) -> None:
         self.registry = registry
@@ -255,15 +268,11 @@ class Store:
     def _admits(self, rt: ResourceType) -> bool:
         return self._admission is not None and rt.group == "resource.k8s.io"
 
-    @contextlib.contextmanager
-    def admitting(self, admit: RequestAdmission) -> Iterator[None]:
-        """Writes made by this thread inside the block also pass `admit` (the request's admission chain, which
-        knows who asks), after the strategy's validation and before the commit."""
-        self._tls.admit = admit
-        try:
-            yield
-        finally:
-            self._tls.admit = None
+    def admitting(self, admit: RequestAdmission) -> _Admitting:
+        """A context in which writes made by this thread also pass `admit` (the request's admission chain, which
+        knows who asks), after the strategy's validation and before the commit. (A class, not a generator:
+        every write request enters one.)"""
+        return _Admitting(self._tls, admit)
 
     def _admit(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         errors = o.metadata_errors(obj)

@@ -222,6 +222,10 @@ def test_node_agent_policy_keeps_agents_to_their_node_slices(srv: EmbeddedApiSer
     assert code == 422, body
     assert "ValidatingAdmissionPolicy 'gpu-dra-node-agent-own-slices'" in body["message"]
     assert "may only write ResourceSlices with spec.nodeName 'n1', not 'n2'" in body["message"]
+    patch = {"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}}
+    assert agent.call("PATCH", "/api/v1/nodes/n1", patch, "application/merge-patch+json")[0] == 200
+    code, body = agent.call("PATCH", "/api/v1/nodes/n2", patch, "application/merge-patch+json")
+    assert code == 422 and "may only change that Node, not 'n2'" in body["message"]
     unbound = Client(srv.url, srv.service_account_token("renamed-system", "gpu-dra-node-agent"))
     code, body = unbound.call("POST", "/apis/resource.k8s.io/v1/resourceslices", _slice("n1", "x"))
     assert code == 422 and "no node association found" in body["message"]

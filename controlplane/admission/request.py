@@ -14,7 +14,7 @@ class Authorize(Protocol):
     def authorize(self, a: Attributes) -> Verdict: ...
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class AdmissionRequest:
     user: UserInfo
     operation: str  # CREATE, UPDATE, DELETE

@@ -144,6 +144,8 @@ class RbacAuthorizer:
         self._lock = threading.Lock()
         self._key: Any = object()
         self._index = RbacIndex((), (), (), ())
+        # Decisions by the request's attributes, for the current index: components repeat the same few requests.
+        self._decisions: dict[tuple[Any, ...], bool] = {}
 
     def index(self) -> RbacIndex:
         key = self._version()
@@ -152,11 +154,21 @@ class RbacAuthorizer:
                 if key != self._key:
                     _, roles, crs, rbs, crbs = self._load()
                     self._index = RbacIndex(roles, crs, rbs, crbs)
+                    self._decisions = {}
                     self._key = key
         return self._index
 
     def authorize(self, a: Attributes) -> Verdict:
-        for rule in self.index().rules_for(a.user, a.namespace if a.resource_request else ""):
-            if rule.allows(a):
-                return ALLOW
-        return NO_OPINION
+        index = self.index()
+        decisions = self._decisions
+        u = a.user
+        key = (u.name, u.groups, a.verb, a.resource_request, a.api_group, a.resource, a.subresource, a.namespace,
+               a.name, a.path)
+        allowed = decisions.get(key)
+        if allowed is None:
+            namespace = a.namespace if a.resource_request else ""
+            allowed = any(rule.allows(a) for rule in index.rules_for(u, namespace))
+            if len(decisions) > 50000:
+                decisions.clear()
+            decisions[key] = allowed
+        return ALLOW if allowed else NO_OPINION
