@@ -11,13 +11,13 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from gpudra import DEFAULT_DRIVER_NAME, cliopts, logfmt
-from controlplane import EmbeddedApiServer
 from controller.cel.policyenv import PolicyEnvironment
 from controller.validationhooks import validation_admission
+from controlplane import EmbeddedApiServer
 from controlplane.persistence import StateFileError
-from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, check_version
 from controlplane.podlogs import PodLogsDir
+from gpudra import DEFAULT_DRIVER_NAME, cliopts, logfmt
+from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, check_version
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -5,8 +5,16 @@ query)."""
 from __future__ import annotations
 
 from controlplane import status as st
-from controlplane.authn import (ADMIN, ANONYMOUS_USER, AUTHENTICATED, SA_PREFIX, UNAUTHENTICATED, TokenAuthenticator,
-                                Unauthorized, UserInfo)
+from controlplane.authn import (
+    ADMIN,
+    ANONYMOUS_USER,
+    AUTHENTICATED,
+    SA_PREFIX,
+    UNAUTHENTICATED,
+    TokenAuthenticator,
+    Unauthorized,
+    UserInfo,
+)
 from controlplane.authz.attributes import Attributes
 from controlplane.resources import ResourceType
 

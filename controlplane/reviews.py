@@ -31,7 +31,8 @@ def _attributes(user: UserInfo, spec: dict[str, Any]) -> Attributes:
 
 
 def _answer(kind: str, body: dict[str, Any], authorizer: AuthorizerChain, user: UserInfo) -> dict[str, Any]:
-    spec = body.get("spec") if isinstance(body.get("spec"), dict) else {}
+    raw = body.get("spec")
+    spec: dict[str, Any] = raw if isinstance(raw, dict) else {}
     verdict = authorizer.authorize(_attributes(user, spec))
     status: dict[str, Any] = {"allowed": verdict.allowed}
     if verdict.reason:
@@ -87,7 +88,7 @@ def token_request(namespace: str, name: str, account: dict[str, Any], body: Any,
             node_name = (target.get("spec") or {}).get("nodeName")
             found = get("Node", "", node_name) if node_name else None
             if found is not None:
-                node = BoundObject("Node", node_name, str(found["metadata"].get("uid")))
+                node = BoundObject("Node", str(node_name), str(found["metadata"].get("uid")))
     token, exp = tokens.service_account_token(namespace, name, str(account["metadata"]["uid"]),
                                               expiration_seconds=seconds, audiences=spec.get("audiences") or None,
                                               bound=bound, node=node)

@@ -11,16 +11,16 @@ from typing import Any
 
 import yaml
 
+from controlplane.admission.policy import Expressions
 from controlplane.handler import ApiHandler
-from controlplane.serving import Connection, PooledHttpServer
-from controlplane.podpriority import system_priority_classes
 from controlplane.podlogs import PodLogSource
-from gpudra.atomicfile import atomic_write
+from controlplane.podpriority import system_priority_classes
 from controlplane.resources import Registry, registry_for
+from controlplane.security import Security, build_security, ensure_bootstrap_policy, ensure_default_account
+from controlplane.serving import Connection, PooledHttpServer
 from controlplane.status import StatusError
 from controlplane.store import Filter, Store
-from controlplane.admission.policy import Expressions
-from controlplane.security import Security, build_security, ensure_bootstrap_policy, ensure_default_account
+from gpudra.atomicfile import atomic_write
 from gpudra.validation.admission import Admission
 
 _INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")

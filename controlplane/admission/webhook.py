@@ -156,9 +156,11 @@ class WebhookPlugin:
         warnings.extend(str(w) for w in response.get("warnings") or ())
         if response.get("allowed") is True:
             return
-        status = response.get("status") if isinstance(response.get("status"), dict) else {}
+        raw = response.get("status")
+        status: dict[str, Any] = raw if isinstance(raw, dict) else {}
         denied = f'admission webhook "{name}" denied the request'
         message = (f"{denied}: {status['message']}" if status.get("message")
                    else f"{denied}: {status['reason']}" if status.get("reason") else f"{denied} without explanation")
-        code = status.get("code") if isinstance(status.get("code"), int) and status["code"] >= 400 else 400
+        given = status.get("code")
+        code = given if isinstance(given, int) and given >= 400 else 400
         raise st.StatusError(code, str(status.get("reason") or ""), message, status.get("details"))
