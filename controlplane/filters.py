@@ -78,8 +78,9 @@ def resource_attributes(user: UserInfo, method: str, rt: ResourceType, namespace
         verb = "deletecollection"
     else:
         verb = _VERBS.get(method, method.lower())
-    return Attributes(user, verb, api_group=rt.group, resource=rt.plural, subresource=subresource or "",
-                      namespace=namespace, name=name or "", field_equals=_field_equals(query.get("fieldSelector")))
+    selector = query.get("fieldSelector") if query else None
+    return Attributes(user, verb, True, rt.group, rt.plural, subresource or "", namespace, name or "", "",
+                      _field_equals(selector) if selector else ())
 
 
 def path_attributes(user: UserInfo, method: str, path: str) -> Attributes:

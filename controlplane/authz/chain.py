@@ -7,9 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from controlplane import status as st
 from controlplane.authn import MASTERS_GROUP
-from controlplane.authz.attributes import ALLOW, Attributes, Decision, Verdict, forbidden
+from controlplane.authz.attributes import ALLOW, NO_OPINION, Attributes, Decision, Verdict, forbidden
 
 
 class Authorizer(Protocol):
@@ -23,14 +22,14 @@ class AuthorizerChain:
     def authorize(self, a: Attributes) -> Verdict:
         if MASTERS_GROUP in a.user.groups:
             return ALLOW
-        reasons: list[str] = []
+        reasons: list[str] | None = None
         for authz in self._authorizers:
             verdict = authz.authorize(a)
             if verdict.decision is not Decision.NO_OPINION:
                 return verdict
             if verdict.reason:
-                reasons.append(verdict.reason)
-        return Verdict(Decision.NO_OPINION, ", ".join(reasons))
+                reasons = [*(reasons or ()), verdict.reason]
+        return Verdict(Decision.NO_OPINION, ", ".join(reasons)) if reasons else NO_OPINION
 
     def require(self, a: Attributes) -> None:
         """Raise kube-apiserver's 403 unless `a` is allowed."""
@@ -38,7 +37,3 @@ class AuthorizerChain:
         if not verdict.allowed:
             raise forbidden(a, verdict.reason)
 
-
-def check(chain: AuthorizerChain, a: Attributes) -> st.StatusError | None:
-    verdict = chain.authorize(a)
-    return None if verdict.allowed else forbidden(a, verdict.reason)
