@@ -178,7 +178,7 @@ def _server_process() -> Iterator[tuple[str, int, str]]:
     root = Path(__file__).resolve().parent.parent
     tmp = tempfile.mkdtemp()
     kubeconfig = Path(tmp) / "kubeconfig"
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "apiserver", "--no-unauthenticated-as-admin",
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "apiserver", "--no-unauthenticated-as-admin", "--no-tls",
                              "--kubeconfig-out", str(kubeconfig)], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, cwd=root,
                             env={**os.environ, "PYTHONPATH": str(root)})

@@ -38,6 +38,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-key", metavar="FILE",
                         help="key that signs ServiceAccount and node tokens (created, mode 0600, if missing); keep it "
                              "to keep tokens valid across restarts, as kube-apiserver's --service-account-signing-key-file")
+    parser.add_argument("--tls", action=argparse.BooleanOptionalAction, default=True,
+                        help="also serve HTTPS (a cluster CA made at start; the kubeconfig written points there), where "
+                             "credentials are always required, as on kube-apiserver: kubectl sends its token only over "
+                             "TLS (default: on)")
+    parser.add_argument("--tls-port", type=cliopts.port, default=0, help="HTTPS port (default: a free port)")
+    parser.add_argument("--tls-dir", metavar="DIR",
+                        help="keep the CA and serving certificate in DIR (made if missing) so clients keep trusting "
+                             "the server across restarts")
     parser.add_argument("--unauthenticated-as-admin", action=argparse.BooleanOptionalAction, default=True,
                         help="serve a request without credentials as the admin, as kube-apiserver's old insecure "
                              "localhost port did (default: on, because kubectl sends no credentials over plain HTTP); "
@@ -77,11 +85,12 @@ def run(args: argparse.Namespace) -> int:
         server = EmbeddedApiServer(args.address, args.port, state_file=args.state,
                                    admission=validation_admission(args.driver_name, version), kubernetes_version=version,
                                    unauthenticated_as_admin=args.unauthenticated_as_admin,
-                                   expressions=PolicyEnvironment(), token_key=token_key)
+                                   expressions=PolicyEnvironment(), token_key=token_key, tls=args.tls,
+                                   tls_port=args.tls_port, tls_dir=args.tls_dir)
         if args.pod_logs_dir:
             server.pod_logs = PodLogsDir(Path(args.pod_logs_dir).absolute())
         url = server.start()
-    except (ValueError, OSError, StateFileError) as exc:
+    except (ValueError, OSError, StateFileError, RuntimeError) as exc:
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         print(f"gpu-dra apiserver: cannot start on {args.address}:{args.port}: {detail}", file=sys.stderr)
         return 2
@@ -96,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         if args.kubeconfig_out:
             server.write_kubeconfig(args.kubeconfig_out)
         print(url, flush=True)
-        print(f"level=info component=apiserver msg=serving url={url} state={args.state or '-'} "
+        print(f"level=info component=apiserver msg=serving url={url} tls_url={server.tls_url or '-'} "
+              f"state={args.state or '-'} "
               f"kubeconfig={args.kubeconfig_out or '-'}", file=sys.stderr, flush=True)
         while not stop.wait(3600):
             pass

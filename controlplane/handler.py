@@ -341,8 +341,10 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _authenticate(self) -> UserInfo:
         sec = self.ctx.security
         store, reg = self.ctx.store, self.ctx.registry
+        # The internal listener behind the TLS front requires credentials whatever the plain port does.
+        lenient = sec.unauthenticated_as_admin and not getattr(self.server, "requires_credentials", False)
         return filters.authenticate(self.headers.get("Authorization"), sec.authenticator,
-                                    lambda ns, name: account_uid(store, reg, ns, name), sec.unauthenticated_as_admin)
+                                    lambda ns, name: account_uid(store, reg, ns, name), lenient)
 
     def _route(self, method: str, path: str, query: dict[str, str]) -> None:
         parts = [p for p in path.split("/") if p]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import socket
 import sys
@@ -20,6 +21,7 @@ from controlplane.security import Security, build_security, ensure_bootstrap_pol
 from controlplane.serving import Connection, PooledHttpServer
 from controlplane.status import StatusError
 from controlplane.store import Filter, Store
+from controlplane.tls import Certificates, TlsFront, load_or_make, make_certificates, server_context
 from gpudra.atomicfile import atomic_write
 from gpudra.validation.admission import Admission
 
@@ -52,6 +54,9 @@ class EmbeddedApiServer:
     request without credentials is the admin); the programs (`gpu-dra apiserver`, demo, cluster) turn it off,
     so such a request is system:anonymous. The kubeconfig written is always the admin's (a bearer token).
     `token_key` signs the tokens it issues (random when absent: tokens then die with the process).
+    With `tls`, the server also serves HTTPS on `tls_port` (`tls_url`; a CA made at start or kept in `tls_dir`,
+    in the kubeconfig),
+    where credentials are always required: kubectl sends its token only there (controlplane/tls.py).
     `expressions` is the CEL engine ValidatingAdmissionPolicies are evaluated with (none: policies are stored
     but not enforced, which only library users without the controller package get)."""
 
@@ -60,7 +65,8 @@ class EmbeddedApiServer:
                  history_limit: int = 20000, registry: Registry | None = None,
                  persist_interval: float = 0.5, kubernetes_version: str = "1.37",
                  unauthenticated_as_admin: bool = True, expressions: Expressions | None = None,
-                 token_key: bytes | None = None) -> None:
+                 token_key: bytes | None = None, tls: bool = False, tls_port: int = 0,
+                 tls_dir: str | Path | None = None) -> None:
         check_loopback(host)
         self.kubernetes_version = kubernetes_version
         self.host = host
@@ -80,6 +86,13 @@ class EmbeddedApiServer:
         self.security.webhooks.resolve = self._resolve_service
         self._stop = threading.Event()
         self._httpd: PooledHttpServer | None = None
+        self.tls = tls
+        self.tls_port = tls_port
+        self.tls_url = ""
+        self.tls_dir = Path(tls_dir) if tls_dir else None
+        self.certificates: Certificates | None = None
+        self._strict_httpd: PooledHttpServer | None = None
+        self._tls_front: TlsFront | None = None
         self._threads: list[threading.Thread] = []
         self.url = ""
         # Where pods/log reads container logs; a testbed with a container runtime registers one.
@@ -109,8 +122,37 @@ class EmbeddedApiServer:
         self.url = f"http://[{host}]:{self.port}" if family == socket.AF_INET6 else f"http://{host}:{self.port}"
         self._httpd = PooledHttpServer(listener, self._make_handler)
         self._httpd.start()
+        if self.tls:
+            try:
+                self._start_tls(host, family)
+            except (OSError, RuntimeError):
+                self.stop()
+                raise
         self._spawn("apiserver-gc", self._gc_loop)
         return self.url
+
+    def _start_tls(self, host: str, family: socket.AddressFamily) -> None:
+        self.certificates = load_or_make(self.tls_dir) if self.tls_dir else make_certificates()
+        internal = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        internal.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        internal.bind(("127.0.0.1", 0))
+        internal.listen(1024)
+        self._strict_httpd = PooledHttpServer(internal, self._make_handler)
+        self._strict_httpd.requires_credentials = True  # type: ignore[attr-defined]
+        self._strict_httpd.start()
+        front = socket.socket(family, socket.SOCK_STREAM)
+        front.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            front.bind((host, self.tls_port))
+            front.listen(1024)
+        except OSError:
+            front.close()
+            raise
+        self.tls_port = front.getsockname()[1]
+        self._tls_front = TlsFront(front, internal.getsockname()[:2], server_context(self.certificates))
+        self._tls_front.start()
+        shown = f"[{host}]" if family == socket.AF_INET6 else host
+        self.tls_url = f"https://{shown}:{self.tls_port}"
 
     def _resolve_service(self, namespace: str, name: str, port: int) -> tuple[str, int]:
         return self.service_endpoints.get((namespace, name), (f"{name}.{namespace}.svc", port))
@@ -177,6 +219,12 @@ class EmbeddedApiServer:
         if self._httpd is None:
             return
         self._stop.set()
+        if self._tls_front is not None:
+            self._tls_front.stop()
+            self._tls_front = None
+        if self._strict_httpd is not None:
+            self._strict_httpd.stop()
+            self._strict_httpd = None
         self._httpd.stop()
         self.store.close()
         for t in self._threads:
@@ -192,10 +240,15 @@ class EmbeddedApiServer:
         self.stop()
 
     def kubeconfig(self) -> dict[str, Any]:
+        """The admin's kubeconfig: the HTTPS endpoint and its CA when serving TLS, else the plain one."""
+        cluster: dict[str, Any] = {"server": self.url}
+        if self.tls_url and self.certificates is not None:
+            cluster = {"server": self.tls_url,
+                       "certificate-authority-data": base64.b64encode(self.certificates.ca_pem).decode()}
         return {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "gpu-dra", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "gpu-dra", "cluster": cluster}],
             "users": [{"name": "gpu-dra", "user": {"token": self.admin_token}}],
             "contexts": [{"name": "gpu-dra", "context": {"cluster": "gpu-dra", "user": "gpu-dra",
                                                          "namespace": "default"}}],

@@ -500,3 +500,33 @@ def test_reviews_as_kubectl_sends_them_in_json(srv: EmbeddedApiServer) -> None:
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req)
     assert err.value.code == 403
+
+
+def test_kubectl_over_tls_authenticates_and_anonymous_is_anonymous(tmp_path: Path) -> None:
+    """Over HTTPS kubectl sends its token: the admin's works, a bogus one is 401 (kubectl's "You must be logged in"),
+    a ServiceAccount's is authorized by RBAC, and a request without credentials is system:anonymous."""
+    with EmbeddedApiServer(tls=True, tls_dir=tmp_path / "pki") as srv:
+        assert srv.tls_url.startswith("https://127.0.0.1:")
+        kubeconfig = srv.write_kubeconfig(tmp_path / "admin")
+        assert yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"] == srv.tls_url
+        listed = _kubectl(kubeconfig, "get", "nodes")
+        assert listed.returncode == 0, listed.stderr
+        bogus = _kubectl(kubeconfig, "--token", "bogus", "get", "nodes")
+        assert bogus.returncode == 1 and "You must be logged in to the server (Unauthorized)" in bogus.stderr
+        c = admin(srv)
+        _account(c, "default", "reader")
+        token = _token(c, "default", "reader")
+        denied = _kubectl(kubeconfig, "--token", token, "get", "nodes")
+        assert ('User "system:serviceaccount:default:reader" cannot list resource "nodes" in API group "" at the '
+                "cluster scope") in denied.stderr
+        ca = ssl.create_default_context(cafile=None, cadata=(tmp_path / "pki" / "ca.crt").read_text())
+        for path, code in (("/version", 200), ("/api/v1/nodes", 403), ("/api", 403)):
+            req = urllib.request.Request(srv.tls_url + path)
+            try:
+                with urllib.request.urlopen(req, context=ca) as resp:
+                    got = resp.status
+            except urllib.error.HTTPError as err:
+                got = err.code
+                if code == 403:
+                    assert "system:anonymous" in json.loads(err.read())["message"]
+            assert got == code, path

@@ -32,8 +32,10 @@ def token_key_path(kubeconfig: Path) -> Path:
 
 def apiserver_argv(kubeconfig: Path, *, state: Path | None = None, port: int = 0,
                    pod_logs_dir: Path | None = None) -> list[str]:
+    # Plain HTTP only: components carry tokens (the official client sends them over HTTP) and the person's
+    # kubectl is the admin there (see docs/apiserver.md); the simulated cluster's restarts keep one URL.
     argv = ["apiserver", "--kubeconfig-out", str(kubeconfig), "--port", str(port),
-            "--token-key", str(token_key_path(kubeconfig))]
+            "--token-key", str(token_key_path(kubeconfig)), "--no-tls"]
     if state is not None:
         argv += ["--state", str(state)]
     if pod_logs_dir is not None:
