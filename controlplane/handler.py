@@ -22,7 +22,7 @@ from controlplane.params import bool_param, int_param
 from controlplane.podlogserve import PodLogStream
 from controlplane.podpriority import admit_pod_priority
 from controlplane.routing import CONVERTED_KINDS, Route, ServerContext, encode
-from controlplane.security import account_uid, ensure_default_account
+from controlplane.security import ensure_default_account
 from controlplane.selectors import FieldSelector, LabelSelector, SelectorError
 from controlplane.serving import wait_ready
 from controlplane.store import FIELD_VALIDATION, FieldPolicy, Filter
@@ -340,11 +340,9 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _authenticate(self) -> UserInfo:
         sec = self.ctx.security
-        store, reg = self.ctx.store, self.ctx.registry
         # The internal listener behind the TLS front requires credentials whatever the plain port does.
         lenient = sec.unauthenticated_as_admin and not getattr(self.server, "requires_credentials", False)
-        return filters.authenticate(self.headers.get("Authorization"), sec.authenticator,
-                                    lambda ns, name: account_uid(store, reg, ns, name), lenient)
+        return filters.authenticate(self.headers.get("Authorization"), sec.authenticator, sec.accounts, lenient)
 
     def _route(self, method: str, path: str, query: dict[str, str]) -> None:
         parts = [p for p in path.split("/") if p]

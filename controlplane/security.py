@@ -30,6 +30,7 @@ class Security:
     authorizer: AuthorizerChain
     admission: AdmissionChain
     webhooks: WebhookPlugin
+    accounts: AccountLookup
     # kube-apiserver's old insecure port: a request with no credentials is the admin (tests and library use);
     # every program (apiserver, demo, cluster) runs with it off, where such a request is system:anonymous.
     unauthenticated_as_admin: bool
@@ -50,11 +51,10 @@ def build_security(store: Store, registry: Registry, kubernetes_version: str, *,
     features = Features.for_version(kubernetes_version)
 
     def lister(*kinds: str) -> Any:
-        rts = _types(registry, *kinds)
+        rts = tuple(_types(registry, *kinds))
 
         def version() -> int:
-            # resourceVersions only grow, so the newest change of these types changes whenever any of them does.
-            return max(map(store.type_version, rts), default=0)
+            return store.types_version(rts)
 
         def load() -> tuple[Any, ...]:
             return (version(), *(store.list(Filter(rt))[0] for rt in rts))
@@ -94,7 +94,7 @@ def build_security(store: Store, registry: Registry, kubernetes_version: str, *,
     webhooks = WebhookPlugin(hook_version, hook_load, namespace, expressions)
     plugins.append(webhooks)
     return Security(TokenAuthenticator(token_key, admin_token), authorizer, AdmissionChain(plugins), webhooks,
-                    unauthenticated_as_admin)
+                    AccountLookup(store, registry), unauthenticated_as_admin)
 
 
 def ensure_bootstrap_policy(store: Store, registry: Registry) -> None:
@@ -124,12 +124,29 @@ def ensure_default_account(store: Store, registry: Registry, namespace: str) -> 
             pass  # created meanwhile, or the namespace is terminating
 
 
-def account_uid(store: Store, registry: Registry, namespace: str, name: str) -> str | None:
-    rt = registry.by_kind("ServiceAccount")
-    if rt is None:
-        return None
-    try:
-        return str(store.get(rt, namespace, name)["metadata"]["uid"])
-    except st.StatusError:
-        return None
+class AccountLookup:
+    """ServiceAccount uids by (namespace, name) for the token authenticator, looked up again only after a
+    ServiceAccount changed (every authenticated request asks)."""
+
+    def __init__(self, store: Store, registry: Registry) -> None:
+        self._store = store
+        self._rt = registry.by_kind("ServiceAccount")
+        self._version = -1
+        self._uids: dict[tuple[str, str], str | None] = {}
+
+    def __call__(self, namespace: str, name: str) -> str | None:
+        if self._rt is None:
+            return None
+        version = self._store.type_version(self._rt)
+        if version != self._version:
+            self._uids, self._version = {}, version
+        key = (namespace, name)
+        if key in self._uids:
+            return self._uids[key]
+        try:
+            uid: str | None = str(self._store.get(self._rt, namespace, name)["metadata"]["uid"])
+        except st.StatusError:
+            uid = None
+        self._uids[key] = uid
+        return uid
 

@@ -184,6 +184,11 @@ class Store:
         of policy objects, RBAC rules, check it per request)."""
         return self._rt_visible[rt]
 
+    def types_version(self, rts: tuple[ResourceType, ...]) -> int:
+        """The newest visible change of any of `rts` (resourceVersions only grow, so it changes whenever one of
+        them does)."""
+        return max(map(self._rt_visible.__getitem__, rts), default=0)
+
     def get(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any]:
         with self._cond:
             obj = self._objects[rt].get((namespace, name))
