@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 KIND_CLUSTER ?= gpu-dra
 IMAGE ?= gpu-dra:dev
 
-.PHONY: install install-test demo test bench proto kind-up kind-deploy kind-demo kind-down
+.PHONY: install install-test demo test lint bench proto kind-up kind-deploy kind-demo kind-down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ demo: install
 
 test: install-test
 	$(BIN)/pytest -q
+
+# ruff (rules in pyproject.toml's [tool.ruff]) over the whole tree; mypy (strict, [tool.mypy]) over the product.
+lint: install-test
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: install
 	$(BIN)/gpu-dra bench allocate

@@ -37,8 +37,8 @@ def min_count(pod_group: Mapping[str, Any]) -> int | None:
     if not isinstance(gang, Mapping):
         return None
     try:
-        count = int(gang.get("minCount"))
-    except (TypeError, ValueError):
+        count = int(gang["minCount"])
+    except (KeyError, TypeError, ValueError):
         return None
     return count if count > 0 else None
 
@@ -90,7 +90,7 @@ def pod_group_gangs(view: View) -> list[Gang]:
     return gangs
 
 
-def wait_reason(pod: Mapping[str, Any], view: View, claims_by_key: Mapping[str, Obj]) -> str | None:
+def wait_reason(pod: Mapping[str, Any], view: View, claims_by_key: Mapping[str, Mapping[str, Any]]) -> str | None:
     """Why the scheduler must not place this pod yet because of its PodGroup; None when it may."""
     name = pod_group_name(pod)
     if name is None:

@@ -45,12 +45,12 @@ from controller.commit import AllocationCommitter
 from controller.diagnosis import NodeReason, explain, summarize
 from controller.explanation_writer import REASON_GANG_WAITING, REASON_QUOTA, REASON_SCHEDULED, REASON_UNSCHEDULABLE, ExplanationWriter
 from controller.extended import (
-    EXTENDED_GPU_RESOURCE, class_for_resource, dra_extended_requests, extended_resource_claim, free_by_node, pod_request,
+    class_for_resource, dra_extended_requests, extended_resource_claim, free_by_node, pod_request,
 )
 from controller.ganggroups import gang_label, is_gang_claim
 from controller.metrics import ControllerMetrics
 from controller.nodefit import allocation_rejects, as_allocator_node, node_rejects
-from controller.objects import Obj
+from controller.objects import EXTENDED_GPU_RESOURCE, Obj
 from controller.inflight import InFlight
 from controller.informer import Store
 from controller.podconditions import mark_unschedulable

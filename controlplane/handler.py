@@ -15,8 +15,10 @@ from urllib.parse import parse_qs, urlsplit
 from controlplane import filters, httphead, reviews
 from controlplane import resources as res
 from controlplane import status as st
+from controlplane import health, protobuf
 from controlplane.admission.request import AdmissionRequest
 from controlplane.authn import UserInfo
+from controlplane.protobufbodies import protobuf_request, protobuf_response
 from controlplane.openapi import openapi_group_version, openapi_root, openapi_v2, openapi_v2_protobuf
 from controlplane.params import bool_param, int_param
 from controlplane.podlogserve import PodLogStream
@@ -74,6 +76,11 @@ class ApiHandler(BaseHTTPRequestHandler):
     server_version = "gpu-dra-apiserver"
     # Responses are written in one piece; Nagle would hold small ones back for a delayed ACK.
     disable_nagle_algorithm = True
+    # http.server types these as a buffered file and an email Message; this handler duck-types both with its own
+    # (a socket writer with whole writes, controlplane.httphead's header index).
+    wfile: SocketWriter  # type: ignore[assignment]
+    headers: httphead.Headers  # type: ignore[assignment]
+    _ctx: ServerContext
 
     @classmethod
     def for_connection(cls, conn: Any, server: Any, ctx: ServerContext) -> ApiHandler:
@@ -139,7 +146,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     @property
     def ctx(self) -> ServerContext:
-        return self._ctx  # type: ignore[no-any-return]
+        return self._ctx
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature fixed by the base class
         return  # per-request access logs would swamp the structured logs of the processes using us
@@ -166,6 +173,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.log_request(code)
 
     def _send_json(self, code: int, value: Any) -> None:
+        if getattr(self, "_protobuf_out", False) and isinstance(value, dict):
+            body = protobuf_response(value)  # None: no message type for it, answered in JSON (the client's fallback)
+            if body is not None:
+                self._send(code, body, protobuf.MEDIA_TYPE)
+                return
         self._send(code, self.ctx.store.json_of(value) if isinstance(value, dict) else encode(value))
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
@@ -239,13 +251,17 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._duplicates: list[str] = []
         if not raw:
             return None
+        if (self.headers.get("Content-Type") or "").split(";")[0].strip() == protobuf.MEDIA_TYPE:
+            return protobuf_request(raw)
         try:
             value, self._duplicates = strictjson.decode(raw)
             return value
         except strictjson.StrictJsonError as exc:
-            raise st.bad_request(f"the request body is not valid JSON: {exc}; this server accepts JSON only")
+            raise st.bad_request(f"the request body is not valid JSON: {exc}; this server accepts JSON and "
+                                 f"{protobuf.MEDIA_TYPE}") from exc
 
     def _dispatch(self, method: str) -> None:
+        self._protobuf_out = False
         try:
             if self.path.startswith("/") and "#" not in self.path:
                 path, _, raw_query = self.path.partition("?")  # what urlsplit gives for an origin-form target
@@ -349,6 +365,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         reg = self.ctx.registry
         authorizer = self.ctx.security.authorizer
         self._user = user = filters.impersonate(self._authenticate(), self.headers, authorizer)
+        if method == "GET" and len(parts) == 1 and parts[0] in health.ENDPOINTS:
+            authorizer.require(filters.path_attributes(user, method, path))
+            code, text = health.report(parts[0], self.ctx.store.storage_failure, "verbose" in query)
+            self._send(code, text, "text/plain; charset=utf-8")
+            return
         if method == "GET":
             doc = self._discovery(parts, reg)
             if doc is not None:
@@ -397,8 +418,6 @@ class ApiHandler(BaseHTTPRequestHandler):
                 self._serve(method, route, query)
 
     def _discovery(self, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | tuple[bytes, str] | None:
-        if parts in (["healthz"], ["readyz"], ["livez"]):
-            return b"ok"
         if parts == ["version"]:
             return res.server_version(self.ctx.kubernetes_version)
         if parts == ["openapi", "v2"]:
@@ -480,6 +499,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _serve(self, method: str, r: Route, query: dict[str, str]) -> None:
         store = self.ctx.store
+        self._protobuf_out = protobuf.accepts(self.headers.get("Accept"))
         if r.name is None:
             if method == "GET":
                 if bool_param(query, "watch"):
@@ -521,8 +541,10 @@ class ApiHandler(BaseHTTPRequestHandler):
                                                       r.subresource, policy)))
         elif method == "PATCH":
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-            if ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+            if ctype == "application/merge-patch+json":
                 kind = "merge"
+            elif ctype == "application/strategic-merge-patch+json":
+                kind = "strategic"
             elif ctype == "application/json-patch+json":
                 kind = "json"
             elif ctype == "application/apply-patch+yaml":
@@ -536,7 +558,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             policy = self._field_policy(query, body)
             codec = (r.shown, r.stored) if r.converts else None
             self._send_json(200, r.shown(store.patch(r.rt, r.namespace, r.name, kind, body, r.subresource,
-                                                     codec, policy)))
+                                                     codec, policy, r.version or r.rt.version)))
         elif method == "DELETE":
             body = self._body()
             if body is not None and not isinstance(body, dict):
@@ -548,9 +570,9 @@ class ApiHandler(BaseHTTPRequestHandler):
                                      f"{report.type_errors[0]}")
             if "propagationPolicy" in query:
                 options = {**options, "propagationPolicy": query["propagationPolicy"]}
-            policy = options.get("propagationPolicy")
-            if policy not in (None, "Foreground", "Background", "Orphan"):
-                raise st.bad_request(f"propagationPolicy: Unsupported value: {json.dumps(policy)}: supported values: "
+            propagation = options.get("propagationPolicy")
+            if propagation not in (None, "Foreground", "Background", "Orphan"):
+                raise st.bad_request(f"propagationPolicy: Unsupported value: {json.dumps(propagation)}: supported values: "
                                      '"Foreground", "Background", "Orphan"')
             self._admit(r.rt, r.name, None, store.get(r.rt, r.namespace, r.name))
             deleted = store.delete(r.rt, r.namespace, r.name, options)
@@ -582,7 +604,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             fields.check_fields(lambda f: r.rt.field_value({}, f) is not None, r.rt.selectable_fields,
                                 f'"{r.rt.kind}" in version "{r.rt.api_version_at(r.version or r.rt.version)}"')
         except SelectorError as exc:
-            raise st.bad_request(str(exc))
+            raise st.bad_request(str(exc)) from exc
         return Filter(r.rt, r.namespace or None, labels, fields)
 
     def _list(self, r: Route, query: dict[str, str]) -> None:
@@ -601,7 +623,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                 after = (decoded["ns"], decoded["name"])
             except (ValueError, KeyError, TypeError):
                 raise st.StatusError(400, "BadRequest", "continue: invalid token; pass back the metadata.continue "
-                                                        "value of the previous list unchanged")
+                                                        "value of the previous list unchanged") from None
             start = next((i for i, obj in enumerate(items) if self._sort_key(obj) > after), len(items))
         if limit > 0 and start + limit < len(items):
             last = items[start + limit - 1]

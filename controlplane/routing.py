@@ -52,7 +52,7 @@ class Route:
         try:
             return to_storage({**body, "apiVersion": self.rt.api_version_at(version), "kind": self.rt.kind})
         except ConversionError as exc:
-            raise st.bad_request(f"{self.rt.kind} in {self.rt.api_version_at(version)}: {exc.path}: {exc}")
+            raise st.bad_request(f"{self.rt.kind} in {self.rt.api_version_at(version)}: {exc.path}: {exc}") from exc
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"))  # one for every response (json.dumps would build one per call)

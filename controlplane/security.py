@@ -45,10 +45,9 @@ def _types(registry: Registry, *kinds: str) -> list[ResourceType]:
     return out
 
 
-def build_security(store: Store, registry: Registry, kubernetes_version: str, *,
+def build_security(store: Store, registry: Registry, features: Features, *,
                    expressions: Expressions | None = None, unauthenticated_as_admin: bool = True,
                    token_key: bytes | None = None, admin_token: str | None = None) -> Security:
-    features = Features.for_version(kubernetes_version)
 
     def lister(*kinds: str) -> Any:
         rts = tuple(_types(registry, *kinds))

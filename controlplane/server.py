@@ -15,14 +15,18 @@ import yaml
 from controlplane.admission.policy import Expressions
 from controlplane.handler import ApiHandler
 from controlplane.podlogs import PodLogSource
+from controlplane.backend import HistoryLimits
+from controlplane.gatedfields import GatedFields
 from controlplane.podpriority import system_priority_classes
-from controlplane.resources import Registry, registry_for
+from controlplane.resources import Registry, known_group_versions, registry_for
+from controlplane.runtimeconfig import RuntimeConfig
 from controlplane.security import Security, build_security, ensure_bootstrap_policy, ensure_default_account
 from controlplane.serving import Connection, PooledHttpServer
 from controlplane.status import StatusError
 from controlplane.store import Filter, Store
 from controlplane.tls import Certificates, TlsFront, load_or_make, make_certificates, server_context
 from gpudra.atomicfile import atomic_write
+from gpudra.features import Features
 from gpudra.validation.admission import Admission
 
 _INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -62,21 +66,34 @@ class EmbeddedApiServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, state_file: str | Path | None = None,
                  admission: Admission | None = None, *, bookmark_interval: float = 60.0,
-                 history_limit: int = 20000, registry: Registry | None = None,
+                 history_limit: int = 20000, history_bytes: int = HistoryLimits.bytes,
+                 history_age_s: float = HistoryLimits.age_s, registry: Registry | None = None,
                  persist_interval: float = 0.5, kubernetes_version: str = "1.37",
+                 runtime_config: str | list[str] | RuntimeConfig | None = None,
+                 features: Features | None = None,
                  unauthenticated_as_admin: bool = True, expressions: Expressions | None = None,
                  token_key: bytes | None = None, tls: bool = False, tls_port: int = 0,
                  tls_dir: str | Path | None = None) -> None:
+        """`runtime_config` is kube-apiserver's `--runtime-config` (GA versions only when None; the beta
+        versions of resource.k8s.io and scheduling.k8s.io are off by default, as in 1.37); `features`, the
+        feature gates (the release's defaults when None): gated types are served and gated fields kept only
+        with their gate on."""
         check_loopback(host)
         self.kubernetes_version = kubernetes_version
         self.host = host
         self.port = port
         self.state_file = Path(state_file) if state_file else None
-        self.registry = registry if registry is not None else registry_for(kubernetes_version)
+        self.features = features or Features.for_version(kubernetes_version)
+        if not isinstance(runtime_config, RuntimeConfig):
+            runtime_config = RuntimeConfig.parse(runtime_config, known_group_versions())
+        self.runtime_config = runtime_config
+        self.registry = registry if registry is not None else registry_for(kubernetes_version, runtime_config,
+                                                                            self.features)
         self.bookmark_interval = bookmark_interval
         self.persist_interval = persist_interval
-        self.store = Store(self.registry, admission, history_limit)
-        self.security: Security = build_security(self.store, self.registry, kubernetes_version,
+        self.store = Store(self.registry, admission, HistoryLimits(history_limit, history_bytes, history_age_s),
+                           GatedFields(self.features))
+        self.security: Security = build_security(self.store, self.registry, self.features,
                                                  expressions=expressions,
                                                  unauthenticated_as_admin=unauthenticated_as_admin,
                                                  token_key=token_key)

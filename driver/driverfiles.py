@@ -185,9 +185,9 @@ def plan(snapshot: RootSnapshot, version: str, *, host_root: str = "/") -> Drive
         notes.append(f"no driver {version} libraries (e.g. libcuda.so.{version}) in {', '.join(LIBRARY_DIRS)}")
     mounts += [Mount(_host_path(host_root, p), p) for p in libraries]
     for name in BINARIES:
-        path = _first_executable(snapshot, snapshot.bin_dirs, name)
-        if path is not None:
-            mounts.append(Mount(_host_path(host_root, path), path))
+        binary = _first_executable(snapshot, snapshot.bin_dirs, name)
+        if binary is not None:
+            mounts.append(Mount(_host_path(host_root, binary), binary))
     firmware = sorted(
         p for p in snapshot.files
         if posixpath.dirname(p) in snapshot.firmware_dirs

@@ -26,6 +26,7 @@ from typing import Any
 import pynvml
 
 from driver.inventory import APPLICATION_XIDS, Health, Inventory
+from driver.nvmlapi import NvmlBackend
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class HealthMonitor:
 
     def __init__(
         self,
-        nvml: Any,
+        nvml: NvmlBackend,
         inventory: Inventory,
         on_change: HealthCallback,
         *,

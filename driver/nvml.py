@@ -26,7 +26,7 @@ from typing import Any
 
 from driver.driverroot import DriverRoot, DriverRootError
 from driver.gputools import MpsDirs, NvidiaTools
-from driver.nvmlapi import NvmlUnavailable
+from driver.nvmlapi import NvmlBackend, NvmlUnavailable
 
 __all__ = ["RealNvml", "load_backend", "shipped_profiles", "sysfs_pcie_root"]
 
@@ -160,7 +160,7 @@ def _load_real(driver_root: Path | None) -> RealNvml:
     return RealNvml(pynvml, tools=NvidiaTools(driver_root=root))
 
 
-def load_backend(spec: str, node: str | None = None, driver_root: Path | None = None) -> Any:
+def load_backend(spec: str, node: str | None = None, driver_root: Path | None = None) -> NvmlBackend:
     """An initialised NVML backend for "real", "sim:NAME" or "sim:/path/profile.yaml" (optionally "?faults=FILE").
 
     `node` is the node the backend serves: the simulator derives that node's own GPU and MIG UUIDs from it

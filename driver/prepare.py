@@ -38,6 +38,7 @@ from driver.checkpoint import (
 from gpudra.deviceconfig import GPU_DEVICE, MIG_DEVICE, Candidate, ConfigError, GpuConfig, parse, select
 from driver.gputools import MpsDirs
 from driver.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
+from driver.nvmlapi import NvmlBackend
 from driver.slices import gpu_device_name, mig_device_name
 
 log = logging.getLogger("gpu-dra.prepare")
@@ -159,7 +160,7 @@ def plan_claim(
         )
     # Our configs, class configs before claim configs (NVIDIA's precedence: later wins), each parsed once.
     candidates: list[Candidate] = []
-    raw_by_config: dict[int, Mapping[str, Any]] = {}
+    raw_by_config: dict[int, Any] = {}
     raw_configs = devices.get("config") or []
     ordered = sorted(enumerate(raw_configs), key=lambda ic: 0 if ic[1].get("source") == "FromClass" else 1)
     for i, entry in ordered:
@@ -272,7 +273,7 @@ class Preparer:
         reserved: frozenset[str] = frozenset(),
         fault_hook: FaultHook | None = None,
         partitionable: bool = False,
-        nvml: Any | None = None,
+        nvml: NvmlBackend | None = None,
         on_inventory_change: Callable[[], None] | None = None,
         common_edits: Mapping[str, Any] | None = None,
         device_numbers: Callable[[], cdi.DeviceNumbers] | None = None,
@@ -584,7 +585,7 @@ class Preparer:
 
     def _planned_mps_daemons(self, record: ClaimRecord) -> list[MpsDaemonRecord]:
         """One MPS daemon per MPS config group of the claim, with its directories (recorded before it starts)."""
-        out = []
+        out: list[MpsDaemonRecord] = []
         for config, devices in self._groups(record):
             if sharing.is_mps(config):
                 dirs = (

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from gpudra.deviceconfig import ConfigError, GpuConfig, SharingStrategy
 from driver.gputools import GpuToolError, MpsDirs
+from driver.nvmlapi import NvmlBackend
 
 COMPUTE_MODE_DEFAULT = 0
 COMPUTE_MODE_EXCLUSIVE_PROCESS = 3
@@ -57,7 +58,7 @@ class SharingBackend(Protocol):
 class NvmlSharing:
     """Sharing through an NVML backend (driver.nvml.load_backend's object, real or simulated)."""
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: NvmlBackend) -> None:
         self._nvml = nvml
 
     def set_compute_mode(self, gpu_uuid: str, mode: int) -> None:

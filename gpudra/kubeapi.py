@@ -14,12 +14,13 @@ object and says whether it deleted anything.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlencode
@@ -334,7 +335,7 @@ class KubeApi:
                 self._give_back(pool, conn, close=True)
                 raise
             if isinstance(result, http1.Stream):
-                result.on_close = lambda: self._give_back(pool, conn, close=True)
+                result.on_close = functools.partial(self._give_back, pool, conn, close=True)
             else:
                 self._give_back(pool, conn, close=not result.keep_alive)
             return result
@@ -377,7 +378,7 @@ class KubeApi:
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         info = kind_info(kind)
-        return self._call("GET", info.path(self._namespace(info, namespace), name))  # type: ignore[no-any-return]
+        return self._call("GET", info.path(self._namespace(info, namespace), name))
 
     def try_get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         try:
@@ -411,7 +412,7 @@ class KubeApi:
     def create(self, kind: str, obj: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
         info = kind_info(kind)
         body = {"apiVersion": info.api_version, "kind": kind, **obj}
-        return self._call("POST", info.path(self._namespace(info, namespace, obj)), body=body)  # type: ignore[no-any-return]
+        return self._call("POST", info.path(self._namespace(info, namespace, obj)), body=body)
 
     def create_token(self, namespace: str, service_account: str, spec: dict[str, Any] | None = None) -> str:
         """A TokenRequest for the ServiceAccount (`kubectl create token`); the token."""
@@ -427,7 +428,7 @@ class KubeApi:
             raise ValueError(f"{kind}: metadata.name is required to replace an object")
         body = {"apiVersion": info.api_version, "kind": kind, **obj}
         path = info.path(self._namespace(info, None, obj), name, subresource)
-        return self._call("PUT", path, body=body)  # type: ignore[no-any-return]
+        return self._call("PUT", path, body=body)
 
     def replace(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
         """PUT; raises `Conflict` when obj's metadata.resourceVersion is stale."""
@@ -447,7 +448,7 @@ class KubeApi:
             raise ValueError("patch_type 'json' needs a list of RFC 6902 operations")
         info = kind_info(kind)
         path = info.path(self._namespace(info, namespace), name, subresource)
-        return self._call("PATCH", path, body=patch, content_type=types[patch_type])  # type: ignore[no-any-return]
+        return self._call("PATCH", path, body=patch, content_type=types[patch_type])
 
     def delete(self, kind: str, name: str, namespace: str | None = None, *, propagation: str | None = None,
                uid: str | None = None, resource_version: str | None = None) -> bool:
@@ -526,11 +527,11 @@ class _Watch:
                 del self.known[key]
                 yield "DELETED", old
         for key, obj in fresh.items():
-            old = self.known.get(key)
+            previous = self.known.get(key)
             self.known[key] = obj
-            if old is None:
+            if previous is None:
                 yield "ADDED", obj
-            elif (old.get("metadata") or {}).get("resourceVersion") != (obj.get("metadata") or {}).get("resourceVersion"):
+            elif (previous.get("metadata") or {}).get("resourceVersion") != (obj.get("metadata") or {}).get("resourceVersion"):
                 yield "MODIFIED", obj
         self.rv = rv
 
@@ -584,7 +585,7 @@ class _Watch:
         except Exception:  # noqa: BLE001 - the stream may already be closed; nothing else to do
             pass
 
-    def _consume(self, response: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    def _consume(self, response: Any) -> Generator[tuple[str, dict[str, Any]], None, bool]:
         """Yield events from one stream; returns True when the caller must relist (410)."""
         try:
             for line in response:

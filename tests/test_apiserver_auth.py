@@ -432,9 +432,6 @@ def _kubectl(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=60)
 
 
-@pytest.mark.xfail(strict=True, reason="kubectl 1.37 sends SelfSubjectReview, SelfSubjectAccessReview and "
-                   "TokenRequest bodies as protobuf; the protobuf request decoder is branch `writes`' part of issue "
-                   "27 (the same endpoints are tested with JSON above and in test_kubectl_json_reviews)")
 def test_kubectl_create_token_whoami_and_can_i(tmp_path: Path) -> None:
     """kubectl sends credentials over TLS only; over this server's plain HTTP it sends none, which the server's
     insecure-port mode takes as the admin, and `--as` impersonates the account under test."""
@@ -443,7 +440,7 @@ def test_kubectl_create_token_whoami_and_can_i(tmp_path: Path) -> None:
         who = _kubectl(kubeconfig, "auth", "whoami", "-o", "json")
         assert who.returncode == 0, who.stderr
         assert json.loads(who.stdout)["status"]["userInfo"]["groups"] == ["system:masters", "system:authenticated"]
-        _account(admin(srv), "default", "reader")  # (kubectl create serviceaccount sends protobuf: branch writes)
+        assert _kubectl(kubeconfig, "create", "serviceaccount", "reader").returncode == 0
         made = _kubectl(kubeconfig, "create", "token", "reader", "--duration", "20m")
         assert made.returncode == 0, made.stderr
         code, answer = Client(srv.url, made.stdout.strip()).call(
@@ -519,6 +516,13 @@ def test_kubectl_over_tls_authenticates_and_anonymous_is_anonymous(tmp_path: Pat
         denied = _kubectl(kubeconfig, "--token", token, "get", "nodes")
         assert ('User "system:serviceaccount:default:reader" cannot list resource "nodes" in API group "" at the '
                 "cluster scope") in denied.stderr
+        who = _kubectl(kubeconfig, "--token", token, "auth", "whoami")
+        assert who.returncode == 0 and "system:serviceaccount:default:reader" in who.stdout, who.stderr
+        can = _kubectl(kubeconfig, "--token", token, "auth", "can-i", "list", "nodes")
+        assert (can.returncode, can.stdout.strip()) == (1, "no")
+        made = _kubectl(kubeconfig, "create", "token", "reader")
+        assert made.returncode == 0, made.stderr
+        assert _kubectl(kubeconfig, "--token", made.stdout.strip(), "auth", "whoami").returncode == 0
         ca = ssl.create_default_context(cafile=None, cadata=(tmp_path / "pki" / "ca.crt").read_text())
         for path, code in (("/version", 200), ("/api/v1/nodes", 403), ("/api", 403)):
             req = urllib.request.Request(srv.tls_url + path)

@@ -176,7 +176,6 @@ def test_kubelet_checkpoint_reads_the_kubelet_format() -> None:
 
 def test_release_rule() -> None:
     entry = PodDeviceEntry("pod-1", "c", RESOURCE, {0: ("GPU-a",)})
-    before = KubeletCheckpoint(digest="0" * 64)
     after = KubeletCheckpoint((entry,), digest="1" * 64)
     used = "deviceplugin:" + allocation_id("0" * 64, "aa")
     pending = "deviceplugin:" + allocation_id("1" * 64, "bb")
@@ -264,7 +263,7 @@ def test_allocate_through_the_device_manager(node: Node) -> None:
     held = node.checkpoint.state.ledger
     assert {u for u, hs in held.items() if any(h.startswith("deviceplugin:") for h in hs)} == set(numa0)
     written = kubeletcheckpoint.read(node.tmp / "kubelet" / "device-plugins")
-    assert written is not None and written.in_use(RESOURCE) == {u: "pod-1" for u in numa0}
+    assert written is not None and written.in_use(RESOURCE) == dict.fromkeys(numa0, "pod-1")
     assert written.entries[0].device_ids == {0: tuple(numa0)}
     assert pb.ContainerAllocateResponse.FromString(written.entries[0].alloc_resp) == got.response
     # The next pod gets the other NUMA node.

@@ -6,6 +6,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
+
+from conftest import RESOURCE_BETAS
+
 from controller.explanation_writer import REASON_UNSCHEDULABLE
 from controller.podconditions import unschedulable_conditions
 from controller_helpers import FakeWall, create_all, events_for, gpu_class, manager, node, pod, sim_slices, template
@@ -96,6 +100,7 @@ def test_registered_nodes_report_what_describe_shows_and_keep_a_lease(apiserver:
         beat.join(timeout=5)
 
 
+@pytest.mark.apiserver_options(runtime_config=RESOURCE_BETAS)
 def test_v1beta1_objects_created_through_the_server_are_scheduled(apiserver: Any) -> None:
     import json
     import urllib.request

@@ -30,7 +30,7 @@ def _drain(monitor: HealthMonitor) -> None:
 
 
 def test_classification_follows_nvidias_device_plugin() -> None:
-    assert APPLICATION_XIDS == {13, 31, 43, 45, 68, 109}
+    assert {13, 31, 43, 45, 68, 109} == APPLICATION_XIDS
     for xid in (13, 31, 43, 45, 68, 109):
         assert classify_xid(xid) == "application"
     for xid in (48, 64, 74, 79, 92, 94, 95, 119, 1234):

@@ -224,7 +224,7 @@ def test_on_demand_mig_device_runs_and_is_listed() -> None:
         ref = mig_node.add_claim("slice", "1b2c3d4e-0000-0000-0000-000000000001", [placement_name(gpu, "1g.10gb", 0)])
         result = mig_node.preparer.prepare([ref])[ref.uid]
         assert result.error == ""
-        (created,) = [m for m in mig_node.gpu(0).mig_devices]
+        (created,) = list(mig_node.gpu(0).mig_devices)
         # The spec says NVIDIA_VISIBLE_DEVICES=void, so the simulated nvidia-smi cannot tell profiles sharing this
         # placement apart by UUID: the install is rewritten from the new inventory, as the driver's own view is.
         driverinstall.write(tmp / "driver", NODE, mig_node.inv)

@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
 
     from driver.discovery import discover
     from driver.health import HealthMonitor
-    from driver.nvml import load_backend
+    from driver.nvml import RealNvml, load_backend
     from driver.nvmlapi import BackendConfigError, NvmlUnavailable
     from driver.plugin.agent import AgentSettings, NodeAgent, crash_hook_from_env, kubeapi_claim_getter
     from driver.publisher import SlicePublisher
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         where = source or "the in-cluster config"
         print(f"error: --kubeconfig: cannot connect with {where}: {exc}", file=sys.stderr)
         return 2
-    if args.mps_daemon_image and args.nvml == "real":
+    if args.mps_daemon_image and isinstance(nvml, RealNvml):
         from driver.mpsdaemon import MpsDaemonPods, MpsPodSettings
 
         nvml.run_mps_daemons_as_pods(MpsDaemonPods(api, MpsPodSettings(

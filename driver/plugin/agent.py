@@ -20,6 +20,7 @@ from driver.checkpoint import Checkpoint
 from driver.driverfiles import DriverFiles
 from driver.driverfiles import discover as discover_driver_files
 from driver.inventory import Health, Inventory
+from driver.nvmlapi import NvmlBackend
 from driver.plugin.health import DeviceHealthEntry, HealthBoard
 from driver.plugin.metrics import PluginMetrics
 from driver.plugin.server import KubeletPlugin, PluginPaths
@@ -96,7 +97,7 @@ class NodeAgent:
         self,
         settings: AgentSettings,
         *,
-        nvml: Any,
+        nvml: NvmlBackend,
         inventory: Inventory,
         get_claim: ClaimGetter,
         publisher: Any | None = None,
