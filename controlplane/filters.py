@@ -15,34 +15,36 @@ from controlplane.authn import (
     Unauthorized,
     UserInfo,
 )
+from controlplane.authn import AccountLookup
 from controlplane.authz.attributes import Attributes
+from controlplane.authz.chain import AuthorizerChain
+from controlplane.httphead import Headers
 from controlplane.resources import ResourceType
 
 _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 UNAUTHORIZED = st.StatusError(401, "Unauthorized", "Unauthorized")
 
 
-def authenticate(authorization: str | None, tokens: TokenAuthenticator, accounts: object,
+def authenticate(authorization: str | None, tokens: TokenAuthenticator, accounts: AccountLookup,
                  unauthenticated_as_admin: bool) -> UserInfo:
     """The user of a request; 401 when it presents a credential that is refused."""
     if not authorization and unauthenticated_as_admin:
         return ADMIN
     try:
-        return tokens.authenticate(authorization, accounts)  # type: ignore[arg-type]
+        return tokens.authenticate(authorization, accounts)
     except Unauthorized:
         raise UNAUTHORIZED from None
 
 
-def impersonate(user: UserInfo, headers: object, authorizer: object) -> UserInfo:
+def impersonate(user: UserInfo, headers: Headers, authorizer: AuthorizerChain) -> UserInfo:
     """The impersonation filter (`kubectl --as`, `--as-group`): the requester needs `impersonate` on users (or
     serviceaccounts) and groups; the request then runs as that user, in system:authenticated."""
-    get_all = getattr(headers, "get_all")
-    names = get_all("Impersonate-User") or []
+    names = headers.get_all("Impersonate-User") or []
     if not names:
         return user
     name = names[0]
-    groups = tuple(get_all("Impersonate-Group") or ())
-    require = getattr(authorizer, "require")
+    groups = tuple(headers.get_all("Impersonate-Group") or ())
+    require = authorizer.require
     if name.startswith(SA_PREFIX) and name.count(":") == 3:
         _, _, ns, sa = name.split(":")
         require(Attributes(user, "impersonate", resource="serviceaccounts", namespace=ns, name=sa))

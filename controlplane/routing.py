@@ -76,12 +76,14 @@ class ServerContext(Protocol):
 
 class Responder(Protocol):
     """What a long-lived response (a watch, a followed log) uses of the request handler it came from."""
-    ctx: ServerContext
     wfile: Any
     connection: Any
     server: Any
     headers: Any
     close_connection: bool
+
+    @property
+    def ctx(self) -> ServerContext: ...
 
     def log_request(self, code: int | str = ..., size: int | str = ...) -> None: ...
 

@@ -170,7 +170,7 @@ class TlsFront:
                         continue
                     if not data:
                         return
-                    _send_all(dst, data)  # type: ignore[arg-type]
+                    _send_all(dst, data)
         finally:
             sel.close()
 

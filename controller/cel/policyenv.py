@@ -42,7 +42,7 @@ class PolicyEnvironment:
     def __init__(self) -> None:
         dyn = cel.Type.DYN
         self._env = cel.NewEnv(None, config=cel.NewEnvConfigFromYaml(_EXTENSIONS_YAML),
-                               variables={name: dyn for name in VARIABLES})
+                               variables=dict.fromkeys(VARIABLES, dyn))
         self._cache: dict[str, PolicyProgram | str] = {}
 
     def compile(self, expression: str) -> PolicyProgram:

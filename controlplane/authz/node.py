@@ -175,8 +175,6 @@ class NodeAuthorizer:
                 return Verdict(Decision.NO_OPINION, "can only list/watch pods with spec.nodeName field selector")
             if a.verb in ("create", "delete"):
                 return ALLOW
-        elif a.subresource == "status" and a.verb in ("update", "patch"):
-            return ALLOW
-        elif a.subresource == "eviction" and a.verb == "create":
+        elif a.subresource == "status" and a.verb in ("update", "patch") or a.subresource == "eviction" and a.verb == "create":
             return ALLOW
         return NO_OPINION
