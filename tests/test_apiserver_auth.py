@@ -534,3 +534,29 @@ def test_kubectl_over_tls_authenticates_and_anonymous_is_anonymous(tmp_path: Pat
                 if code == 403:
                     assert "system:anonymous" in json.loads(err.read())["message"]
             assert got == code, path
+
+
+def test_manifest_rbac_carries_the_dra_status_verbs(srv: EmbeddedApiServer) -> None:
+    """manifests/base as shipped: the controller may allocate and deallocate (clearing status.devices), the agent
+    may report status.devices only for claims on its own node."""
+    c = admin(srv)
+    docs = []
+    for path in ("namespace.yaml", "serviceaccounts.yaml", "rbac.yaml"):
+        docs.extend(d for d in yaml.safe_load_all((MANIFESTS / path).read_text()) if d)
+    _apply(c, docs + [_node("n1"), _node("n2")])
+    controller = Client(srv.url, srv.service_account_token("gpu-dra-system", "gpu-dra-controller"))
+    agent = Client(srv.url, srv.service_account_token("gpu-dra-system", "gpu-dra-node-agent", node="n1"))
+    for name, node in (("on-n1", "n1"), ("on-n2", "n2")):
+        claim = _claim(c, name)
+        path = f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{name}/status"
+        code, claim = controller.call("PUT", path, {**claim, "status": {"allocation": _allocation(node)}})
+        assert code == 200, claim
+        devices = {**claim, "status": {**claim["status"], "devices": [
+            {"driver": "gpu.nvidia.com", "pool": node, "device": "gpu-0", "conditions": []}]}}
+        code, answer = agent.call("PUT", path, devices)
+        if node == "n1":
+            assert code == 200, answer
+            code, answer = controller.call("PUT", path, {**answer, "status": {}})
+            assert code == 200, answer  # deallocated, devices cleared
+        else:
+            assert code == 422 and "changing status.devices requires extra permission" in answer["message"]
