@@ -418,8 +418,9 @@ class Store:
         if drop:
             self._floor = self._history_rvs[drop - 1]
             self._history_bytes -= sum(self._history_sizes[:drop])
-            for history in (self._history, self._history_rvs, self._history_sizes, self._history_times):
-                del history[:drop]
+            column: list[Any]
+            for column in (self._history, self._history_rvs, self._history_sizes, self._history_times):
+                del column[:drop]
 
     def _publish_locked(self, rv: int, rts: Any) -> None:
         """Make events up to `rv` visible to watchers and wake the watchers of the types in `rts`. Pushed

@@ -84,8 +84,9 @@ class NvmlBackend(Protocol):
         """The GPU's time-slice length (NVIDIA's `nvidia-smi compute-policy --set-timeslice`); GpuToolError."""
         ...
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], /) -> None:
-        """Start an MPS control daemon over `device_uuids` with its pipe and log directories; GpuToolError."""
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), /) -> None:
+        """Start an MPS control daemon over `device_uuids` with its pipe and log directories and give it
+        `commands` (its limits) where they survive its restarts; GpuToolError."""
         ...
 
     def mps_command(self, dirs: MpsDirs, command: str, /) -> str:

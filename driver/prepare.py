@@ -663,6 +663,18 @@ class Preparer:
 
     # ---- unprepare -----------------------------------------------------------------------------------------
 
+    def mark_prepared_ahead(self, uid: str) -> None:
+        """Record in the checkpoint that a prepared claim was prepared ahead of the kubelet (driver.binder)."""
+        with self.checkpoint.locked():
+            record = self.checkpoint.claim(uid)
+            if record is not None and not record.prepared_ahead:
+                self.checkpoint.commit([self.checkpoint.put_claim_op(record.model_copy(update={"prepared_ahead": True}))])
+
+    def prepared_ahead(self) -> list[ClaimRef]:
+        """The claims the checkpoint says were prepared ahead of the kubelet."""
+        return [ClaimRef(uid=r.uid, namespace=r.namespace, name=r.name)
+                for _, r in sorted(self.checkpoint.state.claims.items()) if r.prepared_ahead]
+
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         out: dict[str, str] = {}
         for ref in claims:
@@ -728,7 +740,7 @@ class _NoHardware:
     def set_timeslice(self, gpu_uuid: str, level: int) -> None:
         return None
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
         return None
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:

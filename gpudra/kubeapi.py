@@ -34,6 +34,8 @@ from gpudra.http1 import Reply
 
 log = logging.getLogger("gpudra.kubeapi")
 T = TypeVar("T")
+# One page of a list (`list` names a method inside KubeApi).
+Items = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -388,26 +390,40 @@ class KubeApi:
 
     def list(self, kind: str, namespace: str | None = None, label_selector: str | None = None,
              field_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
+        items: list[dict[str, Any]] = []
+        resource_version = ""
+        for page, page_rv in self.list_pages(kind, namespace, label_selector, field_selector):
+            items.extend(page)
+            resource_version = page_rv
+        return items, resource_version
+
+    def list_pages(self, kind: str, namespace: str | None = None, label_selector: str | None = None,
+                   field_selector: str | None = None, limit: int | None = None,
+                   ) -> Iterator[tuple[Items, str]]:
+        """The list one page at a time (`limit` items each, None: as the server pages it), with the list's
+        resourceVersion: a caller that keeps a few items of a large list never holds all of them at once."""
         info = kind_info(kind)
         query: list[tuple[str, Any]] = []
         if label_selector:
             query.append(("labelSelector", label_selector))
         if field_selector:
             query.append(("fieldSelector", field_selector))
-        items: list[dict[str, Any]] = []
+        if limit is not None:
+            query.append(("limit", limit))
         cont: str | None = None
         while True:
             page_query = query + ([("continue", cont)] if cont else [])
             result = self._call("GET", info.path(namespace if info.namespaced else None), query=page_query)
-            for item in result.get("items") or []:
+            items = result.get("items") or []
+            for item in items:
                 # Lists omit kind/apiVersion on items; callers get complete objects.
                 item.setdefault("apiVersion", info.api_version)
                 item.setdefault("kind", kind)
-                items.append(item)
             meta = result.get("metadata") or {}
             cont = meta.get("continue")
+            yield items, str(meta.get("resourceVersion") or "")
             if not cont:
-                return items, str(meta.get("resourceVersion") or "")
+                return
 
     def create(self, kind: str, obj: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
         info = kind_info(kind)

@@ -41,7 +41,7 @@ class NoSharing:
     def set_timeslice(self, gpu_uuid: str, level: int) -> None:
         return None
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
         return None
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
