@@ -210,7 +210,8 @@ def test_node_agent_policy_keeps_agents_to_their_node_slices(srv: EmbeddedApiSer
     refused by the ValidatingAdmissionPolicy whatever the namespace."""
     c = admin(srv)
     docs = []
-    for path in ("namespace.yaml", "serviceaccounts.yaml", "rbac.yaml", "node-slices-policy.yaml"):
+    for path in ("namespace.yaml", "serviceaccounts.yaml", "rbac.yaml", "rbac-node-guard.yaml",
+                 "node-slices-policy.yaml"):
         text = (MANIFESTS / path).read_text().replace("gpu-dra-system", "renamed-system")
         docs.extend(d for d in yaml.safe_load_all(text) if d)
     _apply(c, docs)
@@ -226,6 +227,9 @@ def test_node_agent_policy_keeps_agents_to_their_node_slices(srv: EmbeddedApiSer
     assert agent.call("PATCH", "/api/v1/nodes/n1", patch, "application/merge-patch+json")[0] == 200
     code, body = agent.call("PATCH", "/api/v1/nodes/n2", patch, "application/merge-patch+json")
     assert code == 422 and "may only change that Node, not 'n2'" in body["message"]
+    condition = {"status": {"conditions": [{"type": "GpuDraDevicePluginConflict", "status": "False"}]}}
+    assert agent.call("PATCH", "/api/v1/nodes/n1/status", condition, "application/merge-patch+json")[0] == 200
+    assert agent.call("PATCH", "/api/v1/nodes/n2/status", condition, "application/merge-patch+json")[0] == 422
     unbound = Client(srv.url, srv.service_account_token("renamed-system", "gpu-dra-node-agent"))
     code, body = unbound.call("POST", "/apis/resource.k8s.io/v1/resourceslices", _slice("n1", "x"))
     assert code == 422 and "no node association found" in body["message"]

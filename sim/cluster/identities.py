@@ -23,7 +23,6 @@ CONTROLLER_ACCOUNT = "gpu-dra-controller"
 AGENT_ACCOUNT = "gpu-dra-node-agent"
 # What runs as processes, not as the manifests' workloads.
 _RUN_AS_PROCESSES = ("DaemonSet", "Deployment")
-_FILES = ("namespace.yaml", "serviceaccounts.yaml", "rbac.yaml", "node-slices-policy.yaml", "deviceclasses.yaml")
 # A year: the simulated cluster's tokens are not rotated (a kubelet refreshes projected tokens on a cluster).
 TOKEN_SECONDS = 365 * 86400
 # In embedded mode the controller also plays kube-scheduler: kube-scheduler's own rights (system:kube-scheduler
@@ -53,8 +52,10 @@ EMBEDDED_SCHEDULER_ROLE: list[dict[str, Any]] = [
 
 
 def base_objects(manifests: Path) -> list[dict[str, Any]]:
-    objects = load_objects([str(manifests / f) for f in _FILES if (manifests / f).exists()])
-    return [o for o in objects if o.get("kind") not in _RUN_AS_PROCESSES]
+    """The objects of the kustomization's `resources`, less the workloads."""
+    kustomization = yaml.safe_load((manifests / "kustomization.yaml").read_text()) or {}
+    files = [str(manifests / f) for f in kustomization.get("resources") or ()]
+    return [o for o in load_objects(files) if o.get("kind") not in _RUN_AS_PROCESSES]
 
 
 def apply_base(api: KubeApi, manifests: Path, *, embedded_scheduler: bool = True) -> list[str]:
