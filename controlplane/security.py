@@ -51,9 +51,10 @@ def build_security(store: Store, registry: Registry, features: Features, *,
 
     def lister(*kinds: str) -> Any:
         rts = tuple(_types(registry, *kinds))
+        counter = store.change_counter(rts)
 
         def version() -> int:
-            return store.types_version(rts)
+            return counter.value
 
         def load() -> tuple[Any, ...]:
             return (version(), *(store.list(Filter(rt))[0] for rt in rts))
@@ -130,13 +131,14 @@ class AccountLookup:
     def __init__(self, store: Store, registry: Registry) -> None:
         self._store = store
         self._rt = registry.by_kind("ServiceAccount")
+        self._changes = store.change_counter((self._rt,)) if self._rt is not None else None
         self._version = -1
         self._uids: dict[tuple[str, str], str | None] = {}
 
     def __call__(self, namespace: str, name: str) -> str | None:
-        if self._rt is None:
+        if self._rt is None or self._changes is None:
             return None
-        version = self._store.type_version(self._rt)
+        version = self._changes.value
         if version != self._version:
             self._uids, self._version = {}, version
         key = (namespace, name)

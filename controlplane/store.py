@@ -133,6 +133,13 @@ class Filter:
 RequestAdmission = Callable[[ResourceType, str, dict[str, Any], "dict[str, Any] | None"], None]
 
 
+class ChangeCounter:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
 class _Admitting:
     __slots__ = ("_tls", "_admit")
 
@@ -158,7 +165,8 @@ class Store:
         # Watchers wait per resource type and are woken only by events of their type.
         self._rt_conds = {rt: threading.Condition(self._lock) for rt in registry.types}
         self._rt_visible = dict.fromkeys(registry.types, 0)  # newest event of each type watchers may see
-        self._pushed: dict[ResourceType, set[Watcher]] = {}  # watchers sent to by writing threads (push_to)
+        self._pushed: dict[ResourceType, set[Watcher]] = {}
+        self._counters: dict[ResourceType, list[ChangeCounter]] = {}  # watchers sent to by writing threads (push_to)
         self._visible = 0  # every event up to here is visible to watchers (committed, when durable)
         self._log: Backend | None = None
         # resourceVersions after the last commit before a restart and before where it continued: a reader may
@@ -192,15 +200,14 @@ class Store:
         with self._cond:
             return self._rv
 
-    def type_version(self, rt: ResourceType) -> int:
-        """The newest visible change of `rt`'s objects: equal values mean nothing of that type changed (caches
-        of policy objects, RBAC rules, check it per request)."""
-        return self._rt_visible[rt]
-
-    def types_version(self, rts: tuple[ResourceType, ...]) -> int:
-        """The newest visible change of any of `rts` (resourceVersions only grow, so it changes whenever one of
-        them does)."""
-        return max(map(self._rt_visible.__getitem__, rts), default=0)
+    def change_counter(self, rts: tuple[ResourceType, ...]) -> ChangeCounter:
+        """A counter of the visible changes of `rts`' objects: caches of them (RBAC rules, policies, accounts)
+        compare one int per request instead of looking up each type."""
+        counter = ChangeCounter()
+        with self._cond:
+            for rt in rts:
+                self._counters.setdefault(rt, []).append(counter)
+        return counter
 
     def get(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any]:
         with self._cond:
@@ -431,6 +438,10 @@ class Store:
         for rt in set(rts):
             self._rt_visible[rt] = max(self._rt_visible[rt], rv)
             self._rt_conds[rt].notify_all()
+            counters = self._counters.get(rt)
+            if counters:
+                for counter in counters:
+                    counter.value += 1
             pushed = self._pushed.get(rt)
             if pushed:
                 if published is not None:
@@ -923,6 +934,9 @@ class Store:
                 if owner not in self._by_uid:
                     self._gc_queue.append(owner)
             self._log = log
+            for counters in self._counters.values():
+                for counter in counters:
+                    counter.value += 1  # everything was just loaded
         return problems
 
 
