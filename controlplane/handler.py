@@ -481,6 +481,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             answer = reviews.self_subject_access_review(body, user, authorizer)
         elif r.rt.kind == "SubjectAccessReview":
             answer = reviews.subject_access_review(body, authorizer)
+        elif r.rt.kind == "SelfSubjectRulesReview":
+            answer = reviews.self_subject_rules_review(body, user, self.ctx.security.rbac)
         elif r.rt.kind == "SelfSubjectReview":
             answer = reviews.self_subject_review(user)
         else:

@@ -184,6 +184,8 @@ DEFAULT_REGISTRY = Registry(
                      virtual=True),
         ResourceType("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False,
                      virtual=True),
+        ResourceType("authorization.k8s.io", "v1", "selfsubjectrulesreviews", "SelfSubjectRulesReview", False,
+                     virtual=True),
         ResourceType("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", False, virtual=True),
         ResourceType("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies",
                      "ValidatingAdmissionPolicy", False, has_status=True),

@@ -12,6 +12,7 @@ from controlplane import status as st
 from controlplane.authn import MIN_TOKEN_SECONDS, BoundObject, TokenAuthenticator, UserInfo
 from controlplane.authz.attributes import Attributes
 from controlplane.authz.chain import AuthorizerChain
+from controlplane.authz.rbac import RbacAuthorizer
 
 _MAX_TOKEN_SECONDS = 1 << 32
 Get = Callable[[str, str, str], "dict[str, Any] | None"]
@@ -51,6 +52,29 @@ def subject_access_review(body: Any, authorizer: AuthorizerChain) -> dict[str, A
     extra = {k: tuple(v) for k, v in (spec.get("extra") or {}).items()}
     subject = UserInfo(str(spec.get("user") or ""), str(spec.get("uid") or ""), tuple(spec.get("groups") or ()), extra)
     return _answer("SubjectAccessReview", body, authorizer, subject)
+
+
+def self_subject_rules_review(body: Any, user: UserInfo, rbac: RbacAuthorizer) -> dict[str, Any]:
+    """What RBAC grants the user in spec.namespace (`kubectl auth can-i --list`); `incomplete` for kubelets,
+    whose rights the Node authorizer decides per object, as upstream's rule resolvers say."""
+    raw = body.get("spec") if isinstance(body, dict) else None
+    spec: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    namespace = str(spec.get("namespace") or "")
+    resource_rules: list[dict[str, Any]] = []
+    url_rules: list[dict[str, Any]] = []
+    for rule in rbac.index().rules_for(user, namespace):
+        if rule.non_resource_urls:
+            url_rules.append({"verbs": sorted(rule.verbs), "nonResourceURLs": list(rule.non_resource_urls)})
+        else:
+            entry: dict[str, Any] = {"verbs": sorted(rule.verbs), "apiGroups": sorted(rule.api_groups),
+                                     "resources": sorted(rule.resources)}
+            if rule.resource_names:
+                entry["resourceNames"] = sorted(rule.resource_names)
+            resource_rules.append(entry)
+    return {"kind": "SelfSubjectRulesReview", "apiVersion": "authorization.k8s.io/v1",
+            "metadata": {"creationTimestamp": None}, "spec": spec,
+            "status": {"resourceRules": resource_rules, "nonResourceRules": url_rules,
+                       "incomplete": user.node_name is not None}}
 
 
 def self_subject_review(user: UserInfo) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from gpudra.features import Features
 class Security:
     authenticator: TokenAuthenticator
     authorizer: AuthorizerChain
+    rbac: RbacAuthorizer
     admission: AdmissionChain
     webhooks: WebhookPlugin
     accounts: AccountLookup
@@ -83,7 +84,8 @@ def build_security(store: Store, registry: Registry, features: Features, *,
         return get(kind, ns, name)
 
     rbac_version, rbac_load = lister("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
-    authorizer = AuthorizerChain([NodeAuthorizer(get, list_all), RbacAuthorizer(rbac_version, rbac_load)])
+    rbac = RbacAuthorizer(rbac_version, rbac_load)
+    authorizer = AuthorizerChain([NodeAuthorizer(get, list_all), rbac])
     plugins: list[Any] = [NodeRestrictionPlugin(), AdminAccessPlugin(namespace, features.admin_access),
                           ClaimStatusPlugin(features.granular_status_authorization),
                           PodSpecPlugin()]
@@ -93,7 +95,7 @@ def build_security(store: Store, registry: Registry, features: Features, *,
     hook_version, hook_load = lister("ValidatingWebhookConfiguration")
     webhooks = WebhookPlugin(hook_version, hook_load, namespace, expressions)
     plugins.append(webhooks)
-    return Security(TokenAuthenticator(token_key, admin_token), authorizer, AdmissionChain(plugins), webhooks,
+    return Security(TokenAuthenticator(token_key, admin_token), authorizer, rbac, AdmissionChain(plugins), webhooks,
                     AccountLookup(store, registry), unauthenticated_as_admin)
 
 

@@ -524,6 +524,10 @@ def test_kubectl_over_tls_authenticates_and_anonymous_is_anonymous(tmp_path: Pat
         assert who.returncode == 0 and "system:serviceaccount:default:reader" in who.stdout, who.stderr
         can = _kubectl(kubeconfig, "--token", token, "auth", "can-i", "list", "nodes")
         assert (can.returncode, can.stdout.strip()) == (1, "no")
+        listed_rules = _kubectl(kubeconfig, "--token", token, "auth", "can-i", "--list")
+        assert listed_rules.returncode == 0, listed_rules.stderr
+        assert "selfsubjectaccessreviews.authorization.k8s.io" in listed_rules.stdout  # system:basic-user
+        assert "nodes" not in listed_rules.stdout
         made = _kubectl(kubeconfig, "create", "token", "reader")
         assert made.returncode == 0, made.stderr
         assert _kubectl(kubeconfig, "--token", made.stdout.strip(), "auth", "whoami").returncode == 0
