@@ -48,7 +48,7 @@ class HistoryLimits:
     compacts every 5 minutes). A watch from before what is kept gets 410 Gone."""
 
     events: int = 20000
-    bytes: int = 64 * 1024 * 1024
+    bytes: int = 32 * 1024 * 1024
     age_s: float = 300.0
 
 

@@ -38,7 +38,11 @@ class StateFileError(ValueError):
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=0.5)
+    try:
+        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=0.5)
+    except sqlite3.Error as exc:
+        raise StateFileError(f"state database {path}: cannot open it: {exc} (is the directory writable?); pass "
+                             "another --state path") from None
     try:
         # EXCLUSIVE: a second apiserver on the same file fails here instead of diverging from the first.
         conn.execute("PRAGMA locking_mode=EXCLUSIVE")

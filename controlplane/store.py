@@ -37,6 +37,7 @@ from gpudra.jsoncopy import copy_json
 from gpudra.validation.admission import Admission
 from gpudra.validation.workloads import KINDS as WORKLOAD_KINDS
 from gpudra.validation.workloads import validate_workload_api_object
+from gpudra.timestamps import rfc3339
 
 ObjKey = tuple[ResourceType, str, str]  # (type, namespace or "", name)
 Codec = tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[[dict[str, Any]], dict[str, Any]]]
@@ -565,7 +566,7 @@ class Store:
             if (namespace, name) in self._objects[rt]:
                 raise st.already_exists(rt, name)
             m["uid"] = self._next_uid()
-            m["creationTimestamp"] = o.now_rfc3339()
+            m["creationTimestamp"] = rfc3339()
             m["generation"] = 1
             return self._commit(rt, (namespace, name), obj, "ADDED", None)
 
@@ -727,7 +728,7 @@ class Store:
             status = {}
         conditions = [c for c in (status.get("conditions") or []) if c.get("type") != "PodScheduled"]
         conditions.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
-                           "lastTransitionTime": o.now_rfc3339()})
+                           "lastTransitionTime": rfc3339()})
         spec = old.get("spec")
         if not isinstance(spec, dict):
             spec = {}
@@ -762,7 +763,7 @@ class Store:
             if om.get("finalizers") or rt.kind == "Namespace":
                 new = copy_json(old)
                 nm = new["metadata"]
-                nm["deletionTimestamp"] = o.now_rfc3339()
+                nm["deletionTimestamp"] = rfc3339()
                 nm["deletionGracePeriodSeconds"] = 0
                 nm["generation"] = int(om.get("generation", 1)) + 1
                 if rt.kind == "Namespace":

@@ -32,7 +32,7 @@ def _merge_map(original: dict[str, Any], patch: dict[str, Any], meta: PatchMeta,
     directive = patch.get(_PATCH)
     if directive is not None:
         if directive == "replace":
-            return {k: copy.deepcopy(v) for k, v in patch.items() if k != _PATCH}
+            return _without_directives(patch)
         if directive == "delete":
             return {}
         if directive != "merge":
@@ -64,7 +64,7 @@ def _merge_map(original: dict[str, Any], patch: dict[str, Any], meta: PatchMeta,
             if value.get(_PATCH) == "delete":
                 original.pop(key, None)
                 continue
-            if fmeta.strategies & {"replace"}:
+            if "replace" in fmeta.strategies:
                 original[key] = _without_directives(value)
                 continue
             current = original.get(key)
@@ -72,10 +72,9 @@ def _merge_map(original: dict[str, Any], patch: dict[str, Any], meta: PatchMeta,
             continue
         if isinstance(value, list):
             current = original.get(key)
-            if fmeta.merges and isinstance(current, list):
-                original[key] = _merge_list(current, value, meta, fmeta, key, orders.get(key))
-            elif fmeta.merges:
-                original[key] = _merge_list([], value, meta, fmeta, key, orders.get(key))
+            if fmeta.merges:
+                base = current if isinstance(current, list) else []
+                original[key] = _merge_list(base, value, meta, fmeta, key, orders.get(key))
             else:
                 original[key] = _without_directives(value)
             continue

@@ -72,10 +72,6 @@ def since(timestamp: Any, now: datetime | None = None) -> str:
     return human_duration(((now or datetime.now(timezone.utc)) - then).total_seconds())
 
 
-def human_age(created: str | None, now: datetime | None = None) -> str:
-    return since(created, now)
-
-
 def _get(obj: Any, *path: str) -> Any:
     cur: Any = obj
     for p in path:

@@ -229,7 +229,13 @@ def _cron_job(obj: dict[str, Any]) -> None:
     _template(_dict(_dict(spec, "jobTemplate"), "spec"))
 
 
+def _secret(obj: dict[str, Any]) -> None:
+    if not obj.get("type"):
+        obj["type"] = "Opaque"
+
+
 _DEFAULTERS: dict[tuple[str, str], Callable[[dict[str, Any]], None]] = {
+    ("", "Secret"): _secret,
     ("resource.k8s.io", "ResourceClaim"): _resource_claim,
     ("resource.k8s.io", "ResourceClaimTemplate"): _resource_claim_template,
     ("", "Pod"): _pod,

@@ -42,6 +42,12 @@ def test_defaults_never_override_what_was_written() -> None:
     assert pod["spec"]["containers"][0]["imagePullPolicy"] == "Never"
 
 
+def test_secret_type_defaults_to_opaque() -> None:
+    secret: dict[str, Any] = {"metadata": {"name": "s"}, "data": {}}
+    apply_defaults("", "Secret", secret)
+    assert secret["type"] == "Opaque"
+
+
 def test_workload_defaults() -> None:
     deployment: dict[str, Any] = {"spec": {"template": {"spec": {"containers": [{"name": "a", "image": "x:1"}]}}}}
     apply_defaults("apps", "Deployment", deployment)

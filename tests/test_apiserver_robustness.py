@@ -58,8 +58,14 @@ def _watch_status(server: EmbeddedApiServer, rv: int) -> dict[str, Any]:
 def test_history_is_bounded_by_bytes_and_an_old_watch_gets_410() -> None:
     with EmbeddedApiServer(history_bytes=1 << 20) as server:
         rvs = _big_updates(server, 60, 100_000)  # 60 versions of a 100 kB object: 12 MB of events, 1 MiB kept
-        kept = server.store._history_bytes
+        store = server.store
+        kept = store._history_bytes
         assert kept <= 2 << 20, kept
+        # The history's columns stay aligned, and the floor is exactly below what is kept.
+        assert len(store._history) == len(store._history_rvs) == len(store._history_sizes) > 1
+        assert sum(store._history_sizes) == kept
+        assert [e.rv for e in store._history] == store._history_rvs
+        assert store._floor < store._history_rvs[0] and store._history_rvs[-1] == rvs[-1]
         gone = _watch_status(server, rvs[1])
         if gone["code"] == 200:
             assert gone["event"]["type"] == "ERROR" and gone["event"]["object"]["code"] == 410
@@ -200,7 +206,8 @@ def test_a_version_1_database_is_upgraded(tmp_path: Path) -> None:
     conn.close()
 
 
-@pytest.mark.parametrize("where", ["/proc/1/no-such-dir/state.db", "DIR"])
+@pytest.mark.process
+@pytest.mark.parametrize("where", ["/proc/1/no-such-dir/state.db", "/sys/state.db", "DIR"])
 def test_a_bad_state_path_is_one_clear_line(tmp_path: Path, where: str) -> None:
     path = str(tmp_path) if where == "DIR" else where
     done = subprocess.run([sys.executable, "-m", "cli.main", "apiserver", "--state", path], cwd=ROOT,

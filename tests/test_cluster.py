@@ -136,6 +136,7 @@ def _create_pod(api: k8s_client.ApiClient, name: str, node: str) -> None:
     k8s_client.CoreV1Api(api).create_namespaced_pod("default", docs[1])
 
 
+@pytest.mark.process
 def test_cluster_up_fault_restart_down(cli: Cli) -> None:
     up = cli.run("up", "--name", NAME, "--nodes", "small=t4-1,quad=v100-4", "--runtime", "none")
     assert up.returncode == 0, up.stderr
@@ -237,6 +238,7 @@ def test_cluster_up_fault_restart_down(cli: Cli) -> None:
     assert cli.run("status", "--name", NAME).returncode == 1
 
 
+@pytest.mark.process
 def test_fault_errors_name_what_is_accepted(cli: Cli) -> None:
     assert cli.run("fault", "n1", "--name", NAME, "--gpu", "0", "--xid", "79").returncode == 1  # no such cluster
     up = cli.run("up", "--name", NAME, "--nodes", "n1=t4-1")

@@ -26,6 +26,8 @@ from tests.conftest import RunningApiServer
 from tests.plugin_helpers import DRIVER, NODE, create_allocated_claim, short_tmp, start_agent
 from tests.runtime_helpers import require_podman
 
+pytestmark = pytest.mark.process  # every test here starts a container runtime
+
 T = TypeVar("T")
 DEADLINE = 60.0
 

@@ -68,6 +68,7 @@ def test_pod_phase_follows_containers_and_restart_policy() -> None:
     assert restart_delay(0) == 0.5 and restart_delay(1) == 1.0 and restart_delay(30) == 10.0
 
 
+@pytest.mark.process
 def test_runtime_choice() -> None:
     assert choose("none").kind == "none"
     with pytest.raises(ValueError, match="expected one of auto, podman, none"):
@@ -80,6 +81,7 @@ def test_runtime_choice() -> None:
             choose("podman")
 
 
+@pytest.mark.process
 def test_simulated_nvidia_smi_lists_only_devices_present(tmp_path: Path) -> None:
     inventory = discover(load_backend("sim:h100-mig", node="n"), "n")
     script = driverinstall.script("n", inventory)
@@ -136,6 +138,7 @@ def _pod(apiserver: RunningApiServer, name: str, containers: list[str], phase: s
     return apiserver.api.replace_status("Pod", pod)
 
 
+@pytest.mark.process
 def test_kubectl_logs_from_a_registered_log_source(apiserver: RunningApiServer, tmp_path: Path) -> None:
     def kubectl(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["kubectl", "--kubeconfig", str(apiserver.kubeconfig), "-n", "default", *args],
@@ -165,6 +168,7 @@ def test_kubectl_logs_from_a_registered_log_source(apiserver: RunningApiServer, 
     assert {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]} in resources
 
 
+@pytest.mark.process
 def test_without_podman_auto_falls_back_and_podman_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import os
     import sys
@@ -180,6 +184,7 @@ def test_without_podman_auto_falls_back_and_podman_is_refused(monkeypatch: pytes
     assert done.returncode == 2 and "gpu-dra demo: --runtime podman: podman cannot run here" in done.stderr
 
 
+@pytest.mark.process
 def test_simulated_plugin_process_uses_its_private_state_dir(apiserver: RunningApiServer) -> None:
     import os
     import sys

@@ -128,3 +128,18 @@ def test_round_trip_through_the_server(apiserver: Any) -> None:
     assert out["spec"]["containers"][0]["command"] == ["sleep", "1"]
     assert out["spec"]["containers"][0]["image"] == "i:2"
     assert json.dumps(out).count("$") == 0
+
+
+def test_a_kind_the_built_in_api_does_not_define_answers_415() -> None:
+    from controlplane.resources import Registry, ResourceType
+    from controlplane.status import StatusError
+    from controlplane.store import Store
+
+    widget = ResourceType("example.com", "v1", "widgets", "Widget", False)
+    store = Store(Registry(types=(widget,)))
+    store.create(widget, "", {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}})
+    with pytest.raises(StatusError) as err:
+        store.patch(widget, "", "w", "strategic", {"metadata": {"labels": {"a": "b"}}})
+    assert err.value.code == 415 and "application/merge-patch+json" in str(err.value)
+    merged = store.patch(widget, "", "w", "merge", {"metadata": {"labels": {"a": "b"}}})
+    assert merged["metadata"]["labels"] == {"a": "b"}

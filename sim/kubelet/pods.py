@@ -33,7 +33,6 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,6 +41,7 @@ from sim.kubelet.heartbeat import heartbeat_loop
 from sim.kubelet.dra import ClaimInfo, KubeletError, KubeletSim, Pod, PreparedDevice
 from sim.kubelet.podhealth import PodHealthReporter, RunningPod
 from gpudra.kubeapi import ApiError, KubeApi, NotFound
+from gpudra.timestamps import rfc3339
 from sim.runtime.podman import ContainerRequest, ContainerStatus, RuntimeError_, Seen
 
 log = logging.getLogger("sim.kubelet.pods")
@@ -69,8 +69,6 @@ class ContainerRuntime(Protocol):
     def seen(self, name: str) -> Seen | None: ...
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -491,7 +489,7 @@ class NodeKubelet:
             return
         record.last_error = ""
         record.phase = "Running"
-        started = _now()
+        started = rfc3339()
         if self.runtime is not None:
             statuses = self._container_statuses(record)
         else:
@@ -629,7 +627,7 @@ class NodeKubelet:
         self._post_terminated(record, phase, self._container_statuses(record))
 
     def _post_terminated(self, record: PodRecord, phase: str, statuses: list[dict[str, Any]]) -> None:
-        finished = _now()
+        finished = rfc3339()
         self.api.patch("Pod", record.name, {"status": {
             "phase": phase,
             "conditions": [{"type": t, "status": s, **({"reason": "PodCompleted"} if s == "False" else {}),
@@ -725,7 +723,7 @@ class NodeKubelet:
             return
         uid = str(pod["metadata"]["uid"])
         self._teardown(uid)
-        finished = _now()
+        finished = rfc3339()
         containers = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
         record = self._record(pod)
         self._post_terminated(record, "Succeeded", [

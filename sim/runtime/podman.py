@@ -27,13 +27,13 @@ import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 from controlplane.podlogs import parse_cri_log
 from sim.demo.processes import pid_alive
 from sim.runtime.namespace import PRIVATE_RUN, NamespaceError, PrivateMountNamespace
 from sim.runtime.rootfs import PROBE_DIR, SEEN_DIR
+from gpudra.timestamps import rfc3339
 
 log = logging.getLogger("sim.runtime")
 
@@ -99,8 +99,6 @@ class Seen:
     device_nodes: tuple[str, ...]
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -194,7 +192,7 @@ class PodmanRuntime:
             raise RuntimeError_(f"container {name}: podman run exited with status {done.returncode}: "
                                 f"{done.stderr.strip() or done.stdout.strip()}")
         conmon, pid = _read_pid(conmon_pidfile), _read_pid(pidfile)
-        started = _now()
+        started = rfc3339()
         with self._lock:
             self._containers[name] = _Container(request, conmon, pid, started)
         log.info("event=container-started container=%s devices=%s", name, ",".join(request.cdi_devices) or "-")
@@ -220,13 +218,13 @@ class PodmanRuntime:
             if watched is None:
                 return ContainerStatus(name, True, None, c.started_at, error=error)
             # Its monitor is gone and podman does not know it: the kubelet's ContainerStatusUnknown (exit 137).
-            finished = ContainerStatus(name, False, UNKNOWN_EXIT_CODE, c.started_at, _now(), error=error)
+            finished = ContainerStatus(name, False, UNKNOWN_EXIT_CODE, c.started_at, rfc3339(), error=error)
             with self._lock:
                 c.finished = finished
             return finished
         if words[0] in ("running", "created", "configured", "paused", "stopping"):
             return ContainerStatus(name, True, None, c.started_at)
-        finished = ContainerStatus(name, False, int(words[1]), c.started_at, _now())
+        finished = ContainerStatus(name, False, int(words[1]), c.started_at, rfc3339())
         with self._lock:
             c.finished = finished
         return finished
