@@ -396,6 +396,7 @@ def _webhook_config(name: str, client: dict[str, Any], failure: str = "Fail") ->
                                      "resources": ["configmaps"]}]}]}
 
 
+@pytest.mark.process  # kubectl or openssl
 def test_validating_webhook_over_https(srv: EmbeddedApiServer, webhook: HTTPServer,
                                        tls_files: tuple[Path, Path]) -> None:
     c = admin(srv)
@@ -418,6 +419,7 @@ def test_validating_webhook_over_https(srv: EmbeddedApiServer, webhook: HTTPServ
     assert webhook.seen[-1][0] == "/v?timeout=2s"  # type: ignore[attr-defined]
 
 
+@pytest.mark.process  # kubectl or openssl
 def test_webhook_that_is_down_fails_or_is_ignored(srv: EmbeddedApiServer, tls_files: tuple[Path, Path]) -> None:
     c = admin(srv)
     ca = base64.b64encode(tls_files[0].read_bytes()).decode()
@@ -436,6 +438,7 @@ def _kubectl(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=60)
 
 
+@pytest.mark.process  # kubectl or openssl
 def test_kubectl_create_token_whoami_and_can_i(tmp_path: Path) -> None:
     """kubectl sends credentials over TLS only; over this server's plain HTTP it sends none, which the server's
     insecure-port mode takes as the admin, and `--as` impersonates the account under test."""
@@ -503,6 +506,7 @@ def test_reviews_as_kubectl_sends_them_in_json(srv: EmbeddedApiServer) -> None:
     assert err.value.code == 403
 
 
+@pytest.mark.process  # kubectl or openssl
 def test_kubectl_over_tls_authenticates_and_anonymous_is_anonymous(tmp_path: Path) -> None:
     """Over HTTPS kubectl sends its token: the admin's works, a bogus one is 401 (kubectl's "You must be logged in"),
     a ServiceAccount's is authorized by RBAC, and a request without credentials is system:anonymous."""

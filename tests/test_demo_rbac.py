@@ -9,7 +9,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.process  # runs gpu-dra demo
 
 
 def test_a_missing_verb_fails_the_demo(tmp_path: Path) -> None:
