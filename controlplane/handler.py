@@ -14,6 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from controlplane import filters, httphead, reviews
 from controlplane import resources as res
+from controlplane import execproxy, scale
 from controlplane import status as st
 from controlplane import health, protobuf
 from controlplane.admission.request import AdmissionRequest
@@ -526,6 +527,21 @@ class ApiHandler(BaseHTTPRequestHandler):
             if method != "GET":
                 raise st.method_not_allowed(f"{method} is not supported on pods/log; supported: GET")
             PodLogStream(self).serve(r, query)
+            return
+        if r.subresource == "exec":  # controlplane.execproxy: relayed to the node's kubelet
+            if method not in ("GET", "POST"):
+                raise st.method_not_allowed(f"{method} is not supported on pods/exec; supported: GET, POST")
+            reg = self.ctx.registry
+            host, port, container = execproxy.target(store, r.rt, reg.by_kind("Node"), r.namespace, r.name or "",
+                                                     query.get("container"))
+            raw_query = urlsplit(self.path).query
+            self.close_connection = True
+            execproxy.relay(self.connection, self.headers, host, port, r.namespace, r.name or "", container, raw_query)
+            return
+        if r.subresource == "scale":  # controlplane.scale: Deployments, ReplicaSets, StatefulSets
+            body = None if method == "GET" else self._body()
+            self._send_json(200, scale.serve(store, r.rt, r.namespace, r.name or "", method, body,
+                                             self.headers.get("Content-Type")))
             return
         if r.subresource == "binding":
             if method != "POST":

@@ -167,14 +167,15 @@ DEFAULT_REGISTRY = Registry(
         ResourceType("", "v1", "pods", "Pod", True, ("po",), has_status=True,
                      field_labels=("spec.nodeName", "spec.schedulerName", "spec.serviceAccountName",
                                    "status.phase", "status.podIP", "status.nominatedNodeName"),
-                     categories=("all",), extra_subresources=("binding", "log")),
+                     categories=("all",), extra_subresources=("binding", "log", "exec")),
         ResourceType("", "v1", "events", "Event", True, ("ev",),
                      field_labels=("reason", "type", "source", "reportingComponent"),
                      field_prefixes=("involvedObject",)),
         ResourceType("", "v1", "resourcequotas", "ResourceQuota", True, ("quota",), has_status=True),
         ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, ("sa",), extra_subresources=("token",)),
-        ResourceType("", "v1", "secrets", "Secret", True, field_labels=("type",)),
+        # What pods' env.valueFrom, envFrom and volumes read (the kubelet simulator).
         ResourceType("", "v1", "configmaps", "ConfigMap", True, ("cm",)),
+        ResourceType("", "v1", "secrets", "Secret", True, field_labels=("type",)),
         ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True),
         ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
         ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
@@ -208,9 +209,12 @@ DEFAULT_REGISTRY = Registry(
         ResourceType("resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", False, has_status=True,
                      served=served_versions("DeviceTaintRule")),
         # Workload controllers, stored as they are; `gpu-dra cluster` runs the controllers that make their pods.
-        ResourceType("apps", "v1", "deployments", "Deployment", True, ("deploy",), has_status=True, categories=("all",)),
-        ResourceType("apps", "v1", "replicasets", "ReplicaSet", True, ("rs",), has_status=True, categories=("all",)),
-        ResourceType("apps", "v1", "statefulsets", "StatefulSet", True, ("sts",), has_status=True, categories=("all",)),
+        ResourceType("apps", "v1", "deployments", "Deployment", True, ("deploy",), has_status=True, categories=("all",),
+                     extra_subresources=("scale",)),
+        ResourceType("apps", "v1", "replicasets", "ReplicaSet", True, ("rs",), has_status=True, categories=("all",),
+                     extra_subresources=("scale",)),
+        ResourceType("apps", "v1", "statefulsets", "StatefulSet", True, ("sts",), has_status=True, categories=("all",),
+                     extra_subresources=("scale",)),
         ResourceType("batch", "v1", "jobs", "Job", True, has_status=True, categories=("all",)),
         ResourceType("batch", "v1", "cronjobs", "CronJob", True, ("cj",), has_status=True, categories=("all",)),
     )
@@ -276,6 +280,11 @@ def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:
         entries.append({"name": f"{rt.plural}/status", "singularName": "", "namespaced": rt.namespaced,
                         "kind": rt.kind, "verbs": ["get", "patch", "update"]})
     for sub in rt.extra_subresources:
+        if sub == "scale":  # served in autoscaling/v1, as kube-apiserver lists it
+            entries.append({"name": f"{rt.plural}/scale", "singularName": "", "namespaced": rt.namespaced,
+                            "group": "autoscaling", "version": "v1", "kind": "Scale",
+                            "verbs": ["get", "patch", "update"]})
+            continue
         entries.append({"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
                         "kind": _SUBRESOURCE_KINDS.get(sub, rt.kind),
                         "verbs": ["get"] if sub == "log" else ["create"]})

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpudra.timestamps import parse_rfc3339
 from controlplane.resources import ResourceType
+from controlplane.workloadtables import printers as workload_printers
 
 INCLUDE_OBJECT = ("None", "Metadata", "Object")
 # Descriptions kube-apiserver attaches to the two columns every table has (ObjectMeta's swagger docs).
@@ -397,6 +398,8 @@ PRINTERS: dict[str, Printer] = {
     ), lambda o, now: [_get(o, "metadata", "name"), _get(o, "spec", "nodeName") or "",
                        _get(o, "spec", "driver") or "", _get(o, "spec", "pool", "name") or "", _age(o, now)]),
 }
+PRINTERS.update({kind: Printer(columns, cells)
+                 for kind, (columns, cells) in workload_printers(since, human_duration, _NAME, _AGE).items()})
 _DEFAULT = Printer((_NAME, _AGE), lambda o, now: [_get(o, "metadata", "name"), _age(o, now)])
 
 
