@@ -17,16 +17,19 @@ import contextlib
 import http.client
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+import yaml
 
 from bench.report import emit
 from bench.stats import peak_rss_mib, percentile
@@ -36,15 +39,16 @@ _LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
 
 
 class _Client:
-    """One kept-alive HTTP/1.1 connection."""
+    """One kept-alive HTTP/1.1 connection, with a bearer token when given."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, token: str | None = None) -> None:
         u = urlsplit(url)
         self.conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        self.auth = {"Authorization": f"Bearer {token}"} if token else {}
 
     def call(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
         data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json"} if data is not None else {}
+        headers = {"Content-Type": "application/json", **self.auth} if data is not None else dict(self.auth)
         self.conn.request(method, path, body=data, headers=headers)
         resp = self.conn.getresponse()
         return resp.status, resp.read()
@@ -55,14 +59,15 @@ def _lease(name: str, holder: str = "a") -> dict[str, Any]:
             "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15}}
 
 
-def _run_clients(url: str, clients: int, per_client: int, op: Any) -> tuple[float, list[float]]:
+def _run_clients(url: str, clients: int, per_client: int, op: Any,
+                 token: str | None = None) -> tuple[float, list[float]]:
     """Run `op(client, client_index, i)` per_client times on each of `clients` threads; (seconds, latencies)."""
     latencies: list[list[float]] = [[] for _ in range(clients)]
     errors: list[str] = []
     barrier = threading.Barrier(clients + 1)
 
     def worker(ci: int) -> None:
-        c = _Client(url)
+        c = _Client(url, token)
         barrier.wait()
         for i in range(per_client):
             t0 = time.perf_counter()
@@ -97,12 +102,13 @@ def bench_store(writes: int = 1200, directory: str | None = None) -> dict[str, A
         for mode in ("durable", "memory"):
             for writers in (1, 4, 16):
                 state = Path(tmp) / f"state-{writers}.db" if mode == "durable" else None
-                with EmbeddedApiServer(state_file=state) as srv:
+                with EmbeddedApiServer(state_file=state, unauthenticated_as_admin=False) as srv:
+                    token = _service_account_token(srv.url, srv.admin_token)
                     before = srv.store.storage_stats()
                     per = max(1, writes // writers)
                     elapsed, lat = _run_clients(
                         srv.url, writers, per,
-                        lambda c, ci, i: c.call("POST", _LEASES, _lease(f"w{ci}-{i}")))
+                        lambda c, ci, i: c.call("POST", _LEASES, _lease(f"w{ci}-{i}")), token)
                     fig = _figures(per * writers, elapsed, lat)
                     after = srv.store.storage_stats()
                     if before is not None and after is not None:
@@ -114,10 +120,10 @@ def bench_store(writes: int = 1200, directory: str | None = None) -> dict[str, A
 
 
 def _watch_stream(url: str, path: str, ready: threading.Barrier, want: int, arrived: list[float],
-                  lock: threading.Lock, counts: list[int], idx: int) -> None:
+                  lock: threading.Lock, counts: list[int], idx: int, token: str) -> None:
     u = urlsplit(url)
     sock = socket.create_connection((u.hostname, u.port))
-    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
     buf = b""
     while b"\r\n\r\n" not in buf:
         buf += sock.recv(65536)
@@ -138,10 +144,42 @@ def _watch_stream(url: str, path: str, ready: threading.Barrier, want: int, arri
     sock.close()
 
 
+# The benchmark's identity: a ServiceAccount whose RBAC grants what it does, so every request passes token
+# authentication, the account lookup, RBAC and the admission chain (kube-apiserver's whole path).
+_BENCH_RBAC = [
+    ("/api/v1/namespaces/default/serviceaccounts", {"metadata": {"name": "bench"}}),
+    ("/apis/rbac.authorization.k8s.io/v1/clusterroles", {"metadata": {"name": "bench"}, "rules": [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "verbs": ["get", "list", "watch", "create", "update"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["create", "update"]}]}),
+    ("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "metadata": {"name": "bench"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "bench"},
+        "subjects": [{"kind": "ServiceAccount", "name": "bench", "namespace": "default"}]}),
+]
+
+
+def _service_account_token(url: str, admin_token: str) -> str:
+    admin = _Client(url, admin_token)
+    for path, body in _BENCH_RBAC:
+        code, raw = admin.call("POST", path, body)
+        if code != 201:
+            raise RuntimeError(f"bench setup: POST {path}: {code} {raw[:200]!r}")
+    code, raw = admin.call("POST", "/api/v1/namespaces/default/serviceaccounts/bench/token", {"spec": {}})
+    if code != 201:
+        raise RuntimeError(f"bench setup: TokenRequest: {code} {raw[:200]!r}")
+    admin.conn.close()
+    return str(json.loads(raw)["status"]["token"])
+
+
 @contextlib.contextmanager
-def _server_process() -> Iterator[tuple[str, int]]:
+def _server_process() -> Iterator[tuple[str, int, str]]:
+    """`gpu-dra apiserver` with credentials required; (url, pid, the admin token)."""
     root = Path(__file__).resolve().parent.parent
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "apiserver"], stdout=subprocess.PIPE,
+    tmp = tempfile.mkdtemp()
+    kubeconfig = Path(tmp) / "kubeconfig"
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "apiserver", "--no-unauthenticated-as-admin", "--no-tls",
+                             "--kubeconfig-out", str(kubeconfig)], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, cwd=root,
                             env={**os.environ, "PYTHONPATH": str(root)})
     try:
@@ -149,7 +187,8 @@ def _server_process() -> Iterator[tuple[str, int]]:
         url = proc.stdout.readline().strip()
         if not url.startswith("http://"):
             raise RuntimeError("gpu-dra apiserver did not start")
-        yield url, proc.pid
+        token = yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]["token"]
+        yield url, proc.pid, token
     finally:
         proc.terminate()
         try:
@@ -159,6 +198,7 @@ def _server_process() -> Iterator[tuple[str, int]]:
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _cpu_s(pid: int) -> float:
@@ -169,9 +209,10 @@ def _cpu_s(pid: int) -> float:
 
 def bench_serving(requests: int = 2000, events: int = 200, watchers: int = 32) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    with _server_process() as (url, pid):
+    with _server_process() as (url, pid, admin_token):
         srv = argparse.Namespace(url=url)
-        setup = _Client(srv.url)
+        token = _service_account_token(url, admin_token)
+        setup = _Client(srv.url, token)
         for i in range(4):
             setup.call("POST", _LEASES, _lease(f"get-{i}"))
         clients = 4
@@ -183,7 +224,7 @@ def bench_serving(requests: int = 2000, events: int = 200, watchers: int = 32) -
         }
         for name, op in ops.items():
             cpu0 = _cpu_s(pid)
-            elapsed, lat = _run_clients(srv.url, clients, per, op)
+            elapsed, lat = _run_clients(srv.url, clients, per, op, token)
             out[name] = _figures(per * clients, elapsed, lat)
             out[name]["serverCpuMsPerRequest"] = round((_cpu_s(pid) - cpu0) / (per * clients) * 1000, 3)
 
@@ -195,7 +236,7 @@ def bench_serving(requests: int = 2000, events: int = 200, watchers: int = 32) -
         counts = [0] * watchers
         arrived: list[float] = []
         path = f"{_LEASES}?watch=true&resourceVersion={rv}&fieldSelector=metadata.name%3Dwatched"
-        threads = [threading.Thread(target=_watch_stream, args=(srv.url, path, ready, events, arrived, lock, counts, i),
+        threads = [threading.Thread(target=_watch_stream, args=(srv.url, path, ready, events, arrived, lock, counts, i, token),
                                     daemon=True) for i in range(watchers)]
         for t in threads:
             t.start()
@@ -247,5 +288,6 @@ def run_store(args: argparse.Namespace) -> int:
 
 def run_serving(args: argparse.Namespace) -> int:
     figures = bench_serving(getattr(args, "size", None) or 2000)
-    emit("serving", {"shape": "4 kept-alive clients; one event to 32 watchers", **figures}, args.output)
+    emit("serving", {"shape": "4 kept-alive clients; one event to 32 watchers; every request as a ServiceAccount "
+                               "(token, RBAC, admission)", **figures}, args.output)
     return 0

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import signal
 import sys
 import threading
 from pathlib import Path
 from types import FrameType
 
-from gpudra import DEFAULT_DRIVER_NAME, cliopts, logfmt
-from controlplane import EmbeddedApiServer
+from controller.cel.policyenv import PolicyEnvironment
 from controller.validationhooks import validation_admission
+from controlplane import EmbeddedApiServer
 from controlplane.persistence import StateFileError
 from controlplane.resources import known_group_versions
 from controlplane.runtimeconfig import RuntimeConfig, RuntimeConfigError
 from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, Features, check_version
 from controlplane.podlogs import PodLogsDir
+from gpudra import DEFAULT_DRIVER_NAME, cliopts, logfmt
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +37,22 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "(<namespace>_<pod>_<uid>/<container>/<restart>.log, CRI log format)")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
                         help="driver whose opaque configuration admission validates (default %(default)s)")
+    parser.add_argument("--token-key", metavar="FILE",
+                        help="key that signs ServiceAccount and node tokens (created, mode 0600, if missing); keep it "
+                             "to keep tokens valid across restarts, as kube-apiserver's --service-account-signing-key-file")
+    parser.add_argument("--tls", action=argparse.BooleanOptionalAction, default=True,
+                        help="also serve HTTPS (a cluster CA made at start; the kubeconfig written points there), where "
+                             "credentials are always required, as on kube-apiserver: kubectl sends its token only over "
+                             "TLS (default: on)")
+    parser.add_argument("--tls-port", type=cliopts.port, default=0, help="HTTPS port (default: a free port)")
+    parser.add_argument("--tls-dir", metavar="DIR",
+                        help="keep the CA and serving certificate in DIR (made if missing) so clients keep trusting "
+                             "the server across restarts")
+    parser.add_argument("--unauthenticated-as-admin", action=argparse.BooleanOptionalAction, default=True,
+                        help="serve a request without credentials as the admin, as kube-apiserver's old insecure "
+                             "localhost port did (default: on, because kubectl sends no credentials over plain HTTP); "
+                             "--no-unauthenticated-as-admin makes it system:anonymous. Presented tokens are always "
+                             "authenticated and authorized")
     parser.add_argument("--kubernetes-version", default=DEFAULT_VERSION, metavar="VERSION",
                         help=f"Kubernetes release the server behaves as: /version, served API versions, validation "
                              f"({SUPPORTED_VERSIONS[0]}..{SUPPORTED_VERSIONS[-1]}, default %(default)s)")
@@ -43,6 +62,19 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="feature gates over the release's defaults, as kube-apiserver's --feature-gates: a gated "
                              "API is served and a gated field kept only with its gate on (repeatable)")
 
+
+
+def _token_key(path: Path) -> bytes:
+    """The signing key in `path`, made (32 random bytes, mode 0600) when the file does not exist."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+    key = path.read_bytes()
+    if len(key) < 32:
+        raise OSError(f"the key is {len(key)} bytes; at least 32 are needed (remove the file to make a new one)")
+    return key
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,13 +87,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpu-dra apiserver: {exc}", file=sys.stderr)
         return 2
     try:
+        token_key = _token_key(Path(args.token_key)) if args.token_key else None
+    except OSError as exc:
+        print(f"gpu-dra apiserver: --token-key {args.token_key}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    try:
         server = EmbeddedApiServer(args.address, args.port, state_file=args.state,
                                    admission=validation_admission(args.driver_name, version), kubernetes_version=version,
-                                   runtime_config=runtime_config, features=features)
+                                   runtime_config=runtime_config, features=features,
+                                   unauthenticated_as_admin=args.unauthenticated_as_admin,
+                                   expressions=PolicyEnvironment(), token_key=token_key, tls=args.tls,
+                                   tls_port=args.tls_port, tls_dir=args.tls_dir)
         if args.pod_logs_dir:
             server.pod_logs = PodLogsDir(Path(args.pod_logs_dir).absolute())
         url = server.start()
-    except (ValueError, OSError, StateFileError) as exc:
+    except (ValueError, OSError, StateFileError, RuntimeError) as exc:
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         print(f"gpu-dra apiserver: cannot start on {args.address}:{args.port}: {detail}", file=sys.stderr)
         return 2
@@ -76,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         if args.kubeconfig_out:
             server.write_kubeconfig(args.kubeconfig_out)
         print(url, flush=True)
-        print(f"level=info component=apiserver msg=serving url={url} state={args.state or '-'} "
+        print(f"level=info component=apiserver msg=serving url={url} tls_url={server.tls_url or '-'} "
+              f"state={args.state or '-'} "
               f"kubeconfig={args.kubeconfig_out or '-'}", file=sys.stderr, flush=True)
         while not stop.wait(3600):
             pass

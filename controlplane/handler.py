@@ -8,96 +8,43 @@ import re
 import select
 import socket
 import time
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from gpudra import strictjson
+from controlplane import filters, httphead, reviews
 from controlplane import resources as res
-from controlplane import execproxy, httphead, scale
-from gpudra.validation import schema
+from controlplane import execproxy, scale
 from controlplane import status as st
 from controlplane import health, protobuf
-from controlplane.podpriority import admit_pod_priority
+from controlplane.admission.request import AdmissionRequest
+from controlplane.authn import UserInfo
 from controlplane.protobufbodies import protobuf_request, protobuf_response
 from controlplane.openapi import openapi_group_version, openapi_root, openapi_v2, openapi_v2_protobuf
-from controlplane.podlogs import PodLogSource, parse_cri_log
-from controlplane.serving import wait_ready
+from controlplane.params import bool_param, int_param
+from controlplane.podlogserve import PodLogStream
+from controlplane.podpriority import admit_pod_priority
+from controlplane.routing import CONVERTED_KINDS, Route, ServerContext, encode
+from controlplane.security import ensure_default_account
 from controlplane.selectors import FieldSelector, LabelSelector, SelectorError
-from controlplane.store import FIELD_VALIDATION, Event, FieldPolicy, Filter, Store, Watcher
+from controlplane.serving import wait_ready
+from controlplane.store import FIELD_VALIDATION, FieldPolicy, Filter
 from controlplane.tables import INCLUDE_OBJECT, to_table, wants_table
-from gpudra.conversion import ConversionError, from_storage, split_api_version, to_storage
+from controlplane.watchserve import WatchStream
+from gpudra import strictjson
+from gpudra.conversion import split_api_version
+from gpudra.validation import schema
 
-_CONVERTED_KINDS = frozenset({"DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice",
-                              "DeviceTaintRule"})
 # kube-openapi answers the "...spec.v2@v1.0+protobuf" Accept with this Content-Type (no "@": mime would refuse it).
 _OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
 _NO_SERVER_SIDE_APPLY = ("server-side apply is not supported by gpu-dra's embedded control plane (it keeps no "
                          "field managers); use client-side apply: kubectl apply without --server-side")
-_WATCH_POLL_S = 1.0  # how often an idle watch checks for shutdown, its deadline and a vanished client
 # kube-apiserver's limit on a request body it decodes (MaxRequestBodyBytes, 3 MiB): larger is 413.
 MAX_BODY_BYTES = 3 * 1024 * 1024
 _WRITE_TIMEOUT_S = 30.0
 _LINGER_S = 2.0  # a refused request's unread body is read and dropped until the client is silent this long
 _LINGER_MAX_BYTES = 64 * 1024 * 1024
 _DIGITS = re.compile(r"^[0-9]+$")
-_LOG_FOLLOW_POLL_S = 0.2  # how often a followed log is checked for new lines
-
-
-class ServerContext(Protocol):
-    store: Store
-    registry: res.Registry
-    bookmark_interval: float
-    kubernetes_version: str
-    pod_logs: PodLogSource | None
-
-    @property
-    def stopping(self) -> bool: ...
-
-
-@dataclass(frozen=True)
-class Route:
-    rt: res.ResourceType
-    namespace: str  # "" for cluster-scoped requests and all-namespaces lists
-    name: str | None
-    subresource: str | None
-    version: str = ""  # the API version the request speaks; "" or rt.version means the storage version
-
-    @property
-    def converts(self) -> bool:
-        return bool(self.version) and self.version != self.rt.version
-
-    def shown(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """A stored object as this request's API version shows it."""
-        return from_storage(obj, self.version) if self.converts else obj
-
-    def stored(self, body: Any) -> Any:
-        """A request body in storage form. The body's own apiVersion decides what it is, as kube-apiserver
-        decodes it; without one, the URL's version does."""
-        if not isinstance(body, dict) or self.rt.kind not in _CONVERTED_KINDS:
-            return body
-        group, version = split_api_version(body.get("apiVersion"))
-        if not body.get("apiVersion"):
-            group, version = self.rt.group, self.version or self.rt.version
-        if group != self.rt.group or version not in self.rt.versions:
-            raise st.bad_request(f"the API version in the data ({body.get('apiVersion')}) does not match the "
-                                 f"expected API version ({self.rt.api_version_at(self.version or self.rt.version)});"
-                                 f" {self.rt.kind} is served at "
-                                 + ", ".join(self.rt.api_version_at(v) for v in self.rt.versions))
-        if version == self.rt.version:
-            return body  # already the storage version: nothing to convert (the hot path of every agent)
-        try:
-            return to_storage({**body, "apiVersion": self.rt.api_version_at(version), "kind": self.rt.kind})
-        except ConversionError as exc:
-            raise st.bad_request(f"{self.rt.kind} in {self.rt.api_version_at(version)}: {exc.path}: {exc}") from exc
-
-
-_ENCODER = json.JSONEncoder(separators=(",", ":"))  # one for every response (json.dumps would build one per call)
-
-
-def _encode(value: Any) -> bytes:
-    return _ENCODER.encode(value).encode()
 
 
 class SocketWriter:
@@ -123,31 +70,6 @@ class SocketWriter:
 
     def close(self) -> None:
         return None
-
-
-def _int_param(query: dict[str, str], name: str, minimum: int = 0) -> int | None:
-    """An integer query parameter, None when absent; a Status 400 naming it when malformed."""
-    text = query.get(name)
-    if text is None or text == "":
-        return None
-    t = text[1:] if text.startswith("-") else text
-    if not _DIGITS.match(t) or len(t) > 18:
-        raise st.bad_request(f"{name}: Invalid value: {json.dumps(text)}: must be an integer")
-    value = int(text)
-    if value < minimum:
-        raise st.bad_request(f"{name}: Invalid value: {value}: must be greater than or equal to {minimum}")
-    return value
-
-
-def _bool_param(query: dict[str, str], name: str) -> bool:
-    text = query.get(name)
-    if text is None or text == "":
-        return False
-    if text in ("true", "1", "True", "TRUE", "t", "T"):
-        return True
-    if text in ("false", "0", "False", "FALSE", "f", "F"):
-        return False
-    raise st.bad_request(f"{name}: Invalid value: {json.dumps(text)}: must be a boolean (true or false)")
 
 
 class ApiHandler(BaseHTTPRequestHandler):
@@ -257,7 +179,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             if body is not None:
                 self._send(code, body, protobuf.MEDIA_TYPE)
                 return
-        self._send(code, self.ctx.store.json_of(value) if isinstance(value, dict) else _encode(value))
+        self._send(code, self.ctx.store.json_of(value) if isinstance(value, dict) else encode(value))
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """Protocol-level errors of the base class (malformed request line, oversized headers, unknown method)
@@ -413,7 +335,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _stored(self, r: Route, body: Any, policy: FieldPolicy) -> Any:
         """The body in storage form. One in another served version is checked against that version's schema
         first, so that unknown fields and wrong types are named as the client wrote them."""
-        if isinstance(body, dict) and r.rt.kind in _CONVERTED_KINDS:
+        if isinstance(body, dict) and r.rt.kind in CONVERTED_KINDS:
             if body.get("apiVersion"):
                 group, version = split_api_version(body.get("apiVersion"))
             else:
@@ -433,16 +355,26 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     # ----- routing -------------------------------------------------------------------------------------------
 
+    def _authenticate(self) -> UserInfo:
+        sec = self.ctx.security
+        # The internal listener behind the TLS front requires credentials whatever the plain port does.
+        lenient = sec.unauthenticated_as_admin and not getattr(self.server, "requires_credentials", False)
+        return filters.authenticate(self.headers.get("Authorization"), sec.authenticator, sec.accounts, lenient)
+
     def _route(self, method: str, path: str, query: dict[str, str]) -> None:
         parts = [p for p in path.split("/") if p]
         reg = self.ctx.registry
+        authorizer = self.ctx.security.authorizer
+        self._user = user = filters.impersonate(self._authenticate(), self.headers, authorizer)
         if method == "GET" and len(parts) == 1 and parts[0] in health.ENDPOINTS:
+            authorizer.require(filters.path_attributes(user, method, path))
             code, text = health.report(parts[0], self.ctx.store.storage_failure, "verbose" in query)
             self._send(code, text, "text/plain; charset=utf-8")
             return
         if method == "GET":
             doc = self._discovery(parts, reg)
             if doc is not None:
+                authorizer.require(filters.path_attributes(user, method, path))
                 if isinstance(doc, tuple):
                     self._send(200, doc[0], doc[1])
                 elif isinstance(doc, bytes):
@@ -457,14 +389,34 @@ class ApiHandler(BaseHTTPRequestHandler):
         else:
             raise st.StatusError(404, "NotFound", f"the server could not find the requested resource ({path})")
         route = self._resolve(group, version, rest, path)
+        attrs = filters.resource_attributes(user, method, route.rt, route.namespace, route.name,
+                                            route.subresource, query)
+        authorizer.require(attrs)
         dry_run = query.get("dryRun", "")
         if dry_run not in ("", "All"):
             raise st.bad_request(f"dryRun: Unsupported value: {json.dumps(dry_run)}: supported values: \"All\"")
-        if dry_run:
-            with self.ctx.store.dry_run():
+        if route.rt.virtual or route.subresource == "token":
+            self._review(method, route, user)
+            return
+        store = self.ctx.store
+        if method == "GET":
+            self._serve(method, route, query)  # reads write nothing: no admission
+            return
+        admission = self.ctx.security.admission
+        operation = {"POST": "CREATE", "PUT": "UPDATE", "PATCH": "UPDATE", "DELETE": "DELETE"}.get(method, "")
+
+        def admit(rt: res.ResourceType, name: str, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+            req = AdmissionRequest(user, operation, rt, route.namespace, name, route.subresource or "", attrs.verb,
+                                   bool(dry_run), authorizer)
+            admission.admit(req, obj, old, self._warnings)
+
+        self._admit = admit
+        with store.admitting(admit):
+            if dry_run:
+                with store.dry_run():
+                    self._serve(method, route, query)
+            else:
                 self._serve(method, route, query)
-        else:
-            self._serve(method, route, query)
 
     def _discovery(self, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | tuple[bytes, str] | None:
         if parts == ["version"]:
@@ -519,13 +471,42 @@ class ApiHandler(BaseHTTPRequestHandler):
                                                   f"{rt.plural} are namespaced; use /namespaces/NAMESPACE/{rt.plural}")
         return Route(rt, namespace, name, sub, version)
 
+    def _review(self, method: str, r: Route, user: UserInfo) -> None:
+        """The endpoints that answer without storing: reviews and TokenRequest (POST only)."""
+        if method != "POST" or (r.subresource == "token" and not r.name) or (r.rt.virtual and r.name):
+            raise st.method_not_allowed(f"{method} is not supported on {r.rt.plural}"
+                                        f"{'/' + r.subresource if r.subresource else ''}; supported: POST (create)")
+        body = self._body()
+        authorizer = self.ctx.security.authorizer
+        if r.rt.kind == "SelfSubjectAccessReview":
+            answer = reviews.self_subject_access_review(body, user, authorizer)
+        elif r.rt.kind == "SubjectAccessReview":
+            answer = reviews.subject_access_review(body, authorizer)
+        elif r.rt.kind == "SelfSubjectRulesReview":
+            answer = reviews.self_subject_rules_review(body, user, self.ctx.security.rbac)
+        elif r.rt.kind == "SelfSubjectReview":
+            answer = reviews.self_subject_review(user)
+        else:
+            store, reg = self.ctx.store, self.ctx.registry
+            account = store.get(r.rt, r.namespace, r.name or "")
+
+            def get(kind: str, ns: str, name: str) -> dict[str, Any] | None:
+                rt = reg.by_kind(kind)
+                try:
+                    return store.get(rt, ns, name) if rt is not None else None
+                except st.StatusError:
+                    return None
+            answer = reviews.token_request(r.namespace, r.name or "", account, body,
+                                           self.ctx.security.authenticator, get)
+        self._send_json(201, answer)
+
     def _serve(self, method: str, r: Route, query: dict[str, str]) -> None:
         store = self.ctx.store
         self._protobuf_out = protobuf.accepts(self.headers.get("Accept"))
         if r.name is None:
             if method == "GET":
-                if _bool_param(query, "watch"):
-                    self._watch(r, query)
+                if bool_param(query, "watch"):
+                    WatchStream(self).serve(r, query)
                 else:
                     self._list(r, query)
                 return
@@ -536,6 +517,8 @@ class ApiHandler(BaseHTTPRequestHandler):
                 if r.rt.kind == "Pod" and isinstance(body, dict):
                     body = admit_pod_priority(store, self.ctx.registry, body)
                 obj = store.create(r.rt, r.namespace, body, policy)
+                if r.rt.kind == "Namespace" and not store.in_dry_run:
+                    ensure_default_account(store, self.ctx.registry, obj["metadata"]["name"])
                 self._send_json(201, r.shown(obj))
                 return
             raise st.method_not_allowed(f"{method} is not supported on the collection {r.rt.plural}; "
@@ -543,7 +526,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if r.subresource == "log":
             if method != "GET":
                 raise st.method_not_allowed(f"{method} is not supported on pods/log; supported: GET")
-            self._pod_log(r, query)
+            PodLogStream(self).serve(r, query)
             return
         if r.subresource == "exec":  # controlplane.execproxy: relayed to the node's kubelet
             if method not in ("GET", "POST"):
@@ -609,6 +592,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             if propagation not in (None, "Foreground", "Background", "Orphan"):
                 raise st.bad_request(f"propagationPolicy: Unsupported value: {json.dumps(propagation)}: supported values: "
                                      '"Foreground", "Background", "Orphan"')
+            self._admit(r.rt, r.name, None, store.get(r.rt, r.namespace, r.name))
             deleted = store.delete(r.rt, r.namespace, r.name, options)
             self._send_json(200, r.shown(deleted) if deleted.get("kind") == r.rt.kind else deleted)
         else:
@@ -643,9 +627,9 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _list(self, r: Route, query: dict[str, str]) -> None:
         flt = self._filter(r, query)
-        _int_param(query, "resourceVersion")
-        _int_param(query, "timeoutSeconds")
-        limit = _int_param(query, "limit") or 0
+        int_param(query, "resourceVersion")
+        int_param(query, "timeoutSeconds")
+        limit = int_param(query, "limit") or 0
         items, rv = self.ctx.store.list(flt)
         self.ctx.store.await_durable(rv)
         meta: dict[str, Any] = {"resourceVersion": str(rv)}
@@ -662,7 +646,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if limit > 0 and start + limit < len(items):
             last = items[start + limit - 1]
             ns, name = self._sort_key(last)
-            meta["continue"] = base64.urlsafe_b64encode(_encode({"ns": ns, "name": name})).decode()
+            meta["continue"] = base64.urlsafe_b64encode(encode({"ns": ns, "name": name})).decode()
             meta["remainingItemCount"] = len(items) - start - limit
             items = items[start:start + limit]
         else:
@@ -673,7 +657,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._send_json(200, to_table(r.rt, items, str(rv), include, r.shown, meta=extra))
             return
         # Items are already serialized JSON objects in the store; splice them in without re-encoding twice.
-        head = _encode({"kind": r.rt.kind + "List", "apiVersion": r.rt.api_version_at(r.version or r.rt.version),
+        head = encode({"kind": r.rt.kind + "List", "apiVersion": r.rt.api_version_at(r.version or r.rt.version),
                         "metadata": meta})[:-1]
         json_of = self.ctx.store.json_of
         body = head + b',"items":[' + b",".join(json_of(r.shown(i)) for i in items) + b"]}"
@@ -683,273 +667,3 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _sort_key(obj: dict[str, Any]) -> tuple[str, str]:
         m = obj.get("metadata") or {}
         return (m.get("namespace") or "", m.get("name") or "")
-
-    def _watch(self, r: Route, query: dict[str, str]) -> None:
-        flt = self._filter(r, query)
-        rv = _int_param(query, "resourceVersion") or None
-        send_initial = _bool_param(query, "sendInitialEvents")
-        initial = rv is None or send_initial
-        bookmarks = _bool_param(query, "allowWatchBookmarks")
-        timeout_s = _int_param(query, "timeoutSeconds")
-        table = wants_table(self.headers.get("Accept"))
-        include = self._include_object(query) if table else ""
-        watcher = self.ctx.store.watch(flt, rv, initial)
-        self.ctx.store.await_durable(watcher.pos)
-        detach = getattr(self.server, "detach_for_watch", None)
-        if detach is not None and not detach():
-            raise st.StatusError(429, "TooManyRequests", "too many watches are open; retry later")
-        self.close_connection = True
-        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
-                         b"Cache-Control: no-cache, private\r\n\r\n")
-        self.log_request(200)
-        started = time.monotonic()
-        # Like kube-apiserver, a watch asked for as a Table sends each event's object as a one-row Table, with
-        # the column definitions on the first event only.
-        first = [True]
-
-        def send(etype: str, obj: dict[str, Any]) -> None:
-            if table:
-                rv_text = (obj.get("metadata") or {}).get("resourceVersion", "")
-                self._chunk(etype, to_table(r.rt, [obj], rv_text, include, r.shown, headers=first[0]))
-                first[0] = False
-            else:
-                line = b'{"type":"%s","object":%b}\n' % (etype.encode(), self.ctx.store.json_of(r.shown(obj)))
-                self._chunk_line(line)
-
-        # Plain JSON in the storage version (every agent's watch) sends each event's shared encoding.
-        shared = not table and not r.converts
-
-        for etype, obj in watcher.initial_events():
-            send(etype, obj)
-        if send_initial and bookmarks:
-            self._bookmark(r, watcher.pos, initial_end=True)
-        if shared and self.ctx.store.pushes:
-            self._pushed_watch(r, watcher, started, timeout_s, bookmarks)
-            return
-        last_sent = time.monotonic()
-        try:
-            while not self.ctx.stopping:
-                wait = self._watch_wait(started, timeout_s, last_sent if bookmarks else None)
-                if wait is None:
-                    break
-                try:
-                    events = watcher.next_events(wait)
-                except st.StatusError as err:
-                    self._chunk("ERROR", err.body())
-                    break
-                if events and shared:
-                    # One write (one chunk) for everything that arrived; a gone client fails it at once.
-                    self._chunk_line(b"".join(ev.line(etype) for etype, ev in events))
-                elif events:
-                    for etype, ev in events:
-                        send(etype, ev.obj)
-                if events:
-                    last_sent = time.monotonic()
-                elif self._client_gone():
-                    return  # nothing to say to a client that left: drop the watch now
-                elif bookmarks and time.monotonic() - last_sent >= self.ctx.bookmark_interval:
-                    self._bookmark(r, watcher.pos)
-                    last_sent = time.monotonic()
-            self.wfile.write(b"0\r\n\r\n")
-        except OSError:  # the client went away or stopped reading
-            return
-
-    def _watch_wait(self, started: float, timeout_s: int | None, last_sent: float | None) -> float | None:
-        """How long a watch may wait for events now: until its timeout, its next bookmark (`last_sent`: when it
-        last sent something, None without bookmarks) or the next look at the client; None once it timed out."""
-        now = time.monotonic()
-        if timeout_s is not None and now - started >= timeout_s:
-            return None
-        wait = _WATCH_POLL_S
-        if timeout_s is not None:
-            wait = min(wait, timeout_s - (now - started))
-        if last_sent is not None:
-            wait = min(wait, max(0.0, self.ctx.bookmark_interval - (now - last_sent)))
-        return max(wait, 0.0)
-
-    def _pushed_watch(self, r: Route, watcher: Watcher, started: float, timeout_s: int | None,
-                      bookmarks: bool) -> None:
-        """The rest of a plain JSON watch whose events the writing threads send (Store.push_to). This thread
-        sends what they could not (a client slow to read), bookmarks and the end, and notices a client that
-        left; it wakes only for that."""
-        unsent = [b""]
-
-        def push(events: list[tuple[str, Event]]) -> bool:
-            data = self._chunk_bytes(b"".join(ev.line(etype) for etype, ev in events))
-            view = memoryview(data)
-            sent = 0
-            while sent < len(view):
-                try:
-                    sent += self.connection.send(view[sent:])
-                except (BlockingIOError, InterruptedError):
-                    unsent[0] = bytes(view[sent:])
-                    return False
-                except OSError:
-                    return False  # gone: this thread notices on its next write or look at the connection
-            watcher.pushed_at = time.monotonic()
-            return True
-
-        store = self.ctx.store
-        watcher.pushed_at = time.monotonic()
-        watcher.poked.set()  # events since the watch began are sent by the first pass
-        store.push_to(watcher, push)
-        try:
-            while not self.ctx.stopping:
-                wait = self._watch_wait(started, timeout_s, watcher.pushed_at if bookmarks else None)
-                if wait is None:
-                    break
-                watcher.poked.wait(wait)
-                watcher.poked.clear()
-                with watcher.delivery:
-                    watcher.dirty = False
-                    if unsent[0]:
-                        self.wfile.write(unsent[0])
-                        unsent[0] = b""
-                    watcher.stalled = False
-                    try:
-                        events = watcher.ready_events()
-                        if events is None:
-                            events = watcher.next_events(0.0)  # raises the 410
-                    except st.StatusError as err:
-                        self._chunk("ERROR", err.body())
-                        break
-                    if events:
-                        self._chunk_line(b"".join(ev.line(etype) for etype, ev in events))
-                        watcher.pushed_at = time.monotonic()
-                    elif self._client_gone():
-                        return
-                    elif bookmarks and time.monotonic() - watcher.pushed_at >= self.ctx.bookmark_interval:
-                        self._bookmark(r, watcher.pos)
-                        watcher.pushed_at = time.monotonic()
-                if watcher.dirty:
-                    watcher.poked.set()  # a writer came while this thread was sending: another pass at once
-            store.stop_pushing(watcher)
-            with watcher.delivery:
-                if unsent[0]:
-                    self.wfile.write(unsent[0])
-                self.wfile.write(b"0\r\n\r\n")
-        except OSError:  # the client went away or stopped reading
-            return
-        finally:
-            store.stop_pushing(watcher)
-
-    # ----- pods/log ------------------------------------------------------------------------------------------
-
-    def _pod_log(self, r: Route, query: dict[str, str]) -> None:
-        """GET pods/NAME/log: container, follow, previous, timestamps, tailLines, as the kubelet serves them."""
-        assert r.name is not None
-        pod = self.ctx.store.get(r.rt, r.namespace, r.name)
-        spec = pod.get("spec") or {}
-        names = [str(c.get("name")) for part in ("initContainers", "containers") for c in spec.get(part) or []]
-        main = [str(c.get("name")) for c in spec.get("containers") or []]
-        container = query.get("container") or ""
-        if not container:
-            if len(main) != 1:
-                raise st.bad_request(f"a container name must be specified for pod {r.name}, choose one of: "
-                                     f"[{' '.join(main)}]")
-            container = main[0]
-        elif container not in names:
-            raise st.bad_request(f"container {container} is not valid for pod {r.name}")
-        tail = _int_param(query, "tailLines")
-        timestamps = query.get("timestamps") == "true"
-        previous = query.get("previous") == "true"
-        source = self.ctx.pod_logs
-        path = source.log_file(r.namespace, r.name, str(pod["metadata"].get("uid")), container, previous) if source else None
-        if path is None or not path.exists():
-            if source is None:
-                raise st.bad_request(f"container {container!r} in pod {r.name!r}: no logs: this API server has no "
-                                     "container log source (pods on simulated nodes with a container runtime have logs)")
-            if previous:
-                raise st.bad_request(f'previous terminated container "{container}" in pod "{r.name}" not found')
-            raise st.bad_request(f'container "{container}" in pod "{r.name}" is waiting to start: ContainerCreating')
-
-        def render(raw: str) -> bytes:
-            return "".join((f"{line.timestamp} " if timestamps else "") + line.text for line in parse_cri_log(raw)).encode()
-
-        data = path.read_bytes()
-        complete = data[: data.rfind(b"\n") + 1]
-        text = complete.decode(errors="replace")
-        if tail is not None:
-            lines = text.splitlines(keepends=True)
-            text = "".join(lines[-tail:]) if tail > 0 else ""
-        if not _bool_param(query, "follow"):
-            self._send(200, render(text), "text/plain")
-            return
-        # A followed log is long-lived, like a watch: it leaves the worker pool.
-        detach = getattr(self.server, "detach_for_watch", None)
-        if detach is not None and not detach():
-            raise st.StatusError(429, "TooManyRequests", "too many watches and followed logs are open; retry later")
-        self.close_connection = True
-        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n"
-                         b"Cache-Control: no-cache, private\r\n\r\n")
-        self.log_request(200)
-        offset = len(complete)
-        try:
-            self._log_chunk(render(text))
-            while not self.ctx.stopping:
-                ended = self._container_ended(r, container, str(pod["metadata"].get("uid")))
-                try:
-                    data = path.read_bytes()
-                except OSError:
-                    break
-                end = data.rfind(b"\n") + 1
-                if end > offset:
-                    self._log_chunk(render(data[offset:end].decode(errors="replace")))
-                    offset = end
-                if ended:
-                    break
-                time.sleep(_LOG_FOLLOW_POLL_S)
-            self.wfile.write(b"0\r\n\r\n")
-        except (BrokenPipeError, ConnectionResetError):
-            return
-
-    def _container_ended(self, r: Route, container: str, uid: str) -> bool:
-        """The pod is gone (or replaced) or this container's latest run has terminated: a followed log ends."""
-        try:
-            pod = self.ctx.store.get(r.rt, r.namespace, r.name or "")
-        except st.StatusError:
-            return True
-        if str(pod["metadata"].get("uid")) != uid:
-            return True
-        status = pod.get("status") or {}
-        if status.get("phase") in ("Succeeded", "Failed"):
-            return True
-        for c in status.get("containerStatuses") or []:
-            if c.get("name") == container:
-                return "terminated" in (c.get("state") or {})
-        return False
-
-    def _log_chunk(self, data: bytes) -> None:
-        if data:
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            self.wfile.flush()
-
-    def _bookmark(self, r: Route, rv: int, initial_end: bool = False) -> None:
-        meta: dict[str, Any] = {"resourceVersion": str(rv)}
-        if initial_end:
-            meta["annotations"] = {"k8s.io/initial-events-end": "true"}
-        self._chunk("BOOKMARK", {"kind": r.rt.kind, "apiVersion": r.rt.api_version_at(r.version or r.rt.version),
-                                 "metadata": meta})
-
-    def _chunk(self, etype: str, obj: dict[str, Any]) -> None:
-        self._chunk_line(_encode({"type": etype, "object": obj}) + b"\n")
-
-    def _chunk_line(self, line: bytes) -> None:
-        self.wfile.write(self._chunk_bytes(line))
-
-    @staticmethod
-    def _chunk_bytes(line: bytes) -> bytes:
-        return b"%x\r\n%b\r\n" % (len(line), line)
-
-    def _client_gone(self) -> bool:
-        """Whether the watching client closed its end (it sends nothing on a watch, so EOF means gone)."""
-        try:
-            poller = select.poll()
-            poller.register(self.connection.fileno(), select.POLLIN)
-            if not poller.poll(0):
-                return False
-            return self.connection.recv(1, socket.MSG_PEEK) == b""
-        except (BlockingIOError, InterruptedError):
-            return False
-        except (OSError, ValueError):
-            return True

@@ -35,6 +35,14 @@ def name_errors(rt: ResourceType, name: str) -> list[str]:
                     "of lower case alphanumeric characters or '-', and must start and end with an alphanumeric "
                     "character (at most 63 characters)"]
         return []
+    if rt.group == "rbac.authorization.k8s.io":
+        # RBAC objects only need path-segment names (ValidateRBACName), so `system:discovery` is valid.
+        if name in (".", ".."):
+            return [f"metadata.name: Invalid value: {json.dumps(name)}: may not be '{name}'"]
+        bad = next((c for c in ("/", "%") if c in name), None)
+        if bad:
+            return [f"metadata.name: Invalid value: {json.dumps(name)}: may not contain '{bad}'"]
+        return []
     if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
         return [f"metadata.name: Invalid value: {json.dumps(name)}: a lowercase RFC 1123 subdomain must consist "
                 "of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric "

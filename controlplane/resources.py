@@ -73,6 +73,8 @@ class ResourceType:
     # Every version the type is served at, preferred first; `version` (the storage version) when empty.
     # Objects are stored at `version` and converted (gpudra.conversion) for the others.
     served: tuple[str, ...] = ()
+    # Review kinds (SelfSubjectAccessReview, ...) are answered, never stored: POST only.
+    virtual: bool = False
 
     def __post_init__(self) -> None:
         # Types key the store's tables and are hashed on every request; the generated hash would walk all
@@ -170,10 +172,28 @@ DEFAULT_REGISTRY = Registry(
                      field_labels=("reason", "type", "source", "reportingComponent"),
                      field_prefixes=("involvedObject",)),
         ResourceType("", "v1", "resourcequotas", "ResourceQuota", True, ("quota",), has_status=True),
+        ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, ("sa",), extra_subresources=("token",)),
         # What pods' env.valueFrom, envFrom and volumes read (the kubelet simulator).
         ResourceType("", "v1", "configmaps", "ConfigMap", True, ("cm",)),
         ResourceType("", "v1", "secrets", "Secret", True, field_labels=("type",)),
         ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True),
+        ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
+        ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
+        ResourceType("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
+        ResourceType("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
+        ResourceType("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", False,
+                     virtual=True),
+        ResourceType("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False,
+                     virtual=True),
+        ResourceType("authorization.k8s.io", "v1", "selfsubjectrulesreviews", "SelfSubjectRulesReview", False,
+                     virtual=True),
+        ResourceType("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", False, virtual=True),
+        ResourceType("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies",
+                     "ValidatingAdmissionPolicy", False, has_status=True),
+        ResourceType("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings",
+                     "ValidatingAdmissionPolicyBinding", False),
+        ResourceType("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
+                     "ValidatingWebhookConfiguration", False),
         ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),
         # The Workload API as Kubernetes 1.37 serves it (KEP-4671; GenericWorkload).
         ResourceType("scheduling.k8s.io", "v1beta1", "workloads", "Workload", True),
@@ -240,13 +260,16 @@ def registry_for(kubernetes_version: str, runtime_config: RuntimeConfig | None =
     return DEFAULT_REGISTRY if tuple(keep) == DEFAULT_REGISTRY.types else Registry(types=tuple(keep))
 
 
+_SUBRESOURCE_KINDS = {"binding": "Binding", "token": "TokenRequest"}
+
+
 def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:
     main: dict[str, Any] = {
         "name": rt.plural,
         "singularName": rt.singular,
         "namespaced": rt.namespaced,
         "kind": rt.kind,
-        "verbs": list(ALL_VERBS),
+        "verbs": ["create"] if rt.virtual else list(ALL_VERBS),
     }
     if rt.short_names:
         main["shortNames"] = list(rt.short_names)
@@ -263,7 +286,7 @@ def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:
                             "verbs": ["get", "patch", "update"]})
             continue
         entries.append({"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
-                        "kind": "Binding" if sub == "binding" else rt.kind,
+                        "kind": _SUBRESOURCE_KINDS.get(sub, rt.kind),
                         "verbs": ["get"] if sub == "log" else ["create"]})
     return entries
 

@@ -132,6 +132,30 @@ class Filter:
         return self.fields.empty or self.fields.matches(lambda f: self.rt.field_value(obj, f))
 
 
+# (type, name, the object to store, the stored one or None) -> None; raises a StatusError to refuse.
+RequestAdmission = Callable[[ResourceType, str, dict[str, Any], "dict[str, Any] | None"], None]
+
+
+class ChangeCounter:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+class _Admitting:
+    __slots__ = ("_tls", "_admit")
+
+    def __init__(self, tls: threading.local, admit: RequestAdmission) -> None:
+        self._tls, self._admit = tls, admit
+
+    def __enter__(self) -> None:
+        self._tls.admit = self._admit
+
+    def __exit__(self, *exc: object) -> None:
+        self._tls.admit = None
+
+
 class Store:
     def __init__(self, registry: Registry, admission: Admission | None = None, history: HistoryLimits | None = None,
                  gated: GatedFields | None = None) -> None:
@@ -144,7 +168,8 @@ class Store:
         # Watchers wait per resource type and are woken only by events of their type.
         self._rt_conds = {rt: threading.Condition(self._lock) for rt in registry.types}
         self._rt_visible = dict.fromkeys(registry.types, 0)  # newest event of each type watchers may see
-        self._pushed: dict[ResourceType, set[Watcher]] = {}  # watchers sent to by writing threads (push_to)
+        self._pushed: dict[ResourceType, set[Watcher]] = {}
+        self._counters: dict[ResourceType, list[ChangeCounter]] = {}  # watchers sent to by writing threads (push_to)
         self._visible = 0  # every event up to here is visible to watchers (committed, when durable)
         self._log: Backend | None = None
         # resourceVersions after the last commit before a restart and before where it continued: a reader may
@@ -178,6 +203,15 @@ class Store:
         with self._cond:
             return self._rv
 
+    def change_counter(self, rts: tuple[ResourceType, ...]) -> ChangeCounter:
+        """A counter of the visible changes of `rts`' objects: caches of them (RBAC rules, policies, accounts)
+        compare one int per request instead of looking up each type."""
+        counter = ChangeCounter()
+        with self._cond:
+            for rt in rts:
+                self._counters.setdefault(rt, []).append(counter)
+        return counter
+
     def get(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any]:
         with self._cond:
             obj = self._objects[rt].get((namespace, name))
@@ -207,6 +241,11 @@ class Store:
     @property
     def _dry_run(self) -> bool:
         return bool(getattr(self._tls, "dry_run", False))
+
+    @property
+    def in_dry_run(self) -> bool:
+        """Whether this thread's writes are inside `dry_run()`."""
+        return self._dry_run
 
     @contextlib.contextmanager
     def dry_run(self, enabled: bool = True) -> Iterator[None]:
@@ -257,6 +296,12 @@ class Store:
     def _admits(self, rt: ResourceType) -> bool:
         return self._admission is not None and rt.group == "resource.k8s.io"
 
+    def admitting(self, admit: RequestAdmission) -> _Admitting:
+        """A context in which writes made by this thread also pass `admit` (the request's admission chain, which
+        knows who asks), after the strategy's validation and before the commit. (A class, not a generator:
+        every write request enters one.)"""
+        return _Admitting(self._tls, admit)
+
     def _admit(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         errors = o.metadata_errors(obj)
         if old is not None:
@@ -272,6 +317,9 @@ class Store:
                                      f'{rt.qualified_kind} "{name}": admission failed: {type(exc).__name__}: {exc}') from exc
         if errors:
             raise st.invalid(rt, name, errors)
+        request_admission = getattr(self._tls, "admit", None)
+        if request_admission is not None:
+            request_admission(rt, name, obj, old)
 
     def _commit(self, rt: ResourceType, key: tuple[str, str], new: dict[str, Any] | None, event_type: str,
                 old: dict[str, Any] | None) -> dict[str, Any]:
@@ -393,6 +441,10 @@ class Store:
         for rt in set(rts):
             self._rt_visible[rt] = max(self._rt_visible[rt], rv)
             self._rt_conds[rt].notify_all()
+            counters = self._counters.get(rt)
+            if counters:
+                for counter in counters:
+                    counter.value += 1
             pushed = self._pushed.get(rt)
             if pushed:
                 if published is not None:
@@ -915,6 +967,9 @@ class Store:
                 if owner not in self._by_uid:
                     self._gc_queue.append(owner)
             self._log = log
+            for counters in self._counters.values():
+                for counter in counters:
+                    counter.value += 1  # everything was just loaded
         return problems
 
 

@@ -68,6 +68,10 @@ GATES: tuple[Gate, ...] = (
         GateStage("1.37", True, "GA", True))),
     Gate("DRAResourceClaimDeviceStatus", "resource_claim_device_status", (
         GateStage("1.32", False, "alpha"), GateStage("1.33", True, "beta"), GateStage("1.37", True, "GA", True))),
+    # Status writes checked per field on the synthetic resourceclaims/binding and resourceclaims/driver
+    # subresources (KEP-5538); beta and on from 1.36.
+    Gate("DRAResourceClaimGranularStatusAuthorization", "granular_status_authorization", (
+        GateStage("1.36", True, "beta"),)),
     Gate("DRASchedulerFilterTimeout", "scheduler_filter_timeout", (GateStage("1.34", True, "beta"),)),
     Gate("DRAWorkloadResourceClaims", "workload_resource_claims", (
         GateStage("1.36", False, "alpha"), GateStage("1.37", False, "beta"))),
@@ -113,6 +117,7 @@ class Features:
     partitionable_devices: bool = True
     prioritized_list: bool = True
     resource_claim_device_status: bool = True
+    granular_status_authorization: bool = True
     scheduler_filter_timeout: bool = True
     workload_resource_claims: bool = False
     generic_workload: bool = False

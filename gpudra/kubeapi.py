@@ -67,9 +67,19 @@ KINDS: dict[str, KindInfo] = {
     "Pod": KindInfo("", "v1", "pods", True),
     "Event": KindInfo("", "v1", "events", True),
     "ResourceQuota": KindInfo("", "v1", "resourcequotas", True),
+    "ServiceAccount": KindInfo("", "v1", "serviceaccounts", True),
     "ConfigMap": KindInfo("", "v1", "configmaps", True),
     "Secret": KindInfo("", "v1", "secrets", True),
     "Lease": KindInfo("coordination.k8s.io", "v1", "leases", True),
+    "Role": KindInfo("rbac.authorization.k8s.io", "v1", "roles", True),
+    "RoleBinding": KindInfo("rbac.authorization.k8s.io", "v1", "rolebindings", True),
+    "ClusterRole": KindInfo("rbac.authorization.k8s.io", "v1", "clusterroles", False),
+    "ClusterRoleBinding": KindInfo("rbac.authorization.k8s.io", "v1", "clusterrolebindings", False),
+    "ValidatingAdmissionPolicy": KindInfo("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", False),
+    "ValidatingAdmissionPolicyBinding": KindInfo("admissionregistration.k8s.io", "v1",
+                                                 "validatingadmissionpolicybindings", False),
+    "ValidatingWebhookConfiguration": KindInfo("admissionregistration.k8s.io", "v1",
+                                               "validatingwebhookconfigurations", False),
     "PriorityClass": KindInfo("scheduling.k8s.io", "v1", "priorityclasses", False),
     "Workload": KindInfo("scheduling.k8s.io", "v1beta1", "workloads", True),
     "PodGroup": KindInfo("scheduling.k8s.io", "v1beta1", "podgroups", True),
@@ -419,6 +429,13 @@ class KubeApi:
         info = kind_info(kind)
         body = {"apiVersion": info.api_version, "kind": kind, **obj}
         return self._call("POST", info.path(self._namespace(info, namespace, obj)), body=body)
+
+    def create_token(self, namespace: str, service_account: str, spec: dict[str, Any] | None = None) -> str:
+        """A TokenRequest for the ServiceAccount (`kubectl create token`); the token."""
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec or {}}
+        path = KINDS["ServiceAccount"].path(namespace, service_account, "token")
+        answer = self._call("POST", path, body=body)
+        return str(answer["status"]["token"])
 
     def _put(self, kind: str, obj: dict[str, Any], subresource: str | None) -> dict[str, Any]:
         info = kind_info(kind)

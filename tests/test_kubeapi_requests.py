@@ -18,7 +18,8 @@ def test_auth_and_default_headers_come_from_the_client_configuration(apiserver: 
 
     api = KubeApi.connect(url=apiserver.url)
     try:
-        api.client.configuration.api_key["BearerToken"] = "secret-token"
+        token = apiserver.server.admin_token  # the server checks tokens: a made-up one is 401
+        api.client.configuration.api_key["BearerToken"] = token
         api.client.configuration.api_key_prefix["BearerToken"] = "Bearer"
         api.client.default_headers["X-Test"] = "yes"
         sent: list[bytes] = []
@@ -38,7 +39,7 @@ def test_auth_and_default_headers_come_from_the_client_configuration(apiserver: 
         api.list("Node", label_selector="a in (x,y)")
         request_line, *header_lines = sent[0].decode("latin-1").split("\r\n\r\n")[0].split("\r\n")
         headers = dict(line.split(": ", 1) for line in header_lines)
-        assert headers["authorization"] == "Bearer secret-token"
+        assert headers["authorization"] == f"Bearer {token}"
         assert headers["X-Test"] == "yes" and headers["User-Agent"] == api.client.user_agent
         assert request_line == "GET /api/v1/nodes?labelSelector=a+in+%28x%2Cy%29 HTTP/1.1"
         assert headers["Host"] == apiserver.url.split("//", 1)[1]

@@ -17,6 +17,7 @@ from typing import Any
 from driver.discovery import discover
 from driver.nvml import load_backend
 from gpudra.kubeapi import KubeApi
+from sim.cluster import identities
 from sim.runtime import driverinstall
 from sim.demo.cluster import NodeDirs, NodeSpec, node_object, register_node
 from sim.demo.processes import Child, ChildFailed, ChildGroup, gpu_dra_command
@@ -24,10 +25,18 @@ from sim.kubelet.devicemanager import DeviceManagerSim
 from sim.kubelet.pods import NodeKubelet
 
 
+def token_key_path(kubeconfig: Path) -> Path:
+    """Where the control plane's token signing key is kept: beside the admin kubeconfig it writes."""
+    return kubeconfig.with_name(kubeconfig.name + ".token-key")
+
+
 def apiserver_argv(kubeconfig: Path, *, state: Path | None = None, port: int = 0,
                    pod_logs_dir: Path | None = None, runtime_config: Sequence[str] = (),
                    features: Sequence[str] = ()) -> list[str]:
-    argv = ["apiserver", "--kubeconfig-out", str(kubeconfig), "--port", str(port)]
+    # Plain HTTP only: components carry tokens (the official client sends them over HTTP) and the person's
+    # kubectl is the admin there (see docs/apiserver.md); the simulated cluster's restarts keep one URL.
+    argv = ["apiserver", "--kubeconfig-out", str(kubeconfig), "--port", str(port),
+            "--token-key", str(token_key_path(kubeconfig)), "--no-tls"]
     for entry in runtime_config:
         argv += ["--runtime-config", entry]
     for gate in features:
@@ -60,7 +69,8 @@ def start_apiserver(children: ChildGroup, kubeconfig: Path, *, timeout: float, s
 
 
 def controller_argv(kubeconfig: Path, *, features: Sequence[str] = (), leader_elect: bool = True) -> list[str]:
-    argv = ["controller", "--kubeconfig", str(kubeconfig), "--embedded"]
+    # The Lease in the controller's own namespace, where its manifest's Role allows it (as POD_NAMESPACE does).
+    argv = ["controller", "--kubeconfig", str(kubeconfig), "--embedded", "--lease-namespace", identities.NAMESPACE]
     for gate in features:
         argv += ["--feature", gate]
     if not leader_elect:
@@ -99,7 +109,7 @@ class NodeSide:
 
 
 def start_node_side(api: KubeApi, spec: NodeSpec, dirs: NodeDirs, driver_name: str, *, runtime: Any = None,
-                    pod_logs_dir: Path | None = None) -> NodeSide:
+                    pod_logs_dir: Path | None = None, admin_kubeconfig: Path | None = None) -> NodeSide:
     """Write the node's simulated driver install, register the Node and serve the kubelet's sockets; the kubelet's
     pod threads start once the agent registered (`register_and_start`). `runtime` runs the pods' containers
     (sim.runtime; None: no containers)."""
@@ -107,6 +117,10 @@ def start_node_side(api: KubeApi, spec: NodeSpec, dirs: NodeDirs, driver_name: s
     dirs.cdi.mkdir(parents=True, exist_ok=True)
     inventory = discover(load_backend(f"sim:{spec.profile}", node=spec.name), spec.name)
     driver_root = driverinstall.write(dirs.root / "driver", spec.name, inventory)
+    if admin_kubeconfig is not None:
+        kubelet_config = identities.node_kubeconfig(token_key_path(admin_kubeconfig), admin_kubeconfig, spec.name,
+                                                    dirs.root / "kubelet.kubeconfig")
+        api = KubeApi.connect(kubeconfig=str(kubelet_config))
     register_node(api, node_object(spec.name, gpu_allocatable=0 if spec.device_plugin else None))
     dm: DeviceManagerSim | None = None
     if spec.device_plugin:

@@ -22,11 +22,11 @@ from typing import Any
 from gpudra import DEFAULT_DRIVER_NAME, logfmt
 from gpudra.kubeapi import KubeApi
 from gpudra.privatedir import ensure_private_dir
-from sim.cluster import nodes
+from sim.cluster import identities, nodes
 from sim.cluster.leftovers import stop_children, stop_runtimes
 from sim.cluster.workloads import WorkloadController
 from sim.cluster.spec import ClusterPaths, ClusterSpec, ProcessInfo, SupervisorStatus, read_json, write_json
-from sim.demo.cluster import DEFAULT_MANIFESTS, NodeDirs, create_all, example_objects
+from sim.demo.cluster import DEFAULT_MANIFESTS, NodeDirs
 from sim.demo.processes import Child, ChildFailed, ChildGroup
 from sim.runtime import Runtimes
 from sim.nvml.faults import write_faults
@@ -123,9 +123,18 @@ class Supervisor:
         self.status.server = url
         return child
 
+    def _component_kubeconfig(self, account: str, target: Path, node: str | None = None) -> Path:
+        """The component's ServiceAccount kubeconfig (a token that outlives restarts of the control plane: the
+        signing key is kept beside the admin kubeconfig); made once."""
+        if target.exists():
+            return target
+        return identities.service_account_kubeconfig(self.api, self.paths.kubeconfig, account, target, node=node)
+
     def _start_controller(self) -> Child:
+        config = self._component_kubeconfig(identities.CONTROLLER_ACCOUNT,
+                                            self.paths.kubeconfig.with_name("controller.kubeconfig"))
         return self.children.start("controller", nodes.controller_argv(
-            self.paths.kubeconfig, features=self.spec.features, leader_elect=False))
+            config, features=self.spec.features, leader_elect=False))
 
     def _start_agent(self, node: str) -> Child:
         spec = self.spec.node(node)
@@ -133,15 +142,17 @@ class Supervisor:
         faults = self.paths.faults(node)
         if not faults.exists():
             write_faults(faults)  # no faults yet: `cluster fault` adds them
+        config = self._component_kubeconfig(identities.AGENT_ACCOUNT, self.paths.node(node) / "agent.kubeconfig",
+                                            node=node)
         return self.children.start(f"plugin-{node}", nodes.plugin_argv(
-            spec, self._dirs(node), self.paths.kubeconfig, self.driver_name, faults=self.paths.faults(node),
+            spec, self._dirs(node), config, self.driver_name, faults=self.paths.faults(node),
             partitionable=self.spec.partitionable, driver_root=self.sides[node].driver_root))
 
     def start(self) -> None:
         apiserver = self._start_apiserver()
         self.slots.append(_Slot("apiserver", None, apiserver))
         self.api = KubeApi.connect(kubeconfig=str(self.paths.kubeconfig))
-        create_all(self.api, example_objects([DEFAULT_MANIFESTS / "base" / "deviceclasses.yaml"]))
+        identities.apply_base(self.api, DEFAULT_MANIFESTS / "base")
         classes = sorted(c["metadata"]["name"] for c in self.api.list("DeviceClass")[0])
         self.step(f"control plane: gpu-dra apiserver at {self.status.server} (store {self.paths.store}); "
                   f"DeviceClasses {', '.join(classes)}")
@@ -155,7 +166,8 @@ class Supervisor:
                 runtime = self.runtimes.for_node(spec.name, dirs.cdi)
                 self.node_runtimes.append(runtime)
             self.sides[spec.name] = nodes.start_node_side(self.api, spec, dirs, self.driver_name, runtime=runtime,
-                                                          pod_logs_dir=self.paths.pod_logs)
+                                                          pod_logs_dir=self.paths.pod_logs,
+                                                          admin_kubeconfig=self.paths.kubeconfig)
             self.slots.append(_Slot("plugin", spec.name, self._start_agent(spec.name)))
         self.publish()
         for slot in self.slots:

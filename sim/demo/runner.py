@@ -39,7 +39,7 @@ from sim.runtime import Runtimes
 from sim.runtime.podman import PodmanRuntime
 from sim.demo.observe import ApiState, Observed
 from sim.demo.processes import ChildFailed, ChildGroup
-from sim.cluster import nodes
+from sim.cluster import identities, nodes
 from gpudra.kubeapi import KubeApi
 
 log = logging.getLogger("sim.demo")
@@ -133,10 +133,13 @@ class Demo:
             raise DemoFailed(str(exc)) from exc
         self.r.api = KubeApi.connect(kubeconfig=str(self.kubeconfig))
         manifests = self.s.manifests
-        cluster.create_all(self.api, cluster.example_objects([manifests.examples / "00-namespace.yaml", manifests.device_classes]))
+        identities.apply_base(self.api, manifests.device_classes.parent)
+        cluster.create_all(self.api, cluster.example_objects([manifests.examples / "00-namespace.yaml"]))
         self.progress(f"control plane: gpu-dra apiserver at {url}; namespace {NAMESPACE}, PriorityClass and DeviceClasses "
                       f"{', '.join(sorted(c['metadata']['name'] for c in self.api.list('DeviceClass')[0]))} created")
-        self.r.children.start("controller", nodes.controller_argv(self.kubeconfig))
+        controller_config = identities.service_account_kubeconfig(
+            self.api, self.kubeconfig, identities.CONTROLLER_ACCOUNT, self.s.workdir / "controller.kubeconfig")
+        self.r.children.start("controller", nodes.controller_argv(controller_config))
 
     @property
     def pod_logs_dir(self) -> Path:
@@ -154,11 +157,13 @@ class Demo:
                 runtime = runtimes.for_node(spec.name, dirs.cdi)
                 self.r.runtimes.append(runtime)
             side = nodes.start_node_side(self.api, spec, dirs, self.s.driver_name, runtime=runtime,
-                                         pod_logs_dir=self.pod_logs_dir)
+                                         pod_logs_dir=self.pod_logs_dir, admin_kubeconfig=self.kubeconfig)
+            agent_config = identities.service_account_kubeconfig(
+                self.api, self.kubeconfig, identities.AGENT_ACCOUNT, dirs.root / "agent.kubeconfig", node=spec.name)
             if side.device_manager is not None:
                 self.r.device_managers.append(side.device_manager)
             agents[spec.name] = self.r.children.start(
-                f"plugin-{spec.name}", nodes.plugin_argv(spec, dirs, self.kubeconfig, self.s.driver_name,
+                f"plugin-{spec.name}", nodes.plugin_argv(spec, dirs, agent_config, self.s.driver_name,
                                                          driver_root=side.driver_root))
             self.r.kubelets[spec.name] = side.kubelet
         for spec in self.s.nodes:

@@ -1,0 +1,37 @@
+"""What every admission plugin sees of one write (admission.Attributes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from controlplane.authn import UserInfo
+from controlplane.authz.attributes import Attributes, Verdict
+from controlplane.resources import ResourceType
+
+
+class Authorize(Protocol):
+    def authorize(self, a: Attributes) -> Verdict: ...
+
+
+@dataclass(slots=True)
+class AdmissionRequest:
+    user: UserInfo
+    operation: str  # CREATE, UPDATE, DELETE
+    rt: ResourceType
+    namespace: str
+    name: str
+    subresource: str
+    verb: str  # the authorization verb of the request (create, update, patch, delete)
+    dry_run: bool
+    authorizer: Authorize
+
+    @property
+    def resource(self) -> str:
+        return f"{self.rt.plural}/{self.subresource}" if self.subresource else self.rt.plural
+
+
+class Plugin(Protocol):
+    def admit(self, req: AdmissionRequest, obj: dict[str, Any] | None, old: dict[str, Any] | None,
+              warnings: list[str]) -> None:
+        """Raise a StatusError to refuse; append to `warnings` to warn."""

@@ -1,0 +1,89 @@
+"""The request side of the filter chain: who is asking (authentication, 401) and what they ask for, as
+authorization attributes (kube-apiserver's RequestInfo: verb from the method, list/watch/get from the path and
+query)."""
+
+from __future__ import annotations
+
+from controlplane import status as st
+from controlplane.authn import (
+    ADMIN,
+    ANONYMOUS_USER,
+    AUTHENTICATED,
+    SA_PREFIX,
+    UNAUTHENTICATED,
+    TokenAuthenticator,
+    Unauthorized,
+    UserInfo,
+)
+from controlplane.authn import AccountLookup
+from controlplane.authz.attributes import Attributes
+from controlplane.authz.chain import AuthorizerChain
+from controlplane.httphead import Headers
+from controlplane.resources import ResourceType
+
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+UNAUTHORIZED = st.StatusError(401, "Unauthorized", "Unauthorized")
+
+
+def authenticate(authorization: str | None, tokens: TokenAuthenticator, accounts: AccountLookup,
+                 unauthenticated_as_admin: bool) -> UserInfo:
+    """The user of a request; 401 when it presents a credential that is refused."""
+    if not authorization and unauthenticated_as_admin:
+        return ADMIN
+    try:
+        return tokens.authenticate(authorization, accounts)
+    except Unauthorized:
+        raise UNAUTHORIZED from None
+
+
+def impersonate(user: UserInfo, headers: Headers, authorizer: AuthorizerChain) -> UserInfo:
+    """The impersonation filter (`kubectl --as`, `--as-group`): the requester needs `impersonate` on users (or
+    serviceaccounts) and groups; the request then runs as that user, in system:authenticated."""
+    names = headers.get_all("Impersonate-User") or []
+    if not names:
+        return user
+    name = names[0]
+    groups = tuple(headers.get_all("Impersonate-Group") or ())
+    require = authorizer.require
+    if name.startswith(SA_PREFIX) and name.count(":") == 3:
+        _, _, ns, sa = name.split(":")
+        require(Attributes(user, "impersonate", resource="serviceaccounts", namespace=ns, name=sa))
+    else:
+        require(Attributes(user, "impersonate", resource="users", name=name))
+    for group in groups:
+        require(Attributes(user, "impersonate", resource="groups", name=group))
+    if name.startswith(SA_PREFIX) and not groups:
+        ns = name.split(":")[2] if name.count(":") == 3 else ""
+        groups = ("system:serviceaccounts", f"system:serviceaccounts:{ns}")
+    if name == ANONYMOUS_USER:
+        return UserInfo(name, groups=groups or (UNAUTHENTICATED,))
+    return UserInfo(name, groups=tuple(dict.fromkeys((*groups, AUTHENTICATED))))
+
+
+def _field_equals(text: str | None) -> tuple[tuple[str, str], ...]:
+    out = []
+    for part in (text or "").split(","):
+        if "!=" in part:
+            continue
+        name, sep, value = part.replace("==", "=").partition("=")
+        if sep:
+            out.append((name.strip(), value.strip()))
+    return tuple(out)
+
+
+def resource_attributes(user: UserInfo, method: str, rt: ResourceType, namespace: str, name: str | None,
+                        subresource: str | None, query: dict[str, str]) -> Attributes:
+    if method == "GET":
+        watch = query.get("watch") in ("true", "1", "True", "TRUE", "t", "T")
+        verb = "watch" if watch else ("get" if name is not None else "list")
+    elif method == "DELETE" and name is None:
+        verb = "deletecollection"
+    else:
+        verb = _VERBS.get(method, method.lower())
+    selector = query.get("fieldSelector") if query else None
+    return Attributes(user, verb, True, rt.group, rt.plural, subresource or "", namespace, name or "", "",
+                      _field_equals(selector) if selector else ())
+
+
+def path_attributes(user: UserInfo, method: str, path: str) -> Attributes:
+    return Attributes(user, method.lower(), resource_request=False, path=path)
