@@ -173,7 +173,20 @@ class NodeAgent:
     def _walk(self) -> Inventory:
         from driver.discovery import discover
 
-        return discover(self._nvml, self.settings.node_name)
+        return self._with_lost_gpus(discover(self._nvml, self.settings.node_name))
+
+    def _with_lost_gpus(self, fresh: Inventory) -> Inventory:
+        """A GPU that fell off the bus fails discovery's queries (the walk lists it as skipped) but is still in the
+        node: it stays published, tainted gpu-lost and UNHEALTHY on the health stream, until the agent restarts
+        (health is sticky), instead of vanishing from the slices and the stream as if it had never been there."""
+        with self._lock:
+            lost = {uuid for uuid, health in self._health.items() if health.lost}
+            old = self._inventory
+        present = {g.uuid for g in fresh.gpus}
+        kept = [g for g in old.gpus if g.uuid in lost and g.uuid not in present]
+        if not kept:
+            return fresh
+        return replace(fresh, gpus=tuple(sorted([*fresh.gpus, *kept], key=lambda g: g.index)))
 
     def _nvml_library_changed(self) -> Callable[[], str | None]:
         """What tells that the driver root now holds another driver: its libnvidia-ml.so.1 resolves elsewhere."""
