@@ -1,4 +1,5 @@
-"""Which nodes a pod may run on, before any device is looked at: the pod's nodeSelector, node taints
+"""Which nodes a pod may run on, before any device is looked at: the pod's nodeSelector and required node
+affinity (what DaemonSet pods are pinned with), node taints
 (NoSchedule / NoExecute need a toleration), `spec.unschedulable`, and the node selectors of claims that
 are already allocated."""
 
@@ -31,6 +32,16 @@ def node_rejects(pod: Mapping[str, Any], node: Mapping[str, Any]) -> str | None:
     for key, value in wanted.items():
         if labels.get(key) != value:
             return f"node does not match the pod's nodeSelector {key}={value}"
+    required = o.section(o.section(o.section(o.section(pod, "spec"), "affinity"), "nodeAffinity"),
+                         "requiredDuringSchedulingIgnoredDuringExecution")
+    if required:
+        try:
+            selector = NodeSelector.parse(required, f"Pod {o.key(pod)}: spec.affinity.nodeAffinity."
+                                                    "requiredDuringSchedulingIgnoredDuringExecution")
+        except AllocationError as err:
+            return str(err)
+        if not selector.matches(as_allocator_node(node)):
+            return "node does not match the pod's required node affinity"
     tolerations = [t for t in o.list_field(o.section(pod, "spec"), "tolerations") if isinstance(t, Mapping)]
     for taint in o.list_field(spec, "taints"):
         if not isinstance(taint, Mapping) or taint.get("effect") not in ("NoSchedule", "NoExecute"):

@@ -16,6 +16,8 @@ from urllib.parse import parse_qs, urlsplit
 from gpudra import strictjson
 from controlplane import resources as res
 from controlplane import httphead
+from controlplane.crds import openapi as crd_openapi
+from controlplane.crds import serving as crd_serving
 from gpudra.validation import schema
 from controlplane import status as st
 from controlplane.podpriority import admit_pod_priority
@@ -67,11 +69,15 @@ class Route:
 
     def shown(self, obj: dict[str, Any]) -> dict[str, Any]:
         """A stored object as this request's API version shows it."""
+        if self.rt.custom is not None:
+            return self.rt.custom.shown(obj, self.version) if self.converts else obj
         return from_storage(obj, self.version) if self.converts else obj
 
     def stored(self, body: Any) -> Any:
         """A request body in storage form. The body's own apiVersion decides what it is, as kube-apiserver
         decodes it; without one, the URL's version does."""
+        if isinstance(body, dict) and self.rt.custom is not None:
+            return crd_serving.stored(self.rt, body, self.version)
         if not isinstance(body, dict) or self.rt.kind not in _CONVERTED_KINDS:
             return body
         group, version = split_api_version(body.get("apiVersion"))
@@ -457,7 +463,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         if parts[:2] == ["openapi", "v3"]:
             if len(parts) == 2:
                 return openapi_root(reg)
-            return openapi_group_version(reg, "/".join(parts[2:])) or self._not_found_path(parts)
+            gv_path = "/".join(parts[2:])
+            return (crd_openapi.group_version(reg, gv_path) or openapi_group_version(reg, gv_path)
+                    or self._not_found_path(parts))
         if parts == ["api"]:
             return res.api_versions()
         if parts == ["apis"]:
@@ -525,6 +533,11 @@ class ApiHandler(BaseHTTPRequestHandler):
                 raise st.method_not_allowed(f"{method} is not supported on pods/log; supported: GET")
             self._pod_log(r, query)
             return
+        if r.subresource == "scale":
+            self._send_json(200, crd_serving.serve_scale(store, r.rt, r.namespace, r.name, method, query,
+                                                         self._body() if method != "GET" else None,
+                                                         (self.headers.get("Content-Type") or "")))
+            return
         if r.subresource == "binding":
             if method != "POST":
                 raise st.method_not_allowed(f"{method} is not supported on pods/binding; supported: POST")
@@ -541,6 +554,9 @@ class ApiHandler(BaseHTTPRequestHandler):
                                                       r.subresource, policy)))
         elif method == "PATCH":
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            if ctype == "application/strategic-merge-patch+json" and r.rt.custom is not None:
+                self._body()
+                raise crd_serving.no_strategic_merge(r.rt)
             if ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
                 kind = "merge"
             elif ctype == "application/json-patch+json":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gpudra.conversion import served_versions
 
@@ -51,7 +51,20 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-@dataclass(frozen=True)
+class CustomKind(Protocol):
+    """What a custom resource's type adds (controlplane.crds.definition): its schema, its versions, its columns.
+    The store and the handler call these where built-in kinds use the client's models and gpudra.conversion."""
+
+    def decode(self, obj: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+        """`obj` (at its apiVersion) defaulted and pruned, in the storage version; the dropped fields; type errors."""
+        ...
+
+    def validate(self, obj: dict[str, Any], old: dict[str, Any] | None) -> list[str]: ...
+
+    def shown(self, obj: dict[str, Any], version: str) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, eq=False)
 class ResourceType:
     """One REST resource: where it lives, what it is called, and which fields can be selected on."""
 
@@ -71,6 +84,8 @@ class ResourceType:
     # Every version the type is served at, preferred first; `version` (the storage version) when empty.
     # Objects are stored at `version` and converted (gpudra.conversion) for the others.
     served: tuple[str, ...] = ()
+    # Set for custom resources (served from a CustomResourceDefinition); None for built-in kinds.
+    custom: CustomKind | None = None
 
     def __post_init__(self) -> None:
         # Types key the store's tables and are hashed on every request; the generated hash would walk all
@@ -79,6 +94,11 @@ class ResourceType:
 
     def __hash__(self) -> int:
         return self._hash  # type: ignore[attr-defined, no-any-return]
+
+    def __eq__(self, other: object) -> bool:
+        # Identity is the route: a CRD update replaces its type's columns or schema, not the type.
+        return isinstance(other, ResourceType) and (self.group, self.version, self.plural, self.kind) == (
+            other.group, other.version, other.plural, other.kind)
 
     @property
     def versions(self) -> tuple[str, ...]:
@@ -133,6 +153,28 @@ class Registry:
             for version in rt.versions:
                 self._by_route[(rt.group, version, rt.plural)] = rt
             self._by_kind[rt.kind] = rt
+
+    def serve(self, rt: ResourceType) -> ResourceType | None:
+        """Add or replace a custom resource type (keyed by group and plural); returns the type it replaced."""
+        old = next((t for t in self.types if t.group == rt.group and t.plural == rt.plural), None)
+        self.withdraw(old) if old is not None else None
+        object.__setattr__(self, "types", (*self.types, rt))
+        for version in rt.versions:
+            self._by_route[(rt.group, version, rt.plural)] = rt
+        self._by_kind.setdefault(rt.kind, rt)
+        return old
+
+    def withdraw(self, rt: ResourceType) -> None:
+        """Stop serving a custom resource type."""
+        object.__setattr__(self, "types", tuple(t for t in self.types if not (t.group == rt.group
+                                                                              and t.plural == rt.plural)))
+        for key in [k for k, t in self._by_route.items() if t.group == rt.group and t.plural == rt.plural]:
+            del self._by_route[key]
+        if self._by_kind.get(rt.kind) is not None and self._by_kind[rt.kind].group == rt.group:
+            del self._by_kind[rt.kind]
+            replacement = next((t for t in self.types if t.kind == rt.kind), None)
+            if replacement is not None:
+                self._by_kind[rt.kind] = replacement
 
     def by_route(self, group: str, version: str, plural: str) -> ResourceType | None:
         return self._by_route.get((group, version, plural))
@@ -189,6 +231,9 @@ DEFAULT_REGISTRY = Registry(
         ResourceType("apps", "v1", "statefulsets", "StatefulSet", True, ("sts",), has_status=True, categories=("all",)),
         ResourceType("batch", "v1", "jobs", "Job", True, has_status=True, categories=("all",)),
         ResourceType("batch", "v1", "cronjobs", "CronJob", True, ("cj",), has_status=True, categories=("all",)),
+        ResourceType("apps", "v1", "daemonsets", "DaemonSet", True, ("ds",), has_status=True, categories=("all",)),
+        ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
+                     ("crd", "crds"), has_status=True, categories=("api-extensions",)),
     )
 )
 
@@ -201,11 +246,12 @@ _INTRODUCED: dict[tuple[str, str], str] = {
 
 
 def registry_for(kubernetes_version: str) -> Registry:
-    """DEFAULT_REGISTRY less what `kubernetes_version` ("1.34".."1.37") does not serve."""
+    """DEFAULT_REGISTRY less what `kubernetes_version` ("1.34".."1.37") does not serve: a registry of its own,
+    since a server adds the types its CustomResourceDefinitions define to it."""
     minor = int(kubernetes_version.split(".")[1])
     keep = tuple(rt for rt in DEFAULT_REGISTRY.types
                  if int(_INTRODUCED.get((rt.group, rt.plural), "1.0").split(".")[1]) <= minor)
-    return DEFAULT_REGISTRY if len(keep) == len(DEFAULT_REGISTRY.types) else Registry(types=keep)
+    return Registry(types=keep)
 
 
 def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:
@@ -225,6 +271,11 @@ def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:
         entries.append({"name": f"{rt.plural}/status", "singularName": "", "namespaced": rt.namespaced,
                         "kind": rt.kind, "verbs": ["get", "patch", "update"]})
     for sub in rt.extra_subresources:
+        if sub == "scale":
+            entries.append({"name": f"{rt.plural}/scale", "singularName": "", "namespaced": rt.namespaced,
+                            "group": "autoscaling", "version": "v1", "kind": "Scale",
+                            "verbs": ["get", "patch", "update"]})
+            continue
         entries.append({"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
                         "kind": "Binding" if sub == "binding" else rt.kind,
                         "verbs": ["get"] if sub == "log" else ["create"]})

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from controlplane.crds.manager import DefinitionController
 from controlplane.handler import ApiHandler
 from controlplane.serving import Connection, PooledHttpServer
 from controlplane.podpriority import system_priority_classes
@@ -54,7 +55,8 @@ class EmbeddedApiServer:
         self.host = host
         self.port = port
         self.state_file = Path(state_file) if state_file else None
-        self.registry = registry if registry is not None else registry_for(kubernetes_version)
+        # A registry of its own: served CustomResourceDefinitions add types to it.
+        self.registry = Registry(types=registry.types) if registry is not None else registry_for(kubernetes_version)
         self.bookmark_interval = bookmark_interval
         self.persist_interval = persist_interval
         self.store = Store(self.registry, admission, history_limit)
@@ -90,6 +92,7 @@ class EmbeddedApiServer:
         self._httpd = PooledHttpServer(listener, self._make_handler)
         self._httpd.start()
         self._spawn("apiserver-gc", self._gc_loop)
+        self._spawn("apiserver-crds", DefinitionController(self.store, self._stop).run)
         return self.url
 
     def _make_handler(self, conn: Connection, server: PooledHttpServer) -> ApiHandler:

@@ -22,6 +22,7 @@ from typing import Any
 from gpudra import DEFAULT_DRIVER_NAME, logfmt
 from gpudra.kubeapi import KubeApi
 from sim.cluster import nodes
+from sim.cluster.daemonsets import DaemonSetController
 from sim.cluster.workloads import WorkloadController
 from sim.cluster.spec import ClusterPaths, ClusterSpec, ProcessInfo, SupervisorStatus, read_json, write_json
 from sim.demo.cluster import DEFAULT_MANIFESTS, NodeDirs, create_all, example_objects
@@ -65,6 +66,7 @@ class Supervisor:
         self.port = 0
         self.stop_event = threading.Event()
         self.workloads: WorkloadController | None = None
+        self.daemonsets: DaemonSetController | None = None
         # One container runtime per node with --runtime podman (sim.runtime); none: pods Run once prepared.
         self.runtimes = Runtimes(paths.root / "runtime") if spec.runtime == "podman" else None
         self.node_runtimes: list[Any] = []
@@ -157,6 +159,8 @@ class Supervisor:
                       + (", device plugin nvidia.com/gpu" if spec.device_plugin else ""))
         self.workloads = WorkloadController(self.api)
         self.workloads.start()
+        self.daemonsets = DaemonSetController(self.api)
+        self.daemonsets.start()
         self.step("workload controllers: Deployments, ReplicaSets, StatefulSets, Jobs and CronJobs get their pods")
         self.status.phase = "ready"
         self.publish()
@@ -215,6 +219,8 @@ class Supervisor:
         self.publish()
         if self.workloads is not None:
             self.workloads.stop()
+        if self.daemonsets is not None:
+            self.daemonsets.stop()
         for side in self.sides.values():
             side.stop()  # the kubelets remove the containers they started
         for runtime in self.node_runtimes:
