@@ -31,6 +31,7 @@ from controller.leader import LeaderElector, LeaseTimings
 from controller.metrics import ControllerMetrics, MetricsServer
 from controller.scheduler import EmbeddedScheduler, PendingExplainer, is_pending
 from controller.snapshots import LiveSnapshot
+from controller.computedomain import ComputeDomainController
 from controller.taintevict import TaintEvictor
 from controller.watchlist import ClaimWatchlist
 from controller.view import View
@@ -373,6 +374,9 @@ class ControllerManager:
             elector = self.elector
             self._spawn("leader-election", lambda: elector.run(self._elector_stop, release_on_stop=lambda: self._release_on_stop))
         self._spawn("reconcile", self._loop)
+        # NVIDIA's ComputeDomains, once their CRDs are installed (controller.computedomain).
+        domains = ComputeDomainController(self.api, may_write=self.may_write)
+        self._spawn("compute-domains", lambda: domains.run(self._stop))
         log.info(
             "controller started",
             extra={

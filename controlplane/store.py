@@ -247,7 +247,9 @@ class Store:
         return pruned  # type: ignore[no-any-return]
 
     def _admits(self, rt: ResourceType) -> bool:
-        return self._admission is not None and rt.group == "resource.k8s.io"
+        # resource.k8s.io, and NVIDIA's ComputeDomains once their CRD serves them (gpudra.computedomain).
+        return self._admission is not None and (rt.group == "resource.k8s.io" or (
+            rt.custom is not None and rt.group == "resource.nvidia.com" and rt.kind == "ComputeDomain"))
 
     def _admit(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         errors = o.metadata_errors(obj)

@@ -72,6 +72,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reserved-gpus", default="", help="comma-separated GPU UUIDs kept for the device plugin (not published)")
     parser.add_argument("--metrics-port", type=cliopts.port, help="serve Prometheus metrics on this port")
     parser.add_argument(
+        "--compute-domains", choices=("auto", "on", "off"), default="auto",
+        help="serve compute-domain.nvidia.com (IMEX channels and daemons for ComputeDomains; default auto: on nodes "
+             "whose GPUs are in an NVLink fabric clique)")
+    parser.add_argument("--compute-domain-namespace", default="gpu-dra-system", metavar="NAMESPACE",
+                        help="namespace of the ComputeDomainCliques (the driver's namespace; default %(default)s)")
+    parser.add_argument(
         "--node-labels", action="store_true",
         help="set GPU Feature Discovery's labels (nvidia.com/gpu.product, gpu.count, gpu.memory, ...) on this node",
     )
@@ -198,6 +204,15 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     shim: Any = None
     agent.start()
+    compute_domains: Any = None
+    if args.compute_domains == "on" or (args.compute_domains == "auto" and any(
+            g.fabric_clique_id is not None for g in inventory.gpus)):
+        from driver.computedomain.agent import ComputeDomainAgent, ComputeDomainSettings
+
+        compute_domains = ComputeDomainAgent(api, ComputeDomainSettings(
+            node=args.node, kubelet_dir=kubelet_dir, cdi_dir=cdi_dir, namespace=args.compute_domain_namespace,
+            driver_root=_driver_root(args), proc_root=Path("/proc") if args.nvml == "real" else None), nvml, inventory)
+        compute_domains.start()
     labels_pending = bool(args.node_labels)
     try:
         if args.device_plugin:
@@ -215,6 +230,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if shim is not None:
             shim.stop()
+        if compute_domains is not None:
+            compute_domains.stop()
         agent.stop()
         api.close()
     return 0

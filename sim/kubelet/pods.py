@@ -294,7 +294,8 @@ class NodeKubelet:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pods: dict[str, dict[str, Any]] = {}  # uid -> latest pod object seen
-        self._sim_pods: dict[str, Pod] = {}  # uid -> KubeletSim's view (which claims are prepared)
+        # uid -> driver -> KubeletSim's view (which of the pod's claims for that driver are prepared)
+        self._sim_pods: dict[str, dict[str, Pod]] = {}
         self._active: dict[str, dict[str, Any]] = {}  # uid -> pod whose containers the runtime runs
 
     # ---- lifecycle --------------------------------------------------------------------------------------
@@ -659,7 +660,7 @@ class NodeKubelet:
         names = pod_claim_names(pod)
         if names is None:
             raise _NotReady("waiting for the pod's generated ResourceClaim names in status.resourceClaimStatuses")
-        infos: list[ClaimInfo] = []
+        by_driver: dict[str, list[ClaimInfo]] = {}
         for name in names:
             try:
                 claim = self.api.get("ResourceClaim", name, namespace=record.namespace)
@@ -673,17 +674,23 @@ class NodeKubelet:
                        for r in cstatus.get("reservedFor") or []):  # a PodGroup's shared claim counts for its pods
                 raise _NotReady(f"ResourceClaim {record.namespace}/{name} is not reserved for this pod")
             results = ((cstatus["allocation"].get("devices") or {}).get("results")) or []
-            if any(r.get("driver") == self.driver_name for r in results):
-                infos.append(ClaimInfo(record.namespace, str(claim["metadata"]["uid"]), name))
-        if infos:
-            sim_pod = self._sim_pods.get(uid)
-            if sim_pod is None:
-                sim_pod = Pod(record.name, infos)
-                self._sim_pods[uid] = sim_pod
+            # One NodePrepareResources call per driver with that driver's claims, as the kubelet's DRA manager
+            # does (a claim with devices of two drivers goes to both).
+            for driver in dict.fromkeys(str(r.get("driver")) for r in results):
+                by_driver.setdefault(driver, []).append(ClaimInfo(record.namespace, str(claim["metadata"]["uid"]), name))
+        if by_driver:
             self.sim.sync()  # a re-registered plugin (restart) is picked up before the call, as inotify would
-            self.sim.prepare_pod(self.driver_name, sim_pod)
+            prepared: list[PreparedClaim] = []
+            for driver, infos in by_driver.items():
+                pods = self._sim_pods.setdefault(uid, {})
+                sim_pod = pods.get(driver)
+                if sim_pod is None:
+                    sim_pod = Pod(record.name, infos)
+                    pods[driver] = sim_pod
+                self.sim.prepare_pod(driver, sim_pod)
+                prepared += [PreparedClaim(c, tuple(sim_pod.prepared[c.uid])) for c in infos]
             with self._lock:
-                record.claims = [PreparedClaim(c, tuple(sim_pod.prepared[c.uid])) for c in infos]
+                record.claims = prepared
         if not record.legacy:
             grants = []
             for container in (pod.get("spec") or {}).get("containers") or []:
@@ -703,12 +710,14 @@ class NodeKubelet:
                 record.legacy = grants
 
     def _teardown(self, uid: str) -> None:
-        sim_pod = self._sim_pods.get(uid)
-        if sim_pod is not None and sim_pod.prepared:
+        for driver, sim_pod in list((self._sim_pods.get(uid) or {}).items()):
+            if not sim_pod.prepared:
+                continue
             try:
-                self.sim.unprepare_pod(self.driver_name, sim_pod)
+                self.sim.unprepare_pod(driver, sim_pod)
             except KubeletError as exc:
-                log.warning("event=unprepare-failed node=%s pod=%s error=%r", self.node_name, sim_pod.name, str(exc))
+                log.warning("event=unprepare-failed node=%s pod=%s driver=%s error=%r", self.node_name, sim_pod.name,
+                            driver, str(exc))
                 return
         self._sim_pods.pop(uid, None)
         with self._lock:

@@ -1037,6 +1037,7 @@ class SimulatedNvml:
             return pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH if is_switch else pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
 
     def _fill_fabric(self, fname: str, handle: Any, info_ref: Any) -> int:
+        self._refresh_faults()
         gpu = self._gpu(fname, handle)
         info = _deref(info_ref)
         if info is None:
@@ -1055,6 +1056,15 @@ class SimulatedNvml:
         info.status = pynvml.NVML_SUCCESS
         info.cliqueId = fabric.clique_id
         info.state = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+        if hasattr(info, "healthMask"):
+            unhealthy = gpu.spec.uuid in self._file_faults.fabric_unhealthy
+            info.healthMask = (
+                ((pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE if unhealthy else
+                  pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE)
+                 << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW)
+                | ((pynvml.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE if unhealthy else
+                    pynvml.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_FALSE)
+                   << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY))
         return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetGpuFabricInfo(self, handle: Any, info_ref: Any) -> int:
