@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from driver.cdi import DeviceNumbers
+from driver.cdi import DeviceNumbers, minimum_version
 from driver.prepare import ClaimNotFound, ClaimRef, ClaimResult, DeviceResult
 from gpudra import computedomain as cd
 from gpudra.atomicfile import atomic_write
@@ -227,8 +227,10 @@ class ComputeDomainPreparer:
 
     @staticmethod
     def _spec(uid: str, devices: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-        return {"cdiVersion": "0.6.0", "kind": CDI_KIND,
-                "devices": [{"name": f"{uid}-{name}", "containerEdits": edits} for name, edits in devices]}
+        spec: dict[str, Any] = {"cdiVersion": "", "kind": CDI_KIND,
+                                "devices": [{"name": f"{uid}-{name}", "containerEdits": edits} for name, edits in devices]}
+        spec["cdiVersion"] = minimum_version(spec)  # the oldest that has what it uses, so older runtimes read it
+        return spec
 
     def _write_spec(self, uid: str, spec: Mapping[str, Any]) -> None:
         self.cdi_dir.mkdir(parents=True, exist_ok=True)

@@ -51,6 +51,7 @@ DEFAULT_COMMAND: tuple[str, ...] = ("sleep", "2147483647")
 NVIDIA_MAJOR = 195
 _GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
 _CAP_NODE = re.compile(r"^/dev/nvidia-caps/nvidia-cap(\d+)$")
+_IMEX_CHANNEL_NODE = re.compile(r"^/dev/nvidia-caps-imex-channels/channel(\d+)$")
 
 PROBE_SCRIPT = r"""#!/bin/sh
 # Written by the gpu-dra kubelet simulator: records what this container sees, then runs its command.
@@ -61,7 +62,7 @@ else
   echo "nvidia-smi: not found" > "$out/nvidia-smi"; echo 127 > "$out/nvidia-smi.rc"
 fi
 if [ "${NVIDIA_VISIBLE_DEVICES+set}" = set ]; then printf '%s\n' "$NVIDIA_VISIBLE_DEVICES" > "$out/visible"; fi
-for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c "$f" ] && echo "$f"; done > "$out/devices"
+for f in /dev/nvidia* /dev/nvidia-caps/* /dev/nvidia-caps-imex-channels/*; do [ -c "$f" ] && echo "$f"; done > "$out/devices"
 : > "$out/done"
 exec "$@"
 """.replace("SEEN", SEEN_DIR)
@@ -101,6 +102,8 @@ def device_numbers(path: str, local_majors: Sequence[int]) -> tuple[int, int] | 
         return local_majors[0], 0 if path == "/dev/nvidia-uvm" else 1
     if (m := _CAP_NODE.match(path)) and len(local_majors) > 1:
         return local_majors[1], int(m.group(1))
+    if (m := _IMEX_CHANNEL_NODE.match(path)) and len(local_majors) > 2:
+        return local_majors[2], int(m.group(1))
     return None
 
 
@@ -182,7 +185,7 @@ class PodmanRuntime:
         self._global = [podman, "--root", str(state_dir / "storage"), "--runroot", f"{PRIVATE_RUN}/podman",
                         "--tmpdir", f"{PRIVATE_RUN}/libpod", "--storage-driver", "vfs", "--events-backend", "file",
                         "--runtime", runc, "--cgroup-manager", "cgroupfs"]
-        self._local_majors = _free_local_majors(2)
+        self._local_majors = _free_local_majors(3)
         self._containers: dict[str, _Container] = {}
         self._lock = threading.Lock()
 
