@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from controller.ganggroups import gang_label, gang_size_label, gang_topology_label
+from gpudra import DEFAULT_DRIVER_NAME
 from gpudra import computedomain as cd
 from gpudra.kubeapi import AlreadyExists, ApiError, Conflict, KubeApi, NotFound
 
@@ -37,17 +39,28 @@ def _labels(uid: str) -> dict[str, str]:
     return {cd.DOMAIN_LABEL: uid}
 
 
-def channel_template(domain: Mapping[str, Any]) -> dict[str, Any]:
+def gang_labels(domain: Mapping[str, Any], driver: str) -> dict[str, str]:
+    """The labels that make the claims of a domain with numNodes N one gang placed within one NVLink clique
+    (controller.gang): all N channels at once, on one rack, or none. numNodes 0 (unknown size): no gang."""
+    nodes = int((domain.get("spec") or {}).get("numNodes") or 0)
+    if nodes <= 0:
+        return {}
+    return {gang_label(driver): f"computedomain-{_meta(domain).get('name')}"[:63], gang_size_label(driver): str(nodes),
+            gang_topology_label(driver): "clique"}
+
+
+def channel_template(domain: Mapping[str, Any], driver: str = DEFAULT_DRIVER_NAME) -> dict[str, Any]:
     meta = _meta(domain)
     channel = (domain.get("spec") or {}).get("channel") or {}
     uid = str(meta.get("uid"))
+    claim_labels = {**_labels(uid), **gang_labels(domain, driver)}
     return {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
         "metadata": {"name": channel["resourceClaimTemplate"]["name"], "namespace": meta.get("namespace"),
                      "labels": _labels(uid),
                      "ownerReferences": [{"apiVersion": cd.API_VERSION, "kind": "ComputeDomain", "name": meta["name"],
                                           "uid": uid, "controller": True, "blockOwnerDeletion": True}]},
-        "spec": {"spec": {"devices": {
+        "spec": {"metadata": {"labels": claim_labels}, "spec": {"devices": {
             "requests": [{"name": "channel", "exactly": {"deviceClassName": cd.CHANNEL_CLASS}}],
             "config": [{"requests": ["channel"], "opaque": {"driver": cd.DRIVER, "parameters": {
                 "apiVersion": cd.API_VERSION, "kind": cd.CHANNEL_CONFIG_KIND, "domainID": uid,
@@ -111,8 +124,10 @@ def domain_status(domain: Mapping[str, Any], cliques: list[Mapping[str, Any]]) -
 
 class ComputeDomainController:
     def __init__(self, api: KubeApi, namespace: str = "gpu-dra-system", *, image: str = DAEMON_IMAGE,
-                 may_write: Callable[[], bool] = lambda: True, interval: float = 1.0) -> None:
+                 driver: str = DEFAULT_DRIVER_NAME, may_write: Callable[[], bool] = lambda: True,
+                 interval: float = 1.0) -> None:
         self.api = api
+        self.driver = driver
         self.namespace = namespace
         self.image = image
         self.may_write = may_write
@@ -170,7 +185,7 @@ class ComputeDomainController:
         if cd.FINALIZER not in (meta.get("finalizers") or []):
             self.api.patch("ComputeDomain", name, {"metadata": {"finalizers": [*(meta.get("finalizers") or []),
                                                                                 cd.FINALIZER]}}, namespace=ns)
-        self._apply("ResourceClaimTemplate", channel_template(domain))
+        self._apply("ResourceClaimTemplate", channel_template(domain, self.driver))
         self._apply("ResourceClaimTemplate", daemon_template(domain, self.namespace))
         self._apply("DaemonSet", daemon_set(domain, self.namespace, self.image))
         status = domain_status(domain, cliques)

@@ -375,7 +375,7 @@ class ControllerManager:
             self._spawn("leader-election", lambda: elector.run(self._elector_stop, release_on_stop=lambda: self._release_on_stop))
         self._spawn("reconcile", self._loop)
         # NVIDIA's ComputeDomains, once their CRDs are installed (controller.computedomain).
-        domains = ComputeDomainController(self.api, may_write=self.may_write)
+        domains = ComputeDomainController(self.api, driver=self.config.driver_name, may_write=self.may_write)
         self._spawn("compute-domains", lambda: domains.run(self._stop))
         log.info(
             "controller started",

@@ -85,10 +85,12 @@ def unavailable_message(total_nodes: int, reasons: Iterable[NodeReason]) -> str:
 
 
 def _pod_shape(pod: Mapping[str, Any]) -> str:
-    """What node_rejects reads from a pod, as a key: pods alike in it get the same verdict on every node."""
+    """What node_rejects reads from a pod (nodeSelector, tolerations, required node affinity), as a key: pods alike
+    in it get the same verdict on every node."""
     spec = o.section(pod, "spec")
     # repr never fails on odd input; two spellings of one selector only cost a second cache entry.
-    return repr((spec.get("nodeSelector"), spec.get("tolerations")))
+    return repr((spec.get("nodeSelector"), spec.get("tolerations"),
+                 o.section(o.section(spec, "affinity"), "nodeAffinity").get("requiredDuringSchedulingIgnoredDuringExecution")))
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,7 @@ class _PassState:
     generated: GeneratedClaims
     node_names: list[str]
     allocator_nodes: dict[str, Node]  # filled on demand
-    # Per pod shape (nodeSelector and tolerations, all node_rejects reads of a pod): the nodes that take it.
+    # Per pod shape (all node_rejects reads of a pod, see _pod_shape): the nodes that take it.
     shape_nodes: dict[str, "_Candidates"]
     # Both scan every pod, so they are computed only for the first pod that needs them.
     _extended_free: dict[str, int] | None = None

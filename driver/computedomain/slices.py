@@ -17,7 +17,11 @@ def build_slice(node: str, clique: str | None, node_uid: str | None = None,
     """The node's slice; a node without an NVLink fabric clique publishes an empty pool (nothing to share)."""
     devices: list[dict[str, Any]] = []
     if clique is not None:
-        extra = {"cliqueID": {"string": clique}}
+        # The clique as NVIDIA's attribute (cliqueID) and as gpu-dra's GPU devices carry it, which the gang
+        # placement reads (controller.gang.clique_domains).
+        cluster, _, clique_id = clique.rpartition(".")
+        extra: dict[str, Any] = {"cliqueID": {"string": clique}, "fabricClusterUUID": {"string": cluster},
+                                 "fabricCliqueID": {"int": int(clique_id)}}
         devices = [{"name": f"channel-{i}", "attributes": {"type": {"string": "channel"}, "id": {"int": i}, **extra}}
                    for i in range(channels)]
         devices.append({"name": "daemon-0", "attributes": {"type": {"string": "daemon"}, "id": {"int": 0}, **extra}})
