@@ -212,3 +212,49 @@ def test_domain_gang_is_placed_in_one_clique_or_waits_naming_each_clique(tmp_pat
     assert "must share one NVLink clique" in message
     assert "clique 5c1f5a3e-0b7d-4e61-9d2a-7c3b8e4f1a20.1: too small (2 nodes for 3 claims)" in message
     assert "clique 5c1f5a3e-0b7d-4e61-9d2a-7c3b8e4f1a20.2: too small (2 nodes for 3 claims)" in message
+
+
+def _claim(kind: str, device: str, mode: str = "Single") -> dict[str, Any]:
+    params: dict[str, Any] = {"apiVersion": cd.API_VERSION, "kind": kind, "domainID": DOMAIN["metadata"]["uid"]}
+    if kind == cd.CHANNEL_CONFIG_KIND:
+        params["allocationMode"] = mode
+    return {"metadata": {"name": "c", "namespace": "ml"}, "status": {"allocation": {"devices": {
+        "results": [{"request": "r", "driver": cd.DRIVER, "pool": "tray-1", "device": device}],
+        "config": [{"source": "FromClaim", "opaque": {"driver": cd.DRIVER, "parameters": params}}]}}}}
+
+
+def test_preparer_waits_for_the_daemon_then_injects_channels(tmp_path: Path) -> None:
+    from driver.cdi import DeviceNumbers
+    from driver.computedomain.preparer import Checkpoint, ComputeDomainPreparer, NodeContext
+    from driver.prepare import ClaimRef
+
+    claims = {"ch": _claim(cd.CHANNEL_CONFIG_KIND, "channel-3"), "all": _claim(cd.CHANNEL_CONFIG_KIND, "channel-0", "All"),
+              "dm": _claim(cd.DAEMON_CONFIG_KIND, "daemon-0")}
+    ready = {"now": False}
+    labels: list[str | None] = []
+    preparer = ComputeDomainPreparer(
+        NodeContext("tray-1", "c.1", lambda d: tmp_path / "domains" / d,
+                    lambda: DeviceNumbers(majors={cd.CHANNEL_MAJOR_NAME: 234})),
+        Checkpoint(tmp_path / "checkpoint.json"), tmp_path / "cdi",
+        get_claim=lambda ns, name: claims[name], get_domain=lambda uid: DOMAIN,
+        daemon_ready=lambda uid: (ready["now"], "nvidia-imex-ctl -q: NOT_READY"), label_node=labels.append)
+    first = preparer.prepare([ClaimRef("u1", "ml", "ch")])["u1"]
+    assert "waiting for the IMEX daemon of ComputeDomain ml/train on node tray-1 to be ready" in first.error
+    assert labels[-1] == DOMAIN["metadata"]["uid"]  # the node joins the domain: its daemon is placed there
+    daemon = preparer.prepare([ClaimRef("u3", "ml", "dm")])["u3"]
+    assert not daemon.error
+    spec = json.loads((tmp_path / "cdi" / "k8s.compute-domain.nvidia.com-claim_u3.json").read_text())
+    assert spec["devices"][0]["containerEdits"]["mounts"][0]["containerPath"] == "/imexd"
+    ready["now"] = True
+    done = preparer.prepare([ClaimRef("u1", "ml", "ch"), ClaimRef("u2", "ml", "all")])
+    assert done["u1"].devices[0].cdi_device_ids == ("k8s.compute-domain.nvidia.com/claim=u1-channel-3",)
+    single = json.loads((tmp_path / "cdi" / "k8s.compute-domain.nvidia.com-claim_u1.json").read_text())
+    assert single["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia-caps-imex-channels/channel3", "type": "c", "major": 234, "minor": 3, "permissions": "rw"}]
+    every = json.loads((tmp_path / "cdi" / "k8s.compute-domain.nvidia.com-claim_u2.json").read_text())
+    assert len(every["devices"][0]["containerEdits"]["deviceNodes"]) == cd.MAX_CHANNELS
+    # Restarted: the checkpoint still knows the claims; unprepare removes specs and the node leaves the domain.
+    again = Checkpoint(tmp_path / "checkpoint.json")
+    assert set(again.claims) == {"u1", "u2", "u3"}
+    preparer.unprepare([ClaimRef("u1", "ml", "ch"), ClaimRef("u2", "ml", "all")])
+    assert labels[-1] is None and not (tmp_path / "cdi" / "k8s.compute-domain.nvidia.com-claim_u1.json").exists()

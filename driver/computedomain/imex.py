@@ -76,10 +76,13 @@ class ImexDaemons:
         atomic_write(config, daemon_config(node_ip, nodes).encode(), mode=0o644)
         if running is not None:
             self._terminate(running)
+        else:
+            self._kill_leftover(directory)
         binary = self._binary(IMEX_BIN)
         with open(directory / "nvidia-imex.log", "ab") as out:
             process = subprocess.Popen([str(binary), "-c", str(config)], stdout=out, stderr=subprocess.STDOUT,
                                        start_new_session=True)
+        atomic_write(directory / "nvidia-imex.pid", f"{process.pid}\n".encode(), durable=False)
         self._running[domain] = Running(process, peers, config)
         log.info("event=imex-started domain=%s pid=%d peers=%s", domain, process.pid, ",".join(peers))
 
@@ -112,6 +115,21 @@ class ImexDaemons:
     def stop_all(self) -> None:
         for domain in list(self._running):
             self.stop(domain)
+
+    @staticmethod
+    def _kill_leftover(directory: Path) -> None:
+        """A daemon left by an agent that was killed (not stopped) still holds the domain's ports: end it, if the
+        pid file's process is still that daemon (its command line names this domain's config)."""
+        try:
+            pid = int((directory / "nvidia-imex.pid").read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return
+        if str(directory / "imexd.cfg").encode() in cmdline:
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
     @staticmethod
     def _terminate(running: Running) -> None:
