@@ -292,3 +292,16 @@ def test_custom_resources_survive_a_restart_of_a_durable_server(tmp_path: Path) 
     with EmbeddedApiServer(state_file=db) as srv:
         code, obj = _req("GET", f"{srv.url}{CD_URL}/cd")
         assert code == 200 and obj["spec"]["channel"]["allocationMode"] == "Single"
+
+
+def test_custom_resources_list_and_watch(crd_server: str) -> None:
+    assert _req("POST", f"{crd_server}{CD_URL}", _domain("w1"))[0] == 201
+    _, listed = _req("GET", f"{crd_server}{CD_URL}")
+    assert listed["kind"] == "ComputeDomainList" and [i["metadata"]["name"] for i in listed["items"]] == ["w1"]
+    rv = listed["metadata"]["resourceVersion"]
+    code, _ = _req("PATCH", f"{crd_server}{CD_URL}/w1/status", {"status": {"status": "Ready"}},
+                   "application/merge-patch+json")
+    assert code == 200
+    with urllib.request.urlopen(f"{crd_server}{CD_URL}?watch=true&resourceVersion={rv}&timeoutSeconds=1") as resp:
+        events = [json.loads(line) for line in resp.read().splitlines() if line.strip()]
+    assert [(e["type"], e["object"]["status"]["status"]) for e in events] == [("MODIFIED", "Ready")]
