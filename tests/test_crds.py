@@ -5,6 +5,7 @@ and scale subresources, printer columns, discovery, OpenAPI v3 and the CRD's con
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import urllib.error
 import urllib.request
@@ -305,3 +306,22 @@ def test_custom_resources_list_and_watch(crd_server: str) -> None:
     with urllib.request.urlopen(f"{crd_server}{CD_URL}?watch=true&resourceVersion={rv}&timeoutSeconds=1") as resp:
         events = [json.loads(line) for line in resp.read().splitlines() if line.strip()]
     assert [(e["type"], e["object"]["status"]["status"]) for e in events] == [("MODIFIED", "Ready")]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl_get_describe_explain_a_custom_resource(crd_server: str, tmp_path: Path) -> None:
+    import subprocess
+
+    f = tmp_path / "cd.yaml"
+    f.write_text(yaml.safe_dump(_domain("k1", numNodes=2)))
+
+    def kubectl(*args: str) -> str:
+        out = subprocess.run(["kubectl", "--server", crd_server, *args], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert "computedomain.resource.nvidia.com/k1 created" in kubectl("apply", "-f", str(f))
+    assert kubectl("get", "computedomains").split()[:3] == ["NAME", "AGE", "k1"]
+    assert "Num Nodes:  2" in kubectl("describe", "computedomain", "k1")
+    explained = kubectl("explain", "computedomain.spec.channel")
+    assert "allocationMode\t<string>" in explained and "resourceClaimTemplate\t<Object> -required-" in explained

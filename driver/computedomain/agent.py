@@ -58,7 +58,10 @@ class ComputeDomainAgent:
             NodeContext(settings.node, self.clique, self.imex.domain_dir, self._device_numbers),
             self.checkpoint, settings.cdi_dir, get_claim=self._get_claim, get_domain=self._get_domain,
             daemon_ready=self._daemon_ready, label_node=self._label_domain, on_change=self._changed.set)
-        self.plugin = KubeletPlugin(self.paths, self.preparer, HealthBoard(), on_registered=self._changed.set)
+        # Published at start and again after every registration (a restarted kubelet wipes the node's slices).
+        self._publish = threading.Event()
+        self._publish.set()
+        self.plugin = KubeletPlugin(self.paths, self.preparer, HealthBoard(), on_registered=self._publish.set)
         self.publisher = SlicePublisher(api, cd.DRIVER, settings.node)
 
     # ----- lookups -----------------------------------------------------------------------------------------
@@ -164,28 +167,10 @@ class ComputeDomainAgent:
     def reconcile(self) -> None:
         wanted = {c.domain for c in self.checkpoint.claims.values() if c.kind == "daemon"}
         for domain in sorted(wanted):
-            ip = self._node_ip()
-            daemons = self._update_clique(domain, ip, self._current_status(domain))
-            peers = tuple(str(d["ipAddress"]) for d in sorted(daemons, key=lambda d: int(d.get("index", 0))))
-            self.imex.ensure(domain, ip, peers)
-            ready, said = self.imex.ready(domain)
-            health = fabric_health(self.nvml, self.inventory)
-            if ready and health.healthy:
-                status, why = "Ready", ""
-            elif not health.healthy:
-                status, why = "NotReady", "NVLink fabric unhealthy on node " + self.settings.node + ": " + "; ".join(
-                    health.problems)
-            else:
-                status, why = "NotReady", f"nvidia-imex-ctl -q: {said}"
-            if self._last_reported.get(domain, "") != why:
-                if why:
-                    log.warning("event=imex-not-ready domain=%s reason=%r", domain, why)
-                    self._event(domain, "FabricUnhealthy" if not health.healthy else "IMEXDaemonNotReady", why, True)
-                else:
-                    self._event(domain, "IMEXDaemonReady", f"IMEX daemon on node {self.settings.node} is ready "
-                                                           f"({len(peers)} peers)", False)
-                self._last_reported[domain] = why
-            self._update_clique(domain, ip, status)
+            try:
+                self._reconcile_domain(domain)
+            except (ApiError, ImexError, OSError) as exc:  # one domain's trouble must not stall the others
+                log.warning("event=compute-domain-reconcile-failed domain=%s error=%r", domain, str(exc))
         for domain in self.imex.running() - wanted:
             self.imex.stop(domain)
             self._last_reported.pop(domain, None)
@@ -194,8 +179,28 @@ class ComputeDomainAgent:
             except (ApiError, ImexError) as exc:
                 log.warning("event=clique-leave-failed domain=%s error=%r", domain, str(exc))
 
-    def _current_status(self, domain: str) -> str:
-        return "NotReady" if self._last_reported.get(domain, "unknown") else "Ready"
+    def _reconcile_domain(self, domain: str) -> None:
+        ip = self._node_ip()
+        previous = self._last_reported.get(domain)
+        # Join (or stay in) the clique with the status last reported, to learn the peers first.
+        daemons = self._update_clique(domain, ip, "Ready" if previous == "" else "NotReady")
+        peers = tuple(str(d["ipAddress"]) for d in sorted(daemons, key=lambda d: int(d.get("index", 0))))
+        self.imex.ensure(domain, ip, peers)
+        ready, said = self.imex.ready(domain)
+        health = fabric_health(self.nvml, self.inventory)
+        if not health.healthy:
+            why = f"NVLink fabric unhealthy on node {self.settings.node}: {'; '.join(health.problems)}"
+        else:
+            why = "" if ready else f"nvidia-imex-ctl -q: {said}"
+        if previous != why:
+            if why:
+                log.warning("event=imex-not-ready domain=%s reason=%r", domain, why)
+                self._event(domain, "FabricUnhealthy" if not health.healthy else "IMEXDaemonNotReady", why, True)
+            else:
+                self._event(domain, "IMEXDaemonReady", f"IMEX daemon on node {self.settings.node} is ready "
+                                                       f"({len(peers)} peers)", False)
+            self._last_reported[domain] = why
+        self._update_clique(domain, ip, "NotReady" if why else "Ready")
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -219,10 +224,8 @@ class ComputeDomainAgent:
                 log.warning("event=clique-label-failed node=%s error=%r", self.settings.node, str(exc))
         self.preparer.rewrite_specs_on_start()
         self.plugin.start()
-        publish = threading.Event()
-        publish.set()
         self._threads = [
-            threading.Thread(target=self.publisher.run, args=(self.desired_slices, publish, self._stop),
+            threading.Thread(target=self.publisher.run, args=(self.desired_slices, self._publish, self._stop),
                              name="cd-slice-publisher", daemon=True),
             threading.Thread(target=self._loop, name="cd-imex", daemon=True)]
         for t in self._threads:
