@@ -3,9 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 KIND_CLUSTER ?= gpu-dra
-IMAGE ?= gpu-dra:dev
+# One fully qualified reference (the manifests' `images:` name); override for your registry.
+IMAGE ?= ghcr.io/gpu-dra/gpu-dra:dev
+PLATFORMS ?= linux/amd64,linux/arm64
 
-.PHONY: install install-test demo test bench proto kind-up kind-deploy kind-demo kind-down
+.PHONY: install install-test demo test lint bench proto lock image image-multiarch kind-up kind-deploy kind-demo kind-down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +25,11 @@ demo: install
 test: install-test
 	$(BIN)/pytest -q
 
+# ruff (rules in pyproject.toml's [tool.ruff]) over the whole tree; mypy (strict, [tool.mypy]) over the product.
+lint: install-test
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
 bench: install
 	$(BIN)/gpu-dra bench allocate
 	$(BIN)/gpu-dra bench prepare
@@ -30,6 +37,19 @@ bench: install
 
 proto: install-test
 	$(BIN)/python -m proto.generate
+
+# requirements.lock: the runtime dependencies the image installs, pinned from this environment.
+lock: install
+	$(BIN)/python tools/lockdeps.py
+
+# The image for this machine's architecture, loaded into the local docker.
+image:
+	docker build -t $(IMAGE) .
+
+# amd64 + arm64 (GH200/GB200 nodes) in one manifest list, pushed to the registry of $(IMAGE): a multi-platform
+# build cannot be loaded into the local docker. Needs a buildx builder with both platforms (QEMU or native nodes).
+image-multiarch:
+	docker buildx build --platform $(PLATFORMS) -t $(IMAGE) --push .
 
 # The kind path needs docker and kind on the host; it cannot run in this project's CI.
 kind-up:

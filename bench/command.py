@@ -1,4 +1,4 @@
-"""`gpu-dra bench allocate|cel|kubeapi|prepare|schedule|serving|store`: dispatch to one benchmark module of this package."""
+"""`gpu-dra bench allocate|cel|kubeapi|memory|prepare|schedule|serving|store`: dispatch to one benchmark module of this package."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ BENCHMARKS: dict[str, str] = {
     "allocate": "bench.allocate",
     "cel": "bench.cel",
     "kubeapi": "bench.kubeapi",
+    "memory": "bench.memory",
     "prepare": "bench.prepare",
     "schedule": "bench.schedule",
     "serving": "bench.apiserver:run_serving",
@@ -27,10 +28,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--scenario", default="all", help="allocate only: a (scheduler_perf shape), b (NVLink gangs of 4/8) or all"
     )
     parser.add_argument("--nodes", type=node_sizes, default=None,
-                        help="allocate, schedule: cluster size (default: the scenario's own); allocate also takes a "
+                        help="allocate, schedule, memory: cluster size (default: the scenario's own); allocate also takes a "
                              "comma-separated list (100,500,1000: one run per size, and the scale curve)")
     parser.add_argument("--devices", type=int, default=None, help="allocate only: devices per node (default: the scenario's own)")
-    parser.add_argument("--pods", type=int, default=None, help="schedule only: pods to create (default 4 per node)")
+    parser.add_argument("--pods", type=int, default=None, help="schedule: pods to create (default 4 per node); memory: pods (and claims) in the cluster (default 50000)")
     parser.add_argument("--rate", type=float, default=None,
                         help="schedule only: create pods at this many per second instead of back to back")
 

@@ -123,7 +123,10 @@ class ServerProcess:
 
 
 def node_object(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}
+    """A node as its kubelet registers it: the scheduler fits pods against its allocatable (110 pods)."""
+    resources = {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti", "pods": "110"}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "status": {"capacity": dict(resources), "allocatable": dict(resources)}}
 
 
 def template(count: int) -> dict[str, Any]:

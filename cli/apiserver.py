@@ -13,7 +13,9 @@ from gpudra import DEFAULT_DRIVER_NAME, cliopts, logfmt
 from controlplane import EmbeddedApiServer
 from controller.validationhooks import validation_admission
 from controlplane.persistence import StateFileError
-from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, check_version
+from controlplane.resources import known_group_versions
+from controlplane.runtimeconfig import RuntimeConfig, RuntimeConfigError
+from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, Features, check_version
 from controlplane.podlogs import PodLogsDir
 
 
@@ -35,18 +37,27 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubernetes-version", default=DEFAULT_VERSION, metavar="VERSION",
                         help=f"Kubernetes release the server behaves as: /version, served API versions, validation "
                              f"({SUPPORTED_VERSIONS[0]}..{SUPPORTED_VERSIONS[-1]}, default %(default)s)")
+    cliopts.add_runtime_config(parser)
+    parser.add_argument("--feature-gates", "--feature", dest="feature", action="append", default=[],
+                        metavar="GATE=true|false[,...]",
+                        help="feature gates over the release's defaults, as kube-apiserver's --feature-gates: a gated "
+                             "API is served and a gated field kept only with its gate on (repeatable)")
+
 
 
 def run(args: argparse.Namespace) -> int:
     logfmt.configure(cliopts.log_level(args))
     try:
         version = check_version(args.kubernetes_version)
-    except FeatureGateError as exc:
+        features = Features.parse(args.feature, version)
+        runtime_config = RuntimeConfig.parse(args.runtime_config, known_group_versions())
+    except (FeatureGateError, RuntimeConfigError) as exc:
         print(f"gpu-dra apiserver: {exc}", file=sys.stderr)
         return 2
     try:
         server = EmbeddedApiServer(args.address, args.port, state_file=args.state,
-                                   admission=validation_admission(args.driver_name, version), kubernetes_version=version)
+                                   admission=validation_admission(args.driver_name, version), kubernetes_version=version,
+                                   runtime_config=runtime_config, features=features)
         if args.pod_logs_dir:
             server.pod_logs = PodLogsDir(Path(args.pod_logs_dir).absolute())
         url = server.start()

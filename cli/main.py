@@ -11,6 +11,7 @@ import difflib
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 # name -> (module, one-line help). Each module exposes register(parser) and run(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -23,11 +24,40 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "allocate": ("controller.commands.allocate", "allocate claims offline with Kubernetes' structured-parameters semantics"),
     "explain": ("controller.commands.explain", "explain, per claim and node, why claims cannot be allocated"),
     "controller": ("controller.commands.controller", "run the cluster agent (explanations, gang allocation, embedded scheduling)"),
+    "webhook": ("controller.commands.webhook", "serve the validating admission webhook (HTTPS, AdmissionReview v1)"),
     "bench": ("bench.command", "run a benchmark: {benchmarks}"),
     "demo": ("sim.commands.demo", "run the end-to-end demo on an embedded control plane with simulated GPU nodes"),
     "cluster": ("sim.commands.cluster", "a simulated GPU cluster that stays up: up, down, status, list, fault"),
     "completion": ("cli.completion", "print a shell completion script: bash or zsh"),
 }
+
+
+# Top-level packages of the testbed: a checkout and `pip install .` have them; the image ships only what runs in a
+# cluster (plugin, controller, webhook and the offline tools), so their commands say what is missing instead.
+NOT_SHIPPED: dict[str, str] = {
+    "sim": "the testbed (NVML and kubelet simulators, demo, simulated cluster; package `sim`)",
+    "bench": "the benchmarks (package `bench`)",
+    "controlplane": "the embedded control plane (package `controlplane`)",
+}
+
+
+class MissingPart(Exception):
+    """A subcommand needs a package this installation does not have."""
+
+
+def load_command(name: str) -> object:
+    module = COMMANDS[name][0]
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in NOT_SHIPPED:
+            raise
+        raise MissingPart(
+            f"gpu-dra {name}: {NOT_SHIPPED[top]} is not part of this installation (the container image ships only "
+            "what runs in a cluster: plugin, controller, webhook, and validate/allocate/explain/cel/inventory/slices); "
+            "install gpu-dra from a source checkout (pip install .) to run it"
+        ) from exc
 
 
 def version() -> str:
@@ -42,8 +72,10 @@ def version() -> str:
 def help_text(name: str) -> str:
     text = COMMANDS[name][1]
     if "{benchmarks}" in text:
-        from bench.command import BENCHMARKS  # a name table only: cheap to import
-
+        try:
+            from bench.command import BENCHMARKS  # a name table only: cheap to import
+        except ModuleNotFoundError:
+            return text.format(benchmarks="not part of this installation")
         text = text.format(benchmarks=", ".join(sorted(BENCHMARKS)))
     return text
 
@@ -53,12 +85,17 @@ def build_parser(argv: Sequence[str], *, load_all: bool = False) -> argparse.Arg
     parser.add_argument("--version", action="version", version=f"gpu-dra {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     wanted = next((a for a in argv if not a.startswith("-")), None)
-    for name, (module, _) in COMMANDS.items():
+    for name in COMMANDS:
         text = help_text(name)
         p = sub.add_parser(name, help=text, description=text)
         # Only the chosen subcommand's module is imported; the others just show in --help.
         if name == wanted or load_all:
-            mod = importlib.import_module(module)
+            try:
+                mod: Any = load_command(name)
+            except MissingPart:
+                if load_all:
+                    continue  # completion: offer what this installation has
+                raise
             mod.register(p)
             p.set_defaults(_run=mod.run)
     return parser
@@ -92,7 +129,11 @@ def unknown_arguments_error(parser: argparse.ArgumentParser, extras: Sequence[st
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(argv)
+    try:
+        parser = build_parser(argv)
+    except MissingPart as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     args, extras = parser.parse_known_args(argv)
     if extras:
         # A typo in a flag shows the usage of the subcommand it was meant for, with the closest flag.

@@ -136,7 +136,7 @@ def resolve_pod_claims(pod: Mapping[str, Any], claims: Iterable[Mapping[str, Any
         if isinstance(s, Mapping)
     }
     index: GeneratedClaims | None = claims if isinstance(claims, GeneratedClaims) else None
-    pending_claims = None if index is not None else claims
+    pending_claims = claims if not isinstance(claims, GeneratedClaims) else None
     out: list[PodClaim] = []
     for entry in o.list_field(o.section(pod, "spec"), "resourceClaims"):
         if not isinstance(entry, Mapping):

@@ -25,12 +25,17 @@ from gpudra.features import Features
 @dataclass(frozen=True)
 class NodeReason:
     """`code` is one of: fits, error, no-devices, pool-incomplete, pool-invalid, selector, in-use, taint,
-    counters, capacity, not-enough, constraint, unschedulable."""
+    counters, capacity (used up by others), capacity-never (no device could ever give it), not-enough,
+    constraint, unschedulable."""
 
     node: str
     code: str
     message: str
     details: dict[str, Any] = field(default_factory=dict)
+    # kube-scheduler's Filter reasons for this node when they are not the DynamicResources plugin's, and whether
+    # preemption could help there (Unschedulable rather than UnschedulableAndUnresolvable).
+    scheduler: tuple[str, ...] = ()
+    resolvable: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "code": self.code, "message": self.message, "details": self.details}
@@ -86,7 +91,9 @@ class Diagnoser:
         if klass is None:
             raise AllocationError(f"claim {claim.key}, request {request.name}: could not retrieve device class {request.class_name}")
         counts: Counter[str] = Counter()
-        selector_misses: Counter[str] = Counter()
+        class_misses: Counter[str] = Counter()
+        request_misses: Counter[str] = Counter()  # devices of the class that a request selector rejects
+        never_fits: list[str] = []  # why devices can never give the requested capacity, one per such device
         users: Counter[str] = Counter()
         taints_seen: Counter[str] = Counter()
         usable: list[Device] = []
@@ -103,7 +110,7 @@ class Diagnoser:
                         continue
                     miss = self._selector_miss(dev, klass.name, klass.selectors, request, claim)
                     if miss:
-                        selector_misses[miss] += 1
+                        (request_misses if " of request " in miss else class_misses)[miss] += 1
                         continue
                     if sl.per_device and not node_matches(snap.node(node), dev.node_name, dev.all_nodes, dev.node_selector):
                         counts["elsewhere"] += 1
@@ -124,7 +131,12 @@ class Diagnoser:
                         counts["counters"] += 1
                         continue
                     if f.consumable_capacity and not self._capacity_fits(dev, request):
-                        counts["capacity"] += 1
+                        never = _capacity_never(dev, request, f.fractional_capacity_range)
+                        if never:
+                            never_fits.append(never)
+                            counts["capacity-never"] += 1
+                        else:
+                            counts["capacity"] += 1
                         continue
                     usable.append(dev)
         need = _needed(request)
@@ -139,26 +151,46 @@ class Diagnoser:
                 return NodeReason(node, "pool-invalid", f"resource pool {p.id} is invalid: {p.invalid_reason}", details), usable
             return NodeReason(node, "no-devices", "no devices are published for this node", details), usable
         in_use = sum(users.values())
-        if selector_misses and not usable and not in_use and not any(counts[k] for k in ("taint", "counters", "capacity")):
-            top, _ = selector_misses.most_common(1)[0]
-            return NodeReason(node, "selector", f"no device matches {top}", {**details, "selectors": dict(selector_misses)}), usable
+        blocked = ("taint", "counters", "capacity", "capacity-never")
+        if (class_misses or request_misses) and not usable and not in_use and not any(counts[k] for k in blocked):
+            selectors = {**class_misses, **request_misses}
+            if request_misses:
+                # Devices of the class are there: the request's own selector is what rejects them.
+                top, _ = request_misses.most_common(1)[0]
+                of_class = sum(request_misses.values())
+                text = f"none of the {of_class} device{'s' if of_class != 1 else ''} of class {klass.name} matches {top}"
+            else:
+                top, _ = class_misses.most_common(1)[0]
+                text = f"no device matches {top}"
+            return NodeReason(node, "selector", text, {**details, "selectors": selectors}), usable
         parts = []
         if in_use:
             owners = ", ".join(sorted(users)[:3]) + (", ..." if len(users) > 3 else "")
             parts.append(f"{in_use} in use by {owners}")
         for key, text in (("taint", "tainted (taint not tolerated)"), ("counters", "without enough shared counters left"),
-                          ("capacity", "without enough capacity left")):
+                          ("capacity", "without enough capacity left"),
+                          ("capacity-never", "that can never give the requested capacity")):
             if counts[key]:
                 parts.append(f"{counts[key]} {text}")
                 if key == "taint":
                     parts[-1] += " [" + "; ".join(t for t, _ in taints_seen.most_common(3)) + \
                         ("; ..." if len(taints_seen) > 3 else "") + "]"
-        code = "in-use" if in_use else next((k for k in ("taint", "counters", "capacity") if counts[k]), "not-enough")
-        matching = len(usable) + in_use + counts["taint"] + counts["counters"] + counts["capacity"]
-        msg = f"request {request.full_name} of claim {claim.key} needs {need} device{'s' if need != 1 else ''}; " \
-              f"usable: {len(usable)} of {matching} matching"
-        if parts:
-            msg += ": " + ", ".join(parts)
+                if key == "capacity-never":
+                    seen = sorted(set(never_fits))
+                    parts[-1] += " [" + "; ".join(seen[:3]) + ("; ..." if len(seen) > 3 else "") + "]"
+        code = "in-use" if in_use else next((k for k in blocked if counts[k]), "not-enough")
+        matching = len(usable) + in_use + sum(counts[k] for k in blocked)
+        msg = f"request {request.full_name} of claim {claim.key} needs {need} device{'s' if need != 1 else ''}; "
+        if matching < need:
+            # Freeing devices cannot help: the node does not have that many.
+            code = "not-enough"
+            msg += f"the node has only {matching} matching device{'s' if matching != 1 else ''} in all"
+            if parts:
+                msg += f" ({', '.join(parts)})"
+        else:
+            msg += f"usable: {len(usable)} of {matching} matching"
+            if parts:
+                msg += ": " + ", ".join(parts)
         return NodeReason(node, code, msg, {**details, "inUseBy": dict(users), **{k: v for k, v in counts.items() if k != "devices"}}), usable
 
     def _selector_miss(self, dev: Device, class_name: str, class_selectors: Sequence[str | None], request: Request,
@@ -216,6 +248,21 @@ class Diagnoser:
                 return NodeReason(node, "constraint", f"only {best} of {need} free devices share {c.attribute}",
                                   {"claim": claim.key, "attribute": c.attribute, "needed": need, "largestGroup": best})
         return None
+
+
+def _capacity_never(dev: Device, request: Request, fractional: bool) -> str:
+    """Why the device could not give the request its capacity even idle (a capacity it lacks, or has too little
+    of); empty when it could, and only what others consume is in the way."""
+    capacity = dev.raw.get("capacity") or {}
+    if cap.fits(capacity, request.capacity, {}, {}, fractional):
+        return ""
+    for name, wanted in sorted((request.capacity or {}).items()):
+        have = capacity.get(name)
+        if have is None:
+            return f"no capacity {name}"
+        if not cap.fits({name: have}, {name: wanted}, {}, {}, fractional):
+            return f"{name}: requested {wanted}, the device has {(have or {}).get('value', '0')}"
+    return "the device's request policy refuses the requested amounts"
 
 
 def _needed(request: Request) -> int:

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from gpudra.defaults import defaulted_pod_template
+
 # k8s.io/apimachinery/pkg/util/rand: no vowels (no words), no 0/1/3 (confusable)
 SAFE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "Job", "CronJob")
@@ -40,7 +42,9 @@ def safe_encode(text: str) -> str:
 def pod_template_hash(template: Mapping[str, Any]) -> str:
     """The `pod-template-hash` label: SafeEncodeString of the decimal fnv32a hash of the template (Kubernetes hashes
     the Go struct; the canonical JSON stands in for it, so the value differs but the shape is the same)."""
-    return safe_encode(str(_fnv32a(json.dumps(template, sort_keys=True, separators=(",", ":")).encode())))
+    # The template as the server stores it (defaulted), so that a manifest hashes alike offline and in a cluster.
+    stored = defaulted_pod_template(template)
+    return safe_encode(str(_fnv32a(json.dumps(stored, sort_keys=True, separators=(",", ":")).encode())))
 
 
 def name_suffix(owner: str, position: int) -> str:

@@ -92,8 +92,10 @@ class ExplanationWriter:
 
     # -- events ------------------------------------------------------------------------------------
 
-    def event(self, pod: Mapping[str, Any], reason: str, message: str, *, warning: bool = True) -> bool:
-        """Post (or refresh) the Event; returns whether anything was written."""
+    def event(self, pod: Mapping[str, Any], reason: str, message: str, *, warning: bool = True,
+              component: str = COMPONENT, action: str | None = None) -> bool:
+        """Post (or refresh) the Event; returns whether anything was written. `component`: who reports it (the
+        embedded scheduler reports as kube-scheduler does, `default-scheduler`)."""
         message = truncate(message, MAX_EVENT_MESSAGE_CHARS)
         memo_key = (o.uid(pod) or o.key(pod), reason)
         now = self._clock()
@@ -117,13 +119,15 @@ class ExplanationWriter:
             "reason": reason,
             "message": message,
             "type": "Warning" if warning else "Normal",
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
+            "source": {"component": component},
+            "reportingComponent": component,
             "reportingInstance": self._identity,
             "firstTimestamp": stamp,
             "lastTimestamp": stamp,
             "count": count,
         }
+        if action is not None:
+            body["action"] = action
         written = self._upsert_event(body, likely_new=previous is None)
         if written:
             with self._posted_lock:

@@ -1,8 +1,9 @@
 """Pods that ask for an extended resource such as `nvidia.com/gpu`, without DRA claims.
 
 Two paths, as in Kubernetes:
-- the device plugin path: a node's capacity is `status.allocatable["nvidia.com/gpu"]` (what its node agent's
-  device plugin reports) minus what pods already bound to it request;
+- the device plugin path: NodeResourcesFit (controller.nodefit) fits the request against the node's
+  `status.allocatable["nvidia.com/gpu"]` (what its node agent's device plugin reports) less what pods already
+  bound to it request;
 - DRAExtendedResource (KEP-5004): a DeviceClass with `spec.extendedResourceName` (and every class under its
   implicit name `deviceclass.resource.kubernetes.io/<class>`) backs the resource with DRA. The scheduler gives
   the pod one special ResourceClaim, `<pod>-extended-resources-...` with the annotation
@@ -18,7 +19,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from controller import objects as o
-from controller.objects import EXTENDED_GPU_RESOURCE
 from gpudra.quantity import Quantity
 
 
@@ -32,47 +32,10 @@ def _amount(raw: Any) -> int:
     return quantity.as_int() if quantity.is_integer() else 0
 
 
-def _container_request(container: Mapping[str, Any], resource: str) -> int:
-    resources = o.section(container, "resources")
-    # For extended resources a limit implies an equal request.
-    for part in ("requests", "limits"):
-        value = o.section(resources, part).get(resource)
-        if value is not None:
-            return _amount(value)
-    return 0
-
-
 def _container_requests(container: Mapping[str, Any]) -> dict[str, Any]:
     """The container's requests as the API server stores them: a limit without a request defaults the request."""
     resources = o.section(container, "resources")
     return {**o.section(resources, "limits"), **o.section(resources, "requests")}
-
-
-def pod_request(pod: Mapping[str, Any], resource: str = EXTENDED_GPU_RESOURCE) -> int:
-    """Effective request: the larger of the containers' sum and any single init container."""
-    spec = o.section(pod, "spec")
-    regular = sum(_container_request(c, resource) for c in o.list_field(spec, "containers") if isinstance(c, Mapping))
-    init = max(
-        (_container_request(c, resource) for c in o.list_field(spec, "initContainers") if isinstance(c, Mapping)),
-        default=0,
-    )
-    return max(regular, init)
-
-
-def node_allocatable(node: Mapping[str, Any], resource: str = EXTENDED_GPU_RESOURCE) -> int:
-    raw = o.section(o.section(node, "status"), "allocatable").get(resource)
-    return 0 if raw is None else _amount(raw)
-
-
-def free_by_node(
-    nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], resource: str = EXTENDED_GPU_RESOURCE
-) -> dict[str, int]:
-    free = {o.name(n): node_allocatable(n, resource) for n in nodes}
-    for pod in pods:
-        node_name = o.section(pod, "spec").get("nodeName")
-        if node_name in free and not o.pod_done(pod):
-            free[str(node_name)] -= pod_request(pod, resource)
-    return free
 
 
 EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"

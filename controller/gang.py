@@ -272,7 +272,7 @@ class GangController:
     def reconcile(self, view: View) -> GangSummary:
         # Label-named gangs, then the gangs of PodGroups (Workload API) whose minCount pods exist.
         gangs = group_gangs(view.claims.values(), self.driver) + pod_group_gangs(view)
-        states: Counter[str] = Counter({s: 0 for s in GANG_STATES})
+        states: Counter[str] = Counter(dict.fromkeys(GANG_STATES, 0))
         by_gang: dict[str, str] = {}
         changed = 0
         refs = referenced_claims(view.pods.values()) if gangs else set()
@@ -338,7 +338,7 @@ class GangController:
             return []
         members = {o.key(c) for c in gang.claims}
         shareable = _shareable_devices(view)
-        holders: dict[tuple[str, str, str], str] = {}
+        holders: dict[tuple[str, ...], str] = {}
         for other in view.claims.values():
             if o.key(other) in members or o.allocation(other) is None:
                 continue

@@ -10,6 +10,7 @@ Tests drive it deterministically with `step()` (relist every cache, then one pas
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import threading
@@ -47,6 +48,15 @@ CLUSTER_KINDS: tuple[str, ...] = ("Pod", "ResourceClaim", "ResourceSlice", "Devi
 # DeviceTaintRule and PodGroup are watched in embedded mode only: a real cluster's kube-scheduler applies
 # taint rules and schedules pod groups itself.
 EMBEDDED_KINDS: tuple[str, ...] = ("ResourceClaimTemplate", "PriorityClass", "ResourceQuota", "DeviceTaintRule", "PodGroup")
+
+
+# Kinds a kube-apiserver serves only with a feature gate on (its REST storage is installed only then).
+_GATED_KINDS: dict[str, str] = {"PodGroup": "generic_workload", "DeviceTaintRule": "device_taint_rules"}
+
+
+def _served(kind: str, features: Features) -> bool:
+    gate = _GATED_KINDS.get(kind)
+    return gate is None or bool(getattr(features, gate))
 
 
 def default_identity() -> str:
@@ -115,7 +125,8 @@ class ControllerManager:
         self._pass_lock = threading.Lock()
         self._release_on_stop = True
         self._metrics_server: MetricsServer | None = None
-        kinds = CLUSTER_KINDS + (EMBEDDED_KINDS if config.embedded else ())
+        kinds = CLUSTER_KINDS + (tuple(k for k in EMBEDDED_KINDS if _served(k, config.features))
+                                 if config.embedded else ())
         self.stores: dict[str, Store] = {kind: Store(kind) for kind in kinds}
         self.informers: dict[str, Informer] = {
             kind: Informer(api, store, self._notify)
@@ -372,7 +383,7 @@ class ControllerManager:
             self._metrics_server.start()
             log.info("metrics serving", extra={"port": self._metrics_server.port})
         for kind, informer in self.informers.items():
-            self._spawn(f"informer-{kind}", lambda inf=informer: inf.run(self._stop))
+            self._spawn(f"informer-{kind}", functools.partial(informer.run, self._stop))
         if self.elector is not None:
             elector = self.elector
             self._spawn("leader-election", lambda: elector.run(self._elector_stop, release_on_stop=lambda: self._release_on_stop))
@@ -403,10 +414,7 @@ class ControllerManager:
 
     def wait_synced(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        for informer in self.informers.values():
-            if not informer.synced.wait(max(0.0, deadline - time.monotonic())):
-                return False
-        return True
+        return all(informer.synced.wait(max(0.0, deadline - time.monotonic())) for informer in self.informers.values())
 
     def _loop(self) -> None:
         last_resync = time.monotonic()

@@ -1,6 +1,5 @@
 """Small accessors over Kubernetes objects as plain dicts (what KubeApi returns)."""
 
-from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any

@@ -197,8 +197,9 @@ class Session:
             members = [p for p in view.pods.values() if pod_group_name(p) == group]
             if pg is not None and (min_count(pg) is None or len(members) >= (min_count(pg) or 0)):
                 continue
-            why = wait_reason(pod, view, claims)
-            if why:
+            wait = wait_reason(pod, view, claims)
+            if wait is not None:
+                why = wait.message
                 owner = f"Pod {claim_key(pod)}"
                 for unit in self.workload.units:
                     if unit.owner == owner:

@@ -14,6 +14,7 @@ scheduler and the gang controller:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from controller import objects as o
@@ -37,8 +38,8 @@ def min_count(pod_group: Mapping[str, Any]) -> int | None:
     if not isinstance(gang, Mapping):
         return None
     try:
-        count = int(gang.get("minCount"))
-    except (TypeError, ValueError):
+        count = int(gang["minCount"])
+    except (KeyError, TypeError, ValueError):
         return None
     return count if count > 0 else None
 
@@ -90,26 +91,45 @@ def pod_group_gangs(view: View) -> list[Gang]:
     return gangs
 
 
-def wait_reason(pod: Mapping[str, Any], view: View, claims_by_key: Mapping[str, Obj]) -> str | None:
-    """Why the scheduler must not place this pod yet because of its PodGroup; None when it may."""
+@dataclass(frozen=True)
+class GroupWait:
+    """Why a group's pod is not placed yet. `forming`: the group is still gathering its pods or claims, which is
+    progress (a Normal event), not a failure."""
+
+    message: str
+    forming: bool
+
+
+def wait_reason(pod: Mapping[str, Any], view: View, claims_by_key: Mapping[str, Mapping[str, Any]],
+                verdict_annotation: str | None = None) -> GroupWait | None:
+    """Why the scheduler must not place this pod yet because of its PodGroup; None when it may.
+    `verdict_annotation`: the claims' explanation annotation, where the gang controller says why a gang whose
+    claims all exist was not allocated (that is the reason then, not the wait)."""
     name = pod_group_name(pod)
     if name is None:
         return None
     ns = o.namespace(pod)
     group = view.pod_groups.get(f"{ns}/{name}")
     if group is None:
-        return f'waiting for PodGroup "{name}" (spec.schedulingGroup.podGroupName) to exist in namespace {ns}'
+        return GroupWait(f'waiting for PodGroup "{name}" (spec.schedulingGroup.podGroupName) to exist in namespace {ns}', False)
     count = min_count(group)
     if count is None:
         return None
     members = _members(view, ns, name)
     if len(members) < count:
-        return (f"pod group {ns}/{name}: {len(members)} of minCount {count} pods exist; the gang is scheduled "
-                "all-or-nothing once they all do")
-    names, known = _claim_names(pod)
+        return GroupWait(f"pod group {ns}/{name}: {len(members)} of minCount {count} pods exist; the gang is scheduled "
+                         "all-or-nothing once they all do", True)
+    names, complete = _claim_names(pod)
     pending = [n for n in names if (c := claims_by_key.get(f"{ns}/{n}")) is None or o.allocation(c) is None]
-    if pending or not known:
-        return (f"pod group {ns}/{name}: its pods' ResourceClaims are allocated all-or-nothing once all of them "
-                f"exist and fit (waiting for {', '.join(pending) or 'the claims of its templates'})")
-    return None
-
+    if not pending and complete:
+        return None
+    missing = [n for n in pending if f"{ns}/{n}" not in claims_by_key]
+    if missing or not complete:
+        return GroupWait(f"pod group {ns}/{name}: its pods' ResourceClaims are allocated all-or-nothing once all of them "
+                         f"exist (not yet created: {', '.join(sorted(set(missing))) or 'the claims of its templates'})", True)
+    verdicts = sorted({text for n in pending
+                       if verdict_annotation and (text := o.annotations(claims_by_key[f"{ns}/{n}"]).get(verdict_annotation))})
+    if verdicts:
+        return GroupWait(f"pod group {ns}/{name}: {'; '.join(verdicts)}", False)
+    return GroupWait(f"pod group {ns}/{name}: its {len(set(pending))} pending ResourceClaims exist and are allocated "
+                     "all-or-nothing by the gang controller (not yet tried)", True)

@@ -44,12 +44,16 @@ from controller.claims import GeneratedClaims, resolve_pod_claims
 from controller.commit import AllocationCommitter
 from controller.diagnosis import NodeReason, explain, summarize
 from controller.explanation_writer import REASON_GANG_WAITING, REASON_QUOTA, REASON_SCHEDULED, REASON_UNSCHEDULABLE, ExplanationWriter
-from controller.extended import (
-    EXTENDED_GPU_RESOURCE, class_for_resource, dra_extended_requests, extended_resource_claim, free_by_node, pod_request,
-)
-from controller.ganggroups import gang_label, is_gang_claim
+from controller.extended import class_for_resource, dra_extended_requests, extended_resource_claim
+from controller.fiterror import EVENT_REASON as FAILED_SCHEDULING, SCHEDULER_NAME, NodeStatus, fit_error
+from controller.ganggroups import gang_label, gang_size_label, is_gang_claim
 from controller.metrics import ControllerMetrics
-from controller.nodefit import allocation_rejects, as_allocator_node, node_rejects
+from controller.nodefit import (
+    REASON_CANNOT_ALLOCATE, REASON_CLAIM_ELSEWHERE, allocation_rejects, as_allocator_node, dynamic_rejects,
+    preferred_nodes, required_affinity, static_rejects,
+)
+from controller.nodeusage import NodeUsage
+from controller.podresources import Demand, HostPort, host_ports, is_extended, node_allocatable, pod_demand
 from controller.objects import Obj
 from controller.inflight import InFlight
 from controller.informer import Store
@@ -85,12 +89,17 @@ def unavailable_message(total_nodes: int, reasons: Iterable[NodeReason]) -> str:
 
 
 def _pod_shape(pod: Mapping[str, Any]) -> str:
-    """What node_rejects reads from a pod (nodeSelector, tolerations, required node affinity), as a key: pods alike
-    in it get the same verdict on every node."""
+    """What static_rejects reads from a pod, as a key: pods alike in it get the same verdict on every node."""
     spec = o.section(pod, "spec")
     # repr never fails on odd input; two spellings of one selector only cost a second cache entry.
-    return repr((spec.get("nodeSelector"), spec.get("tolerations"),
-                 o.section(o.section(spec, "affinity"), "nodeAffinity").get("requiredDuringSchedulingIgnoredDuringExecution")))
+    return repr((spec.get("nodeSelector"), spec.get("tolerations"), o.section(spec.get("affinity") or {}, "nodeAffinity")
+                 .get("requiredDuringSchedulingIgnoredDuringExecution")))
+
+
+def _scheduler_status(reason: NodeReason) -> NodeStatus:
+    """How kube-scheduler's Filter would have reported this node: our node-level rejections carry its reasons; a
+    device explanation is the DynamicResources plugin's `cannot allocate all claims`."""
+    return NodeStatus(reason.scheduler or (REASON_CANNOT_ALLOCATE,), reason.resolvable)
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,7 @@ class PodClaims:
     wait_reason: str = ""
     wait_event: str = REASON_UNSCHEDULABLE
     silent: bool = False  # waiting for something this pass itself is creating: no event
+    warning: bool = True  # False while a gang is still forming: progress, not a failure
 
 
 def gather_pod_claims(
@@ -109,7 +119,10 @@ def gather_pod_claims(
     driver: str,
     templates: Mapping[str, Obj] | None = None,
     generated: GeneratedClaims | None = None,
+    verdict_annotation: str | None = None,
 ) -> PodClaims:
+    """`verdict_annotation`: the claims' explanation annotation, where the gang controller says why a complete
+    gang was not allocated; that is then the pod's reason."""
     ns = o.namespace(pod)
     out: list[Obj] = []
     for pc in resolve_pod_claims(pod, generated if generated is not None else claims_by_key.values()):
@@ -127,14 +140,24 @@ def gather_pod_claims(
         if o.deleting(claim):
             return PodClaims([], f'resourceclaim "{pc.claim_name}" is being deleted')
         if o.allocation(claim) is None and is_gang_claim(claim, driver):
-            gang = o.labels(claim).get(gang_label(driver))
-            return PodClaims(
-                [],
-                f"claim {o.key(claim)} belongs to gang {ns}/{gang}, which is allocated all-or-nothing once all its claims exist and fit",
-                REASON_GANG_WAITING,
-            )
+            return _gang_wait(claim, claims_by_key, driver, verdict_annotation)
         out.append(claim)
     return PodClaims(out)
+
+
+def _gang_wait(claim: Obj, claims_by_key: Mapping[str, Obj], driver: str, verdict_annotation: str | None) -> PodClaims:
+    """A pod whose claim belongs to a label gang that is not allocated: still forming (Normal), or the gang
+    controller's reason why the complete gang does not fit (Warning). One event either way, whose type and
+    message follow the gang."""
+    ns, labels = o.namespace(claim), o.labels(claim)
+    gang, size = labels.get(gang_label(driver)), str(labels.get(gang_size_label(driver)))
+    members = sum(1 for c in claims_by_key.values()
+                  if o.namespace(c) == ns and o.labels(c).get(gang_label(driver)) == gang)
+    verdict = o.annotations(claim).get(verdict_annotation) if verdict_annotation else None
+    if size.isdigit() and members >= int(size) and verdict:
+        return PodClaims([], f"claim {o.key(claim)} belongs to gang {ns}/{gang}: {verdict}", REASON_GANG_WAITING)
+    return PodClaims([], f"claim {o.key(claim)} belongs to gang {ns}/{gang} ({members} of {size} claims exist), which is "
+                         "allocated all-or-nothing once all its claims exist and fit", REASON_GANG_WAITING, warning=False)
 
 
 @dataclass(frozen=True)
@@ -159,38 +182,11 @@ class _PassState:
     node_objects: dict[str, Obj]
     generated: GeneratedClaims
     node_names: list[str]
-    allocator_nodes: dict[str, Node]  # filled on demand
-    # Per pod shape (all node_rejects reads of a pod, see _pod_shape): the nodes that take it.
+    allocator_nodes: dict[str, Node]
+    allocatable: dict[str, dict[str, int]]  # status.allocatable of the nodes that have a Node object
+    # Per pod shape (nodeSelector, tolerations, required node affinity: all static_rejects reads of a pod): the
+    # nodes that take it.
     shape_nodes: dict[str, "_Candidates"]
-    # Both scan every pod, so they are computed only for the first pod that needs them.
-    _extended_free: dict[str, int] | None = None
-    _bound_per_node: Counter[str] | None = None
-
-    @property
-    def extended_free(self) -> dict[str, int]:
-        """Node allocatable `nvidia.com/gpu` minus what bound pods request."""
-        if self._extended_free is None:
-            self._extended_free = free_by_node(self.view.nodes.values(), self.view.pods.values())
-        return self._extended_free
-
-    @property
-    def bound_per_node(self) -> Counter[str]:
-        if self._bound_per_node is None:
-            self._bound_per_node = Counter(
-                str(o.section(p, "spec").get("nodeName")) for p in self.view.pods.values()
-                if o.pod_scheduled(p) and not o.pod_done(p)
-            )
-        return self._bound_per_node
-
-    def bound(self, node: str, need_extended: int, pods: int = 1) -> None:
-        if self._extended_free is not None:
-            self._extended_free[node] = self._extended_free.get(node, 0) - need_extended * pods
-        if self._bound_per_node is not None:
-            self._bound_per_node[node] += pods
-
-    def unbound(self, node: str, need_extended: int) -> None:
-        """Undo `bound` (the binding did not happen)."""
-        self.bound(node, need_extended, pods=-1)
 
 
 @dataclass(frozen=True)
@@ -213,7 +209,8 @@ class _Binding:
     allocations: list[dict[str, Any]]
     allocated: list[Obj]
     consumers: list[Obj]  # the reservedFor consumer of each claim, pending ones first
-    need_extended: int
+    demand: Demand
+    ports: tuple[HostPort, ...]
     kind: str  # the bindings metric's label
     before: dict[str, Obj]  # the pod's claims as they were before this binding, by key
 
@@ -276,8 +273,12 @@ class EmbeddedScheduler:
         self._pods = pods
         # The generated-claims index kept current by the manager (None: built from the view each pass).
         self._claim_index = claim_index
-        # (snapshot, node objects, node names, allocator nodes, candidates per pod shape), kept while nodes are.
-        self._node_cache: tuple[ClusterSnapshot, dict[str, Obj], list[str], dict[str, Node], dict[str, _Candidates]] | None = None
+        # (snapshot, node objects, node names, allocator nodes, allocatable, candidates per pod shape), kept while
+        # the nodes are.
+        self._node_cache: tuple[ClusterSnapshot, dict[str, Obj], list[str], dict[str, Node], dict[str, dict[str, int]],
+                                dict[str, _Candidates]] | None = None
+        # What the bound pods hold on each node (NodeResourcesFit, NodePorts), kept from the pod cache's changes.
+        self._usage = NodeUsage()
         self._pod_changes: set[str] = pods.track()
         self._pending: dict[str, Obj] = {}  # pending pods by key, kept from the pod cache's changes
 
@@ -301,8 +302,11 @@ class EmbeddedScheduler:
         if self._node_cache is None or self._node_cache[0] is not snapshot:
             node_objects = dict(self._live.nodes)
             names = sorted(node_objects) if node_objects else list(snapshot.node_names)
-            self._node_cache = (snapshot, node_objects, names, {}, {})
-        _, node_objects, names, allocator_nodes, shape_nodes = self._node_cache
+            allocator_nodes = {n: as_allocator_node(node_objects[n]) if n in node_objects else Node.inferred(n) for n in names}
+            allocatable = {n: node_allocatable(obj) for n, obj in node_objects.items()}
+            self._usage.set_pod_limits({n: a.get("pods", 0) for n, a in allocatable.items()})
+            self._node_cache = (snapshot, node_objects, names, allocator_nodes, allocatable, {})
+        _, node_objects, names, allocator_nodes, allocatable, shape_nodes = self._node_cache
         return _PassState(
             view=view,
             claims_by_key=dict(view.claims),
@@ -312,6 +316,7 @@ class EmbeddedScheduler:
             generated=self._claim_index() if self._claim_index is not None else GeneratedClaims(view.claims.values()),
             node_names=names,
             allocator_nodes=allocator_nodes,
+            allocatable=allocatable,
             shape_nodes=shape_nodes,
         )
 
@@ -396,6 +401,9 @@ class EmbeddedScheduler:
         changed = self._pods.drain(self._pod_changes)
         for key in changed:
             pod = self._pods.get(key)
+            # A pod this scheduler bound holds its node's resources although the cache may not show it bound yet.
+            if pod is None or o.pod_scheduled(pod) or o.uid(pod) not in self._assumed:
+                self._usage.observe(key, pod)
             if pod is not None and is_pending(pod):
                 self._pending[key] = pod
             else:
@@ -404,89 +412,102 @@ class EmbeddedScheduler:
 
     # -- one pod -----------------------------------------------------------------------------------
 
-    def _candidate_nodes(self, pod: Obj, claims: list[Obj], need_extended: int, state: _PassState) -> _Candidates:
+    def _candidate_nodes(self, pod: Obj, claims: list[Obj], demand: Demand, ports: tuple[HostPort, ...],
+                         skip: frozenset[str], state: _PassState) -> _Candidates:
         """The nodes the pod may use, and why the others not. The verdict on the pod's own constraints (node
-        selector, tolerations) is computed once per pod shape while the nodes are unchanged; only pods pinned by allocated claims or
-        asking for extended resources filter further, so a typical pod costs nothing per node here."""
+        selector, tolerations, required node affinity) is computed once per pod shape while the nodes are
+        unchanged; resources and host ports are checked per pod against what the nodes' bound pods hold (a pod
+        that requests nothing only against the nodes that are full), and allocated claims pin a pod further."""
         shape = _pod_shape(pod)
         base = state.shape_nodes.get(shape)
         if base is None:
+            affinity = required_affinity(pod)  # AllocationError when malformed: the pod is reported, not placed
             ok: list[str] = []
             rejected: list[NodeReason] = []
             for name in state.node_names:
                 node_obj = state.node_objects.get(name)
-                why = node_rejects(pod, node_obj) if node_obj is not None else None
+                why = static_rejects(pod, node_obj, state.allocator_nodes[name], affinity) if node_obj is not None else None
                 if why is None:
                     ok.append(name)
                 else:
-                    rejected.append(NodeReason(name, "unschedulable", why))
+                    rejected.append(NodeReason(name, "unschedulable", why.explanation, scheduler=why.reasons,
+                                               resolvable=why.resolvable))
             base = _Candidates(ok, frozenset(ok), rejected)
             state.shape_nodes[shape] = base
         pinned = any((o.allocation(c) or {}).get("nodeSelector") is not None for c in claims)
-        if not pinned and not need_extended:
+        fit = not demand.empty or bool(ports)
+        if not pinned and not fit and not (self._usage.full & base.members):
             return base
         names: list[str] = []
         more = list(base.rejected)
         for name in base.names:
-            node = state.allocator_nodes.get(name)
-            if node is None:
-                node_obj = state.node_objects.get(name)
-                node = as_allocator_node(node_obj) if node_obj is not None else Node.inferred(name)
-                state.allocator_nodes[name] = node
-            why = allocation_rejects(claims, node)
-            if why is None and need_extended:
-                free = state.extended_free.get(name, 0)
-                if free < need_extended:
-                    why = f"Insufficient nvidia.com/gpu (requested {need_extended}, free {max(free, 0)})"
-            if why is None:
-                names.append(name)
-            else:
-                more.append(NodeReason(name, "unschedulable", why))
+            why = None
+            allocatable = state.allocatable.get(name)
+            if allocatable is not None and (fit or name in self._usage.full):
+                why = dynamic_rejects(demand, ports, allocatable, self._usage.load(name), skip)
+            if why is not None:
+                more.append(NodeReason(name, "unschedulable", why.explanation, scheduler=why.reasons, resolvable=why.resolvable))
+                continue
+            elsewhere = allocation_rejects(claims, state.allocator_nodes[name]) if pinned else None
+            if elsewhere is not None:
+                more.append(NodeReason(name, "unschedulable", elsewhere, scheduler=(REASON_CLAIM_ELSEWHERE,)))
+                continue
+            names.append(name)
         return _Candidates(names, frozenset(names), more)
 
     def _schedule(self, pod: Obj, state: _PassState, bindings: InFlight[_Bound], tally: _Tally) -> bool:
         """Place one pod and start its binding (whose outcome `_settle` counts); False when it cannot be placed now
         (reported as unschedulable)."""
-        group_wait = podgroups.wait_reason(pod, state.view, state.claims_by_key)
-        if group_wait:
-            self._unschedulable(pod, [], group_wait, event=REASON_GANG_WAITING, reason="waiting")
+        group_wait = podgroups.wait_reason(pod, state.view, state.claims_by_key, self._explainer.annotation)
+        if group_wait is not None:
+            self._unschedulable(pod, [], group_wait.message, reason="waiting", event=REASON_GANG_WAITING,
+                                warning=not group_wait.forming)
             return False
-        gathered = gather_pod_claims(pod, state.claims_by_key, self.driver, state.view.templates, state.generated)
+        gathered = gather_pod_claims(pod, state.claims_by_key, self.driver, state.view.templates, state.generated,
+                                     self._explainer.annotation)
         if gathered.claims and bindings.touching(o.key(c) for c in gathered.claims):
             # A claim it shares is being written for an earlier pod: take that result first.
             self._settle(bindings.finished(claims=[o.key(c) for c in gathered.claims]), state, tally)
-            gathered = gather_pod_claims(pod, state.claims_by_key, self.driver, state.view.templates, state.generated)
+            gathered = gather_pod_claims(pod, state.claims_by_key, self.driver, state.view.templates, state.generated,
+                                         self._explainer.annotation)
         if gathered.wait_reason:
             if not gathered.silent:
-                self._unschedulable(pod, [], gathered.wait_reason, event=gathered.wait_event, reason="waiting")
+                self._unschedulable(pod, [], gathered.wait_reason, event=gathered.wait_event, reason="waiting",
+                                    warning=gathered.warning,
+                                    prefilter=gathered.wait_reason if gathered.wait_event == REASON_UNSCHEDULABLE else "",
+                                    state=state)
             return False
         claims = gathered.claims
-        need_extended = pod_request(pod)
+        demand, ports = pod_demand(pod), host_ports(pod)
+        skip: frozenset[str] = frozenset()
         special: Obj | None = None
         mappings: list[dict[str, str]] = []
         if self._features.extended_resource:
             special, mappings, wait = self._extended_claim(pod, state)
             if wait:
-                self._unschedulable(pod, [], wait, reason="waiting")
+                self._unschedulable(pod, [], wait, reason="waiting", prefilter=wait, state=state)
                 return False
             if special is not None:
                 claims = [*claims, special]
-                if any(m["resourceName"] == EXTENDED_GPU_RESOURCE for m in mappings):
-                    need_extended = 0  # served by DRA, not by a device plugin's allocatable
-        found = self._candidate_nodes(pod, claims, need_extended, state)
+                # Served by DRA (the special claim), not by a device plugin's allocatable.
+                skip = frozenset(m["resourceName"] for m in mappings)
+        found = self._candidate_nodes(pod, claims, demand, ports, skip, state)
         candidates, rejected = found.names, found.rejected
         total_nodes = len(candidates) + len(rejected)
         pending = [c for c in claims if o.allocation(c) is None]
         if not candidates:
             message = unavailable_message(total_nodes, rejected) if total_nodes else "no nodes available to schedule pods"
-            self._unschedulable(pod, pending, message, reason="no-nodes")
+            self._unschedulable(pod, pending, message, reason="no-nodes", statuses=rejected, state=state)
             return False
 
         allocations: list[dict[str, Any]] = []
         if pending:
             try:
                 parsed = [parse_claim(c) for c in pending]
-                result = state.placer.place(parsed, found.members)
+                preferred = preferred_nodes(pod, candidates, state.allocator_nodes)
+                result = state.placer.place(parsed, frozenset(preferred)) if preferred else None
+                if result is None or isinstance(result, NoPlacement):
+                    result = state.placer.place(parsed, found.members)
                 reasons = explain(state.snapshot, parsed, candidates, self._features, self._cel) \
                     if isinstance(result, NoPlacement) else []
             except AllocationError as err:
@@ -494,12 +515,14 @@ class EmbeddedScheduler:
                 self._unschedulable(pod, pending, str(err), reason="error")
                 return False
             if isinstance(result, NoPlacement):
-                self._unschedulable(pod, pending, unavailable_message(total_nodes, [*reasons, *rejected]), reason="unschedulable")
+                self._unschedulable(pod, pending, unavailable_message(total_nodes, [*reasons, *rejected]), reason="unschedulable",
+                                    statuses=[*reasons, *rejected], state=state)
                 return False
             node, allocations = result.node, result.allocations
         else:
             # Nothing to allocate: spread such pods over the nodes that can take them.
-            node = min(candidates, key=lambda n: (state.bound_per_node[n], n))
+            preferred = preferred_nodes(pod, candidates, state.allocator_nodes) or candidates
+            node = min(preferred, key=lambda n: (self._usage.load(n).pods, n))
 
         if not self._pre_bind(pod, node, pending, allocations, state):
             return False
@@ -515,7 +538,8 @@ class EmbeddedScheduler:
         binding = _Binding(
             pod=pod, node=node, pending=pending, allocations=allocations, allocated=allocated,
             consumers=[self._consumer(c, pod, state) for c in (*pending, *allocated)],
-            need_extended=need_extended, kind="dra" if claims else ("extended-resource" if need_extended else "plain"),
+            demand=demand, ports=ports,
+            kind="dra" if claims else ("extended-resource" if any(is_extended(n) for n, _ in demand.amounts) else "plain"),
             before={o.key(c): c for c in (*pending, *allocated)},
         )
         self._assume(binding, state)
@@ -540,7 +564,7 @@ class EmbeddedScheduler:
         for claim, alloc in zip(binding.pending, binding.allocations):
             state.claims_by_key[o.key(claim)] = {**claim, "status": {**o.section(claim, "status"), "allocation": alloc}}
         self._assumed[o.uid(binding.pod)] = binding.node
-        state.bound(binding.node, binding.need_extended)
+        self._usage.hold(o.key(binding.pod), binding.node, binding.demand, binding.ports)
 
     def _bind(self, binding: _Binding) -> _Bound:
         """On the pool: the binding's writes, and what became of them (never raises)."""
@@ -588,7 +612,8 @@ class EmbeddedScheduler:
         self._metrics.allocations.labels(path="scheduler").inc(len(binding.pending))
         self._metrics.bindings.labels(kind=binding.kind).inc()
         self._explainer.forget(pod, REASON_UNSCHEDULABLE)
-        self._explainer.event(pod, REASON_SCHEDULED, f"Successfully assigned {o.key(pod)} to {binding.node}", warning=False)
+        self._explainer.event(pod, REASON_SCHEDULED, f"Successfully assigned {o.key(pod)} to {binding.node}", warning=False,
+                              component=SCHEDULER_NAME, action="Binding")
         return _Bound(binding, _BOUND, stored_claims)
 
     def _settle(self, results: Iterable[_Bound], state: _PassState, tally: _Tally) -> None:
@@ -610,7 +635,7 @@ class EmbeddedScheduler:
             else:
                 tally.unschedulable += 1
                 self._assumed.pop(o.uid(binding.pod), None)
-                state.unbound(binding.node, binding.need_extended)
+                self._usage.release(o.key(binding.pod))
         if lost is not None:
             raise lost
 
@@ -677,11 +702,22 @@ class EmbeddedScheduler:
         self._explainer.event(pod, REASON_UNSCHEDULABLE, gate.message)
         return gate.action
 
-    def _unschedulable(self, pod: Obj, pending: list[Obj], message: str, *, event: str = REASON_UNSCHEDULABLE, reason: str) -> None:
+    def _unschedulable(self, pod: Obj, pending: list[Obj], message: str, *, event: str = REASON_UNSCHEDULABLE, reason: str,
+                       statuses: list[NodeReason] | None = None, prefilter: str = "", state: _PassState | None = None,
+                       warning: bool = True) -> None:
+        """Report a pod that stays pending: our explanation (an Event and the claims' annotation) and, where
+        kube-scheduler would have tried the pod (`statuses` per node, or a `prefilter` reason before any node),
+        its FailedScheduling Event in its words, which the PodScheduled condition carries as it does there."""
         self._metrics.failures.labels(reason=reason).inc()
-        self._explainer.event(pod, event, message)
+        self._explainer.event(pod, event, message, warning=warning)
         self._explainer.annotate(pending, message)
-        mark_unschedulable(self._writer, pod, message)
+        condition = message
+        if state is not None and (statuses is not None or prefilter):
+            total = len(state.node_names)
+            condition = "no nodes available to schedule pods" if not total else fit_error(
+                total, [_scheduler_status(r) for r in statuses or ()], pod, prefilter=prefilter)
+            self._explainer.event(pod, FAILED_SCHEDULING, condition, component=SCHEDULER_NAME, action="Scheduling")
+        mark_unschedulable(self._writer, pod, condition)
 
 
 class PendingExplainer:
@@ -701,11 +737,11 @@ class PendingExplainer:
         for pod in sorted((p for p in view.pods.values() if is_pending(p)), key=o.key):
             if not o.list_field(o.section(pod, "spec"), "resourceClaims"):
                 continue
-            gathered = gather_pod_claims(pod, claims_by_key, self.driver)
+            gathered = gather_pod_claims(pod, claims_by_key, self.driver, verdict_annotation=self._explainer.annotation)
             if gathered.wait_reason:
                 if not gathered.silent:
                     waiting += 1
-                    self._explainer.event(pod, gathered.wait_event, gathered.wait_reason)
+                    self._explainer.event(pod, gathered.wait_event, gathered.wait_reason, warning=gathered.warning)
                 continue
             pending = [c for c in gathered.claims if o.allocation(c) is None]
             if not pending:

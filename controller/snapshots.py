@@ -40,8 +40,8 @@ def build_snapshot(view: View, allocated_claims: Iterable[Mapping[str, Any]]) ->
     other driver does not stop placement everywhere.
     """
     problems: list[str] = []
-    slices = view.sorted_slices()
-    classes = [view.classes[k] for k in sorted(view.classes)]
+    slices: Sequence[Mapping[str, Any]] = view.sorted_slices()
+    classes: Sequence[Mapping[str, Any]] = [view.classes[k] for k in sorted(view.classes)]
     nodes: list[Node] = []
     for key in sorted(view.nodes):
         try:

@@ -11,7 +11,7 @@ DeviceTaintRule's status carries the `EvictionInProgress` condition with upstrea
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -189,12 +189,12 @@ class TaintEvictor:
         self._taints: dict[tuple[str, str, str], list[Mapping[str, Any]]] | None = None
 
     def reconcile(self, pods: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]],
-                  slices: Callable[[], list[Mapping[str, Any]]], rules: Iterable[Mapping[str, Any]], now: datetime,
+                  slices: Callable[[], Sequence[Mapping[str, Any]]], rules: Iterable[Mapping[str, Any]], now: datetime,
                   *, slices_changed: bool = True) -> int:
         """`slices` gives the slices (with the DeviceTaintRules' taints) when they are needed; `slices_changed`
         False says they are the same as at the last call (no slice or rule changed)."""
         rules = list(rules)
-        current: list[Mapping[str, Any]] | None = None
+        current: Sequence[Mapping[str, Any]] | None = None
         if slices_changed or self._taints is None:
             current = slices()
             self._taints = _device_taints(current)
@@ -224,7 +224,7 @@ class TaintEvictor:
         self._writer.delete("Pod", pod)
 
     def _rule_status(self, rule: Mapping[str, Any], pods: list[Mapping[str, Any]], claims: list[Mapping[str, Any]],
-                     slices: list[Mapping[str, Any]], decided: Plan, now: datetime) -> None:
+                     slices: Sequence[Mapping[str, Any]], decided: Plan, now: datetime) -> None:
         name = o.name(rule)
         effect = str(o.section(o.section(rule, "spec"), "taint").get("effect") or "")
         if effect == "None":

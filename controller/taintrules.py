@@ -26,12 +26,16 @@ def _selects(selector: Mapping[str, Any], driver: Any, pool: Any, device: Any) -
 def _rules(rules: Iterable[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any], dict[str, Any]]]:
     out = []
     for rule in rules:
-        spec = rule.get("spec") if isinstance(rule.get("spec"), Mapping) else {}
+        spec = rule.get("spec")
+        if not isinstance(spec, Mapping):
+            spec = {}
         selector = spec.get("deviceSelector")
         taint = spec.get("taint")
         if not isinstance(selector, Mapping) or not isinstance(taint, Mapping) or not taint.get("key"):
             continue  # no selector matches no device; a rule without a taint adds nothing
-        meta = rule.get("metadata") if isinstance(rule.get("metadata"), Mapping) else {}
+        meta = rule.get("metadata")
+        if not isinstance(meta, Mapping):
+            meta = {}
         added = {k: taint[k] for k in ("key", "value", "effect", "timeAdded") if taint.get(k) is not None}
         if not added.get("timeAdded") and meta.get("creationTimestamp"):
             added["timeAdded"] = meta["creationTimestamp"]
@@ -47,11 +51,11 @@ def apply_taint_rules(slices: Iterable[Mapping[str, Any]], rules: Iterable[Mappi
         return items
     out: list[Any] = []
     for sl in items:
-        spec = sl.get("spec") if isinstance(sl.get("spec"), Mapping) else None
-        devices = spec.get("devices") if spec else None
-        if not isinstance(devices, list):
+        spec = sl.get("spec")
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("devices"), list):
             out.append(sl)
             continue
+        devices = spec["devices"]
         driver = spec.get("driver")
         pool = (spec.get("pool") or {}).get("name") if isinstance(spec.get("pool"), Mapping) else None
         new_devices = []

@@ -38,7 +38,9 @@ def opaque_validators(driver_name: str = DEFAULT_DRIVER_NAME) -> OpaqueValidator
 
 
 def _requests(spec: Mapping[str, Any], path: str) -> list[tuple[str, Any]]:
-    devices = spec.get("devices") if isinstance(spec.get("devices"), Mapping) else {}
+    devices = spec.get("devices")
+    if not isinstance(devices, Mapping):
+        devices = {}
     out: list[tuple[str, Any]] = []
     for i, request in enumerate(devices.get("requests") or []):
         if not isinstance(request, Mapping):
@@ -59,14 +61,18 @@ def unsupported_class_errors(obj: object) -> list[str]:
     if not isinstance(obj, Mapping):
         return []
     kind = obj.get("kind")
-    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        spec = {}
     if kind == "DeviceClass":
         name = (obj.get("metadata") or {}).get("name") if isinstance(obj.get("metadata"), Mapping) else None
         if name in UNSUPPORTED_CLASSES:
             return [f"metadata.name: Unsupported value: {name!r}: {UNSUPPORTED_CLASSES[name]}"]
         return []
     if kind == "ResourceClaimTemplate":
-        inner = spec.get("spec") if isinstance(spec.get("spec"), Mapping) else {}
+        inner = spec.get("spec")
+        if not isinstance(inner, Mapping):
+            inner = {}
         found = _requests(inner, "spec.spec")
     elif kind == "ResourceClaim":
         found = _requests(spec, "spec")

@@ -20,7 +20,9 @@ from controlplane.crds import openapi as crd_openapi
 from controlplane.crds import serving as crd_serving
 from gpudra.validation import schema
 from controlplane import status as st
+from controlplane import health, protobuf
 from controlplane.podpriority import admit_pod_priority
+from controlplane.protobufbodies import protobuf_request, protobuf_response
 from controlplane.openapi import openapi_group_version, openapi_root, openapi_v2, openapi_v2_protobuf
 from controlplane.podlogs import PodLogSource, parse_cri_log
 from controlplane.serving import wait_ready
@@ -49,6 +51,7 @@ class ServerContext(Protocol):
     store: Store
     registry: res.Registry
     bookmark_interval: float
+    kubernetes_version: str
     pod_logs: PodLogSource | None
 
     @property
@@ -93,7 +96,7 @@ class Route:
         try:
             return to_storage({**body, "apiVersion": self.rt.api_version_at(version), "kind": self.rt.kind})
         except ConversionError as exc:
-            raise st.bad_request(f"{self.rt.kind} in {self.rt.api_version_at(version)}: {exc.path}: {exc}")
+            raise st.bad_request(f"{self.rt.kind} in {self.rt.api_version_at(version)}: {exc.path}: {exc}") from exc
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"))  # one for every response (json.dumps would build one per call)
@@ -158,6 +161,11 @@ class ApiHandler(BaseHTTPRequestHandler):
     server_version = "gpu-dra-apiserver"
     # Responses are written in one piece; Nagle would hold small ones back for a delayed ACK.
     disable_nagle_algorithm = True
+    # http.server types these as a buffered file and an email Message; this handler duck-types both with its own
+    # (a socket writer with whole writes, controlplane.httphead's header index).
+    wfile: SocketWriter  # type: ignore[assignment]
+    headers: httphead.Headers  # type: ignore[assignment]
+    _ctx: ServerContext
 
     @classmethod
     def for_connection(cls, conn: Any, server: Any, ctx: ServerContext) -> ApiHandler:
@@ -223,7 +231,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     @property
     def ctx(self) -> ServerContext:
-        return self._ctx  # type: ignore[no-any-return]
+        return self._ctx
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature fixed by the base class
         return  # per-request access logs would swamp the structured logs of the processes using us
@@ -250,6 +258,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.log_request(code)
 
     def _send_json(self, code: int, value: Any) -> None:
+        if getattr(self, "_protobuf_out", False) and isinstance(value, dict):
+            body = protobuf_response(value)  # None: no message type for it, answered in JSON (the client's fallback)
+            if body is not None:
+                self._send(code, body, protobuf.MEDIA_TYPE)
+                return
         self._send(code, self.ctx.store.json_of(value) if isinstance(value, dict) else _encode(value))
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
@@ -323,13 +336,17 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._duplicates: list[str] = []
         if not raw:
             return None
+        if (self.headers.get("Content-Type") or "").split(";")[0].strip() == protobuf.MEDIA_TYPE:
+            return protobuf_request(raw)
         try:
             value, self._duplicates = strictjson.decode(raw)
             return value
         except strictjson.StrictJsonError as exc:
-            raise st.bad_request(f"the request body is not valid JSON: {exc}; this server accepts JSON only")
+            raise st.bad_request(f"the request body is not valid JSON: {exc}; this server accepts JSON and "
+                                 f"{protobuf.MEDIA_TYPE}") from exc
 
     def _dispatch(self, method: str) -> None:
+        self._protobuf_out = False
         try:
             if self.path.startswith("/") and "#" not in self.path:
                 path, _, raw_query = self.path.partition("?")  # what urlsplit gives for an origin-form target
@@ -425,6 +442,10 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _route(self, method: str, path: str, query: dict[str, str]) -> None:
         parts = [p for p in path.split("/") if p]
         reg = self.ctx.registry
+        if method == "GET" and len(parts) == 1 and parts[0] in health.ENDPOINTS:
+            code, text = health.report(parts[0], self.ctx.store.storage_failure, "verbose" in query)
+            self._send(code, text, "text/plain; charset=utf-8")
+            return
         if method == "GET":
             doc = self._discovery(parts, reg)
             if doc is not None:
@@ -452,8 +473,6 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._serve(method, route, query)
 
     def _discovery(self, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | tuple[bytes, str] | None:
-        if parts in (["healthz"], ["readyz"], ["livez"]):
-            return b"ok"
         if parts == ["version"]:
             return res.server_version(self.ctx.kubernetes_version)
         if parts == ["openapi", "v2"]:
@@ -510,6 +529,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _serve(self, method: str, r: Route, query: dict[str, str]) -> None:
         store = self.ctx.store
+        self._protobuf_out = protobuf.accepts(self.headers.get("Accept"))
         if r.name is None:
             if method == "GET":
                 if _bool_param(query, "watch"):
@@ -554,11 +574,10 @@ class ApiHandler(BaseHTTPRequestHandler):
                                                       r.subresource, policy)))
         elif method == "PATCH":
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-            if ctype == "application/strategic-merge-patch+json" and r.rt.custom is not None:
-                self._body()
-                raise crd_serving.no_strategic_merge(r.rt)
-            if ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+            if ctype == "application/merge-patch+json":
                 kind = "merge"
+            elif ctype == "application/strategic-merge-patch+json":
+                kind = "strategic"
             elif ctype == "application/json-patch+json":
                 kind = "json"
             elif ctype == "application/apply-patch+yaml":
@@ -572,7 +591,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             policy = self._field_policy(query, body)
             codec = (r.shown, r.stored) if r.converts else None
             self._send_json(200, r.shown(store.patch(r.rt, r.namespace, r.name, kind, body, r.subresource,
-                                                     codec, policy)))
+                                                     codec, policy, r.version or r.rt.version)))
         elif method == "DELETE":
             body = self._body()
             if body is not None and not isinstance(body, dict):
@@ -584,9 +603,9 @@ class ApiHandler(BaseHTTPRequestHandler):
                                      f"{report.type_errors[0]}")
             if "propagationPolicy" in query:
                 options = {**options, "propagationPolicy": query["propagationPolicy"]}
-            policy = options.get("propagationPolicy")
-            if policy not in (None, "Foreground", "Background", "Orphan"):
-                raise st.bad_request(f"propagationPolicy: Unsupported value: {json.dumps(policy)}: supported values: "
+            propagation = options.get("propagationPolicy")
+            if propagation not in (None, "Foreground", "Background", "Orphan"):
+                raise st.bad_request(f"propagationPolicy: Unsupported value: {json.dumps(propagation)}: supported values: "
                                      '"Foreground", "Background", "Orphan"')
             deleted = store.delete(r.rt, r.namespace, r.name, options)
             self._send_json(200, r.shown(deleted) if deleted.get("kind") == r.rt.kind else deleted)
@@ -617,7 +636,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             fields.check_fields(lambda f: r.rt.field_value({}, f) is not None, r.rt.selectable_fields,
                                 f'"{r.rt.kind}" in version "{r.rt.api_version_at(r.version or r.rt.version)}"')
         except SelectorError as exc:
-            raise st.bad_request(str(exc))
+            raise st.bad_request(str(exc)) from exc
         return Filter(r.rt, r.namespace or None, labels, fields)
 
     def _list(self, r: Route, query: dict[str, str]) -> None:
@@ -636,7 +655,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                 after = (decoded["ns"], decoded["name"])
             except (ValueError, KeyError, TypeError):
                 raise st.StatusError(400, "BadRequest", "continue: invalid token; pass back the metadata.continue "
-                                                        "value of the previous list unchanged")
+                                                        "value of the previous list unchanged") from None
             start = next((i for i, obj in enumerate(items) if self._sort_key(obj) > after), len(items))
         if limit > 0 and start + limit < len(items):
             last = items[start + limit - 1]

@@ -87,7 +87,9 @@ def prepare_create(rt: ResourceType, obj: dict[str, Any]) -> None:
     if rt.kind in _STATUS_CLEARED_ON_CREATE or (rt.custom is not None and rt.has_status):
         obj.pop("status", None)
     elif rt.kind == "Pod":
-        status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
+        status = obj.get("status")
+        if not isinstance(status, dict):
+            status = {}
         obj["status"] = {**status, "phase": status.get("phase") or "Pending"}
         spec = obj.get("spec")
         if isinstance(spec, dict):

@@ -1,8 +1,5 @@
-"""JSON merge patch (RFC 7386) and JSON patch (RFC 6902) on plain JSON values.
-
-Strategic merge patch is served as a merge patch: our objects carry no patch-strategy metadata, and for
-the maps our clients patch (labels, annotations, status fields) the two agree.
-"""
+"""JSON merge patch (RFC 7386) and JSON patch (RFC 6902) on plain JSON values (strategic merge patch is
+`controlplane.strategicmerge`)."""
 
 from __future__ import annotations
 

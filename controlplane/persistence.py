@@ -22,50 +22,27 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controlplane.backend import MAX_RESOURCE_VERSION, Change, HistoryLimits, LoadedState, StorageError
+
 MAX_IN_FLIGHT = 4096  # changes submitted and not yet committed; writers wait beyond this (back-pressure)
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-_SCHEMA_VERSION = "1"
+# 2: event_times (when each commit's events were written, so that the history is also cut by age).
+_SCHEMA_VERSION = "2"
 
 
 class StateFileError(ValueError):
     """The state database cannot be used; the message names the file, the problem and what to do."""
 
 
-class StorageError(RuntimeError):
-    """A commit failed (disk full, I/O error): the change is not durable and the store accepts no more writes."""
-
-
-@dataclass
-class Change:
-    """One committed-in-order change: the object's new state (None when deleted) and its event."""
-
-    rv: int
-    kind: str
-    namespace: str
-    name: str
-    obj_json: bytes | None  # the object's new stored JSON, None for a deletion
-    event_type: str
-    event_json: bytes  # the event's object JSON
-    old_json: bytes | None
-
-
-@dataclass
-class LoadedState:
-    rv: int  # where the resourceVersion continues (past anything handed out before the last stop)
-    floor: int
-    committed_rv: int = 0  # the newest committed change
-    objects: list[tuple[dict[str, Any], bytes]] = field(default_factory=list)  # (object, its stored JSON)
-    # (rv, kind, type, object, old) oldest first
-    events: list[tuple[int, str, str, dict[str, Any], dict[str, Any] | None]] = field(default_factory=list)
-    migrated_from: Path | None = None
-
-
 def _connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=0.5)
+    try:
+        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=0.5)
+    except sqlite3.Error as exc:
+        raise StateFileError(f"state database {path}: cannot open it: {exc} (is the directory writable?); pass "
+                             "another --state path") from None
     try:
         # EXCLUSIVE: a second apiserver on the same file fails here instead of diverging from the first.
         conn.execute("PRAGMA locking_mode=EXCLUSIVE")
@@ -74,13 +51,14 @@ def _connect(path: Path) -> sqlite3.Connection:
             raise StateFileError(f"state database {path}: cannot switch to WAL mode (got {mode})")
         # FULL: the WAL is fsync'd at every commit, so a commit that returned survives power loss and kill -9.
         conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        conn.execute("CREATE TABLE IF NOT EXISTS objects (kind TEXT NOT NULL, namespace TEXT NOT NULL, "
-                     "name TEXT NOT NULL, rv INTEGER NOT NULL, data BLOB NOT NULL, "
-                     "PRIMARY KEY (kind, namespace, name))")
-        conn.execute("CREATE TABLE IF NOT EXISTS events (rv INTEGER PRIMARY KEY, kind TEXT NOT NULL, "
-                     "type TEXT NOT NULL, data BLOB NOT NULL, old BLOB)")
-        conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (_SCHEMA_VERSION,))
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not tables:
+            _create_schema(conn)
+        else:
+            _check_schema(conn, path, tables)
+    except StateFileError:
+        conn.close()
+        raise
     except sqlite3.OperationalError as exc:
         conn.close()
         if "locked" in str(exc):
@@ -92,6 +70,38 @@ def _connect(path: Path) -> sqlite3.Connection:
         raise StateFileError(f"state database {path}: not a usable SQLite database ({exc}); move it away or pass "
                              "another --state path") from None
     return conn
+
+
+def _create_schema(conn: sqlite3.Connection) -> None:
+    conn.execute("BEGIN")
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    conn.execute("CREATE TABLE objects (kind TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL, "
+                 "rv INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (kind, namespace, name))")
+    conn.execute("CREATE TABLE events (rv INTEGER PRIMARY KEY, kind TEXT NOT NULL, type TEXT NOT NULL, "
+                 "data BLOB NOT NULL, old BLOB)")
+    conn.execute("CREATE TABLE event_times (rv INTEGER PRIMARY KEY, at REAL NOT NULL)")
+    conn.execute("INSERT INTO meta VALUES ('schema', ?)", (_SCHEMA_VERSION,))
+    conn.execute("COMMIT")
+
+
+def _check_schema(conn: sqlite3.Connection, path: Path, tables: set[str]) -> None:
+    """An existing database must be one of ours, at the schema version this code reads (version 1, which had
+    no event_times, is upgraded in place)."""
+    missing = sorted({"meta", "objects", "events"} - tables)
+    if missing:
+        raise StateFileError(f"state database {path}: not a gpu-dra apiserver database (missing table "
+                             f"{', '.join(missing)}); move it away or pass another --state path")
+    row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+    if row is not None and row[0] == "1":
+        conn.execute("BEGIN")
+        conn.execute("CREATE TABLE IF NOT EXISTS event_times (rv INTEGER PRIMARY KEY, at REAL NOT NULL)")
+        conn.execute("UPDATE meta SET value=? WHERE key='schema'", (_SCHEMA_VERSION,))
+        conn.execute("COMMIT")
+        return
+    if row is None or row[0] != _SCHEMA_VERSION or "event_times" not in tables:
+        found = "none" if row is None else repr(row[0])
+        raise StateFileError(f"state database {path}: schema version {found} is not supported (this gpu-dra reads "
+                             f"version {_SCHEMA_VERSION}); use the gpu-dra that wrote it, or move it away")
 
 
 def _meta(conn: sqlite3.Connection, key: str, default: int = 0) -> int:
@@ -146,10 +156,10 @@ def _migrate_legacy(path: Path, raw: bytes) -> Path:
 class SqliteLog:
     """The durable half of the store: loads the state once, then commits submitted changes in groups."""
 
-    def __init__(self, path: str | Path, history_limit: int,
+    def __init__(self, path: str | Path, history: HistoryLimits,
                  on_durable: Callable[[int, list[Change]], None] | None = None) -> None:
         self.path = Path(path)
-        self._history_limit = history_limit
+        self._history = history
         self._on_durable = on_durable
         self._mu = threading.Condition()
         self._pending: list[Change] = []
@@ -160,14 +170,23 @@ class SqliteLog:
         self._commits = 0
         self._writes = 0
         self._event_count = 0
+        self._event_bytes = 0
         self._conn: sqlite3.Connection | None = None
         self._thread: threading.Thread | None = None
 
     # ----- opening -------------------------------------------------------------------------------------------
 
     def open(self) -> LoadedState:
-        """Open (creating, or migrating an old JSON state file) and read everything; starts the committer."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Open (creating, or migrating an old JSON state file) and read the objects and the newest history within
+        the limits; starts the committer."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StateFileError(f"state database {self.path}: cannot create its directory {self.path.parent}: "
+                                 f"{exc.strerror}") from None
+        if self.path.is_dir():
+            raise StateFileError(f"state database {self.path}: is a directory; pass a file path (e.g. "
+                                 f"{self.path / 'state.db'})")
         migrated: Path | None = None
         try:
             with open(self.path, "rb") as f:
@@ -182,13 +201,15 @@ class SqliteLog:
         self._conn = conn
         try:
             stored_rv = max(_meta(conn, "rv"), conn.execute("SELECT COALESCE(MAX(rv), 0) FROM events").fetchone()[0])
+            if stored_rv + MAX_IN_FLIGHT > MAX_RESOURCE_VERSION:
+                raise StateFileError(f"state database {self.path}: its resourceVersion {stored_rv} is beyond what "
+                                     f"Kubernetes' int64 resourceVersions allow ({MAX_RESOURCE_VERSION}); the "
+                                     "database cannot be written to any more: move it away")
             floor = _meta(conn, "floor")
             state = LoadedState(rv=stored_rv, floor=floor, committed_rv=stored_rv, migrated_from=migrated)
             for (data,) in conn.execute("SELECT data FROM objects ORDER BY kind, namespace, name"):
                 state.objects.append((json.loads(data), bytes(data)))
-            for rv, kind, etype, data, old in conn.execute(
-                    "SELECT rv, kind, type, data, old FROM events WHERE rv > ? ORDER BY rv", (floor,)):
-                state.events.append((rv, kind, etype, json.loads(data), json.loads(old) if old else None))
+            state.floor, state.events = self._read_history(conn, floor)
             self._event_count = len(state.events)
             # Skip past anything that was handed out but not committed before the last stop (see module doc).
             state.rv = stored_rv + MAX_IN_FLIGHT
@@ -201,6 +222,27 @@ class SqliteLog:
         self._thread = threading.Thread(target=self._commit_loop, name="apiserver-commit", daemon=True)
         self._thread.start()
         return state
+
+    def _read_history(self, conn: sqlite3.Connection,
+                      floor: int) -> tuple[int, list[tuple[int, str, str, dict[str, Any], dict[str, Any] | None, int]]]:
+        """The newest events within the history limits (newest first, so that a large history is not all read),
+        and the floor below which a watch is 410."""
+        limits = self._history
+        oldest = time.time() - limits.age_s
+        events: list[tuple[int, str, str, dict[str, Any], dict[str, Any] | None, int]] = []
+        total = 0
+        for rv, kind, etype, data, old, at in conn.execute(
+                "SELECT e.rv, e.kind, e.type, e.data, e.old, COALESCE(t.at, 0) FROM events e "
+                "LEFT JOIN event_times t ON t.rv = e.rv WHERE e.rv > ? ORDER BY e.rv DESC", (floor,)):
+            size = len(data) + (len(old) if old else 0)
+            if len(events) >= limits.events or total + size > limits.bytes or (at and at < oldest):
+                floor = rv
+                break
+            total += size
+            events.append((rv, kind, etype, json.loads(data), json.loads(old) if old else None, size))
+        events.reverse()
+        self._event_bytes = total
+        return floor, events
 
     # ----- writing -------------------------------------------------------------------------------------------
 
@@ -219,6 +261,10 @@ class SqliteLog:
         with self._mu:
             if self._failed is not None:
                 raise StorageError(self._failed)
+
+    def failure(self) -> str | None:
+        with self._mu:
+            return self._failed
 
     def wait_durable(self, rv: int) -> None:
         """Block until the change with resourceVersion `rv` (and all before it) is committed to disk."""
@@ -241,7 +287,7 @@ class SqliteLog:
                 self._mu.notify_all()
             try:
                 self._write_batch(batch)
-            except (sqlite3.Error, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever failed, the thread must record it, never die
                 with self._mu:
                     self._failed = (f"state database {self.path}: commit failed: {exc}; the last writes are not "
                                     "durable and the server accepts no more writes; restart it")
@@ -270,22 +316,52 @@ class SqliteLog:
                                  (ch.kind, ch.namespace, ch.name, ch.rv, ch.obj_json))
                 conn.execute("INSERT OR REPLACE INTO events VALUES (?,?,?,?,?)",
                              (ch.rv, ch.kind, ch.event_type, ch.event_json, ch.old_json))
+                self._event_bytes += len(ch.event_json) + len(ch.old_json or b"")
+            now = time.time()
+            # One timestamp per batch (the first change's rv) is enough to cut the history by age.
+            conn.execute("INSERT OR REPLACE INTO event_times VALUES (?, ?)", (batch[0].rv, now))
             self._event_count += len(batch)
             newest = batch[-1].rv
             conn.execute("UPDATE meta SET value=? WHERE key='rv' AND CAST(value AS INTEGER) < ?",
                          (str(newest), newest))
-            if self._event_count > 2 * self._history_limit:
-                row = conn.execute("SELECT rv FROM events ORDER BY rv DESC LIMIT 1 OFFSET ?",
-                                   (self._history_limit,)).fetchone()
-                if row is not None:
-                    conn.execute("DELETE FROM events WHERE rv <= ?", (row[0],))
-                    conn.execute("INSERT OR REPLACE INTO meta VALUES ('floor', ?)", (str(row[0]),))
-                    self._event_count = self._history_limit
+            limits = self._history
+            if self._event_count > 2 * limits.events or self._event_bytes > 2 * limits.bytes:
+                self._trim(conn)
+            elif self._commits % 256 == 0:
+                self._trim_age(conn, now - limits.age_s)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+
+    def _trim(self, conn: sqlite3.Connection) -> None:
+        """Drop the oldest events past the limits (amortized: called at twice the limits, trims to them)."""
+        kept = total = 0
+        cutoff = None
+        for rv, size in conn.execute("SELECT rv, length(data) + COALESCE(length(old), 0) FROM events ORDER BY rv DESC"):
+            if kept >= self._history.events or total + size > self._history.bytes:
+                cutoff = rv
+                break
+            kept += 1
+            total += size
+        if cutoff is not None:
+            self._drop_through(conn, cutoff)
+        self._event_count, self._event_bytes = kept, total
+
+    def _trim_age(self, conn: sqlite3.Connection, oldest: float) -> None:
+        row = conn.execute("SELECT MAX(rv) FROM event_times WHERE at < ?", (oldest,)).fetchone()
+        if row is not None and row[0] is not None:
+            # Events of the batch that started at row[0] may be newer than `oldest`; keep those (rv < row[0]).
+            self._drop_through(conn, row[0] - 1)
+            self._event_count, self._event_bytes = conn.execute(
+                "SELECT COUNT(*), COALESCE(SUM(length(data) + COALESCE(length(old), 0)), 0) FROM events").fetchone()
+
+    @staticmethod
+    def _drop_through(conn: sqlite3.Connection, rv: int) -> None:
+        conn.execute("DELETE FROM events WHERE rv <= ?", (rv,))
+        conn.execute("DELETE FROM event_times WHERE rv <= ?", (rv,))
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('floor', ?)", (str(rv),))
 
     # ----- figures and closing -------------------------------------------------------------------------------
 

@@ -7,10 +7,12 @@ resource is one entry here.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from controlplane.runtimeconfig import RuntimeConfig
 from gpudra.conversion import served_versions
+from gpudra.features import Features
 
 ALL_VERBS: tuple[str, ...] = ("create", "delete", "get", "list", "patch", "update", "watch")
 # The patch release and build date each minor's /version reports (the embedded server speaks that release's API).
@@ -93,7 +95,7 @@ class ResourceType:
         object.__setattr__(self, "_hash", hash((self.group, self.version, self.plural, self.kind)))
 
     def __hash__(self) -> int:
-        return self._hash  # type: ignore[attr-defined, no-any-return]
+        return self._hash  # type: ignore[attr-defined]
 
     def __eq__(self, other: object) -> bool:
         # Identity is the route: a CRD update replaces its type's columns or schema, not the type.
@@ -157,7 +159,8 @@ class Registry:
     def serve(self, rt: ResourceType) -> ResourceType | None:
         """Add or replace a custom resource type (keyed by group and plural); returns the type it replaced."""
         old = next((t for t in self.types if t.group == rt.group and t.plural == rt.plural), None)
-        self.withdraw(old) if old is not None else None
+        if old is not None:
+            self.withdraw(old)
         object.__setattr__(self, "types", (*self.types, rt))
         for version in rt.versions:
             self._by_route[(rt.group, version, rt.plural)] = rt
@@ -243,15 +246,39 @@ _INTRODUCED: dict[tuple[str, str], str] = {
     ("scheduling.k8s.io", "workloads"): "1.37",
     ("scheduling.k8s.io", "podgroups"): "1.37",
 }
+# Types whose REST storage kube-apiserver installs only with a feature gate on (the Features attribute).
+_GATED: dict[tuple[str, str], str] = {
+    ("scheduling.k8s.io", "workloads"): "generic_workload",
+    ("scheduling.k8s.io", "podgroups"): "generic_workload",
+    ("resource.k8s.io", "devicetaintrules"): "device_taint_rules",
+}
 
 
-def registry_for(kubernetes_version: str) -> Registry:
-    """DEFAULT_REGISTRY less what `kubernetes_version` ("1.34".."1.37") does not serve: a registry of its own,
-    since a server adds the types its CustomResourceDefinitions define to it."""
+def known_group_versions(registry: Registry = DEFAULT_REGISTRY) -> set[tuple[str, str]]:
+    return {(rt.group, v) for rt in registry.types for v in rt.versions}
+
+
+def registry_for(kubernetes_version: str, runtime_config: RuntimeConfig | None = None,
+                 features: Features | None = None) -> Registry:
+    """DEFAULT_REGISTRY as a kube-apiserver of `kubernetes_version` ("1.34".."1.37") serves it: what that release
+    has, the versions `runtime_config` enables (GA only by default), the types whose gates `features` (that
+    release's defaults when None) has on. A type keeps its storage version only when that is served."""
     minor = int(kubernetes_version.split(".")[1])
-    keep = tuple(rt for rt in DEFAULT_REGISTRY.types
-                 if int(_INTRODUCED.get((rt.group, rt.plural), "1.0").split(".")[1]) <= minor)
-    return Registry(types=keep)
+    config = runtime_config or RuntimeConfig()
+    gates = features or Features.for_version(kubernetes_version)
+    keep: list[ResourceType] = []
+    for rt in DEFAULT_REGISTRY.types:
+        if int(_INTRODUCED.get((rt.group, rt.plural), "1.0").split(".")[1]) > minor:
+            continue
+        gate = _GATED.get((rt.group, rt.plural))
+        if gate is not None and not getattr(gates, gate):
+            continue
+        versions = tuple(v for v in rt.versions if config.serves(rt.group, v, rt.plural))
+        if rt.version not in versions:
+            continue
+        keep.append(rt if versions == rt.versions else replace(rt, served=versions))
+    # A registry of its own even when it serves everything: a server adds the types its CRDs define to it.
+    return Registry(types=tuple(keep))
 
 
 def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:

@@ -17,9 +17,13 @@ from controlplane.serving import Connection, PooledHttpServer
 from controlplane.podpriority import system_priority_classes
 from controlplane.podlogs import PodLogSource
 from gpudra.atomicfile import atomic_write
-from controlplane.resources import Registry, registry_for
+from controlplane.backend import HistoryLimits
+from controlplane.gatedfields import GatedFields
+from controlplane.resources import Registry, known_group_versions, registry_for
+from controlplane.runtimeconfig import RuntimeConfig
 from controlplane.status import StatusError
 from controlplane.store import Store
+from gpudra.features import Features
 from gpudra.validation.admission import Admission
 
 _INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -48,18 +52,31 @@ class EmbeddedApiServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, state_file: str | Path | None = None,
                  admission: Admission | None = None, *, bookmark_interval: float = 60.0,
-                 history_limit: int = 20000, registry: Registry | None = None,
-                 persist_interval: float = 0.5, kubernetes_version: str = "1.37") -> None:
+                 history_limit: int = 20000, history_bytes: int = HistoryLimits.bytes,
+                 history_age_s: float = HistoryLimits.age_s, registry: Registry | None = None,
+                 persist_interval: float = 0.5, kubernetes_version: str = "1.37",
+                 runtime_config: str | list[str] | RuntimeConfig | None = None,
+                 features: Features | None = None) -> None:
+        """`runtime_config` is kube-apiserver's `--runtime-config` (GA versions only when None; the beta
+        versions of resource.k8s.io and scheduling.k8s.io are off by default, as in 1.37); `features`, the
+        feature gates (the release's defaults when None): gated types are served and gated fields kept only
+        with their gate on."""
         check_loopback(host)
         self.kubernetes_version = kubernetes_version
         self.host = host
         self.port = port
         self.state_file = Path(state_file) if state_file else None
+        self.features = features or Features.for_version(kubernetes_version)
+        if not isinstance(runtime_config, RuntimeConfig):
+            runtime_config = RuntimeConfig.parse(runtime_config, known_group_versions())
+        self.runtime_config = runtime_config
         # A registry of its own: served CustomResourceDefinitions add types to it.
-        self.registry = Registry(types=registry.types) if registry is not None else registry_for(kubernetes_version)
+        self.registry = (Registry(types=registry.types) if registry is not None
+                         else registry_for(kubernetes_version, runtime_config, self.features))
         self.bookmark_interval = bookmark_interval
         self.persist_interval = persist_interval
-        self.store = Store(self.registry, admission, history_limit)
+        self.store = Store(self.registry, admission, HistoryLimits(history_limit, history_bytes, history_age_s),
+                           GatedFields(self.features))
         self._stop = threading.Event()
         self._httpd: PooledHttpServer | None = None
         self._threads: list[threading.Thread] = []

@@ -7,11 +7,13 @@ can serialize them without copying and without holding the lock.
 from __future__ import annotations
 
 import bisect
+import builtins
 import contextlib
 import functools
 import json
 import random
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,10 +23,16 @@ from typing import Any, TypeVar
 from controlplane import objects as o
 from gpudra.validation import schema
 from controlplane import status as st
+from controlplane import patchmeta
+from controlplane.gatedfields import GatedFields
 from controlplane.patch import PatchError, json_patch, merge_patch
-from controlplane.persistence import Change, SqliteLog, StorageError
+from controlplane.strategicmerge import strategic_merge
+from controlplane.backend import MAX_RESOURCE_VERSION, Backend, Change, HistoryLimits, StorageError
+from controlplane.persistence import SqliteLog
 from controlplane.resources import Registry, ResourceType
 from controlplane.selectors import FieldSelector, LabelSelector, labels_of
+from gpudra.defaults import apply_defaults
+from gpudra.features import Features
 from gpudra.jsoncopy import copy_json
 from controlplane.crds import definition as crd_definition
 from gpudra.validation.admission import Admission
@@ -86,7 +94,7 @@ def _durable(method: F) -> F:
     @functools.wraps(method)
     def wrapper(self: Store, *args: Any, **kwargs: Any) -> Any:
         self._tls.rv = 0
-        self._tls.published = published = set()
+        self._tls.published = published = set[ResourceType]()
         try:
             result = method(self, *args, **kwargs)
         finally:
@@ -97,7 +105,7 @@ def _durable(method: F) -> F:
             try:
                 self._log.wait_durable(self._tls.rv)
             except StorageError as exc:
-                raise st.StatusError(500, "InternalError", str(exc))
+                raise st.StatusError(500, "InternalError", str(exc)) from exc
         return result
 
     return wrapper  # type: ignore[return-value]
@@ -119,24 +127,24 @@ class Filter:
             return False
         if not self.labels.empty and not self.labels.matches(labels_of(obj)):
             return False
-        if not self.fields.empty and not self.fields.matches(lambda f: self.rt.field_value(obj, f)):
-            return False
-        return True
+        return self.fields.empty or self.fields.matches(lambda f: self.rt.field_value(obj, f))
 
 
 class Store:
-    def __init__(self, registry: Registry, admission: Admission | None = None, history_limit: int = 20000) -> None:
+    def __init__(self, registry: Registry, admission: Admission | None = None, history: HistoryLimits | None = None,
+                 gated: GatedFields | None = None) -> None:
         self.registry = registry
         self._admission = admission
-        self._history_limit = history_limit
+        self._gated = gated or GatedFields(Features())
+        self._limits = history or HistoryLimits()
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # the garbage collector's queue and shutdown
         # Watchers wait per resource type and are woken only by events of their type.
         self._rt_conds = {rt: threading.Condition(self._lock) for rt in registry.types}
-        self._rt_visible = {rt: 0 for rt in registry.types}  # newest event of each type watchers may see
+        self._rt_visible = dict.fromkeys(registry.types, 0)  # newest event of each type watchers may see
         self._pushed: dict[ResourceType, set[Watcher]] = {}  # watchers sent to by writing threads (push_to)
         self._visible = 0  # every event up to here is visible to watchers (committed, when durable)
-        self._log: SqliteLog | None = None
+        self._log: Backend | None = None
         # resourceVersions after the last commit before a restart and before where it continued: a reader may
         # have seen them on objects that were then lost with the process, so a watch resuming from one is 410
         # (the client relists and drops what it saw), never silently continued.
@@ -150,6 +158,11 @@ class Store:
         self._rv = 0
         self._history: list[Event] = []
         self._history_rvs: list[int] = []
+        # Per history event: the bytes it holds (its encoded object, and the old one) and when it was written.
+        self._history_sizes: list[int] = []
+        self._history_times: list[float] = []
+        self._history_bytes = 0
+        self._aged_at = 0.0  # when the history was last compacted by age (at most once a second)
         # Every event with rv > _floor is still in the history; older ones were compacted.
         self._floor = 0
         self._closed = False
@@ -185,7 +198,7 @@ class Store:
         try:
             self._log.wait_durable(int(rv))
         except StorageError as exc:
-            raise st.StatusError(500, "InternalError", str(exc))
+            raise st.StatusError(500, "InternalError", str(exc)) from exc
         except ValueError:
             return
 
@@ -228,7 +241,7 @@ class Store:
         else:
             model = schema.model_name(rt.group, version, rt.kind)
             if model is None:
-                return copy_json(obj)  # type: ignore[no-any-return]
+                return copy_json(obj)
             report = schema.check_fields(model, obj)
             pruned, unknown, type_errors = report.pruned, report.unknown, report.type_errors
             if rt.kind == crd_definition.KIND and rt.group == crd_definition.GROUP:
@@ -244,7 +257,7 @@ class Store:
                                  f"strict decoding error: {', '.join(problems)}")
         if policy.mode == "Warn":
             policy.warnings.extend(p for p in problems if p not in policy.warnings)
-        return pruned  # type: ignore[no-any-return]
+        return pruned
 
     def _admits(self, rt: ResourceType) -> bool:
         # resource.k8s.io, and NVIDIA's ComputeDomains once their CRD serves them (gpudra.computedomain).
@@ -261,12 +274,13 @@ class Store:
             errors.extend(rt.custom.validate(obj, old))
         elif rt.kind == crd_definition.KIND and rt.group == crd_definition.GROUP:
             errors.extend(crd_definition.validate_definition(obj, old))
-        if self._admits(rt):
+        admission = self._admission
+        if admission is not None and self._admits(rt):
             try:
-                errors.extend(self._admission(obj, old))
+                errors.extend(admission(obj, old))
             except Exception as exc:  # a broken validator must not take the server down
                 raise st.StatusError(500, "InternalError",
-                                     f'{rt.qualified_kind} "{name}": admission failed: {type(exc).__name__}: {exc}')
+                                     f'{rt.qualified_kind} "{name}": admission failed: {type(exc).__name__}: {exc}') from exc
         if errors:
             raise st.invalid(rt, name, errors)
 
@@ -274,6 +288,9 @@ class Store:
                 old: dict[str, Any] | None) -> dict[str, Any]:
         """Store (or remove, when `new` is None) one object and record its event; caller holds the lock."""
         rv = self._rv + 1
+        if rv > MAX_RESOURCE_VERSION:
+            raise st.StatusError(500, "InternalError", f"resourceVersion {rv} would exceed Kubernetes' int64 "
+                                                       f"resourceVersions ({MAX_RESOURCE_VERSION}); nothing is stored")
         obj_json: bytes | None = None
         if new is not None:
             o.meta(new)["resourceVersion"] = str(rv)
@@ -297,7 +314,7 @@ class Store:
             try:
                 self._log.check_writable()
             except StorageError as exc:
-                raise st.StatusError(503, "ServiceUnavailable", str(exc))
+                raise st.StatusError(503, "ServiceUnavailable", str(exc)) from exc
         self._rv = rv
         table = self._objects[rt]
         if old is not None:
@@ -337,13 +354,7 @@ class Store:
             # The DELETED event carries the final state with the deletion's resourceVersion, as Kubernetes does.
             event_obj = {**old, "metadata": {**old["metadata"], "resourceVersion": str(self._rv)}}
         event = Event(self._rv, rt, event_type, event_obj, old, obj_json if new is not None else _encode(event_obj))
-        self._history.append(event)
-        self._history_rvs.append(self._rv)
-        if len(self._history) > 2 * self._history_limit:
-            drop = len(self._history) - self._history_limit
-            self._floor = self._history_rvs[drop - 1]
-            del self._history[:drop]
-            del self._history_rvs[:drop]
+        self._remember(event, len(event.obj_json or b"") * (2 if old is not None else 1))
         self._tls.rv = self._rv
         if self._log is None:
             self._publish_locked(self._rv, (rt,))
@@ -352,6 +363,37 @@ class Store:
             self._log.submit(Change(self._rv, rt.kind, key[0], key[1], obj_json, event_type, event.obj_json,
                                     _encode(old) if old is not None else None))
         return event_obj
+
+    def _remember(self, event: Event, size: int) -> None:
+        """Add one event to the watch history and compact what is past the limits (amortized: at twice the
+        count or bytes, down to the limits; by age, at most once a second)."""
+        now = time.monotonic()
+        history = self._history
+        history.append(event)
+        self._history_rvs.append(event.rv)
+        self._history_sizes.append(size)
+        self._history_times.append(now)
+        self._history_bytes += size
+        limits = self._limits
+        drop = 0
+        if len(history) > 2 * limits.events or self._history_bytes > 2 * limits.bytes:
+            kept_bytes, keep = 0, 0
+            for size_i in reversed(self._history_sizes):
+                if keep >= limits.events or kept_bytes + size_i > limits.bytes:
+                    break
+                kept_bytes += size_i
+                keep += 1
+            drop = len(self._history) - keep
+        elif now - self._aged_at > 1.0:
+            self._aged_at = now
+            if self._history_times[0] < now - limits.age_s:
+                drop = bisect.bisect_left(self._history_times, now - limits.age_s)
+        if drop:
+            self._floor = self._history_rvs[drop - 1]
+            self._history_bytes -= sum(self._history_sizes[:drop])
+            column: list[Any]
+            for column in (self._history, self._history_rvs, self._history_sizes, self._history_times):
+                del column[:drop]
 
     def _publish_locked(self, rv: int, rts: Any) -> None:
         """Make events up to `rv` visible to watchers and wake the watchers of the types in `rts`. Pushed
@@ -376,7 +418,7 @@ class Store:
         once written. A durable store publishes from its log's thread, which wakes each watch instead."""
         return self._log is None
 
-    def push_to(self, watcher: Watcher, push: Callable[[list[tuple[str, Event]]], bool]) -> None:
+    def push_to(self, watcher: Watcher, push: Callable[[builtins.list[tuple[str, Event]]], bool]) -> None:
         """Deliver `watcher`'s events from the threads that write them: `push(events)` sends them without
         blocking (False when it could not send them all). A watch thread wakes for each event it is to send;
         a write that sends it itself saves that wake-up (and its thread switches) for every watcher.
@@ -413,7 +455,7 @@ class Store:
                 finally:
                     watcher.delivery.release()
 
-    def _on_durable(self, rv: int, batch: list[Change]) -> None:
+    def _on_durable(self, rv: int, batch: builtins.list[Change]) -> None:
         with self._lock:
             self._publish_locked(rv, [rt for ch in batch if (rt := self.registry.by_kind(ch.kind)) is not None])
 
@@ -456,6 +498,8 @@ class Store:
         if not name and not generate:
             raise st.invalid(rt, "", ["metadata.name: Required value: name or generateName is required"])
         o.prepare_create(rt, obj)
+        apply_defaults(rt.group, rt.kind, obj)
+        self._gated.drop_disabled(rt.group, rt.kind, obj, None)
         # Objects that go through admission have their names checked there, together with everything else,
         # so that one 422 lists all of an object's errors as Kubernetes does.
         if not self._admits(rt):
@@ -529,7 +573,10 @@ class Store:
             raise st.bad_request(f"the body of a {rt.kind} update must be a JSON object")
         check_type_meta(rt, body)
         body = self.clean_fields(rt, body, fields)
-        bm = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        apply_defaults(rt.group, rt.kind, body)
+        bm = body.get("metadata")
+        if not isinstance(bm, dict):
+            bm = {}
         if bm.get("name") != name:  # an omitted name does not match either, as in kube-apiserver
             raise st.bad_request(f'the name of the object ({bm.get("name") or ""}) does not match the name on the URL ({name})')
         if rt.namespaced and bm.get("namespace") and bm["namespace"] != namespace:
@@ -552,6 +599,8 @@ class Store:
             if added:
                 raise st.invalid(rt, name, [f"metadata.finalizers: Forbidden: no new finalizers can be added if the "
                                             f"object is being deleted, found new finalizers {sorted(added)}"])
+        # Parts of `new` shared with `old` lose nothing here: a gate's fields are kept when `old` has them.
+        self._gated.drop_disabled(rt.group, rt.kind, new, old)
         self._admit(rt, name, new, old)
         with self._cond:
             current = self._objects[rt].get((namespace, name))
@@ -570,27 +619,32 @@ class Store:
     @_durable
     def patch(self, rt: ResourceType, namespace: str, name: str, patch_type: str, body: Any,
               subresource: str | None = None, codec: Codec | None = None,
-              fields: FieldPolicy | None = None) -> dict[str, Any]:
-        """`codec` (to the request's version, back to storage) applies the patch to the object as the
-        request's API version shows it, as Kubernetes patches in the version the client speaks."""
+              fields: FieldPolicy | None = None, version: str | None = None) -> dict[str, Any]:
+        """`patch_type` is "json", "merge" or "strategic". `codec` (to the request's version, back to storage)
+        applies the patch to the object as the request's API version (`version`) shows it, as Kubernetes
+        patches in the version the client speaks."""
+        type_name = strategic_type(rt, version or rt.version) if patch_type == "strategic" else None
         for _ in range(_PATCH_RETRIES):
             old = self.get(rt, namespace, name)
             view = codec[0](old) if codec else old
             try:
                 if patch_type == "json":
                     patched = json_patch(view, body)
+                elif not isinstance(body, dict):
+                    raise st.bad_request(f"a {patch_type} merge patch body must be a JSON object")
+                elif type_name is not None:
+                    patched = strategic_merge(view, body, patchmeta.load(), type_name)
                 else:
-                    if not isinstance(body, dict):
-                        raise st.bad_request("a merge patch body must be a JSON object")
                     patched = merge_patch(view, body)
             except PatchError as exc:
-                raise st.StatusError(422, "Invalid", f'{rt.qualified_kind} "{name}" is invalid: {exc}')
+                raise st.StatusError(422, "Invalid", f'{rt.qualified_kind} "{name}" is invalid: {exc}') from exc
             if not isinstance(patched, dict):
                 raise st.bad_request(f"the patch for {rt.kind} {name!r} must produce a JSON object")
             if codec:
                 patched = codec[1](patched)
             check_type_meta(rt, patched)
             patched = self.clean_fields(rt, patched, fields)
+            apply_defaults(rt.group, rt.kind, patched)
             _check_uid(rt, name, o.meta(patched), old)
             want_rv = (patched.get("metadata") or {}).get("resourceVersion")
             if want_rv and want_rv != old["metadata"].get("resourceVersion"):
@@ -614,7 +668,9 @@ class Store:
         assert rt is not None
         if not isinstance(body, dict):
             raise st.bad_request("the body of a pod binding must be a Binding object")
-        target = body.get("target") if isinstance(body.get("target"), dict) else {}
+        target = body.get("target")
+        if not isinstance(target, dict):
+            target = {}
         node = target.get("name")
         if not node:
             raise st.invalid(rt, name, ["target.name: Required value: the node to bind to"])
@@ -628,11 +684,15 @@ class Store:
         if want_uid and want_uid != old["metadata"]["uid"]:
             raise st.conflict(rt, name, "Precondition failed: UID in precondition does not match")
         # Only what changes is new; the rest is shared with `old` (stored objects are never modified).
-        status = old.get("status") if isinstance(old.get("status"), dict) else {}
+        status = old.get("status")
+        if not isinstance(status, dict):
+            status = {}
         conditions = [c for c in (status.get("conditions") or []) if c.get("type") != "PodScheduled"]
         conditions.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
                            "lastTransitionTime": o.now_rfc3339()})
-        spec = old.get("spec") if isinstance(old.get("spec"), dict) else {}
+        spec = old.get("spec")
+        if not isinstance(spec, dict):
+            spec = {}
         new = {**old, "metadata": dict(old["metadata"]), "spec": {**spec, "nodeName": node},
                "status": {**status, "conditions": conditions}}
         self._write(rt, namespace, name, old, new, None)
@@ -757,7 +817,7 @@ class Store:
             snapshot = [obj for key, obj in sorted(self._objects[flt.rt].items()) if flt.matches(obj)] if initial else []
         return Watcher(self, flt, start, snapshot)
 
-    def _events_after(self, rt: ResourceType, pos: int) -> tuple[list[Event], int] | None:
+    def _events_after(self, rt: ResourceType, pos: int) -> tuple[builtins.list[Event], int] | None:
         """Visible events of `rt` after `pos` and the new position; None when `pos` was compacted (lock held)."""
         if pos < self._floor:
             return None
@@ -768,7 +828,7 @@ class Store:
         hi = bisect.bisect_right(self._history_rvs, visible, lo)
         return [ev for ev in self._history[lo:hi] if ev.rt is rt], max(pos, visible)
 
-    def wait_events(self, rt: ResourceType, pos: int, timeout: float) -> tuple[list[Event], int] | None:
+    def wait_events(self, rt: ResourceType, pos: int, timeout: float) -> tuple[builtins.list[Event], int] | None:
         """Events of `rt` after `pos`, waiting up to `timeout` for one; only `rt`'s events wake the wait."""
         with self._lock:
             if self._rt_visible[rt] <= pos and not self._closed:
@@ -831,14 +891,18 @@ class Store:
 
     # ----- persistence ---------------------------------------------------------------------------------------
 
+    def storage_failure(self) -> str | None:
+        """Why the durable store can no longer write (health checks report it), or None."""
+        return self._log.failure() if self._log is not None else None
+
     def storage_stats(self) -> dict[str, int] | None:
         """Commits and writes so far of the durable store (writes/commits: how well group commit works)."""
         return self._log.stats() if self._log is not None else None
 
-    def open_durable(self, path: str | Path) -> list[str]:
+    def open_durable(self, path: str | Path) -> builtins.list[str]:
         """Load the state database at `path` (created when missing) and commit every later write to it before
         the write returns. Returns a description of each stored object that could not be loaded."""
-        log = SqliteLog(path, self._history_limit, on_durable=self._on_durable)
+        log: Backend = SqliteLog(path, self._limits, on_durable=self._on_durable)
         state = log.open()
         problems: list[str] = []
         if state.migrated_from is not None:
@@ -864,12 +928,11 @@ class Store:
                 self._by_uid[m["uid"]] = (rt, key[0], key[1])
                 for owner in o.owner_uids(obj):
                     self._dependents.setdefault(owner, set()).add((rt, key[0], key[1]))
-            for rv, kind, etype, obj, old in state.events:
+            for rv, kind, etype, obj, old, size in state.events:
                 rt = self.registry.by_kind(kind)
                 if rt is None:
                     continue
-                self._history.append(Event(rv, rt, etype, obj, old))
-                self._history_rvs.append(rv)
+                self._remember(Event(rv, rt, etype, obj, old), size)
                 self._rt_visible[rt] = rv
             for owner in self._dependents:
                 if owner not in self._by_uid:
@@ -881,6 +944,17 @@ class Store:
 def _is_definition(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get("kind") == crd_definition.KIND and obj.get(
         "apiVersion") == f"{crd_definition.GROUP}/v1"
+
+
+def strategic_type(rt: ResourceType, version: str) -> str:
+    """The API type a strategic merge patch of `rt` in `version` is applied with. Kinds the built-in API does
+    not define (custom resources) have no patch strategies: kube-apiserver answers 415 for them."""
+    type_name = patchmeta.load().type_of(rt.group, version, rt.kind)
+    if type_name is None:
+        raise st.StatusError(415, "UnsupportedMediaType",
+                             "the body of the request was in an unknown format - accepted media types include: "
+                             "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml")
+    return type_name
 
 
 def check_type_meta(rt: ResourceType, body: dict[str, Any]) -> None:

@@ -101,7 +101,9 @@ def _later(a: datetime | None, b: datetime | None) -> datetime | None:
 
 
 def _pod_cells(pod: dict[str, Any], now: datetime) -> list[Any]:
-    status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
+    status = pod.get("status")
+    if not isinstance(status, dict):
+        status = {}
     total = len(_list(pod, "spec", "containers"))
     reason = status.get("phase") or ""
     if status.get("reason"):
@@ -160,7 +162,9 @@ def _container_states(status: dict[str, Any], reason: str, restarts: int, last_r
     for cs in reversed(_list(status, "containerStatuses")):
         restarts += int(cs.get("restartCount") or 0)
         last_restart = _later(last_restart, parse_rfc3339(_get(cs, "lastState", "terminated", "finishedAt")))
-        state = cs.get("state") if isinstance(cs.get("state"), dict) else {}
+        state = cs.get("state")
+        if not isinstance(state, dict):
+            state = {}
         waiting, terminated = state.get("waiting"), state.get("terminated")
         if isinstance(waiting, dict) and waiting.get("reason"):
             reason = waiting["reason"]
@@ -277,7 +281,8 @@ def _event_cells(ev: dict[str, Any], now: datetime) -> list[Any]:
 
 def _quota_cells(quota: dict[str, Any], now: datetime) -> list[Any]:
     # What the quota controller has recorded (status.hard), as upstream prints it: nothing before it has run.
-    requests, limits = [], []
+    requests: list[str] = []
+    limits: list[str] = []
     used = _get(quota, "status", "used") or {}
     hard = _get(quota, "status", "hard") or {}
     for resource in sorted(hard):

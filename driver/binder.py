@@ -42,7 +42,9 @@ class MigBinder:
         self.pool = pool_name
         self.interval = interval
         self.ready_condition, self.failure_condition = (c[0] for c in bc.mig_conditions(driver_name))
-        self._ahead: dict[str, ClaimRef] = {}  # claim uid -> prepared here before the kubelet asked
+        # claim uid -> prepared here before the kubelet asked; from the checkpoint, so that a binding that fails
+        # after an agent restart still releases its MIG instance.
+        self._ahead: dict[str, ClaimRef] = {r.uid: r for r in preparer.prepared_ahead()}
         self._thread: threading.Thread | None = None
 
     def start(self, stop: threading.Event) -> None:
@@ -100,6 +102,7 @@ class MigBinder:
             log.warning("event=mig-binding-failed claim=%s/%s error=%r", ref.namespace, ref.name, result.error)
             return
         self._ahead[ref.uid] = ref
+        self.preparer.mark_prepared_ahead(ref.uid)
         self._report(claim, mine, ok=True, message="MIG instance created")
         report.ready.append(f"{ref.namespace}/{ref.name}")
         log.info("event=mig-binding-ready claim=%s/%s", ref.namespace, ref.name)

@@ -13,10 +13,13 @@
   injected; CDI alone decides what a container gets. The variable is the same in every device, so CDI's
   last-wins env merging cannot matter.
 - device nodes carry type `c` and major/minor wherever the node's numbers are known (`DeviceNumbers`, read from
-  /proc/devices and /proc/driver/nvidia/capabilities at prepare time): the runtime then creates the node in the
-  container without stat-ing the host path, which matters for `/dev/nvidia-caps/nvidia-cap<N>` (usually absent
-  on the host: the driver only creates capability nodes on demand) and `/dev/nvidia-uvm*` (absent until
-  something loads nvidia-uvm's nodes). Without numbers (the simulator) a node is named by path only.
+  /proc/devices and /proc/driver/nvidia/capabilities at prepare time, or given by the simulator): the runtime
+  then creates the node in the container without stat-ing the host path, which matters for
+  `/dev/nvidia-caps/nvidia-cap<N>` (usually absent on the host: the driver only creates capability nodes on
+  demand) and `/dev/nvidia-uvm*` (absent until something loads nvidia-uvm's nodes). A GPU or control node whose
+  major is unknown is named by path only (the runtime then needs it on the host, as containerd and CRI-O stat
+  it); `/dev/nvidia-uvm*` are left out when nvidia-uvm is not loaded (no major in /proc/devices): naming them
+  would fail every container with "failed to stat CDI host device".
 - the spec's top-level containerEdits carry what every device needs from the host driver install (libraries,
   binaries, firmware, IPC sockets and the nvidia-cdi-hook hooks; driver/driverfiles.py), so that a runtime with
   plain CDI support and no NVIDIA runtime hook still gives the container a working CUDA; empty on the simulator.
@@ -46,12 +49,12 @@ CDI_CLASS = "claim"
 CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
 SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
 
-CONTROL_DEVICE_NODES: tuple[str, ...] = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 NVIDIA_CAPS_DIR = "/dev/nvidia-caps"
 _MIG_MINORS_PER_GI = 9  # the GI's access entry + 8 compute instances
 _MIG_GIS_PER_GPU = 15
 _MIG_FIRST_MINOR = 3  # after config (1) and monitor (2)
 
+NVIDIA_MAJOR = 195  # the GPU and control nodes' major, fixed by the driver (registered as nvidia-frontend/nvidia)
 NVIDIACTL_MINOR = 255  # /dev/nvidia<N> has minor N; the control node the last minor of the same major
 
 KNOWN_VERSIONS: tuple[str, ...] = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
@@ -124,16 +127,22 @@ class DeviceNumbers:
         # Older drivers register the GPU nodes' major (195) as `nvidia-frontend`, newer ones as `nvidia`.
         return self.majors.get("nvidia-frontend", self.majors.get("nvidia"))
 
+    def gpu_node(self, gpu_minor: int) -> dict[str, Any]:
+        major = self.gpu_major
+        path = f"/dev/nvidia{gpu_minor}"
+        return _char_node(path, major, gpu_minor) if major is not None else {"path": path}
+
+    def control_nodes(self) -> list[dict[str, Any]]:
+        """/dev/nvidiactl, and /dev/nvidia-uvm{,-tools} only when nvidia-uvm is loaded."""
+        major, uvm = self.gpu_major, self.majors.get("nvidia-uvm")
+        nodes = [_char_node("/dev/nvidiactl", major, NVIDIACTL_MINOR) if major is not None else {"path": "/dev/nvidiactl"}]
+        if uvm is not None:
+            nodes += [_char_node("/dev/nvidia-uvm", uvm, 0), _char_node("/dev/nvidia-uvm-tools", uvm, 1)]
+        return nodes
+
     def gpu_nodes(self, gpu_minor: int) -> list[dict[str, Any]]:
         """The GPU's node and the control nodes."""
-        major, uvm = self.gpu_major, self.majors.get("nvidia-uvm")
-        gpu = [_char_node(f"/dev/nvidia{gpu_minor}", major, gpu_minor), _char_node("/dev/nvidiactl", major, NVIDIACTL_MINOR)] \
-            if major is not None else [{"path": f"/dev/nvidia{gpu_minor}"}, {"path": "/dev/nvidiactl"}]
-        if uvm is not None:
-            gpu += [_char_node("/dev/nvidia-uvm", uvm, 0), _char_node("/dev/nvidia-uvm-tools", uvm, 1)]
-        else:
-            gpu += [{"path": "/dev/nvidia-uvm"}, {"path": "/dev/nvidia-uvm-tools"}]
-        return gpu
+        return [self.gpu_node(gpu_minor), *self.control_nodes()]
 
     def mig_nodes(self, gpu_minor: int, gpu_instance_id: int, compute_instance_id: int) -> list[dict[str, Any]]:
         """The GI and CI access nodes, with the driver's minors and major when it publishes them.
@@ -141,8 +150,12 @@ class DeviceNumbers:
         Raises CapabilityError when the driver has capability files but not this MIG device's (it is gone)."""
         major = self.majors.get("nvidia-caps")
         if self.caps_dir is None or major is None:
+            # The kernel module's fixed table; with the major known the nodes are typed (absent on the host).
             gi_minor, ci_minor = mig_cap_minors(gpu_minor, gpu_instance_id, compute_instance_id)
-            return [{"path": f"{NVIDIA_CAPS_DIR}/nvidia-cap{gi_minor}"}, {"path": f"{NVIDIA_CAPS_DIR}/nvidia-cap{ci_minor}"}]
+            paths = (f"{NVIDIA_CAPS_DIR}/nvidia-cap{gi_minor}", f"{NVIDIA_CAPS_DIR}/nvidia-cap{ci_minor}")
+            if major is None:
+                return [{"path": p} for p in paths]
+            return [_char_node(paths[0], major, gi_minor, 0o444), _char_node(paths[1], major, ci_minor, 0o444)]
         gi_dir = self.caps_dir / f"gpu{gpu_minor}" / "mig" / f"gi{gpu_instance_id}"
         nodes = []
         for path in (gi_dir / "access", gi_dir / f"ci{compute_instance_id}" / "access"):

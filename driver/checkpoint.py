@@ -11,6 +11,10 @@ On disk, in the plugin data dir:
 - `serialize.lock` — flock'ed around every read-modify-write, so that two plugin instances (rolling update) and
   the device plugin shim never interleave.
 
+NVIDIA's DRA driver keeps its checkpoint under the same name in the same plugin dir (both serve `gpu.nvidia.com`).
+Met at load, it is not corruption: it is moved aside as `checkpoint.json.nvidia-<n>` and the claims it held are
+named in `LoadReport.notes` (their CDI specs go as orphans at start; see docs/deployment.md, migrating).
+
 Corruption (bad checksum, unparsable snapshot, a damaged journal line that is not the torn tail of an interrupted
 append) is reported in `LoadReport.problems` and the bad file is kept aside as `<name>.corrupt-<n>`; whatever
 verified data precedes the damage is kept. A torn last journal line is an append that never completed (its
@@ -106,6 +110,9 @@ class ClaimRecord(BaseModel):
     phase: ClaimPhase
     devices: list[PreparedDevice]
     mps_daemons: list[MpsDaemonRecord] = Field(default_factory=list)
+    # Prepared by the binder (KEP-5007 binding conditions) before the kubelet asked: released by the binder if
+    # the binding fails, also after an agent restart.
+    prepared_ahead: bool = False
 
 
 class CheckpointData(BaseModel):
@@ -139,6 +146,26 @@ class LoadReport:
 
 class CheckpointCorrupt(Exception):
     pass
+
+
+def nvidia_checkpoint_claims(path: Path) -> list[str] | None:
+    """The claim UIDs in NVIDIA's DRA driver checkpoint at `path` (`{"checksum": N, "v1"|"v2": {"preparedClaims":
+    {uid: ...}}}`), or None when the file is not one."""
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(doc, dict) or "data" in doc or not isinstance(doc.get("checksum"), int):
+        return None
+    versions = [doc[k] for k in doc if k.startswith("v") and k[1:].isdigit() and isinstance(doc[k], dict)]
+    if not versions:
+        return None
+    claims: set[str] = set()
+    for v in versions:
+        prepared = v.get("preparedClaims")
+        if isinstance(prepared, dict):
+            claims.update(str(k) for k in prepared)
+    return sorted(claims)
 
 
 class LedgerConflict(Exception):
@@ -262,7 +289,9 @@ class Checkpoint:
         report = LoadReport()
         data: dict[str, Any] = CheckpointData().model_dump(mode="json")
         snapshot_ok = True
-        if self.snapshot_path.exists():
+        if self.snapshot_path.exists() and self._set_aside_nvidia(report):
+            pass
+        elif self.snapshot_path.exists():
             try:
                 data = self._read_snapshot(self.snapshot_path)
             except CheckpointCorrupt as exc:
@@ -280,6 +309,21 @@ class Checkpoint:
         self._replay(data, min_seq, report)
         self._set_data(data, report)
         return report
+
+    def _set_aside_nvidia(self, report: LoadReport) -> bool:
+        """Move NVIDIA's checkpoint out of the way; True when the snapshot was one."""
+        claims = nvidia_checkpoint_claims(self.snapshot_path)
+        if claims is None:
+            return False
+        n = 1
+        while (target := self.snapshot_path.with_name(f"{self.snapshot_path.name}.nvidia-{n}")).exists():
+            n += 1
+        os.replace(self.snapshot_path, target)
+        fsync_dir(self.snapshot_path.parent)
+        report.notes.append(
+            f"{self.snapshot_path}: NVIDIA's DRA driver checkpoint (claims it prepared: "
+            f"{', '.join(claims) if claims else 'none'}), moved aside as {target}; starting with an empty checkpoint")
+        return True
 
     def _read_snapshot(self, path: Path) -> dict[str, Any]:
         try:

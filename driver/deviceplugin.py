@@ -257,20 +257,22 @@ def preferred_allocation(
     return best_set
 
 
-def container_allocate_response(gpus: Sequence[Gpu]) -> Any:
-    """What the container gets: CDI devices for CDI-enabled runtimes, and env + device nodes for the others."""
+def container_allocate_response(gpus: Sequence[Gpu], numbers: cdi.DeviceNumbers | None = None) -> Any:
+    """What the container gets: CDI devices for CDI-enabled runtimes, and env + device nodes for the others
+    (the control nodes that exist: /dev/nvidia-uvm* only with nvidia-uvm loaded)."""
+    numbers = numbers or cdi.DeviceNumbers()
     resp = pb.ContainerAllocateResponse()
     resp.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in gpus)
-    for g in gpus:
-        path = f"/dev/nvidia{g.minor}"
-        resp.devices.append(pb.DeviceSpec(container_path=path, host_path=path, permissions="rw"))
-    for path in cdi.CONTROL_DEVICE_NODES:
+    for node in [numbers.gpu_node(g.minor) for g in gpus] + numbers.control_nodes():
+        path = node["path"]
         resp.devices.append(pb.DeviceSpec(container_path=path, host_path=path, permissions="rw"))
     resp.cdi_devices.extend(pb.CDIDevice(name=legacy_cdi_id(g.uuid)) for g in gpus)
     return resp
 
 
-def legacy_cdi_spec(gpus: Sequence[Gpu], common: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def legacy_cdi_spec(
+    gpus: Sequence[Gpu], common: Mapping[str, Any] | None = None, numbers: cdi.DeviceNumbers | None = None,
+) -> dict[str, Any]:
     """One static spec for the GPUs the device plugin serves (kind k8s.gpu.nvidia.com/gpu, device name = UUID).
 
     `common` is the driver files' container edits (driver.driverfiles), the same the per-claim DRA specs carry.
@@ -278,13 +280,12 @@ def legacy_cdi_spec(gpus: Sequence[Gpu], common: Mapping[str, Any] | None = None
     through the response's envs (a per-device value would be overwritten by CDI's last-wins env merging)."""
     if not gpus:
         raise ValueError("the device plugin CDI spec needs at least one GPU")
+    numbers = numbers or cdi.DeviceNumbers()
     spec: dict[str, Any] = {
         "cdiVersion": "",
         "kind": LEGACY_CDI_KIND,
-        "devices": [
-            {"name": g.uuid, "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{g.minor}"}]}} for g in gpus
-        ],
-        "containerEdits": {**(common or {}), "deviceNodes": [{"path": p} for p in cdi.CONTROL_DEVICE_NODES]},
+        "devices": [{"name": g.uuid, "containerEdits": {"deviceNodes": [numbers.gpu_node(g.minor)]}} for g in gpus],
+        "containerEdits": {**(common or {}), "deviceNodes": numbers.control_nodes()},
     }
     spec["cdiVersion"] = cdi.minimum_version(spec)
     return spec
@@ -357,6 +358,8 @@ class DevicePluginSettings:
     pods_seconds: float = 10.0
     # The host driver's files as CDI container edits (libraries, binaries, hooks); empty on the simulator.
     common_edits: Mapping[str, Any] = field(default_factory=dict)
+    # The node's device numbers (the agent's, see driver.cdi.DeviceNumbers); read once per spec write/Allocate.
+    device_numbers: Callable[[], cdi.DeviceNumbers] = cdi.DeviceNumbers
 
     def __post_init__(self) -> None:
         error = extended_resource_name_error(self.resource_name)
@@ -522,7 +525,7 @@ class DevicePluginShim:
             self.settings.cdi_dir.mkdir(parents=True, exist_ok=True)
             atomic_write(
                 self.settings.cdi_dir / LEGACY_SPEC_FILE,
-                json.dumps(legacy_cdi_spec(gpus, self.settings.common_edits), indent=2, sort_keys=True).encode() + b"\n",
+                json.dumps(legacy_cdi_spec(gpus, self.settings.common_edits, self.settings.device_numbers()), indent=2, sort_keys=True).encode() + b"\n",
                 mode=0o644,
             )
         else:
@@ -761,7 +764,8 @@ class DevicePluginShim:
         for holder, ids in zip(holders, containers):
             log.info("event=allocated resource=%s holder=%s gpus=%s", resource, holder, ",".join(ids))
         self._publish(ledger_now, seq)
-        return [container_allocate_response([gpus[u] for u in ids]) for ids in containers]
+        numbers = self.settings.device_numbers()
+        return [container_allocate_response([gpus[u] for u in ids], numbers) for ids in containers]
 
 
 # ---- wiring into the node agent ------------------------------------------------------------------------------
@@ -790,7 +794,7 @@ def start_device_plugin(
     settings = DevicePluginSettings(
         kubelet_dir=s.kubelet_dir, cdi_dir=s.cdi_dir, driver_name=s.driver_name, resource_name=resource_name,
         reserved_uuids=s.reserved_uuids, watch_seconds=s.watch_seconds, pods_seconds=pods_seconds,
-        common_edits=agent.driver_files.container_edits(),
+        common_edits=agent.driver_files.container_edits(), device_numbers=agent.device_numbers,
     )
     checkpoint: Checkpoint = agent.checkpoint
     agent.extra_taints = lambda: slice_taints(agent.inventory(), checkpoint.state.ledger, s.driver_name)

@@ -17,6 +17,7 @@ from typing import Any
 import pynvml
 
 from driver.inventory import Gpu, Health, Inventory, MigDevice, MigPlacement, MigProfile, NvLink
+from driver.nvmlapi import NvmlBackend
 
 _MIB = 1024 * 1024
 
@@ -87,9 +88,9 @@ class _LinkFacts:
     fabric: tuple[str, int] | None
 
 
-def discover(nvml: Any, node_name: str, *, pcie_root_of: PcieRootLookup | None = None) -> Inventory:
+def discover(nvml: NvmlBackend, node_name: str, *, pcie_root_of: PcieRootLookup | None = None) -> Inventory:
     """Discover the node's GPUs. `pcie_root_of(bus_id)` defaults to the backend's `pcie_root`."""
-    lookup: PcieRootLookup = pcie_root_of or getattr(nvml, "pcie_root", lambda _bus: None)
+    lookup: PcieRootLookup = pcie_root_of or nvml.pcie_root
     driver_version = _text(nvml.nvmlSystemGetDriverVersion())
     try:
         cuda = nvml.nvmlSystemGetCudaDriverVersion_v2()
@@ -142,7 +143,7 @@ def _optional(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _discover_gpu(
-    nvml: Any, handle: Any, index: int, uuid: str, pcie_root_of: PcieRootLookup
+    nvml: NvmlBackend, handle: Any, index: int, uuid: str, pcie_root_of: PcieRootLookup
 ) -> tuple[Gpu, _LinkFacts, list[tuple[str, str]]]:
     name = _text(nvml.nvmlDeviceGetName(handle))
     brand = BRANDS.get(int(nvml.nvmlDeviceGetBrand(handle)), "Unknown")
@@ -170,8 +171,8 @@ def _discover_gpu(
     fabric = _fabric(nvml, handle)
     mode = _optional(getattr(nvml, "nvmlDeviceGetAddressingMode", _not_supported), handle)
     facts = _LinkFacts(
-        gpu_links={l.remote_pci_bus_id for l in nvlinks if l.active and l.remote_pci_bus_id and not l.remote_is_switch},
-        switch_links=sum(1 for l in nvlinks if l.active and l.remote_is_switch),
+        gpu_links={nl.remote_pci_bus_id for nl in nvlinks if nl.active and nl.remote_pci_bus_id and not nl.remote_is_switch},
+        switch_links=sum(1 for nl in nvlinks if nl.active and nl.remote_is_switch),
         fabric=fabric,
     )
     gpu = Gpu(
@@ -201,7 +202,7 @@ def _discover_gpu(
     return gpu, facts, mig_skips
 
 
-def _profile_info(nvml: Any, handle: Any, profile: int) -> Any:
+def _profile_info(nvml: NvmlBackend, handle: Any, profile: int) -> Any:
     try:
         return nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile)
     except pynvml.NVMLError_FunctionNotFound:
@@ -218,7 +219,7 @@ def _profile_name(info: Any) -> str:
     return f"{info.sliceCount}g.{round(info.memorySizeMB / 1024)}gb"
 
 
-def _placements(nvml: Any, handle: Any, profile_id: int) -> tuple[MigPlacement, ...]:
+def _placements(nvml: NvmlBackend, handle: Any, profile_id: int) -> tuple[MigPlacement, ...]:
     count = ctypes.c_uint(0)
     nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, None, ctypes.byref(count))
     if count.value == 0:
@@ -228,7 +229,7 @@ def _placements(nvml: Any, handle: Any, profile_id: int) -> tuple[MigPlacement, 
     return tuple(MigPlacement(int(array[i].start), int(array[i].size)) for i in range(count.value))
 
 
-def _mig_profiles(nvml: Any, handle: Any) -> tuple[MigProfile, ...]:
+def _mig_profiles(nvml: NvmlBackend, handle: Any) -> tuple[MigProfile, ...]:
     out: list[MigProfile] = []
     for profile in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
         info = _optional(_profile_info, nvml, handle, profile)
@@ -258,7 +259,7 @@ def _mig_profiles(nvml: Any, handle: Any) -> tuple[MigProfile, ...]:
 
 
 def _mig_devices(
-    nvml: Any, handle: Any, gpu_uuid: str, profiles: tuple[MigProfile, ...]
+    nvml: NvmlBackend, handle: Any, gpu_uuid: str, profiles: tuple[MigProfile, ...]
 ) -> tuple[tuple[MigDevice, ...], list[tuple[str, str]]]:
     by_id = {p.profile_id: p for p in profiles}
     devices: list[MigDevice] = []
@@ -306,7 +307,7 @@ def _mig_devices(
     return tuple(devices), skipped
 
 
-def _nvlinks(nvml: Any, handle: Any) -> list[NvLink]:
+def _nvlinks(nvml: NvmlBackend, handle: Any) -> list[NvLink]:
     links: list[NvLink] = []
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
         try:
@@ -326,7 +327,7 @@ def _nvlinks(nvml: Any, handle: Any) -> list[NvLink]:
     return links
 
 
-def _fabric(nvml: Any, handle: Any) -> tuple[str, int] | None:
+def _fabric(nvml: NvmlBackend, handle: Any) -> tuple[str, int] | None:
     """(clusterUuid, cliqueId) when the GPU is registered in an NVLink fabric (GB200 NVL-style)."""
     info: Any = pynvml.c_nvmlGpuFabricInfoV_t()
     try:

@@ -1,17 +1,27 @@
 """The NVIDIA driver's user-space files a CUDA container needs, as CDI container edits.
 
 A CDI-only runtime (containerd or CRI-O with CDI enabled, no NVIDIA runtime hook) injects exactly what the spec
-says. Device nodes alone leave a container without libcuda.so, libnvidia-ml.so or nvidia-smi, so the node agent
-adds the driver's files to every claim spec's top-level `containerEdits`, the way `nvidia-ctk cdi generate` does
-for the compute and utility capabilities:
+says. Device nodes alone leave a container without libcuda.so.1, libnvidia-ml.so.1 or nvidia-smi, so the node
+agent adds the driver's files to every claim spec's top-level `containerEdits`:
 
-- libraries named `<lib>.so.<driver version>` in the usual library dirs, bind-mounted read-only at the same path;
-- the host's `.so.1` / `.so` links to them, recreated in the container by `nvidia-cdi-hook create-symlinks`,
-  then `nvidia-cdi-hook update-ldcache` for the library dirs so the dynamic linker finds them;
-- nvidia-smi and friends, the GSP firmware of this driver version, the persistenced / fabric manager sockets.
+- the driver's libraries, known by the driver's own naming: every regular file `<name>.so.<driver version>` in
+  the driver root's library directories (what the driver installer, the distribution packages and the GPU
+  Operator's driver container all install; no list of names kept here goes stale with a new driver);
+- each mounted read-only as a file under its versioned name *and* under its soname (read from the ELF, e.g.
+  `libcuda.so.1`), into the container's system library directories of both families (`/usr/lib/<triple>` for
+  Debian/Ubuntu images, `/usr/lib64` for RHEL/Fedora images): the loader's built-in search path finds them with
+  no ld.so cache entry, no symlink created in the container and no hook binary on the host (docs/containers.md
+  says why: the NVIDIA Container Toolkit is not on GKE nodes, nor on hosts that only have a driver);
+- nvidia-smi and friends at /usr/bin, the GSP firmware of this driver version, the persistenced / fabric
+  manager sockets;
+- when the deployment provides an `nvidia-cdi-hook` on the host (`--cdi-hook-path`, toolkit 1.18 or later), the
+  two hooks NVIDIA's nvcdi adds for every container: `enable-cuda-compat` (CUDA forward-compatibility libraries
+  of the image take effect when newer than the host driver) and `disable-device-node-modification` (NVML in the
+  container does not create or chmod device nodes).
 
-Files are looked up under a driver root (the host's `/` mounted into the agent's pod, or a driver container's
-root); the spec names them by their path on the host (`host_root` + the path inside the driver root).
+Files are looked up under a driver root (the host's `/` mounted into the agent's pod, a driver container's
+root, GKE's /home/kubernetes/bin/nvidia); the spec names them by their path on the host (`host_root` + the
+path inside the driver root).
 
 `scan` is the I/O edge: it reads the few directories involved into a `RootSnapshot`. `plan` is pure: snapshot
 and driver version in, mounts and hooks out. `discover` runs both.
@@ -21,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import posixpath
 import stat
 from collections.abc import Iterable, Mapping
@@ -28,29 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from driver.elfsoname import soname
+
 log = logging.getLogger("gpu-dra.driverfiles")
 
-# The compute and utility libraries of nvidia-container-toolkit's capability lists (libnvidia-container), as
-# they are named on disk before the `.so.<version>` suffix. Libraries a given driver does not ship (older or
-# newer) are simply not found.
-COMPUTE_UTILITY_LIBRARIES: tuple[str, ...] = (
-    # utility
-    "libnvidia-ml",
-    "libnvidia-cfg",
-    "libnvidia-nscq",
-    # compute
-    "libcuda",
-    "libcudadebugger",
-    "libnvidia-opencl",
-    "libnvidia-gpucomp",
-    "libnvidia-ptxjitcompiler",
-    "libnvidia-fatbinaryloader",
-    "libnvidia-allocator",
-    "libnvidia-compiler",
-    "libnvidia-pkcs11",
-    "libnvidia-pkcs11-openssl3",
-    "libnvidia-nvvm",
-)
 LIBRARY_DIRS: tuple[str, ...] = (
     "/usr/lib64",
     "/usr/lib/x86_64-linux-gnu",
@@ -69,9 +61,7 @@ BINARIES: tuple[str, ...] = (
     "nvidia-cuda-mps-server",
 )
 BIN_DIRS: tuple[str, ...] = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "/bin", "/sbin")
-# nvidia-cdi-hook ships with the NVIDIA Container Toolkit; the GPU operator installs it under /usr/local/nvidia.
-HOOK_BINARY = "nvidia-cdi-hook"
-HOOK_DIRS: tuple[str, ...] = BIN_DIRS + ("/usr/local/nvidia/toolkit",)
+CONTAINER_BIN_DIR = "/usr/bin"
 FIRMWARE_DIRS: tuple[str, ...] = ("/lib/firmware/nvidia", "/usr/lib/firmware/nvidia")
 # The MPS pipe dir is mounted by the sharing edits of the claims that use MPS, not here.
 IPC_SOCKETS: tuple[str, ...] = (
@@ -85,8 +75,18 @@ MOUNT_OPTIONS: tuple[str, ...] = ("ro", "nosuid", "nodev", "bind")
 # Nothing is executed or mapped executable from a socket or firmware blob.
 DATA_MOUNT_OPTIONS: tuple[str, ...] = MOUNT_OPTIONS + ("noexec",)
 HOOK_LIFECYCLE = "createContainer"  # in the container's mount namespace, after the mounts, before pivot_root
+HOOK_ENV: tuple[str, ...] = ("NVIDIA_CTK_DEBUG=false",)  # as nvcdi writes its hooks
 
 _MAX_LINK_HOPS = 40  # the kernel's own limit on symlinks followed in one lookup
+_MULTIARCH = {"x86_64": "x86_64-linux-gnu", "amd64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu",
+              "arm64": "aarch64-linux-gnu"}
+
+
+def container_library_dirs(machine: str | None = None) -> tuple[str, ...]:
+    """Where the driver's libraries go in containers: the system library dir of Debian-family images (multiarch)
+    and of RHEL-family images, both on their loader's built-in search path."""
+    triple = _MULTIARCH.get((machine or platform.machine()).lower(), "x86_64-linux-gnu")
+    return (f"/usr/lib/{triple}", "/usr/lib64")
 
 
 @dataclass(frozen=True)
@@ -104,9 +104,13 @@ class Hook:
     path: str  # absolute path of the hook binary on the host
     args: tuple[str, ...]  # argv, argv[0] included
     hook_name: str = HOOK_LIFECYCLE
+    env: tuple[str, ...] = HOOK_ENV
 
     def cdi(self) -> dict[str, Any]:
-        return {"hookName": self.hook_name, "path": self.path, "args": list(self.args)}
+        out: dict[str, Any] = {"hookName": self.hook_name, "path": self.path, "args": list(self.args)}
+        if self.env:
+            out["env"] = list(self.env)
+        return out
 
 
 @dataclass(frozen=True)
@@ -133,61 +137,62 @@ class RootSnapshot:
     files: frozenset[str] = frozenset()  # regular files
     executables: frozenset[str] = frozenset()  # regular files with an execute bit
     sockets: tuple[str, ...] = ()  # IPC sockets found, in IPC_SOCKETS order
-    links: Mapping[str, str] = field(default_factory=dict)  # symlink path -> its link text, for library dirs
+    sonames: Mapping[str, str] = field(default_factory=dict)  # library path -> its DT_SONAME
     dirs: tuple[str, ...] = ()  # the library dirs that exist, in search order
     bin_dirs: tuple[str, ...] = ()  # the bin dirs that exist, in search order
-    hook_dirs: tuple[str, ...] = ()
     firmware_dirs: tuple[str, ...] = ()  # the firmware dirs of this driver version that exist
 
 
 # ---- pure core ---------------------------------------------------------------------------------------------
 
 
-def library_file_names(version: str) -> tuple[str, ...]:
-    return tuple(f"{lib}.so.{version}" for lib in COMPUTE_UTILITY_LIBRARIES)
+def is_driver_library(name: str, version: str) -> bool:
+    """`libcuda.so.580.95.05` for driver 580.95.05: the driver's naming of the libraries it installs."""
+    return name.endswith(f".so.{version}") and len(name) > len(f".so.{version}")
 
 
 def _host_path(host_root: str, path: str) -> str:
     return posixpath.normpath(posixpath.join(host_root, path.lstrip("/")))
 
 
-def _links_to(snapshot: RootSnapshot, directory: str, targets: set[str]) -> list[tuple[str, str]]:
-    """(link text, link path) for each symlink in `directory` whose chain ends at one of `targets`."""
-    found = []
-    for link, text in sorted(snapshot.links.items()):
-        if posixpath.dirname(link) != directory:
-            continue
-        current, hops = link, 0
-        while current in snapshot.links and hops < _MAX_LINK_HOPS:
-            current = posixpath.normpath(posixpath.join(posixpath.dirname(current), snapshot.links[current]))
-            hops += 1
-        if current in targets:
-            found.append((text, link))
-    return found
-
-
 def _first_executable(snapshot: RootSnapshot, dirs: Iterable[str], name: str) -> str | None:
     return next((p for p in (posixpath.join(d, name) for d in dirs) if p in snapshot.executables), None)
 
 
-def plan(snapshot: RootSnapshot, version: str, *, host_root: str = "/") -> DriverFiles:
-    """Mounts and hooks for the driver files in `snapshot` of driver `version` (pure)."""
+def plan(
+    snapshot: RootSnapshot, version: str, *, host_root: str = "/", hook_path: str | None = None,
+    container_dirs: tuple[str, ...] | None = None,
+) -> DriverFiles:
+    """Mounts and hooks for the driver files in `snapshot` of driver `version` (pure).
+
+    `hook_path` is an nvidia-cdi-hook (1.18 or later) on the host, or None; `container_dirs` where libraries go
+    in the container (default: `container_library_dirs()`)."""
     notes: list[str] = []
     mounts: list[Mount] = []
-    libraries: list[str] = []
-    names = library_file_names(version)
+    libraries: dict[str, str] = {}  # file name -> path in the root; the first library dir holding a name wins
     for directory in snapshot.dirs:
-        for name in names:
-            path = posixpath.join(directory, name)
-            if path in snapshot.files and path not in libraries:
-                libraries.append(path)
+        for path in sorted(p for p in snapshot.files if posixpath.dirname(p) == directory):
+            name = posixpath.basename(path)
+            if is_driver_library(name, version):
+                libraries.setdefault(name, path)
     if not libraries:
         notes.append(f"no driver {version} libraries (e.g. libcuda.so.{version}) in {', '.join(LIBRARY_DIRS)}")
-    mounts += [Mount(_host_path(host_root, p), p) for p in libraries]
+    targets: set[str] = set()
+    for name, path in sorted(libraries.items()):
+        names = [name]
+        so = snapshot.sonames.get(path)
+        if so and so != name and "/" not in so:
+            names.append(so)
+        for directory in container_dirs or container_library_dirs():
+            for n in names:
+                target = posixpath.join(directory, n)
+                if target not in targets:  # two files of one soname: the first (sorted) wins, as ldconfig picks one
+                    targets.add(target)
+                    mounts.append(Mount(_host_path(host_root, path), target))
     for name in BINARIES:
-        path = _first_executable(snapshot, snapshot.bin_dirs, name)
-        if path is not None:
-            mounts.append(Mount(_host_path(host_root, path), path))
+        binary = _first_executable(snapshot, snapshot.bin_dirs, name)
+        if binary is not None:
+            mounts.append(Mount(_host_path(host_root, binary), posixpath.join(CONTAINER_BIN_DIR, name)))
     firmware = sorted(
         p for p in snapshot.files
         if posixpath.dirname(p) in snapshot.firmware_dirs
@@ -197,24 +202,12 @@ def plan(snapshot: RootSnapshot, version: str, *, host_root: str = "/") -> Drive
     mounts += [Mount(_host_path(host_root, p), p, DATA_MOUNT_OPTIONS) for p in snapshot.sockets]
 
     hooks: list[Hook] = []
-    hook_path = _first_executable(snapshot, snapshot.hook_dirs, HOOK_BINARY)
-    if libraries and hook_path is None:
-        notes.append(
-            f"{HOOK_BINARY} not found in {', '.join(HOOK_DIRS)}: containers get the libraries but no .so links or "
-            "ld.so cache entries for them (install the NVIDIA Container Toolkit on the node)"
-        )
-    elif libraries and hook_path is not None:
-        host_hook = _host_path(host_root, hook_path)
-        lib_dirs = list(dict.fromkeys(posixpath.dirname(p) for p in libraries))
-        link_args: list[str] = []
-        for directory in lib_dirs:
-            for text, link in _links_to(snapshot, directory, set(libraries)):
-                # An absolute link text names a path inside the driver root, which is the same path in the container.
-                link_args += ["--link", f"{text}::{link}"]
-        if link_args:
-            hooks.append(Hook(host_hook, (HOOK_BINARY, "create-symlinks", *link_args)))
-        folder_args = [a for d in lib_dirs for a in ("--folder", d)]
-        hooks.append(Hook(host_hook, (HOOK_BINARY, "update-ldcache", *folder_args)))
+    if hook_path is not None and libraries:
+        hooks.append(Hook(hook_path, ("nvidia-cdi-hook", "enable-cuda-compat", f"--host-driver-version={version}")))
+        hooks.append(Hook(hook_path, ("nvidia-cdi-hook", "disable-device-node-modification")))
+    elif libraries:
+        notes.append("no --cdi-hook-path: containers get the driver's files but no CUDA forward-compat switch and no "
+                     "disabling of NVML's device-node modification (both need nvidia-cdi-hook 1.18+ on the host)")
     return DriverFiles(mounts=tuple(mounts), hooks=tuple(hooks), notes=tuple(notes))
 
 
@@ -271,42 +264,37 @@ def scan(root: Path, version: str) -> RootSnapshot:
     files: set[str] = set()
     executables: set[str] = set()
     sockets: list[str] = []
-    links: dict[str, str] = {}
+    sonames: dict[str, str] = {}
     lib_dirs = _existing_dirs(root, LIBRARY_DIRS)
-    wanted = set(library_file_names(version))
-    prefixes = tuple(f"{lib}.so" for lib in COMPUTE_UTILITY_LIBRARIES)
 
-    def note_file(path: str) -> None:
+    def note_file(path: str) -> bool:
         try:
             st = os.lstat(root / path.lstrip("/"))
         except OSError:
-            return
+            return False
         if stat.S_ISREG(st.st_mode):
             files.add(path)
             if st.st_mode & 0o111:
                 executables.add(path)
-        elif stat.S_ISSOCK(st.st_mode) and path not in sockets:
+            return True
+        if stat.S_ISSOCK(st.st_mode) and path not in sockets:
             sockets.append(path)
+        return False
 
     for d in lib_dirs:
         try:
-            entries = list(os.scandir(root / d.lstrip("/")))
+            names = sorted(os.listdir(root / d.lstrip("/")))
         except OSError:
             continue
-        for entry in entries:
-            path = posixpath.join(d, entry.name)
-            if entry.name in wanted:
-                note_file(path)
-            elif entry.name.startswith(prefixes) and entry.is_symlink():
-                try:
-                    links[path] = os.readlink(entry.path)
-                except OSError:
-                    continue
+        for name in names:
+            path = posixpath.join(d, name)
+            if is_driver_library(name, version) and note_file(path):
+                so = soname(root / path.lstrip("/"))
+                if so is not None:
+                    sonames[path] = so
     bin_dirs = _existing_dirs(root, BIN_DIRS)
-    hook_dirs = _existing_dirs(root, HOOK_DIRS)
-    # HOOK_DIRS holds every BIN_DIR, so one pass over it notes the binaries `plan` looks up in either list.
-    for d in hook_dirs:
-        for name in (*BINARIES, HOOK_BINARY):
+    for d in bin_dirs:
+        for name in BINARIES:
             note_file(posixpath.join(d, name))
     firmware_dirs = _existing_dirs(root, [f"{f}/{version}" for f in FIRMWARE_DIRS])
     for d in firmware_dirs:
@@ -321,13 +309,13 @@ def scan(root: Path, version: str) -> RootSnapshot:
         if real is not None:
             note_file(real)
     return RootSnapshot(
-        files=frozenset(files), executables=frozenset(executables), sockets=tuple(sockets), links=links,
-        dirs=tuple(lib_dirs), bin_dirs=tuple(bin_dirs), hook_dirs=tuple(hook_dirs), firmware_dirs=tuple(firmware_dirs),
+        files=frozenset(files), executables=frozenset(executables), sockets=tuple(sockets), sonames=sonames,
+        dirs=tuple(lib_dirs), bin_dirs=tuple(bin_dirs), firmware_dirs=tuple(firmware_dirs),
     )
 
 
-def discover(root: Path, version: str, *, host_root: str = "/") -> DriverFiles:
+def discover(root: Path, version: str, *, host_root: str = "/", hook_path: str | None = None) -> DriverFiles:
     """The driver files under `root` for driver `version`; nothing when the root does not exist."""
     if not root.is_dir():
         return DriverFiles(notes=(f"driver root {root} is not a directory",))
-    return plan(scan(root, version), version, host_root=host_root)
+    return plan(scan(root, version), version, host_root=host_root, hook_path=hook_path)

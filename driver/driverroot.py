@@ -12,8 +12,12 @@ Links are followed as the host would (absolute link texts relative to the driver
 `/usr/lib64/libnvidia-ml.so.550.54.15` resolves inside the mount, not inside the agent's image. A lookup that
 finds nothing raises `DriverRootError` naming every path it tried.
 
-Tools run from the driver root get the driver's `libnvidia-ml.so.1` preloaded and its library directory on
-`LD_LIBRARY_PATH`, since the agent image's loader does not know the driver's directories.
+Tools run from the driver root get the driver's `libnvidia-ml.so.1` preloaded and nothing else (as NVIDIA's
+driver runs them): the tool then finds that NVML by its soname, already loaded, and everything else (libc above
+all) through the agent image's own loader paths. Putting the driver's library directory on `LD_LIBRARY_PATH`
+instead would hand the tool that directory's `libc.so.6` too: on Ubuntu/Debian hosts and in the GPU Operator's
+driver container it is /usr/lib/x86_64-linux-gnu, which holds the host's glibc, of another build than the
+image's loader, and the tool dies before `main`.
 """
 
 from __future__ import annotations
@@ -84,12 +88,11 @@ class DriverRoot:
         return found
 
     def tool_env(self, base: Mapping[str, str]) -> dict[str, str]:
-        """Environment for running a driver tool from this root: its NVML preloaded, its lib dir searched."""
+        """Environment for running a driver tool from this root: its NVML preloaded, no library dir searched."""
         env = dict(base)
         try:
             library = self.find_library()
         except DriverRootError:
             return env  # the tool's own error will say what is missing
         env["LD_PRELOAD"] = ":".join(p for p in (str(library), env.get("LD_PRELOAD", "")) if p)
-        env["LD_LIBRARY_PATH"] = ":".join(p for p in (str(library.parent), env.get("LD_LIBRARY_PATH", "")) if p)
         return env

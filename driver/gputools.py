@@ -10,8 +10,8 @@
 
 `NvidiaTools` runs them through a `CommandRunner` (the subprocess one on a node, a recording one in tests);
 failures raise `GpuToolError` with the command and its stderr. Given a driver root (driver.driverroot), the
-tools are run by their path under it with the driver's `libnvidia-ml.so.1` preloaded and its library directory
-on `LD_LIBRARY_PATH` (the agent's image has neither the tools nor the library); without one, from PATH.
+tools are run by their path under it with the driver's `libnvidia-ml.so.1` preloaded (`LD_PRELOAD` only: the
+driver's library directory may hold the host's libc, see driver.driverroot); without one, from PATH.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -99,7 +100,11 @@ class MpsDirs:
 def control_socket_alive(pipe_dir: Path) -> bool:
     """Whether an MPS control daemon listens on `<pipe_dir>/control` (a stale socket file refuses connections)."""
     path = pipe_dir / MPS_CONTROL_SOCKET
-    if not path.exists():
+    try:
+        # lstat: a link planted in the pipe dir is never followed, only the daemon's own socket counts.
+        if os.path.islink(pipe_dir) or not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return False
+    except OSError:
         return False
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(2.0)
@@ -133,7 +138,7 @@ class NvidiaTools:
         except DriverRootError as exc:
             raise GpuToolError(str(exc)) from exc
         # The preload goes on top of whatever LD_PRELOAD this process has, as NVIDIA's plugin does.
-        base = {k: v for k, v in os.environ.items() if k in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
+        base = {k: v for k, v in os.environ.items() if k == "LD_PRELOAD"}
         return [str(program), *argv[1:]], {**extra, **self._root.tool_env({**base, **extra})}
 
     def _run(self, argv: Sequence[str], env: Mapping[str, str] | None = None, stdin: str | None = None) -> str:
@@ -148,8 +153,11 @@ class NvidiaTools:
             raise GpuToolError(f"GPU {gpu_uuid}: timeslice level {level} is not one of {TIMESLICE_LEVELS}")
         self._run([NVIDIA_SMI, "compute-policy", "-i", gpu_uuid, "--set-timeslice", str(level)])
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
+        """A daemon in this process's container (no daemon pods): started, then given its limits."""
         self._run([MPS_CONTROL, "-d"], env={**dirs.env(), "CUDA_VISIBLE_DEVICES": ",".join(device_uuids)})
+        for command in commands:
+            self.mps_command(dirs, command)
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
         return self._run([MPS_CONTROL], env=dirs.env(), stdin=command + "\n")
@@ -159,3 +167,30 @@ class NvidiaTools:
 
     def mps_running(self, dirs: MpsDirs) -> bool:
         return control_socket_alive(dirs.pipe)
+
+
+NVIDIA_MODPROBE = "nvidia-modprobe"
+
+
+def ensure_uvm_loaded(driver_root: DriverRoot, proc_root: Path, runner: CommandRunner | None = None) -> str:
+    """Load nvidia-uvm (CUDA's unified memory module) with the driver's `nvidia-modprobe -u -c=0` when it is
+    not loaded yet, as NVIDIA's tools do; returns what happened, for the log. Without nvidia-modprobe, or when
+    it fails, the module stays unloaded and claim specs leave /dev/nvidia-uvm* out (driver.cdi)."""
+    try:
+        loaded = any(line.split()[1:] == ["nvidia-uvm"] for line in (proc_root / "devices").read_text().splitlines())
+    except OSError as exc:
+        return f"cannot read {proc_root / 'devices'}: {exc}"
+    if loaded:
+        return "nvidia-uvm is loaded"
+    try:
+        program = driver_root.find_binary(NVIDIA_MODPROBE)
+    except DriverRootError:
+        return f"nvidia-uvm is not loaded and the driver root has no {NVIDIA_MODPROBE}: /dev/nvidia-uvm* left out of specs"
+    argv = [str(program), "-u", "-c=0"]
+    try:
+        result = (runner or SubprocessRunner()).run(argv)
+    except GpuToolError as exc:
+        return f"{' '.join(argv)} failed: {exc}; /dev/nvidia-uvm* left out of specs"
+    if result.returncode != 0:
+        return f"{_describe(argv, result)}; /dev/nvidia-uvm* left out of specs"
+    return f"nvidia-uvm loaded with {' '.join(argv)}"

@@ -26,6 +26,7 @@ from typing import Any
 import pynvml
 
 from driver.inventory import APPLICATION_XIDS, Health, Inventory
+from driver.nvmlapi import NvmlBackend
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class HealthMonitor:
 
     def __init__(
         self,
-        nvml: Any,
+        nvml: NvmlBackend,
         inventory: Inventory,
         on_change: HealthCallback,
         *,
@@ -122,7 +123,7 @@ class HealthMonitor:
         with self._lock:
             return dict(self._health)
 
-    def _update(self, uuid: str, *, xid: int | None = None, lost: bool = False) -> None:
+    def _update(self, uuid: str, *, xid: int | None = None, lost: bool = False, unmonitored: bool = False) -> None:
         with self._lock:
             before = self._health.get(uuid, Health())
             after = before
@@ -130,10 +131,13 @@ class HealthMonitor:
                 after = replace(after, xids=(*after.xids, xid)[-_XID_HISTORY:])
             if lost:
                 after = replace(after, lost=True)
+            if unmonitored:
+                after = replace(after, unmonitored=True)
             if after == before:
                 return
             self._health[uuid] = after
-        log.warning("event=health-change device=%s healthy=%s lost=%s xids=%s", uuid, after.healthy, after.lost, list(after.xids))
+        log.warning("event=health-change device=%s healthy=%s lost=%s xids=%s unmonitored=%s", uuid, after.healthy,
+                    after.lost, list(after.xids), after.unmonitored)
         try:
             self._on_change(uuid, after)
         except Exception:  # noqa: BLE001 - a failing callback must not stop monitoring
@@ -142,9 +146,13 @@ class HealthMonitor:
     # ------------------------------------------------------------------ NVML
 
     def setup(self) -> None:
-        """Create the event set and register every GPU for Xid events."""
+        """Create the event set and register every GPU for Xid events (lost ones excepted: a lost GPU in the set
+        fails every wait, and the other GPUs' Xids would never be read)."""
         self._event_set = self._nvml.nvmlEventSetCreate()
+        self._watched = {}
         for gpu in self._inventory.gpus:
+            if self.health(gpu.uuid).lost:
+                continue
             mig_by_gi = {m.gpu_instance_id: m.uuid for m in gpu.mig_devices}
             try:
                 handle = self._nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
@@ -152,11 +160,11 @@ class HealthMonitor:
                 self._update(gpu.uuid, lost=True)
                 continue
             except pynvml.NVMLError as exc:
-                self.unmonitored[gpu.uuid] = f"no handle: {exc}"
+                self._unmonitored(gpu.uuid, f"no handle: {exc}")
                 continue
             addr = _address(handle)
             if addr is None:
-                self.unmonitored[gpu.uuid] = "NVML returned an unusable handle"
+                self._unmonitored(gpu.uuid, "NVML returned an unusable handle")
                 continue
             self._watched[addr] = _Watched(gpu.uuid, handle, mig_by_gi)
             try:
@@ -165,8 +173,12 @@ class HealthMonitor:
                 self._update(gpu.uuid, lost=True)
             except pynvml.NVMLError as exc:
                 # Old GPUs cannot deliver Xid events; lost-GPU probing still covers them.
-                self.unmonitored[gpu.uuid] = f"Xid events not available: {exc}"
-                log.warning("event=health-unmonitored device=%s reason=%s", gpu.uuid, exc)
+                self._unmonitored(gpu.uuid, f"Xid events not available: {exc}")
+
+    def _unmonitored(self, uuid: str, reason: str) -> None:
+        self.unmonitored[uuid] = reason
+        log.warning("event=health-unmonitored device=%s reason=%r", uuid, reason)
+        self._update(uuid, unmonitored=True)
 
     def poll_once(self, timeout_ms: int | None = None) -> bool:
         """Wait for one event (or the timeout) and apply it. Returns True when an event was processed."""
@@ -177,6 +189,9 @@ class HealthMonitor:
         except pynvml.NVMLError_Timeout:
             self._probe_lost()
             return False
+        except pynvml.NVMLError_GpuIsLost:
+            self._wait_lost()
+            return True
         if int(data.eventType) & pynvml.nvmlEventTypeXidCriticalError:
             self._apply_xid(data)
         return True
@@ -205,8 +220,9 @@ class HealthMonitor:
                     self._watched[addr] = replace(w, mig_by_gi={m.gpu_instance_id: m.uuid for m in gpu.mig_devices})
             self._inventory = inventory
 
-    def _probe_lost(self) -> None:
-        """Between events, ask each GPU for something cheap: a lost GPU answers GPU_IS_LOST."""
+    def _probe_lost(self) -> list[str]:
+        """Between events, ask each GPU for something cheap: a lost GPU answers GPU_IS_LOST. Returns those found."""
+        found = []
         for w in list(self._watched.values()):
             if self.health(w.uuid).lost:
                 continue
@@ -214,8 +230,23 @@ class HealthMonitor:
                 self._nvml.nvmlDeviceGetMemoryInfo(w.handle)
             except pynvml.NVMLError_GpuIsLost:
                 self._update(w.uuid, lost=True)
+                found.append(w.uuid)
             except pynvml.NVMLError:
                 pass  # other failures say nothing about the GPU being on the bus
+        return found
+
+    def _wait_lost(self) -> None:
+        """The event wait itself answered GPU_IS_LOST: a GPU of the set fell off the bus, the wait does not say
+        which. Those that answer GPU_IS_LOST are tainted; when none does, every watched GPU is (the wait cannot be
+        trusted for any of them, as NVIDIA's plugin treats it). The event set is then built again without the
+        lost GPUs, so that the others' Xids are read again."""
+        found = self._probe_lost()
+        if not found:
+            found = [w.uuid for w in self._watched.values() if not self.health(w.uuid).lost]
+            for uuid in found:
+                self._update(uuid, lost=True)
+        log.error("event=event-wait-gpu-lost devices=%s", ",".join(found))
+        self._free()
 
     # ------------------------------------------------------------------ thread
 

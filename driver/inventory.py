@@ -48,6 +48,8 @@ class Health:
 
     xids: tuple[int, ...] = ()  # Xid events seen (application errors included), most recent last
     lost: bool = False  # fell off the bus / NVML_ERROR_GPU_IS_LOST
+    # Xid events cannot be registered for it: faults would go unseen (the GPU stays usable; an informational taint)
+    unmonitored: bool = False
 
     @property
     def healthy(self) -> bool:
@@ -63,7 +65,8 @@ class Health:
         """
         if own == Health():
             return self
-        return Health(xids=(*self.xids, *own.xids), lost=self.lost or own.lost)
+        return Health(xids=(*self.xids, *own.xids), lost=self.lost or own.lost,
+                      unmonitored=self.unmonitored or own.unmonitored)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
+from driver.nvmlapi import NvmlBackend
 import pynvml
 
 # GI slice count -> the compute-instance profile that spans the whole GI.
@@ -39,14 +40,14 @@ class CreatedMig:
     uuid: str  # "MIG-..."
 
 
-def _handle(nvml: Any, gpu_uuid: str) -> Any:
+def _handle(nvml: NvmlBackend, gpu_uuid: str) -> Any:
     try:
         return nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
     except pynvml.NVMLError as exc:
         raise MigError(f"GPU {gpu_uuid}: cannot get its NVML handle: {exc}") from exc
 
 
-def mig_mode(nvml: Any, gpu_uuid: str) -> tuple[bool, bool]:
+def mig_mode(nvml: NvmlBackend, gpu_uuid: str) -> tuple[bool, bool]:
     """(current, pending) MIG mode of a GPU."""
     try:
         current, pending = nvml.nvmlDeviceGetMigMode(_handle(nvml, gpu_uuid))
@@ -55,7 +56,7 @@ def mig_mode(nvml: Any, gpu_uuid: str) -> tuple[bool, bool]:
     return bool(current), bool(pending)
 
 
-def set_mig_mode(nvml: Any, gpu_uuid: str, enabled: bool) -> None:
+def set_mig_mode(nvml: NvmlBackend, gpu_uuid: str, enabled: bool) -> None:
     """Switch MIG mode; raises when the change only becomes pending (the GPU needs a reset first)."""
     want = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
     what = "enabling" if enabled else "disabling"
@@ -71,7 +72,7 @@ def set_mig_mode(nvml: Any, gpu_uuid: str, enabled: bool) -> None:
         )
 
 
-def _profile_info(nvml: Any, handle: Any, profile_id: int) -> Any:
+def _profile_info(nvml: NvmlBackend, handle: Any, profile_id: int) -> Any:
     """The GI profile info whose NVML profile id is `profile_id` (what discovery records as MigProfile.profile_id);
     NVML is asked by NVML_GPU_INSTANCE_PROFILE_* value, so the values are scanned."""
     for enum_value in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
@@ -84,7 +85,7 @@ def _profile_info(nvml: Any, handle: Any, profile_id: int) -> Any:
     raise MigError(f"GPU instance profile id {profile_id} is not supported by this GPU")
 
 
-def _find_gpu_instance(nvml: Any, handle: Any, profile_id: int, start: int) -> Any | None:
+def _find_gpu_instance(nvml: NvmlBackend, handle: Any, profile_id: int, start: int) -> Any | None:
     """The GI of `profile_id` (NVML's profile id, not the enum) placed at `start`, or None."""
     count = ctypes.c_uint(0)
     try:
@@ -101,7 +102,7 @@ def _find_gpu_instance(nvml: Any, handle: Any, profile_id: int, start: int) -> A
     return None
 
 
-def _mig_uuid(nvml: Any, handle: Any, gpu_instance_id: int) -> str:
+def _mig_uuid(nvml: NvmlBackend, handle: Any, gpu_instance_id: int) -> str:
     for index in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
         try:
             mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
@@ -113,7 +114,7 @@ def _mig_uuid(nvml: Any, handle: Any, gpu_instance_id: int) -> str:
     raise MigError(f"GPU instance {gpu_instance_id} has a compute instance but no MIG device handle")
 
 
-def create(nvml: Any, gpu_uuid: str, profile: int, start: int, size: int) -> CreatedMig:
+def create(nvml: NvmlBackend, gpu_uuid: str, profile: int, start: int, size: int) -> CreatedMig:
     """Create the GI of GPU-instance profile id `profile` (NVML's id, MigProfile.profile_id) at exactly
     placement (start, size), with its full compute instance. A GI left without a CI is destroyed again."""
     handle = _handle(nvml, gpu_uuid)
@@ -146,7 +147,7 @@ def create(nvml: Any, gpu_uuid: str, profile: int, start: int, size: int) -> Cre
         raise MigError(f"{where}: creating its compute instance failed: {exc}") from exc
 
 
-def _destroy_gi(nvml: Any, gi: Any) -> None:
+def _destroy_gi(nvml: NvmlBackend, gi: Any) -> None:
     for ci_id in range(8):  # a GI holds at most 8 compute instances
         try:
             nvml.nvmlComputeInstanceDestroy(nvml.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id))
@@ -155,7 +156,7 @@ def _destroy_gi(nvml: Any, gi: Any) -> None:
     nvml.nvmlGpuInstanceDestroy(gi)
 
 
-def destroy(nvml: Any, gpu_uuid: str, profile: int, start: int) -> bool:
+def destroy(nvml: NvmlBackend, gpu_uuid: str, profile: int, start: int) -> bool:
     """Destroy the MIG instance (CIs, then the GI) of `profile` at `start`; False when there is none."""
     handle = _handle(nvml, gpu_uuid)
     try:

@@ -1,24 +1,30 @@
-"""MPS control daemons as pods of their own, so that they outlive restarts of the node agent.
+"""MPS control daemons in pods of their own, each owned by a Deployment, so that they outlive the node agent.
 
 A daemon started inside the agent's container belongs to that container: the runtime kills it with the agent
 on every restart or upgrade, and every MPS client of every claim on the node loses its server. NVIDIA's DRA
-driver runs one daemon per claim in its own pod instead; so does this backend:
+driver runs one daemon per claim in a Deployment of its own; so does this backend:
 
-- the pod is created through the API with `spec.nodeName` set (no scheduler involved), `hostPID` (MPS
-  identifies its clients by host PID), privileged (it opens every GPU it serves), the driver root mounted at
-  `/driver-root`, and the claim's pipe, log and shm directories from the host. It runs
-  `nvidia-cuda-mps-control -d` in a chroot of the driver root when that root has a shell (the host's `/` or a
-  driver container's root: the daemon then uses the driver's own libc and libraries), otherwise directly with
-  the driver's directories on PATH and LD_LIBRARY_PATH, and then follows the control log;
-- the agent waits until the daemon listens on `<pipe dir>/control` (the directory is a host path both see), then
-  talks to it with `nvidia-cuda-mps-control` from the driver root (driver.gputools) to set the claim's limits;
-- stop sends `quit`, deletes the pod and unmounts the shm;
+- one Deployment per daemon (replicas 1, named from the pipe directory, stable across agent restarts): its pod
+  is recreated when deleted or evicted, and `kubectl drain` evicts it like any managed pod instead of refusing
+  on a bare pod. The pod template has `nodeName` (no scheduler involved, as NVIDIA's), `hostPID` (MPS identifies
+  its clients by host PID), privileged (it opens every GPU it serves), the driver root at `/driver-root`, the
+  claim's pipe, log, shm and private state directories from the host, and the agent's image pull secrets;
+- the pod's script starts `nvidia-cuda-mps-control -d` in a chroot of the driver root when that root has a
+  shell (the host's `/` or a driver container's root: the daemon then uses the driver's own libc and
+  libraries), otherwise directly with the driver's bin directories on PATH and its NVML preloaded (never its
+  library directory on the loader's path: it may hold the host's libc); then it gives the daemon the claim's
+  limits itself (`GPU_DRA_MPS_COMMANDS`, one command a line), so a restarted daemon has them again without the
+  agent, and only then marks itself started in its state directory, which no tenant container mounts;
+- the agent waits for that mark and the listening control socket for at most `ready_timeout_s` (10 s: prepare
+  holds the node's lock and the kubelet gives a whole NodePrepareResources call 45 s), then fails the claim with
+  the pod's state, and the kubelet retries;
+- stop sends `quit`, deletes the Deployment (its pod goes with it) and unmounts the shm;
 - the per-claim shm is a tmpfs the agent mounts at `<claim dir>/shm` (the plugins dir is mounted with
   Bidirectional propagation, so the host and the daemon's and the clients' containers see the mount); clients
-  get it as `/dev/shm` through their CDI spec (driver.sharing), the daemon through its pod.
+  get it as `/dev/shm` and the pipe directory read-only through their CDI spec (driver.sharing).
 
 After an agent restart nothing is restarted: the daemon still listens, so `mps_running` is true and prepare's
-restore finds nothing to do. Should the pod be gone (deleted by hand, node rebooted), restore starts it again.
+restore finds nothing to do. Should the Deployment be gone (deleted by hand), restore creates it again.
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from driver.gputools import CommandRunner, GpuToolError, MpsDirs, NvidiaTools, SubprocessRunner, control_socket_alive
@@ -43,15 +51,25 @@ DRIVER_ROOT_IN_POD = "/driver-root"
 SHM_OPTIONS = "rw,nosuid,nodev,noexec,relatime"
 DEFAULT_SHM_SIZE = "8g"
 
+STATE_IN_POD = "/var/run/gpu-dra-mps"  # the daemon's private state dir (its startup mark), outside the driver root
+STARTED_MARK = "started"
+COMMANDS_ENV = "GPU_DRA_MPS_COMMANDS"
+
 # In a chroot of the driver root when it has a shell; otherwise straight from its directories. The daemon's
 # directories are mounted inside the driver root so that both ways see them at the same absolute path.
 _SCRIPT = f"""set -e
+rm -f {STATE_IN_POD}/{STARTED_MARK}
 if [ -x {DRIVER_ROOT_IN_POD}/bin/sh ] || [ -x {DRIVER_ROOT_IN_POD}/usr/bin/sh ]; then
   RUN="chroot {DRIVER_ROOT_IN_POD} sh -c"
   LOGFILE={DRIVER_ROOT_IN_POD}{LOG_IN_POD}/control.log
 else
   export PATH="{DRIVER_ROOT_IN_POD}/usr/bin:{DRIVER_ROOT_IN_POD}/bin:$PATH"
-  export LD_LIBRARY_PATH="{DRIVER_ROOT_IN_POD}/usr/lib64:{DRIVER_ROOT_IN_POD}/usr/lib/x86_64-linux-gnu:{DRIVER_ROOT_IN_POD}/usr/lib/aarch64-linux-gnu:{DRIVER_ROOT_IN_POD}/lib64"
+  # NVML preloaded, no driver library dir on the loader's path: it may hold the host's libc (driver.driverroot).
+  # The versioned file itself: the .so.1 link's text is absolute, relative to the driver root, not to this pod.
+  for f in {DRIVER_ROOT_IN_POD}/usr/lib64/libnvidia-ml.so.*.* {DRIVER_ROOT_IN_POD}/usr/lib/*-linux-gnu/libnvidia-ml.so.*.* \\
+           {DRIVER_ROOT_IN_POD}/lib64/libnvidia-ml.so.*.*; do
+    if [ -f "$f" ] && [ ! -L "$f" ]; then export LD_PRELOAD="$f"; break; fi
+  done
   export CUDA_MPS_PIPE_DIRECTORY={DRIVER_ROOT_IN_POD}{PIPE_IN_POD}
   export CUDA_MPS_LOG_DIRECTORY={DRIVER_ROOT_IN_POD}{LOG_IN_POD}
   RUN="sh -c"
@@ -59,6 +77,11 @@ else
 fi
 $RUN "nvidia-cuda-mps-control -d"
 trap '$RUN "echo quit | nvidia-cuda-mps-control" || true; exit 0' TERM INT
+# The claim's limits, given by the daemon's own pod at every start: they survive daemon restarts.
+printf '%s\\n' "${COMMANDS_ENV}" | while read -r command; do
+  if [ -n "$command" ]; then $RUN "echo $command | nvidia-cuda-mps-control"; fi
+done
+: > {STATE_IN_POD}/{STARTED_MARK}
 touch "$LOGFILE"
 tail -n +1 -F "$LOGFILE" &
 wait
@@ -72,69 +95,94 @@ class MpsPodSettings:
     image: str
     host_driver_root: str = "/"  # the driver root's path on the host (the pod mounts it from there)
     shm_size: str = DEFAULT_SHM_SIZE
-    ready_timeout_s: float = 30.0
+    ready_timeout_s: float = 10.0
+    image_pull_secrets: tuple[str, ...] = ()  # the agent's own (its pod's imagePullSecrets): same image
+
+
+def state_dir(dirs: MpsDirs) -> Path:
+    """The daemon's private state dir on the host, beside (not inside) the directories tenants get."""
+    return dirs.pipe.parent / "daemon"
 
 
 def pod_name(node_name: str, dirs: MpsDirs) -> str:
-    """One pod per daemon, named from its pipe directory (which holds the claim UID): stable across restarts."""
+    """One Deployment per daemon, named from its pipe directory (which holds the claim UID): stable across
+    restarts."""
     digest = hashlib.sha256(str(dirs.pipe).encode()).hexdigest()[:12]
     return f"gpu-dra-mps-{node_name[:40].rstrip('.-')}-{digest}".lower()
 
 
-def pod_manifest(settings: MpsPodSettings, dirs: MpsDirs, device_uuids: Sequence[str]) -> dict[str, Any]:
-    """The daemon's pod (pure)."""
+def deployment_manifest(
+    settings: MpsPodSettings, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The daemon's Deployment (pure)."""
     name = pod_name(settings.node_name, dirs)
+    labels = {"app.kubernetes.io/name": "gpu-dra", "app.kubernetes.io/component": COMPONENT,
+              "gpu-dra.mps-daemon": name}
 
-    def host_dir(volume: str, path: str) -> dict[str, Any]:
-        return {"name": volume, "hostPath": {"path": path, "type": "Directory"}}
+    def host_dir(volume: str, path: str | Path) -> dict[str, Any]:
+        return {"name": volume, "hostPath": {"path": str(path), "type": "Directory"}}
 
+    pod_spec: dict[str, Any] = {
+        "nodeName": settings.node_name,
+        "hostPID": True,
+        "restartPolicy": "Always",
+        "priorityClassName": "system-node-critical",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        # Bound to its node by nodeName; it must stay however the node is tainted (NoExecute included).
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [
+            {
+                "name": "mps-control-daemon",
+                "image": settings.image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", _SCRIPT],
+                "env": [
+                    {"name": "CUDA_VISIBLE_DEVICES", "value": ",".join(device_uuids)},
+                    {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": PIPE_IN_POD},
+                    {"name": "CUDA_MPS_LOG_DIRECTORY", "value": LOG_IN_POD},
+                    {"name": COMMANDS_ENV, "value": "\n".join(commands)},
+                    # The daemon reaches the GPUs itself (privileged): no injection by the NVIDIA runtime.
+                    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+                ],
+                "securityContext": {"privileged": True},
+                "startupProbe": {"exec": {"command": ["cat", f"{STATE_IN_POD}/{STARTED_MARK}"]},
+                                 "periodSeconds": 1, "failureThreshold": 60},
+                "volumeMounts": [
+                    {"name": "driver-root", "mountPath": DRIVER_ROOT_IN_POD, "mountPropagation": "HostToContainer"},
+                    {"name": "mps-pipe", "mountPath": f"{DRIVER_ROOT_IN_POD}{PIPE_IN_POD}"},
+                    {"name": "mps-log", "mountPath": f"{DRIVER_ROOT_IN_POD}{LOG_IN_POD}"},
+                    {"name": "mps-shm", "mountPath": f"{DRIVER_ROOT_IN_POD}/dev/shm"},
+                    {"name": "mps-shm", "mountPath": "/dev/shm"},
+                    {"name": "mps-state", "mountPath": STATE_IN_POD},
+                ],
+            }
+        ],
+        "volumes": [
+            host_dir("driver-root", settings.host_driver_root),
+            host_dir("mps-pipe", dirs.pipe),
+            host_dir("mps-log", dirs.log),
+            host_dir("mps-shm", dirs.shm),
+            host_dir("mps-state", state_dir(dirs)),
+        ],
+    }
+    if settings.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
     return {
-        "apiVersion": "v1",
-        "kind": "Pod",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": {
             "name": name,
             "namespace": settings.namespace,
-            "labels": {"app.kubernetes.io/name": "gpu-dra", "app.kubernetes.io/component": COMPONENT},
+            "labels": labels,
             "annotations": {"gpu.nvidia.com/mps-pipe-directory": str(dirs.pipe)},
         },
         "spec": {
-            "nodeName": settings.node_name,
-            "hostPID": True,
-            "restartPolicy": "Always",
-            "priorityClassName": "system-node-critical",
-            "automountServiceAccountToken": False,
-            "enableServiceLinks": False,
-            # Bound to its node by nodeName; it must stay however the node is tainted (NoExecute included).
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [
-                {
-                    "name": "mps-control-daemon",
-                    "image": settings.image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["sh", "-c", _SCRIPT],
-                    "env": [
-                        {"name": "CUDA_VISIBLE_DEVICES", "value": ",".join(device_uuids)},
-                        {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": PIPE_IN_POD},
-                        {"name": "CUDA_MPS_LOG_DIRECTORY", "value": LOG_IN_POD},
-                        # The daemon reaches the GPUs itself (privileged): no injection by the NVIDIA runtime.
-                        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
-                    ],
-                    "securityContext": {"privileged": True},
-                    "volumeMounts": [
-                        {"name": "driver-root", "mountPath": DRIVER_ROOT_IN_POD, "mountPropagation": "HostToContainer"},
-                        {"name": "mps-pipe", "mountPath": f"{DRIVER_ROOT_IN_POD}{PIPE_IN_POD}"},
-                        {"name": "mps-log", "mountPath": f"{DRIVER_ROOT_IN_POD}{LOG_IN_POD}"},
-                        {"name": "mps-shm", "mountPath": f"{DRIVER_ROOT_IN_POD}/dev/shm"},
-                        {"name": "mps-shm", "mountPath": "/dev/shm"},
-                    ],
-                }
-            ],
-            "volumes": [
-                host_dir("driver-root", settings.host_driver_root),
-                host_dir("mps-pipe", str(dirs.pipe)),
-                host_dir("mps-log", str(dirs.log)),
-                host_dir("mps-shm", str(dirs.shm)),
-            ],
+            "replicas": 1,
+            "selector": {"matchLabels": {"gpu-dra.mps-daemon": name}},
+            # One daemon per pipe directory: the old pod must be gone before a new one starts.
+            "strategy": {"type": "Recreate"},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
 
@@ -177,41 +225,43 @@ class MpsDaemonPods:
         if result.returncode != 0:
             log.warning("event=mps-shm-umount-failed dir=%s error=%r", dirs.shm, result.stderr.strip())
 
-    def start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
-        for d in (dirs.pipe, dirs.log):
-            d.mkdir(parents=True, exist_ok=True)
+    def start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
+        for d in (dirs.pipe, dirs.log, state_dir(dirs)):
+            _private_dir(d)
+        (state_dir(dirs) / STARTED_MARK).unlink(missing_ok=True)
         self._mount_shm(dirs)
-        body = pod_manifest(self.settings, dirs, device_uuids)
+        body = deployment_manifest(self.settings, dirs, device_uuids, commands)
         name = body["metadata"]["name"]
         try:
-            self._api.create("Pod", body, namespace=self.settings.namespace)
-            log.info("event=mps-pod-created pod=%s/%s pipe_dir=%s", self.settings.namespace, name, dirs.pipe)
+            self._api.create("Deployment", body, namespace=self.settings.namespace)
+            log.info("event=mps-daemon-created deployment=%s/%s pipe_dir=%s", self.settings.namespace, name, dirs.pipe)
         except AlreadyExists:
-            pass  # a restart of this agent, or a retried prepare: the daemon's pod is already there
+            pass  # a restart of this agent, or a retried prepare: the daemon's Deployment is already there
         except ApiError as exc:
-            raise GpuToolError(f"creating the MPS control daemon pod {self.settings.namespace}/{name} failed: {exc}") from exc
+            raise GpuToolError(f"creating the MPS control daemon Deployment {self.settings.namespace}/{name} failed: {exc}") from exc
         deadline = self._clock() + self.settings.ready_timeout_s
-        while not control_socket_alive(dirs.pipe):
+        while not self.running(dirs):
             if self._clock() >= deadline:
                 raise GpuToolError(
-                    f"the MPS control daemon pod {self.settings.namespace}/{name} did not listen on {dirs.pipe}/control "
-                    f"within {self.settings.ready_timeout_s:g}s{self._pod_state(name)}"
+                    f"the MPS control daemon Deployment {self.settings.namespace}/{name} did not start a daemon "
+                    f"listening on {dirs.pipe}/control with its limits set within {self.settings.ready_timeout_s:g}s"
+                    f"{self._pod_state(name)}; the kubelet retries the claim"
                 )
             time.sleep(self._poll_s)
 
     def _pod_state(self, name: str) -> str:
         try:
-            pod = self._api.try_get("Pod", name, namespace=self.settings.namespace)
+            pods, _ = self._api.list("Pod", namespace=self.settings.namespace, label_selector=f"gpu-dra.mps-daemon={name}")
         except ApiError:
             return ""
-        if pod is None:
-            return " (the pod is gone)"
-        status = pod.get("status") or {}
+        if not pods:
+            return " (it has no pod yet)"
+        status = pods[0].get("status") or {}
         waiting = [
             f"{s.get('name')}: {(s.get('state') or {}).get('waiting', {}).get('reason')}"
             for s in status.get("containerStatuses") or [] if (s.get("state") or {}).get("waiting")
         ]
-        return f" (pod phase {status.get('phase', 'unknown')}{'; ' + ', '.join(waiting) if waiting else ''})"
+        return f" (pod {pods[0]['metadata']['name']} phase {status.get('phase', 'unknown')}{'; ' + ', '.join(waiting) if waiting else ''})"
 
     def command(self, dirs: MpsDirs, command: str) -> str:
         return self._tools.mps_command(dirs, command)
@@ -224,12 +274,27 @@ class MpsDaemonPods:
                 log.warning("event=mps-quit-failed pipe_dir=%s error=%r", dirs.pipe, str(exc))
         name = pod_name(self.settings.node_name, dirs)
         try:
-            self._api.delete("Pod", name, namespace=self.settings.namespace)
+            self._api.delete("Deployment", name, namespace=self.settings.namespace)
         except NotFound:
             pass
         except ApiError as exc:
-            raise GpuToolError(f"deleting the MPS control daemon pod {self.settings.namespace}/{name} failed: {exc}") from exc
+            raise GpuToolError(f"deleting the MPS control daemon Deployment {self.settings.namespace}/{name} failed: {exc}") from exc
         self._unmount_shm(dirs)
 
     def running(self, dirs: MpsDirs) -> bool:
-        return control_socket_alive(dirs.pipe)
+        """The daemon listens and its pod has given it the claim's limits."""
+        mark = state_dir(dirs) / STARTED_MARK
+        try:
+            started = stat.S_ISREG(os.lstat(mark).st_mode)
+        except OSError:
+            started = False
+        return started and control_socket_alive(dirs.pipe)
+
+
+def _private_dir(path: Path) -> None:
+    """mkdir -p, refusing a symlink in its place (nothing the agent creates or reads there follows one); 0755
+    root-owned: clients of any user reach the control socket, none can write (their mount is read-only too)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.path.islink(path) or not path.is_dir():
+        raise GpuToolError(f"{path}: expected a directory of the agent's, found a symbolic link or another file")
+    os.chmod(path, 0o755)

@@ -25,14 +25,11 @@ written: the first two need PCI class and DMI data NVML does not give, the last 
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from driver.inventory import Inventory
-
-log = logging.getLogger(__name__)
 
 PREFIX = "nvidia.com/"
 
@@ -99,14 +96,3 @@ def label_patch(current: Mapping[str, str], wanted: Mapping[str, str]) -> dict[s
     Labels we do not write (an admin's, NFD's) are left alone."""
     changed = {k: v for k, v in wanted.items() if current.get(k) != v}
     return {"metadata": {"labels": changed}} if changed else None
-
-
-def apply_node_labels(api: Any, node_name: str, inventory: Inventory) -> dict[str, str]:
-    """Patch the Node's labels (a KubeApi); returns the labels changed. Raises the API's error on failure."""
-    node = api.get("Node", node_name)
-    patch = label_patch((node.get("metadata") or {}).get("labels") or {}, gfd_labels(inventory))
-    if patch is None:
-        return {}
-    api.patch("Node", node_name, patch)
-    log.info("event=node-labels node=%s labels=%s", node_name, ",".join(f"{k}={v}" for k, v in sorted(patch["metadata"]["labels"].items())))
-    return dict(patch["metadata"]["labels"])

@@ -26,7 +26,7 @@ from typing import Any
 
 from driver.driverroot import DriverRoot, DriverRootError
 from driver.gputools import MpsDirs, NvidiaTools
-from driver.nvmlapi import NvmlUnavailable
+from driver.nvmlapi import NvmlBackend, NvmlUnavailable
 
 __all__ = ["RealNvml", "load_backend", "shipped_profiles", "sysfs_pcie_root"]
 
@@ -92,11 +92,11 @@ class RealNvml:
     def set_timeslice(self, gpu_uuid: str, level: int) -> None:
         self._tools.set_timeslice(gpu_uuid, level)
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
         if self._mps_pods is not None:
-            self._mps_pods.start(dirs, device_uuids)
+            self._mps_pods.start(dirs, device_uuids, commands)
         else:
-            self._tools.mps_start(dirs, device_uuids)
+            self._tools.mps_start(dirs, device_uuids, commands)
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
         return self._tools.mps_command(dirs, command)
@@ -108,6 +108,8 @@ class RealNvml:
             self._tools.mps_stop(dirs)
 
     def mps_running(self, dirs: MpsDirs) -> bool:
+        if self._mps_pods is not None:
+            return bool(self._mps_pods.running(dirs))
         return self._tools.mps_running(dirs)
 
 
@@ -160,7 +162,7 @@ def _load_real(driver_root: Path | None) -> RealNvml:
     return RealNvml(pynvml, tools=NvidiaTools(driver_root=root))
 
 
-def load_backend(spec: str, node: str | None = None, driver_root: Path | None = None) -> Any:
+def load_backend(spec: str, node: str | None = None, driver_root: Path | None = None) -> NvmlBackend:
     """An initialised NVML backend for "real", "sim:NAME" or "sim:/path/profile.yaml" (optionally "?faults=FILE").
 
     `node` is the node the backend serves: the simulator derives that node's own GPU and MIG UUIDs from it

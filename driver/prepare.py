@@ -38,6 +38,7 @@ from driver.checkpoint import (
 from gpudra.deviceconfig import GPU_DEVICE, MIG_DEVICE, Candidate, ConfigError, GpuConfig, parse, select
 from driver.gputools import MpsDirs
 from driver.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
+from driver.nvmlapi import NvmlBackend
 from driver.slices import gpu_device_name, mig_device_name
 
 log = logging.getLogger("gpu-dra.prepare")
@@ -159,7 +160,7 @@ def plan_claim(
         )
     # Our configs, class configs before claim configs (NVIDIA's precedence: later wins), each parsed once.
     candidates: list[Candidate] = []
-    raw_by_config: dict[int, Mapping[str, Any]] = {}
+    raw_by_config: dict[int, Any] = {}
     raw_configs = devices.get("config") or []
     ordered = sorted(enumerate(raw_configs), key=lambda ic: 0 if ic[1].get("source") == "FromClass" else 1)
     for i, entry in ordered:
@@ -272,7 +273,7 @@ class Preparer:
         reserved: frozenset[str] = frozenset(),
         fault_hook: FaultHook | None = None,
         partitionable: bool = False,
-        nvml: Any | None = None,
+        nvml: NvmlBackend | None = None,
         on_inventory_change: Callable[[], None] | None = None,
         common_edits: Mapping[str, Any] | None = None,
         device_numbers: Callable[[], cdi.DeviceNumbers] | None = None,
@@ -584,7 +585,7 @@ class Preparer:
 
     def _planned_mps_daemons(self, record: ClaimRecord) -> list[MpsDaemonRecord]:
         """One MPS daemon per MPS config group of the claim, with its directories (recorded before it starts)."""
-        out = []
+        out: list[MpsDaemonRecord] = []
         for config, devices in self._groups(record):
             if sharing.is_mps(config):
                 dirs = (
@@ -662,6 +663,18 @@ class Preparer:
 
     # ---- unprepare -----------------------------------------------------------------------------------------
 
+    def mark_prepared_ahead(self, uid: str) -> None:
+        """Record in the checkpoint that a prepared claim was prepared ahead of the kubelet (driver.binder)."""
+        with self.checkpoint.locked():
+            record = self.checkpoint.claim(uid)
+            if record is not None and not record.prepared_ahead:
+                self.checkpoint.commit([self.checkpoint.put_claim_op(record.model_copy(update={"prepared_ahead": True}))])
+
+    def prepared_ahead(self) -> list[ClaimRef]:
+        """The claims the checkpoint says were prepared ahead of the kubelet."""
+        return [ClaimRef(uid=r.uid, namespace=r.namespace, name=r.name)
+                for _, r in sorted(self.checkpoint.state.claims.items()) if r.prepared_ahead]
+
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         out: dict[str, str] = {}
         for ref in claims:
@@ -727,7 +740,7 @@ class _NoHardware:
     def set_timeslice(self, gpu_uuid: str, level: int) -> None:
         return None
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
         return None
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:

@@ -70,11 +70,11 @@ def _prune(value: Any) -> Any:
 
 
 def _without_time_added(spec: Mapping[str, Any]) -> dict[str, Any]:
-    spec = copy.deepcopy(dict(spec))
-    for device in spec.get("devices") or ():
+    out = copy.deepcopy(dict(spec))
+    for device in out.get("devices") or ():
         for taint in device.get("taints") or ():
             taint.pop("timeAdded", None)
-    return spec
+    return out
 
 
 def comparable_spec(spec: Mapping[str, Any]) -> dict[str, Any]:

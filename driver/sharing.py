@@ -28,12 +28,12 @@ from typing import Any, Protocol
 
 from gpudra.deviceconfig import ConfigError, GpuConfig, SharingStrategy
 from driver.gputools import GpuToolError, MpsDirs
+from driver.nvmlapi import NvmlBackend
 
 COMPUTE_MODE_DEFAULT = 0
 COMPUTE_MODE_EXCLUSIVE_PROCESS = 3
 
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
-MPS_LOG_IN_CONTAINER = "/tmp/nvidia-mps-log"
 
 
 class SharingError(RuntimeError):
@@ -45,7 +45,9 @@ class SharingBackend(Protocol):
 
     def set_timeslice(self, gpu_uuid: str, level: int) -> None: ...
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None: ...
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
+        """Start the daemon and give it `commands` (its limits), which it must keep across its own restarts."""
+        ...
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str: ...
 
@@ -57,7 +59,7 @@ class SharingBackend(Protocol):
 class NvmlSharing:
     """Sharing through an NVML backend (driver.nvml.load_backend's object, real or simulated)."""
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: NvmlBackend) -> None:
         self._nvml = nvml
 
     def set_compute_mode(self, gpu_uuid: str, mode: int) -> None:
@@ -74,9 +76,9 @@ class NvmlSharing:
         except GpuToolError as exc:
             raise SharingError(f"GPU {gpu_uuid}: setting the timeslice interval to level {level} failed: {exc}") from exc
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
         try:
-            self._nvml.mps_start(dirs, device_uuids)
+            self._nvml.mps_start(dirs, device_uuids, commands)
         except GpuToolError as exc:
             raise SharingError(
                 f"GPU(s) {', '.join(device_uuids)}: starting the MPS control daemon (pipe directory {dirs.pipe}) failed: {exc}"
@@ -188,10 +190,9 @@ def start_mps(
     if backend.mps_running(dirs):
         return False
     limits_commands = [] if shared else mps_commands(config, devices)  # a bad per-device key fails before anything starts
-    backend.mps_start(dirs, sorted(d.uuid for d in devices))
-    # Defaults apply to MPS servers the daemon starts later, i.e. to the claim's first client onwards.
-    for command in limits_commands:
-        backend.mps_command(dirs, command)
+    # Defaults apply to MPS servers the daemon starts later, i.e. to the claim's first client onwards. The
+    # backend gives them to the daemon where it survives restarts (a daemon pod replays them at each start).
+    backend.mps_start(dirs, sorted(d.uuid for d in devices), limits_commands)
     return True
 
 
@@ -219,7 +220,8 @@ def apply(
     if mps is None:
         raise SharingError("an MPS config needs the MPS control daemon's directories")
     start_mps(backend, config, devices, mps, shared=shared)
-    env = {"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE_IN_CONTAINER, "CUDA_MPS_LOG_DIRECTORY": MPS_LOG_IN_CONTAINER}
+    # The pipe directory only (as NVIDIA's driver gives clients): the daemon's log is none of the tenants' business.
+    env = {"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE_IN_CONTAINER}
     settings = config.sharing.mps
     if settings is not None:
         if settings.default_active_thread_percentage is not None:
@@ -232,8 +234,9 @@ def apply(
                 f"{i}={limits[u]}M" for i, u in enumerate(ordinals) if u in limits
             )
     mounts = [
-        {"hostPath": str(mps.pipe), "containerPath": MPS_PIPE_IN_CONTAINER, "options": ["rbind", "rw"]},
-        {"hostPath": str(mps.log), "containerPath": MPS_LOG_IN_CONTAINER, "options": ["rbind", "rw"]},
+        # Read-only: clients connect to the daemon's sockets there (a unix socket connects on a read-only mount)
+        # but cannot create files or plant links that the agent or the daemon would later find.
+        {"hostPath": str(mps.pipe), "containerPath": MPS_PIPE_IN_CONTAINER, "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]},
         # MPS clients and their server share memory through /dev/shm: every client of the claim gets the
         # daemon's, not its own container's private one.
         {"hostPath": str(mps.shm), "containerPath": "/dev/shm", "options": ["rbind", "rw", "nosuid", "nodev"]},

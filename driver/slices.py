@@ -211,6 +211,9 @@ def health_taints(health: Health, driver_name: str) -> list[dict[str, str]]:
         taints.append(
             {"key": f"{driver_name}/xid", "value": str(xid), "effect": "NoSchedule" if faults else "None"}
         )
+    if health.unmonitored:
+        # Informational: the GPU works, but its faults would not be seen (a toleration is not needed).
+        taints.append({"key": f"{driver_name}/unmonitored", "effect": "None"})
     return taints
 
 
@@ -253,6 +256,9 @@ def _common_attributes(gpu: Gpu, inv: Inventory, first: Mapping[str, dict[str, A
         attrs["nvlinkDomain"] = _string(gpu.nvlink_domain)
     if gpu.numa_node is not None and gpu.numa_node >= 0:
         attrs["numaNode"] = {"int": gpu.numa_node}
+        # The standard name (Kubernetes 1.37) that CPU, memory and NIC drivers publish too, so `matchAttribute:
+        # resource.kubernetes.io/numaNode` aligns devices across drivers; ours stays for existing selectors.
+        attrs[f"{STANDARD_DOMAIN}/numaNode"] = {"int": gpu.numa_node}
     if gpu.fabric_cluster_uuid:
         attrs["fabricClusterUUID"] = _string(gpu.fabric_cluster_uuid)
     if gpu.fabric_clique_id is not None:
@@ -313,10 +319,21 @@ def _mig_capacity(source: MigDevice | MigProfile) -> dict[str, dict[str, str]]:
     return cap
 
 
+def _with_memory_slices(device: dict[str, Any], placement: MigPlacement) -> dict[str, Any]:
+    """NVIDIA's `memorySlice<i>` capacities (1 per memory slice the placement covers), all of them or, where they
+    would take the device past Kubernetes' 32 attributes and capacities, none (the placement's start is also in
+    the device name, and with --partitionable the memory-slice counters say the same)."""
+    slices = {f"memorySlice{i}": {"value": "1"} for i in range(placement.start, placement.start + placement.size)}
+    if len(device["attributes"]) + len(device["capacity"]) + len(slices) <= MAX_ATTRIBUTES_AND_CAPACITIES:
+        device["capacity"].update(slices)
+    return device
+
+
 def _mig_device(gpu: Gpu, mig: MigDevice, inv: Inventory, settings: SliceSettings) -> dict[str, Any]:
     name = mig_device_name(gpu, mig)
     attrs = _mig_attributes(gpu, inv, mig.profile, mig.uuid)
-    device: dict[str, Any] = {"name": name, "attributes": attrs, "capacity": _mig_capacity(mig)}
+    device: dict[str, Any] = _with_memory_slices(
+        {"name": name, "attributes": attrs, "capacity": _mig_capacity(mig)}, mig.placement)
     taints = _taints_for(name, health_taints(mig_health(gpu, mig), settings.driver_name), settings)
     if taints:
         device["taints"] = taints
@@ -434,6 +451,7 @@ def _placement_device(
         "capacity": _mig_capacity(profile),
         "consumesCounters": [{"counterSet": counter_set_name(gpu), "counters": _counter_values(consumed)}],
     }
+    _with_memory_slices(device, pl)
     if settings.binding_conditions:
         device["bindingConditions"], device["bindingFailureConditions"] = mig_conditions(settings.driver_name)
     # A fault charged to the MIG device living here taints the placement: they share one name, and the faulty

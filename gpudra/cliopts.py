@@ -124,3 +124,12 @@ def kubeconfig_source(explicit: str | None, environ: Mapping[str, str] = os.envi
     where = f"$KUBECONFIG ({os.pathsep.join(paths)}) names no existing file" if paths else "$KUBECONFIG is not set"
     raise NoApiConfig(f"no API server configured: --kubeconfig is not given, {where}, and this is not a pod "
                       f"(no {' / '.join(IN_CLUSTER_ENV)} and {token_file}); pass --kubeconfig FILE or set KUBECONFIG")
+
+
+def add_runtime_config(parser: argparse.ArgumentParser) -> None:
+    """`--runtime-config`, the same on `apiserver`, `demo` and `cluster up`."""
+    parser.add_argument("--runtime-config", action="append", default=[], metavar="GROUP/VERSION=true|false[,...]",
+                        help="API versions to serve beyond the GA ones, as kube-apiserver's --runtime-config: e.g. "
+                             "resource.k8s.io/v1beta1=true (NVIDIA's v1beta1 specs), resource.k8s.io/v1beta2=true, "
+                             "scheduling.k8s.io/v1beta1=true (the Workload API, with --feature-gates "
+                             "GenericWorkload=true), api/beta=true (repeatable)")

@@ -189,7 +189,7 @@ def storage_view(obj: dict[str, Any]) -> dict[str, Any]:
 def to_storage(obj: dict[str, Any]) -> dict[str, Any]:
     """The v1 form of a resource.k8s.io object given in any served version (a new dict sharing nothing
     with `obj`). Raises ConversionError when its version does not serve its kind."""
-    return copy_json(storage_view(obj))  # type: ignore[no-any-return]
+    return copy_json(storage_view(obj))
 
 
 def from_storage(obj: dict[str, Any], version: str) -> dict[str, Any]:
@@ -221,7 +221,9 @@ def normalize_objects(objects: list[dict[str, Any]]) -> tuple[list[dict[str, Any
         try:
             out.append(to_storage(obj))
         except ConversionError as exc:
-            meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+            meta = obj.get("metadata")
+            if not isinstance(meta, dict):
+                meta = {}
             errors.append(f"{obj.get('kind') or '?'}/{meta.get('name') or ''}: {exc.path}: {exc}")
             out.append(obj)
     return out, errors

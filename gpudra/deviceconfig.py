@@ -106,7 +106,7 @@ class MpsConfig(BaseModel):
         limits: dict[str, int] = {}
         if self.default_pinned_device_memory_limit is not None:
             mib = self.default_pinned_device_memory_limit.as_int() // MIB
-            limits = {u: mib for u in ordered}
+            limits = dict.fromkeys(ordered, mib)
         errors = []
         for key, limit in self.default_per_device_pinned_memory_limit.items():
             if key in ordered:
@@ -268,6 +268,11 @@ def validate_parameters(parameters: object) -> list[str]:
         ]
     api_version = parameters.get("apiVersion")
     kind = parameters.get("kind")
+    wrong_types = [f"{name}: must be a string, got {_type_name(value)}"
+                   for name, value in (("apiVersion", api_version), ("kind", kind))
+                   if value is not None and not isinstance(value, str)]
+    if wrong_types:
+        return wrong_types
     if api_version == API_VERSION and kind in UNSUPPORTED_KINDS:
         # Say why rather than list fields: nothing in such an object could make it acceptable here.
         return [

@@ -12,7 +12,9 @@ The version also selects behaviour that changed without a gate (allocator fixes,
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 SUPPORTED_VERSIONS: tuple[str, ...] = ("1.34", "1.35", "1.36", "1.37")
 DEFAULT_VERSION = SUPPORTED_VERSIONS[-1]
@@ -119,11 +121,11 @@ class Features:
     def for_version(cls, version: str = DEFAULT_VERSION) -> "Features":
         """The defaults of Kubernetes `version` (gates that do not exist there are off)."""
         short = check_version(version)
-        values: dict[str, object] = {"kubernetes_version": short}
+        values: dict[str, Any] = {"kubernetes_version": short}
         for gate in GATES:
             entry = gate.at(short)
             values[gate.attr] = bool(entry and entry.default)
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(**values)
 
     @classmethod
     def parse(cls, specs: list[str] | None, version: str | None = None) -> "Features":
@@ -131,7 +133,7 @@ class Features:
         defaults of `version`. As in Kubernetes, a gate unknown to that release and a change of a gate locked
         to its default are errors."""
         base = cls.for_version(version or DEFAULT_VERSION)
-        values: dict[str, bool] = {}
+        values: dict[str, Any] = {}
         for spec in specs or []:
             for item in filter(None, (s.strip() for s in spec.split(","))):
                 name, _, raw = item.partition("=")
@@ -169,7 +171,7 @@ def stage_of(gate: str, version: str = DEFAULT_VERSION) -> GateStage | None:
     return g.at(check_version(version)) if g else None
 
 
-def add_arguments(parser, what: str = "feature gate") -> None:  # noqa: ANN001 - argparse.ArgumentParser
+def add_arguments(parser: argparse.ArgumentParser, what: str = "feature gate") -> None:
     """`--kubernetes-version` and `--feature`, the same on every command that allocates or validates."""
     parser.add_argument("--kubernetes-version", default=DEFAULT_VERSION, metavar="VERSION",
                         help=f"Kubernetes release whose DRA semantics and gate defaults apply "
@@ -178,6 +180,6 @@ def add_arguments(parser, what: str = "feature gate") -> None:  # noqa: ANN001 -
                         help=f"{what} over that release's defaults, e.g. DRAListTypeAttributes (repeatable)")
 
 
-def from_arguments(args) -> Features:  # noqa: ANN001 - argparse.Namespace
+def from_arguments(args: argparse.Namespace) -> Features:
     """Features from `--kubernetes-version` and `--feature`; FeatureGateError names the bad value."""
     return Features.parse(getattr(args, "feature", None), getattr(args, "kubernetes_version", None))

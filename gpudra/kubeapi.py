@@ -14,12 +14,13 @@ object and says whether it deleted anything.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlencode
@@ -33,6 +34,8 @@ from gpudra.http1 import Reply
 
 log = logging.getLogger("gpudra.kubeapi")
 T = TypeVar("T")
+# One page of a list (`list` names a method inside KubeApi).
+Items = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -327,7 +330,7 @@ class KubeApi:
                 self._give_back(pool, conn, close=True)
                 raise
             if isinstance(result, http1.Stream):
-                result.on_close = lambda: self._give_back(pool, conn, close=True)
+                result.on_close = functools.partial(self._give_back, pool, conn, close=True)
             else:
                 self._give_back(pool, conn, close=not result.keep_alive)
             return result
@@ -370,7 +373,7 @@ class KubeApi:
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         info = kind_info(kind)
-        return self._call("GET", info.path(self._namespace(info, namespace), name))  # type: ignore[no-any-return]
+        return self._call("GET", info.path(self._namespace(info, namespace), name))
 
     def try_get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         try:
@@ -380,31 +383,45 @@ class KubeApi:
 
     def list(self, kind: str, namespace: str | None = None, label_selector: str | None = None,
              field_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
+        items: list[dict[str, Any]] = []
+        resource_version = ""
+        for page, page_rv in self.list_pages(kind, namespace, label_selector, field_selector):
+            items.extend(page)
+            resource_version = page_rv
+        return items, resource_version
+
+    def list_pages(self, kind: str, namespace: str | None = None, label_selector: str | None = None,
+                   field_selector: str | None = None, limit: int | None = None,
+                   ) -> Iterator[tuple[Items, str]]:
+        """The list one page at a time (`limit` items each, None: as the server pages it), with the list's
+        resourceVersion: a caller that keeps a few items of a large list never holds all of them at once."""
         info = kind_info(kind)
         query: list[tuple[str, Any]] = []
         if label_selector:
             query.append(("labelSelector", label_selector))
         if field_selector:
             query.append(("fieldSelector", field_selector))
-        items: list[dict[str, Any]] = []
+        if limit is not None:
+            query.append(("limit", limit))
         cont: str | None = None
         while True:
             page_query = query + ([("continue", cont)] if cont else [])
             result = self._call("GET", info.path(namespace if info.namespaced else None), query=page_query)
-            for item in result.get("items") or []:
+            items = result.get("items") or []
+            for item in items:
                 # Lists omit kind/apiVersion on items; callers get complete objects.
                 item.setdefault("apiVersion", info.api_version)
                 item.setdefault("kind", kind)
-                items.append(item)
             meta = result.get("metadata") or {}
             cont = meta.get("continue")
+            yield items, str(meta.get("resourceVersion") or "")
             if not cont:
-                return items, str(meta.get("resourceVersion") or "")
+                return
 
     def create(self, kind: str, obj: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
         info = kind_info(kind)
         body = {"apiVersion": info.api_version, "kind": kind, **obj}
-        return self._call("POST", info.path(self._namespace(info, namespace, obj)), body=body)  # type: ignore[no-any-return]
+        return self._call("POST", info.path(self._namespace(info, namespace, obj)), body=body)
 
     def _put(self, kind: str, obj: dict[str, Any], subresource: str | None) -> dict[str, Any]:
         info = kind_info(kind)
@@ -413,7 +430,7 @@ class KubeApi:
             raise ValueError(f"{kind}: metadata.name is required to replace an object")
         body = {"apiVersion": info.api_version, "kind": kind, **obj}
         path = info.path(self._namespace(info, None, obj), name, subresource)
-        return self._call("PUT", path, body=body)  # type: ignore[no-any-return]
+        return self._call("PUT", path, body=body)
 
     def replace(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
         """PUT; raises `Conflict` when obj's metadata.resourceVersion is stale."""
@@ -433,7 +450,7 @@ class KubeApi:
             raise ValueError("patch_type 'json' needs a list of RFC 6902 operations")
         info = kind_info(kind)
         path = info.path(self._namespace(info, namespace), name, subresource)
-        return self._call("PATCH", path, body=patch, content_type=types[patch_type])  # type: ignore[no-any-return]
+        return self._call("PATCH", path, body=patch, content_type=types[patch_type])
 
     def delete(self, kind: str, name: str, namespace: str | None = None, *, propagation: str | None = None,
                uid: str | None = None, resource_version: str | None = None) -> bool:
@@ -512,11 +529,11 @@ class _Watch:
                 del self.known[key]
                 yield "DELETED", old
         for key, obj in fresh.items():
-            old = self.known.get(key)
+            previous = self.known.get(key)
             self.known[key] = obj
-            if old is None:
+            if previous is None:
                 yield "ADDED", obj
-            elif (old.get("metadata") or {}).get("resourceVersion") != (obj.get("metadata") or {}).get("resourceVersion"):
+            elif (previous.get("metadata") or {}).get("resourceVersion") != (obj.get("metadata") or {}).get("resourceVersion"):
                 yield "MODIFIED", obj
         self.rv = rv
 
@@ -570,7 +587,7 @@ class _Watch:
         except Exception:  # noqa: BLE001 - the stream may already be closed; nothing else to do
             pass
 
-    def _consume(self, response: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    def _consume(self, response: Any) -> Generator[tuple[str, dict[str, Any]], None, bool]:
         """Yield events from one stream; returns True when the caller must relist (410)."""
         try:
             for line in response:

@@ -195,7 +195,9 @@ def object_label(obj: Any) -> str:
     """`Kind/ns/name` for namespaced objects, `Kind/name` otherwise: how messages name an input object."""
     if not isinstance(obj, dict):
         return "?"
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        meta = {}
     kind = str(obj.get("kind") or "?")
     name = str(meta.get("name") or meta.get("generateName") or "")
     namespace = meta.get("namespace")

@@ -25,6 +25,7 @@ PROTO_FILES: tuple[str, ...] = (
     "proto/deviceplugin/v1beta1/api.proto",
     "proto/drahealth/v1alpha1/api.proto",
     "proto/drahealth/v1/api.proto",
+    "proto/grpchealth/v1/api.proto",
 )
 
 GENERATED_SUFFIXES: tuple[str, ...] = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi")

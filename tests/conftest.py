@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,10 +22,20 @@ class RunningApiServer:
     api: KubeApi
 
 
+# resource.k8s.io's beta versions, which a 1.37 kube-apiserver serves only when --runtime-config enables them.
+RESOURCE_BETAS = "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"
+
+
+def _server_options(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """What a test's `@pytest.mark.apiserver_options(runtime_config=..., features=...)` asks of the server."""
+    marker = request.node.get_closest_marker("apiserver_options")
+    return dict(marker.kwargs) if marker is not None else {}
+
+
 @pytest.fixture
-def apiserver(tmp_path: Path) -> Iterator[RunningApiServer]:
+def apiserver(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[RunningApiServer]:
     """A started embedded control plane (validation admission wired when available) with a connected KubeApi."""
-    server = EmbeddedApiServer(admission=validation_admission())
+    server = EmbeddedApiServer(admission=validation_admission(), **_server_options(request))
     url = server.start()
     kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
     api = KubeApi.connect(url=url)
@@ -36,9 +47,9 @@ def apiserver(tmp_path: Path) -> Iterator[RunningApiServer]:
 
 
 @pytest.fixture
-def server() -> Iterator[EmbeddedApiServer]:
+def server(request: pytest.FixtureRequest) -> Iterator[EmbeddedApiServer]:
     """A started embedded control plane without admission, for tests that speak to it on the wire themselves."""
-    srv = EmbeddedApiServer()
+    srv = EmbeddedApiServer(**_server_options(request))
     srv.start()
     try:
         yield srv

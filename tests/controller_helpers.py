@@ -55,8 +55,10 @@ def node(name: str, *, gpus: int | None = None, labels: Mapping[str, str] | None
     obj: dict[str, Any] = {"apiVersion": "v1", "kind": "Node",
                            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
                            "spec": {}, "status": {}}
+    resources = {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti", "pods": "110"}
     if gpus is not None:
-        obj["status"] = {"allocatable": {"nvidia.com/gpu": str(gpus)}, "capacity": {"nvidia.com/gpu": str(gpus)}}
+        resources["nvidia.com/gpu"] = str(gpus)
+    obj["status"] = {"allocatable": dict(resources), "capacity": dict(resources)}
     return obj
 
 

@@ -80,7 +80,7 @@ def create_allocated_claim(
 
 def start_agent(
     tmp: Path, api: KubeApi, *, profile: str = "dgx-h100", publish: bool = True, watch_seconds: float = 0.05,
-    partitionable: bool = False,
+    partitionable: bool = False, instance: str = "",
 ) -> NodeAgent:
     nvml = load_backend(f"sim:{profile}", node=NODE)
     inventory = discover(nvml, NODE)
@@ -89,7 +89,7 @@ def start_agent(
         boot.write_text("boot-1\n")
     settings = AgentSettings(
         node_name=NODE, driver_name=DRIVER, kubelet_dir=tmp / "kubelet", cdi_dir=tmp / "cdi", watch_seconds=watch_seconds,
-        boot_id_path=boot, partitionable=partitionable,
+        boot_id_path=boot, partitionable=partitionable, instance=instance,
     )
     agent = NodeAgent(
         settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api),

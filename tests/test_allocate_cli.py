@@ -105,3 +105,19 @@ def test_explain_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert rc == 0
     unit = doc["units"][0]
     assert unit["fits"] == ["n1"] and {n["node"]: n["code"] for n in unit["nodes"]} == {"n1": "fits", "n2": "not-enough"}
+
+
+@pytest.mark.parametrize("command", ["allocate", "explain"])
+def test_invalid_opaque_config_is_refused_like_validate_does(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            command: str) -> None:
+    config = {"requests": ["gpu"], "opaque": {"driver": GPU, "parameters": {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "10GB"}}}}}
+    path = write(tmp_path, [*cluster(), claim("c1", requests=[request("gpu", cls="gpu")], config=[config])])
+    assert main(["validate", "-f", path]) == 1
+    validate_out = capsys.readouterr().out
+    assert main([command, "-f", path, "-o", "json"]) == 2
+    (error,) = json.loads(capsys.readouterr().out)["errors"]
+    assert error.startswith("ResourceClaim/default/c1: spec.devices.config[0].opaque.parameters.sharing.mpsConfig."
+                            "defaultPinnedDeviceMemoryLimit: invalid quantity '10GB'")
+    assert error.split(": ", 1)[1] in validate_out

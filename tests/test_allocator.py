@@ -11,15 +11,15 @@ from controller.cel import CelEnvironment
 from dataclasses import replace
 
 from gpudra.features import Features
+from tests.alloc_fixtures import (
+    DRIVER, allocation, claim, device, klass, node, node_selector, picked, request, slice_,
+)
 
 
 def at_1_35(**gates: bool) -> Features:
     """These unit tests pin Kubernetes 1.35 (alpha gates off unless turned on); the 1.36/1.37 defaults and semantics
     are covered by the conformance suite's runs at 1.37 and by test_features.py."""
     return replace(Features.for_version("1.35"), **gates)
-from tests.alloc_fixtures import (
-    DRIVER, allocation, claim, device, klass, node, node_selector, picked, request, slice_,
-)
 
 NODE = "node-1"
 CEL = CelEnvironment()

@@ -244,9 +244,10 @@ def test_second_server_on_the_same_database_is_refused(tmp_path: Path) -> None:
 
 def test_writers_waiting_on_a_commit_share_the_next_one(tmp_path: Path) -> None:
     """Group commit: changes submitted while a commit is in progress go to disk together in the next one."""
-    from controlplane.persistence import Change, SqliteLog
+    from controlplane.backend import Change, HistoryLimits
+    from controlplane.persistence import SqliteLog
 
-    log = SqliteLog(tmp_path / "state.db", history_limit=100)
+    log = SqliteLog(tmp_path / "state.db", HistoryLimits(events=100))
     state = log.open()
     first_commit_started = threading.Event()
     release = threading.Event()

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from conftest import RESOURCE_BETAS
 from controlplane import EmbeddedApiServer
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
@@ -203,6 +204,7 @@ def test_malformed_delete_options_and_nameless_updates_are_400(server: EmbeddedA
     assert _call(server, "GET", f"{LEASES}/del")[0] == 200
 
 
+@pytest.mark.apiserver_options(runtime_config=RESOURCE_BETAS)
 def test_fields_of_an_older_served_version_are_checked_in_that_version(server: EmbeddedApiServer) -> None:
     url = "/apis/resource.k8s.io/v1beta1/namespaces/default/resourceclaims"
     claim = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaim", "metadata": {"name": "old"},

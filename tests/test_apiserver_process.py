@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from gpudra.features import Features
 import yaml
 
 from controlplane import EmbeddedApiServer
@@ -155,7 +157,10 @@ def test_cli_refuses_non_loopback_address() -> None:
 @pytest.mark.parametrize(("version", "git_version", "workloads"), [
     ("1.37", "v1.37.0", True), ("1.36", "v1.36.2", False), ("1.34", "v1.34.3", False)])
 def test_kubernetes_version_selects_version_and_served_apis(version: str, git_version: str, workloads: bool) -> None:
-    server = EmbeddedApiServer(kubernetes_version=version)
+    # The Workload API (beta, off) served as the kind config enables it: its gate and its group version.
+    features = Features.parse(["GenericWorkload"], version) if version == "1.37" else None
+    server = EmbeddedApiServer(kubernetes_version=version, features=features,
+                               runtime_config="scheduling.k8s.io/v1beta1=true")
     url = server.start()
     try:
         doc = _get(url + "/version")

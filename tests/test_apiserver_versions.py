@@ -10,8 +10,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
+
+from conftest import RESOURCE_BETAS
+
+# resource.k8s.io's beta versions are served only when --runtime-config enables them, as in kube-apiserver 1.37.
+pytestmark = pytest.mark.apiserver_options(runtime_config=RESOURCE_BETAS)
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
 

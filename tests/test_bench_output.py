@@ -89,3 +89,17 @@ def test_bad_node_sizes_are_refused(argv: list[str], message: str, capsys: pytes
     except SystemExit as exit_:  # argparse refuses a malformed value itself
         code = int(exit_.code or 0)
     assert code == 2 and message in capsys.readouterr().err
+
+
+def test_memory_bench_measures_both_sides(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "memory", "--nodes", "20", "--pods", "200", "--seed", "3", "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["benchmark"] == "memory" and (doc["nodes"], doc["pods"], doc["seed"]) == (20, 200, 3)
+    assert doc["controller"]["objects"] == {"Node": 20, "ResourceSlice": 20, "DeviceClass": 2, "Pod": 200,
+                                            "ResourceClaim": 200}
+    # Pods are spread round-robin over the nodes: the agent of the first node keeps its 10 claims.
+    assert doc["agent"]["ownClaims"] == 10
+    for side in ("controller", "agent"):
+        assert doc[side]["peakMiB"] >= doc[side]["steadyMiB"] >= 0 and doc[side]["baseMiB"] > 0
+    assert doc["controller"]["steadyMiB"] > 0
+    assert doc["peakRssMiB"] >= doc["controller"]["baseMiB"]

@@ -36,13 +36,23 @@ def test_device_edits() -> None:
     assert full["name"] == "0f1e2d3c-aaaa-bbbb-cccc-000000000001-gpu-abc"
     # void: the NVIDIA runtime must not inject GPUs by this variable on top of CDI.
     assert full["containerEdits"]["env"] == mig["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
-    assert [n["path"] for n in full["containerEdits"]["deviceNodes"]] == [
-        "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
-    ]
+    # No numbers known: GPU and control nodes by path; nvidia-uvm is not loaded, so its nodes are left out
+    # (named by path they would fail every container on a runtime that stats them).
+    assert [n["path"] for n in full["containerEdits"]["deviceNodes"]] == ["/dev/nvidia1", "/dev/nvidiactl"]
     # GPU minor 0, GI 2, CI 0: nvidia-cap21 and nvidia-cap22 as in the driver's mig-minors table.
     assert [n["path"] for n in mig["containerEdits"]["deviceNodes"]][-2:] == [
         "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22",
     ]
+
+
+def test_caps_major_without_capability_files_types_the_fixed_table() -> None:
+    numbers = cdi.DeviceNumbers({"nvidia-frontend": 195, "nvidia-caps": 238})
+    nodes = numbers.mig_nodes(0, 2, 0)
+    assert nodes == [
+        {"path": "/dev/nvidia-caps/nvidia-cap21", "type": "c", "major": 238, "minor": 21, "fileMode": 0o444},
+        {"path": "/dev/nvidia-caps/nvidia-cap22", "type": "c", "major": 238, "minor": 22, "fileMode": 0o444},
+    ]
+    assert [n["path"] for n in numbers.control_nodes()] == ["/dev/nvidiactl"]
 
 
 def test_mig_cap_minors_table() -> None:

@@ -119,8 +119,8 @@ def test_prepared_mig_claim_with_driver_numbers_through_the_testbed_runtime() ->
         ids = tuple(i for d in result.devices for i in d.cdi_device_ids)
         runtime = Runtimes(tmp / "runtime").for_node(NODE, tmp / "cdi")
         try:
-            script = (f"nvidia-smi -L; echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; "
-                      f"stat -c '%n %t:%T' /dev/nvidia-caps/*")
+            script = ("nvidia-smi -L; echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; "
+                      "stat -c '%n %t:%T' /dev/nvidia-caps/*")
             runtime.run(ContainerRequest("sees-mig", ("sh", "-c", script), {}, ids))
             deadline = time.monotonic() + 60
             while runtime.status("sees-mig").running:

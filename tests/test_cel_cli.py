@@ -87,6 +87,19 @@ def test_runtime_error_exit_1(capsys: pytest.CaptureFixture[str], device_file: s
     assert out["results"] == [{"device": "h100.yaml", "error": "no such key: missing"}]
 
 
+@pytest.mark.parametrize(("expression", "meant"), [
+    ('device.attributes["gpu.nvidia.com"].model == "H100"', "did you mean productName?"),  # by meaning
+    ('device.attributes["gpu.nvidia.com"].prodcutName == "H100"', "did you mean productName?"),  # by spelling
+    ('device.attributes["gpu.nvidia.com"].memory == 80', 'did you mean device.capacity["gpu.nvidia.com"].memory?'),
+])
+def test_runtime_error_suggests_what_was_meant(capsys: pytest.CaptureFixture[str], device_file: str,
+                                               expression: str, meant: str) -> None:
+    code, out = run_json(capsys, expression, "--device", device_file)
+    assert code == 1
+    (result,) = out["results"]
+    assert result["error"].startswith("no such key: ") and result["hint"] == meant
+
+
 def test_strict_rejects_gated_field(capsys: pytest.CaptureFixture[str], device_file: str) -> None:
     code, out = run_json(capsys, "device.allowMultipleAllocations", "--device", device_file, "--strict")
     assert code == 1

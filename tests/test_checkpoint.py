@@ -205,3 +205,23 @@ def test_atomic_write_replaces_whole_file_and_leaves_no_temp_on_failure(tmp_path
         atomic_write(target, "not bytes")  # type: ignore[arg-type]
     assert target.read_bytes() == b"new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+
+
+def test_nvidias_checkpoint_is_moved_aside_not_treated_as_corrupt(tmp_path: Path) -> None:
+    """Switching over from NVIDIA's driver: its checkpoint.json (same name, same plugin dir) is recognised,
+    kept aside and its claims named; ours starts empty and is not reported corrupt."""
+    d = tmp_path / "p"
+    d.mkdir()
+    nvidia = {"checksum": 2893617361, "v2": {"preparedClaims": {
+        "7c1f9a4e-0000-4000-8000-000000000001": {"checkpointState": "PrepareCompleted", "preparedDevices": []},
+        "7c1f9a4e-0000-4000-8000-000000000002": {"checkpointState": "PrepareStarted"}}}}
+    (d / "checkpoint.json").write_text(json.dumps(nvidia))
+    cp, report = Checkpoint.open(d, boot_id_path=_boot(tmp_path))
+    try:
+        assert report.problems == [] and not report.corrupt
+        assert cp.state.claims == {}
+        note = next(n for n in report.notes if "NVIDIA's DRA driver checkpoint" in n)
+        assert "7c1f9a4e-0000-4000-8000-000000000001, 7c1f9a4e-0000-4000-8000-000000000002" in note
+        assert json.loads((d / "checkpoint.json.nvidia-1").read_text()) == nvidia
+    finally:
+        cp.close()

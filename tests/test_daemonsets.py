@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.nodefit import node_rejects
+from controller.nodefit import as_allocator_node, required_affinity, static_rejects
 from sim.cluster.daemonsets import REVISION_LABEL, daemon_pod, plan
 
 
@@ -40,8 +40,10 @@ def test_one_pod_per_matching_node_honouring_selector_affinity_and_taints() -> N
 
 def test_daemon_pod_is_pinned_so_the_scheduler_places_it_only_on_its_node() -> None:
     pod = daemon_pod(_ds(), "a")
-    assert node_rejects(pod, _node("a")) is None
-    assert node_rejects(pod, _node("b")) == "node does not match the pod's required node affinity"
+    affinity = required_affinity(pod)
+    assert static_rejects(pod, _node("a"), as_allocator_node(_node("a")), affinity) is None
+    rejection = static_rejects(pod, _node("b"), as_allocator_node(_node("b")), affinity)
+    assert rejection is not None and rejection.explanation == "node does not match the pod's required node affinity"
     assert pod["metadata"]["ownerReferences"][0]["kind"] == "DaemonSet"
     assert {"key": "node.kubernetes.io/unschedulable", "operator": "Exists",
             "effect": "NoSchedule"} in pod["spec"]["tolerations"]

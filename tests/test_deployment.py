@@ -77,8 +77,26 @@ def test_device_plugin_shim_is_opt_in() -> None:
 def test_kind_overlay_runs_the_simulator_on_unlabelled_nodes() -> None:
     spec = agent_pod(build("kind/overlay"))
     env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
-    assert env["GPU_DRA_NVML"].startswith("sim:")
+    # Each worker simulates the profile its gpu-dra.simulated-profile label names (manifests/kind/cluster.yaml).
+    assert env["GPU_DRA_NVML"] == "sim:node-label"
     assert "affinity" not in spec
+
+
+def test_each_kind_worker_gets_the_profile_its_label_names(apiserver: Any) -> None:
+    from driver.commands.plugin import PROFILE_LABEL, resolve_nvml_spec
+
+    cluster = yaml.safe_load((MANIFESTS / "kind/cluster.yaml").read_text())
+    profiles = [n["labels"][PROFILE_LABEL] for n in cluster["nodes"] if n["role"] == "worker"]
+    assert profiles == ["dgx-a100", "v100-4"]
+    for i, profile in enumerate(profiles):
+        apiserver.api.create("Node", {"metadata": {"name": f"worker-{i}", "labels": {PROFILE_LABEL: profile}}})
+        assert resolve_nvml_spec("sim:node-label", apiserver.api, f"worker-{i}") == f"sim:{profile}"
+    apiserver.api.create("Node", {"metadata": {"name": "plain"}})
+    with pytest.raises(ValueError, match="Node plain has no gpu-dra.simulated-profile label; set it to one of .*dgx-a100"):
+        resolve_nvml_spec("sim:node-label", apiserver.api, "plain")
+    with pytest.raises(ValueError, match="Node absent does not exist"):
+        resolve_nvml_spec("sim:node-label", apiserver.api, "absent")
+    assert resolve_nvml_spec("sim:t4-1", apiserver.api, "absent") == "sim:t4-1"
 
 
 # ---- RBAC derived from the code ---------------------------------------------------------------------------
@@ -200,7 +218,7 @@ def test_the_derivation_sees_the_calls_it_must() -> None:
             ("leases", "update")} <= controller
     agent = {(n.resource, n.verb) for n in code_needs("driver")}
     assert {("resourceslices", "create"), ("resourceslices", "watch"), ("resourceclaims", "get"),
-            ("pods", "create"), ("pods", "delete")} <= agent
+            ("deployments", "create"), ("deployments", "delete"), ("pods", "list")} <= agent
 
 
 def test_controller_rbac_grants_every_call_the_controller_makes() -> None:

@@ -147,7 +147,13 @@ def test_legacy_cdi_spec_carries_the_driver_files() -> None:
     assert cdi.validate_spec(spec) == []
     edits = spec["containerEdits"]
     assert edits["mounts"] == common["mounts"] and edits["hooks"] == common["hooks"]
-    assert [n["path"] for n in edits["deviceNodes"]] == list(cdi.CONTROL_DEVICE_NODES)
+    assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/nvidiactl"]  # nvidia-uvm not loaded: left out
+    loaded = cdi.DeviceNumbers({"nvidia-frontend": 195, "nvidia-uvm": 234})
+    typed = legacy_cdi_spec(gpus, common, loaded)["containerEdits"]["deviceNodes"]
+    assert [(n["path"], n["major"]) for n in typed] == [("/dev/nvidiactl", 195), ("/dev/nvidia-uvm", 234),
+                                                         ("/dev/nvidia-uvm-tools", 234)]
+    assert [d.host_path for d in container_allocate_response(gpus, loaded).devices][1:] == [
+        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
 
 
 def test_kubelet_checkpoint_reads_the_kubelet_format() -> None:
@@ -176,7 +182,6 @@ def test_kubelet_checkpoint_reads_the_kubelet_format() -> None:
 
 def test_release_rule() -> None:
     entry = PodDeviceEntry("pod-1", "c", RESOURCE, {0: ("GPU-a",)})
-    before = KubeletCheckpoint(digest="0" * 64)
     after = KubeletCheckpoint((entry,), digest="1" * 64)
     used = "deviceplugin:" + allocation_id("0" * 64, "aa")
     pending = "deviceplugin:" + allocation_id("1" * 64, "bb")
@@ -264,7 +269,7 @@ def test_allocate_through_the_device_manager(node: Node) -> None:
     held = node.checkpoint.state.ledger
     assert {u for u, hs in held.items() if any(h.startswith("deviceplugin:") for h in hs)} == set(numa0)
     written = kubeletcheckpoint.read(node.tmp / "kubelet" / "device-plugins")
-    assert written is not None and written.in_use(RESOURCE) == {u: "pod-1" for u in numa0}
+    assert written is not None and written.in_use(RESOURCE) == dict.fromkeys(numa0, "pod-1")
     assert written.entries[0].device_ids == {0: tuple(numa0)}
     assert pb.ContainerAllocateResponse.FromString(written.entries[0].alloc_resp) == got.response
     # The next pod gets the other NUMA node.
@@ -389,6 +394,9 @@ class _FailingApi:
         if self.fail:
             raise ConnectionError("connection refused")
         return [_claim("ours", [{"driver": DRIVER, "pool": "node-a", "device": "gpu-aaa"}])], "7"
+
+    def list_pages(self, kind: str, limit: int | None = None) -> Iterator[tuple[list[dict[str, object]], str]]:
+        yield self.list(kind)
 
 
 def test_unreachable_api_falls_back_to_the_ledger_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:

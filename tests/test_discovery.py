@@ -131,7 +131,7 @@ def test_nvswitch_links_point_at_switches() -> None:
     inv = _discover("dgx-h100")
     for gpu in inv.gpus:
         assert len(gpu.nvlinks) == 18
-        assert all(l.active and l.remote_is_switch and l.remote_pci_bus_id is None for l in gpu.nvlinks)
+        assert all(nl.active and nl.remote_is_switch and nl.remote_pci_bus_id is None for nl in gpu.nvlinks)
 
 
 def test_v100_cube_mesh_quad() -> None:
@@ -140,11 +140,11 @@ def test_v100_cube_mesh_quad() -> None:
     # Links per GPU pair within one DGX-1V quad: 0-1 x1, 0-2 x1, 0-3 x2, 1-2 x2, 1-3 x1, 2-3 x1.
     expected = {(0, 1): 1, (0, 2): 1, (0, 3): 2, (1, 2): 2, (1, 3): 1, (2, 3): 1}
     for (a, b), n in expected.items():
-        assert sum(1 for l in inv.gpus[a].nvlinks if l.active and l.remote_pci_bus_id == bus[b]) == n
-        assert sum(1 for l in inv.gpus[b].nvlinks if l.active and l.remote_pci_bus_id == bus[a]) == n
+        assert sum(1 for nl in inv.gpus[a].nvlinks if nl.active and nl.remote_pci_bus_id == bus[b]) == n
+        assert sum(1 for nl in inv.gpus[b].nvlinks if nl.active and nl.remote_pci_bus_id == bus[a]) == n
     for gpu in inv.gpus:
         assert len(gpu.nvlinks) == 6
-        assert sum(l.active for l in gpu.nvlinks) == 4  # the other two go to GPUs 4-7 of a full DGX-1
+        assert sum(nl.active for nl in gpu.nvlinks) == 4  # the other two go to GPUs 4-7 of a full DGX-1
 
 
 def _table(inv: Inventory) -> list[tuple[object, ...]]:

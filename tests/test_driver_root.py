@@ -122,7 +122,7 @@ def test_tools_run_from_the_driver_root_with_its_nvml_preloaded(tmp_path: Path) 
     assert smi == [str(bin_dir / "nvidia-smi"), "compute-policy", "-i", "GPU-1", "--set-timeslice", "2"]
     library = str(root / "usr/lib64/libnvidia-ml.so.550.54.15")
     assert smi_env["LD_PRELOAD"].split(":")[0] == library
-    assert smi_env["LD_LIBRARY_PATH"].split(":")[0] == str(root / "usr/lib64")
+    assert "LD_LIBRARY_PATH" not in smi_env  # the driver's lib dir may hold the host's libc
     assert mps[0] == str(bin_dir / "nvidia-cuda-mps-control")
     assert mps_env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "pipe") and mps_env["LD_PRELOAD"].startswith(library)
 
@@ -133,3 +133,22 @@ def test_a_tool_missing_from_the_root_names_the_paths(tmp_path: Path) -> None:
     tools = NvidiaTools(_Recorder(), driver_root=DriverRoot(root))
     with pytest.raises(GpuToolError, match=f"{root}/usr/bin/nvidia-smi"):
         tools.set_timeslice("GPU-1", 0)
+
+
+def test_nvidia_uvm_is_loaded_with_the_drivers_modprobe_or_left_out(tmp_path: Path) -> None:
+    from driver.gputools import ensure_uvm_loaded
+
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "devices").write_text("Character devices:\n195 nvidia-frontend\n\nBlock devices:\n  8 sd\n")
+    root = tmp_path / "root"
+    (root / "usr/bin").mkdir(parents=True)
+    runner = _Recorder()
+    assert "has no nvidia-modprobe" in ensure_uvm_loaded(DriverRoot(root), proc, runner) and runner.calls == []
+    modprobe = root / "usr/bin/nvidia-modprobe"
+    modprobe.write_text("#!/bin/sh\n")
+    modprobe.chmod(0o755)
+    assert ensure_uvm_loaded(DriverRoot(root), proc, runner) == f"nvidia-uvm loaded with {modprobe} -u -c=0"
+    assert runner.calls[0][0] == [str(modprobe), "-u", "-c=0"]
+    (proc / "devices").write_text("Character devices:\n195 nvidia-frontend\n511 nvidia-uvm\n")
+    assert ensure_uvm_loaded(DriverRoot(root), proc, runner) == "nvidia-uvm is loaded" and len(runner.calls) == 1

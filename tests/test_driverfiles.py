@@ -1,12 +1,15 @@
-"""Driver files for CDI-only runtimes: discovery in a fake 580.95.05 driver root, the CDI edits it yields,
-and clean degradation when the root or the hook binary is missing."""
+"""Driver files for CDI-only runtimes: discovery in a fake 580.95.05 driver root (libraries are real ELF shared
+objects built with gcc, so their sonames are read as on a node), the CDI edits it yields, and clean degradation
+when the root is missing or of another version."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,10 +22,12 @@ from driver.driverfiles import (
     MOUNT_OPTIONS,
     DriverFiles,
     RootSnapshot,
+    container_library_dirs,
     discover,
     plan,
     resolve_in_root,
 )
+from driver.elfsoname import soname
 from driver.nvml import load_backend
 from driver.plugin.agent import AgentSettings, NodeAgent
 from driver.prepare import ClaimNotFound, ClaimRef
@@ -31,7 +36,26 @@ from tests.plugin_helpers import short_tmp
 
 VERSION = "580.95.05"
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
-LIBS = ("libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler", "libnvidia-nvvm", "libcudadebugger", "libnvidia-gpucomp")
+LIBS = ("libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler", "libnvidia-nvvm", "libGLX_nvidia")
+CONTAINER_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64")
+
+
+@pytest.fixture(scope="module")
+def elf_libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One tiny shared object per library name, with the soname the driver gives it (`<name>.so.1`, libGLX_nvidia
+    `.so.0`)."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed to build the shared objects")
+    out = tmp_path_factory.mktemp("elf")
+    src = out / "lib.c"
+    src.write_text("int nodebox_symbol(void) { return 1; }\n")
+    built = {}
+    for name in LIBS:
+        so = f"{name}.so.0" if name == "libGLX_nvidia" else f"{name}.so.1"
+        path = out / f"{name}.so"
+        subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{so}", "-o", str(path), str(src)], check=True)
+        built[name] = path
+    return built
 
 
 def _touch(path: Path, text: str = "x", mode: int = 0o644) -> None:
@@ -40,23 +64,20 @@ def _touch(path: Path, text: str = "x", mode: int = 0o644) -> None:
     path.chmod(mode)
 
 
-def fake_root(root: Path, *, hook: bool = True, persistenced: bool = False) -> Path:
-    """A driver root laid out like an Ubuntu 580.95.05 install with merged /usr."""
+def fake_root(root: Path, libs: dict[str, Path], *, persistenced: bool = False) -> Path:
+    """A driver root laid out like an Ubuntu 580.95.05 install with merged /usr, an NVIDIA Container Toolkit too."""
     lib = root / LIBDIR.lstrip("/")
-    for name in LIBS:
-        _touch(lib / f"{name}.so.{VERSION}")
+    lib.mkdir(parents=True)
+    for name, built in libs.items():
+        shutil.copy(built, lib / f"{name}.so.{VERSION}")
         os.symlink(f"{name}.so.{VERSION}", lib / f"{name}.so.1")
     os.symlink("libcuda.so.1", lib / "libcuda.so")
-    # An absolute link text names a path inside the driver root.
-    os.symlink(f"{LIBDIR}/libnvidia-ml.so.1", lib / "libnvidia-ml.so")
-    _touch(lib / "libnvidia-ml.so.570.86.15")  # a leftover of an older driver: not this version
-    _touch(lib / f"libnvidia-glcore.so.{VERSION}")  # graphics: not a compute/utility library
+    shutil.copy(libs["libnvidia-ml"], lib / "libnvidia-ml.so.570.86.15")  # a leftover of an older driver
+    _touch(lib / "libc.so.6")  # the host's libc: not the driver's
     os.symlink("usr/lib", root / "lib")  # merged /usr: /lib/x86_64-linux-gnu is the same dir
-    for binary in ("nvidia-smi", "nvidia-debugdump", "nvidia-cuda-mps-control"):
+    for binary in ("nvidia-smi", "nvidia-debugdump", "nvidia-cuda-mps-control", "nvidia-cdi-hook"):
         _touch(root / "usr/bin" / binary, "#!/bin/sh\n", 0o755)
     _touch(root / "usr/bin/nvidia-persistenced", "not executable")
-    if hook:
-        _touch(root / "usr/bin/nvidia-cdi-hook", "#!/bin/sh\n", 0o755)
     firmware = root / "usr/lib/firmware/nvidia" / VERSION
     _touch(firmware / "gsp_ga10x.bin")
     _touch(firmware / "gsp_tu10x.bin")
@@ -71,8 +92,8 @@ def fake_root(root: Path, *, hook: bool = True, persistenced: bool = False) -> P
     return root
 
 
-def test_resolve_in_root_follows_links_inside_the_root(tmp_path: Path) -> None:
-    root = fake_root(tmp_path / "root")
+def test_resolve_in_root_follows_links_inside_the_root(tmp_path: Path, elf_libs: dict[str, Path]) -> None:
+    root = fake_root(tmp_path / "root", elf_libs)
     os.symlink("/usr/lib", root / "lib64")
     assert resolve_in_root(root, "/lib/x86_64-linux-gnu") == LIBDIR
     assert resolve_in_root(root, "/lib64/x86_64-linux-gnu/../x86_64-linux-gnu") == LIBDIR
@@ -81,46 +102,64 @@ def test_resolve_in_root_follows_links_inside_the_root(tmp_path: Path) -> None:
     assert resolve_in_root(root, "/loop/x") is None
 
 
-def test_discovers_libraries_binaries_firmware_and_hooks(tmp_path: Path) -> None:
-    root = fake_root(tmp_path / "root")
+def test_soname_is_read_from_the_elf(elf_libs: dict[str, Path], tmp_path: Path) -> None:
+    assert soname(elf_libs["libcuda"]) == "libcuda.so.1"
+    assert soname(elf_libs["libGLX_nvidia"]) == "libGLX_nvidia.so.0"
+    _touch(tmp_path / "text.so.1", "not an ELF file")
+    assert soname(tmp_path / "text.so.1") is None
+    assert soname(tmp_path / "absent") is None
+
+
+def test_every_library_of_the_driver_version_is_mounted_under_its_soname_in_both_families(
+    tmp_path: Path, elf_libs: dict[str, Path],
+) -> None:
+    root = fake_root(tmp_path / "root", elf_libs)
     files = discover(root, VERSION, host_root="/")
     mounts = {m.container_path: m for m in files.mounts}
-    libs = sorted(p for p in mounts if p.startswith(LIBDIR))
-    # Found once although /lib/x86_64-linux-gnu leads to the same dir; other versions and graphics libs left out.
-    assert libs == sorted(f"{LIBDIR}/{n}.so.{VERSION}" for n in LIBS)
+    assert container_library_dirs("x86_64") == CONTAINER_DIRS
+    for directory in CONTAINER_DIRS:
+        libs = sorted(p for p in mounts if p.startswith(directory + "/"))
+        expected = [f"{directory}/{n}.so.{VERSION}" for n in LIBS]
+        expected += [f"{directory}/{n}.so.0" if n == "libGLX_nvidia" else f"{directory}/{n}.so.1" for n in LIBS]
+        # Found once although /lib/x86_64-linux-gnu is the same dir; other versions and the host's libc left out.
+        assert libs == sorted(expected)
+        # The soname is the versioned file itself, mounted as a file: no link and no ld.so cache needed.
+        assert mounts[f"{directory}/libcuda.so.1"].host_path == f"{LIBDIR}/libcuda.so.{VERSION}"
     assert {p for p in mounts if "/bin/" in p} == {"/usr/bin/nvidia-smi", "/usr/bin/nvidia-debugdump", "/usr/bin/nvidia-cuda-mps-control"}
     assert {p for p in mounts if "firmware" in p} == {
         f"/usr/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin", f"/usr/lib/firmware/nvidia/{VERSION}/gsp_tu10x.bin",
     }
     for path, m in mounts.items():
-        assert m.host_path == path
         assert m.options == (DATA_MOUNT_OPTIONS if "firmware" in path else MOUNT_OPTIONS)
-    assert [h.args[:2] for h in files.hooks] == [("nvidia-cdi-hook", "create-symlinks"), ("nvidia-cdi-hook", "update-ldcache")]
-    symlinks, ldcache = files.hooks
-    assert symlinks.path == "/usr/bin/nvidia-cdi-hook" and symlinks.hook_name == "createContainer"
-    links = symlinks.args[3::2]
-    assert set(symlinks.args[2::2]) == {"--link"}
-    assert f"libcuda.so.{VERSION}::{LIBDIR}/libcuda.so.1" in links
-    assert f"libcuda.so.1::{LIBDIR}/libcuda.so" in links
-    assert f"{LIBDIR}/libnvidia-ml.so.1::{LIBDIR}/libnvidia-ml.so" in links
-    assert len(links) == len(LIBS) + 2
-    assert ldcache.args == ("nvidia-cdi-hook", "update-ldcache", "--folder", LIBDIR)
+        assert Path(m.host_path).is_file() or m.host_path.startswith("/usr/")
+    # A host's own nvidia-cdi-hook (of a toolkit version we do not know) is never used.
+    assert files.hooks == ()
+    assert len(files.notes) == 1 and "--cdi-hook-path" in files.notes[0]
+
+
+def test_a_deployed_hook_adds_forward_compat_and_device_node_hooks(tmp_path: Path, elf_libs: dict[str, Path]) -> None:
+    hook = "/var/lib/kubelet/plugins/gpu.nvidia.com/bin/nvidia-cdi-hook"
+    files = discover(fake_root(tmp_path / "root", elf_libs), VERSION, hook_path=hook)
+    assert [h.cdi() for h in files.hooks] == [
+        {"hookName": "createContainer", "path": hook, "env": ["NVIDIA_CTK_DEBUG=false"],
+         "args": ["nvidia-cdi-hook", "enable-cuda-compat", f"--host-driver-version={VERSION}"]},
+        {"hookName": "createContainer", "path": hook, "env": ["NVIDIA_CTK_DEBUG=false"],
+         "args": ["nvidia-cdi-hook", "disable-device-node-modification"]},
+    ]
     assert files.notes == ()
 
 
-def test_host_root_prefixes_host_paths_only(tmp_path: Path) -> None:
-    root = fake_root(tmp_path / "root")
+def test_host_root_prefixes_host_paths_only(tmp_path: Path, elf_libs: dict[str, Path]) -> None:
+    root = fake_root(tmp_path / "root", elf_libs)
     files = discover(root, VERSION, host_root="/run/nvidia/driver")
-    cuda = next(m for m in files.mounts if m.container_path.endswith(f"libcuda.so.{VERSION}"))
+    cuda = next(m for m in files.mounts if m.container_path == f"/usr/lib64/libcuda.so.{VERSION}")
     assert cuda.host_path == f"/run/nvidia/driver{LIBDIR}/libcuda.so.{VERSION}"
-    assert cuda.container_path == f"{LIBDIR}/libcuda.so.{VERSION}"
-    assert {h.path for h in files.hooks} == {"/run/nvidia/driver/usr/bin/nvidia-cdi-hook"}
 
 
-def test_ipc_socket_is_mounted_once() -> None:
+def test_ipc_socket_is_mounted_once(elf_libs: dict[str, Path]) -> None:
     # Unix socket paths must fit 107 bytes, pytest's tmp_path often does not.
     with short_tmp() as tmp:
-        files = discover(fake_root(tmp / "r", persistenced=True), VERSION)
+        files = discover(fake_root(tmp / "r", elf_libs, persistenced=True), VERSION)
     sockets = [m for m in files.mounts if m.container_path.endswith("/socket")]
     # Seen as /run/... and through /var/run -> /run, mounted once under its resolved path.
     assert [(m.host_path, m.container_path, m.options) for m in sockets] == [
@@ -128,19 +167,11 @@ def test_ipc_socket_is_mounted_once() -> None:
     ]
 
 
-def test_missing_hook_keeps_mounts_and_says_why(tmp_path: Path) -> None:
-    files = discover(fake_root(tmp_path / "root", hook=False), VERSION)
-    assert files.hooks == ()
-    assert any(m.container_path == f"{LIBDIR}/libcuda.so.{VERSION}" for m in files.mounts)
-    assert len(files.notes) == 1 and "nvidia-cdi-hook not found" in files.notes[0]
-    assert "hooks" not in files.container_edits()
-
-
-def test_missing_root_or_other_version_yields_nothing(tmp_path: Path) -> None:
+def test_missing_root_or_other_version_yields_nothing(tmp_path: Path, elf_libs: dict[str, Path]) -> None:
     missing = discover(tmp_path / "absent", VERSION)
     assert missing.mounts == () and missing.hooks == () and missing.container_edits() == {}
     assert "is not a directory" in missing.notes[0]
-    other = discover(fake_root(tmp_path / "root"), "590.10.01")
+    other = discover(fake_root(tmp_path / "root", elf_libs), "590.10.01", hook_path="/h")
     assert not any(".so." in m.container_path or "firmware" in m.container_path for m in other.mounts)
     assert other.hooks == ()
     assert "no driver 590.10.01 libraries" in other.notes[0]
@@ -148,21 +179,23 @@ def test_missing_root_or_other_version_yields_nothing(tmp_path: Path) -> None:
 
 def test_plan_is_pure_and_needs_no_files() -> None:
     snapshot = RootSnapshot(
-        files=frozenset({f"/usr/lib64/libcuda.so.{VERSION}"}), executables=frozenset({"/usr/bin/nvidia-cdi-hook"}),
-        links={"/usr/lib64/libcuda.so.1": f"libcuda.so.{VERSION}"}, dirs=("/usr/lib64",), hook_dirs=("/usr/bin",),
+        files=frozenset({f"/usr/lib64/libcuda.so.{VERSION}", "/usr/lib64/libfoo.so.1"}),
+        sonames={f"/usr/lib64/libcuda.so.{VERSION}": "libcuda.so.1"}, dirs=("/usr/lib64",),
     )
-    files = plan(snapshot, VERSION)
-    assert [m.container_path for m in files.mounts] == [f"/usr/lib64/libcuda.so.{VERSION}"]
-    assert files.hooks[0].args == ("nvidia-cdi-hook", "create-symlinks", "--link", f"libcuda.so.{VERSION}::/usr/lib64/libcuda.so.1")
-    assert plan(snapshot, VERSION) == files
+    files = plan(snapshot, VERSION, container_dirs=("/usr/lib64",))
+    assert [(m.host_path, m.container_path) for m in files.mounts] == [
+        (f"/usr/lib64/libcuda.so.{VERSION}", f"/usr/lib64/libcuda.so.{VERSION}"),
+        (f"/usr/lib64/libcuda.so.{VERSION}", "/usr/lib64/libcuda.so.1"),
+    ]
+    assert plan(snapshot, VERSION, container_dirs=("/usr/lib64",)) == files
 
 
 def _device() -> cdi.DeviceEdits:
     return cdi.DeviceEdits(device_name="gpu-0", uuid="GPU-0", gpu_minor=0)
 
 
-def test_spec_carries_driver_files_at_top_level_with_minimal_valid_version(tmp_path: Path) -> None:
-    files = discover(fake_root(tmp_path / "root"), VERSION)
+def test_spec_carries_driver_files_at_top_level_with_minimal_valid_version(tmp_path: Path, elf_libs: dict[str, Path]) -> None:
+    files = discover(fake_root(tmp_path / "root", elf_libs), VERSION, hook_path="/usr/bin/nvidia-cdi-hook")
     spec = cdi.claim_spec("abc-1", [_device()], files.container_edits())
     assert cdi.validate_spec(spec) == []
     assert spec["cdiVersion"] == "0.3.0"  # mounts without a type and hooks are in the oldest accepted format
@@ -170,7 +203,7 @@ def test_spec_carries_driver_files_at_top_level_with_minimal_valid_version(tmp_p
     assert [m["containerPath"] for m in top["mounts"]] == [m.container_path for m in files.mounts]
     assert top["mounts"][0]["options"] == ["ro", "nosuid", "nodev", "bind"]
     assert [h["hookName"] for h in top["hooks"]] == ["createContainer", "createContainer"]
-    assert top["hooks"][1]["args"] == ["nvidia-cdi-hook", "update-ldcache", "--folder", LIBDIR]
+    assert top["hooks"][1]["args"] == ["nvidia-cdi-hook", "disable-device-node-modification"]
     # Per-device edits are untouched; a UID starting with a digit still needs 0.5.0, a typed mount 0.4.0.
     assert "mounts" not in spec["devices"][0]["containerEdits"]
     assert cdi.claim_spec("1bc", [_device()], files.container_edits())["cdiVersion"] == "0.5.0"
@@ -228,8 +261,8 @@ def _agent(tmp_path: Path, driver_root: Path | None) -> NodeAgent:
     return agent
 
 
-def test_agent_puts_driver_files_into_every_claim_spec(tmp_path: Path) -> None:
-    agent = _agent(tmp_path, fake_root(tmp_path / "root"))
+def test_agent_puts_driver_files_into_every_claim_spec(tmp_path: Path, elf_libs: dict[str, Path]) -> None:
+    agent = _agent(tmp_path, fake_root(tmp_path / "root", elf_libs))
     try:
         assert agent.preparer.prepare([ClaimRef("uid-1", "ns", "c1")])["uid-1"].error == ""
         spec = json.loads((tmp_path / "cdi" / cdi.spec_file_name("uid-1")).read_text())

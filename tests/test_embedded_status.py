@@ -6,6 +6,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
+
+from conftest import RESOURCE_BETAS
+
 from controller.explanation_writer import REASON_UNSCHEDULABLE
 from controller.podconditions import unschedulable_conditions
 from controller_helpers import FakeWall, create_all, events_for, gpu_class, manager, node, pod, sim_slices, template
@@ -24,16 +28,22 @@ def _scheduled(api: Any, name: str) -> dict[str, Any] | None:
     return next((c for c in conditions if c["type"] == "PodScheduled"), None)
 
 
-def test_a_pod_that_cannot_fit_is_marked_unschedulable_with_the_explanation(apiserver: Any) -> None:
+def test_a_pod_that_cannot_fit_is_marked_unschedulable_as_kube_scheduler_does(apiserver: Any) -> None:
     api = apiserver.api
     _cluster(api)
     create_all(api, [template("nine", 9), pod("greedy", templates={"gpu": "nine"})])
     m = manager(api)
     m.step()
     cond = _scheduled(api, "greedy")
-    (event,) = [e for e in events_for(api, "greedy") if e["reason"] == REASON_UNSCHEDULABLE]
+    (ours,) = [e for e in events_for(api, "greedy") if e["reason"] == REASON_UNSCHEDULABLE]
+    (failed,) = [e for e in events_for(api, "greedy") if e["reason"] == "FailedScheduling"]
     assert cond is not None and (cond["status"], cond["reason"]) == ("False", "Unschedulable")
-    assert cond["message"] == event["message"] and "needs 9 devices" in cond["message"]
+    # The condition and FailedScheduling speak kube-scheduler's words; our explanation stands beside them.
+    assert cond["message"] == failed["message"] == (
+        "0/1 nodes are available: 1 cannot allocate all claims. still not schedulable, "
+        "preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod.")
+    assert (failed["type"], failed["source"]["component"]) == ("Warning", "default-scheduler")
+    assert "needs 9 devices" in ours["message"]
     rv = api.get("Pod", "greedy", "default")["metadata"]["resourceVersion"]
     m.step()  # the same verdict again writes nothing
     assert api.get("Pod", "greedy", "default")["metadata"]["resourceVersion"] == rv
@@ -58,8 +68,8 @@ def test_a_device_taint_rule_keeps_the_embedded_scheduler_off_its_devices(apiser
     manager(api).step()
     assert api.get("Pod", "p1", "default")["spec"].get("nodeName") == "node-b"
     assert not api.get("Pod", "p2", "default")["spec"].get("nodeName")
-    cond = _scheduled(api, "p2")
-    assert cond is not None and "from DeviceTaintRule drain-a" in cond["message"]
+    (event,) = [e for e in events_for(api, "p2") if e["reason"] == REASON_UNSCHEDULABLE]
+    assert "from DeviceTaintRule drain-a" in event["message"]
 
 
 def test_unschedulable_conditions_keep_the_transition_time() -> None:
@@ -96,6 +106,7 @@ def test_registered_nodes_report_what_describe_shows_and_keep_a_lease(apiserver:
         beat.join(timeout=5)
 
 
+@pytest.mark.apiserver_options(runtime_config=RESOURCE_BETAS)
 def test_v1beta1_objects_created_through_the_server_are_scheduled(apiserver: Any) -> None:
     import json
     import urllib.request

@@ -30,7 +30,7 @@ def _drain(monitor: HealthMonitor) -> None:
 
 
 def test_classification_follows_nvidias_device_plugin() -> None:
-    assert APPLICATION_XIDS == {13, 31, 43, 45, 68, 109}
+    assert {13, 31, 43, 45, 68, 109} == APPLICATION_XIDS
     for xid in (13, 31, 43, 45, 68, 109):
         assert classify_xid(xid) == "application"
     for xid in (48, 64, 74, 79, 92, 94, 95, 119, 1234):
@@ -167,3 +167,63 @@ def test_ignored_xids_can_be_configured(xid: int) -> None:
     nvml.inject_xid(inv.gpus[0].uuid, xid)
     _drain(monitor)
     assert changes == [inv.gpus[0].uuid]
+
+
+def test_gpu_lost_from_the_event_wait_taints_that_gpu_and_the_others_are_still_read() -> None:
+    nvml, inv, monitor, changes = _setup("dgx-a100")
+    first, second = inv.gpus[0].uuid, inv.gpus[1].uuid
+    # Real NVML: once a GPU of the set is lost, the wait answers GPU_IS_LOST instead of an event.
+    nvml.fail_call("nvmlEventSetWait_v2", error="GPU_IS_LOST")
+    nvml.fail_call("nvmlDeviceGetMemoryInfo", uuid=first, error="GPU_IS_LOST")
+    assert monitor.poll_once(0) is True
+    assert monitor.health(first).lost and not monitor.health(second).lost
+    assert [u for u, _ in changes] == [first]
+    # The set is built again without the lost GPU: another GPU's Xid is read, not swallowed in a retry loop.
+    nvml.clear()
+    nvml.fail_call("nvmlDeviceGetMemoryInfo", uuid=first, error="GPU_IS_LOST")
+    assert monitor.poll_once(0) is False  # a new event set, registered again
+    nvml.inject_xid(second, 48)
+    _drain(monitor)
+    assert monitor.health(second) == Health(xids=(48,))
+    assert first not in {w.uuid for w in monitor._watched.values()}
+
+
+def test_gpu_lost_from_the_wait_with_no_gpu_answering_lost_taints_all() -> None:
+    nvml, inv, monitor, _ = _setup("l40s-4")
+    nvml.fail_call("nvmlEventSetWait_v2", error="GPU_IS_LOST")
+    monitor.poll_once(0)
+    assert all(monitor.health(g.uuid).lost for g in inv.gpus)
+
+
+def test_unmonitored_gpu_gets_an_informational_taint() -> None:
+    from driver.slices import SliceSettings, build_slices
+
+    nvml = load_backend("sim:l40s-4")
+    inv = discover(nvml, "n")
+    nvml.fail_call("nvmlDeviceRegisterEvents", uuid=inv.gpus[1].uuid, error="NOT_SUPPORTED")
+    changes: dict[str, Health] = {}
+    monitor = HealthMonitor(nvml, inv, lambda u, h: changes.__setitem__(u, h))
+    monitor.setup()
+    health = changes[inv.gpus[1].uuid]
+    assert health.unmonitored and health.healthy
+    from dataclasses import replace as dc_replace
+
+    gpus = tuple(dc_replace(g, health=changes.get(g.uuid, g.health)) for g in inv.gpus)
+    slices = build_slices(dc_replace(inv, gpus=gpus), SliceSettings(node_name="n", driver_name="gpu.nvidia.com"))
+    taints = {d["name"]: d.get("taints", []) for s in slices for d in s["spec"]["devices"]}
+    tainted = [n for n, t in taints.items() if t]
+    assert len(tainted) == 1
+    assert taints[tainted[0]] == [{"key": "gpu.nvidia.com/unmonitored", "effect": "None"}]
+
+
+def test_ignore_xids_flag() -> None:
+    import argparse
+
+    from driver.commands.plugin import register
+
+    parser = argparse.ArgumentParser()
+    register(parser)
+    assert parser.parse_args(["--node", "n", "--nvml", "real", "--ignore-xids", "63, 64,92"]).ignore_xids == {63, 64, 92}
+    assert parser.parse_args(["--node", "n", "--nvml", "real"]).ignore_xids == frozenset()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--node", "n", "--nvml", "real", "--ignore-xids", "48,x"])

@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 import yaml
+
+from conftest import RESOURCE_BETAS
 
 from sim.demo.cluster import node_object, register_node
 
@@ -161,6 +164,7 @@ def test_watch_keeps_its_columns(apiserver: Any) -> None:
         proc.wait(timeout=30)
 
 
+@pytest.mark.apiserver_options(runtime_config=RESOURCE_BETAS)
 def test_describe_and_explain(apiserver: Any) -> None:
     register_node(apiserver.api, node_object("n1"))
     described = kubectl(apiserver, "describe", "node", "n1").stdout
@@ -173,6 +177,7 @@ def test_describe_and_explain(apiserver: Any) -> None:
     assert "deviceClassName\t<string>" in beta and "VERSION:    v1beta1" in beta
 
 
+@pytest.mark.apiserver_options(runtime_config=RESOURCE_BETAS)
 def test_nvidia_v1beta1_manifests_apply_and_read_back_in_every_version(apiserver: Any, tmp_path: Path) -> None:
     path = tmp_path / "quickstart.yaml"
     path.write_text(QUICKSTART_V1BETA1)

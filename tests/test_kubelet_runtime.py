@@ -19,6 +19,7 @@ import pytest
 from controlplane.podlogs import PodLogsDir
 from gpudra.kubeapi import KubeApi, NotFound
 from sim.kubelet.pods import NodeKubelet
+from driver.nvml import load_backend
 from sim.runtime import Runtimes
 from sim.runtime.podman import PodmanRuntime
 from tests.conftest import RunningApiServer
@@ -166,8 +167,11 @@ def test_legacy_pod_gets_its_device_plugin_gpu_and_frees_it_when_done(apiserver:
         (tmp / "boot").write_text("b1\n")
         checkpoint, _ = Checkpoint.open(tmp / "kubelet" / "plugins" / DRIVER, boot_id_path=tmp / "boot")
         inventory = inv("v100-4")
+        # The simulator's device numbers, as the agent hands them to the shim: typed nodes, nothing stat-ed on the host.
+        numbers = load_backend("sim:v100-4", node=NODE).device_numbers
         shim = DevicePluginShim(DevicePluginSettings(kubelet_dir=tmp / "kubelet", cdi_dir=tmp / "cdi", driver_name=DRIVER,
-                                                     watch_seconds=0.05), inventory=lambda: inventory, checkpoint=checkpoint)
+                                                     watch_seconds=0.05, device_numbers=numbers),
+                                inventory=lambda: inventory, checkpoint=checkpoint)
         shim.start()
         runtime = Runtimes(tmp / "runtime").for_node(NODE, tmp / "cdi")
         kubelet = NodeKubelet(apiserver.api, NODE, tmp / "kubelet", DRIVER, device_manager=dm, runtime=runtime)

@@ -41,7 +41,7 @@ class NoSharing:
     def set_timeslice(self, gpu_uuid: str, level: int) -> None:
         return None
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
         return None
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
@@ -309,7 +309,7 @@ def test_placement_claim_over_grpc(short: Path, apiserver: Any) -> None:
     agent: NodeAgent = start_agent(short, apiserver.api, partitionable=True)
     kubelet = KubeletSim(short / "kubelet")
     try:
-        plugin = kubelet.wait_for_plugin(DRIVER, timeout=60)
+        kubelet.wait_for_plugin(DRIVER, timeout=60)
         gpu = agent.inventory().gpus[6]
         name = placement_name(gpu, "3g.40gb", 0)
         _wait(lambda: _published_device(apiserver, name) is not None, "the placement device published")

@@ -1,7 +1,9 @@
-"""MPS control daemons as pods of their own: the pod a node needs, and a daemon that outlives the agent.
+"""MPS control daemons in Deployments of their own: what a node needs, and a daemon that outlives the agent.
 
-A stand-in kubelet watches the embedded API server for the daemon's pod and, like the real daemon, listens on
-`<pipe dir>/control` (a host path both the agent and the pod see); it stops listening when the pod is deleted.
+A stand-in for the Deployment controller and the kubelet watches the embedded API server for the daemon's
+Deployment and, like the real pod's script, listens on `<pipe dir>/control` (a host path both the agent and the
+pod see), records the limits the Deployment gives the daemon and marks it started in its state dir; it stops
+listening when the Deployment is deleted.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import pytest
 
 from driver import sharing
 from driver.gputools import CommandResult, GpuToolError, MpsDirs, NvidiaTools
-from driver.mpsdaemon import MpsDaemonPods, MpsPodSettings, pod_manifest, pod_name
+from driver.mpsdaemon import (
+    COMMANDS_ENV, STARTED_MARK, MpsDaemonPods, MpsPodSettings, deployment_manifest, pod_name, state_dir,
+)
 from gpudra.deviceconfig import parse
 from tests.plugin_helpers import short_tmp
 
@@ -37,24 +41,29 @@ class _Recorder:
 
 
 class _Kubelet:
-    """Runs the MPS pods it sees: a listener on the pod's pipe hostPath, closed when the pod is deleted."""
+    """Runs the MPS Deployments it sees: a listener on the pod's pipe hostPath, closed when it is deleted."""
 
     def __init__(self, api: Any) -> None:
         self._api = api
         self._stop = threading.Event()
         self.listeners: dict[str, socket.socket] = {}
         self.started: list[str] = []
+        self.commands: dict[str, list[str]] = {}
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        for event, pod in self._api.watch("Pod", namespace=SETTINGS.namespace, stop=self._stop):
-            name = pod["metadata"]["name"]
+        for event, deployment in self._api.watch("Deployment", namespace=SETTINGS.namespace, stop=self._stop):
+            name = deployment["metadata"]["name"]
+            pod = deployment["spec"]["template"]["spec"]
             if event == "ADDED" and name not in self.listeners:
-                pipe = next(v["hostPath"]["path"] for v in pod["spec"]["volumes"] if v["name"] == "mps-pipe")
+                volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+                env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                s.bind(f"{pipe}/control")
+                s.bind(f"{volumes['mps-pipe']}/control")
                 s.listen(4)
+                self.commands[name] = [c for c in env[COMMANDS_ENV].split("\n") if c]
+                Path(volumes["mps-state"], STARTED_MARK).write_text("")
                 self.listeners[name] = s
                 self.started.append(name)
             elif event == "DELETED" and name in self.listeners:
@@ -81,21 +90,34 @@ def tmp() -> Iterator[Path]:
         yield path
 
 
-def test_daemon_pod_is_what_a_gpu_node_needs(tmp: Path) -> None:
+def test_daemon_deployment_is_what_a_gpu_node_needs(tmp: Path) -> None:
     dirs = sharing.mps_dirs(tmp / "mps", "uid-1")
-    pod = pod_manifest(SETTINGS, dirs, ["GPU-a", "MIG-b"])
-    spec = pod["spec"]
+    settings = MpsPodSettings(namespace="gpu-dra-system", node_name=NODE, image="registry.example/gpu-dra:1",
+                              host_driver_root="/run/nvidia/driver", image_pull_secrets=("regcred",))
+    deployment = deployment_manifest(settings, dirs, ["GPU-a", "MIG-b"], ["set_default_active_thread_percentage 50"])
+    # Owned by a controller object: recreated when its pod is deleted, evicted (not refused) by kubectl drain.
+    assert deployment["kind"] == "Deployment" and deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # never two daemons on one pipe dir
+    template = deployment["spec"]["template"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    spec = template["spec"]
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
     assert spec["nodeName"] == NODE and spec["hostPID"] is True and spec["restartPolicy"] == "Always"
     (container,) = spec["containers"]
     assert container["securityContext"]["privileged"] is True
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-a,MIG-b" and env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    # The limits are the pod's own: its script gives them to the daemon at every start.
+    assert env[COMMANDS_ENV] == "set_default_active_thread_percentage 50"
+    assert COMMANDS_ENV in container["command"][2] and "nvidia-cuda-mps-control" in container["command"][2]
+    assert "LD_LIBRARY_PATH" not in container["command"][2]
     volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
     assert volumes == {"driver-root": "/run/nvidia/driver", "mps-pipe": str(dirs.pipe), "mps-log": str(dirs.log),
-                       "mps-shm": str(dirs.shm)}
+                       "mps-shm": str(dirs.shm), "mps-state": str(state_dir(dirs))}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert mounts["/driver-root"] == "driver-root" and mounts["/dev/shm"] == "mps-shm"
-    assert pod["metadata"]["name"] == pod_name(NODE, dirs) and len(pod["metadata"]["name"]) <= 63
+    assert container["startupProbe"]["exec"]["command"][-1].endswith(f"/{STARTED_MARK}")
+    assert deployment["metadata"]["name"] == pod_name(NODE, dirs) and len(deployment["metadata"]["name"]) <= 63
 
 
 def test_daemon_outlives_the_agent_and_is_stopped_with_its_claim(api: Any, tmp: Path) -> None:
@@ -125,7 +147,9 @@ def test_daemon_outlives_the_agent_and_is_stopped_with_its_claim(api: Any, tmp: 
         assert sharing.start_mps(agent(first), config, devices, dirs) is True
         assert kubelet.started == [pod_name(NODE, dirs)]
         assert ["mount", "-t", "tmpfs", "-o", "rw,nosuid,nodev,noexec,relatime,size=8g", "shm", str(dirs.shm)] in first.calls
-        assert "set_default_active_thread_percentage 50\n" in first.stdin  # limits sent over the shared pipe dir
+        # The limits went into the daemon's Deployment (its pod replays them at each daemon start), not over the pipe.
+        assert kubelet.commands[pod_name(NODE, dirs)] == ["set_default_active_thread_percentage 50"]
+        assert "set_default_active_thread_percentage 50\n" not in first.stdin
         edits = sharing.apply(agent(first), config, devices, dirs)
         assert {"hostPath": str(dirs.shm), "containerPath": "/dev/shm", "options": ["rbind", "rw", "nosuid", "nodev"]} in edits.mounts
 
@@ -133,12 +157,12 @@ def test_daemon_outlives_the_agent_and_is_stopped_with_its_claim(api: Any, tmp: 
         second = _Recorder()
         assert sharing.start_mps(agent(second), config, devices, dirs) is False
         assert kubelet.started == [pod_name(NODE, dirs)]
-        assert api.get("Pod", pod_name(NODE, dirs), SETTINGS.namespace)["spec"]["hostPID"] is True
+        assert api.get("Deployment", pod_name(NODE, dirs), SETTINGS.namespace)["spec"]["template"]["spec"]["hostPID"] is True
 
         # Unprepare: quit through the control pipe, the pod deleted, the shm unmounted.
         sharing.undo(agent(second), config, set(), devices, dirs)
         assert "quit\n" in second.stdin
-        assert api.try_get("Pod", pod_name(NODE, dirs), SETTINGS.namespace) is None
+        assert api.try_get("Deployment", pod_name(NODE, dirs), SETTINGS.namespace) is None
     finally:
         kubelet.close()
 
@@ -148,5 +172,31 @@ def test_a_daemon_pod_that_never_listens_names_the_pod(api: Any, tmp: Path) -> N
     pods = MpsDaemonPods(api, settings, NvidiaTools(_Recorder()), runner=_Recorder(), poll_s=0.05,
                          is_mount=lambda p: True)
     dirs = MpsDirs(tmp / "p", tmp / "l")
-    with pytest.raises(GpuToolError, match=f"gpu-dra-system/{pod_name(NODE, dirs)} did not listen on .*control"):
+    with pytest.raises(GpuToolError, match=f"Deployment gpu-dra-system/{pod_name(NODE, dirs)} did not start a daemon "
+                                           ".*control.* \\(it has no pod yet\\); the kubelet retries"):
         pods.start(dirs, ["GPU-a"])
+
+
+def test_links_planted_in_the_daemon_dirs_are_never_followed(tmp: Path) -> None:
+    from driver.gputools import control_socket_alive
+
+    real = tmp / "elsewhere"
+    real.mkdir()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(real / "control"))
+    listener.listen(1)
+    try:
+        assert control_socket_alive(real)
+        pipe = tmp / "pipe"
+        pipe.mkdir()
+        (pipe / "control").symlink_to(real / "control")  # a socket elsewhere, reached through a link
+        assert not control_socket_alive(pipe)
+        linked_dir = tmp / "linked-pipe"
+        linked_dir.symlink_to(real)
+        assert not control_socket_alive(linked_dir)
+        dirs = MpsDirs(linked_dir, tmp / "log")
+        pods = MpsDaemonPods(None, SETTINGS, NvidiaTools(_Recorder()), runner=_Recorder(), is_mount=lambda p: True)
+        with pytest.raises(GpuToolError, match="found a symbolic link"):
+            pods.start(dirs, ["GPU-a"])
+    finally:
+        listener.close()

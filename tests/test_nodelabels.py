@@ -100,7 +100,7 @@ def test_plugin_sets_labels_on_its_node(apiserver: Any) -> None:
                 env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,
             )
         try:
-            labels = _wait(lambda: (l := apiserver.api.get("Node", NODE)["metadata"].get("labels", {})).get("nvidia.com/gpu.count") and l)
+            labels = _wait(lambda: (found := apiserver.api.get("Node", NODE)["metadata"].get("labels", {})).get("nvidia.com/gpu.count") and found)
         finally:
             stop_process(proc)
         assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB" and labels["nvidia.com/mig.capable"] == "true"

@@ -15,11 +15,17 @@ from typing import Any
 import pytest
 import yaml
 
+from conftest import RESOURCE_BETAS
+
 from tests.plugin_helpers import short_tmp
 from tests.test_nvidia_quickstart import (
+
     GPU_TEST1, GPU_TEST2, GPU_TEST3, GPU_TEST4, GPU_TEST5, GPU_TEST7, GPU_TEST8, GPU_TEST_MPS, GPU_TEST_VFIO_CONFIG,
     GPU_TEST_VFIOPCI, HELM_CLASSES, IMEX_TEST1, SimNode,
 )
+
+# resource.k8s.io's beta versions are served only when --runtime-config enables them, as in kube-apiserver 1.37.
+pytestmark = pytest.mark.apiserver_options(runtime_config=RESOURCE_BETAS)
 
 
 def v1beta1(text: str) -> str:

@@ -37,8 +37,8 @@ class RecordingSharing:
     def set_timeslice(self, gpu_uuid: str, level: int) -> None:
         self.timeslices[gpu_uuid] = level
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
-        self.mps[dirs.pipe] = []
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
+        self.mps[dirs.pipe] = list(commands)
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
         self.mps[dirs.pipe].append(command)

@@ -38,18 +38,19 @@ class Node:
     """A simulated node: inventory, a Preparer writing specs into its CDI dir, and its podman runtime."""
 
     def __init__(self, tmp: Path, runtime: PodmanRuntime, inventory: Inventory, driver_root: Path,
-                 common: dict[str, object]) -> None:
+                 common: dict[str, object], numbers: cdi.DeviceNumbers) -> None:
         self.tmp = tmp
         self.runtime = runtime
         self.inv = inventory
         self.driver_root = driver_root
+        self.numbers = numbers
         self.claims = Claims()
         self.sharing = RecordingSharing()
         (tmp / "boot_id").write_text("boot-1")
         cp, report = Checkpoint.open(tmp / "plugin", boot_id_path=tmp / "boot_id")
         self.preparer = Preparer(driver_name=DRIVER, node_name=NODE, get_claim=self.claims.get, inventory=lambda: self.inv,
                                  checkpoint=cp, cdi_dir=tmp / "cdi", sharing_backend=self.sharing, mps_root=tmp / "mps",
-                                 common_edits=common)
+                                 common_edits=common, device_numbers=lambda: numbers)
         self.preparer.start(report)
 
     def prepare(self, name: str, devices: list[tuple[str, str]], **kw: object) -> list[str]:
@@ -71,14 +72,16 @@ class Node:
             time.sleep(0.1)
 
 
-def _node(tmp: Path, profile: str, driver_root: Path | None = None) -> Iterator[Node]:
+def _node(tmp: Path, profile: str, driver_root: Path | None = None, hook_path: str | None = None) -> Iterator[Node]:
     require_podman()
-    inventory = discover(load_backend(f"sim:{profile}", node=NODE), NODE)
+    nvml = load_backend(f"sim:{profile}", node=NODE)
+    inventory = discover(nvml, NODE)
     root = driver_root or driverinstall.write(tmp / "driver", NODE, inventory)
-    files = discover_driver_files(root, inventory.driver_version, host_root=str(root))
+    files = discover_driver_files(root, inventory.driver_version, host_root=str(root), hook_path=hook_path)
     runtime = Runtimes(tmp / "runtime").for_node(NODE, tmp / "cdi")
     try:
-        yield Node(tmp, runtime, inventory, root, files.container_edits())
+        # The simulator's device numbers, as the agent uses them: every node typed, nothing stat-ed on the host.
+        yield Node(tmp, runtime, inventory, root, files.container_edits(), nvml.device_numbers())
     finally:
         runtime.close()
 
@@ -129,7 +132,7 @@ def test_container_sees_its_claims_device_nodes_and_no_other_gpu(node: Node) -> 
     assert len([n for n in nodes if n.startswith("/dev/nvidia-caps/")]) == 2
 
 
-def test_env_and_mounts_as_the_spec_says_and_mps_pipe_dirs_are_shared(node: Node) -> None:
+def test_env_and_mounts_as_the_spec_says_and_the_mps_pipe_dir_is_shared_read_only(node: Node) -> None:
     gpu = next(g for g in node.inv.gpus if not g.mig_devices)
     mps = [{"requests": [], "opaque": {"driver": DRIVER, "parameters": {**CFG, "sharing": {"strategy": "MPS"}}}}]
     ids = node.prepare("mps", [("gpu", gpu_device_name(gpu))], config=mps)
@@ -138,25 +141,29 @@ def test_env_and_mounts_as_the_spec_says_and_mps_pipe_dirs_are_shared(node: Node
     env = dict(e.split("=", 1) for e in edits["env"])
     pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
     assert {m["containerPath"] for m in edits["mounts"]} >= {pipe}
-    # The spec's env arrives as written; the driver install's nvidia-smi is mounted read-only where the spec says.
-    code, out = node.run("writer", f"env; echo hello > {pipe}/from-writer && echo WROTE; "
-                                   "echo x > /usr/bin/nvidia-smi 2>/dev/null || echo NVIDIA_SMI_READ_ONLY", ids,
+    host_pipe = next(m["hostPath"] for m in edits["mounts"] if m["containerPath"] == pipe)
+    (Path(host_pipe) / "from-daemon").write_text("hello\n")  # what the daemon creates there
+    # The spec's env arrives as written; the driver install's nvidia-smi and the pipe dir are mounted read-only:
+    # a tenant can neither write into the daemon's pipe dir nor plant a link there.
+    code, out = node.run("tenant", f"env; cat {pipe}/from-daemon; (echo x > {pipe}/planted) 2>/dev/null || echo PIPE_READ_ONLY; "
+                                   f"ln -s /etc/passwd {pipe}/control 2>/dev/null || echo NO_LINK; "
+                                   "(echo x > /usr/bin/nvidia-smi) 2>/dev/null || echo NVIDIA_SMI_READ_ONLY", ids,
                          env={"POD_ENV": "from-the-pod"})
     assert code == 0, out
     lines = out.splitlines()
     for key, value in env.items():
         assert f"{key}={value}" in lines
-    assert "POD_ENV=from-the-pod" in lines and "WROTE" in lines and "NVIDIA_SMI_READ_ONLY" in lines
-    # The second replica of the same claim sees what the first wrote: one MPS pipe dir for both.
-    code, out = node.run("reader", f"cat {pipe}/from-writer", ids)
+    assert "POD_ENV=from-the-pod" in lines and "hello" in lines
+    assert {"PIPE_READ_ONLY", "NO_LINK", "NVIDIA_SMI_READ_ONLY"} <= set(lines)
+    assert sorted(p.name for p in Path(host_pipe).iterdir()) == ["from-daemon"]
+    # The second replica of the same claim sees the same daemon pipe dir.
+    code, out = node.run("second", f"cat {pipe}/from-daemon", ids)
     assert (code, out) == (0, "hello\n")
-    host_pipe = next(m["hostPath"] for m in edits["mounts"] if m["containerPath"] == pipe)
-    assert (Path(host_pipe) / "from-writer").read_text() == "hello\n"
 
 
 @pytest.fixture
 def node_with_hooks() -> Iterator[Node]:
-    """A node whose driver install has libraries and an nvidia-cdi-hook that records each call."""
+    """A node whose driver install has a library, and a deployed nvidia-cdi-hook that records each call."""
     with short_tmp() as tmp:
         inventory = discover(load_backend("sim:h100-mig", node=NODE), NODE)
         root = driverinstall.write(tmp / "driver", NODE, inventory)
@@ -164,11 +171,12 @@ def node_with_hooks() -> Iterator[Node]:
         lib.mkdir(parents=True)
         (lib / f"libcuda.so.{inventory.driver_version}").write_text("not really libcuda\n")
         (lib / "libcuda.so.1").symlink_to(f"libcuda.so.{inventory.driver_version}")
-        hook = root / "usr/bin/nvidia-cdi-hook"
+        hook = tmp / "deployed/nvidia-cdi-hook"
+        hook.parent.mkdir()
         record = tmp / "hook-calls"
         hook.write_text(f'#!/bin/sh\n{{ echo "ARGS $*"; echo "STATE $(cat)"; }} >> {record}\n')
         hook.chmod(0o755)
-        yield from _node(tmp, "h100-mig", driver_root=root)
+        yield from _node(tmp, "h100-mig", driver_root=root, hook_path=str(hook))
 
 
 def test_hooks_run_once_and_driver_files_are_mounted(node_with_hooks: Node) -> None:
@@ -177,15 +185,15 @@ def test_hooks_run_once_and_driver_files_are_mounted(node_with_hooks: Node) -> N
     gpu2 = next(g for g in node.inv.gpus if not g.mig_devices and g is not gpu)
     ids = node.prepare("h", [("gpus", gpu_device_name(gpu)), ("gpus", gpu_device_name(gpu2))])
     spec = json.loads(next((node.tmp / "cdi").glob("*.json")).read_text())
-    assert [h["args"][1] for h in spec["containerEdits"]["hooks"]] == ["create-symlinks", "update-ldcache"]
+    assert [h["args"][1] for h in spec["containerEdits"]["hooks"]] == ["enable-cuda-compat", "disable-device-node-modification"]
     version = node.inv.driver_version
-    code, out = node.run("hooked", f"cat /usr/lib/x86_64-linux-gnu/libcuda.so.{version}", ids)
-    assert (code, out) == (0, "not really libcuda\n")
+    # Both image families' system library dirs hold the file (no loader cache or link needed to find it).
+    code, out = node.run("hooked", f"cat /usr/lib/x86_64-linux-gnu/libcuda.so.{version} /usr/lib64/libcuda.so.{version}", ids)
+    assert (code, out) == (0, "not really libcuda\n" * 2)
     calls = (node.tmp / "hook-calls").read_text().splitlines()
     args = [c for c in calls if c.startswith("ARGS ")]
     # Two devices of one claim, the spec's hooks once each (top-level edits apply once per container).
-    assert args == [f"ARGS create-symlinks --link libcuda.so.{version}::/usr/lib/x86_64-linux-gnu/libcuda.so.1",
-                    "ARGS update-ldcache --folder /usr/lib/x86_64-linux-gnu"]
+    assert args == [f"ARGS enable-cuda-compat --host-driver-version={version}", "ARGS disable-device-node-modification"]
     states = [json.loads(c[len("STATE "):]) for c in calls if c.startswith("STATE ")]
     assert len(states) == 2 and all(s["status"] == "creating" and s["bundle"] and s["pid"] > 0 for s in states)  # createContainer: before start
 
@@ -202,7 +210,7 @@ def test_device_plugin_spec_runs_too(node: Node) -> None:
 
     gpus = [g for g in node.inv.gpus if not g.mig_devices][:2]
     common = discover_driver_files(node.driver_root, node.inv.driver_version, host_root=str(node.driver_root)).container_edits()
-    spec = legacy_cdi_spec(gpus, common)
+    spec = legacy_cdi_spec(gpus, common, node.numbers)
     assert spec["cdiVersion"] <= "0.5.0"
     (node.tmp / "cdi" / LEGACY_SPEC_FILE).write_text(json.dumps(spec))
     code, out = node.run("legacy", "nvidia-smi -L", [legacy_cdi_id(gpus[1].uuid)],
@@ -221,10 +229,12 @@ def test_on_demand_mig_device_runs_and_is_listed() -> None:
         root = driverinstall.write(tmp / "driver", NODE, mig_node.inv)  # before the MIG device exists
         common = discover_driver_files(root, mig_node.inv.driver_version, host_root=str(root)).container_edits()
         mig_node.preparer._common_edits = common  # the agent passes its driver files the same way
+        numbers = load_backend("sim:h100-mig", node=NODE).device_numbers()
+        mig_node.preparer._device_numbers = lambda: numbers  # and the simulator's device numbers
         ref = mig_node.add_claim("slice", "1b2c3d4e-0000-0000-0000-000000000001", [placement_name(gpu, "1g.10gb", 0)])
         result = mig_node.preparer.prepare([ref])[ref.uid]
         assert result.error == ""
-        (created,) = [m for m in mig_node.gpu(0).mig_devices]
+        (created,) = list(mig_node.gpu(0).mig_devices)
         # The spec says NVIDIA_VISIBLE_DEVICES=void, so the simulated nvidia-smi cannot tell profiles sharing this
         # placement apart by UUID: the install is rewritten from the new inventory, as the driver's own view is.
         driverinstall.write(tmp / "driver", NODE, mig_node.inv)
@@ -253,3 +263,31 @@ def test_a_container_removed_behind_the_runtimes_back_reads_as_unknown(node: Nod
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert status.exit_code == 137 and "gone" in status.error
+
+
+def test_strict_runtime_refuses_a_node_named_by_path_that_the_host_lacks() -> None:
+    """As containerd's CDI handling: a node without type and major is stat-ed on the host; the runtime creates
+    nothing a spec names. The node's own device nodes (host_devices) are what makes such a spec start."""
+    require_podman()
+    spec = {"cdiVersion": "0.5.0", "kind": "example.com/gpu", "devices": [
+        {"name": "g", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia7"}]}}]}
+    with short_tmp() as tmp:
+        (tmp / "cdi").mkdir()
+        (tmp / "cdi" / "example.json").write_text(json.dumps(spec))
+        runtimes = Runtimes(tmp / "runtime")
+        bare = runtimes.for_node("bare", tmp / "cdi")
+        try:
+            with pytest.raises(RuntimeError_, match='failed to stat CDI host device "/dev/nvidia7"'):
+                bare.run(ContainerRequest("refused", ("true",), {}, ("example.com/gpu=g",)))
+        finally:
+            bare.close()
+        with_gpu = runtimes.for_node("with-gpu", tmp / "cdi", host_devices=[("/dev/nvidia7", 195, 7)])
+        try:
+            with_gpu.run(ContainerRequest("started", ("sh", "-c", "stat -c '%t:%T' /dev/nvidia7"), {}, ("example.com/gpu=g",)))
+            deadline = time.monotonic() + DEADLINE
+            while with_gpu.status("started").running:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert (with_gpu.status("started").exit_code, with_gpu.logs("started")) == (0, "c3:7\n")
+        finally:
+            with_gpu.close()

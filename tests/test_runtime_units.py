@@ -21,7 +21,6 @@ from sim.kubelet.pods import (
     restart_delay, will_restart,
 )
 from sim.runtime import choose, driverinstall
-from sim.runtime.podman import device_numbers, spec_device_nodes
 from tests.conftest import RunningApiServer
 
 
@@ -67,20 +66,6 @@ def test_pod_phase_follows_containers_and_restart_policy() -> None:
     assert pod_phase("Always", [_run(0)]) is None and will_restart("Always", _run(0))
     assert not will_restart("Always", _run(None))
     assert restart_delay(0) == 0.5 and restart_delay(1) == 1.0 and restart_delay(30) == 10.0
-
-
-def test_device_numbers_follow_nvidia_numbering(tmp_path: Path) -> None:
-    assert device_numbers("/dev/nvidia3", [250, 249]) == (195, 3)
-    assert device_numbers("/dev/nvidiactl", [250, 249]) == (195, 255)
-    assert device_numbers("/dev/nvidia-uvm-tools", [250, 249]) == (250, 1)
-    assert device_numbers("/dev/nvidia-caps/nvidia-cap67", [250, 249]) == (249, 67)
-    assert device_numbers("/dev/sda", [250, 249]) is None
-    (tmp_path / "a.json").write_text(json.dumps({
-        "cdiVersion": "0.5.0", "kind": "v/c", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidiactl"}]},
-        "devices": [{"name": "d1", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}]}},
-                    {"name": "d2", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia2"}]}}]}))
-    assert spec_device_nodes(tmp_path, ["v/c=d2"]) == [{"path": "/dev/nvidiactl"}, {"path": "/dev/nvidia2"}]
-    assert spec_device_nodes(tmp_path, ["other/c=d2"]) == []
 
 
 def test_runtime_choice() -> None:

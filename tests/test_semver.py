@@ -103,7 +103,8 @@ def test_precedence_follows_semver_2() -> None:
         "10.0.0",
     ]
     versions = [Semver.parse(t) for t in ordered]
-    assert sorted(reversed(versions)) == versions
+    backwards = versions[::-1]
+    assert sorted(backwards) == versions
     for a, b in zip(versions, versions[1:]):
         assert a < b and b > a
         assert a.compare(b) == -1 and b.compare(a) == 1

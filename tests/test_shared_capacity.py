@@ -90,7 +90,7 @@ def test_two_claims_share_a_gpu_a_third_is_refused_and_mps_limits_each(tmp: Path
     pipe = str(shared_mps_dirs(tmp / "mps", gpu).pipe)
     for ref, (pct, mib) in zip(refs.values(), [("50", "8192M"), ("40", "6144M")]):
         assert _spec_env(tmp / "cdi", ref.uid) == {
-            "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps", "CUDA_MPS_LOG_DIRECTORY": "/tmp/nvidia-mps-log",
+            "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": pct, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={mib}",
         }
         spec = json.loads((tmp / "cdi" / f"{SPEC_PREFIX}{ref.uid}.json").read_text())

@@ -169,16 +169,16 @@ def test_concurrent_prepares_and_allocates_never_share_a_gpu(node: Node) -> None
         dp: dict[int, str] = {}
 
         def prepare(ref: ClaimRef) -> None:
-            barrier.wait()
-            dra[ref.uid] = node.agent.preparer.prepare([ref])[ref.uid].error
+            barrier.wait()  # noqa: B023 (the threads are joined within this iteration)
+            dra[ref.uid] = node.agent.preparer.prepare([ref])[ref.uid].error  # noqa: B023
 
         def allocate(i: int, ids: list[str]) -> None:
-            barrier.wait()
+            barrier.wait()  # noqa: B023
             try:
                 _allocate(node, ids)
-                dp[i] = ""
+                dp[i] = ""  # noqa: B023
             except grpc.RpcError as exc:
-                dp[i] = exc.details() or "error"
+                dp[i] = exc.details() or "error"  # noqa: B023
 
         threads = [threading.Thread(target=prepare, args=(r,)) for r in refs]
         threads += [threading.Thread(target=allocate, args=(i, ids)) for i, ids in enumerate(pairs)]
@@ -313,7 +313,7 @@ def test_ledger_survives_a_node_agent_restart(apiserver) -> None:  # type: ignor
         cmd = [sys.executable, "-m", "cli.main", "plugin", "--node", NODE, "--nvml", "sim:l40s-4", "--device-plugin",
                "--kubeconfig", str(apiserver.kubeconfig), "--kubelet-dir", str(tmp / "kubelet"),
                "--cdi-dir", str(tmp / "cdi"), "--log-level", "WARNING"]
-        log = open(tmp / "plugin.log", "ab")
+        log = open(tmp / "plugin.log", "ab")  # noqa: SIM115 (both agents write to it; closed in finally)
         proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
         try:
             sim.wait_for(lambda s: len(s.devices(RESOURCE)) == 4, timeout=60)

@@ -171,6 +171,7 @@ def test_full_gpu_attributes_and_capacity() -> None:
         "numaNode": {"int": 0},
         "resource.kubernetes.io/pciBusID": {"string": "0000:38:00.0"},
         "resource.kubernetes.io/pcieRoot": {"string": "pci0000:37"},
+            "resource.kubernetes.io/numaNode": {"int": 0},
     }
     assert dev["capacity"] == {"memory": {"value": "81559Mi"}}
     assert "taints" not in dev and "consumesCounters" not in dev
@@ -233,7 +234,10 @@ def test_mig_enabled_gpu_publishes_its_mig_devices_not_the_full_gpu() -> None:
         "encoders": {"value": "0"},
         "jpegEngines": {"value": "3"},
         "ofaEngines": {"value": "0"},
+        # NVIDIA's memorySlice<i>: the memory slices 4..7 this placement covers.
+        **{f"memorySlice{i}": {"value": "1"} for i in range(4, 8)},
     }
+    assert three["attributes"]["resource.kubernetes.io/numaNode"] == three["attributes"]["numaNode"]
     # Order inside a GPU follows placement, not creation order.
     order = [d["name"] for d in devices(build_slices(inventory([gpu]), settings()))]
     assert order == [mig_device_name(gpu, m) for m in sorted(gpu.mig_devices, key=lambda m: m.placement.start)]
@@ -616,7 +620,7 @@ def test_every_documented_selector_compiles_and_matches_a_published_device() -> 
     for expr in selectors:
         selector = env.compile(expr)
         # Safe on every kind of device (no runtime error), and useful (matches at least one).
-        assert any([selector.matches(v) for v in views]), expr
+        assert any([selector.matches(v) for v in views]), expr  # noqa: C419 (a list: every device is evaluated)
 
 
 def test_every_published_attribute_and_capacity_is_documented() -> None:
@@ -624,7 +628,8 @@ def test_every_published_attribute_and_capacity_is_documented() -> None:
     gpus = [replace(h100(0), fabric_cluster_uuid="c", fabric_clique_id=7, addressing_mode="HMM"), with_mig(h100(1), [("3g.40gb", 0)]), t4(0)]
     for part, shared in ((False, False), (True, False), (False, True)):
         for d in devices(build_slices(inventory(gpus), settings(partitionable=part, shared_capacity=shared))):
-            assert set(d["attributes"]) | set(d.get("capacity", {})) <= documented, d["name"]
+            names = {re.sub(r"^memorySlice\d+$", "memorySlice<i>", n) for n in [*d["attributes"], *d.get("capacity", {})]}
+            assert names <= documented, d["name"]
 
 
 # --- shipped simulator profiles ----------------------------------------------------------------
@@ -662,3 +667,18 @@ def test_dynamic_mig_on_ampere_only_as_the_mig_mode_already_is(profile: str) -> 
             assert full not in names and placements, gpu.uuid
         elif gpu.mig_capable:
             assert full in names and placements, gpu.uuid
+
+
+def test_memory_slices_only_within_the_attribute_and_capacity_limit() -> None:
+    """A 7g placement (8 memory slices) on a GPU with every optional attribute would pass Kubernetes' 32 attributes
+    and capacities: then none of its memorySlice<i> are published, and the slice stays valid."""
+    rich = replace(h100(0), fabric_cluster_uuid="c", fabric_clique_id=7, addressing_mode="HMM", nvlink_domain="d")
+    for gpu in (with_mig(h100(1), [("7g.80gb", 0)]), with_mig(rich, [("7g.80gb", 0)])):
+        (dev,) = [d for d in devices(build_slices(inventory([gpu]), settings())) if "-mig-" in d["name"]]
+        slices = [c for c in dev["capacity"] if c.startswith("memorySlice")]
+        assert len(dev["attributes"]) + len(dev["capacity"]) <= 32
+        assert slices in ([], [f"memorySlice{i}" for i in range(8)])
+    # The plain H100 has room for all eight.
+    (plain,) = [d for d in devices(build_slices(inventory([with_mig(h100(1), [("7g.80gb", 0)])]), settings()))
+                if "-mig-" in d["name"]]
+    assert sum(c.startswith("memorySlice") for c in plain["capacity"]) == 8

@@ -487,7 +487,7 @@ def test_attributes_and_capacity() -> None:
     ]
     long_id = gpu()
     long_id["attributes"] = {"x" * 33: {"int": 1}}
-    assert errors(a_slice([long_id])) == [f"spec.devices[0].attributes: Too long: may not be more than 32 bytes"]
+    assert errors(a_slice([long_id])) == ["spec.devices[0].attributes: Too long: may not be more than 32 bytes"]
 
 
 def test_taints() -> None:

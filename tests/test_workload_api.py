@@ -11,10 +11,15 @@ import pytest
 
 from controller_helpers import create_all, events_for, gpu_class, manager, node, sim_slices, template
 from controller.explanation_writer import REASON_GANG_WAITING
+from gpudra.features import Features
 from gpudra.kubeapi import ApiError
 from gpudra.validation.workloads import validate_workload_api_object
 
 V1BETA1 = "scheduling.k8s.io/v1beta1"
+# The Workload API is beta and off in 1.37: served as the kind config turns it on (manifests/kind/cluster.yaml).
+WORKLOAD_API = Features.parse(["GenericWorkload"])
+SHARED_CLAIMS = Features.parse(["GenericWorkload", "DRAWorkloadResourceClaims"])
+pytestmark = pytest.mark.apiserver_options(runtime_config="scheduling.k8s.io/v1beta1=true", features=SHARED_CLAIMS)
 
 
 def workload(**spec: Any) -> dict[str, Any]:
@@ -121,7 +126,7 @@ def _allocated_claims(api: Any) -> int:
 def test_pod_group_gang_is_all_or_nothing(apiserver: Any) -> None:
     api = apiserver.api
     _cluster(api)
-    ctl = manager(api)
+    ctl = manager(api, features=WORKLOAD_API)
     # Three 8-GPU workers in a gang of three: two A100 nodes hold only two of them, so none runs.
     create_all(api, [pod_group("big", 3), *(_gang_pod(f"big-{i}", "big") for i in range(3))])
     _steps(ctl)
@@ -144,7 +149,7 @@ def test_pod_group_gang_is_all_or_nothing(apiserver: Any) -> None:
 def test_pod_waits_for_its_pod_group_to_exist_and_basic_groups_schedule_alone(apiserver: Any) -> None:
     api = apiserver.api
     _cluster(api)
-    ctl = manager(api)
+    ctl = manager(api, features=WORKLOAD_API)
     create_all(api, [_gang_pod("lonely", "missing")])
     _steps(ctl, 3)
     assert _bound(api, "lonely") == [None]
@@ -187,7 +192,7 @@ def test_the_readme_gang_both_ways_lands_in_embedded_mode(apiserver: Any, varian
         create_all(api, [node(n), *sim_slices(n)])
     root = Path(__file__).resolve().parent.parent / "manifests"
     create_all(api, load_objects([str(root / variant)]))
-    _steps(manager(api), 5)
+    _steps(manager(api, features=WORKLOAD_API), 5)
     nodes = [api.get("Pod", p, "gpu-demo")["spec"].get("nodeName") for p in pods]
     assert sorted(map(str, nodes)) == ["node-a", "node-b"], (variant, nodes)
 
@@ -216,7 +221,7 @@ def test_pod_group_shares_one_claim_with_its_pods(apiserver: Any) -> None:
     create_all(api, [gpu_class(), template("two-gpus", 2), node("node-a"), *sim_slices("node-a")])
     group = pod_group("team", None, resourceClaims=[{"name": "shared", "resourceClaimTemplateName": "two-gpus"}])
     create_all(api, [group, _shared_pod("team-0"), _shared_pod("team-1")])
-    _steps(_manager_with(api, "DRAWorkloadResourceClaims"), 4)
+    _steps(_manager_with(api, "GenericWorkload", "DRAWorkloadResourceClaims"), 4)
     claims, _ = api.list("ResourceClaim", namespace="default")
     assert len(claims) == 1
     (claim,) = claims
@@ -236,6 +241,6 @@ def test_without_the_gate_each_pod_gets_its_own_claim(apiserver: Any) -> None:
     create_all(api, [gpu_class(), template("two-gpus", 2), node("node-a"), *sim_slices("node-a")])
     group = pod_group("team", None, resourceClaims=[{"name": "shared", "resourceClaimTemplateName": "two-gpus"}])
     create_all(api, [group, _shared_pod("team-0"), _shared_pod("team-1")])
-    _steps(_manager_with(api), 4)
+    _steps(_manager_with(api, "GenericWorkload"), 4)
     claims, _ = api.list("ResourceClaim", namespace="default")
     assert len(claims) == 2 and all(c["status"]["reservedFor"][0]["resource"] == "pods" for c in claims)

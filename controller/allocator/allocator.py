@@ -724,7 +724,7 @@ class _Run:
             out_results.append(item)
         config: list[dict[str, Any]] = []
         class_ranges: dict[str, tuple[int, int]] = {}
-        for ri, entry in enumerate(claim.requests):
+        for ri in range(len(claim.requests)):
             rd = self.req[(ci, ri, 0)]
             if rd.is_sub:
                 rd = self.req[(ci, ri, rd.selected_sub)]

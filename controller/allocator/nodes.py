@@ -94,9 +94,8 @@ def _requirement(raw: Any, where: str, is_field: bool) -> Requirement:
         raise AllocationError(f"{where}: values: must be non-empty for operator {op}")
     if op in ("Exists", "DoesNotExist") and vals:
         raise AllocationError(f"{where}: values: must be empty for operator {op}")
-    if op in ("Gt", "Lt"):
-        if len(vals) != 1 or not _is_int(vals[0]):
-            raise AllocationError(f"{where}: values: operator {op} needs exactly one integer value")
+    if op in ("Gt", "Lt") and (len(vals) != 1 or not _is_int(vals[0])):
+        raise AllocationError(f"{where}: values: operator {op} needs exactly one integer value")
     return Requirement(key, op, vals)
 
 

@@ -134,7 +134,8 @@ class _Walker:
         if kind == "call_expr":
             return self._call(expr.call_expr)
         if kind == "list_expr":
-            cost, elem = float(LIST_CREATE_COST), None
+            cost = float(LIST_CREATE_COST)
+            elem: Shape | None = None
             for e in expr.list_expr.elements:
                 c, s = self.visit(e)
                 cost += c
@@ -144,7 +145,7 @@ class _Walker:
             struct = expr.struct_expr
             cost = float(MAP_CREATE_COST if not struct.message_name else STRUCT_CREATE_COST)
             key: Shape | None = None
-            elem: Shape | None = None
+            elem = None
             for entry in struct.entries:
                 if entry.WhichOneof("key_kind") == "map_key":
                     c, key = self.visit(entry.map_key)

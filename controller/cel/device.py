@@ -6,12 +6,13 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Union
+from typing import Any, cast
 
 from gpudra.quantity import Quantity, QuantityError
 from gpudra.semver import Semver, SemverError
 
-AttributeValue = Union[int, bool, str, Semver]
+AttributeValue = int | bool | str | Semver
+Attribute = AttributeValue | list[AttributeValue]  # list-type attributes (KEP-5491) are lists
 
 _ATTRIBUTE_KINDS = ("int", "bool", "string", "version")
 _LIST_KINDS = {"ints": "int", "bools": "bool", "strings": "string", "versions": "version"}
@@ -24,14 +25,14 @@ def split_qualified_name(name: str, default_domain: str) -> tuple[str, str]:
     return (domain, ident) if sep else (default_domain, name)
 
 
-def parse_attribute(name: str, raw: Any) -> AttributeValue | list[AttributeValue]:
+def parse_attribute(name: str, raw: Any) -> Attribute:
     """One v1 DeviceAttribute (``{"int": 5}``, ``{"version": "1.2.3"}``, ``{"strings": ["a"]}``, ...) as a Python
     value; list-type attributes (KEP-5491) become lists."""
     if type(raw) is dict and len(raw) == 1:
         # The common shapes, answered as the checks below would answer them: one plain string, int or bool.
         ((kind, value),) = raw.items()
         if type(value) is _PLAIN.get(kind):
-            return value  # type: ignore[no-any-return]
+            return cast(AttributeValue, value)  # its type() was just checked
     if not isinstance(raw, Mapping):
         raise ValueError(f"attributes[{name}]: must be an object with one of {', '.join(_ATTRIBUTE_KINDS)}")
     lists = [k for k in _LIST_KINDS if raw.get(k) is not None]
@@ -90,7 +91,7 @@ class DeviceView:
     """
 
     driver: str
-    attributes: dict[str, dict[str, AttributeValue]]
+    attributes: dict[str, dict[str, Attribute]]
     capacity: dict[str, dict[str, Quantity]]
     allow_multiple_allocations: bool = False
     name: str = ""
@@ -104,7 +105,7 @@ class DeviceView:
         """
         name = str(device.get("name", ""))
         try:
-            attributes: dict[str, dict[str, AttributeValue]] = {}
+            attributes: dict[str, dict[str, Attribute]] = {}
             for qualified, raw in (device.get("attributes") or {}).items():
                 if raw == {}:
                     continue  # a value of a type this version does not know: invisible to CEL, as in Kubernetes
@@ -121,7 +122,7 @@ class DeviceView:
                    allow_multiple_allocations=bool(allow), name=name)
 
     @cached_property
-    def qualified_attributes(self) -> dict[str, AttributeValue]:
+    def qualified_attributes(self) -> dict[str, Attribute]:
         """Attributes by fully-qualified name (``gpu.nvidia.com/productName``), as constraints use them."""
         return {f"{domain}/{ident}": value for domain, ids in self.attributes.items() for ident, value in ids.items()}
 

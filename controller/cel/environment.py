@@ -99,7 +99,7 @@ class Selector:
             footprint = self._footprint.key(device)
             known = self._results.get(footprint)
             if known is not None:
-                return known  # type: ignore[no-any-return]
+                return known
         key = self._base_key
         if self._pads_domains:
             missing_attr = self._attribute_domains.difference(device.attributes)
@@ -225,8 +225,8 @@ class CelEnvironment:
             attributes[domain] = {}
         quantity = self._quantity_message
         capacity: dict[str, dict[str, Any]] = {}
-        for domain, ids in device.capacity.items():
-            capacity[domain] = {k: quantity(v) for k, v in ids.items()}
+        for domain, quantities in device.capacity.items():
+            capacity[domain] = {k: quantity(v) for k, v in quantities.items()}
         for domain in empty_capacity_domains:
             capacity[domain] = {}
         data = {"driver": device.driver, "attributes": attributes, "capacity": capacity,

@@ -199,7 +199,7 @@ class KubernetesLibrary:
 
     def _functions(self) -> list[_Fn]:
         Q, V = self.quantity_type, self.semver_type
-        S, B, I, D = cel.Type.STRING, cel.Type.BOOL, cel.Type.INT, cel.Type.DOUBLE
+        S, B, I, D = cel.Type.STRING, cel.Type.BOOL, cel.Type.INT, cel.Type.DOUBLE  # noqa: E741 (CEL type letters)
         L = cel.Type.List(cel.Type.DYN)
         DYN = cel.Type.DYN
         return [
@@ -298,7 +298,7 @@ class KubernetesLibrary:
         return t == self.quantity_type or t == self.semver_type
 
     def _dispatcher(self, name: str, fns: list[_Fn]) -> Callable[..., Any]:
-        by_type = {}
+        by_type: dict[str | None, Callable[..., Any]] = {}
         for fn in fns:
             first = fn.params[0]
             by_type[QUANTITY_TYPE if first == self.quantity_type else SEMVER_TYPE] = fn.impl

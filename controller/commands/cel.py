@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.cel import CelCompileError, CelEnvironment, CelRuntimeError, DeviceView
+from controller.cel.errors import missing_key_hint
 from gpudra import cliopts
 from gpudra.features import FeatureGateError, Features
 from gpudra.features import add_arguments as add_feature_arguments
@@ -97,7 +98,12 @@ def evaluate(expression: str, devices: list[NamedDevice], strict: bool, features
         try:
             results.append({"device": device.name, "match": selector.matches(device.view)})
         except CelRuntimeError as err:
-            results.append({"device": device.name, "error": str(err)})
+            # Kubernetes' text as `error`; what was probably meant beside it, as the allocator suggests it.
+            entry = {"device": device.name, "error": str(err)}
+            hint = missing_key_hint(str(err), device.view.attributes, device.view.capacity, device.name)
+            if hint.startswith("; did you mean "):
+                entry["hint"] = hint[2:hint.index("?") + 1]
+            results.append(entry)
     return {"compileError": None, "results": results}
 
 
@@ -108,7 +114,8 @@ def _print_table(report: dict[str, Any]) -> None:
     width = max([len("DEVICE")] + [len(r["device"]) for r in report["results"]])
     print(f"{'DEVICE':<{width}}  RESULT")
     for r in report["results"]:
-        outcome = ("match" if r["match"] else "no match") if "match" in r else f"error: {r['error']}"
+        outcome = ("match" if r["match"] else "no match") if "match" in r else \
+            f"error: {r['error']}" + (f"; {r['hint']}" if r.get("hint") else "")
         print(f"{r['device']:<{width}}  {outcome}")
 
 

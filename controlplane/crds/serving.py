@@ -1,5 +1,5 @@
-"""Requests on custom resources that differ from built-in kinds: the body's version, the scale subresource, and
-strategic merge patch (which kube-apiserver refuses for custom resources: they have no patch strategy)."""
+"""Requests on custom resources that differ from built-in kinds: the body's version and the scale subresource.
+(Strategic merge patch is refused for them by the store, as by kube-apiserver: they have no patch strategies.)"""
 
 from __future__ import annotations
 
@@ -25,13 +25,6 @@ def stored(rt: ResourceType, body: dict[str, Any], url_version: str) -> dict[str
                              f"version ({rt.api_version_at(url_version or rt.version)}); {rt.kind} is served at "
                              + ", ".join(rt.api_version_at(v) for v in rt.versions))
     return {**body, "apiVersion": rt.api_version}
-
-
-def no_strategic_merge(rt: ResourceType) -> st.StatusError:
-    return st.StatusError(415, "UnsupportedMediaType",
-                          f'the body of the request was in an unknown format - accepted media types include: '
-                          f'application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml '
-                          f'(strategic merge patch is not supported for custom resources such as {rt.qualified})')
 
 
 def _path(dotted: str) -> list[str]:

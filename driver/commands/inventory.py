@@ -76,8 +76,8 @@ def _gpu_json(g: Gpu) -> dict[str, Any]:
         "fabricClusterUUID": g.fabric_cluster_uuid,
         "fabricCliqueID": g.fabric_clique_id,
         "nvlinks": [
-            {"link": l.link, "active": l.active, "remotePciBusID": l.remote_pci_bus_id, "remoteIsSwitch": l.remote_is_switch}
-            for l in g.nvlinks
+            {"link": nl.link, "active": nl.active, "remotePciBusID": nl.remote_pci_bus_id, "remoteIsSwitch": nl.remote_is_switch}
+            for nl in g.nvlinks
         ],
         "migProfiles": [_profile_json(p) for p in g.mig_profiles],
         "migDevices": [_mig_json(m) for m in g.mig_devices],

@@ -13,6 +13,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -27,7 +28,9 @@ DEFAULT_CDI_DIR = "/var/run/cdi"
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", required=True, help="this node's name (the pool name)")
-    parser.add_argument("--nvml", required=True, help="real, sim:PROFILE or sim:/path/profile.yaml")
+    parser.add_argument("--nvml", required=True,
+                        help="real, sim:PROFILE, sim:/path/profile.yaml or sim:node-label (the profile this node's "
+                             "gpu-dra.simulated-profile label names)")
     cliopts.add_kubeconfig(parser)
     parser.add_argument("--kubelet-dir", help=f"kubelet root dir (default {DEFAULT_KUBELET_DIR}; with a simulator, "
                                               "<private state dir>/kubelet)")
@@ -44,10 +47,33 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="where that driver install is on the host (default /; e.g. /run/nvidia/driver for a driver container)",
     )
     parser.add_argument(
+        "--proc-root", default="/proc",
+        help="with --nvml real: the procfs the driver's device numbers are read from (/proc/devices, "
+             "/proc/driver/nvidia/capabilities; default /proc)",
+    )
+    parser.add_argument(
+        "--cdi-hook-path",
+        help="an nvidia-cdi-hook (NVIDIA Container Toolkit 1.18 or later) on the host: claim specs then also carry "
+             "its enable-cuda-compat and disable-device-node-modification hooks (default: none, specs carry files only)",
+    )
+    parser.add_argument(
         "--mps-daemon-image",
         help="with --nvml real: run each claim's MPS control daemon as a pod of this image on this node (privileged, "
         "hostPID, driver root mounted), so that daemons outlive agent restarts; without it they run in this process",
     )
+    parser.add_argument(
+        "--mps-image-pull-secrets", default="",
+        help="comma-separated image pull secrets (in --namespace) the MPS daemon pods use for --mps-daemon-image; "
+             "pass the agent pod's own when its image is in a private registry",
+    )
+    parser.add_argument(
+        "--mps-daemon-image-from-pod", action="store_true",
+        help="with --nvml real: as --mps-daemon-image, with this agent pod's own image, read from its Pod ($POD_NAME "
+             "in --namespace; container --container-name), so that one image reference (kustomize `images:`) "
+             "serves both",
+    )
+    parser.add_argument("--container-name", default="node-agent",
+                        help="this agent's container in its Pod (default %(default)s)")
     parser.add_argument(
         "--namespace", default=os.environ.get("POD_NAMESPACE", "gpu-dra-system"),
         help="namespace of the MPS control daemon pods (default: $POD_NAMESPACE, else gpu-dra-system)",
@@ -70,6 +96,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "DRADeviceBindingConditions, on from Kubernetes 1.36: use --no-binding-conditions on "
                              "1.34/1.35 clusters without it)")
     parser.add_argument("--reserved-gpus", default="", help="comma-separated GPU UUIDs kept for the device plugin (not published)")
+    parser.add_argument("--rediscover-seconds", type=float, default=60.0,
+                        help="walk the GPUs again this often (and on health events): a MIG layout changed outside the "
+                             "agent is republished, a driver change makes the agent exit so its DaemonSet restarts it "
+                             "(default 60; 0: never)")
     parser.add_argument("--metrics-port", type=cliopts.port, help="serve Prometheus metrics on this port")
     parser.add_argument(
         "--compute-domains", choices=("auto", "on", "off"), default="auto",
@@ -78,10 +108,93 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute-domain-namespace", default="gpu-dra-system", metavar="NAMESPACE",
                         help="namespace of the ComputeDomainCliques (the driver's namespace; default %(default)s)")
     parser.add_argument(
+        "--ignore-xids", type=xid_list, default=frozenset(),
+        help="comma-separated Xids the health monitor drops entirely, on top of NVIDIA's application Xids (13, 31, "
+             "43, 45, 68, 109), which never make a GPU unhealthy and show only as an informational taint",
+    )
+    parser.add_argument(
+        "--pod-uid", default=os.environ.get("POD_UID", ""),
+        help="this agent pod's UID (default: $POD_UID, from the downward API): the registration and DRA sockets "
+             "carry it, so that two agent pods overlap safely in a rolling update (maxSurge); empty: fixed names",
+    )
+    parser.add_argument(
+        "--healthcheck-port", type=cliopts.port,
+        help="serve grpc.health.v1 on this TCP port for the kubelet's grpc probes: SERVING while the registration "
+             "and DRA sockets, the node lock and NVML answer (default: off)",
+    )
+    parser.add_argument(
         "--node-labels", action="store_true",
-        help="set GPU Feature Discovery's labels (nvidia.com/gpu.product, gpu.count, gpu.memory, ...) on this node",
+        help="set GPU Feature Discovery's labels (nvidia.com/gpu.product, gpu.count, gpu.memory, ...) on this node and "
+             "refresh them when they change; skipped while GFD runs there (nvidia.com/gfd.timestamp is set)",
+    )
+    parser.add_argument(
+        "--allow-device-plugin-coexistence", action="store_true",
+        help="publish DRA GPUs even when another device plugin advertises the --device-plugin-resource on this node "
+             "(default: withhold them, with a Warning Event and the Node condition GpuDraDevicePluginConflict, "
+             "so that no GPU is handed out twice)",
+    )
+    parser.add_argument(
+        "--stale-claim-interval", type=float, default=600.0, metavar="SECONDS",
+        help="how often prepared claims are checked against the API: one deleted, no longer allocated here or "
+             "reserved for no pod (on two checks in a row) is unprepared by the agent itself (default %(default)s; "
+             "0: off)",
+    )
+    parser.add_argument(
+        "--node-resync-seconds", type=float, default=30.0,
+        help="how often the Node is checked for another device plugin and its labels refreshed (default %(default)s)",
     )
     cliopts.add_log_level(parser)
+
+
+SIM_FROM_NODE_LABEL = "sim:node-label"
+PROFILE_LABEL = "gpu-dra.simulated-profile"
+
+
+def resolve_nvml_spec(spec: str, api: Any, node: str) -> str:
+    """`sim:node-label` -> `sim:<the profile the node's gpu-dra.simulated-profile label names>` (kind workers
+    each simulate their own GPUs from one DaemonSet); any other spec as given. Raises ValueError naming the node,
+    the label and what is accepted."""
+    if spec != SIM_FROM_NODE_LABEL:
+        return spec
+    from driver.nvml import shipped_profiles
+    from gpudra.kubeapi import ApiError, NotFound
+
+    try:
+        obj = api.get("Node", node)
+    except NotFound as exc:
+        raise ValueError(f"--nvml {spec}: Node {node} does not exist, so its {PROFILE_LABEL} label cannot be read") from exc
+    except ApiError as exc:
+        raise ValueError(f"--nvml {spec}: reading Node {node} failed: {exc}") from exc
+    profile = ((obj.get("metadata") or {}).get("labels") or {}).get(PROFILE_LABEL, "")
+    if not profile:
+        raise ValueError(f"--nvml {spec}: Node {node} has no {PROFILE_LABEL} label; set it to one of "
+                         f"{', '.join(shipped_profiles())} (e.g. kubectl label node {node} {PROFILE_LABEL}=dgx-a100)")
+    return f"sim:{profile}"
+
+
+def _connect(kubeconfig: str | None) -> Any:
+    """The API client, or None after saying on stderr why there is none."""
+    from gpudra.kubeapi import KubeApi
+
+    source: str | None = None
+    try:
+        source = cliopts.kubeconfig_source(kubeconfig)
+        return KubeApi.connect(kubeconfig=source)
+    except cliopts.NoApiConfig as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except Exception as exc:
+        where = source or "the in-cluster config"
+        print(f"error: --kubeconfig: cannot connect with {where}: {exc}", file=sys.stderr)
+    return None
+
+
+def _compute_domain_proc(args: argparse.Namespace) -> Path | None:
+    """Where the IMEX channels' device major is read (/proc/devices): the host's procfs, or on a simulated node the
+    procfs its simulated driver install holds (sim.runtime.driverinstall)."""
+    if args.nvml == "real":
+        return Path(args.proc_root)
+    root = _driver_root(args)
+    return root / "proc" if root is not None and (root / "proc" / "devices").exists() else None
 
 
 def _driver_root(args: argparse.Namespace) -> Path | None:
@@ -92,15 +205,46 @@ def _driver_root(args: argparse.Namespace) -> Path | None:
     return Path("/") if args.nvml == "real" else None
 
 
-def _label_node(api: Any, node: str, inventory: Any) -> bool:
-    from driver.nodelabels import apply_node_labels
+def xid_list(text: str) -> frozenset[int]:
+    out = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not part.isdigit() or not 0 < int(part) < 2**32:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected Xid numbers such as 13,31,43")
+        out.add(int(part))
+    return frozenset(out)
 
+
+def _valid_instance(uid: str) -> bool:
+    # It becomes part of socket file names.
+    return len(uid) <= 64 and all(c.isascii() and (c.isalnum() or c in "-_") for c in uid)
+
+
+def own_image(api: Any, namespace: str, pod_name: str, container: str) -> str:
+    """The image of `container` in this agent's own Pod (the downward API gives its name)."""
+    if not pod_name:
+        raise ValueError("$POD_NAME is not set (give it from the downward API: fieldRef metadata.name)")
     try:
-        apply_node_labels(api, node, inventory)
-    except Exception as exc:  # noqa: BLE001 - any API failure: keep serving claims, try again later
-        log.warning("event=node-labels-failed node=%s error=%r", node, str(exc))
-        return False
-    return True
+        pod = api.get("Pod", pod_name, namespace=namespace)
+    except Exception as exc:  # noqa: BLE001 - reported with what was asked for
+        raise ValueError(f"cannot read Pod {namespace}/{pod_name}: {exc}") from exc
+    containers = (pod.get("spec") or {}).get("containers") or []
+    image = next((c.get("image") for c in containers if c.get("name") == container), None)
+    if not image:
+        names = ", ".join(str(c.get("name")) for c in containers)
+        raise ValueError(f"Pod {namespace}/{pod_name}: spec.containers has no container {container!r} with an image "
+                         f"(containers: {names or 'none'}; set --container-name)")
+    return str(image)
+
+
+def _serve_healthcheck(agent: Any, nvml: Any, args: argparse.Namespace) -> Any:
+    from driver.checkpoint import LOCK_NAME
+    from driver.plugin.healthcheck import HealthServicer, lock_probe, nvml_probe, serve, socket_probes
+
+    probes = socket_probes(agent.paths) + [lock_probe(agent.paths.plugin_dir / LOCK_NAME), nvml_probe(nvml)]
+    server, _ = serve(HealthServicer(probes, frozenset({args.driver_name})), args.healthcheck_port)
+    return server
 
 
 def simulated_state_dir(node: str) -> Path:
@@ -134,9 +278,16 @@ def run(args: argparse.Namespace) -> int:
     if not args.host_driver_root.startswith("/"):
         print(f"error: --host-driver-root: {args.host_driver_root!r}: expected an absolute path on the host", file=sys.stderr)
         return 2
+    if args.cdi_hook_path is not None and not args.cdi_hook_path.startswith("/"):
+        print(f"error: --cdi-hook-path: {args.cdi_hook_path!r}: expected an absolute path on the host", file=sys.stderr)
+        return 2
     if args.shared_capacity and args.partitionable:
         print("error: --shared-capacity and --partitionable exclude each other: a GPU shared by capacity cannot also "
               "be split into MIG placements", file=sys.stderr)
+        return 2
+    if args.pod_uid and not _valid_instance(args.pod_uid):
+        print(f"error: --pod-uid: {args.pod_uid!r}: expected a pod UID (letters, digits, '-' and '_', at most 64)",
+              file=sys.stderr)
         return 2
     reserved = frozenset(u.strip() for u in args.reserved_gpus.split(",") if u.strip())
     bad = sorted(u for u in reserved if not u.startswith("GPU-"))
@@ -146,38 +297,56 @@ def run(args: argparse.Namespace) -> int:
 
     from driver.discovery import discover
     from driver.health import HealthMonitor
-    from driver.nvml import load_backend
+    from driver.nvml import RealNvml, load_backend
     from driver.nvmlapi import BackendConfigError, NvmlUnavailable
     from driver.plugin.agent import AgentSettings, NodeAgent, crash_hook_from_env, kubeapi_claim_getter
     from driver.publisher import SlicePublisher
-    from gpudra.kubeapi import KubeApi
-
+    api: Any = None
+    if args.nvml == SIM_FROM_NODE_LABEL:  # the profile is on this node's Node: the API first
+        api = _connect(args.kubeconfig)
+        if api is None:
+            return 2
+        try:
+            args.nvml = resolve_nvml_spec(args.nvml, api, args.node)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            api.close()
+            return 2
     try:
         nvml = load_backend(args.nvml, node=args.node, driver_root=_driver_root(args))
     except (NvmlUnavailable, BackendConfigError) as exc:
         print(f"error: --nvml {args.nvml}: {exc}", file=sys.stderr)
         return 2
     inventory = discover(nvml, args.node)
+    root = _driver_root(args)
+    if isinstance(nvml, RealNvml) and root is not None:
+        from driver.driverroot import DriverRoot
+        from driver.gputools import ensure_uvm_loaded
+
+        log.info("event=nvidia-uvm node=%s msg=%s", args.node,
+                 logfmt.quote(ensure_uvm_loaded(DriverRoot(root), Path(args.proc_root))))
     unknown = sorted(reserved - {g.uuid for g in inventory.gpus})
     if unknown:
         print(f"error: --reserved-gpus: {', '.join(unknown)}: not a GPU of this node", file=sys.stderr)
         return 2
-    try:
-        source = cliopts.kubeconfig_source(args.kubeconfig)
-        api = KubeApi.connect(kubeconfig=source)
-    except cliopts.NoApiConfig as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        where = source or "the in-cluster config"
-        print(f"error: --kubeconfig: cannot connect with {where}: {exc}", file=sys.stderr)
-        return 2
-    if args.mps_daemon_image and args.nvml == "real":
+    if api is None:
+        api = _connect(args.kubeconfig)
+        if api is None:
+            return 2
+    mps_image = args.mps_daemon_image
+    if args.mps_daemon_image_from_pod and not mps_image and isinstance(nvml, RealNvml):
+        try:
+            mps_image = own_image(api, args.namespace, os.environ.get("POD_NAME", ""), args.container_name)
+        except ValueError as exc:
+            print(f"error: --mps-daemon-image-from-pod: {exc}", file=sys.stderr)
+            return 2
+    if mps_image and isinstance(nvml, RealNvml):
         from driver.mpsdaemon import MpsDaemonPods, MpsPodSettings
 
         nvml.run_mps_daemons_as_pods(MpsDaemonPods(api, MpsPodSettings(
-            namespace=args.namespace, node_name=args.node, image=args.mps_daemon_image,
+            namespace=args.namespace, node_name=args.node, image=mps_image,
             host_driver_root=args.host_driver_root,
+            image_pull_secrets=tuple(s.strip() for s in args.mps_image_pull_secrets.split(",") if s.strip()),
         ), nvml.tools))
     kubelet_dir, cdi_dir, notice = node_dirs(args)
     if notice:
@@ -187,13 +356,14 @@ def run(args: argparse.Namespace) -> int:
         partitionable=args.partitionable, shared_capacity=args.shared_capacity, reserved_uuids=reserved,
         metrics_port=args.metrics_port,
         driver_root=_driver_root(args), host_driver_root=args.host_driver_root,
-        proc_root=Path("/proc") if args.nvml == "real" else None,
-        binding_conditions=args.binding_conditions,
+        proc_root=Path(args.proc_root) if args.nvml == "real" else None, cdi_hook_path=args.cdi_hook_path,
+        binding_conditions=args.binding_conditions, instance=args.pod_uid,
+        rediscover_interval_s=args.rediscover_seconds if args.rediscover_seconds > 0 else None,
     )
     agent = NodeAgent(
         settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api),
         publisher=SlicePublisher(api, args.driver_name, args.node), fault_hook=crash_hook_from_env(),
-        monitor_factory=lambda n, inv, cb: HealthMonitor(n, inv, cb), binding_api=api,
+        monitor_factory=lambda n, inv, cb: HealthMonitor(n, inv, cb, ignored_xids=args.ignore_xids), binding_api=api,
     )
     stop = threading.Event()
 
@@ -202,8 +372,27 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    from driver.nodeguard import GuardSettings, NodeGuard
+
+    guard = NodeGuard(api, GuardSettings(
+        node_name=args.node, resource=args.device_plugin_resource, shim_enabled=args.device_plugin,
+        allow_coexistence=args.allow_device_plugin_coexistence, node_labels=args.node_labels,
+    ), withhold=agent.withhold, inventory=agent.inventory)
+    if not args.device_plugin and not args.allow_device_plugin_coexistence:
+        # Fail closed: nothing is published before the Node was seen free of another device plugin.
+        agent.withhold(f"node {args.node} not checked yet for another device plugin serving {args.device_plugin_resource}")
+    checked = guard.check()
     shim: Any = None
+    health_server: Any = None
+    sweeper: Any = None
     agent.start()
+    exit_code = 0
+    if args.stale_claim_interval > 0:
+        from driver.staleclaims import StaleClaimSweeper
+
+        sweeper = StaleClaimSweeper(lambda ns, name: api.try_get("ResourceClaim", name, namespace=ns), agent.preparer,
+                                    args.driver_name, args.node, interval=args.stale_claim_interval)
+        sweeper.start(stop)
     compute_domains: Any = None
     if args.compute_domains == "on" or (args.compute_domains == "auto" and any(
             g.fabric_clique_id is not None for g in inventory.gpus)):
@@ -211,27 +400,35 @@ def run(args: argparse.Namespace) -> int:
 
         compute_domains = ComputeDomainAgent(api, ComputeDomainSettings(
             node=args.node, kubelet_dir=kubelet_dir, cdi_dir=cdi_dir, namespace=args.compute_domain_namespace,
-            driver_root=_driver_root(args), proc_root=Path("/proc") if args.nvml == "real" else None), nvml, inventory)
+            driver_root=_driver_root(args), proc_root=_compute_domain_proc(args)), nvml, inventory)
         compute_domains.start()
-    labels_pending = bool(args.node_labels)
     try:
         if args.device_plugin:
             from driver.deviceplugin import start_device_plugin
 
             shim = start_device_plugin(agent, resource_name=args.device_plugin_resource, api=api)
-        tick = 0
-        while True:
-            # Labels are retried every 30 s until they are set (the Node may not exist yet); a failure only logs.
-            if labels_pending and tick % 30 == 0:
-                labels_pending = not _label_node(api, args.node, inventory)
-            if stop.wait(1.0):
+        if args.healthcheck_port is not None:
+            health_server = _serve_healthcheck(agent, nvml, args)
+        # A failed check (the Node not registered yet, the API away) is retried sooner than the resync. The loop
+        # ticks every second so that a driver change is acted on at once.
+        next_check = time.monotonic() + (args.node_resync_seconds if checked else 2.0)
+        while not stop.wait(1.0):
+            if agent.exit_requested.is_set():
+                exit_code = 3  # the driver changed under the agent: the DaemonSet restarts it on the new one
                 break
-            tick += 1
+            if time.monotonic() >= next_check:
+                checked = guard.check()
+                next_check = time.monotonic() + (args.node_resync_seconds if checked else 2.0)
     finally:
+        stop.set()
+        if sweeper is not None:
+            sweeper.join()
+        if health_server is not None:
+            health_server.stop(grace=None)
         if shim is not None:
             shim.stop()
         if compute_domains is not None:
             compute_domains.stop()
         agent.stop()
         api.close()
-    return 0
+    return exit_code

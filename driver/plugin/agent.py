@@ -20,10 +20,12 @@ from driver.checkpoint import Checkpoint
 from driver.driverfiles import DriverFiles
 from driver.driverfiles import discover as discover_driver_files
 from driver.inventory import Health, Inventory
+from driver.nvmlapi import NvmlBackend
 from driver.plugin.health import DeviceHealthEntry, HealthBoard
 from driver.plugin.metrics import PluginMetrics
 from driver.plugin.server import KubeletPlugin, PluginPaths
 from driver.prepare import ClaimGetter, ClaimNotFound, FaultHook, Preparer, StartReport
+from driver.rediscovery import Rediscoverer
 from driver.sharing import NvmlSharing
 from driver.slices import SliceSettings, build_slices, gpu_device_name, mig_device_name, mig_health, mig_mode_switchable
 from gpudra.logfmt import quote
@@ -78,16 +80,24 @@ class AgentSettings:
     # where that same tree is on the host, which is what the specs must name.
     driver_root: Path | None = None
     host_driver_root: str = "/"
-    # procfs the driver's device numbers are read from (real GPUs); None: CDI device nodes by path only.
+    # procfs the driver's device numbers are read from (real GPUs); None: the backend's (`device_numbers()`, the
+    # simulator's), else CDI device nodes by path only.
     proc_root: Path | None = None
+    # An nvidia-cdi-hook (1.18+) on the host, for the forward-compat and device-node hooks (driver.driverfiles).
+    cdi_hook_path: str | None = None
+    # Rediscover every this many seconds and on health events (driver.rediscovery); None: never.
+    rediscover_interval_s: float | None = None
     # With `partitionable`: MIG placements carry KEP-5007 binding conditions and the agent creates the instance
     # when a claim is allocated to one (driver.binder), before the scheduler binds the pod.
     binding_conditions: bool = False
+    # The agent pod's UID: per-pod socket names, so that two agent pods overlap safely in a rolling update.
+    instance: str = ""
 
 
 def _health_entry(pool: str, device: str, health: Health) -> DeviceHealthEntry:
     # Application Xids leave the device HEALTHY but are still worth a message (their taint has effect None).
-    msg = "" if health == Health() else f"xids={list(health.xids)} lost={health.lost}"
+    msg = "" if health == Health() else f"xids={list(health.xids)} lost={health.lost}" + (
+        " unmonitored=True" if health.unmonitored else "")
     return DeviceHealthEntry(pool, device, health.healthy, msg)
 
 
@@ -96,7 +106,7 @@ class NodeAgent:
         self,
         settings: AgentSettings,
         *,
-        nvml: Any,
+        nvml: NvmlBackend,
         inventory: Inventory,
         get_claim: ClaimGetter,
         publisher: Any | None = None,
@@ -105,13 +115,15 @@ class NodeAgent:
         binding_api: Any | None = None,
     ) -> None:
         self.settings = settings
-        self.paths = PluginPaths(settings.kubelet_dir, settings.driver_name)
+        self.paths = PluginPaths(settings.kubelet_dir, settings.driver_name, settings.instance)
         self._nvml = nvml
         self._inventory = inventory
         self._health: dict[str, Health] = {}
         self._lock = threading.Lock()
         self._publisher = publisher
         self._publish_changed = threading.Event()
+        # Why the slices are withheld (driver.nodeguard: another device plugin serves these GPUs); None: publish.
+        self._withheld: str | None = None
         # Device name -> extra slice taints; the device plugin shim sets it (ledger holds become NoSchedule taints).
         self.extra_taints: Callable[[], Mapping[str, Sequence[Mapping[str, str]]]] = dict
         self._stop = threading.Event()
@@ -123,6 +135,8 @@ class NodeAgent:
         self.checkpoint, self.load_report = Checkpoint.open(self.paths.plugin_dir, **kwargs)
         for problem in self.load_report.problems:
             log.error("event=checkpoint-corrupt problem=%r", problem)
+        for note in self.load_report.notes:
+            log.info("event=checkpoint-note note=%r", note)
         self.driver_files = self._discover_driver_files(inventory)
         self.preparer = Preparer(
             driver_name=settings.driver_name, node_name=settings.node_name, get_claim=get_claim,
@@ -131,7 +145,7 @@ class NodeAgent:
             reserved=settings.reserved_uuids, fault_hook=fault_hook,
             partitionable=settings.partitionable, nvml=nvml, on_inventory_change=self.refresh_inventory,
             common_edits=self.driver_files.container_edits(),
-            device_numbers=self._device_numbers,
+            device_numbers=self.device_numbers,
         )
         self.board = HealthBoard(self._health_entries())
         self.metrics = PluginMetrics()
@@ -145,19 +159,67 @@ class NodeAgent:
             self.binder = MigBinder(binding_api, self.preparer, settings.driver_name, settings.node_name,
                                     interval=settings.watch_seconds)
         self.start_report: StartReport | None = None
+        # ---- rediscovery (driver.rediscovery): set once the driver changed under the agent; the caller exits.
+        self.exit_requested = threading.Event()
+        self._walk_lock = threading.Lock()
+        self.rediscoverer: Rediscoverer | None = None
+        if settings.rediscover_interval_s is not None:
+            self.rediscoverer = Rediscoverer(
+                self._walk, lambda: self._inventory, self._install_inventory, self._on_driver_change,
+                interval_s=settings.rediscover_interval_s, library_changed=self._nvml_library_changed(),
+                lock=self._walk_lock,
+            )
 
-    def _device_numbers(self) -> DeviceNumbers:
+    def _walk(self) -> Inventory:
+        from driver.discovery import discover
+
+        return discover(self._nvml, self.settings.node_name)
+
+    def _nvml_library_changed(self) -> Callable[[], str | None]:
+        """What tells that the driver root now holds another driver: its libnvidia-ml.so.1 resolves elsewhere."""
+        root = self.settings.driver_root
+        if root is None:
+            return lambda: None
+        from driver.driverroot import DriverRoot, DriverRootError
+
+        driver_root = DriverRoot(root)
+        try:
+            loaded = driver_root.find_library()
+        except DriverRootError:
+            return lambda: None
+
+        def changed() -> str | None:
+            try:
+                now = driver_root.find_library()
+            except DriverRootError as exc:
+                return f"the driver root no longer holds NVML: {exc}"
+            return None if now == loaded else f"libnvidia-ml.so.1 now resolves to {now}, the agent loaded {loaded}"
+
+        return changed
+
+    def _on_driver_change(self, reason: str) -> None:
+        log.error("event=exit-for-driver-change node=%s reason=%r msg=%s", self.settings.node_name, reason,
+                  quote("the loaded NVML and the driver files in the specs belong to the old driver; exiting so that "
+                        "the DaemonSet restarts the agent on the new one"))
+        self.exit_requested.set()
+        # ---- end of rediscovery
+
+    def device_numbers(self) -> DeviceNumbers:
         root = self.settings.proc_root
-        return DeviceNumbers.read(root) if root is not None else DeviceNumbers()
+        if root is not None:
+            return DeviceNumbers.read(root)
+        simulated = getattr(self._nvml, "device_numbers", None)
+        return simulated() if callable(simulated) else DeviceNumbers()
 
     def _discover_driver_files(self, inventory: Inventory) -> DriverFiles:
-        """Once per agent start: the driver install does not change under a running driver (an upgrade
-        reloads the kernel module, which restarts everything on the node, this agent included)."""
+        """Once per agent start: a new driver under a running agent makes it exit (driver.rediscovery), and the
+        next start finds the new files."""
         root = self.settings.driver_root
         if root is None:
             return DriverFiles()
         try:
-            files = discover_driver_files(root, inventory.driver_version, host_root=self.settings.host_driver_root)
+            files = discover_driver_files(root, inventory.driver_version, host_root=self.settings.host_driver_root,
+                                          hook_path=self.settings.cdi_hook_path)
         except Exception:  # noqa: BLE001 - an unreadable driver root must not stop the agent; specs stay minimal
             log.exception("event=driver-files-failed root=%s", root)
             return DriverFiles()
@@ -185,13 +247,15 @@ class NodeAgent:
 
         Health seen by the monitor is kept (it is keyed by UUID); a failed rediscovery keeps the old inventory, so
         prepare's checks then fail per claim instead of crashing the agent."""
-        from driver.discovery import discover
+        with self._walk_lock:
+            try:
+                fresh = self._walk()
+            except Exception:  # noqa: BLE001 - a long-running agent must not die on one failed NVML walk
+                log.exception("event=rediscover-failed node=%s", self.settings.node_name)
+                return
+            self._install_inventory(fresh)
 
-        try:
-            fresh = discover(self._nvml, self.settings.node_name)
-        except Exception:  # noqa: BLE001 - a long-running agent must not die on one failed NVML walk
-            log.exception("event=rediscover-failed node=%s", self.settings.node_name)
-            return
+    def _install_inventory(self, fresh: Inventory) -> None:
         with self._lock:
             self._inventory = fresh
         update = getattr(self._monitor, "update_inventory", None)
@@ -221,8 +285,27 @@ class NodeAgent:
         log.warning("event=health-change uuid=%s healthy=%s xids=%s lost=%s", uuid, health.healthy, list(health.xids), health.lost)
         self.board.update(self._health_entries())
         self._publish_changed.set()
+        if self.rediscoverer is not None:
+            self.rediscoverer.poke()  # a lost GPU or a reset may have changed what NVML reports
+
+    def withhold(self, reason: str | None) -> None:
+        """Publish no devices while `reason` is set (existing slices are withdrawn); None publishes again."""
+        with self._lock:
+            changed, self._withheld = self._withheld != reason, reason
+        if changed:
+            if reason is None:
+                log.info("event=slices-released node=%s", self.settings.node_name)
+            else:
+                log.error("event=slices-withheld node=%s reason=%s", self.settings.node_name, quote(reason))
+            self._publish_changed.set()
+
+    @property
+    def withheld(self) -> str | None:
+        return self._withheld
 
     def desired_slices(self) -> list[dict[str, Any]]:
+        if self._withheld is not None:
+            return []
         return build_slices(
             self.inventory(),
             SliceSettings(
@@ -271,6 +354,8 @@ class NodeAgent:
             self.metrics.serve(self.settings.metrics_port)
         if self._monitor is not None:
             self._monitor.start()
+        if self.rediscoverer is not None:
+            self.rediscoverer.start()
         self.plugin.start()
         if self.binder is not None:
             self.binder.start(self._stop)
@@ -296,6 +381,8 @@ class NodeAgent:
         self._registered.set()
         if self.binder is not None:
             self.binder.join()
+        if self.rediscoverer is not None:
+            self.rediscoverer.stop()
         if self._monitor is not None:
             self._monitor.stop()
         self.plugin.stop()

@@ -3,6 +3,9 @@
 Sockets (kubelet-wire.md 1.5):
 - `<kubelet dir>/plugins_registry/<driver>-reg.sock`: pluginregistration.Registration (GetInfo, Notify...).
 - `<kubelet dir>/plugins/<driver>/dra.sock`: DRAPlugin v1 and v1beta1, and DRAResourceHealth v1 and v1alpha1.
+With an instance id (the pod's UID, for rolling updates where two agent pods overlap on a node) both names carry
+it, as the kubeletplugin helper names them: `<driver>-<uid>-reg.sock` (or a hashed form when that does not fit a
+unix socket path) and `dra-<uid>.sock`; each instance removes only its own sockets.
 
 GetInfo advertises `v1.DRAPlugin`, `v1beta1.DRAPlugin`, `v1.DRAResourceHealth`, `v1alpha1.DRAResourceHealth` in
 that order: the kubelet takes the first DRAPlugin service it supports; a 1.37 kubelet streams health from
@@ -14,8 +17,12 @@ kubelet finds and registers the plugin anew.
 
 from __future__ import annotations
 
+import base64
+import errno
+import hashlib
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +36,7 @@ import grpc
 from driver.plugin.health import DeviceHealthEntry, HealthBoard, truncate_message
 from driver.plugin.metrics import PluginMetrics
 from driver.prepare import ClaimRef, ClaimResult, Preparer
-from driver.unixsocket import SocketIdentity, listen, socket_identity
+from driver.unixsocket import MAX_UNIX_SOCKET_PATH, SocketIdentity, listen, socket_identity
 from proto.dra.v1 import api_pb2 as dra_v1
 from proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
@@ -54,10 +61,16 @@ _STREAM_POLL_SECONDS = 1.0
 HEALTH_RESEND_SECONDS = 10.0
 
 
+def _b64_hash(data: bytes, size: int) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()[:size]).decode().rstrip("=")
+
+
 @dataclass(frozen=True)
 class PluginPaths:
     kubelet_dir: Path
     driver_name: str
+    # The agent pod's UID (or any id unique per running instance); "" for the fixed single-instance names.
+    instance: str = ""
 
     @property
     def registry_dir(self) -> Path:
@@ -65,7 +78,17 @@ class PluginPaths:
 
     @property
     def registration_socket(self) -> Path:
-        return self.registry_dir / f"{self.driver_name}-reg.sock"
+        if not self.instance:
+            return self.registry_dir / f"{self.driver_name}-reg.sock"
+        # The kubeletplugin helper's choice: the first name whose path fits a unix socket.
+        keyed = self.driver_name.encode() + b"\0" + self.instance.encode()
+        candidates = (
+            f"{self.driver_name}-{self.instance}-reg.sock",
+            f"{self.driver_name}-{_b64_hash(self.instance.encode(), 8)}-reg.sock",
+            f"dra-{_b64_hash(keyed, 16)}-reg.sock",
+        )
+        paths = [self.registry_dir / name for name in candidates]
+        return next((p for p in paths if len(os.fsencode(str(p))) <= MAX_UNIX_SOCKET_PATH), paths[-1])
 
     @property
     def plugin_dir(self) -> Path:
@@ -73,7 +96,24 @@ class PluginPaths:
 
     @property
     def dra_socket(self) -> Path:
-        return self.plugin_dir / "dra.sock"
+        return self.plugin_dir / (f"dra-{self.instance}.sock" if self.instance else "dra.sock")
+
+    def stale_sockets(self) -> list[Path]:
+        """Sockets of this driver's other instances that nobody listens on any more (a pod killed before it could
+        clean up): the kubelet would keep trying to register them. Live ones (an overlapping pod) are kept."""
+        found = [*self.registry_dir.glob(f"{self.driver_name}-*reg.sock"), *self.plugin_dir.glob("dra*.sock")]
+        own = {self.registration_socket, self.dra_socket}
+        return [p for p in sorted(found) if p not in own and socket_identity(p) is not None and not _listening(p)]
+
+
+def _listening(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError as exc:
+            return exc.errno not in (errno.ECONNREFUSED, errno.ENOENT)
+    return True
 
 
 def _claims(request: Any) -> list[ClaimRef]:
@@ -114,8 +154,9 @@ class DraServicer:
         elapsed = time.perf_counter() - start
         self._metrics.latency.labels("NodePrepareResources").observe(elapsed)
         self._metrics.calls.labels("NodePrepareResources", self._api, "ok").inc()
-        log.info("event=node-prepare api=%s claims=%d errors=%d ms=%.2f", self._api, len(claims),
-                 sum(1 for r in results.values() if r.error), elapsed * 1000)
+        if claims:  # an empty call is the health check's (driver.plugin.healthcheck), every few seconds
+            log.info("event=node-prepare api=%s claims=%d errors=%d ms=%.2f", self._api, len(claims),
+                     sum(1 for r in results.values() if r.error), elapsed * 1000)
         return response
 
     def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -219,6 +260,7 @@ class KubeletPlugin:
         self._dra_server: grpc.Server | None = None
         self._reg_server: grpc.Server | None = None
         self._reg_identity: SocketIdentity | None = None
+        self._dra_identity: SocketIdentity | None = None
         self._watcher: threading.Thread | None = None
         self.registered = threading.Event()
         self.registration_status: tuple[bool, str] | None = None
@@ -227,6 +269,10 @@ class KubeletPlugin:
     def start(self) -> None:
         os.makedirs(self.paths.plugin_dir, mode=0o700, exist_ok=True)
         os.chmod(self.paths.plugin_dir, 0o700)
+        self.registry_dir_ready()
+        for stale in self.paths.stale_sockets():
+            log.warning("event=stale-socket-removed socket=%s", stale)
+            stale.unlink(missing_ok=True)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="dra"))
         dra_v1_grpc.add_DRAPluginServicer_to_server(DraServicer(self.preparer, self.metrics, dra_v1, "v1"), server)
         dra_v1beta1_grpc.add_DRAPluginServicer_to_server(
@@ -239,6 +285,7 @@ class KubeletPlugin:
         listen(server, self.paths.dra_socket)
         server.start()
         os.chmod(self.paths.dra_socket, 0o600)
+        self._dra_identity = socket_identity(self.paths.dra_socket)
         self._dra_server = server
         log.info("event=serving socket=%s services=%s", self.paths.dra_socket, ",".join(SUPPORTED_SERVICES))
         # The DRA service must be up before the kubelet can learn about it through registration.
@@ -313,10 +360,11 @@ class KubeletPlugin:
                 s.stop(grace=grace)
             for s in servers:
                 s.wait_for_termination(timeout=grace + 1)
-            # Only our own sockets: a newer instance may already own the paths if the inode differs.
+            # Only our own sockets: another instance may have bound the same paths since (then the identity differs).
             if self._registration_socket_intact():
                 self.paths.registration_socket.unlink(missing_ok=True)
-            self.paths.dra_socket.unlink(missing_ok=True)
+            if self._dra_identity is not None and socket_identity(self.paths.dra_socket) == self._dra_identity:
+                self.paths.dra_socket.unlink(missing_ok=True)
             self._reg_server = self._dra_server = None
         if self._watcher is not None:
             self._watcher.join(timeout=self._watch_seconds + 1)

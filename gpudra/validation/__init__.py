@@ -119,6 +119,8 @@ def validate_update(
     hooks = Hooks(cel=cel, opaque=dict(opaque or {}))
     spec = get_map(new_v1.get("spec"), "spec", [])
     names = gather_request_names(get_map(spec.get("devices"), "spec.devices", []))
-    meta = new_v1.get("metadata") if isinstance(new_v1.get("metadata"), dict) else {}
+    meta = new_v1.get("metadata")
+    if not isinstance(meta, dict):
+        meta = {}
     return validate_claim_status(new_v1.get("status"), "status", names, hooks, old_value=old_v1.get("status") or {},
                                  deleted=bool(meta.get("deletionTimestamp")))

@@ -36,7 +36,7 @@ EXTRA_ROOTS: tuple[str, ...] = ("V1Binding", "V1DeleteOptions")
 @functools.lru_cache(maxsize=1)
 def _table() -> dict[str, dict[str, str]]:
     try:
-        return json.loads(TABLE.read_text())  # type: ignore[no-any-return]
+        return json.loads(TABLE.read_text())
     except (OSError, ValueError):
         return {}
 
@@ -56,7 +56,7 @@ def _group_prefix(group: str) -> str:
     return "Core" if not group else group.split(".")[0].capitalize()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model_name(group: str, version: str, kind: str) -> str | None:
     """The client model for a kind: `ResourceV1ResourceClaim`, `CoreV1Event`, `V1Pod`; None when unknown."""
     v = version[:1].upper() + version[1:]
@@ -70,7 +70,7 @@ def model_name(group: str, version: str, kind: str) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fields_of(model: str) -> dict[str, str]:
     """JSON field name -> type string, for one client model."""
     known = _table().get(model)
@@ -172,7 +172,7 @@ _EXACT_OK: dict[str, frozenset[type]] = {"str": frozenset({str, int, float}), "i
                                          "bool": frozenset({bool}), "float": frozenset({int, float})}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _node(typ: str) -> _Node:
     if typ == "object":
         return ("o",)
@@ -185,7 +185,7 @@ def _node(typ: str) -> _Node:
     return ("m", typ)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model_nodes(model: str) -> dict[str, _Node]:
     return {name: _node(typ) for name, typ in fields_of(model).items()}
 
@@ -252,7 +252,7 @@ def _walk_model(typ: str, value: Any, path: str, unknown: list[str], errors: lis
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _go_name(model: str) -> str:
     """`V1LeaseSpec` -> `LeaseSpec`, `ResourceV1ResourceClaim` -> `ResourceClaim`: the Go struct's name."""
     i = 0

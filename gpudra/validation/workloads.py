@@ -138,9 +138,9 @@ def _group_fields(group: Mapping[str, Any], path: str) -> Errors:
         if priority is not None and priority > HIGHEST_USER_DEFINABLE_PRIORITY:
             errs.append(invalid(child(path, "priority"), priority,
                                 f"must be less than or equal to {HIGHEST_USER_DEFINABLE_PRIORITY}"))
-    policy = group.get("preemptionPolicy")
-    if policy is not None and policy not in PREEMPTION_POLICIES:
-        errs.append(not_supported(child(path, "preemptionPolicy"), policy, list(PREEMPTION_POLICIES)))
+    preemption = group.get("preemptionPolicy")
+    if preemption is not None and preemption not in PREEMPTION_POLICIES:
+        errs.append(not_supported(child(path, "preemptionPolicy"), preemption, list(PREEMPTION_POLICIES)))
     return errs
 
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.expand import name_suffix, pod_template_hash
-from controller.nodefit import node_rejects
+from controller.allocator import AllocationError
+from controller.nodefit import as_allocator_node, required_affinity, static_rejects
 from gpudra.kubeapi import AlreadyExists, ApiError, KubeApi
 
 log = logging.getLogger("gpu-dra.cluster.daemonsets")
@@ -79,7 +80,12 @@ def should_run(ds: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
     spec = copy.deepcopy(dict(((ds.get("spec") or {}).get("template") or {}).get("spec") or {}))
     _with_tolerations(spec)
     uncordoned = {**node, "spec": {k: v for k, v in (node.get("spec") or {}).items() if k != "unschedulable"}}
-    return node_rejects({"metadata": {"name": "probe"}, "spec": spec}, uncordoned) is None
+    probe = {"metadata": {"name": "probe"}, "spec": spec}
+    try:
+        affinity = required_affinity(probe)
+    except AllocationError:
+        return False  # a malformed affinity fits no node (the scheduler says why on the pods of a valid one)
+    return static_rejects(probe, uncordoned, as_allocator_node(uncordoned), affinity) is None
 
 
 def daemon_pod(ds: Mapping[str, Any], node: str) -> dict[str, Any]:

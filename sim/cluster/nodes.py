@@ -25,8 +25,13 @@ from sim.kubelet.pods import NodeKubelet
 
 
 def apiserver_argv(kubeconfig: Path, *, state: Path | None = None, port: int = 0,
-                   pod_logs_dir: Path | None = None) -> list[str]:
+                   pod_logs_dir: Path | None = None, runtime_config: Sequence[str] = (),
+                   features: Sequence[str] = ()) -> list[str]:
     argv = ["apiserver", "--kubeconfig-out", str(kubeconfig), "--port", str(port)]
+    for entry in runtime_config:
+        argv += ["--runtime-config", entry]
+    for gate in features:
+        argv += ["--feature-gates", gate]
     if state is not None:
         argv += ["--state", str(state)]
     if pod_logs_dir is not None:
@@ -35,9 +40,11 @@ def apiserver_argv(kubeconfig: Path, *, state: Path | None = None, port: int = 0
 
 
 def start_apiserver(children: ChildGroup, kubeconfig: Path, *, timeout: float, state: Path | None = None,
-                    port: int = 0, pod_logs_dir: Path | None = None, name: str = "apiserver") -> tuple[Child, str]:
+                    port: int = 0, pod_logs_dir: Path | None = None, name: str = "apiserver",
+                    runtime_config: Sequence[str] = (), features: Sequence[str] = ()) -> tuple[Child, str]:
     """Start `gpu-dra apiserver` and return it with the URL it prints on its first stdout line."""
-    argv = apiserver_argv(kubeconfig, state=state, port=port, pod_logs_dir=pod_logs_dir)
+    argv = apiserver_argv(kubeconfig, state=state, port=port, pod_logs_dir=pod_logs_dir,
+                          runtime_config=runtime_config, features=features)
     child = children.start(name, argv, stdout_pipe=True, tier=0)
     assert child.process.stdout is not None
     fd = child.process.stdout.fileno()

@@ -99,15 +99,18 @@ class ClusterSpec:
     features: tuple[str, ...] = ()
     partitionable: bool = False
     links: str = ""  # the short directory of node links (ClusterPaths.links), fixed at `up`
+    runtime_config: tuple[str, ...] = ()  # the apiserver's --runtime-config entries
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "nodes": [asdict(n) for n in self.nodes], "runtime": self.runtime,
-                "features": list(self.features), "partitionable": self.partitionable, "links": self.links}
+                "features": list(self.features), "partitionable": self.partitionable, "links": self.links,
+                "runtimeConfig": list(self.runtime_config)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ClusterSpec:
         return cls(str(data["name"]), tuple(NodeSpec(**n) for n in data["nodes"]), str(data.get("runtime", "auto")),
-                   tuple(data.get("features") or ()), bool(data.get("partitionable")), str(data.get("links") or ""))
+                   tuple(data.get("features") or ()), bool(data.get("partitionable")), str(data.get("links") or ""),
+                   tuple(data.get("runtimeConfig") or ()))
 
     def node(self, name: str) -> NodeSpec | None:
         return next((n for n in self.nodes if n.name == name), None)

@@ -42,7 +42,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--runtime", choices=RUNTIMES, default="auto",
                     help="container runtime behind the kubelet simulator (default auto: podman when it can run)")
     up.add_argument("--feature", action="append", default=[], metavar="GATE=true|false",
-                    help="feature gate for the controller (repeatable)")
+                    help="feature gate for the control plane and the controller (repeatable)")
+    cliopts.add_runtime_config(up)
     up.add_argument("--partitionable", action="store_true", help="publish partitionable devices (MIG placements)")
     up.add_argument("--device-plugin", action="store_true",
                     help="every node also serves legacy nvidia.com/gpu (the default nodes: v100-1 always does)")
@@ -147,6 +148,7 @@ def _up(args: argparse.Namespace) -> int:
                 raise SpecError("--nodes and --gb200-racks name the same node twice")
         node_specs = with_addresses(args.name, node_specs or default_nodes(device_plugin=args.device_plugin))
         features = tuple(_feature(f) for f in args.feature)
+        runtime_config = _runtime_config(args.runtime_config)
     except SpecError as exc:
         _err(str(exc))
         return 2
@@ -154,7 +156,7 @@ def _up(args: argparse.Namespace) -> int:
     if runtime is None:
         return 2
     links = links_home() / args.name
-    spec = ClusterSpec(args.name, node_specs, runtime, features, args.partitionable, str(links))
+    spec = ClusterSpec(args.name, node_specs, runtime, features, args.partitionable, str(links), runtime_config)
     existing = _load(args.name)
     if existing is not None and existing[3]:
         _err(f"cluster {args.name!r} is already up (server {existing[2].server}); "
@@ -247,6 +249,19 @@ def _feature(text: str) -> str:
     if not gate or (sep and value.lower() not in ("true", "false")):
         raise SpecError(f"--feature {text!r}: expected GATE=true or GATE=false")
     return text
+
+
+def _runtime_config(entries: list[str]) -> tuple[str, ...]:
+    """--runtime-config entries, checked as the apiserver will check them (a bad one fails `up` at once)."""
+    from controlplane.resources import known_group_versions
+    from controlplane.runtimeconfig import RuntimeConfig, RuntimeConfigError
+    from sim.cluster.spec import SpecError
+
+    try:
+        RuntimeConfig.parse(entries, known_group_versions())
+    except RuntimeConfigError as exc:
+        raise SpecError(str(exc)) from None
+    return tuple(entries)
 
 
 def _resolve_runtime(requested: str) -> str | None:

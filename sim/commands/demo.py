@@ -40,6 +40,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="container runtime of the simulated kubelets: podman (containers start for real with "
                              "their CDI devices; needs root, podman, runc, busybox-static), none (pods are marked "
                              "Running after prepare), auto (podman when it can run here, else none; default)")
+    cliopts.add_runtime_config(parser)
 
 
 class _Terminated(BaseException):
@@ -61,6 +62,14 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(f"gpu-dra demo: --manifests {manifests.root}: missing {', '.join(str(p) for p in missing)}; "
               "give the project's manifests/ directory (it holds base/deviceclasses.yaml and examples/)", file=sys.stderr)
+        return 2
+    from controlplane.resources import known_group_versions
+    from controlplane.runtimeconfig import RuntimeConfig, RuntimeConfigError
+
+    try:
+        RuntimeConfig.parse(args.runtime_config, known_group_versions())
+    except RuntimeConfigError as exc:
+        print(f"gpu-dra demo: {exc}", file=sys.stderr)
         return 2
     if args.workdir:
         workdir = Path(args.workdir).absolute()
@@ -108,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         progress(f"runtime: {runtime.kind}: {runtime.reason}")
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     demo = Demo(DemoSettings(workdir=workdir, manifests=manifests, step_timeout=args.step_timeout, progress=progress,
-                             runtime=runtime.kind))
+                             runtime=runtime.kind, runtime_config=tuple(args.runtime_config)))
     failure = ""
     observed = None
     interrupted = False

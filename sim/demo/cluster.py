@@ -112,9 +112,13 @@ def node_object(name: str, *, gpu_allocatable: int | None = None, address: str =
     `kubectl describe node` shows. GPUs through DRA are not node resources; `nvidia.com/gpu` appears only on
     nodes whose device plugin reported devices. Every simulated node runs on this machine: its address is
     loopback."""
-    resources: dict[str, str] = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+    # A DGX-class machine as its kubelet reports it: allocatable is capacity less the default hard eviction
+    # thresholds (memory.available 100Mi, nodefs.available 10%).
+    capacity: dict[str, str] = {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti", "hugepages-1Gi": "0",
+                                "hugepages-2Mi": "0", "pods": "110"}
+    allocatable = {**capacity, "memory": "524188Mi", "ephemeral-storage": "966367641600"}
     if gpu_allocatable is not None:
-        resources[EXTENDED_GPU_RESOURCE] = str(gpu_allocatable)
+        capacity[EXTENDED_GPU_RESOURCE] = allocatable[EXTENDED_GPU_RESOURCE] = str(gpu_allocatable)
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -124,8 +128,8 @@ def node_object(name: str, *, gpu_allocatable: int | None = None, address: str =
         },
         "spec": {},
         "status": {
-            "capacity": dict(resources),
-            "allocatable": dict(resources),
+            "capacity": capacity,
+            "allocatable": allocatable,
             "conditions": node_conditions(),
             "addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},

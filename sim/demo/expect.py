@@ -170,7 +170,7 @@ def trainings_released(rows: list[WorkloadRow], obs: Observed) -> Expectation:
             node = c.node
             disk = obs.disk.get(node)
             still = disk is not None and (c.uid in disk.specs or c.uid in disk.claims)
-            in_api = c.claim in obs.final.claims and bool(((obs.final.claims[c.claim].get("status") or {}).get("allocation")))
+            in_api = c.claim in obs.final.claims and bool((obs.final.claims[c.claim].get("status") or {}).get("allocation"))
             good = r.phase == "Succeeded" and not still and not in_api
             ok &= good
             parts.append(f"{n} {r.phase}: claim {c.claim} {'still allocated' if in_api else 'released'}, "

@@ -111,7 +111,7 @@ class ChildGroup:
               env: dict[str, str] | None = None, tier: int = 1) -> Child:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
-        log = open(log_path, "wb")
+        log = open(log_path, "wb")  # noqa: SIM115 (the Child below owns it and closes it)
         try:
             process = subprocess.Popen(
                 list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if stdout_pipe else log, stderr=log,

@@ -72,6 +72,7 @@ class DemoSettings:
     nodes: tuple[cluster.NodeSpec, ...] = cluster.NODES
     progress: Callable[[str], None] = lambda line: None
     runtime: str = "none"  # "podman" or "none" (sim.runtime.choose decides)
+    runtime_config: tuple[str, ...] = ()  # the apiserver's --runtime-config entries
 
 
 @dataclass
@@ -127,7 +128,7 @@ class Demo:
     def start_control_plane(self) -> None:
         try:
             _, url = nodes.start_apiserver(self.r.children, self.kubeconfig, timeout=self.s.step_timeout,
-                                           pod_logs_dir=self.pod_logs_dir)
+                                           pod_logs_dir=self.pod_logs_dir, runtime_config=self.s.runtime_config)
         except ChildFailed as exc:
             raise DemoFailed(str(exc)) from exc
         self.r.api = KubeApi.connect(kubeconfig=str(self.kubeconfig))
@@ -280,7 +281,7 @@ class Demo:
                 raise DemoFailed(f"pod {NAMESPACE}/{pod} is not running on a node (spec.nodeName {node!r})")
             if self.s.runtime != "podman":
                 self.r.kubelets[node].finish(NAMESPACE, pod)
-        training_claims = {p: [n for n in _claim_names(st.pods[p])] for p in TRAININGS}
+        training_claims = {p: list(_claim_names(st.pods[p])) for p in TRAININGS}
 
         def released() -> ApiState | None:
             s = self.state()

@@ -241,13 +241,22 @@ class KubeletSim:
         self.dialect = KubeletDialect.for_version(kubernetes_version)
         self.known_services = tuple(known_services) if known_services is not None else self.dialect.dra_services
         self.plugins: dict[str, RegisteredPlugin] = {}  # driver name -> newest registered instance
+        # Every registered instance, oldest first, with its registration socket: the kubelet's plugin watcher
+        # deregisters an instance when its socket goes, and the newest remaining one serves the driver.
+        self._instances: dict[str, list[tuple[Path, RegisteredPlugin]]] = {}
         self._registered_sockets: dict[Path, SocketIdentity] = {}  # socket path -> the socket we registered
         self._lock = threading.Lock()
 
     def close(self) -> None:
-        for p in self.plugins.values():
-            p.close()
+        for instances in self._instances.values():
+            for _, p in instances:
+                p.close()
+        self._instances.clear()
         self.plugins.clear()
+
+    def instances(self, driver_name: str) -> list[RegisteredPlugin]:
+        """The registered instances of a driver, oldest first."""
+        return [p for _, p in self._instances.get(driver_name, [])]
 
     def sockets(self) -> list[Path]:
         if not self.registry_dir.is_dir():
@@ -279,9 +288,10 @@ class KubeletSim:
         finally:
             channel.close()
         with self._lock:
-            old = self.plugins.get(plugin.name)
-            if old is not None:
-                old.close()
+            instances = self._instances.setdefault(plugin.name, [])
+            for replaced in [p for s, p in instances if s == socket]:
+                replaced.close()
+            instances[:] = [(s, p) for s, p in instances if s != socket] + [(socket, plugin)]
             self.plugins[plugin.name] = plugin
             identity = socket_identity(socket)
             if identity is not None:
@@ -298,8 +308,29 @@ class KubeletSim:
         health = self.dialect.pick_health_service(list(info.supported_versions))
         return RegisteredPlugin(info.name, endpoint, service, health, self.dialect)
 
+    def _deregister_gone(self) -> None:
+        """Drop instances whose registration socket was removed (the plugin watcher's delete event)."""
+        with self._lock:
+            for name, instances in list(self._instances.items()):
+                kept = []
+                for socket, plugin in instances:
+                    if socket_identity(socket) == self._registered_sockets.get(socket):
+                        kept.append((socket, plugin))
+                        continue
+                    plugin.close()
+                    if socket_identity(socket) is None:
+                        self._registered_sockets.pop(socket, None)
+                instances[:] = kept
+                if kept:
+                    self.plugins[name] = kept[-1][1]
+                else:
+                    del self._instances[name]
+                    self.plugins.pop(name, None)
+
     def sync(self) -> list[RegisteredPlugin]:
-        """Register sockets that are new or were replaced since last time (what inotify would trigger)."""
+        """Register sockets that are new or were replaced since last time, and deregister instances whose socket
+        went (what inotify would trigger)."""
+        self._deregister_gone()
         done = []
         for socket in self.sockets():
             identity = socket_identity(socket)

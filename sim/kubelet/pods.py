@@ -431,7 +431,7 @@ class NodeKubelet:
 
         while not self._stop.is_set():
             try:
-                dm.wait_for(lambda sim: counts(sim) != last, timeout=RETRY_SECONDS * 5)
+                dm.wait_for(lambda sim, last=last: counts(sim) != last, timeout=RETRY_SECONDS * 5)
             except DeviceManagerError:
                 continue  # nothing changed; look again (and notice stop)
             now = counts(dm)

@@ -26,6 +26,7 @@ from typing import Any
 
 import pynvml
 
+from driver.cdi import NVIDIA_MAJOR, DeviceNumbers
 from driver.gputools import TIMESLICE_LEVELS, GpuToolError, MpsDirs
 from sim.nvml.faults import CallFault, Faults, error_code, read_faults
 from sim.nvml.profile import GpuModelSpec, GpuSpec, MigProfileSpec, Profile, nvml_constant, profile_for_node
@@ -42,6 +43,9 @@ _FAULTS_POLL_S = 0.05
 
 _NVLINK_VERSION = {"VOLTA": 2, "TURING": 2, "AMPERE": 3, "ADA": 3, "HOPPER": 4, "BLACKWELL": 5, "RUBIN": 6}
 # Full-size compute instance profile for a GPU instance of N compute slices.
+# Stand-ins for the majors the kernel gives nvidia-uvm and nvidia-caps at load (dynamic on real nodes).
+SIM_UVM_MAJOR = 237
+SIM_CAPS_MAJOR = 238
 _CI_PROFILE_FOR_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 _SUPPORTED_EVENTS = (
     pynvml.nvmlEventTypeXidCriticalError
@@ -283,6 +287,13 @@ class SimulatedNvml:
 
     # ------------------------------------------------------------------ topology (not NVML)
 
+    def device_numbers(self) -> DeviceNumbers:
+        """The device numbers of a node whose driver is loaded (nvidia-uvm included): NVIDIA's fixed major for the
+        GPU and control nodes, fixed stand-ins for the dynamic nvidia-uvm and nvidia-caps majors. Specs then name
+        every node typed, so a runtime creates them in the container and stats nothing on the host (a kind
+        node has no NVIDIA device nodes)."""
+        return DeviceNumbers({"nvidia-frontend": NVIDIA_MAJOR, "nvidia-uvm": SIM_UVM_MAJOR, "nvidia-caps": SIM_CAPS_MAJOR})
+
     def pcie_root(self, pci_bus_id: str) -> str | None:
         """The PCIe root complex of a GPU, from the profile (the real backend reads sysfs)."""
         want = pci_bus_id.lower()
@@ -326,7 +337,12 @@ class SimulatedNvml:
                 raise ValueError(f"get_timeslice: no GPU with uuid {gpu_uuid!r} in profile {self.profile.name}")
             return gpu.timeslice
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
+        self._mps_start(dirs, device_uuids)
+        for command in commands:
+            self.mps_command(dirs, command)
+
+    def _mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
         what = f"`CUDA_VISIBLE_DEVICES={','.join(device_uuids)} nvidia-cuda-mps-control -d`"
         with self._lock:
             self._refresh_faults()

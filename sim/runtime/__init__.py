@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,7 +83,9 @@ class Runtimes:
         self.runc = runc
         self.rootfs = build_rootfs(state_dir / "rootfs", busybox)
 
-    def for_node(self, node: str, cdi_dir: Path) -> PodmanRuntime:
-        runtime = PodmanRuntime(self.state_dir / "nodes" / node, cdi_dir, self.rootfs, runc=self.runc)
+    def for_node(self, node: str, cdi_dir: Path, host_devices: Sequence[tuple[str, int, int]] = ()) -> PodmanRuntime:
+        """The node's runtime; `host_devices` (path, major, minor) are the device nodes its host has."""
+        runtime = PodmanRuntime(self.state_dir / "nodes" / node, cdi_dir, self.rootfs, runc=self.runc,
+                                host_devices=host_devices)
         runtime.start()
         return runtime

@@ -30,6 +30,7 @@ from sim.nvml.simulator import gpu_instance_id, mig_uuid
 NVIDIA_SMI = "usr/bin/nvidia-smi"
 NVIDIA_IMEX = "usr/bin/nvidia-imex"
 NVIDIA_IMEX_CTL = "usr/bin/nvidia-imex-ctl"
+IMEX_CHANNELS_MAJOR = 509  # a simulated driver's dynamic major for nvidia-caps-imex-channels
 
 _SCRIPT = r"""#!/bin/sh
 # nvidia-smi of the gpu-dra simulator's driver install (node NODE, driver DRIVER_VERSION): lists the GPUs and MIG
@@ -115,4 +116,8 @@ def write(root: Path, node: str, inventory: Inventory) -> Path:
             tool = root / rel
             tool.write_text(_python_tool(module))
             tool.chmod(0o755)
+        # The driver's procfs entry for the IMEX channel devices (their major is dynamic on a real node).
+        proc = root / "proc" / "devices"
+        proc.parent.mkdir(parents=True, exist_ok=True)
+        proc.write_text(f"Character devices:\n{IMEX_CHANNELS_MAJOR} nvidia-caps-imex-channels\n\nBlock devices:\n")
     return root

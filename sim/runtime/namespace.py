@@ -4,7 +4,7 @@ podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi, and a device nod
 the host. Neither may be changed on the host (other processes may own them), so a holder process is started
 in its own mount namespace (`unshare --mount --propagation private`, nothing propagates back) where:
 
-- /dev is an overlay of the host's /dev with a tmpfs upper dir, so character devices can be `mknod`ed without
+- /dev is an overlay of the host's /dev with a tmpfs upper dir, so the node's own device nodes can be `mknod`ed without
   touching the host (/dev/pts and /dev/mqueue are moved into the overlay first; /dev/shm is a fresh tmpfs, where
   podman keeps its lock segment);
 - the directory /var/run points to is a fresh tmpfs, the node's CDI dir is bind-mounted on its `cdi`, and

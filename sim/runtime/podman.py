@@ -3,9 +3,13 @@
 What the kubelet asks of containerd after NodePrepareResources, done with podman (facts in
 shared/reference/cdi-runtime.md): each container is started from the busybox rootfs (sim.runtime.rootfs) with
 the CDI device ids of its claims and of the device plugin, the pod's env and command, inside the node's private
-mount namespace (sim.runtime.namespace), where /var/run/cdi is the node's CDI dir and the NVIDIA device nodes the
-specs name exist as character devices. podman keeps its storage under the node's state dir and its run and tmp
-dirs in the namespace's private /run.
+mount namespace (sim.runtime.namespace), where /var/run/cdi is the node's CDI dir. podman keeps its storage
+under the node's state dir and its run and tmp dirs in the namespace's private /run.
+
+The runtime is as strict as containerd's CDI handling: a device node a spec names by path only (no type and
+major) must exist on the node, or the container fails to create ("failed to stat CDI host device"). The node's
+own device nodes are the `host_devices` it is made with (what a driver on that host would have created); nothing
+a spec names is ever created for it. Typed nodes are created in the container by the runtime, as on a node.
 
 Before the container's command, a probe script records what the container itself sees (its `nvidia-smi -L`,
 `NVIDIA_VISIBLE_DEVICES` and NVIDIA device nodes) into a per-container directory; `seen()` reads it.
@@ -16,10 +20,8 @@ asked for the exit code; its conmon monitor (--conmon-pidfile) lingers a second 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import shutil
 import subprocess
 import threading
@@ -45,14 +47,6 @@ UNKNOWN_EXIT_CODE = 137
 # What a container runs when the pod gives neither command nor args (a server image's entrypoint).
 DEFAULT_COMMAND: tuple[str, ...] = ("sleep", "2147483647")
 
-# NVIDIA's numbering: /dev/nvidia<N> is 195:N, nvidiactl 195:255, nvidia-modeset 195:254. nvidia-uvm and the
-# nvidia-caps nodes have dynamic majors on real nodes; here they get majors from the range devices.txt keeps
-# for local use (240-254), skipping any this host's kernel has registered.
-NVIDIA_MAJOR = 195
-_GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
-_CAP_NODE = re.compile(r"^/dev/nvidia-caps/nvidia-cap(\d+)$")
-_IMEX_CHANNEL_NODE = re.compile(r"^/dev/nvidia-caps-imex-channels/channel(\d+)$")
-
 PROBE_SCRIPT = r"""#!/bin/sh
 # Written by the gpu-dra kubelet simulator: records what this container sees, then runs its command.
 out=SEEN
@@ -62,7 +56,7 @@ else
   echo "nvidia-smi: not found" > "$out/nvidia-smi"; echo 127 > "$out/nvidia-smi.rc"
 fi
 if [ "${NVIDIA_VISIBLE_DEVICES+set}" = set ]; then printf '%s\n' "$NVIDIA_VISIBLE_DEVICES" > "$out/visible"; fi
-for f in /dev/nvidia* /dev/nvidia-caps/* /dev/nvidia-caps-imex-channels/*; do [ -c "$f" ] && echo "$f"; done > "$out/devices"
+for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c "$f" ] && echo "$f"; done > "$out/devices"
 : > "$out/done"
 exec "$@"
 """.replace("SEEN", SEEN_DIR)
@@ -74,60 +68,6 @@ class RuntimeError_(RuntimeError):
 
 def find_runc() -> str | None:
     return next((c for c in RUNC_CANDIDATES if os.access(c, os.X_OK)), None)
-
-
-def _free_local_majors(count: int) -> list[int]:
-    used: set[int] = set()
-    try:
-        section = ""
-        for line in Path("/proc/devices").read_text().splitlines():
-            if line.endswith(":"):
-                section = line
-            elif section.startswith("Character") and line.strip():
-                used.add(int(line.split()[0]))
-    except (OSError, ValueError):
-        pass
-    return [m for m in range(254, 239, -1) if m not in used][:count]
-
-
-def device_numbers(path: str, local_majors: Sequence[int]) -> tuple[int, int] | None:
-    """(major, minor) a simulated NVIDIA device node gets, or None for a path that is not one."""
-    if m := _GPU_NODE.match(path):
-        return NVIDIA_MAJOR, int(m.group(1))
-    if path == "/dev/nvidiactl":
-        return NVIDIA_MAJOR, 255
-    if path == "/dev/nvidia-modeset":
-        return NVIDIA_MAJOR, 254
-    if path in ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools") and local_majors:
-        return local_majors[0], 0 if path == "/dev/nvidia-uvm" else 1
-    if (m := _CAP_NODE.match(path)) and len(local_majors) > 1:
-        return local_majors[1], int(m.group(1))
-    if (m := _IMEX_CHANNEL_NODE.match(path)) and len(local_majors) > 2:
-        return local_majors[2], int(m.group(1))
-    return None
-
-
-def spec_device_nodes(cdi_dir: Path, cdi_ids: Sequence[str]) -> list[dict[str, object]]:
-    """The deviceNodes entries (device edits and the spec's top-level edits) of the given CDI ids' specs."""
-    wanted: dict[str, set[str]] = {}
-    for cid in cdi_ids:
-        kind, _, name = cid.partition("=")
-        wanted.setdefault(kind, set()).add(name)
-    nodes: list[dict[str, object]] = []
-    for path in sorted(cdi_dir.glob("*.json")):
-        try:
-            spec = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        names = wanted.get(str(spec.get("kind")))
-        if not names:
-            continue
-        devices = [d for d in spec.get("devices") or [] if d.get("name") in names]
-        if not devices:
-            continue
-        for edits in [spec.get("containerEdits") or {}] + [d.get("containerEdits") or {} for d in devices]:
-            nodes += [n for n in edits.get("deviceNodes") or [] if isinstance(n, dict)]
-    return nodes
 
 
 @dataclass(frozen=True)
@@ -177,15 +117,18 @@ class PodmanRuntime:
 
     kind = "podman"
 
-    def __init__(self, state_dir: Path, cdi_dir: Path, rootfs: Path, *, runc: str, podman: str = "podman") -> None:
+    def __init__(
+        self, state_dir: Path, cdi_dir: Path, rootfs: Path, *, runc: str, podman: str = "podman",
+        host_devices: Sequence[tuple[str, int, int]] = (),
+    ) -> None:
         self.state_dir = state_dir
         self.cdi_dir = cdi_dir
         self.rootfs = rootfs
+        self.host_devices = tuple(host_devices)
         self.ns = PrivateMountNamespace(state_dir / "ns", cdi_dir)
         self._global = [podman, "--root", str(state_dir / "storage"), "--runroot", f"{PRIVATE_RUN}/podman",
                         "--tmpdir", f"{PRIVATE_RUN}/libpod", "--storage-driver", "vfs", "--events-backend", "file",
                         "--runtime", runc, "--cgroup-manager", "cgroupfs"]
-        self._local_majors = _free_local_majors(3)
         self._containers: dict[str, _Container] = {}
         self._lock = threading.Lock()
 
@@ -198,6 +141,11 @@ class PodmanRuntime:
         probe.write_text(PROBE_SCRIPT)
         probe.chmod(0o755)
         self.ns.start()
+        try:
+            self.ns.ensure_char_devices(self.host_devices)
+        except NamespaceError as exc:
+            self.ns.close()
+            raise RuntimeError_(f"creating the node's device nodes failed: {exc}") from exc
 
     def close(self) -> None:
         with self._lock:
@@ -219,25 +167,9 @@ class PodmanRuntime:
 
     # ---- containers ---------------------------------------------------------------------------------------
 
-    def _device_nodes(self, cdi_ids: Sequence[str]) -> list[tuple[str, int, int]]:
-        out: list[tuple[str, int, int]] = []
-        for node in spec_device_nodes(self.cdi_dir, cdi_ids):
-            host = str(node.get("hostPath") or node.get("path") or "")
-            if node.get("type") in ("c", None, "") and isinstance(node.get("major"), int) and node.get("major"):
-                numbers: tuple[int, int] | None = (int(node["major"]), int(node.get("minor") or 0))  # type: ignore[arg-type]
-            else:
-                numbers = device_numbers(host, self._local_majors)
-            if numbers is not None and host.startswith("/dev/") and (host, *numbers) not in out:
-                out.append((host, *numbers))
-        return out
-
     def run(self, request: ContainerRequest) -> ContainerStatus:
         """Start a container (detached); raises RuntimeError_ when podman refuses it."""
         name = request.name
-        try:
-            self.ns.ensure_char_devices(self._device_nodes(request.cdi_devices))
-        except NamespaceError as exc:
-            raise RuntimeError_(f"container {name}: creating its device nodes failed: {exc}") from exc
         seen = self.state_dir / "seen" / name
         shutil.rmtree(seen, ignore_errors=True)
         seen.mkdir(parents=True)

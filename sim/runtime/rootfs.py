@@ -3,6 +3,7 @@
 No image is pulled: `podman run --rootfs DIR` runs a directory. It holds /bin/busybox with a link per applet,
 `bash` as a two-line script that runs busybox's shell (bash-isms beyond POSIX sh are not available), and the
 empty directories a container expects. Containers mount it read-only, so one copy serves every container.
+`add_program` makes it a glibc image too: a dynamically linked program with this machine's loader and libc.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ BUSYBOX_CANDIDATES: tuple[str, ...] = ("/bin/busybox", "/usr/bin/busybox")
 # Where the runtime mounts its probe script and each container's probe output (see sim.runtime.podman).
 PROBE_DIR = "/.gpu-dra-sim"
 SEEN_DIR = "/.gpu-dra-sim-seen"
-_DIRS = ("bin", "sbin", "usr/bin", "usr/sbin", "usr/local/bin", "etc", "dev", "proc", "sys", "tmp", "run",
-         "var/tmp", "root", PROBE_DIR.lstrip("/"), SEEN_DIR.lstrip("/"))
+# The system library dirs of both image families exist, as in real images: the rootfs is read-only, so mount
+# points for the driver's libraries (driver.driverfiles) must be there already.
+_DIRS = ("bin", "sbin", "usr/bin", "usr/sbin", "usr/local/bin", "usr/lib64", "usr/lib/x86_64-linux-gnu",
+         "usr/lib/aarch64-linux-gnu", "etc", "dev", "proc", "sys", "tmp", "run", "var/tmp", "root",
+         PROBE_DIR.lstrip("/"), SEEN_DIR.lstrip("/"))
 
 
 def find_busybox() -> Path | None:
@@ -55,3 +59,24 @@ def build(root: Path, busybox: Path) -> Path:
     (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")
     (root / "etc" / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
     return root
+
+
+def add_program(root: Path, program: Path, dest: str) -> Path:
+    """Copy a dynamically linked program into the rootfs at `dest` with the loader and libraries it needs from
+    this machine (glibc), at their own paths, so the container runs it with the image's own libc: a glibc
+    image, not only busybox. Returns the program's path in the rootfs."""
+    target = root / dest.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(program, target)
+    listed = subprocess.run(["ldd", str(program)], capture_output=True, text=True, check=True).stdout
+    for line in listed.splitlines():
+        # "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
+        words = line.split()
+        path = words[2] if "=>" in words and len(words) > 2 else words[0] if words and words[0].startswith("/") else ""
+        if not path.startswith("/"):
+            continue
+        copy = root / path.lstrip("/")
+        if not copy.exists():
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.realpath(path), copy)
+    return target

@@ -1,0 +1,148 @@
+"""The agent's own liveness: grpc.health.v1 on a TCP port for the kubelet's `grpc` probes.
+
+Serving the metrics page proves only that one thread is alive. A Check here instead exercises what a stuck agent
+would have stuck: the registration socket answers GetInfo, the DRA socket answers an empty NodePrepareResources
+(through the real server, its worker pool and the preparer), the node lock (the checkpoint's flock, held by
+every prepare) can be taken, and NVML answers a device count. Each part has a deadline; a Check that misses one
+answers NOT_SERVING and names the part in the log.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from driver.plugin.server import PluginPaths
+from proto.dra.v1 import api_pb2 as dra_v1
+from proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
+from proto.grpchealth.v1 import api_pb2 as health_pb
+from proto.grpchealth.v1 import api_pb2_grpc as health_grpc
+from proto.pluginregistration.v1 import api_pb2 as reg_pb
+from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+
+log = logging.getLogger("gpu-dra.healthcheck")
+
+# Per part: four parts fit the probes' 10 s timeoutSeconds.
+CHECK_TIMEOUT_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    run: Callable[[float], None]  # raises (or overruns its deadline) when the part is wedged
+
+
+def _call_with_deadline(fn: Callable[[], Any], timeout: float, what: str) -> None:
+    """Run `fn` in a daemon thread: a call wedged in C (an NVML ioctl) cannot be interrupted, only outwaited."""
+    done = threading.Event()
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - reported to the prober
+            error.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=f"probe-{what}", daemon=True).start()
+    if not done.wait(timeout):
+        raise TimeoutError(f"{what} did not answer within {timeout:.0f} s")
+    if error:
+        raise error[0]
+
+
+def socket_probes(paths: PluginPaths) -> list[Probe]:
+    def registration(timeout: float) -> None:
+        with grpc.insecure_channel(f"unix://{paths.registration_socket}") as channel:
+            info = reg_grpc.RegistrationStub(channel).GetInfo(reg_pb.InfoRequest(), timeout=timeout)
+            if info.name != paths.driver_name:
+                raise RuntimeError(f"registration socket answers for {info.name!r}")
+
+    def dra(timeout: float) -> None:
+        with grpc.insecure_channel(f"unix://{paths.dra_socket}") as channel:
+            dra_v1_grpc.DRAPluginStub(channel).NodePrepareResources(dra_v1.NodePrepareResourcesRequest(), timeout=timeout)
+
+    return [Probe("registration-socket", registration), Probe("dra-socket", dra)]
+
+
+def lock_probe(lock_path: Path) -> Probe:
+    """The checkpoint's flock: taken and released at once, through a descriptor of our own (waiting no longer
+    than the deadline), so a prepare that hangs while holding it shows here."""
+
+    def run(timeout: float) -> None:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"node lock {lock_path} held for more than {timeout:.0f} s") from None
+                    time.sleep(0.05)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    return Probe("node-lock", run)
+
+
+def nvml_probe(nvml: Any) -> Probe:
+    def run(timeout: float) -> None:
+        _call_with_deadline(nvml.nvmlDeviceGetCount, timeout, "NVML nvmlDeviceGetCount")
+
+    return Probe("nvml", run)
+
+
+class HealthServicer:
+    """grpc.health.v1.Health: the empty service name and the driver's name both mean the whole agent."""
+
+    def __init__(self, probes: list[Probe], service_names: frozenset[str], timeout: float = CHECK_TIMEOUT_SECONDS) -> None:
+        self._probes = probes
+        self._names = service_names | {""}
+        self._timeout = timeout
+        self._lock = threading.Lock()  # one check at a time: probes of several kubelet probe kinds queue here
+
+    def status(self) -> tuple[Any, str]:
+        """(a HealthCheckResponse.ServingStatus, the failed part and why, or "")."""
+        with self._lock:
+            for probe in self._probes:
+                try:
+                    probe.run(self._timeout)
+                except Exception as exc:  # noqa: BLE001 - any failure means not serving
+                    log.warning("event=healthcheck-failed part=%s error=%r", probe.name, str(exc))
+                    return health_pb.HealthCheckResponse.NOT_SERVING, f"{probe.name}: {exc}"
+        return health_pb.HealthCheckResponse.SERVING, ""
+
+    def Check(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if request.service not in self._names:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        status, _ = self.status()
+        return health_pb.HealthCheckResponse(status=status)
+
+    def Watch(self, request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "Watch is not served; use Check")
+
+
+def serve(servicer: HealthServicer, port: int, host: str = "0.0.0.0") -> tuple[grpc.Server, int]:
+    """Start the health server; returns it and the bound port (port 0 picks one)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="healthz"))
+    health_grpc.add_HealthServicer_to_server(servicer, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise RuntimeError(f"could not listen on {host}:{port} for the health service")
+    server.start()
+    log.info("event=healthcheck-serving address=%s port=%d", host, bound)
+    return server, bound

@@ -1,0 +1,328 @@
+"""The node in a box: the agent with real NVML semantics (the official pynvml over a C mock of libnvidia-ml)
+on each supported driver-root layout, claims prepared as on a GPU node, and their CDI specs started by the strict
+runtime with a CUDA program inside that finds libcuda.so.1 and exactly the claimed devices.
+
+No NVIDIA Container Toolkit file is on the "host" in any layout. The Ubuntu and driver-container layouts hold a
+libc.so.6 of another glibc build beside the NVIDIA libraries: a tool run with that directory on its loader path
+dies before main (the negative control below shows it), so the time-slicing and MPS tools exiting 0 there shows
+the agent does not put it there. The C sources are built once per session (tests/conftest-style session fixture).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver import cdi
+from driver.discovery import discover
+from driver.inventory import Inventory
+from driver.nvml import load_backend
+from driver.slices import gpu_device_name, mig_device_name
+from sim.nodebox.build import Built, BuildError, build
+from sim.nodebox.layout import LAYOUTS, Install, install
+from sim.runtime import Runtimes
+from sim.runtime.podman import ContainerRequest
+from sim.runtime.rootfs import add_program
+from tests.plugin_helpers import short_tmp
+from tests.runtime_helpers import require_podman
+
+PROFILE = "a30-4"  # four A30s; GPU 0 in MIG mode with three MIG devices
+NODE = "box-node"
+CFG = {"apiVersion": "gpu.nvidia.com/v1alpha1", "kind": "GpuConfig"}
+TIMESLICE = {**CFG, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}
+MPS = {**CFG, "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40,
+                                                             "defaultPinnedDeviceMemoryLimit": "2Gi"}}}
+CAPS_MAJOR = 238
+UVM_MAJOR = 237
+DEADLINE = 60.0
+CUDA_PROBE = "/usr/local/bin/cudaprobe"
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    try:
+        return build(tmp_path_factory.mktemp("nodebox-build"))
+    except BuildError as exc:
+        if shutil.which("gcc") is None and not os.environ.get("CI"):
+            pytest.skip(str(exc))
+        raise
+
+
+@pytest.fixture(scope="session")
+def sim_inventory() -> Inventory:
+    return discover(load_backend(f"sim:{PROFILE}", node=NODE), NODE)
+
+
+def _proc(box: Path, uvm: bool) -> Path:
+    """The box's procfs: the driver's majors (nvidia-uvm only where the layout has it loaded)."""
+    proc = box / "proc"
+    proc.mkdir(parents=True)
+    lines = ["Character devices:", "195 nvidia-frontend", f"{CAPS_MAJOR} nvidia-caps"]
+    lines += [f"{UVM_MAJOR} nvidia-uvm"] if uvm else []
+    (proc / "devices").write_text("\n".join(lines + ["", "Block devices:", "  8 sd", ""]))
+    return proc
+
+
+@dataclasses.dataclass
+class Box:
+    tmp: Path
+    inst: Install
+    proc: Path
+    report: dict[str, Any]
+    claims: dict[str, tuple[str, list[tuple[str, str]]]]
+
+
+def _claims(inv: Inventory) -> list[tuple[str, str, list[tuple[str, str]], dict[str, Any] | None]]:
+    mig_gpu, full, shared, mps = inv.gpus
+    mig = mig_gpu.mig_devices[0]
+    return [
+        ("full", "10000000-0000-4000-8000-000000000001", [("gpu", gpu_device_name(full))], None),
+        ("mig", "10000000-0000-4000-8000-000000000002", [("mig", mig_device_name(mig_gpu, mig))], None),
+        ("timeslice", "10000000-0000-4000-8000-000000000003", [("gpu", gpu_device_name(shared))], TIMESLICE),
+        ("mps", "10000000-0000-4000-8000-000000000004", [("gpu", gpu_device_name(mps))], MPS),
+    ]
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def box(request: pytest.FixtureRequest, built: Built, sim_inventory: Inventory) -> Iterator[Box]:
+    layout = LAYOUTS[request.param]
+    with short_tmp() as tmp:
+        inst = install(tmp / "host", layout, built, profile=PROFILE, node=NODE, version=sim_inventory.driver_version)
+        proc = _proc(tmp, uvm=layout.name in ("ubuntu", "rhel"))
+        claims = _claims(sim_inventory)
+        req = {"driverRoot": str(inst.root), "node": NODE, "procRoot": str(proc), "cdiDir": str(tmp / "cdi"),
+               "state": str(tmp), "out": str(tmp / "report.json"), "claims": claims}
+        (tmp / "request.json").write_text(json.dumps(req))
+        # No LD_LIBRARY_PATH from this process either: the agent process starts as in its image.
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
+        done = subprocess.run([sys.executable, "-m", "tests.nodebox_agent", str(tmp / "request.json")],
+                              capture_output=True, text=True, timeout=180, env=env)
+        assert done.returncode == 0, done.stderr
+        report = json.loads((tmp / "report.json").read_text())
+        try:
+            yield Box(tmp, inst, proc, report, {n: (u, d) for n, u, d, _ in claims})
+        finally:
+            # The MPS daemon the stand-in forked outlives the agent process, as the real one does: stop it.
+            for pipe in Path(report["mpsRoot"]).glob("*/pipe"):
+                subprocess.run([str(inst.bin_dir / "nvidia-cuda-mps-control")], input="quit\n", text=True,
+                               env={**env, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, capture_output=True, timeout=30)
+
+
+def _inventory_dict(inv: Inventory) -> dict[str, Any]:
+    out = dataclasses.asdict(inv)
+    for gpu in out["gpus"]:
+        gpu["pcie_root"] = None  # from sysfs on a node, from the profile in the simulator: not NVML's
+    return json.loads(json.dumps(out))
+
+
+def test_discovery_through_pynvml_on_the_mock_matches_the_simulator(box: Box, sim_inventory: Inventory) -> None:
+    real = box.report["inventory"]
+    for gpu in real["gpus"]:
+        gpu["pcie_root"] = None
+    assert real == _inventory_dict(sim_inventory)
+    assert [len(g["mig_devices"]) for g in real["gpus"]] == [3, 0, 0, 0]
+
+
+def test_every_claim_prepares_and_the_tools_ran_cleanly(box: Box, sim_inventory: Inventory) -> None:
+    assert {n: r["error"] for n, r in box.report["results"].items()} == dict.fromkeys(box.claims, "")
+    calls = box.inst.calls_log.read_text().splitlines()
+    shared = sim_inventory.gpus[2]
+    smi = [c for c in calls if " argv=" in c and "nvidia-smi compute-policy" in c]
+    assert len(smi) == 1 and smi[0].endswith(f"-i {shared.uuid} --set-timeslice 3 result=ok"), calls
+    # The MPS daemon got the claim's limits from the control client, both run from the driver root.
+    (log,) = Path(box.report["mpsRoot"]).glob("*/log/control.log")
+    daemon = log.read_text().splitlines()
+    mps_gpu = sim_inventory.gpus[3]
+    assert f"[daemon] started devices={mps_gpu.uuid}" in daemon
+    assert "[daemon] set_default_active_thread_percentage 40" in daemon
+    assert f"[daemon] set_default_device_pinned_mem_limit {mps_gpu.uuid} 2048M" in daemon
+
+
+def test_foreign_libc_beside_the_libraries_breaks_a_tool_given_that_dir(box: Box) -> None:
+    """The negative control: the same stand-in with the library dir on its loader path dies before main."""
+    if not box.inst.layout.foreign_libc:
+        pytest.skip(f"the {box.inst.layout.name} layout keeps no libc beside the NVIDIA libraries")
+    done = subprocess.run([str(box.inst.bin_dir / "nvidia-smi"), "-L"], capture_output=True, text=True, timeout=30,
+                          env={"LD_LIBRARY_PATH": str(box.inst.lib_dir), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 127 and "GLIBC" in done.stderr, done.stderr
+    preloaded = subprocess.run([str(box.inst.bin_dir / "nvidia-smi"), "-L"], capture_output=True, text=True, timeout=30,
+                               env={"LD_PRELOAD": str(box.inst.lib_dir / f"libnvidia-ml.so.{box.inst.version}"),
+                                    "PATH": "/usr/bin:/bin"})
+    assert preloaded.returncode == 0 and preloaded.stdout.count("GPU ") == 4, preloaded.stderr
+
+
+def test_specs_name_only_nodes_the_node_has(box: Box) -> None:
+    for path in (box.tmp / "cdi").glob("*.json"):
+        spec = json.loads(path.read_text())
+        assert cdi.validate_spec(spec) == []
+        nodes = [n for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
+        assert all(n.get("type") == "c" and n.get("major") for n in nodes), nodes
+        uvm = [n for n in nodes if n["path"].startswith("/dev/nvidia-uvm")]
+        assert bool(uvm) == (box.inst.layout.name in ("ubuntu", "rhel"))
+        mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+        for directory in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64"):
+            assert mounts[f"{directory}/libcuda.so.1"] == str(box.inst.lib_dir / f"libcuda.so.{box.inst.version}")
+        assert not any("libc.so" in p for p in mounts)
+        assert "hooks" not in spec["containerEdits"]  # no toolkit on the host, none deployed
+
+
+def _run(runtime: Any, name: str, ids: list[str]) -> tuple[int, str]:
+    runtime.run(ContainerRequest(name, (CUDA_PROBE,), {}, tuple(ids)))
+    deadline = time.monotonic() + DEADLINE
+    while runtime.status(name).running:
+        assert time.monotonic() < deadline, f"{name} still running"
+        time.sleep(0.1)
+    status = runtime.status(name)
+    return int(status.exit_code or 0), runtime.logs(name)
+
+
+def test_cuda_in_the_container_sees_exactly_its_devices(box: Box, built: Built, sim_inventory: Inventory) -> None:
+    require_podman()
+    runtimes = Runtimes(box.tmp / "runtime")
+    add_program(runtimes.rootfs, built.cuda_probe, CUDA_PROBE)
+    # The box's host has the driver's control node and GPU nodes, as a node with the driver loaded does; the
+    # specs type every node, so the strict runtime stats none of them.
+    runtime = runtimes.for_node(NODE, box.tmp / "cdi")
+    results = box.report["results"]
+    mig_gpu, full = sim_inventory.gpus[0], sim_inventory.gpus[1]
+    mig = mig_gpu.mig_devices[0]
+    try:
+        code, out = _run(runtime, "full", results["full"]["cdiIds"])
+        assert code == 0, out
+        assert out.splitlines() == ["libcuda /usr/lib/x86_64-linux-gnu/libcuda.so.1", f"device 0 minor {full.minor}"]
+        code, out = _run(runtime, "mig", results["mig"]["cdiIds"])
+        assert code == 0, out
+        gi, ci = cdi.mig_cap_minors(mig_gpu.minor, mig.gpu_instance_id, mig.compute_instance_id)
+        lines = out.splitlines()
+        assert lines[:2] == ["libcuda /usr/lib/x86_64-linux-gnu/libcuda.so.1", f"device 0 minor {mig_gpu.minor}"]
+        assert sorted(lines[2:]) == sorted([f"mig-cap {gi}", f"mig-cap {ci}"])
+        # The shared GPUs' claims too: each container finds exactly its GPU.
+        for claim, gpu in (("timeslice", sim_inventory.gpus[2]), ("mps", sim_inventory.gpus[3])):
+            code, out = _run(runtime, claim, results[claim]["cdiIds"])
+            assert code == 0, out
+            assert out.splitlines() == ["libcuda /usr/lib/x86_64-linux-gnu/libcuda.so.1", f"device 0 minor {gpu.minor}"]
+    finally:
+        runtime.close()
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_plugin_process_with_real_nvml_publishes_and_prepares(layout: str, built: Built, apiserver: Any) -> None:
+    """`gpu-dra plugin --nvml real --driver-root ...` as a process: it registers with the kubelet simulator,
+    publishes the mock's devices and prepares a TimeSlicing claim over the kubelet's gRPC."""
+    from sim.kubelet.dra import ClaimInfo, KubeletSim
+    from tests.plugin_helpers import DRIVER, NODE as POOL, create_allocated_claim, stop_process
+
+    inventory = discover(load_backend(f"sim:{PROFILE}", node=POOL), POOL)
+    with short_tmp() as tmp:
+        inst = install(tmp / "host", LAYOUTS[layout], built, profile=PROFILE, node=POOL, version=inventory.driver_version)
+        proc = _proc(tmp, uvm=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
+        with open(tmp / "plugin.log", "wb") as log:
+            plugin = subprocess.Popen(
+                [sys.executable, "-m", "cli.main", "plugin", "--node", POOL, "--nvml", "real",
+                 "--driver-root", str(inst.root), "--host-driver-root", str(inst.root), "--proc-root", str(proc),
+                 "--kubeconfig", str(apiserver.kubeconfig), "--kubelet-dir", str(tmp / "kubelet"),
+                 "--cdi-dir", str(tmp / "cdi"), "--log-level", "WARNING", "--rediscover-seconds", "0.5"],
+                env=env, stdout=subprocess.DEVNULL, stderr=log,
+            )
+        kubelet = KubeletSim(tmp / "kubelet")
+        try:
+            registered = kubelet.wait_for_plugin(DRIVER, timeout=DEADLINE)
+            full = [gpu_device_name(g) for g in inventory.gpus if not g.mig_enabled]
+            migs = [mig_device_name(g, m) for g in inventory.gpus for m in g.mig_devices]
+            deadline = time.monotonic() + DEADLINE
+            while True:
+                slices, _ = apiserver.api.list("ResourceSlice")
+                names = sorted(d["name"] for s in slices for d in s["spec"].get("devices", []))
+                if names == sorted(full + migs):
+                    break
+                assert time.monotonic() < deadline, (names, (tmp / "plugin.log").read_text())
+                time.sleep(0.1)
+            shared = inventory.gpus[2]
+            config = [{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": TIMESLICE}}]
+            claim = create_allocated_claim(apiserver.api, "ts", [("gpu", gpu_device_name(shared))], config=config)
+            prepared = registered.prepare([ClaimInfo("default", claim["metadata"]["uid"], "ts")])
+            assert [d.device_name for d in prepared[claim["metadata"]["uid"]]] == [gpu_device_name(shared)]
+            calls = inst.calls_log.read_text()
+            assert f"-i {shared.uuid} --set-timeslice 3 result=ok" in calls, calls
+            (spec_file,) = (tmp / "cdi").glob("*.json")
+            assert cdi.validate_spec(json.loads(spec_file.read_text())) == []
+            # A driver upgrade under the running agent (a new libnvidia-ml.so.1 in the root): it exits so that
+            # its DaemonSet restarts it on the new driver.
+            link = inst.lib_dir / "libnvidia-ml.so.1"
+            shutil.copy2(built.nvml, inst.lib_dir / "libnvidia-ml.so.590.10.01")
+            link.unlink()
+            link.symlink_to("libnvidia-ml.so.590.10.01")
+            assert plugin.wait(timeout=DEADLINE) == 3, (tmp / "plugin.log").read_text()
+            assert "event=exit-for-driver-change" in (tmp / "plugin.log").read_text()
+        finally:
+            kubelet.close()
+            stop_process(plugin)
+
+
+def test_mig_instances_are_created_and_destroyed_through_pynvml_on_the_mock(built: Built, sim_inventory: Inventory) -> None:
+    """What partitionable MIG (driver.miginstances) does, on the mock: destroy, create at a placement, refuse an
+    overlap, and discovery seeing each layout; in a process of its own (one NVML per process)."""
+    script = r"""
+import json, sys
+from pathlib import Path
+from driver import miginstances
+from driver.discovery import discover
+from driver.nvml import load_backend
+nvml = load_backend("real", driver_root=Path(sys.argv[1]))
+gpu = discover(nvml, "n").gpus[0]
+small = next(p for p in gpu.mig_profiles if p.name == "1g.6gb")
+last = next(m for m in gpu.mig_devices if m.profile == "1g.6gb" and m.placement.start == 3)
+out = {"destroyed": miginstances.destroy(nvml, gpu.uuid, small.profile_id, 3)}
+out["after_destroy"] = [m.uuid for m in discover(nvml, "n").gpus[0].mig_devices]
+created = miginstances.create(nvml, gpu.uuid, small.profile_id, 3, 1)
+out["created"] = [created.gpu_instance_id, created.compute_instance_id, created.uuid]
+out["after_create"] = [m.uuid for m in discover(nvml, "n").gpus[0].mig_devices]
+try:
+    miginstances.create(nvml, gpu.uuid, small.profile_id, 2, 1)
+except miginstances.MigError as exc:
+    out["overlap"] = str(exc)
+out["again"] = miginstances.destroy(nvml, gpu.uuid, small.profile_id, 1)
+print(json.dumps(out))
+"""
+    with short_tmp() as tmp:
+        inst = install(tmp / "host", LAYOUTS["ubuntu"], built, profile=PROFILE, node=NODE, version=sim_inventory.driver_version)
+        done = subprocess.run([sys.executable, "-c", script, str(inst.root)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    gpu = sim_inventory.gpus[0]
+    uuids = [m.uuid for m in gpu.mig_devices]
+    gone = next(m for m in gpu.mig_devices if m.placement.start == 3)
+    assert out["destroyed"] is True and out["after_destroy"] == [u for u in uuids if u != gone.uuid]
+    # The same GPU instance id and UUID the simulator gives that placement.
+    assert out["created"] == [gone.gpu_instance_id, 0, gone.uuid] and out["after_create"] == uuids
+    assert "taken or overlaps" in out["overlap"]
+    assert out["again"] is False  # nothing at placement 1: destroying what is gone is not an error
+
+
+@pytest.mark.parametrize("profile", ["dgx-h100", "gb200-nvl", "h100-mig", "t4-1", "v100-4"])
+def test_the_mock_answers_as_the_simulator_for_other_profiles(profile: str, built: Built) -> None:
+    """NVLink peers and NVSwitches (DGX H100), an NVLink fabric (GB200), MIG on H100, GPUs without MIG."""
+    sim = discover(load_backend(f"sim:{profile}", node=NODE), NODE)
+    script = ("import dataclasses, json, sys; from pathlib import Path; from driver.discovery import discover; "
+              "from driver.nvml import load_backend; "
+              "print(json.dumps(dataclasses.asdict(discover(load_backend('real', driver_root=Path(sys.argv[1])), sys.argv[2]))))")
+    with short_tmp() as tmp:
+        inst = install(tmp / "host", LAYOUTS["rhel"], built, profile=profile, node=NODE, version=sim.driver_version)
+        done = subprocess.run([sys.executable, "-c", script, str(inst.root), NODE], capture_output=True, text=True,
+                              timeout=120)
+    assert done.returncode == 0, done.stderr
+    real = json.loads(done.stdout)
+    for gpu in real["gpus"]:
+        gpu["pcie_root"] = None
+    assert real == _inventory_dict(sim)

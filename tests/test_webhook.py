@@ -1,0 +1,188 @@
+"""`gpu-dra webhook` end to end: a real HTTPS client (certificate checked against a test CA) posts AdmissionReview
+v1 requests to the running subcommand, which judges them as `gpu-dra validate` does."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.validationhooks import validation_admission
+from controller.webhook import BadReview, review_response
+from tests.plugin_helpers import stop_process
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI to make test certificates")
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def make_certs(d: Path, cn: str = "gpu-dra-webhook.gpu-dra-system.svc") -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1 and the Service name it signs."""
+    ca_key, ca, key, csr, cert = (d / n for n in ("ca.key", "ca.crt", "tls.key", "tls.csr", "tls.crt"))
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(ca),
+             "-days", "1", "-subj", "/CN=test-ca")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={cn}")
+    ext = d / "san.ext"
+    ext.write_text(f"subjectAltName=IP:127.0.0.1,DNS:{cn}\n")
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+             "-out", str(cert), "-days", "1", "-extfile", str(ext))
+    return ca, cert, key
+
+
+def _claim(params: dict[str, Any] | None = None, class_name: str = "gpu.nvidia.com") -> dict[str, Any]:
+    spec: dict[str, Any] = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class_name}}]}}
+    if params is not None:
+        spec["devices"]["config"] = [{"opaque": {"driver": "gpu.nvidia.com", "parameters": params}}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "team-a"}, "spec": spec}
+
+
+def _review(obj: dict[str, Any] | None, operation: str = "CREATE", old: dict[str, Any] | None = None,
+            uid: str = "705ab4f5-6393-11e8-b7cc-42010a800002") -> dict[str, Any]:
+    kind = obj["kind"] if obj else "ResourceClaim"
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": uid, "kind": {"group": "resource.k8s.io", "version": "v1", "kind": kind},
+        "resource": {"group": "resource.k8s.io", "version": "v1", "resource": kind.lower() + "s"},
+        "operation": operation, "object": obj, "oldObject": old, "namespace": "team-a", "name": "c",
+        "userInfo": {"username": "alice"}, "dryRun": False}}
+
+
+GOOD = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}
+BAD = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+       "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Forever"}}}
+
+
+@pytest.fixture(scope="module")
+def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int, ssl.SSLContext, Path, Path]]:
+    d = tmp_path_factory.mktemp("webhook")
+    ca, cert, key = make_certs(d)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "webhook", "--tls-cert-file", str(cert), "--tls-private-key-file", str(key),
+         "--port", "0", "--bind-address", "127.0.0.1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("https://127.0.0.1:") and url.endswith("/validate"), (url, proc.stderr.read() if proc.poll() is not None else "")  # type: ignore[union-attr]
+        port = int(url.rsplit(":", 1)[1].split("/", 1)[0])
+        context = ssl.create_default_context(cafile=str(ca))
+        yield "127.0.0.1", port, context, cert, key
+    finally:
+        stop_process(proc)
+
+
+def _post(webhook: tuple[str, int, ssl.SSLContext, Path, Path], body: Any, path: str = "/validate",
+          content_type: str = "application/json") -> tuple[int, dict[str, Any]]:
+    host, port, context, _, _ = webhook
+    conn = http.client.HTTPSConnection(host, port, context=context, timeout=30)
+    try:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        conn.request("POST", path, body=data, headers={"Content-Type": content_type})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_valid_config_is_allowed(webhook) -> None:  # type: ignore[no-untyped-def]
+    status, answer = _post(webhook, _review(_claim(GOOD)))
+    assert status == 200 and answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
+    assert answer["response"] == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
+
+
+def test_bad_opaque_config_is_refused_with_the_field(webhook) -> None:  # type: ignore[no-untyped-def]
+    status, answer = _post(webhook, _review(_claim(BAD), uid="u-bad"))
+    r = answer["response"]
+    assert status == 200 and r["uid"] == "u-bad" and r["allowed"] is False
+    assert r["status"]["code"] == 422 and r["status"]["reason"] == "Invalid"
+    assert "ResourceClaim team-a/c is invalid" in r["status"]["message"]
+    assert "spec.devices.config[0].opaque.parameters.sharing.timeSlicingConfig.interval" in r["status"]["message"]
+    assert "Forever" in r["status"]["message"]
+
+
+def test_refused_classes(webhook) -> None:  # type: ignore[no-untyped-def]
+    _, answer = _post(webhook, _review(_claim(class_name="vfio.gpu.nvidia.com")))
+    assert answer["response"]["allowed"] is False
+    assert "does not support VFIO passthrough" in answer["response"]["status"]["message"]
+    imex = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "imex.nvidia.com"}, "spec": {}}
+    _, answer = _post(webhook, _review(imex))
+    assert answer["response"]["allowed"] is False and "IMEX" in answer["response"]["status"]["message"]
+
+
+def test_update_and_delete(webhook) -> None:  # type: ignore[no-untyped-def]
+    old = _claim(GOOD)
+    _, answer = _post(webhook, _review(None, operation="DELETE", old=old))
+    assert answer["response"]["allowed"] is True
+    # A DeviceClass is validated in full on update: a bad config added to it is refused.
+    cls = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"}, "spec": {}}
+    changed = {**cls, "spec": {"config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": BAD}}]}}
+    _, answer = _post(webhook, _review(cls, operation="UPDATE", old=cls))
+    assert answer["response"]["allowed"] is True
+    _, answer = _post(webhook, _review(changed, operation="UPDATE", old=cls))
+    assert answer["response"]["allowed"] is False and "interval" in answer["response"]["status"]["message"]
+
+
+def test_bad_requests_are_400_with_a_reason(webhook) -> None:  # type: ignore[no-untyped-def]
+    status, body = _post(webhook, b"{not json")
+    assert status == 400 and body["error"].startswith("AdmissionReview: ")
+    status, body = _post(webhook, {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {}})
+    assert status == 400 and "admission.k8s.io/v1" in body["error"]
+    status, body = _post(webhook, _review(_claim(GOOD)), content_type="text/plain")
+    assert status == 415
+    status, body = _post(webhook, _review(_claim(GOOD)), path="/mutate")
+    assert status == 404 and "/validate" in body["error"]
+
+
+def test_untrusted_client_sees_a_certificate_error(webhook) -> None:  # type: ignore[no-untyped-def]
+    host, port, _, _, _ = webhook
+    conn = http.client.HTTPSConnection(host, port, context=ssl.create_default_context(), timeout=30)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        conn.request("GET", "/healthz")
+    conn.close()
+    # ... and the server keeps answering trusted clients.
+    status, answer = _post(webhook, _review(_claim(GOOD)))
+    assert status == 200 and answer["response"]["allowed"] is True
+
+
+def test_renewed_certificate_is_served_without_restart(webhook, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    host, port, _, cert, key = webhook
+    ca2, cert2, key2 = make_certs(tmp_path)
+    time.sleep(0.01)
+    shutil.copy(key2, key)
+    shutil.copy(cert2, cert)
+    status, answer = _post((host, port, ssl.create_default_context(cafile=str(ca2)), cert, key), _review(_claim(GOOD)))
+    assert status == 200 and answer["response"]["allowed"] is True
+
+
+def test_review_core_matches_validate() -> None:
+    admit = validation_admission()
+    with pytest.raises(BadReview, match="request.uid"):
+        review_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": ""}}, admit)
+    # Kinds the webhook does not judge are let through.
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}}
+    assert review_response(_review(pod), admit)["response"]["allowed"] is True
+
+
+def test_unusable_key_is_refused_at_start(tmp_path: Path) -> None:
+    _, cert, _ = make_certs(tmp_path)
+    other = tmp_path / "other.key"
+    _openssl("genrsa", "-out", str(other), "2048")
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli", "webhook", "--tls-cert-file", str(cert), "--tls-private-key-file", str(other),
+         "--port", "0"], capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert proc.returncode == 2 and "not a usable PEM certificate and key" in proc.stderr
