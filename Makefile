@@ -7,7 +7,7 @@ KIND_CLUSTER ?= gpu-dra
 IMAGE ?= ghcr.io/gpu-dra/gpu-dra:dev
 PLATFORMS ?= linux/amd64,linux/arm64
 
-.PHONY: install install-test demo test lint bench proto lock image image-multiarch kind-up kind-deploy kind-demo kind-down
+.PHONY: install install-test demo test test-fast lint bench proto lock image image-multiarch kind-up kind-deploy kind-demo kind-down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,14 +16,23 @@ $(BIN)/python:
 install: $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 
-install-test: $(BIN)/python
+# Reinstalled when pyproject.toml changes, not on every `make test`/`test-fast`/`lint` (.ci/run starts from no .venv).
+$(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+install-test: $(VENV)/.test-installed
 
 demo: install
 	$(BIN)/gpu-dra demo
 
 test: install-test
 	$(BIN)/pytest -q
+
+# The edit-test loop: the unit tests that start no process and take no seconds (markers `process` and `slow`,
+# pyproject.toml; tests/conftest.py fails an unmarked test that starts a process here).
+test-fast: install-test
+	GPU_DRA_TEST_FAST=1 $(BIN)/pytest -q -m "not process and not slow"
 
 # ruff (rules in pyproject.toml's [tool.ruff]) over the whole tree; mypy (strict, [tool.mypy]) over the product.
 lint: install-test

@@ -99,7 +99,7 @@ def bench_store(writes: int = 1200, directory: str | None = None) -> dict[str, A
                 state = Path(tmp) / f"state-{writers}.db" if mode == "durable" else None
                 with EmbeddedApiServer(state_file=state) as srv:
                     before = srv.store.storage_stats()
-                    per = writes // writers
+                    per = max(1, writes // writers)
                     elapsed, lat = _run_clients(
                         srv.url, writers, per,
                         lambda c, ci, i: c.call("POST", _LEASES, _lease(f"w{ci}-{i}")))
@@ -175,7 +175,7 @@ def bench_serving(requests: int = 2000, events: int = 200, watchers: int = 32) -
         for i in range(4):
             setup.call("POST", _LEASES, _lease(f"get-{i}"))
         clients = 4
-        per = requests // clients
+        per = max(1, requests // clients)
         ops = {
             "get": lambda c, ci, i: c.call("GET", f"{_LEASES}/get-{ci}"),
             "put": lambda c, ci, i: c.call("PUT", f"{_LEASES}/get-{ci}", _lease(f"get-{ci}", f"h{i}")),
@@ -225,7 +225,7 @@ def bench_serving(requests: int = 2000, events: int = 200, watchers: int = 32) -
         # cost nothing here; woken by every event, each would wake up and scan.
         node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "unrelated"}}
         setup.call("POST", "/api/v1/nodes", node)
-        n = requests // 4
+        n = max(1, requests // 4)
         cpu0 = _cpu_s(pid)
         t0 = time.perf_counter()
         for i in range(n):
@@ -240,11 +240,12 @@ def bench_serving(requests: int = 2000, events: int = 200, watchers: int = 32) -
 
 
 def run_store(args: argparse.Namespace) -> int:
-    figures = bench_store(directory=os.environ.get("TMPDIR"))
+    figures = bench_store(getattr(args, "size", None) or 1200, directory=os.environ.get("TMPDIR"))
     emit("store", {"shape": "HTTP creates; durable = fsync'd before 201", **figures}, args.output)
     return 0
 
 
 def run_serving(args: argparse.Namespace) -> int:
-    emit("serving", {"shape": "4 kept-alive clients; one event to 32 watchers", **bench_serving()}, args.output)
+    figures = bench_serving(getattr(args, "size", None) or 2000)
+    emit("serving", {"shape": "4 kept-alive clients; one event to 32 watchers", **figures}, args.output)
     return 0

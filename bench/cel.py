@@ -82,9 +82,9 @@ def _clock_overhead(clock: Callable[[], float], rounds: int = 10_000) -> float:
     return statistics.median(pairs)
 
 
-def measure(seed: int) -> dict[str, Any]:
+def measure(seed: int, count: int = DEVICES) -> dict[str, Any]:
     rng = random.Random(seed)
-    devices = [make_device(rng, i) for i in range(DEVICES)]
+    devices = [make_device(rng, i) for i in range(count)]
     env = CelEnvironment(share_results=False)
     selectors = [env.compile(expr) for expr in SELECTORS]
     clock = time.perf_counter
@@ -98,7 +98,7 @@ def measure(seed: int) -> dict[str, Any]:
     sample = devices[::LATENCY_SAMPLE_EVERY]
     sample_views = [DeviceView.from_slice_device(DRIVER, device) for device in sample]
     latencies: list[float] = []
-    for index, view in zip(range(0, DEVICES, LATENCY_SAMPLE_EVERY), sample_views):
+    for index, view in zip(range(0, count, LATENCY_SAMPLE_EVERY), sample_views):
         for offset, selector in enumerate(selectors):
             t0 = clock()
             matched = selector.matches(view)
@@ -117,7 +117,7 @@ def measure(seed: int) -> dict[str, Any]:
         raise RuntimeError("selectors sharing results by footprint disagree with evaluating every device")
     return {
         "benchmark": "cel",
-        "devices": DEVICES,
+        "devices": count,
         "selectors": len(selectors),
         "evaluations": evaluations,
         "matches": sum(results),
@@ -136,6 +136,6 @@ def measure(seed: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = measure(int(getattr(args, "seed", 1)))
+    result = measure(int(getattr(args, "seed", 1)), getattr(args, "size", None) or DEVICES)
     emit("cel", result, getattr(args, "output", "table"))
     return 0

@@ -34,6 +34,20 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pods", type=int, default=None, help="schedule: pods to create (default 4 per node); memory: pods (and claims) in the cluster (default 50000)")
     parser.add_argument("--rate", type=float, default=None,
                         help="schedule only: create pods at this many per second instead of back to back")
+    parser.add_argument("--size", type=positive_int, default=None,
+                        help="the workload of the benchmarks without a shape of their own: prepare: claims (1000), "
+                             "cel: devices (10000), kubeapi: calls per shape (300), store: writes (1200), "
+                             "serving: requests (2000)")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
+    return value
 
 
 def node_sizes(text: str) -> list[int]:

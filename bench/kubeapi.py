@@ -100,6 +100,6 @@ def measure(calls: int = CALLS) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    doc = measure()
+    doc = measure(getattr(args, "size", None) or CALLS)
     emit("kubeapi", doc, getattr(args, "output", "table"))
     return 0

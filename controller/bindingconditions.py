@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gpudra import bindingconditions as bc
+from gpudra.timestamps import rfc3339
 
 log = logging.getLogger("gpudra.controller.bindingconditions")
 
@@ -33,7 +34,7 @@ def stamp(allocation: Mapping[str, Any], now: str | None = None) -> dict[str, An
     out = dict(allocation)
     results = ((out.get("devices") or {}).get("results")) or []
     if any(r.get("bindingConditions") for r in results) and not out.get("allocationTimestamp"):
-        out["allocationTimestamp"] = now or bc.now_rfc3339()
+        out["allocationTimestamp"] = now or rfc3339()
     return out
 
 

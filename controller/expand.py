@@ -152,10 +152,41 @@ def statefulset_pods(sts: Mapping[str, Any]) -> list[dict[str, Any]]:
     return pods
 
 
-def job_pods(job: Mapping[str, Any], name: str | None = None) -> list[dict[str, Any]]:
+JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+def job_pod(job: Mapping[str, Any], position: int, index: int | None, name: str | None = None) -> dict[str, Any]:
+    """The Job controller's pod number `position` (its name suffix): for an Indexed Job, the pod of completion
+    `index`, `<job>-<index>-<suffix>`, with the index as annotation and label, hostname `<job>-<index>` and the
+    JOB_COMPLETION_INDEX env var (from the annotation) in every container, as the Job controller adds them."""
     name = name or _name(job)
+    template: Mapping[str, Any] = _template(job)
+    uid = str((job.get("metadata") or {}).get("uid") or "")
+    labels = {"batch.kubernetes.io/job-name": name, "job-name": name}
+    if uid:
+        labels.update({"batch.kubernetes.io/controller-uid": uid, "controller-uid": uid})
+    base = name
+    if index is not None:
+        labels[JOB_COMPLETION_INDEX] = str(index)
+        base = f"{name}-{index}"
+        spec = copy.deepcopy(dict(template["spec"]))
+        env_ref = {"name": "JOB_COMPLETION_INDEX",
+                   "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{JOB_COMPLETION_INDEX}']"}}}
+        for key in ("initContainers", "containers"):
+            for c in spec.get(key) or []:
+                if isinstance(c, dict) and not any(e.get("name") == "JOB_COMPLETION_INDEX" for e in c.get("env") or []):
+                    c["env"] = [*(c.get("env") or []), env_ref]
+        spec.setdefault("hostname", f"{name}-{index}")
+        tmeta = dict(template.get("metadata") or {})
+        tmeta["annotations"] = {**(tmeta.get("annotations") or {}), JOB_COMPLETION_INDEX: str(index)}
+        template = {**template, "metadata": tmeta, "spec": spec}
+    owner = _owner_ref(job, "Job", "batch/v1", name)
+    return _pod(template, _ns(job), f"{base}-{name_suffix(name, position)}", owner, labels)
+
+
+def job_pods(job: Mapping[str, Any], name: str | None = None) -> list[dict[str, Any]]:
+    """The pods a Job starts with: `min(parallelism, completions)` of them."""
     spec = job.get("spec") or {}
-    template = _template(job)
     parallelism = _count(job, "parallelism", 1)
     completions = spec.get("completions")
     if completions is not None:
@@ -164,15 +195,7 @@ def job_pods(job: Mapping[str, Any], name: str | None = None) -> list[dict[str, 
     else:
         running = parallelism
     indexed = spec.get("completionMode") == "Indexed"
-    owner = _owner_ref(job, "Job", "batch/v1", name)
-    pods = []
-    for i in range(running):
-        labels = {"batch.kubernetes.io/job-name": name, "job-name": name}
-        base = f"{name}-{i}" if indexed else name
-        if indexed:
-            labels["batch.kubernetes.io/job-completion-index"] = str(i)
-        pods.append(_pod(template, _ns(job), f"{base}-{name_suffix(name, i)}", owner, labels))
-    return pods
+    return [job_pod(job, i, i if indexed else None, name) for i in range(running)]
 
 
 def cronjob_job(cron: Mapping[str, Any], now: datetime | None = None) -> dict[str, Any]:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from controller import objects as o
 from controller.objects import Obj
 from gpudra.kubeapi import ApiError, KubeApi
+from gpudra.timestamps import rfc3339_in
 
 log = logging.getLogger("gpudra.controller.informer")
 
@@ -22,9 +22,6 @@ log = logging.getLogger("gpudra.controller.informer")
 MAX_BACKOFF_SECONDS = 30.0
 
 
-def _at(seconds: float) -> str:
-    """Wall-clock time `seconds` from now (RFC 3339, UTC), for log lines that say when the next try is."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + seconds))
 
 
 class Store:
@@ -184,5 +181,5 @@ class Informer:
                 unreachable = isinstance(err, OSError) or err.status == 0  # status 0: no HTTP answer at all
                 what = "API server unreachable" if unreachable else "list/watch failed"
                 log.warning(what, extra={"kind": self.kind, "url": self._api.host, "failures": failures,
-                                         "retryIn": f"{wait:.0f}s", "nextRetry": _at(wait), "error": str(err)})
+                                         "retryIn": f"{wait:.0f}s", "nextRetry": rfc3339_in(wait), "error": str(err)})
                 stop.wait(wait)

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gpudra.kubeapi import ApiError, Conflict, KubeApi, NotFound
+from gpudra.timestamps import micro_rfc3339
 
 log = logging.getLogger("gpudra.controller.leader")
 
@@ -45,9 +46,6 @@ class LeaseTimings:
             raise ValueError(f"--retry-period ({self.retry_period}) must be greater than 0")
 
 
-def micro_time(moment: datetime) -> str:
-    """Kubernetes MicroTime: RFC 3339 with microseconds, UTC."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def lease_spec(
@@ -56,8 +54,8 @@ def lease_spec(
     return {
         "holderIdentity": identity,
         "leaseDurationSeconds": duration_s,
-        "acquireTime": micro_time(acquire),
-        "renewTime": micro_time(renew),
+        "acquireTime": micro_rfc3339(acquire),
+        "renewTime": micro_rfc3339(renew),
         "leaseTransitions": transitions,
     }
 
@@ -152,9 +150,9 @@ class LeaderElector:
 
         transitions = int(spec.get("leaseTransitions") or 0)
         if holder == self.identity and leading:
-            acquire = spec.get("acquireTime") or micro_time(now)
+            acquire = spec.get("acquireTime") or micro_rfc3339(now)
         else:
-            acquire = micro_time(now)
+            acquire = micro_rfc3339(now)
             if holder != self.identity:
                 transitions += 1
         new_spec = lease_spec(self.identity, duration, now, now, transitions)
@@ -194,8 +192,8 @@ class LeaderElector:
             body["spec"] = {
                 "holderIdentity": "",
                 "leaseDurationSeconds": 1,
-                "acquireTime": micro_time(now),
-                "renewTime": micro_time(now),
+                "acquireTime": micro_rfc3339(now),
+                "renewTime": micro_rfc3339(now),
                 "leaseTransitions": int(spec.get("leaseTransitions") or 0),
             }
             self._api.replace("Lease", body)

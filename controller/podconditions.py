@@ -8,11 +8,12 @@ repeated passes over a waiting pod do not churn its resourceVersion.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from controller import objects as o
 from controller.writes import Writer
+from gpudra.timestamps import rfc3339
 
 REASON_UNSCHEDULABLE = "Unschedulable"
 
@@ -25,7 +26,7 @@ def unschedulable_conditions(pod: Mapping[str, Any], message: str, now: datetime
     if current is not None and current.get("status") == "False" and current.get("reason") == REASON_UNSCHEDULABLE \
             and current.get("message") == message:
         return None
-    stamp = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = rfc3339(now)
     # The transition time moves only when the status changes, as Kubernetes' condition helpers keep it.
     if current is not None and current.get("status") == "False" and current.get("lastTransitionTime"):
         stamp = str(current["lastTransitionTime"])

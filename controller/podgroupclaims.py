@@ -30,17 +30,7 @@ from controller.writes import Writer
 log = logging.getLogger("gpudra.controller.podgroupclaims")
 
 GROUP = "scheduling.k8s.io"
-RESOURCE = "podgroups"
 _SOURCES = ("resourceClaimName", "resourceClaimTemplateName")
-
-
-def group_reference(group: Mapping[str, Any]) -> dict[str, str]:
-    """The reservedFor entry of a PodGroup."""
-    return {"apiGroup": GROUP, "resource": RESOURCE, "name": o.name(group), "uid": o.uid(group)}
-
-
-def is_group_reference(entry: Mapping[str, Any]) -> bool:
-    return entry.get("apiGroup") == GROUP and entry.get("resource") == RESOURCE
 
 
 def _group_entry(group: Mapping[str, Any], pod_entry: Mapping[str, Any]) -> Mapping[str, Any] | None:

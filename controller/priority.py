@@ -1,4 +1,5 @@
-"""The order in which the embedded scheduler considers pending pods: PriorityClass value, then age."""
+"""Pod priority as the embedded scheduler orders pending pods by it (controller.schedqueue): the PriorityClass
+values, and a pod's priority from them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from controller import objects as o
-from controller.objects import Obj
 
 
 def priority_values(priority_classes: Iterable[Mapping[str, Any]]) -> tuple[dict[str, int], int]:
@@ -32,12 +32,3 @@ def pod_priority(pod: Mapping[str, Any], values: Mapping[str, int], default: int
     if class_name:
         return values.get(str(class_name), default)
     return default
-
-
-def scheduling_order(pods: Iterable[Mapping[str, Any]], priority_classes: Iterable[Mapping[str, Any]]) -> list[Obj]:
-    """Highest priority first; ties by creation time, then namespace/name (deterministic)."""
-    values, default = priority_values(priority_classes)
-    return sorted(
-        (dict(p) for p in pods),
-        key=lambda p: (-pod_priority(p, values, default), str(o.meta(p).get("creationTimestamp") or ""), o.key(p)),
-    )

@@ -1,9 +1,9 @@
 """The embedded scheduler's queue: pending pods ordered by priority, bounded.
 
-Order is `controller.priority.scheduling_order`'s: PriorityClass value (highest first), then creation time, then
-namespace/name. At most `capacity` pods are held; a pod that ranks above the last one held takes its place (the
-one pushed out is still pending in the caches and comes back on the next pass), a pod that ranks below is left
-for the next pass.
+Order: priority (`controller.priority.pod_priority`, highest first), then creation time, then namespace/name.
+At most `capacity` pods are held; a pod that ranks above the last one held takes its place (the one pushed out
+is still pending in the caches and comes back on the next pass), a pod that ranks below is left for the next
+pass.
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ class SchedulingQueue:
         self._pods[entry[1]] = pod
         self._keys.add(key)
         return True
+
+    def outranks(self, key: SortKey) -> bool:
+        """Whether the first queued pod ranks above a pod of sort key `key`."""
+        return bool(self._entries) and self._entries[0][0] < key
 
     def pop(self) -> Obj | None:
         if not self._entries:

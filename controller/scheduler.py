@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
+from bisect import insort
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ from controller.inflight import InFlight
 from controller.informer import Store
 from controller.podconditions import mark_unschedulable
 from controller.priority import priority_values
-from controller.schedqueue import SchedulingQueue
+from controller.schedqueue import SchedulingQueue, SortKey
 from controller.quota import check_quota, devices_by_class
 from controller.scoring import NoPlacement, Placer
 from controller.snapshots import LiveSnapshot, build_snapshot
@@ -337,7 +338,9 @@ class EmbeddedScheduler:
         state = self._start_pass(view)
         tally = _Tally()
         bindings: InFlight[_Bound] = InFlight(self._pool, self.bindings_in_flight)
-        ahead: deque[tuple[Obj, Future[list[Obj]] | None]] = deque()  # popped pods, their expansion started
+        # Popped pods with their expansion started, in queue order: a pod that arrives meanwhile and outranks one
+        # of them is popped too and goes before it, so that placement follows the rank of every pod known so far.
+        ahead: list[tuple[SortKey, int, Obj, Future[list[Obj]] | None]] = []
         handled: set[str] = set()
         deadline = self._clock() + self.budget
         try:
@@ -345,15 +348,16 @@ class EmbeddedScheduler:
                 if handled and self._clock() > deadline:
                     break  # the rest waits for the next pass (the other concerns run in between)
                 self._admit_arrivals(queue, handled)
-                while len(ahead) <= self.expansions_ahead:
+                while len(ahead) <= self.expansions_ahead or queue.outranks(ahead[-1][0]):
                     queued = queue.pop()
                     if queued is None:
                         break
                     handled.add(o.key(queued))
-                    ahead.append((queued, self._start_expansion(queued, state, view)))
+                    insort(ahead, (queue.sort_key(queued), len(handled), queued,
+                                   self._start_expansion(queued, state, view)), key=lambda e: e[:2])
                 if not ahead:
                     break
-                pod, expansion = ahead.popleft()
+                _, _, pod, expansion = ahead.pop(0)
                 self._settle(bindings.finished(), state, tally)
                 try:
                     for created in expansion.result() if expansion is not None else ():
@@ -370,7 +374,7 @@ class EmbeddedScheduler:
                 tally.unschedulable += 1
         finally:
             # Nothing of this pass stays in flight: the other concerns of the pass never race its writes.
-            for _, expansion in ahead:
+            for _, _, _, expansion in ahead:
                 if expansion is not None and expansion.exception() is None:
                     tally.claims_created += len(expansion.result())
             self._settle(bindings.finished(everything=True), state, tally)

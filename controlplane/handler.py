@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from gpudra import strictjson
 from controlplane import resources as res
-from controlplane import httphead
+from controlplane import execproxy, httphead, scale
 from controlplane.crds import openapi as crd_openapi
 from controlplane.crds import serving as crd_serving
 from gpudra.validation import schema
@@ -553,10 +553,25 @@ class ApiHandler(BaseHTTPRequestHandler):
                 raise st.method_not_allowed(f"{method} is not supported on pods/log; supported: GET")
             self._pod_log(r, query)
             return
-        if r.subresource == "scale":
-            self._send_json(200, crd_serving.serve_scale(store, r.rt, r.namespace, r.name, method, query,
+        if r.subresource == "exec":  # controlplane.execproxy: relayed to the node's kubelet
+            if method not in ("GET", "POST"):
+                raise st.method_not_allowed(f"{method} is not supported on pods/exec; supported: GET, POST")
+            reg = self.ctx.registry
+            host, port, container = execproxy.target(store, r.rt, reg.by_kind("Node"), r.namespace, r.name or "",
+                                                     query.get("container"))
+            raw_query = urlsplit(self.path).query
+            self.close_connection = True
+            execproxy.relay(self.connection, self.headers, host, port, r.namespace, r.name or "", container, raw_query)
+            return
+        if r.subresource == "scale" and r.rt.custom is not None:  # a CRD's scale subresource (its paths)
+            self._send_json(200, crd_serving.serve_scale(store, r.rt, r.namespace, r.name or "", method, query,
                                                          self._body() if method != "GET" else None,
                                                          (self.headers.get("Content-Type") or "")))
+            return
+        if r.subresource == "scale":  # controlplane.scale: Deployments, ReplicaSets, StatefulSets
+            body = None if method == "GET" else self._body()
+            self._send_json(200, scale.serve(store, r.rt, r.namespace, r.name or "", method, body,
+                                             self.headers.get("Content-Type")))
             return
         if r.subresource == "binding":
             if method != "POST":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timezone
 from typing import Any
 
 from controlplane.resources import ResourceType
@@ -18,8 +17,6 @@ GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _STATUS_CLEARED_ON_CREATE = frozenset({"ResourceClaim", "ResourceQuota"})
 
 
-def now_rfc3339() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def meta(obj: dict[str, Any]) -> dict[str, Any]:

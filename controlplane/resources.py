@@ -208,11 +208,14 @@ DEFAULT_REGISTRY = Registry(
         ResourceType("", "v1", "pods", "Pod", True, ("po",), has_status=True,
                      field_labels=("spec.nodeName", "spec.schedulerName", "spec.serviceAccountName",
                                    "status.phase", "status.podIP", "status.nominatedNodeName"),
-                     categories=("all",), extra_subresources=("binding", "log")),
+                     categories=("all",), extra_subresources=("binding", "log", "exec")),
         ResourceType("", "v1", "events", "Event", True, ("ev",),
                      field_labels=("reason", "type", "source", "reportingComponent"),
                      field_prefixes=("involvedObject",)),
         ResourceType("", "v1", "resourcequotas", "ResourceQuota", True, ("quota",), has_status=True),
+        # What pods' env.valueFrom, envFrom and volumes read (the kubelet simulator).
+        ResourceType("", "v1", "configmaps", "ConfigMap", True, ("cm",)),
+        ResourceType("", "v1", "secrets", "Secret", True, field_labels=("type",)),
         ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True),
         ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),
         # The Workload API as Kubernetes 1.37 serves it (KEP-4671; GenericWorkload).
@@ -229,9 +232,12 @@ DEFAULT_REGISTRY = Registry(
         ResourceType("resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", False, has_status=True,
                      served=served_versions("DeviceTaintRule")),
         # Workload controllers, stored as they are; `gpu-dra cluster` runs the controllers that make their pods.
-        ResourceType("apps", "v1", "deployments", "Deployment", True, ("deploy",), has_status=True, categories=("all",)),
-        ResourceType("apps", "v1", "replicasets", "ReplicaSet", True, ("rs",), has_status=True, categories=("all",)),
-        ResourceType("apps", "v1", "statefulsets", "StatefulSet", True, ("sts",), has_status=True, categories=("all",)),
+        ResourceType("apps", "v1", "deployments", "Deployment", True, ("deploy",), has_status=True, categories=("all",),
+                     extra_subresources=("scale",)),
+        ResourceType("apps", "v1", "replicasets", "ReplicaSet", True, ("rs",), has_status=True, categories=("all",),
+                     extra_subresources=("scale",)),
+        ResourceType("apps", "v1", "statefulsets", "StatefulSet", True, ("sts",), has_status=True, categories=("all",),
+                     extra_subresources=("scale",)),
         ResourceType("batch", "v1", "jobs", "Job", True, has_status=True, categories=("all",)),
         ResourceType("batch", "v1", "cronjobs", "CronJob", True, ("cj",), has_status=True, categories=("all",)),
         ResourceType("apps", "v1", "daemonsets", "DaemonSet", True, ("ds",), has_status=True, categories=("all",)),
@@ -298,7 +304,7 @@ def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:
         entries.append({"name": f"{rt.plural}/status", "singularName": "", "namespaced": rt.namespaced,
                         "kind": rt.kind, "verbs": ["get", "patch", "update"]})
     for sub in rt.extra_subresources:
-        if sub == "scale":
+        if sub == "scale":  # served in autoscaling/v1, as kube-apiserver lists it
             entries.append({"name": f"{rt.plural}/scale", "singularName": "", "namespaced": rt.namespaced,
                             "group": "autoscaling", "version": "v1", "kind": "Scale",
                             "verbs": ["get", "patch", "update"]})

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from controlplane import namespaces
 from controlplane import objects as o
+from controlplane import quota
 from gpudra.validation import schema
 from controlplane import status as st
 from controlplane import patchmeta
@@ -38,6 +40,7 @@ from controlplane.crds import definition as crd_definition
 from gpudra.validation.admission import Admission
 from gpudra.validation.workloads import KINDS as WORKLOAD_KINDS
 from gpudra.validation.workloads import validate_workload_api_object
+from gpudra.timestamps import rfc3339
 
 ObjKey = tuple[ResourceType, str, str]  # (type, namespace or "", name)
 Codec = tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[[dict[str, Any]], dict[str, Any]]]
@@ -350,7 +353,7 @@ class Store:
             if rt.namespaced:
                 ns = self._objects[self.registry.by_kind("Namespace")].get(("", key[0]))  # type: ignore[index]
                 if ns is not None and (ns.get("metadata") or {}).get("deletionTimestamp"):
-                    self._enqueue_gc_locked("ns:" + key[0])
+                    self._enqueue_gc_locked("ns-empty:" + key[0])  # gone once empty; content waits for "ns:"
             # The DELETED event carries the final state with the deletion's resourceVersion, as Kubernetes does.
             event_obj = {**old, "metadata": {**old["metadata"], "resourceVersion": str(self._rv)}}
         event = Event(self._rv, rt, event_type, event_obj, old, obj_json if new is not None else _encode(event_obj))
@@ -526,10 +529,26 @@ class Store:
                 m["name"] = name
             if (namespace, name) in self._objects[rt]:
                 raise st.already_exists(rt, name)
+            if rt.kind in quota.QUOTA_KINDS:  # controlplane.quota: ResourceQuota admission, atomic with the write
+                self._admit_quota_locked(rt, namespace, name, obj)
             m["uid"] = self._next_uid()
-            m["creationTimestamp"] = o.now_rfc3339()
+            m["creationTimestamp"] = rfc3339()
             m["generation"] = 1
             return self._commit(rt, (namespace, name), obj, "ADDED", None)
+
+    def _admit_quota_locked(self, rt: ResourceType, namespace: str, name: str, obj: dict[str, Any]) -> None:
+        quota_rt = self.registry.by_kind("ResourceQuota")
+        if quota_rt is None:
+            return
+        quotas = [q for key, q in self._objects[quota_rt].items() if key[0] == namespace]
+        if not quotas:
+            return  # the common case costs one scan of the (few) quotas
+        existing = {}
+        for kind in quota.QUOTA_KINDS:
+            kind_rt = self.registry.by_kind(kind)
+            if kind_rt is not None:
+                existing[kind] = [v for key, v in self._objects[kind_rt].items() if key[0] == namespace]
+        quota.admit(rt, name, obj, quotas, existing)
 
     def _merge_update(self, rt: ResourceType, old: dict[str, Any], body: dict[str, Any],
                       subresource: str | None) -> dict[str, Any]:
@@ -689,7 +708,7 @@ class Store:
             status = {}
         conditions = [c for c in (status.get("conditions") or []) if c.get("type") != "PodScheduled"]
         conditions.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
-                           "lastTransitionTime": o.now_rfc3339()})
+                           "lastTransitionTime": rfc3339()})
         spec = old.get("spec")
         if not isinstance(spec, dict):
             spec = {}
@@ -724,12 +743,12 @@ class Store:
             if om.get("finalizers") or rt.kind == "Namespace":
                 new = copy_json(old)
                 nm = new["metadata"]
-                nm["deletionTimestamp"] = o.now_rfc3339()
+                nm["deletionTimestamp"] = rfc3339()
                 nm["deletionGracePeriodSeconds"] = 0
                 nm["generation"] = int(om.get("generation", 1)) + 1
-                if rt.kind == "Namespace":
-                    new.setdefault("status", {})["phase"] = "Terminating"
-                    self._enqueue_gc_locked("ns:" + name)
+                if rt.kind == "Namespace":  # controlplane.namespaces: Terminating, content deleted after a delay
+                    new["status"] = {**(new.get("status") or {}), **namespaces.terminating_status(nm["deletionTimestamp"])}
+                    self._enqueue_gc_later("ns:" + name, namespaces.CONTENT_DELETION_DELAY_S)
                 return self._commit(rt, (namespace, name), new, "MODIFIED", old)
             return self._commit(rt, (namespace, name), None, "DELETED", old)
 
@@ -754,6 +773,18 @@ class Store:
         self._gc_queue.append(item)
         self._cond.notify_all()
 
+    def _enqueue_gc_later(self, item: str, delay: float) -> None:
+        if self._dry_run:
+            return
+
+        def enqueue() -> None:
+            with self._cond:
+                self._enqueue_gc_locked(item)
+
+        timer = threading.Timer(delay, enqueue)
+        timer.daemon = True
+        timer.start()
+
     def collect_garbage_once(self, timeout: float) -> bool:
         """Process the pending collection work; returns False once the store is closed."""
         with self._cond:
@@ -765,6 +796,8 @@ class Store:
         for item in work:
             if item.startswith("ns:"):
                 self._collect_namespace(item[3:])
+            elif item.startswith("ns-empty:"):
+                self._collect_namespace(item[9:], delete_content=False)
             else:
                 self._collect_dependents(item)
         return True
@@ -782,7 +815,7 @@ class Store:
             except st.StatusError:
                 pass  # already gone, or protected: nothing to collect
 
-    def _collect_namespace(self, namespace: str) -> None:
+    def _collect_namespace(self, namespace: str, delete_content: bool = True) -> None:
         ns_rt = self.registry.by_kind("Namespace")
         assert ns_rt is not None
         with self._cond:
@@ -790,7 +823,7 @@ class Store:
             if ns is None or not ns["metadata"].get("deletionTimestamp"):
                 return
             contents = [(rt, key[1]) for rt in self.registry.types if rt.namespaced
-                        for key in self._objects[rt] if key[0] == namespace]
+                        for key in self._objects[rt] if key[0] == namespace] if delete_content else []
         for rt, name in contents:
             try:
                 self.delete(rt, namespace, name)

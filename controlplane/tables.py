@@ -15,6 +15,7 @@ from typing import Any
 from gpudra.timestamps import parse_rfc3339
 from controlplane.crds import columns as crd_columns
 from controlplane.resources import ResourceType
+from controlplane.workloadtables import printers as workload_printers
 
 INCLUDE_OBJECT = ("None", "Metadata", "Object")
 # Descriptions kube-apiserver attaches to the two columns every table has (ObjectMeta's swagger docs).
@@ -71,10 +72,6 @@ def since(timestamp: Any, now: datetime | None = None) -> str:
     if then is None:
         return "<unknown>"
     return human_duration(((now or datetime.now(timezone.utc)) - then).total_seconds())
-
-
-def human_age(created: str | None, now: datetime | None = None) -> str:
-    return since(created, now)
 
 
 def _get(obj: Any, *path: str) -> Any:
@@ -402,6 +399,8 @@ PRINTERS: dict[str, Printer] = {
     ), lambda o, now: [_get(o, "metadata", "name"), _get(o, "spec", "nodeName") or "",
                        _get(o, "spec", "driver") or "", _get(o, "spec", "pool", "name") or "", _age(o, now)]),
 }
+PRINTERS.update({kind: Printer(columns, cells)
+                 for kind, (columns, cells) in workload_printers(since, human_duration, _NAME, _AGE).items()})
 
 
 def _daemonset_cells(ds: dict[str, Any], now: datetime) -> list[Any]:

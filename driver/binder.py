@@ -9,7 +9,7 @@ whose allocation goes away before the kubelet took it over (binding timed out, t
 unprepared again, which destroys the MIG instance.
 
 Claims are watched (the API has no field selector for a claim's node, so the watch covers all claims and this
-loop picks its own); `handle` acts on one claim, `sync_once` on a full list (tests drive it directly).
+loop picks its own); `handle` acts on one claim.
 """
 
 from __future__ import annotations
@@ -17,20 +17,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from driver.prepare import ClaimRef, Preparer
 from gpudra import bindingconditions as bc
+from gpudra.timestamps import rfc3339
 
 log = logging.getLogger("gpu-dra.binder")
-
-
-@dataclass
-class BinderReport:
-    ready: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    released: list[str] = field(default_factory=list)
 
 
 class MigBinder:
@@ -68,26 +61,14 @@ class MigBinder:
         return [r for r in bc.conditioned_results(claim, self.driver) if r.get("pool") == self.pool
                 and self.ready_condition in (r.get("bindingConditions") or [])]
 
-    def sync_once(self) -> BinderReport:
-        """One pass over all claims (what the watch delivers one by one), then the release of claims gone."""
-        report = BinderReport()
-        claims, _ = self.api.list("ResourceClaim")
-        for claim in claims:
-            self.handle(claim, report=report)
-        live = {str(c["metadata"].get("uid")) for c in claims}
-        for uid in [u for u in self._ahead if u not in live]:
-            self._release(uid, report)
-        return report
-
-    def handle(self, claim: Mapping[str, Any], *, deleted: bool = False, report: BinderReport | None = None) -> None:
+    def handle(self, claim: Mapping[str, Any], *, deleted: bool = False) -> None:
         """Act on one claim: prepare it ahead and report ready/failed, or release what was prepared ahead."""
-        report = report if report is not None else BinderReport()
         meta = claim.get("metadata") or {}
         uid = str(meta.get("uid"))
         mine = [] if deleted else self._mine(claim)
         if not mine:
             if uid in self._ahead:
-                self._release(uid, report)
+                self._release(uid)
             return
         if not (claim.get("status") or {}).get("reservedFor") or meta.get("deletionTimestamp"):
             return
@@ -98,16 +79,14 @@ class MigBinder:
         result = self.preparer.prepare([ref])[ref.uid]
         if result.error:
             self._report(claim, mine, ok=False, message=result.error)
-            report.failed.append(f"{ref.namespace}/{ref.name}")
             log.warning("event=mig-binding-failed claim=%s/%s error=%r", ref.namespace, ref.name, result.error)
             return
         self._ahead[ref.uid] = ref
         self.preparer.mark_prepared_ahead(ref.uid)
         self._report(claim, mine, ok=True, message="MIG instance created")
-        report.ready.append(f"{ref.namespace}/{ref.name}")
         log.info("event=mig-binding-ready claim=%s/%s", ref.namespace, ref.name)
 
-    def _release(self, uid: str, report: BinderReport) -> None:
+    def _release(self, uid: str) -> None:
         """A claim prepared ahead lost its allocation here (binding failed or timed out) or is gone."""
         ref = self._ahead[uid]
         if self.preparer.checkpoint.claim(uid) is None:
@@ -116,11 +95,10 @@ class MigBinder:
         errors = self.preparer.unprepare([ref])
         if not errors.get(uid):
             self._ahead.pop(uid)
-            report.released.append(f"{ref.namespace}/{ref.name}")
             log.info("event=mig-binding-released claim=%s/%s", ref.namespace, ref.name)
 
     def _report(self, claim: Mapping[str, Any], results: list[Mapping[str, Any]], *, ok: bool, message: str) -> None:
-        now = bc.now_rfc3339()
+        now = rfc3339()
         ours = []
         for r in results:
             entry: dict[str, Any] = {"driver": r["driver"], "pool": r["pool"], "device": r["device"], "conditions": [

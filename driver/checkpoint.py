@@ -31,6 +31,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -122,6 +123,30 @@ class CheckpointData(BaseModel):
     claims: dict[str, ClaimRecord] = Field(default_factory=dict)
     # GPU uuid -> holders ("dra:<claimUID>" / "deviceplugin:<allocation id>"), sorted.
     ledger: dict[str, list[str]] = Field(default_factory=dict)
+
+
+# Kubernetes UIDs are UUIDs; any single path component of these characters is accepted (tests use short names),
+# which is what matters: a claim's CDI spec, MPS dirs and MIG bookkeeping are named after it.
+_CLAIM_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")
+
+
+def claim_record_problem(key: str, record: ClaimRecord) -> str | None:
+    """Why no path may be built from a checkpointed claim, or None: a uid that is not a plain name (no "/", "..",
+    NUL) or differs from its key, MPS directories that are relative or step out with "..". Read from disk, a
+    checkpoint is input like any other."""
+    if not _CLAIM_UID.match(key) or record.uid != key:
+        return f"claim record {key!r}: uid {record.uid!r} is not a Kubernetes UID (letters, digits, '-')"
+    for daemon in record.mps_daemons:
+        for label, raw in (("pipe_dir", daemon.pipe_dir), ("log_dir", daemon.log_dir)):
+            path = Path(raw)
+            if not path.is_absolute() or ".." in path.parts or "\x00" in raw:
+                return f"claim record {key!r}: MPS {label} {raw!r} is not an absolute path without '..'"
+    return None
+
+
+def invalid_claim_records(data: CheckpointData) -> dict[str, str]:
+    """The claims of `data` that `claim_record_problem` refuses (key -> why)."""
+    return {k: p for k, r in data.claims.items() if (p := claim_record_problem(k, r)) is not None}
 
 
 @dataclass(frozen=True)
@@ -417,6 +442,15 @@ class Checkpoint:
             self._journal_txns = 0
             data = CheckpointData().model_dump(mode="json")
             state = CheckpointData()
+        problems = invalid_claim_records(state)
+        if problems:
+            if report is None:
+                raise CheckpointCorrupt("; ".join(problems.values()))
+            # A record whose uid or directories would put a path outside the state dir is never acted on.
+            report.problems += [f"{self.directory}: {p}; dropped that record" for p in problems.values()]
+            report.corrupt = True
+            data = {**data, "claims": {k: v for k, v in data.get("claims", {}).items() if k not in problems}}
+            state = CheckpointData.model_validate(data)
         self._data = data
         self._state = state
 
@@ -473,7 +507,11 @@ class Checkpoint:
         checked: list[tuple[Op, Any]] = []
         for op in ops:
             if op.section == "claims":
-                checked.append((op, None if op.value is None else ClaimRecord.model_validate(op.value)))
+                record = None if op.value is None else ClaimRecord.model_validate(op.value)
+                problem = claim_record_problem(op.key, record) if record is not None else None
+                if problem:
+                    raise ValueError(problem)
+                checked.append((op, record))
             elif op.section == "ledger":
                 if op.value is not None and not (isinstance(op.value, list) and all(isinstance(h, str) for h in op.value)):
                     raise ValueError(f"ledger entry {op.key}: holders must be a list of strings, got {op.value!r}")

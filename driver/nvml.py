@@ -1,6 +1,6 @@
 """NVML backends: the real library through pynvml, or the simulator over a profile.
 
-`load_backend(spec, node=None)` returns an initialised object with pynvml's function names, return
+`load_backend(spec, node=None)` returns an initialised `driver.nvmlapi.NvmlBackend`: pynvml's function names, return
 types and errors, plus `pcie_root(pci_bus_id)` (the one topology fact NVML lacks) and the GPU settings NVML
 has no call for: `set_timeslice(gpu_uuid, level)` and MPS control daemons (`mps_start(dirs, device_uuids)`,
 `mps_command(dirs, command)`, `mps_stop(dirs)`, `mps_running(dirs)`), which raise `GpuToolError`. The real

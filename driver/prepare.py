@@ -603,7 +603,10 @@ class Preparer:
         names = [d.device_name for d in devices]
         for daemon in record.mps_daemons:
             if daemon.device_names == names:
-                return MpsDirs(pipe=Path(daemon.pipe_dir), log=Path(daemon.log_dir))
+                recorded = MpsDirs(pipe=Path(daemon.pipe_dir), log=Path(daemon.log_dir))
+                if all(p.is_relative_to(self._mps_root) for p in (recorded.pipe, recorded.log)):
+                    return recorded  # the checkpoint names them; only ones under our MPS root are ever used
+                break
         # A record written before daemons were recorded: its claim's directories were the first daemon's.
         return sharing.mps_dirs(self._mps_root, record.uid)
 

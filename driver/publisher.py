@@ -26,6 +26,7 @@ from typing import Any
 
 from driver.slices import node_owner_reference
 from gpudra.kubeapi import AlreadyExists, Conflict, KubeApi, NotFound
+from gpudra.timestamps import rfc3339_in
 
 log = logging.getLogger("gpudra.publisher")
 
@@ -368,7 +369,7 @@ class SlicePublisher:
                 log.warning(
                     "slice publish failed node=%s driver=%s url=%s failures=%d retry_in=%.1fs next_retry=%s error=%r",
                     self.node_name, self.driver_name, getattr(self.api, "host", "-"), failures, wait,
-                    time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + wait)), str(err),
+                    rfc3339_in(wait), str(err),
                 )
             if stop.is_set():
                 break

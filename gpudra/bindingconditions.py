@@ -31,8 +31,6 @@ def mig_conditions(driver: str) -> tuple[list[str], list[str]]:
     return [f"{driver}/mig-ready"], [f"{driver}/mig-failed"]
 
 
-def now_rfc3339() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:

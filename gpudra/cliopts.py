@@ -44,16 +44,6 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def non_negative_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be 0 or more seconds")
-    return value
-
-
 # ---- -o ----------------------------------------------------------------------------------------------------------
 
 

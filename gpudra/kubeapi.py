@@ -67,6 +67,8 @@ KINDS: dict[str, KindInfo] = {
     "Pod": KindInfo("", "v1", "pods", True),
     "Event": KindInfo("", "v1", "events", True),
     "ResourceQuota": KindInfo("", "v1", "resourcequotas", True),
+    "ConfigMap": KindInfo("", "v1", "configmaps", True),
+    "Secret": KindInfo("", "v1", "secrets", True),
     "Lease": KindInfo("coordination.k8s.io", "v1", "leases", True),
     "PriorityClass": KindInfo("scheduling.k8s.io", "v1", "priorityclasses", False),
     "Workload": KindInfo("scheduling.k8s.io", "v1beta1", "workloads", True),

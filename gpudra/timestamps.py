@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 _TIME = "%Y-%m-%dT%H:%M:%SZ"
 _MICRO_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
+def _utc(moment: datetime | None) -> datetime:
+    if moment is None:
+        return datetime.now(timezone.utc)
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+
+
 def rfc3339(moment: datetime | None = None) -> str:
-    """A metav1.Time value for `moment` (an aware datetime), or for now."""
-    return (moment or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime(_TIME)
+    """A metav1.Time value for `moment` (a naive datetime is read as UTC), or for now."""
+    return _utc(moment).strftime(_TIME)
+
+
+def micro_rfc3339(moment: datetime | None = None) -> str:
+    """A metav1.MicroTime value (microseconds; Leases, Events' eventTime) for `moment`, or for now."""
+    return _utc(moment).strftime(_MICRO_TIME)
+
+
+def rfc3339_in(seconds: float) -> str:
+    """The metav1.Time `seconds` from now: when the next try is, in log lines that say so."""
+    return rfc3339(datetime.now(timezone.utc) + timedelta(seconds=seconds))
 
 
 def parse_rfc3339(text: Any) -> datetime | None:

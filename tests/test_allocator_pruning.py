@@ -81,6 +81,7 @@ def _allocate(slices: list[dict[str, Any]], classes: list[dict[str, Any]], claim
     return ("ok", outcome)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_early_failure_keeps_every_outcome(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(seed)

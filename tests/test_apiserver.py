@@ -194,6 +194,7 @@ def test_list_pagination(apiserver: Any) -> None:
     assert len(items) == 5
 
 
+@pytest.mark.slow
 def test_official_typed_client_works(apiserver: Any) -> None:
     cfg = k8s.Configuration()
     cfg.host = apiserver.url
@@ -272,6 +273,7 @@ def test_watch_from_resource_version_and_410(apiserver: Any) -> None:
         server.stop()
 
 
+@pytest.mark.slow
 def test_watch_resumes_after_server_closes_stream(apiserver: Any) -> None:
     api: KubeApi = apiserver.api
     stop = threading.Event()

@@ -60,6 +60,7 @@ def _lease(name: str, holder: str) -> dict[str, Any]:
             "spec": {"holderIdentity": holder}}
 
 
+@pytest.mark.process
 def test_kill_9_under_concurrent_writers_loses_no_acknowledged_write(tmp_path: Path) -> None:
     state = tmp_path / "state.db"
     proc, url = _start(state)

@@ -320,6 +320,7 @@ def test_http_1_0_and_1_1_keep_alive(server: EmbeddedApiServer) -> None:
     assert answer.count(b"HTTP/1.1 200 OK") == 2
 
 
+@pytest.mark.slow
 def test_idle_connection_flood_does_not_stop_service(server: EmbeddedApiServer) -> None:
     assert server._httpd is not None
     server._httpd.first_request_timeout = 2.0
@@ -392,6 +393,7 @@ def test_watchers_are_woken_only_by_their_resource_and_dropped_when_gone(server:
     assert server._httpd.stats()["watches"] == 0
 
 
+@pytest.mark.slow
 def test_many_concurrent_clients_with_slow_ones(server: EmbeddedApiServer) -> None:
     """Slow senders hold at most a worker each until their deadline; the rest are still served."""
     assert server._httpd is not None

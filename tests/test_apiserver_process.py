@@ -94,6 +94,7 @@ def _kubectl(url: str, *args: str, stdin: str | None = None) -> subprocess.Compl
                           timeout=60, check=False)
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not on PATH")
 def test_kubectl_get_create_and_label(apiserver: Any) -> None:
     api: KubeApi = apiserver.api
@@ -120,6 +121,7 @@ def test_kubectl_get_create_and_label(apiserver: Any) -> None:
     assert missing.returncode != 0 and 'resourceclaims.resource.k8s.io "nope" not found' in missing.stderr
 
 
+@pytest.mark.process
 def test_cli_serves_until_sigterm_and_persists(tmp_path: Path) -> None:
     state = tmp_path / "state.db"
     kubeconfig = tmp_path / "kubeconfig"
@@ -146,6 +148,7 @@ def test_cli_serves_until_sigterm_and_persists(tmp_path: Path) -> None:
     assert ("DeviceClass", "gpu.nvidia.com") in kinds
 
 
+@pytest.mark.process
 def test_cli_refuses_non_loopback_address() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "cli.main", "apiserver", "--address", "0.0.0.0"],

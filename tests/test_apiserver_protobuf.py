@@ -81,6 +81,7 @@ def test_the_server_answers_in_the_format_asked_for(apiserver: Any) -> None:
     assert code == 400 and "cannot be decoded" in json.loads(body)["message"]
 
 
+@pytest.mark.process
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 def test_kubectl_create_namespace_deployment_and_priorityclass(apiserver: Any, tmp_path: Path) -> None:
     kubectl(apiserver, "create", "namespace", "newcomer")

@@ -206,6 +206,7 @@ def test_a_version_1_database_is_upgraded(tmp_path: Path) -> None:
     conn.close()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("where", ["/proc/1/no-such-dir/state.db", "/sys/state.db", "DIR"])
 def test_a_bad_state_path_is_one_clear_line(tmp_path: Path, where: str) -> None:
     path = str(tmp_path) if where == "DIR" else where

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gpudra.validation import schema
 from controlplane.resources import DEFAULT_REGISTRY
 from controlplane.schematable import served_kinds
 
 
+@pytest.mark.slow
 def test_table_equals_what_the_installed_client_gives() -> None:
     table, generated = json.loads(schema.TABLE.read_text()), schema.generate(schema.roots(served_kinds()))
     assert table == generated, (

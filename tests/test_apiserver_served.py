@@ -65,6 +65,7 @@ def test_the_workload_api_needs_its_gate_and_its_version() -> None:
     assert registry_for("1.37", None, Features.parse(["GenericWorkload"])).by_kind("PodGroup") is None
 
 
+@pytest.mark.process
 def test_apiserver_command_refuses_a_bad_runtime_config() -> None:
     done = subprocess.run([sys.executable, "-m", "cli.main", "apiserver", "--runtime-config", "resource.k8s.io/v9=true"],
                           capture_output=True, text=True, timeout=60, check=False)

@@ -196,6 +196,7 @@ def test_include_object_none_metadata_and_object(apiserver: Any) -> None:
     assert err.value.code == 400
 
 
+@pytest.mark.slow
 def test_a_watch_asked_as_table_sends_rows_with_columns_once(apiserver: Any) -> None:
     api = apiserver.api
     api.create("ResourceClaim", {"metadata": {"name": "a", "namespace": "default"}, "spec": {"devices": {

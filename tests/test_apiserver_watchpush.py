@@ -9,6 +9,8 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
+
 from controlplane import EmbeddedApiServer
 from gpudra.kubeapi import KubeApi
 
@@ -99,6 +101,7 @@ def test_concurrent_writers_reach_every_watch_in_order_once(server: EmbeddedApiS
             watch.close()
 
 
+@pytest.mark.slow
 def test_a_client_that_does_not_read_holds_up_no_writer_and_misses_nothing(server: EmbeddedApiServer) -> None:
     slow = RawWatch(server, rcvbuf=4096)
     fast = RawWatch(server)
@@ -126,6 +129,7 @@ def test_a_client_that_does_not_read_holds_up_no_writer_and_misses_nothing(serve
         fast.close()
 
 
+@pytest.mark.slow
 def test_pushed_watch_ends_at_its_timeout_and_on_shutdown() -> None:
     srv = EmbeddedApiServer()
     srv.start()

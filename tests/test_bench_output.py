@@ -45,6 +45,7 @@ def test_help_lists_every_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(name in out for name in BENCHMARKS)
 
 
+@pytest.mark.slow
 def test_allocate_prints_the_same_figures_in_each_format(capsys: pytest.CaptureFixture[str]) -> None:
     docs = {}
     for output in ("json", "yaml", "table"):

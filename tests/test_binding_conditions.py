@@ -18,6 +18,7 @@ from driver.nvml import load_backend
 from driver.plugin.agent import AgentSettings, NodeAgent, kubeapi_claim_getter
 from gpudra import bindingconditions as bc
 from gpudra.kubeapi import Conflict
+from gpudra.timestamps import rfc3339
 from tests.plugin_helpers import DRIVER, NODE, short_tmp
 
 READY, FAILED = f"{DRIVER}/mig-ready", f"{DRIVER}/mig-failed"
@@ -121,6 +122,7 @@ def _migs(agent: NodeAgent) -> list[tuple[str, str]]:
     return [(g.uuid, m.profile) for g in agent.inventory().gpus for m in g.mig_devices]
 
 
+@pytest.mark.slow
 def test_pod_binds_only_after_the_node_agent_created_the_mig_instance(work: Path, apiserver: Any) -> None:
     api = apiserver.api
     agent = _agent(work, api)
@@ -174,8 +176,8 @@ def test_failure_condition_deallocates_and_the_agent_releases_the_instance(work:
             claim = api.get("ResourceClaim", "mig-3g", "default")
             (result,) = claim["status"]["allocation"]["devices"]["results"]
             entry = {"driver": DRIVER, "pool": NODE, "device": result["device"], "conditions": [
-                bc.condition(READY, True, "Ready", "", bc.now_rfc3339()),
-                bc.condition(FAILED, True, "Broken", "instance lost", bc.now_rfc3339())]}
+                bc.condition(READY, True, "Ready", "", rfc3339()),
+                bc.condition(FAILED, True, "Broken", "instance lost", rfc3339())]}
             claim["status"]["devices"] = [entry]
             try:
                 api.replace_status("ResourceClaim", claim)

@@ -32,6 +32,8 @@ from tests.plugin_helpers import short_tmp
 from tests.runtime_helpers import require_podman
 from tests.test_prepare import Claims, RecordingSharing, claim
 
+pytestmark = pytest.mark.process  # every test here starts a container runtime
+
 RUNC = next((p for p in ("/usr/sbin/runc", "/usr/bin/runc") if os.access(p, os.X_OK)), None)
 BUSYBOX = next((p for p in ("/bin/busybox", "/usr/bin/busybox") if os.access(p, os.X_OK)), None)
 NODE = "node-a"

@@ -207,6 +207,37 @@ def test_atomic_write_replaces_whole_file_and_leaves_no_temp_on_failure(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
 
 
+def test_checkpointed_claims_no_path_may_be_built_from_are_dropped_on_load(tmp_path: Path) -> None:
+    from driver.checkpoint import canonical_json, sha256_hex
+
+    boot = _boot(tmp_path)
+    d = tmp_path / "plugin"
+    good = "5f0c7a3e-2b1d-4c8e-9a6f-0123456789ab"
+    cp = _open(d, boot)
+    with cp.locked():
+        cp.commit([cp.put_claim_op(_record(good))])
+        cp.compact()
+        # Writing such a record is refused too.
+        with pytest.raises(ValueError, match="not a Kubernetes UID"):
+            cp.commit([cp.put_claim_op(_record("../../etc"))])
+    cp.close()
+    # Someone edits the snapshot (checksum recomputed): a traversing uid, a uid that differs from its key, MPS dirs
+    # that step out of the state dir.
+    doc = json.loads((d / "checkpoint.json").read_text())
+    claims = doc["data"]["claims"]
+    claims["../../root-only"] = {**claims[good], "uid": "../../root-only"}
+    claims["a1"] = {**claims[good], "uid": "b2"}
+    claims["c3"] = {**claims[good], "uid": "c3", "mps_daemons": [
+        {"pipe_dir": "/state/mps/../../../root-only", "log_dir": "/state/mps/c3/log", "device_names": ["gpu-a"]}]}
+    doc["checksum"] = f"sha256:{sha256_hex(canonical_json(doc['data']))}"
+    (d / "checkpoint.json").write_text(json.dumps(doc))
+    again, report = Checkpoint.open(d, boot_id_path=boot)
+    assert sorted(again.state.claims) == [good]
+    assert report.corrupt and len(report.problems) == 3
+    assert any("'../../root-only'" in p and "not a Kubernetes UID" in p for p in report.problems)
+    assert any("MPS pipe_dir" in p for p in report.problems)
+
+
 def test_nvidias_checkpoint_is_moved_aside_not_treated_as_corrupt(tmp_path: Path) -> None:
     """Switching over from NVIDIA's driver: its checkpoint.json (same name, same plugin dir) is recognised,
     kept aside and its claims named; ours starts empty and is not reported corrupt."""

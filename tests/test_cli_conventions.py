@@ -51,6 +51,7 @@ def gpu_dra(*args: str, env: dict[str, str] | None = None, stdin: str | None = N
                           input=stdin, timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
+@pytest.mark.process
 def test_version_and_help_list_every_benchmark() -> None:
     out = gpu_dra("--version")
     assert out.returncode == 0 and re.fullmatch(r"gpu-dra \S+\n", out.stdout)
@@ -59,6 +60,7 @@ def test_version_and_help_list_every_benchmark() -> None:
     assert ", ".join(sorted(BENCHMARKS)) in " ".join(gpu_dra("--help").stdout.split())  # help text wraps
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 def test_bash_completion_completes_commands_subcommands_and_flags(tmp_path: Path) -> None:
     script = tmp_path / "c.sh"
@@ -88,6 +90,7 @@ def test_bash_completion_completes_commands_subcommands_and_flags(tmp_path: Path
     (["cluster", "fault", "n", "--gpu", "0", "--xid", "abc"], "--xid"),
     (["inventory", "-o", "xml"], "-o/--output"),
 ])
+@pytest.mark.process
 def test_invalid_flag_values_are_usage_errors(argv: list[str], flag: str) -> None:
     out = gpu_dra(*argv)
     assert out.returncode == 2
@@ -95,6 +98,7 @@ def test_invalid_flag_values_are_usage_errors(argv: list[str], flag: str) -> Non
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.process
 def test_flag_typo_shows_the_subcommand_usage_and_the_closest_flag() -> None:
     out = gpu_dra("cluster", "up", "--nodse", "a=t4-1")
     assert out.returncode == 2
@@ -104,6 +108,7 @@ def test_flag_typo_shows_the_subcommand_usage_and_the_closest_flag() -> None:
     assert out.stderr.startswith("usage: gpu-dra allocate ") and "did you mean --node?" in out.stderr
 
 
+@pytest.mark.process
 def test_one_logging_flag_for_long_running_commands() -> None:
     for command in ("apiserver", "plugin", "controller"):
         text = gpu_dra(command, "--help").stdout
@@ -111,6 +116,7 @@ def test_one_logging_flag_for_long_running_commands() -> None:
         assert "--verbose" not in text
 
 
+@pytest.mark.process
 def test_f_takes_directories_and_stdin_and_o_means_the_same_everywhere(tmp_path: Path,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     d = tmp_path / "in"
@@ -140,6 +146,7 @@ def test_f_takes_directories_and_stdin_and_o_means_the_same_everywhere(tmp_path:
         assert docs["table"].strip() and not docs["table"].lstrip().startswith("{"), argv
 
 
+@pytest.mark.process
 def test_kubeconfig_then_in_cluster_then_one_message(tmp_path: Path) -> None:
     config = tmp_path / "config"
     config.write_text("apiVersion: v1\nkind: Config\n")
@@ -158,6 +165,7 @@ def test_kubeconfig_then_in_cluster_then_one_message(tmp_path: Path) -> None:
         assert out.returncode == 2 and out.stderr.count("no API server configured") == 1, out.stderr
 
 
+@pytest.mark.process
 def test_controller_honours_kubeconfig_env(apiserver: Any) -> None:
     api = apiserver.api
     api.create("ResourceClaimTemplate", {"metadata": {"name": "t", "namespace": "default"},
@@ -207,6 +215,7 @@ def run_for(argv: list[str], seconds: float, env: dict[str, str]) -> str:
     return err
 
 
+@pytest.mark.process
 def test_unreachable_api_server_is_logged_once_per_backoff_step(dead_server: tuple[str, Path]) -> None:
     url, config = dead_server
     err = run_for(["controller", "--embedded", "--no-leader-elect"], 8.0, {"KUBECONFIG": str(config)})
@@ -222,6 +231,7 @@ def test_unreachable_api_server_is_logged_once_per_backoff_step(dead_server: tup
     assert max(per_kind.values()) <= 4, per_kind
 
 
+@pytest.mark.process
 def test_node_agent_says_it_waits_for_a_kubelet_then_reports_the_unreachable_server(
         dead_server: tuple[str, Path]) -> None:
     from sim.kubelet.dra import KubeletSim
@@ -257,6 +267,7 @@ def test_node_agent_says_it_waits_for_a_kubelet_then_reports_the_unreachable_ser
             stop_process(proc)
 
 
+@pytest.mark.process
 def test_faults_file_is_reported(tmp_path: Path) -> None:
     missing = gpu_dra("inventory", "--nvml", f"sim:t4-1?faults={tmp_path}/faults.json", "-o", "json")
     assert missing.returncode == 0 and "faults-file-missing" in missing.stderr

@@ -136,6 +136,7 @@ def _create_pod(api: k8s_client.ApiClient, name: str, node: str) -> None:
     k8s_client.CoreV1Api(api).create_namespaced_pod("default", docs[1])
 
 
+@pytest.mark.process
 def test_cluster_up_fault_restart_down(cli: Cli) -> None:
     up = cli.run("up", "--name", NAME, "--nodes", "small=t4-1,quad=v100-4", "--runtime", "none")
     assert up.returncode == 0, up.stderr
@@ -219,6 +220,23 @@ def test_cluster_up_fault_restart_down(cli: Cli) -> None:
         assert cleared.returncode == 0, cleared.stderr
         _until("all 4 GPUs back, untainted", lambda: _device_count(api, "quad") == 4 and not _taints(api, "quad"))
 
+        # a supervisor killed with SIGKILL is started again by its keeper: it stops what the old one left and
+        # brings the cluster back on the same URL; the kubelets adopt the running pods (their claims stay prepared)
+        supervisor = cli.pid("supervisor")
+        old_children = [p["pid"] for p in cli.status()["processes"] if p["role"] in ("apiserver", "controller", "plugin")]
+        os.kill(supervisor, signal.SIGKILL)
+        _until("a new supervisor, ready", lambda: (s := cli.status()) and s.get("state") == "ready"
+               and cli.pid("supervisor") != supervisor, timeout=180)
+        assert cli.status()["server"] == status["server"]
+        _until("the old supervisor's children to be gone", lambda: not any(pid_alive(p) for p in old_children) or None)
+        _until("pod second Running under the new supervisor", lambda: _pod_phase(api, "second") == "Running")
+        # deleting the pods releases their GPUs on the node (nothing leaked across the restarts and the reset)
+        for pod in ("first", "second"):
+            k8s_client.CoreV1Api(api).delete_namespaced_pod(pod, "default")
+        _until("no GPU in use on quad", lambda: {n["name"]: n["gpusInUse"] for n in cli.status()["nodes"]}["quad"] == 0)
+        cdi_dir = state / "nodes" / "quad"
+        _until("no claim CDI spec left", lambda: not list(cdi_dir.rglob("k8s.gpu.nvidia.com-claim_*.json")) or None)
+
         if shutil.which("kubectl"):
             out = subprocess.run(["kubectl", "--context", CONTEXT, "get", "nodes", "-o", "name"], env=cli.env,
                                  capture_output=True, text=True, timeout=60)
@@ -227,7 +245,7 @@ def test_cluster_up_fault_restart_down(cli: Cli) -> None:
     finally:
         api.close()
 
-    pids = [p["pid"] for p in cli.status()["processes"]]
+    pids = [p["pid"] for p in cli.status()["processes"]] + [int((state / "keeper.pid").read_text())]
     down = cli.run("down", "--name", NAME)
     assert down.returncode == 0, down.stderr
     assert f"context {CONTEXT} removed" in down.stdout
@@ -237,6 +255,7 @@ def test_cluster_up_fault_restart_down(cli: Cli) -> None:
     assert cli.run("status", "--name", NAME).returncode == 1
 
 
+@pytest.mark.process
 def test_fault_errors_name_what_is_accepted(cli: Cli) -> None:
     assert cli.run("fault", "n1", "--name", NAME, "--gpu", "0", "--xid", "79").returncode == 1  # no such cluster
     up = cli.run("up", "--name", NAME, "--nodes", "n1=t4-1")
@@ -315,7 +334,9 @@ def test_workload_controllers_plan_owners_then_pods() -> None:
     pods = [o for k, o in second.create if k == "Pod"]
     assert sorted(p["metadata"]["name"] for p in pods) == sorted(p["metadata"]["name"] for p in expand([{**deploy, "kind": "Deployment"}]))
     assert all(p["metadata"]["ownerReferences"][0]["uid"] == "rs-1" for p in pods)
-    running = [{**p, "status": {"phase": "Running"}} for p in pods]
+    running = [{**p, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}} for p in pods]
+    assert workload_status("Deployment", deploy, {"ReplicaSet": [rs], "Pod": [
+        {**p, "status": {"phase": "Running"}} for p in pods]})["readyReplicas"] == 0  # Running is not Ready
     assert workload_status("Deployment", deploy, {"ReplicaSet": [rs], "Pod": running})["readyReplicas"] == 2
     # the Deployment is gone: its ReplicaSet goes, then the ReplicaSet's pods (the garbage collector's order)
     gone = plan({"ReplicaSet": [rs], "Pod": running})

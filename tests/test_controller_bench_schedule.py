@@ -12,6 +12,7 @@ from controller_helpers import create_all, gpu_class, node, sim_slices, template
 from gpudra.kubeapi import KubeApi
 
 
+@pytest.mark.process
 def test_small_run_binds_every_pod_and_reports_figures() -> None:
     doc = measure(3, Shape(nodes=3, pods=8, timeout=60.0))
     assert doc["benchmark"] == "schedule" and doc["pods"] == 8 and doc["nodes"] == 3
@@ -50,6 +51,7 @@ def test_verify_reports_a_device_allocated_twice(apiserver: Any) -> None:
         verify(api, {"pod-a": 1, "pod-b": 1})
 
 
+@pytest.mark.process
 def test_run_reports_cpu_calls_digest_and_honours_rate(capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
     import json
@@ -80,6 +82,7 @@ def test_bad_sizes_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--nodes and --pods must be at least 1" in capsys.readouterr().err
 
 
+@pytest.mark.process
 def test_embedded_scheduler_placements_are_pinned() -> None:
     # Recorded with `bench schedule --nodes 10 --pods 40` on the scheduler that relisted claims and rebuilt the
     # snapshot every pass and expanded every pod's templates before binding any (commit 88fda9d); the 100 x 400

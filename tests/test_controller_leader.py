@@ -77,6 +77,7 @@ def _wait(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> No
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.slow
 def test_failover_between_two_controllers_never_allocates_a_device_twice(apiserver: Any) -> None:
     api = apiserver.api
     create_all(api, [gpu_class(), template("one", 1)])

@@ -11,6 +11,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from controller.explanation_writer import REASON_UNSCHEDULABLE
 from gpudra.logfmt import LogfmtFormatter, format_fields
 from controller.metrics import sample_value
@@ -72,6 +74,7 @@ def test_logs_are_key_value() -> None:
     assert format_fields({"a": 'say "hi"'}) == 'a="say \\"hi\\""'
 
 
+@pytest.mark.process
 def test_command_runs_and_releases_the_lease_on_sigterm(apiserver: Any) -> None:
     api = apiserver.api
     create_all(api, [gpu_class(), node("node-a"), gpu_slice("node-a", [("g0", "nvl")]),
@@ -101,6 +104,7 @@ def test_command_runs_and_releases_the_lease_on_sigterm(apiserver: Any) -> None:
     assert "msg=\"lease released\"" in stderr
 
 
+@pytest.mark.process
 def test_command_rejects_bad_timings_with_the_flag_names() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "cli.main", "controller", "--lease-duration", "5", "--renew-deadline", "10"],

@@ -252,6 +252,7 @@ def test_demo_sigterm_stops_every_child(workdir: Path, demo: Demo) -> None:
     assert _processes_mentioning(str(workdir)) == []
 
 
+@pytest.mark.process
 def test_demo_rejects_a_workdir_in_use(workdir: Path, demo: Demo) -> None:
     workdir.mkdir(parents=True)
     (workdir / "left-over").write_text("x")
@@ -261,6 +262,7 @@ def test_demo_rejects_a_workdir_in_use(workdir: Path, demo: Demo) -> None:
     assert f"--workdir {workdir}: must be empty" in err and out == ""
 
 
+@pytest.mark.process
 def test_demo_names_missing_manifests(tmp_path: Path, workdir: Path, demo: Demo) -> None:
     (tmp_path / "examples").mkdir()
     proc = demo("--manifests", str(tmp_path), "--workdir", str(workdir))

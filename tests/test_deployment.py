@@ -39,6 +39,7 @@ def agent_pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
 # ---- the node agent's pod ---------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_node_agent_is_privileged_with_dev_and_driver_root_and_no_gpus_injected() -> None:
     spec = agent_pod(build())
     (container,) = spec["containers"]
@@ -60,6 +61,7 @@ def test_node_agent_is_privileged_with_dev_and_driver_root_and_no_gpus_injected(
         assert path in mounts
 
 
+@pytest.mark.process
 def test_node_agent_runs_on_gpu_nodes_only_and_tolerates_the_gpu_taint() -> None:
     spec = agent_pod(build())
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -69,11 +71,13 @@ def test_node_agent_runs_on_gpu_nodes_only_and_tolerates_the_gpu_taint() -> None
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
 
 
+@pytest.mark.process
 def test_device_plugin_shim_is_opt_in() -> None:
     assert "--device-plugin" not in agent_pod(build())["containers"][0]["args"]
     assert "--device-plugin" in agent_pod(build("device-plugin"))["containers"][0]["args"]
 
 
+@pytest.mark.process
 def test_kind_overlay_runs_the_simulator_on_unlabelled_nodes() -> None:
     spec = agent_pod(build("kind/overlay"))
     env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
@@ -211,6 +215,7 @@ def _missing(needs: list[Need], grants: set[tuple[str, str, str]]) -> list[str]:
                    for n in needs if (n.group, n.resource, n.verb) not in grants})
 
 
+@pytest.mark.slow
 def test_the_derivation_sees_the_calls_it_must() -> None:
     """A guard against a derivation that silently finds nothing: known calls are found."""
     controller = {(n.resource, n.verb) for n in code_needs("controller")}
@@ -221,6 +226,7 @@ def test_the_derivation_sees_the_calls_it_must() -> None:
             ("deployments", "create"), ("deployments", "delete"), ("pods", "list")} <= agent
 
 
+@pytest.mark.process
 def test_controller_rbac_grants_every_call_the_controller_makes() -> None:
     needs = code_needs("controller")
     # The informers list and watch these kinds (named in a constant, not at the call).
@@ -230,6 +236,7 @@ def test_controller_rbac_grants_every_call_the_controller_makes() -> None:
     assert _missing(needs, granted(build(), "gpu-dra-controller")) == []
 
 
+@pytest.mark.process
 def test_node_agent_rbac_grants_every_call_the_agent_makes() -> None:
     needs = code_needs("driver")
     assert _missing(needs, granted(build(), "gpu-dra-node-agent")) == []
@@ -258,6 +265,7 @@ def test_embedded_only_modules_run_only_in_embedded_mode() -> None:
     assert not embedded_only & (driven_anywhere - driven_in_embedded)
 
 
+@pytest.mark.slow
 def test_embedded_only_helpers_are_imported_only_by_embedded_only_modules() -> None:
     for helper in EMBEDDED_ONLY_HELPERS:
         module = helper.removesuffix(".py").replace("/", ".")

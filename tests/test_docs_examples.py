@@ -107,6 +107,7 @@ def commands(text: str) -> list[str]:
     return out
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("page, block", SH, ids=[b.id for _, b in SH])
 def test_shell_examples_run_as_written(page: Page, block: Block) -> None:
     script = [c for c in commands(block.text) if not c.startswith("make ")]
@@ -195,6 +196,8 @@ def mentions() -> list[tuple[str, str]]:
             if page.path != path:
                 continue
             for b in page.blocks:
+                if b.lang == "mermaid":
+                    continue  # a diagram's labels, not commands
                 for c in commands(b.text):
                     found += [(b.id, s) for s in re.findall(r"(gpu-dra [^|;&]+)", c)]
     return found

@@ -50,6 +50,7 @@ def _fake_root(tmp_path: Path, lib_dir: str = "usr/lib/x86_64-linux-gnu") -> Pat
     return root
 
 
+@pytest.mark.process
 def test_library_found_through_an_absolute_link_inside_the_root(tmp_path: Path) -> None:
     root = _fake_root(tmp_path, "usr/lib64")
     found = DriverRoot(root).find_library()
@@ -67,6 +68,7 @@ def test_missing_library_names_every_path_searched(tmp_path: Path) -> None:
     assert "--driver-root" in message
 
 
+@pytest.mark.process
 def test_real_backend_loads_nvml_by_path_from_the_driver_root(tmp_path: Path) -> None:
     """In a fresh interpreter (pynvml holds one library per process): the fake root's library is the one used."""
     root = _fake_root(tmp_path)
@@ -86,6 +88,7 @@ def test_real_backend_loads_nvml_by_path_from_the_driver_root(tmp_path: Path) ->
     assert version == "550.54.15-fake"
 
 
+@pytest.mark.process
 def test_plugin_exits_2_naming_the_paths_when_the_root_has_no_nvml(tmp_path: Path) -> None:
     root = tmp_path / "no-driver"
     root.mkdir()
@@ -107,6 +110,7 @@ class _Recorder:
         return CommandResult(0, "", "")
 
 
+@pytest.mark.process
 def test_tools_run_from_the_driver_root_with_its_nvml_preloaded(tmp_path: Path) -> None:
     root = _fake_root(tmp_path, "usr/lib64")
     bin_dir = root / "usr/bin"

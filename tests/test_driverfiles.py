@@ -92,6 +92,7 @@ def fake_root(root: Path, libs: dict[str, Path], *, persistenced: bool = False) 
     return root
 
 
+@pytest.mark.process
 def test_resolve_in_root_follows_links_inside_the_root(tmp_path: Path, elf_libs: dict[str, Path]) -> None:
     root = fake_root(tmp_path / "root", elf_libs)
     os.symlink("/usr/lib", root / "lib64")
@@ -102,6 +103,7 @@ def test_resolve_in_root_follows_links_inside_the_root(tmp_path: Path, elf_libs:
     assert resolve_in_root(root, "/loop/x") is None
 
 
+@pytest.mark.process
 def test_soname_is_read_from_the_elf(elf_libs: dict[str, Path], tmp_path: Path) -> None:
     assert soname(elf_libs["libcuda"]) == "libcuda.so.1"
     assert soname(elf_libs["libGLX_nvidia"]) == "libGLX_nvidia.so.0"
@@ -110,6 +112,7 @@ def test_soname_is_read_from_the_elf(elf_libs: dict[str, Path], tmp_path: Path) 
     assert soname(tmp_path / "absent") is None
 
 
+@pytest.mark.process
 def test_every_library_of_the_driver_version_is_mounted_under_its_soname_in_both_families(
     tmp_path: Path, elf_libs: dict[str, Path],
 ) -> None:
@@ -137,6 +140,7 @@ def test_every_library_of_the_driver_version_is_mounted_under_its_soname_in_both
     assert len(files.notes) == 1 and "--cdi-hook-path" in files.notes[0]
 
 
+@pytest.mark.process
 def test_a_deployed_hook_adds_forward_compat_and_device_node_hooks(tmp_path: Path, elf_libs: dict[str, Path]) -> None:
     hook = "/var/lib/kubelet/plugins/gpu.nvidia.com/bin/nvidia-cdi-hook"
     files = discover(fake_root(tmp_path / "root", elf_libs), VERSION, hook_path=hook)
@@ -149,6 +153,7 @@ def test_a_deployed_hook_adds_forward_compat_and_device_node_hooks(tmp_path: Pat
     assert files.notes == ()
 
 
+@pytest.mark.process
 def test_host_root_prefixes_host_paths_only(tmp_path: Path, elf_libs: dict[str, Path]) -> None:
     root = fake_root(tmp_path / "root", elf_libs)
     files = discover(root, VERSION, host_root="/run/nvidia/driver")
@@ -156,6 +161,7 @@ def test_host_root_prefixes_host_paths_only(tmp_path: Path, elf_libs: dict[str, 
     assert cuda.host_path == f"/run/nvidia/driver{LIBDIR}/libcuda.so.{VERSION}"
 
 
+@pytest.mark.process
 def test_ipc_socket_is_mounted_once(elf_libs: dict[str, Path]) -> None:
     # Unix socket paths must fit 107 bytes, pytest's tmp_path often does not.
     with short_tmp() as tmp:
@@ -167,6 +173,7 @@ def test_ipc_socket_is_mounted_once(elf_libs: dict[str, Path]) -> None:
     ]
 
 
+@pytest.mark.process
 def test_missing_root_or_other_version_yields_nothing(tmp_path: Path, elf_libs: dict[str, Path]) -> None:
     missing = discover(tmp_path / "absent", VERSION)
     assert missing.mounts == () and missing.hooks == () and missing.container_edits() == {}
@@ -194,6 +201,7 @@ def _device() -> cdi.DeviceEdits:
     return cdi.DeviceEdits(device_name="gpu-0", uuid="GPU-0", gpu_minor=0)
 
 
+@pytest.mark.process
 def test_spec_carries_driver_files_at_top_level_with_minimal_valid_version(tmp_path: Path, elf_libs: dict[str, Path]) -> None:
     files = discover(fake_root(tmp_path / "root", elf_libs), VERSION, hook_path="/usr/bin/nvidia-cdi-hook")
     spec = cdi.claim_spec("abc-1", [_device()], files.container_edits())
@@ -261,6 +269,7 @@ def _agent(tmp_path: Path, driver_root: Path | None) -> NodeAgent:
     return agent
 
 
+@pytest.mark.process
 def test_agent_puts_driver_files_into_every_claim_spec(tmp_path: Path, elf_libs: dict[str, Path]) -> None:
     agent = _agent(tmp_path, fake_root(tmp_path / "root", elf_libs))
     try:

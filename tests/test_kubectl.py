@@ -93,6 +93,7 @@ spec:
 """
 
 
+@pytest.mark.process
 def test_list_files_apply_and_create_with_default_validation(apiserver: Any, tmp_path: Path) -> None:
     path = _write(tmp_path, "slices.yaml", [_slice_list(["n1", "n2"])])
     assert "created" in kubectl(apiserver, "create", "-f", path).stdout
@@ -107,6 +108,7 @@ def test_list_files_apply_and_create_with_default_validation(apiserver: Any, tmp
     assert 'unknown field "capcity" in io.k8s.api.resource.v1.Device' in done.stderr
 
 
+@pytest.mark.process
 def test_get_tables_wide_and_sort_by(apiserver: Any, tmp_path: Path) -> None:
     api = apiserver.api
     for name in ("zeta", "alpha"):
@@ -141,6 +143,7 @@ def test_get_tables_wide_and_sort_by(apiserver: Any, tmp_path: Path) -> None:
     assert [r[2] for r in rows(events)] == ["Reason1", "Reason0"]
 
 
+@pytest.mark.process
 def test_watch_keeps_its_columns(apiserver: Any) -> None:
     env = {**os.environ, "KUBECONFIG": str(apiserver.kubeconfig), "HOME": str(apiserver.kubeconfig.parent)}
     assert KUBECTL is not None
@@ -164,6 +167,7 @@ def test_watch_keeps_its_columns(apiserver: Any) -> None:
         proc.wait(timeout=30)
 
 
+@pytest.mark.process
 @pytest.mark.apiserver_options(runtime_config=RESOURCE_BETAS)
 def test_describe_and_explain(apiserver: Any) -> None:
     register_node(apiserver.api, node_object("n1"))
@@ -177,6 +181,7 @@ def test_describe_and_explain(apiserver: Any) -> None:
     assert "deviceClassName\t<string>" in beta and "VERSION:    v1beta1" in beta
 
 
+@pytest.mark.process
 @pytest.mark.apiserver_options(runtime_config=RESOURCE_BETAS)
 def test_nvidia_v1beta1_manifests_apply_and_read_back_in_every_version(apiserver: Any, tmp_path: Path) -> None:
     path = tmp_path / "quickstart.yaml"
@@ -195,6 +200,7 @@ def test_nvidia_v1beta1_manifests_apply_and_read_back_in_every_version(apiserver
     assert header(table) == ["NAME", "STATE", "AGE"] and rows(table)[0][:2] == ["single", "pending"]
 
 
+@pytest.mark.process
 def test_server_side_apply_says_it_is_not_available(apiserver: Any, tmp_path: Path) -> None:
     path = _write(tmp_path, "s.yaml", [_slice_list(["n1"])])
     done = kubectl(apiserver, "apply", "--server-side", "-f", path, check=False)
@@ -202,6 +208,7 @@ def test_server_side_apply_says_it_is_not_available(apiserver: Any, tmp_path: Pa
     assert "use client-side apply: kubectl apply without --server-side" in done.stderr
 
 
+@pytest.mark.process
 def test_device_taint_rules_through_kubectl(apiserver: Any, tmp_path: Path) -> None:
     rule = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule", "metadata": {"name": "drain"},
             "spec": {"deviceSelector": {"driver": GPU}, "taint": {"key": "example.com/drain", "effect": "NoExecute"}}}
@@ -212,6 +219,7 @@ def test_device_taint_rules_through_kubectl(apiserver: Any, tmp_path: Path) -> N
     assert done.returncode != 0 and 'spec.taint.effect: Unsupported value: "Never"' in done.stderr
 
 
+@pytest.mark.process
 def test_a_lease_per_node_is_listed(apiserver: Any) -> None:
     register_node(apiserver.api, node_object("n1"))
     leases = kubectl(apiserver, "get", "leases", "-n", "kube-node-lease").stdout

@@ -46,6 +46,7 @@ def _containers(server: Any) -> list[dict[str, Any]]:
     return _get(server, "deployment", "web")["spec"]["template"]["spec"]["containers"]  # type: ignore[no-any-return]
 
 
+@pytest.mark.process
 def test_apply_of_an_edited_deployment_keeps_every_field(apiserver: Any, tmp_path: Path) -> None:
     _apply(apiserver, tmp_path, DEPLOYMENT)
     edited = json.loads(json.dumps(DEPLOYMENT))
@@ -71,6 +72,7 @@ def test_apply_of_an_edited_deployment_keeps_every_field(apiserver: Any, tmp_pat
     assert _containers(apiserver)[1]["command"] == ["sh", "-c", "sleep 3600"]
 
 
+@pytest.mark.process
 def test_set_image_keeps_every_field(apiserver: Any, tmp_path: Path) -> None:
     _apply(apiserver, tmp_path, DEPLOYMENT)
     before = _containers(apiserver)
@@ -80,6 +82,7 @@ def test_set_image_keeps_every_field(apiserver: Any, tmp_path: Path) -> None:
     assert after[1] == before[1]
 
 
+@pytest.mark.process
 def test_edit_keeps_every_field(apiserver: Any, tmp_path: Path) -> None:
     _apply(apiserver, tmp_path, DEPLOYMENT)
     editor = tmp_path / "editor.py"
@@ -98,6 +101,7 @@ def test_edit_keeps_every_field(apiserver: Any, tmp_path: Path) -> None:
     assert _containers(apiserver) == before
 
 
+@pytest.mark.process
 def test_strategic_patch_with_directives(apiserver: Any, tmp_path: Path) -> None:
     _apply(apiserver, tmp_path, DEPLOYMENT)
     kubectl(apiserver, "patch", "deployment", "web", "-p", json.dumps(
@@ -115,6 +119,7 @@ def test_strategic_patch_with_directives(apiserver: Any, tmp_path: Path) -> None
     assert [c["name"] for c in _containers(apiserver)] == ["only"]
 
 
+@pytest.mark.process
 @pytest.mark.apiserver_options(runtime_config=RESOURCE_BETAS)
 def test_label_through_v1beta1_of_a_template_created_through_v1(apiserver: Any, tmp_path: Path) -> None:
     _apply(apiserver, tmp_path, {

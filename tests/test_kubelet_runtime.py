@@ -26,6 +26,8 @@ from tests.conftest import RunningApiServer
 from tests.plugin_helpers import DRIVER, NODE, create_allocated_claim, short_tmp, start_agent
 from tests.runtime_helpers import require_podman
 
+pytestmark = pytest.mark.process  # every test here starts a container runtime
+
 T = TypeVar("T")
 DEADLINE = 60.0
 
@@ -79,6 +81,7 @@ def cluster(apiserver: RunningApiServer) -> Iterator[Cluster]:
     require_podman()
     with short_tmp() as tmp:
         apiserver.server.pod_logs = PodLogsDir(tmp / "pod-logs")
+        apiserver.api.create("Node", {"metadata": {"name": NODE}})  # the kubelet publishes its exec port on it
         agent = start_agent(tmp, apiserver.api, profile="v100-4")
         runtime = Runtimes(tmp / "runtime").for_node(NODE, tmp / "cdi")
         kubelet = NodeKubelet(apiserver.api, NODE, tmp / "kubelet", DRIVER, runtime=runtime, pod_logs_dir=tmp / "pod-logs")
@@ -199,3 +202,126 @@ def test_legacy_pod_gets_its_device_plugin_gpu_and_frees_it_when_done(apiserver:
             shim.stop()
             dm.stop()
             checkpoint.close()
+
+
+def test_crashing_container_goes_into_crash_loop_back_off_and_the_pod_is_not_ready(cluster: Cluster) -> None:
+    cluster.pod("crash", "echo crashing; exit 1", restart="Always")
+
+    def waiting() -> dict[str, Any] | None:
+        pod = cluster.api.get("Pod", "crash", namespace="default")
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        if statuses and "waiting" in statuses[0]["state"]:
+            return pod
+        return None
+
+    # The first exit restarts at once (restartCount 1); the second waits out a 10 s back-off.
+    pod = wait_for("CrashLoopBackOff", waiting)
+    (status,) = pod["status"]["containerStatuses"]
+    uid = pod["metadata"]["uid"]
+    assert status["state"]["waiting"] == {
+        "reason": "CrashLoopBackOff",
+        "message": f"back-off 10s restarting failed container=main pod=crash_default({uid})"}
+    assert status["ready"] is False and status["restartCount"] == 1
+    assert status["lastState"]["terminated"]["exitCode"] == 1
+    assert pod["status"]["phase"] == "Running"
+    conditions = {c["type"]: c for c in pod["status"]["conditions"]}
+    assert conditions["Ready"]["status"] == "False" and conditions["ContainersReady"]["status"] == "False"
+    assert conditions["Ready"]["message"] == "containers with unready status: [main]"
+    row = cluster.kubectl("get", "pod", "crash", "--no-headers").stdout.split()
+    assert row[1:3] == ["0/1", "CrashLoopBackOff"], row
+    events = [e for e in cluster.api.list("Event", namespace="default")[0]
+              if e["involvedObject"].get("uid") == uid and e["reason"] == "BackOff"]
+    assert len(events) == 1 and events[0]["type"] == "Warning"
+    assert events[0]["message"] == f"Back-off restarting failed container main in pod crash_default({uid})"
+    assert events[0]["involvedObject"]["fieldPath"] == "spec.containers{main}"
+    assert events[0]["source"] == {"component": "kubelet", "host": NODE}
+    # Not restarted during the back-off; restarted once it is over (restartCount 2), then 20 s.
+    time.sleep(3)
+    assert cluster.api.get("Pod", "crash", namespace="default")["status"]["containerStatuses"][0]["restartCount"] == 1
+    wait_for("the 20 s back-off", lambda: "back-off 20s" in str(waiting() or ""))
+    assert waiting()["status"]["containerStatuses"][0]["restartCount"] == 2  # type: ignore[index]
+
+
+def test_init_containers_run_in_order_to_completion_before_the_app(cluster: Cluster) -> None:
+    def create(name: str, inits: list[tuple[str, str]], restart: str = "Always") -> None:
+        cluster.api.create("Pod", {"metadata": {"name": name, "namespace": "default"}, "spec": {
+            "nodeName": NODE, "restartPolicy": restart,
+            "initContainers": [{"name": n, "image": "busybox", "command": ["sh", "-c", script]} for n, script in inits],
+            "containers": [{"name": "main", "image": "busybox", "command": ["sh", "-c", "echo app; sleep 1000"]}]}},
+            namespace="default")
+
+    create("ordered", [("first", "sleep 3; echo first"), ("second", "echo second")])
+    row = wait_for("Init:0/2", lambda: (r := cluster.kubectl("get", "pod", "ordered", "--no-headers").stdout.split())
+                   and r[2] == "Init:0/2" and r)
+    assert row[1] == "0/1"
+    pod = cluster.api.get("Pod", "ordered", namespace="default")
+    initialized = next(c for c in pod["status"]["conditions"] if c["type"] == "Initialized")
+    assert initialized["status"] == "False" and initialized["message"] == "containers with incomplete status: [first second]"
+    assert pod["status"]["phase"] == "Pending"
+    assert pod["status"]["containerStatuses"][0]["state"] == {"waiting": {"reason": "PodInitializing"}}
+    pod = cluster.wait_phase("ordered", "Running")
+    inits = pod["status"]["initContainerStatuses"]
+    assert [(s["name"], s["state"]["terminated"]["exitCode"], s["state"]["terminated"]["reason"]) for s in inits] == [
+        ("first", 0, "Completed"), ("second", 0, "Completed")]
+    first_done = inits[0]["state"]["terminated"]["finishedAt"]
+    assert first_done <= inits[1]["state"]["terminated"]["startedAt"]
+    assert cluster.kubectl("logs", "ordered", "-c", "first").stdout == "first\n"
+    wait_for("the app's output", lambda: cluster.kubectl("logs", "ordered").stdout == "app\n")
+    # A failing init container under restartPolicy Never fails the pod; its app never starts.
+    create("broken", [("setup", "exit 2")], restart="Never")
+    pod = cluster.wait_phase("broken", "Failed")
+    assert pod["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 2
+    assert cluster.kubectl("get", "pod", "broken", "--no-headers").stdout.split()[2] == "Init:Error"
+    assert not any(r.name == "broken" and r.containers for r in cluster.kubelet.snapshot().values())
+
+
+def test_empty_dir_config_map_and_secret_volumes_are_real_files(cluster: Cluster) -> None:
+    import base64
+
+    cluster.api.create("ConfigMap", {"metadata": {"name": "settings"}, "data": {"mode": "fast", "level": "3"}},
+                       namespace="default")
+    cluster.api.create("Secret", {"metadata": {"name": "token"}, "data": {"token": base64.b64encode(b"s3cret").decode()}},
+                       namespace="default")
+    script = ("cat /etc/settings/mode; echo; cat /etc/only/lvl; echo; cat /run/token/token; echo; "
+              "echo shared > /scratch/f; cat /scratch/f; touch /etc/settings/x 2>/dev/null || echo read-only")
+    cluster.api.create("Pod", {"metadata": {"name": "vols", "namespace": "default"}, "spec": {
+        "nodeName": NODE, "restartPolicy": "Never",
+        "volumes": [{"name": "settings", "configMap": {"name": "settings"}},
+                    {"name": "only", "configMap": {"name": "settings", "items": [{"key": "level", "path": "lvl"}]}},
+                    {"name": "token", "secret": {"secretName": "token"}}, {"name": "scratch", "emptyDir": {}}],
+        "containers": [{"name": "main", "image": "busybox", "command": ["sh", "-c", script], "volumeMounts": [
+            {"name": "settings", "mountPath": "/etc/settings"}, {"name": "only", "mountPath": "/etc/only"},
+            {"name": "token", "mountPath": "/run/token"}, {"name": "scratch", "mountPath": "/scratch"}]}]}},
+        namespace="default")
+    pod = cluster.wait_phase("vols", "Succeeded", "Failed")
+    assert pod["status"]["phase"] == "Succeeded", cluster.kubectl("logs", "vols").stdout
+    assert cluster.kubectl("logs", "vols").stdout.splitlines() == ["fast", "3", "s3cret", "shared", "read-only"]
+    # A missing ConfigMap keeps a pod in ContainerCreating with a FailedMount event.
+    cluster.api.create("Pod", {"metadata": {"name": "nomap", "namespace": "default"}, "spec": {
+        "nodeName": NODE, "volumes": [{"name": "cfg", "configMap": {"name": "absent"}}],
+        "containers": [{"name": "main", "image": "busybox", "volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}]}]}},
+        namespace="default")
+    event = wait_for("FailedMount", lambda: next((e for e in cluster.api.list("Event", namespace="default")[0]
+                                                  if e["reason"] == "FailedMount"), None))
+    assert event["message"] == 'MountVolume.SetUp failed for volume "cfg" : configmap "absent" not found'
+    assert cluster.kubectl("get", "pod", "nomap", "--no-headers").stdout.split()[2] == "ContainerCreating"
+
+
+def test_kubectl_exec_runs_in_the_container_over_websocket(cluster: Cluster) -> None:
+    kubectl = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "kubectl")  # 1.37: WebSocket first
+    cluster.pod("shell", "echo ready > /tmp/state 2>/dev/null; sleep 1000", restart="Always")
+    cluster.wait_phase("shell", "Running")
+
+    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([kubectl, "--kubeconfig", str(cluster.kubeconfig), "-n", "default", *args],
+                              capture_output=True, text=True, timeout=60, input=stdin)
+
+    done = run("exec", "shell", "--", "sh", "-c", "echo out $GREETING; echo err >&2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "out hello\n" and done.stderr == "err\n"
+    failed = run("exec", "shell", "--", "sh", "-c", "exit 3")
+    assert failed.returncode == 3 and "command terminated with exit code 3" in failed.stderr
+    piped = run("exec", "-i", "shell", "-c", "main", "--", "sh", "-c", "tr a-z A-Z", stdin="shout\n")
+    assert piped.returncode == 0 and piped.stdout == "SHOUT\n", piped.stderr
+    missing = run("exec", "shell", "-c", "nope", "--", "true")
+    assert missing.returncode != 0 and "container nope is not valid for pod shell" in missing.stderr

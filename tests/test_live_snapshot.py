@@ -8,6 +8,8 @@ import random
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from controller.allocator import parse_claim
 from controller.cel import CelEnvironment
 from controller.informer import Store
@@ -65,6 +67,7 @@ def _stores(slices: list[dict[str, Any]]) -> dict[str, Store]:
     return stores
 
 
+@pytest.mark.slow
 def test_incremental_updates_place_like_a_rebuilt_snapshot() -> None:
     rng = random.Random(7)
     slices = [_slice(f"n{i:02d}", rng.choice([4, 8]), rng.random() < 0.4) for i in range(12)]

@@ -40,6 +40,7 @@ def test_modest_aliases_are_fine() -> None:
     "[" * 100_000 + "]" * 100_000,
     '{"a":' * 5000 + "1" + "}" * 5000,
 ])
+@pytest.mark.slow
 def test_deep_nesting_is_refused_without_a_traceback(text: str) -> None:
     with pytest.raises(InputError) as err:
         parse_documents(text, "deep.yaml")
@@ -69,6 +70,7 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("command", [["validate"], ["allocate"], ["explain"], ["validate", "--strict"]])
 @pytest.mark.parametrize("payload", ["bomb", "deep", "dup"])
 def test_every_command_exits_2_with_one_line(tmp_path: Path, command: list[str], payload: str) -> None:

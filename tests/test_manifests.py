@@ -30,6 +30,7 @@ def manifest_files() -> list[Path]:
     return sorted(p for p in MANIFESTS.rglob("*.yaml") if p.name not in NOT_API_OBJECTS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", manifest_files(), ids=lambda p: str(p.relative_to(MANIFESTS)))
 def test_manifest_passes_kubernetes_schema_strict(path: Path) -> None:
     objects = load_objects([str(path)])
@@ -56,6 +57,7 @@ def test_every_kustomization_lists_existing_files() -> None:
             assert (k.parent / res).exists(), f"{k}: resource {res} does not exist"
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 @pytest.mark.parametrize("overlay", ["", "extended-resource", "device-plugin", "kind/overlay", "shared-capacity",
                                      "webhook", "allow-device-plugin-coexistence"])

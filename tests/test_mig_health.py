@@ -108,6 +108,7 @@ def _agree(follower: HealthFollower, api: Any) -> bool:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("partitionable", [False, True], ids=["static", "partitionable"])
 def test_mig_xid_taints_exactly_that_mig_device(work: Path, apiserver: Any, partitionable: bool) -> None:
     faults = work / "faults.json"

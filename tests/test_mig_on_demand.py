@@ -305,6 +305,7 @@ def _published_device(apiserver: Any, name: str) -> dict[str, Any] | None:
     return next((d for s in slices for d in s["spec"].get("devices", []) if d["name"] == name), None)
 
 
+@pytest.mark.slow
 def test_placement_claim_over_grpc(short: Path, apiserver: Any) -> None:
     agent: NodeAgent = start_agent(short, apiserver.api, partitionable=True)
     kubelet = KubeletSim(short / "kubelet")

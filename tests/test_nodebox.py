@@ -36,6 +36,8 @@ from sim.runtime.rootfs import add_program
 from tests.plugin_helpers import short_tmp
 from tests.runtime_helpers import require_podman
 
+pytestmark = pytest.mark.process  # every test here builds or runs the C mock of libnvidia-ml (gcc, the agent)
+
 PROFILE = "a30-4"  # four A30s; GPU 0 in MIG mode with three MIG devices
 NODE = "box-node"
 CFG = {"apiVersion": "gpu.nvidia.com/v1alpha1", "kind": "GpuConfig"}

@@ -88,6 +88,7 @@ def _wait(predicate: Any, timeout: float = 60.0) -> Any:
     raise AssertionError("condition not met in time")
 
 
+@pytest.mark.process
 def test_plugin_sets_labels_on_its_node(apiserver: Any) -> None:
     apiserver.api.create("Node", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {"team": "ml"}}})
     with short_tmp() as work:

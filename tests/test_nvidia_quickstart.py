@@ -766,6 +766,7 @@ spec:
 """
 
 
+@pytest.mark.slow
 def test_manifests_without_namespace_are_read_into_default(tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
     node = SimNode(tmp, "dgx-a100-40gb")
     spec_file = _write(tmp, "spec.yaml", HELM_CLASSES, MIG_TS_NO_NAMESPACE)

@@ -65,6 +65,7 @@ def test_twin_is_v1beta1_shaped() -> None:
     ],
     ids=["gpu-test1", "gpu-test2", "gpu-test3", "gpu-test4", "gpu-test5", "gpu-test7", "gpu-test8", "gpu-test-mps"],
 )
+@pytest.mark.slow
 def test_v1beta1_twins_validate_allocate_and_prepare(
     tmp: Path, capsys: pytest.CaptureFixture[str], spec: str, profile: str, claims: int,
 ) -> None:

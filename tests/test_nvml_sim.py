@@ -336,6 +336,7 @@ def test_compute_mode_hooks() -> None:
         sim.nvmlDeviceSetComputeMode(h, 7)
 
 
+@pytest.mark.slow
 def test_every_shipped_profile_loads() -> None:
     for name in shipped_profiles():
         profile = load_profile(name)
@@ -356,6 +357,7 @@ def _identities(profile: str, node: str | None) -> tuple[list[str], list[str], s
     return uuids, names, {g.nvlink_domain for g in inv.gpus}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["dgx-a100", "dgx-a100-mig"])
 def test_two_nodes_of_one_profile_have_disjoint_identities(profile: str) -> None:
     uuids_1, names_1, domains_1 = _identities(profile, "a100-1")
@@ -371,6 +373,7 @@ def test_two_nodes_of_one_profile_have_disjoint_identities(profile: str) -> None
     assert buses[0] == buses[1]
 
 
+@pytest.mark.slow
 def test_node_identity_is_stable_and_absent_without_a_node() -> None:
     assert _identities("dgx-a100-mig", "a100-1") == _identities("dgx-a100-mig", "a100-1")
     verbatim, _, _ = _identities("dgx-a100", None)

@@ -196,6 +196,7 @@ def demo_slices() -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.slow
 def test_demo_examples_allocate_and_explain_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The examples as one input, as `kubectl apply -f manifests/examples/` gives them to the cluster: the gang is
     placed first (both A100 nodes), so the two A100 trainings do not fit; explain says the same."""

@@ -29,6 +29,7 @@ PINNED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("scenario", "nodes"), sorted(PINNED))
 def test_benchmark_placements_are_pinned(scenario: str, nodes: int) -> None:
     result = measure(scenario, 1, CelEnvironment(), Size(nodes, 8))
@@ -36,6 +37,7 @@ def test_benchmark_placements_are_pinned(scenario: str, nodes: int) -> None:
     assert result["placementDigest"] == PINNED[(scenario, nodes)]
 
 
+@pytest.mark.slow
 def test_default_scenario_a_shape_is_pinned() -> None:
     result = measure("a", 1, CelEnvironment())  # 500 nodes x 10 devices, 5000 claims
     assert (result["nodes"], result["claims"], result["allocated"]) == (500, 5000, 5000)
@@ -145,6 +147,7 @@ def test_invalidate_picks_up_allocations_made_elsewhere() -> None:
     assert isinstance(p.place([one_gpu("y")], ["b"]), NoPlacement)
 
 
+@pytest.mark.slow
 def test_allocate_command_takes_sizes_and_reports_cpu_and_digest(capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
     import json

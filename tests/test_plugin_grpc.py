@@ -172,6 +172,7 @@ def test_health_stream_follows_changes(agent: NodeAgent, kubelet: KubeletSim) ->
     assert len(updates[1].devices) == len(first)  # always the full list
 
 
+@pytest.mark.slow
 def test_kubelet_restart_reregisters_and_republishes(agent: NodeAgent, kubelet: KubeletSim, apiserver) -> None:  # type: ignore[no-untyped-def]
     kubelet.wait_for_plugin(DRIVER, timeout=60)
     _wait(lambda: agent.plugin.registrations == 1 and len(apiserver.api.list("ResourceSlice")[0]) > 0, "first publish")

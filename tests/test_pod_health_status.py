@@ -105,6 +105,7 @@ def _status(api: Any) -> list[dict[str, Any]]:
     return statuses[0].get("allocatedResourcesStatus") if statuses else None  # type: ignore[return-value]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("version", ["1.37", "1.36"])
 def test_unhealthy_gpu_shows_in_pod_status(work: Path, apiserver, version: str) -> None:  # type: ignore[no-untyped-def]
     api = apiserver.api
@@ -137,6 +138,7 @@ def test_unhealthy_gpu_shows_in_pod_status(work: Path, apiserver, version: str) 
         agent.stop()
 
 
+@pytest.mark.slow
 def test_kubelet_1_35_writes_no_health(work: Path, apiserver) -> None:  # type: ignore[no-untyped-def]
     api = apiserver.api
     agent = start_agent(work, api)

@@ -195,6 +195,7 @@ def test_inventory_change_grows_and_shrinks_pool(apiserver: Any) -> None:
     assert got[f"{NODE}-{DRIVER}-0"]["spec"]["pool"] == {"name": NODE, "generation": 3, "resourceSliceCount": 1}
 
 
+@pytest.mark.slow
 def test_slice_deleted_by_someone_else_is_recreated(apiserver: Any) -> None:
     api: KubeApi = apiserver.api
     pub = SlicePublisher(api, DRIVER, NODE)
@@ -409,6 +410,7 @@ def test_fields_dropped_by_the_server_do_not_cause_endless_updates(apiserver: An
     assert pub.publish(desired([h100(0), h100(1)])).generation == 2
 
 
+@pytest.mark.slow
 def test_slices_wiped_by_the_kubelet_are_republished_at_once_not_at_resync(apiserver: Any) -> None:
     """The kubelet deletes a driver's slices after its plugin unregistered; the watch brings them back promptly."""
     api: KubeApi = apiserver.api

@@ -29,6 +29,8 @@ from tests.plugin_helpers import short_tmp
 from tests.runtime_helpers import require_podman
 from tests.test_prepare import CFG, Claims, RecordingSharing, claim
 
+pytestmark = pytest.mark.process  # every test here starts a container runtime
+
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"
 DEADLINE = 60.0

@@ -18,7 +18,7 @@ from controlplane.podlogs import PodLogsDir, parse_cri_log
 from sim.kubelet.dra import ClaimInfo, PreparedDevice
 from sim.kubelet.pods import (
     ContainerRun, LegacyGrant, PreparedClaim, container_cdi_devices, container_command, container_env, expand, pod_phase,
-    restart_delay, will_restart,
+    will_restart,
 )
 from sim.runtime import choose, driverinstall
 from tests.conftest import RunningApiServer
@@ -65,9 +65,9 @@ def test_pod_phase_follows_containers_and_restart_policy() -> None:
     assert pod_phase("OnFailure", [_run(1)]) is None and will_restart("OnFailure", _run(1))
     assert pod_phase("Always", [_run(0)]) is None and will_restart("Always", _run(0))
     assert not will_restart("Always", _run(None))
-    assert restart_delay(0) == 0.5 and restart_delay(1) == 1.0 and restart_delay(30) == 10.0
 
 
+@pytest.mark.process
 def test_runtime_choice() -> None:
     assert choose("none").kind == "none"
     with pytest.raises(ValueError, match="expected one of auto, podman, none"):
@@ -80,6 +80,7 @@ def test_runtime_choice() -> None:
             choose("podman")
 
 
+@pytest.mark.process
 def test_simulated_nvidia_smi_lists_only_devices_present(tmp_path: Path) -> None:
     inventory = discover(load_backend("sim:h100-mig", node="n"), "n")
     script = driverinstall.script("n", inventory)
@@ -136,6 +137,7 @@ def _pod(apiserver: RunningApiServer, name: str, containers: list[str], phase: s
     return apiserver.api.replace_status("Pod", pod)
 
 
+@pytest.mark.process
 def test_kubectl_logs_from_a_registered_log_source(apiserver: RunningApiServer, tmp_path: Path) -> None:
     def kubectl(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["kubectl", "--kubeconfig", str(apiserver.kubeconfig), "-n", "default", *args],
@@ -165,6 +167,7 @@ def test_kubectl_logs_from_a_registered_log_source(apiserver: RunningApiServer, 
     assert {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]} in resources
 
 
+@pytest.mark.process
 def test_without_podman_auto_falls_back_and_podman_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import os
     import sys
@@ -180,6 +183,7 @@ def test_without_podman_auto_falls_back_and_podman_is_refused(monkeypatch: pytes
     assert done.returncode == 2 and "gpu-dra demo: --runtime podman: podman cannot run here" in done.stderr
 
 
+@pytest.mark.process
 def test_simulated_plugin_process_uses_its_private_state_dir(apiserver: RunningApiServer) -> None:
     import os
     import sys
@@ -209,3 +213,21 @@ def test_simulated_plugin_process_uses_its_private_state_dir(apiserver: RunningA
         proc.stderr.close()
         assert f"using the private state dir {state}" in err and "never the host's /var/lib/kubelet" in err
     assert Path(DEFAULT_KUBELET_DIR).exists() == host_kubelet_existed
+
+
+def test_what_a_container_wrote_is_read_without_following_or_blocking(tmp_path: Path) -> None:
+    import os
+
+    from sim.runtime.podman import MAX_SEEN_FILE_BYTES, read_untrusted
+
+    (tmp_path / "plain").write_text("GPU 0\n")
+    assert read_untrusted(tmp_path / "plain") == "GPU 0\n"
+    secret = tmp_path / "host-secret"
+    secret.write_text("root only")
+    (tmp_path / "link").symlink_to(secret)
+    assert read_untrusted(tmp_path / "link") is None  # a symlink to a host path is not followed
+    os.mkfifo(tmp_path / "fifo")
+    assert read_untrusted(tmp_path / "fifo") is None  # a FIFO neither blocks nor is read
+    assert read_untrusted(tmp_path) is None and read_untrusted(tmp_path / "missing") is None
+    (tmp_path / "big").write_bytes(b"x" * (MAX_SEEN_FILE_BYTES * 4))
+    assert len(read_untrusted(tmp_path / "big") or "") == MAX_SEEN_FILE_BYTES

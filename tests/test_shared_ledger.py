@@ -301,6 +301,7 @@ def _wait_for_taints(api: Any, names: set[str], timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.process
 def test_ledger_survives_a_node_agent_restart(apiserver) -> None:  # type: ignore[no-untyped-def]
     """`gpu-dra plugin --device-plugin` killed with SIGKILL and started again: its device plugin holds stay."""
     api = apiserver.api

@@ -127,6 +127,7 @@ class _Listening:
 # ---- real backend: exact commands -----------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_real_timeslice_runs_nvidia_smi_and_restores_default(tools: FakeTools, sim: SimulatedNvml) -> None:
     # NVML calls (compute mode) go to the simulator, the tools to the fake executables.
     backend = NvmlSharing(RealNvml(sim))
@@ -145,6 +146,7 @@ def test_real_timeslice_runs_nvidia_smi_and_restores_default(tools: FakeTools, s
     assert len(tools.calls()) == 2
 
 
+@pytest.mark.process
 def test_real_timeslice_failure_names_gpu_and_stderr(tools: FakeTools, sim: SimulatedNvml) -> None:
     tools.write("nvidia-smi", code=1, stderr="Insufficient Permissions\n")
     dev = _devices(discover(sim, NODE), 1)
@@ -162,6 +164,7 @@ def test_real_tool_missing(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         NvidiaTools().set_timeslice("GPU-x", 2)
 
 
+@pytest.mark.process
 def test_real_mps_start_limits_and_stop(tools: FakeTools, sim: SimulatedNvml, tmp: Path) -> None:
     backend = NvmlSharing(RealNvml(sim))
     dev = _devices(discover(sim, NODE), 2)
@@ -206,6 +209,7 @@ def test_real_mps_stale_socket_is_not_alive(tmp: Path) -> None:
     assert (pipe / "control").exists() and not control_socket_alive(pipe)
 
 
+@pytest.mark.process
 def test_real_mps_start_failure(tools: FakeTools, sim: SimulatedNvml, tmp: Path) -> None:
     tools.write("nvidia-cuda-mps-control", code=1, stderr="An instance of this daemon is already running\n")
     dev = _devices(discover(sim, NODE), 1)

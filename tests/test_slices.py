@@ -264,6 +264,7 @@ def test_attribute_count_stays_within_limit() -> None:
 # --- partitionable ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_partitionable_counter_sets_and_devices() -> None:
     gpus = [h100(0), h100(1), t4(0)]
     s = build_slices(inventory(gpus), settings(partitionable=True))
@@ -362,6 +363,7 @@ def _many_gpus(n: int) -> list[Gpu]:
     return [replace(t4(i), uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000", pci_bus_id=f"0000:{i // 32:02x}:{i % 32:02x}.0") for i in range(n)]
 
 
+@pytest.mark.slow
 def test_more_than_128_devices_split_into_slices() -> None:
     s = build_slices(inventory(_many_gpus(300)), settings(generation=4))
     assert [len(x["spec"]["devices"]) for x in s] == [128, 128, 44]
@@ -380,6 +382,7 @@ def test_taints_limit_slices_to_64_devices() -> None:
     assert all(x["spec"]["pool"]["resourceSliceCount"] == 3 for x in s)
 
 
+@pytest.mark.slow
 def test_partitionable_splits_counter_sets_by_eight_and_devices_by_64() -> None:
     gpus = [replace(h100(i), pci_bus_id=f"0000:{i + 1:02x}:00.0") for i in range(10)]
     s = build_slices(inventory(gpus), settings(partitionable=True))
@@ -501,6 +504,7 @@ def test_mig_health_combines_parent_and_own() -> None:
     assert not mig_health(replace(gpu, health=Health(lost=True)), first).healthy
 
 
+@pytest.mark.slow
 def test_mig_taints_keep_slices_structurally_valid() -> None:
     gpu = _sick_mig(Health(xids=(94,)), parent=Health(xids=(13,)))
     for part in (False, True):
@@ -531,6 +535,7 @@ def test_extra_taints_from_ledger() -> None:
     ]
 
 
+@pytest.mark.slow
 def test_tainted_slices_are_structurally_valid() -> None:
     gpus = [replace(h100(0), health=Health(xids=(13,))), replace(h100(1), health=Health(lost=True, xids=(79,)))]
     for part in (False, True):
@@ -594,15 +599,12 @@ def test_slices_pass_project_validation() -> None:
 # --- docs/attributes.md ----------------------------------------------------------------------
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "attributes.md"
-README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def _doc_selectors() -> list[str]:
-    # Every backquoted expression that reads `device.` in the attribute docs and in the README's attribute
-    # table, except the `<name>` placeholders and the prose's `device.attributes[...]`.
-    readme_table = [line for line in README.read_text().splitlines() if line.startswith("| ")]
-    texts = [DOC.read_text(), "\n".join(readme_table)]
-    return [m for t in texts for m in re.findall(r"`([^`]+)`", t) if "device." in m and "<" not in m and "..." not in m]
+    # Every backquoted expression that reads `device.` in the attribute docs (their tables and the selectors at
+    # a glance), except the `<name>` placeholders and the prose's `device.attributes[...]`.
+    return [m for m in re.findall(r"`([^`]+)`", DOC.read_text()) if "device." in m and "<" not in m and "..." not in m]
 
 
 def test_every_documented_selector_compiles_and_matches_a_published_device() -> None:
@@ -635,6 +637,7 @@ def test_every_published_attribute_and_capacity_is_documented() -> None:
 # --- shipped simulator profiles ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", shipped_profiles())
 @pytest.mark.parametrize("partitionable", [False, True])
 def test_every_shipped_profile_builds_valid_slices(profile: str, partitionable: bool) -> None:
@@ -650,6 +653,7 @@ def test_every_shipped_profile_builds_valid_slices(profile: str, partitionable: 
         assert errors == [], [str(e) for e in errors]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["dgx-a100", "dgx-a100-mig", "dgx-h100"])
 def test_dynamic_mig_on_ampere_only_as_the_mig_mode_already_is(profile: str) -> None:
     """Ampere cannot switch MIG mode without a GPU reset: with MIG off only the whole GPU is offered, with MIG on

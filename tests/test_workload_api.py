@@ -123,6 +123,7 @@ def _allocated_claims(api: Any) -> int:
     return sum(1 for c in items if (c.get("status") or {}).get("allocation"))
 
 
+@pytest.mark.slow
 def test_pod_group_gang_is_all_or_nothing(apiserver: Any) -> None:
     api = apiserver.api
     _cluster(api)
@@ -178,6 +179,7 @@ def test_validate_cli_checks_workload_api_objects(tmp_path: Any, capsys: pytest.
     ("examples/gang-16gpu.yaml", ("gang-worker-0", "gang-worker-1")),
     ("workload-api/gang-16gpu.yaml", ("pretrain-worker-0", "pretrain-worker-1")),
 ])
+@pytest.mark.slow
 def test_the_readme_gang_both_ways_lands_in_embedded_mode(apiserver: Any, variant: str, pods: tuple[str, str]) -> None:
     """manifests/examples/gang-16gpu.yaml (labels) and manifests/workload-api/gang-16gpu.yaml (PodGroup) place the
     same way: both 8-GPU workers, one per A100 node."""
@@ -214,6 +216,7 @@ def _manager_with(api: Any, *gates: str) -> Any:
     return ControllerManager(api, config, wall=FakeWall())
 
 
+@pytest.mark.slow
 def test_pod_group_shares_one_claim_with_its_pods(apiserver: Any) -> None:
     """DRAWorkloadResourceClaims (beta, off in 1.37): the group's template becomes one claim, reserved for the
     PodGroup, and both pods run on its devices."""

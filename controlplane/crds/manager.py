@@ -11,7 +11,7 @@ from typing import Any
 
 from controlplane import status as st
 from controlplane.crds import definition as d
-from controlplane.objects import now_rfc3339
+from gpudra.timestamps import rfc3339
 from controlplane.resources import ResourceType
 from controlplane.store import Filter, Store
 from gpudra.jsoncopy import copy_json
@@ -21,7 +21,7 @@ _RETRY_S = 1.0  # how soon a definition whose instances are still going is looke
 
 def _condition(kind: str, status: str, reason: str, message: str, old: list[dict[str, Any]]) -> dict[str, Any]:
     previous = next((c for c in old if c.get("type") == kind), None)
-    since = previous["lastTransitionTime"] if previous and previous.get("status") == status else now_rfc3339()
+    since = previous["lastTransitionTime"] if previous and previous.get("status") == status else rfc3339()
     return {"type": kind, "status": status, "lastTransitionTime": since, "reason": reason, "message": message}
 
 

@@ -19,6 +19,7 @@ from types import FrameType
 from typing import Any
 
 from gpudra import DEFAULT_DRIVER_NAME, cliopts, logfmt
+from gpudra.privatedir import PrivateDirError, ensure_private_dir
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +250,8 @@ def _serve_healthcheck(agent: Any, nvml: Any, args: argparse.Namespace) -> Any:
 
 def simulated_state_dir(node: str) -> Path:
     """Where a simulated node keeps its kubelet and CDI dirs when none are given: per user and node, stable across
-    restarts (the checkpoint survives), never the host's /var/lib/kubelet or /var/run/cdi."""
+    restarts (the checkpoint survives), never the host's /var/lib/kubelet or /var/run/cdi. The name is predictable,
+    so `node_dirs` uses it only when this user owns it and no one else can write into it."""
     return Path(tempfile.gettempdir()) / f"gpu-dra-sim-{os.getuid()}" / node
 
 
@@ -258,6 +260,8 @@ def node_dirs(args: argparse.Namespace) -> tuple[Path, Path, str]:
     if not args.nvml.startswith("sim:") or (args.kubelet_dir and args.cdi_dir):
         return Path(args.kubelet_dir or DEFAULT_KUBELET_DIR), Path(args.cdi_dir or DEFAULT_CDI_DIR), ""
     state = simulated_state_dir(args.node)
+    ensure_private_dir(state.parent)
+    ensure_private_dir(state)
     kubelet = Path(args.kubelet_dir) if args.kubelet_dir else state / "kubelet"
     cdi_dir = Path(args.cdi_dir) if args.cdi_dir else state / "cdi"
     unset = " and ".join(f for f, v in (("--kubelet-dir", args.kubelet_dir), ("--cdi-dir", args.cdi_dir)) if not v)
@@ -348,7 +352,11 @@ def run(args: argparse.Namespace) -> int:
             host_driver_root=args.host_driver_root,
             image_pull_secrets=tuple(s.strip() for s in args.mps_image_pull_secrets.split(",") if s.strip()),
         ), nvml.tools))
-    kubelet_dir, cdi_dir, notice = node_dirs(args)
+    try:
+        kubelet_dir, cdi_dir, notice = node_dirs(args)
+    except PrivateDirError as exc:
+        print(f"gpu-dra plugin: error: {exc}", file=sys.stderr)
+        return 1
     if notice:
         print(f"gpu-dra plugin: {notice}", file=sys.stderr, flush=True)
     settings = AgentSettings(

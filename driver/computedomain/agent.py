@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from datetime import datetime, timezone
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from driver.plugin.server import KubeletPlugin, PluginPaths
 from driver.prepare import ClaimNotFound
 from driver.publisher import SlicePublisher
 from gpudra import computedomain as cd
+from gpudra.timestamps import rfc3339
 from gpudra.kubeapi import AlreadyExists, ApiError, Conflict, KubeApi, NotFound
 
 log = logging.getLogger("gpu-dra.compute-domain")
@@ -150,7 +150,7 @@ class ComputeDomainAgent:
         if cd_obj is None:
             return
         meta = cd_obj["metadata"]
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = rfc3339()
         try:
             self.api.create("Event", {
                 "metadata": {"generateName": f"{meta['name']}.", "namespace": meta.get("namespace", "default")},

@@ -167,6 +167,10 @@ class ClusterPaths:
         return self.root / "pod-logs"
 
     @property
+    def keeper_pid(self) -> Path:
+        return self.root / "keeper.pid"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 

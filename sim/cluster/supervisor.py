@@ -21,8 +21,10 @@ from typing import Any
 
 from gpudra import DEFAULT_DRIVER_NAME, logfmt
 from gpudra.kubeapi import KubeApi
+from gpudra.privatedir import ensure_private_dir
 from sim.cluster import nodes
 from sim.cluster.daemonsets import DaemonSetController
+from sim.cluster.leftovers import stop_children, stop_runtimes
 from sim.cluster.workloads import WorkloadController
 from sim.cluster.spec import ClusterPaths, ClusterSpec, ProcessInfo, SupervisorStatus, read_json, write_json
 from sim.demo.cluster import DEFAULT_MANIFESTS, NodeDirs, create_all, example_objects
@@ -71,6 +73,20 @@ class Supervisor:
         self.runtimes = Runtimes(paths.root / "runtime") if spec.runtime == "podman" else None
         self.node_runtimes: list[Any] = []
 
+    def recover(self, previous: Any) -> None:
+        """A supervisor of this cluster died (the keeper restarts us): stop what it left (its children, the node
+        runtimes' containers) and keep its API server URL, so that kubeconfigs stay valid; the store is durable."""
+        if not isinstance(previous, dict) or previous.get("pid") in (None, os.getpid()):
+            return
+        stopped = stop_children(self.paths) + stop_runtimes(self.paths)
+        server = str(previous.get("server") or "")
+        if server.rsplit(":", 1)[-1].split("/")[0].isdigit():
+            self.port = int(server.rsplit(":", 1)[-1].split("/")[0])
+        log.warning("event=recovering previous_pid=%s stopped=%s port=%d", previous.get("pid"),
+                    logfmt.quote(", ".join(stopped) or "-"), self.port)
+        self.status.steps.append(f"recovered from a supervisor that died (pid {previous.get('pid')}); stopped: "
+                                 f"{', '.join(stopped) or 'nothing'}")
+
     # ---- status --------------------------------------------------------------------------------------------
 
     def publish(self) -> None:
@@ -91,9 +107,11 @@ class Supervisor:
         """The node's directories as its processes see them: through the short link (see ClusterPaths.node_link)."""
         real = self.paths.node(node)
         real.mkdir(parents=True, exist_ok=True)
-        link = self.paths.node_link(Path(self.spec.links), node)
+        links = Path(self.spec.links)
+        ensure_private_dir(links.parent)  # checked by `cluster up` too; a directory swapped in since is refused
+        ensure_private_dir(links)
+        link = self.paths.node_link(links, node)
         if not (link.is_symlink() and link.resolve() == real.resolve()):
-            link.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             if link.is_symlink() or link.exists():
                 link.unlink()
             link.symlink_to(real)
@@ -245,6 +263,7 @@ def main(argv: list[str]) -> int:
     # already log each failed watch once.
     logging.getLogger("urllib3").setLevel(logging.ERROR)
     sup = Supervisor(paths, ClusterSpec.from_json(data))
+    sup.recover(read_json(paths.status))  # before our own status replaces the dead supervisor's
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         sup.stop_event.set()

@@ -1,12 +1,13 @@
-"""The workload controllers of `gpu-dra cluster`, as far as pods go: what kube-controller-manager's Deployment,
-ReplicaSet, StatefulSet, Job and CronJob controllers do, so that a user's own workloads run on the simulated
+"""The workload controllers of `gpu-dra cluster`: what kube-controller-manager's Deployment, ReplicaSet,
+StatefulSet, Job, CronJob and ResourceQuota controllers do, so that a user's own workloads run on the simulated
 cluster as they would on a real one.
 
 Pods are made by `controller.expand`, the same expansion `gpu-dra allocate` uses, so the cluster and the offline
-tools name them alike. Each pass lists the workloads, creates the pods they should have, deletes pods a workload
-no longer wants (scaled down, template changed, workload deleted: Kubernetes' garbage collector), and writes the
-workloads' replica counts into their status. Simplifications, since no container ever exits without a runtime:
-a Job's pods run until deleted, and a CronJob starts its Job at once rather than at the next scheduled time.
+tools name them alike. Each pass lists the workloads, rolls Deployments out through their ReplicaSets
+(sim.cluster.deployments), runs Jobs to completion or failure (sim.cluster.jobs), creates the pods ReplicaSets and
+StatefulSets should have, deletes pods a workload no longer wants (scaled down, workload deleted: Kubernetes'
+garbage collector), writes the workloads' status and the quotas' status.hard/used. A CronJob starts its Job at once
+rather than at the next scheduled time.
 """
 
 from __future__ import annotations
@@ -14,25 +15,37 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.expand import (WORKLOAD_KINDS, ExpandError, cronjob_job, deployment_replicaset, job_pods,
-                               replicaset_pods, statefulset_pods)
-from gpudra.kubeapi import AlreadyExists, ApiError, KubeApi
+from controller.expand import WORKLOAD_KINDS, ExpandError, cronjob_job, replicaset_pods, statefulset_pods
+from gpudra.kubeapi import AlreadyExists, ApiError, KubeApi, NotFound
+from controlplane.quota import QUOTA_KINDS
+from controlplane.quota import used as quota_used
+from sim.cluster.deployments import plan_deployment
+from sim.cluster.jobs import plan_job
 
 log = logging.getLogger("gpu-dra.cluster.workloads")
 
-# What owns what: Deployments own ReplicaSets, CronJobs own Jobs; ReplicaSets, StatefulSets and Jobs own pods.
-PARENTS = {"Deployment": "ReplicaSet", "CronJob": "Job"}
-POD_OWNERS = ("ReplicaSet", "StatefulSet", "Job")
-POD_MAKERS = {"ReplicaSet": replicaset_pods, "StatefulSet": statefulset_pods, "Job": job_pods}
-CHILD_MAKERS = {"Deployment": deployment_replicaset, "CronJob": cronjob_job}
+# What owns what: Deployments own ReplicaSets, CronJobs own Jobs; ReplicaSets, StatefulSets and Jobs own pods
+# (Jobs through sim.cluster.jobs, which follows their pods' outcomes).
+# (Deployments through sim.cluster.deployments, which rolls them out.)
+PARENTS = {"CronJob": "Job"}
+POD_OWNERS = ("ReplicaSet", "StatefulSet")
+POD_MAKERS = {"ReplicaSet": replicaset_pods, "StatefulSet": statefulset_pods}
+CHILD_MAKERS = {"CronJob": cronjob_job}
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata") or {}
     return str(meta.get("namespace") or "default"), str(meta.get("name"))
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Running" and any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or [] if isinstance(c, dict))
 
 
 def _controller(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -44,6 +57,8 @@ class Plan:
     create: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (kind, object)
     delete: list[tuple[str, tuple[str, str]]] = field(default_factory=list)  # (kind, (namespace, name))
     problems: list[str] = field(default_factory=list)
+    statuses: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (kind, ns, name) -> status
+    patch: list[tuple[str, tuple[str, str], dict[str, Any]]] = field(default_factory=list)  # merge patches
 
 
 def _reconcile_children(plan: Plan, child_kind: str, wanted: Mapping[tuple[str, str], dict[str, Any]],
@@ -59,9 +74,11 @@ def _reconcile_children(plan: Plan, child_kind: str, wanted: Mapping[tuple[str, 
             plan.delete.append((child_kind, k))
 
 
-def plan(objects: Mapping[str, list[dict[str, Any]]]) -> Plan:
-    """One pass of the controllers over `objects` (kind -> live objects, Pods included): pure."""
+def plan(objects: Mapping[str, list[dict[str, Any]]], now: datetime | None = None) -> Plan:
+    """One pass of the controllers over `objects` (kind -> live objects, Pods included): pure but for `now`."""
     out = Plan()
+    now = now or datetime.now(timezone.utc)
+    _plan_deployments(out, objects)
     for parent, child in PARENTS.items():
         wanted: dict[tuple[str, str], dict[str, Any]] = {}
         for obj in objects.get(parent, []):
@@ -81,6 +98,73 @@ def plan(objects: Mapping[str, list[dict[str, Any]]]) -> Plan:
             except ExpandError as exc:
                 out.problems.append(str(exc))
     _reconcile_children(out, "Pod", pods, objects.get("Pod", []), set(POD_OWNERS))
+    by_owner: dict[str, list[dict[str, Any]]] = {}
+    for pod in objects.get("Pod", []):
+        owner = _controller(pod)
+        if owner and owner.get("kind") == "Job":
+            by_owner.setdefault(str(owner.get("uid")), []).append(pod)
+    for job in objects.get("Job", []):
+        uid = str((job.get("metadata") or {}).get("uid") or "")
+        if not uid:
+            continue
+        try:
+            todo = plan_job(job, by_owner.get(uid, []), now)
+        except ExpandError as exc:
+            out.problems.append(str(exc))
+            continue
+        ns, name = _key(job)
+        out.create += [("Pod", p) for p in todo.create]
+        out.delete += [("Pod", (ns, p)) for p in todo.delete]
+        out.statuses[("Job", ns, name)] = todo.status
+    return out
+
+
+def _owned_by(objects: list[dict[str, Any]], kind: str) -> dict[str, list[dict[str, Any]]]:
+    """owner uid -> the objects a `kind` controls."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for obj in objects:
+        owner = _controller(obj)
+        if owner and owner.get("kind") == kind:
+            out.setdefault(str(owner.get("uid")), []).append(obj)
+    return out
+
+
+def _plan_deployments(out: Plan, objects: Mapping[str, list[dict[str, Any]]]) -> None:
+    replicasets = _owned_by(objects.get("ReplicaSet", []), "Deployment")
+    pods = _owned_by(objects.get("Pod", []), "ReplicaSet")
+    live = {str((d.get("metadata") or {}).get("uid")) for d in objects.get("Deployment", [])}
+    for owner, orphans in replicasets.items():  # the garbage collector's part: a Deployment gone, its ReplicaSets go
+        if owner not in live:
+            out.delete += [("ReplicaSet", _key(rs)) for rs in orphans
+                           if not (rs.get("metadata") or {}).get("deletionTimestamp")]
+    for deploy in objects.get("Deployment", []):
+        uid = str((deploy.get("metadata") or {}).get("uid") or "")
+        if not uid or (deploy.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        ns, name = _key(deploy)
+        try:
+            todo = plan_deployment(deploy, replicasets.get(uid, []), pods)
+        except ExpandError as exc:
+            out.problems.append(str(exc))
+            continue
+        out.create += [("ReplicaSet", rs) for rs in todo.create]
+        out.patch += [("ReplicaSet", (ns, rs), p) for rs, p in todo.patch]
+        out.delete += [("ReplicaSet", (ns, rs)) for rs in todo.delete]
+        if todo.deployment_patch:
+            out.patch.append(("Deployment", (ns, name), todo.deployment_patch))
+        out.statuses[("Deployment", ns, name)] = todo.status
+
+
+def quota_statuses(objects: Mapping[str, list[dict[str, Any]]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The quota controller's part: each ResourceQuota whose status.hard/used is not what its namespace uses."""
+    out = []
+    for q in objects.get("ResourceQuota", []):
+        ns = _key(q)[0]
+        in_ns = {kind: [o for o in objects.get(kind, []) if _key(o)[0] == ns] for kind in QUOTA_KINDS}
+        status = {"hard": dict((q.get("spec") or {}).get("hard") or {}), "used": quota_used(q, in_ns)}
+        current = q.get("status") or {}
+        if current.get("hard") != status["hard"] or current.get("used") != status["used"]:
+            out.append((q, status))
     return out
 
 
@@ -99,9 +183,7 @@ def workload_status(kind: str, obj: Mapping[str, Any], objects: Mapping[str, lis
                             "uid": j["metadata"].get("uid")} for j in owned(objects.get("Job", []))]}
     else:
         pods = owned(objects.get("Pod", []))
-    running = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running")
-    if kind == "Job":
-        return {"active": len(pods)}
+    running = sum(1 for p in pods if _pod_ready(p))
     status: dict[str, Any] = {"replicas": len(pods), "readyReplicas": running, "availableReplicas": running,
                               "observedGeneration": (obj.get("metadata") or {}).get("generation", 1)}
     if kind == "Deployment":
@@ -118,7 +200,8 @@ class WorkloadController:
         self._reported: set[str] = set()
 
     def reconcile(self) -> None:
-        objects = {kind: list(self.api.list(kind)[0]) for kind in (*WORKLOAD_KINDS, "Pod")}
+        objects = {kind: list(self.api.list(kind)[0]) for kind in (*WORKLOAD_KINDS, "Pod", "ResourceClaim",
+                                                                   "ResourceQuota")}
         todo = plan(objects)
         for problem in todo.problems:
             if problem not in self._reported:
@@ -131,16 +214,28 @@ class WorkloadController:
                 log.info("event=created kind=%s object=%s/%s", kind, ns, name)
             except AlreadyExists:
                 pass
+        for kind, (ns, name), body in todo.patch:
+            try:
+                self.api.patch(kind, name, body, namespace=ns)
+            except NotFound:
+                pass  # deleted meanwhile
         for kind, (ns, name) in todo.delete:
             if self.api.delete(kind, name, namespace=ns):
                 log.info("event=deleted kind=%s object=%s/%s", kind, ns, name)
         for kind in WORKLOAD_KINDS:
             for obj in objects[kind]:
-                status = workload_status(kind, obj, objects)
+                ns, name = _key(obj)
+                status = todo.statuses.get((kind, ns, name)) or workload_status(kind, obj, objects)
                 current = obj.get("status") or {}
                 if any(current.get(k) != v for k, v in status.items()):
-                    ns, name = _key(obj)
                     self.api.patch(kind, name, {"status": status}, namespace=ns, subresource="status")
+
+        for quota, status in quota_statuses(objects):
+            ns, name = _key(quota)
+            try:
+                self.api.patch("ResourceQuota", name, {"status": status}, namespace=ns, subresource="status")
+            except NotFound:
+                pass
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -14,7 +14,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from gpudra import cliopts
@@ -133,6 +135,7 @@ def _print(obj: Any, output: str, table: str) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
+    from gpudra.privatedir import ensure_private_dir
     from sim.cluster import kubeconfig
     from sim.cluster.spec import (ClusterSpec, SpecError, SupervisorStatus, cluster_paths, default_nodes, gb200_racks,
                                   links_home, parse_nodes, read_json, with_addresses, write_json)
@@ -155,15 +158,16 @@ def _up(args: argparse.Namespace) -> int:
     runtime = _resolve_runtime(args.runtime)
     if runtime is None:
         return 2
-    links = links_home() / args.name
-    spec = ClusterSpec(args.name, node_specs, runtime, features, args.partitionable, str(links), runtime_config)
+    # The node links get a fresh directory of their own (mkdtemp: never a predictable name another user, or another
+    # cluster of the same name under another XDG_STATE_HOME, could hold); its name is recorded in spec.json.
+    links_root = links_home()
     existing = _load(args.name)
     if existing is not None and existing[3]:
         _err(f"cluster {args.name!r} is already up (server {existing[2].server}); "
              f"gpu-dra cluster down --name {args.name} first, or choose another --name")
         return 1
     paths = cluster_paths(args.name)
-    problem = paths.socket_problem(links, node_specs)
+    problem = paths.socket_problem(links_root / f"{args.name}-{'x' * 8}", node_specs)
     if problem:
         _err(problem)
         return 2
@@ -171,11 +175,18 @@ def _up(args: argparse.Namespace) -> int:
     if existing is not None:
         _progress(f"cluster {args.name}: its supervisor is not running (stopped or killed); removing its old state")
         _remove_state(existing[0], existing[1])
+    try:
+        ensure_private_dir(links_root)
+        links = Path(tempfile.mkdtemp(prefix=f"{args.name}-", dir=links_root))
+    except OSError as exc:  # PrivateDirError included
+        _err(f"cluster {args.name}: node link directory: {exc}; or set XDG_RUNTIME_DIR to a directory of your own")
+        return 1
+    spec = ClusterSpec(args.name, node_specs, runtime, features, args.partitionable, str(links), runtime_config)
     paths.root.mkdir(parents=True, exist_ok=True)
     write_json(paths.spec, spec.to_json())
     paths.logs.mkdir(parents=True, exist_ok=True)
     with open(paths.logs / "supervisor.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "sim.cluster.supervisor", str(paths.root)],
+        proc = subprocess.Popen([sys.executable, "-m", "sim.cluster.keeper", str(paths.root)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=child_env(),
                                 cwd=str(PROJECT_ROOT), start_new_session=True)
     _progress(f"cluster {args.name}: starting {len(node_specs)} nodes "
@@ -305,24 +316,35 @@ def _reap(pid: int) -> None:
         pass
 
 
+def _read_pid(path: Any) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def _remove_state(paths: Any, spec: Any) -> list[str]:
     """Stop whatever of the cluster still runs (supervisor first; children it left behind by pid), then remove the
     state directory. Returns what it stopped."""
+    from sim.cluster.leftovers import stop_children, stop_runtimes
     from sim.cluster.spec import SupervisorStatus, pid_is_ours, read_json
 
     stopped = []
     raw = read_json(paths.status)
     sup = SupervisorStatus.from_json(raw) if isinstance(raw, dict) else None
     marker = str(paths.root)
-    if sup is not None:
-        if pid_is_ours(sup.pid, marker):
-            _stop_supervisor(sup.pid, marker, grace=30.0)
-            stopped.append(f"supervisor (pid {sup.pid})")
-        # A supervisor killed with SIGKILL leaves its children: each one's command line names the state dir.
-        for proc in sup.processes:
-            if proc.role != "supervisor" and proc.pid != sup.pid and pid_is_ours(proc.pid, marker):
-                os.kill(proc.pid, signal.SIGKILL)
-                stopped.append(f"{proc.role} (pid {proc.pid})")
+    # The keeper first, so that it does not restart the supervisor being stopped.
+    keeper = _read_pid(paths.keeper_pid)
+    if keeper is not None and pid_is_ours(keeper, marker):
+        os.kill(keeper, signal.SIGKILL)
+        _reap(keeper)
+        stopped.append(f"keeper (pid {keeper})")
+    if sup is not None and pid_is_ours(sup.pid, marker):
+        _stop_supervisor(sup.pid, marker, grace=30.0)
+        stopped.append(f"supervisor (pid {sup.pid})")
+    # A supervisor killed with SIGKILL leaves its children, and its node runtimes their containers: stopped
+    # before their storage is removed.
+    stopped += stop_children(paths) + stop_runtimes(paths)
     if spec.links:
         shutil.rmtree(spec.links, ignore_errors=True)  # only symlinks into the state dir
     shutil.rmtree(paths.root, ignore_errors=True)
@@ -344,8 +366,6 @@ def _down(args: argparse.Namespace) -> int:
         _progress(f"  stopped {', '.join(stopped)}")
     removed_from = None
     if isinstance(recorded, dict) and recorded.get("path"):
-        from pathlib import Path
-
         try:
             if kubeconfig.remove(Path(recorded["path"]), args.name):
                 removed_from = recorded["path"]

@@ -9,12 +9,13 @@ from __future__ import annotations
 import platform
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from gpudra.kubeapi import AlreadyExists, KubeApi
 from gpudra.manifests import load_objects
+from gpudra.timestamps import rfc3339
 from sim.demo.processes import PROJECT_ROOT
 from sim.kubelet.heartbeat import renew_node_lease
 
@@ -89,13 +90,11 @@ def node_dirs(workdir: Path, node: str) -> NodeDirs:
 KUBELET_VERSION = "v1.37.0"
 
 
-def _rfc3339(now: datetime | None = None) -> str:
-    return (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def node_conditions(now: datetime | None = None) -> list[dict[str, Any]]:
     """The conditions a healthy kubelet posts, in its order: three pressures False, then Ready True."""
-    stamp = _rfc3339(now)
+    stamp = rfc3339(now)
     conditions = [{"type": ctype, "status": "False", "lastHeartbeatTime": stamp, "lastTransitionTime": stamp,
                    "reason": reason, "message": message}
                   for ctype, reason, message in (

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from gpudra.kubeapi import AlreadyExists, ApiError, KubeApi, NotFound
+from gpudra.timestamps import micro_rfc3339
 
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 NODE_LEASE_DURATION_S = 40  # the kubelet's default nodeLeaseDurationSeconds
@@ -19,7 +20,7 @@ def node_lease(name: str, node_uid: str | None = None, now: datetime | None = No
     meta: dict[str, Any] = {"name": name, "namespace": NODE_LEASE_NAMESPACE}
     if node_uid:
         meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid}]
-    stamp = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    stamp = micro_rfc3339(now)
     return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
             "spec": {"holderIdentity": name, "leaseDurationSeconds": NODE_LEASE_DURATION_S, "renewTime": stamp}}
 

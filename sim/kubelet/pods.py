@@ -26,22 +26,27 @@ What each pod got (CDI device ids, device plugin grants, what each container saw
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
-import re
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from sim.kubelet.backoff import RestartBackoff, duration_text
 from sim.kubelet.devicemanager import DeviceManagerError, DeviceManagerSim
+from sim.kubelet import claimstate, envvars, volumes
+from sim.kubelet.envvars import EnvError, Lookup, PodContext, expand
+from sim.kubelet.events import KubeletEvents, format_pod
+from sim.kubelet.execserver import ExecServer
 from sim.kubelet.heartbeat import heartbeat_loop
 from sim.kubelet.dra import ClaimInfo, KubeletError, KubeletSim, Pod, PreparedDevice
 from sim.kubelet.podhealth import PodHealthReporter, RunningPod
 from gpudra.kubeapi import ApiError, KubeApi, NotFound
+from gpudra.timestamps import rfc3339
 from sim.runtime.podman import ContainerRequest, ContainerStatus, RuntimeError_, Seen
 
 log = logging.getLogger("sim.kubelet.pods")
@@ -51,10 +56,38 @@ RETRY_SECONDS = 0.2
 WATCH_BACKOFF_MAX_SECONDS = 5.0
 # A container the runtime refused is retried after 1 s, doubling up to this (the kubelet's back-off is 10 s to 5 min).
 MAX_START_BACKOFF_SECONDS = 10.0
-# An exited container is restarted after 0.5 s, doubling per restart up to 10 s (the kubelet's CrashLoopBackOff
-# is 10 s doubling to 5 min; shorter here so that tests and the demo see restarts).
-FIRST_RESTART_DELAY_SECONDS = 0.5
-MAX_RESTART_DELAY_SECONDS = 10.0
+# A pod's claims that could not be unprepared (the node agent down or restarting) are retried after 0.5 s,
+# doubling up to 8 s, until the call succeeds, as the kubelet's pod workers keep retrying a terminated pod's cleanup.
+FIRST_UNPREPARE_RETRY_SECONDS = 0.5
+MAX_UNPREPARE_RETRY_SECONDS = 8.0
+
+
+HOST_IP = "127.0.0.1"
+
+
+class PodIPs:
+    """Pod IPs of one node from its own /24 (10.244.X.0/24, X from the node's name, as kind gives each node one):
+    .1 is the gateway, pods get .2 to .254, an address is free again once its pod is gone."""
+
+    def __init__(self, node_name: str) -> None:
+        digest = int(hashlib.sha256(node_name.encode()).hexdigest(), 16)
+        self.prefix = f"10.244.{digest % 254 + 1}"
+        self._by_uid: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def get(self, uid: str) -> str:
+        with self._lock:
+            if uid not in self._by_uid:
+                used = set(self._by_uid.values())
+                free = next((f"{self.prefix}.{i}" for i in range(2, 255) if f"{self.prefix}.{i}" not in used), None)
+                if free is None:
+                    raise KubeletError(f"no pod IP left in {self.prefix}.0/24")
+                self._by_uid[uid] = free
+            return self._by_uid[uid]
+
+    def release(self, uid: str) -> None:
+        with self._lock:
+            self._by_uid.pop(uid, None)
 
 
 class ContainerRuntime(Protocol):
@@ -68,9 +101,9 @@ class ContainerRuntime(Protocol):
 
     def seen(self, name: str) -> Seen | None: ...
 
+    def exec_argv(self, name: str, command: Sequence[str]) -> list[str] | None: ...
 
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 
 @dataclass(frozen=True)
@@ -102,6 +135,9 @@ class ContainerRun:
     exit_code: int | None = None
     finished_at: str = ""
     seen: Seen | None = None  # what it saw of its GPUs, once its probe ran
+    finished_mono: float = 0.0  # monotonic time it was noticed exited (the back-off counts from it)
+    waiting_message: str = ""  # set while a restart waits out its back-off (CrashLoopBackOff)
+    last_state: Mapping[str, Any] | None = None  # the previous run's `terminated` state (lastState)
 
 
 @dataclass
@@ -119,7 +155,11 @@ class PodRecord:
     containers: list[ContainerRun] = field(default_factory=list)  # the latest run of each container
     start_failures: int = 0
     next_start: float = 0.0  # monotonic time before which a refused container is not retried
-    restart_due: dict[str, float] = field(default_factory=dict)  # container -> when its back-off ends
+    init_runs: list[ContainerRun] = field(default_factory=list)  # the latest run of each init container
+    volumes: dict[str, Path] = field(default_factory=dict)  # volume name -> its directory on the node
+    initialized: bool = False  # every init container completed
+    unprepare_failures: int = 0
+    unprepare_at: float = 0.0  # monotonic time of the next unprepare attempt, once one failed
 
 
 def _container_gpu_limit(container: Mapping[str, Any]) -> int:
@@ -205,30 +245,19 @@ def container_cdi_devices(
     return tuple(out)
 
 
-_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
-
-
-def expand(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' $(VAR) expansion of command and args: known variables are replaced, $$ escapes a $,
-    unknown references are left as they are."""
-    def sub(m: re.Match[str]) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        return env.get(m.group(1), m.group(0))
-
-    return _VAR_REF.sub(sub, text)
-
-
-def container_env(container: Mapping[str, Any], legacy: list[LegacyGrant]) -> dict[str, str]:
-    """The device plugin grant's env, then the container's own `env` values (valueFrom is not simulated)."""
-    env: dict[str, str] = {}
+def container_env(container: Mapping[str, Any], legacy: list[LegacyGrant], ctx: PodContext | None = None,
+                  lookup: Lookup | None = None) -> dict[str, str]:
+    """The device plugin grant's env, then the container's envFrom and env (sim.kubelet.envvars); without a pod
+    context only literal values (what the pure tests check)."""
+    base: dict[str, str] = {}
     for grant in legacy:
         if grant.container == container.get("name"):
-            env.update(grant.envs)
-    for entry in container.get("env") or []:
-        if isinstance(entry, Mapping) and entry.get("name") and "valueFrom" not in entry:
-            env[str(entry["name"])] = expand(str(entry.get("value") or ""), env)
-    return env
+            base.update(grant.envs)
+    if ctx is None or lookup is None:
+        literal = {**container, "envFrom": [], "env": [e for e in container.get("env") or []
+                                                        if isinstance(e, Mapping) and "valueFrom" not in e]}
+        return envvars.container_env(literal, PodContext({}, "", "", "", {}), lambda *_: None, base)
+    return envvars.container_env(container, ctx, lookup, base)
 
 
 def container_command(container: Mapping[str, Any], env: Mapping[str, str]) -> tuple[str, ...]:
@@ -251,8 +280,52 @@ def pod_phase(restart_policy: str, runs: list[ContainerRun]) -> str | None:
     return "Succeeded" if all(r.exit_code == 0 for r in runs) else "Failed"
 
 
-def restart_delay(restart_count: int) -> float:
-    return min(MAX_RESTART_DELAY_SECONDS, FIRST_RESTART_DELAY_SECONDS * 2.0 ** restart_count)
+def terminated_state(run: ContainerRun) -> dict[str, Any]:
+    return {"exitCode": run.exit_code, "reason": "Completed" if run.exit_code == 0 else "Error",
+            "startedAt": run.started_at, "finishedAt": run.finished_at, "containerID": f"podman://{run.runtime_name}"}
+
+
+def container_status(run: ContainerRun) -> dict[str, Any]:
+    """A container's status as the kubelet reports it: running (Ready, with no readiness probe), waiting out its
+    restart back-off (CrashLoopBackOff, its last run in lastState) or terminated."""
+    if run.running:
+        state: dict[str, Any] = {"running": {"startedAt": run.started_at}}
+    elif run.waiting_message:
+        state = {"waiting": {"reason": "CrashLoopBackOff", "message": run.waiting_message}}
+    else:
+        state = {"terminated": terminated_state(run)}
+    out: dict[str, Any] = {"name": run.container, "ready": run.running, "restartCount": run.restart_count,
+                           "image": "", "imageID": "", "started": run.running,
+                           "containerID": f"podman://{run.runtime_name}", "state": state}
+    if run.waiting_message:
+        out["lastState"] = {"terminated": terminated_state(run)}
+    elif run.last_state is not None:
+        out["lastState"] = {"terminated": dict(run.last_state)}
+    return out
+
+
+def pod_conditions(statuses: list[dict[str, Any]], now: str, *, terminated: bool = False,
+                   incomplete_init: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """PodScheduled, Initialized, ContainersReady and Ready from the container statuses (status.go's
+    GeneratePodInitializedCondition and GenerateContainersReadyCondition): not initialized while an init
+    container has not completed, not ready while any container is not, naming them."""
+    unready = [str(s.get("name")) for s in statuses if not s.get("ready")]
+    out: list[dict[str, Any]] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now}]
+    if incomplete_init:
+        out.append({"type": "Initialized", "status": "False", "lastTransitionTime": now,
+                    "reason": "ContainersNotInitialized",
+                    "message": f"containers with incomplete status: [{' '.join(incomplete_init)}]"})
+    else:
+        out.append({"type": "Initialized", "status": "True", "lastTransitionTime": now})
+    for kind in ("ContainersReady", "Ready"):
+        cond: dict[str, Any] = {"type": kind, "status": "True" if not unready else "False", "lastTransitionTime": now}
+        if terminated:
+            cond["reason"] = "PodCompleted"
+        elif unready:
+            cond["reason"] = "ContainersNotReady"
+            cond["message"] = f"containers with unready status: [{' '.join(unready)}]"
+        out.append(cond)
+    return out
 
 
 def will_restart(restart_policy: str, run: ContainerRun) -> bool:
@@ -279,6 +352,8 @@ class NodeKubelet:
         kubernetes_version: str = "1.37",
         runtime: ContainerRuntime | None = None,
         pod_logs_dir: Path | None = None,
+        restart_backoff: RestartBackoff | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
         self.runtime = runtime
@@ -286,6 +361,10 @@ class NodeKubelet:
         self.node_name = node_name
         self.driver_name = driver_name
         self.sim = KubeletSim(kubelet_dir, kubernetes_version=kubernetes_version)
+        self.kubelet_dir = kubelet_dir
+        self.events = KubeletEvents(api, node_name)
+        self.backoff = restart_backoff if restart_backoff is not None else RestartBackoff()
+        self._clock = clock
         self.health = PodHealthReporter(api, self.sim, driver_name, self._running_pods)
         self.device_manager = device_manager
         self.records: dict[str, PodRecord] = {}  # pod uid -> record
@@ -294,9 +373,14 @@ class NodeKubelet:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pods: dict[str, dict[str, Any]] = {}  # uid -> latest pod object seen
-        # uid -> driver -> KubeletSim's view (which of the pod's claims for that driver are prepared)
-        self._sim_pods: dict[str, dict[str, Pod]] = {}
+        self._sim_pods: dict[str, Pod] = {}  # uid -> KubeletSim's view (which claims are prepared)
+        # uid -> driver -> the same for the node's other DRA drivers (compute-domain.nvidia.com)
+        self._other_pods: dict[str, dict[str, Pod]] = {}
         self._active: dict[str, dict[str, Any]] = {}  # uid -> pod whose containers the runtime runs
+        self._unprepare_pending: set[str] = set()  # uids whose claims an unprepare call failed for
+        self._pod_ips = PodIPs(node_name)
+        self.exec_server = ExecServer(self._exec_argv) if runtime is not None else None
+        self._allocatable: dict[str, str] | None = None  # the Node's status.allocatable, read once
 
     # ---- lifecycle --------------------------------------------------------------------------------------
 
@@ -304,7 +388,58 @@ class NodeKubelet:
         """Find the node agent's registration socket and register it (raises KubeletError on failure)."""
         self.sim.wait_for_plugin(self.driver_name, timeout=timeout)
 
+    def _save_claim_state(self) -> None:
+        try:
+            claimstate.save(self.kubelet_dir, {uid: (p.name, [c for c in p.claims if c.uid in p.prepared])
+                                               for uid, p in self._sim_pods.items()})
+        except OSError as exc:
+            log.warning("event=claim-state-write-failed node=%s error=%r", self.node_name, str(exc))
+
+    def _recover_claims(self) -> None:
+        """After a restart: the pods this kubelet had prepared claims for that no longer run here get their claims
+        unprepared (retried like any unprepare); the others are adopted when their pod's event arrives."""
+        saved = claimstate.load(self.kubelet_dir)
+        if not saved:
+            return
+        try:
+            live = {str(p["metadata"]["uid"]): p for p in self.api.list("Pod", field_selector=f"spec.nodeName={self.node_name}")[0]}
+        except ApiError as exc:
+            log.warning("event=claim-recovery-deferred node=%s error=%r", self.node_name, str(exc))
+            live = None
+        for uid, (name, claims) in saved.items():
+            pod = live.get(uid) if live is not None else None
+            gone = live is not None and (pod is None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
+            if not gone:
+                continue  # a running pod is prepared again on its first event (NodePrepareResources is idempotent)
+            self._sim_pods[uid] = Pod(name, claims, {c.uid: [] for c in claims})
+            self._record({"metadata": (pod or {}).get("metadata") or {"namespace": claims[0].namespace, "name": name,
+                                                                       "uid": uid}})
+            self._unprepare_pending.add(uid)
+            log.info("event=claims-of-gone-pod node=%s pod=%s claims=%d", self.node_name, name, len(claims))
+
+    def _exec_argv(self, namespace: str, pod: str, container: str, command: Sequence[str]) -> list[str] | None:
+        name = self.container_runtime_name(namespace, pod, container or None)
+        if name is None or self.runtime is None:
+            return None
+        return self.runtime.exec_argv(name, command)
+
+    def _publish_kubelet_port(self) -> None:
+        """The Node's daemonEndpoints name the exec server's port, where the control plane proxies pods/exec."""
+        if self.exec_server is None:
+            return
+        try:
+            self.api.patch("Node", self.node_name, {"status": {"daemonEndpoints": {"kubeletEndpoint": {
+                "Port": self.exec_server.port}}}}, subresource="status")
+        except NotFound:
+            log.info("event=no-node-object node=%s exec_port=%d", self.node_name, self.exec_server.port)
+        except ApiError as exc:
+            log.warning("event=kubelet-port-not-published node=%s error=%r", self.node_name, str(exc))
+
     def start(self) -> None:
+        self._recover_claims()
+        if self.exec_server is not None:
+            self.exec_server.start()
+            self._publish_kubelet_port()
         targets = [("watch", self._watch), ("worker", self._work),
                    ("heartbeat", lambda: heartbeat_loop(self.api, self.node_name, self._stop))]
         if self.device_manager is not None:
@@ -317,6 +452,8 @@ class NodeKubelet:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.exec_server is not None:
+            self.exec_server.stop()
         self._events.put(("STOP", {}))
         self.health.stop()
         for t in self._threads:
@@ -340,8 +477,7 @@ class NodeKubelet:
 
     def snapshot(self) -> dict[str, PodRecord]:
         with self._lock:
-            return {uid: PodRecord(r.namespace, r.name, r.uid, r.phase, list(r.claims), list(r.legacy), r.last_error,
-                                   r.unprepared, list(r.containers))
+            return {uid: replace(r, claims=list(r.claims), legacy=list(r.legacy), containers=list(r.containers))
                     for uid, r in self.records.items()}
 
     def _running_pods(self) -> list[RunningPod]:
@@ -406,6 +542,12 @@ class NodeKubelet:
                 self._sync(self._pods[uid])
             for uid in list(self._active):
                 self._check_containers(uid)
+            now = self._clock()
+            for uid in list(self._unprepare_pending):
+                with self._lock:
+                    record = self.records.get(uid)
+                if record is None or now >= record.unprepare_at:
+                    self._teardown(uid)
             return
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         if not uid:
@@ -415,6 +557,10 @@ class NodeKubelet:
             self._active.pop(uid, None)
             self._remove_containers(uid)
             self._teardown(uid)
+            self.backoff.forget(f"{uid}/")
+            self.events.forget(uid)
+            self._pod_ips.release(uid)
+            volumes.tear_down(self.kubelet_dir, uid)
             return
         self._pods[uid] = pod
         self._sync(pod)
@@ -478,21 +624,28 @@ class NodeKubelet:
         if known is not None and known.phase in ("Succeeded", "Failed"):
             self._pods.pop(uid, None)  # a stale event from before the pod terminated: a terminated pod stays so
             return
-        if phase == "Running" and self.runtime is None:
-            return
+        if phase == "Running" and self.runtime is None and known is not None and known.phase == "Running":
+            return  # without a runtime nothing changes once Running; a restarted kubelet (no record) adopts it
         record = self._record(pod)
         try:
             self._admit(pod, record)
+            self._check_env(pod, record)
+            self._set_up_volumes(pod, record)
             if self.runtime is not None:
+                if not record.initialized:
+                    self._run_init_containers(pod, record)
                 self._start_containers(pod, record)
         except (KubeletError, ApiError, _NotReady) as exc:
             if str(exc) != record.last_error:
                 log.info("event=pod-waiting node=%s pod=%s/%s reason=%r", self.node_name, record.namespace, record.name, str(exc))
+                if isinstance(exc, _PrepareFailed):
+                    self.events.pod({"namespace": record.namespace, "name": record.name, "uid": uid},
+                                    "FailedPrepareDynamicResources", f"Failed to prepare dynamic resources: {exc}")
             record.last_error = str(exc)
             return
         record.last_error = ""
         record.phase = "Running"
-        started = _now()
+        started = rfc3339()
         if self.runtime is not None:
             statuses = self._container_statuses(record)
         else:
@@ -501,11 +654,11 @@ class NodeKubelet:
                  "started": True, "state": {"running": {"startedAt": started}}}
                 for c in (pod.get("spec") or {}).get("containers") or []
             ]
+        ip = self._pod_ips.get(uid)
         self.api.patch("Pod", record.name, {"status": {
-            "phase": "Running", "hostIP": "127.0.0.1", "startTime": started,
-            "conditions": [{"type": t, "status": "True", "lastTransitionTime": started}
-                           for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
-            "containerStatuses": statuses,
+            "phase": "Running", "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}], "podIP": ip, "podIPs": [{"ip": ip}],
+            "startTime": status.get("startTime") or started, "conditions": pod_conditions(statuses, started),
+            "initContainerStatuses": self._init_statuses(record, pod), "containerStatuses": statuses,
         }}, namespace=record.namespace, subresource="status")
         self._pods.pop(uid, None)
         if self.runtime is not None:
@@ -516,42 +669,197 @@ class NodeKubelet:
 
     def _start_containers(self, pod: Mapping[str, Any], record: PodRecord, only: set[str] | None = None) -> None:
         """Start each container of the pod that has no run yet (or those in `only`, as restarts)."""
-        assert self.runtime is not None
-        if time.monotonic() < record.next_start:
-            raise _NotReady(record.last_error or "waiting to retry a container start")
-        claim_map = pod_claim_map(pod) or {}
         spec = pod.get("spec") or {}
         for container in spec.get("containers") or []:
             cname = str(container.get("name"))
             previous = next((c for c in record.containers if c.container == cname), None)
             if previous is not None and (only is None or cname not in only):
                 continue
-            restart = previous.restart_count + 1 if previous is not None else 0
-            env = container_env(container, record.legacy)
-            request = ContainerRequest(
-                runtime_container_name(record.namespace, record.name, record.uid, cname, restart),
-                container_command(container, env), env,
-                container_cdi_devices(container, claim_map, record.claims, record.legacy, extended_claim_refs(pod)),
-                log_path=self.pod_log_path(record, cname, restart),
-            )
-            try:
-                status = self.runtime.run(request)
-            except RuntimeError_ as exc:
-                record.start_failures += 1
-                record.next_start = time.monotonic() + min(MAX_START_BACKOFF_SECONDS, 2.0 ** (record.start_failures - 1))
-                raise KubeletError(f"CreateContainerError: {exc}") from exc
-            record.start_failures = 0
-            if previous is not None:
-                try:
-                    self.runtime.remove(previous.runtime_name)  # the kubelet keeps one dead instance; we keep none
-                except RuntimeError_ as exc:
-                    log.warning("event=container-remove-failed node=%s container=%s error=%r",
-                                self.node_name, previous.runtime_name, str(exc))
-            run = ContainerRun(cname, request.name, restart, request.cdi_devices, status.started_at)
+            run = self._launch(pod, record, container, previous)
             with self._lock:
                 record.containers = [c for c in record.containers if c.container != cname] + [run]
-            log.info("event=container-started node=%s pod=%s/%s container=%s restart=%d devices=%s", self.node_name,
-                     record.namespace, record.name, cname, restart, ",".join(request.cdi_devices) or "-")
+
+    def _launch(self, pod: Mapping[str, Any], record: PodRecord, container: Mapping[str, Any],
+                previous: ContainerRun | None) -> ContainerRun:
+        """Start one container (a restart of `previous` when given) in the runtime."""
+        assert self.runtime is not None
+        if time.monotonic() < record.next_start:
+            raise _NotReady(record.last_error or "waiting to retry a container start")
+        cname = str(container.get("name"))
+        restart = previous.restart_count + 1 if previous is not None else 0
+        last_state = terminated_state(previous) if previous is not None and not previous.running else None
+        try:
+            env = container_env(container, record.legacy, self._context(pod), self._lookup)
+            mounts = volumes.container_mounts(container, record.volumes, volumes.read_only_volumes(pod))
+        except (EnvError, volumes.VolumeError) as exc:
+            raise KubeletError(f"CreateContainerConfigError: {exc}") from exc
+        request = ContainerRequest(
+            runtime_container_name(record.namespace, record.name, record.uid, cname, restart),
+            container_command(container, env), env,
+            container_cdi_devices(container, pod_claim_map(pod) or {}, record.claims, record.legacy,
+                                  extended_claim_refs(pod)),
+            log_path=self.pod_log_path(record, cname, restart),
+            mounts=tuple((str(m.host), m.container, m.read_only) for m in mounts),
+        )
+        try:
+            status = self.runtime.run(request)
+        except RuntimeError_ as exc:
+            record.start_failures += 1
+            record.next_start = time.monotonic() + min(MAX_START_BACKOFF_SECONDS, 2.0 ** (record.start_failures - 1))
+            raise KubeletError(f"CreateContainerError: {exc}") from exc
+        record.start_failures = 0
+        if previous is not None:
+            try:
+                self.runtime.remove(previous.runtime_name)  # the kubelet keeps one dead instance; we keep none
+            except RuntimeError_ as exc:
+                log.warning("event=container-remove-failed node=%s container=%s error=%r",
+                            self.node_name, previous.runtime_name, str(exc))
+        log.info("event=container-started node=%s pod=%s/%s container=%s restart=%d devices=%s", self.node_name,
+                 record.namespace, record.name, cname, restart, ",".join(request.cdi_devices) or "-")
+        return ContainerRun(cname, request.name, restart, request.cdi_devices, status.started_at, last_state=last_state)
+
+    def _run_init_containers(self, pod: Mapping[str, Any], record: PodRecord) -> None:
+        """Init containers in order, each to completion (exit 0) before the next, restarted with the back-off
+        when one fails unless restartPolicy is Never (the pod fails); raises _NotReady until all have completed.
+        An init container with restartPolicy Always (a sidecar) counts as done once started."""
+        assert self.runtime is not None
+        spec = pod.get("spec") or {}
+        inits = [c for c in spec.get("initContainers") or [] if isinstance(c, Mapping)]
+        policy = str(spec.get("restartPolicy") or "Always")
+        changed = False
+        runs = []
+        for r in record.init_runs:
+            if r.running:
+                st = self.runtime.status(r.runtime_name)
+                if not st.running and st.exit_code is not None:
+                    r = replace(r, running=False, exit_code=st.exit_code, finished_at=st.finished_at,
+                                finished_mono=self._clock())
+                    changed = True
+            runs.append(r)
+        with self._lock:
+            record.init_runs = runs
+        pending = False
+        for container in inits:
+            name = str(container.get("name"))
+            run = next((r for r in record.init_runs if r.container == name), None)
+            sidecar = container.get("restartPolicy") == "Always"
+            if run is not None and ((not run.running and run.exit_code == 0) or (sidecar and run.running)):
+                continue
+            pending = True
+            if run is not None and run.running:
+                break
+            if run is not None:  # it failed
+                if policy == "Never":
+                    self._active.pop(record.uid, None)
+                    self._teardown(record.uid)
+                    self._post_terminated(record, "Failed", self._container_statuses(record, pod),
+                                          incomplete_init=[str(c.get("name")) for c in inits[inits.index(container):]])
+                    raise _NotReady(f"init container {name} failed")
+                key = f"{record.uid}/{name}"
+                now = self._clock()
+                if self.backoff.in_backoff_since(key, run.finished_mono, now):
+                    if not run.waiting_message:
+                        message = (f"back-off {duration_text(self.backoff.get(key))} restarting failed container="
+                                   f"{name} pod={format_pod(record.namespace, record.name, record.uid)}")
+                        self._replace_init(record, replace(run, waiting_message=message))
+                        self.events.pod({"namespace": record.namespace, "name": record.name, "uid": record.uid},
+                                        "BackOff", f"Back-off restarting failed container {name} in pod "
+                                        f"{format_pod(record.namespace, record.name, record.uid)}", container=name)
+                        changed = True
+                    break
+                self.backoff.next(key, run.finished_mono, now)
+            self._replace_init(record, self._launch(pod, record, container, run))
+            changed = True
+            break
+        if not pending:
+            record.initialized = True
+            return
+        if changed:
+            statuses = self._container_statuses(record, pod)
+            self.api.patch("Pod", record.name, {"status": {
+                "phase": "Pending", "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}],
+                "podIP": self._pod_ips.get(record.uid), "podIPs": [{"ip": self._pod_ips.get(record.uid)}],
+                "conditions": pod_conditions(statuses, rfc3339(), incomplete_init=[
+                    str(c.get("name")) for c in inits if not any(
+                        r.container == c.get("name") and ((not r.running and r.exit_code == 0) or
+                                                          (r.running and c.get("restartPolicy") == "Always"))
+                        for r in record.init_runs)]),
+                "initContainerStatuses": self._init_statuses(record), "containerStatuses": statuses,
+            }}, namespace=record.namespace, subresource="status")
+        raise _NotReady("init containers have not completed")
+
+    def _replace_init(self, record: PodRecord, run: ContainerRun) -> None:
+        with self._lock:
+            record.init_runs = [r for r in record.init_runs if r.container != run.container] + [run]
+
+    def _init_statuses(self, record: PodRecord, pod: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The init containers' statuses; without a runtime (nothing runs) each one of `pod` as completed."""
+        if self.runtime is None and pod is not None:
+            return [{"name": c.get("name"), "ready": False, "restartCount": 0, "image": str(c.get("image") or ""),
+                     "imageID": "", "started": False, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+                    for c in (pod.get("spec") or {}).get("initContainers") or []]
+        with self._lock:
+            return [container_status(r) for r in record.init_runs]
+
+    def _lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self.api.try_get(kind, name, namespace=namespace)
+
+    def _context(self, pod: Mapping[str, Any]) -> PodContext:
+        if self._allocatable is None:
+            node = self.api.try_get("Node", self.node_name) or {}
+            self._allocatable = {str(k): str(v) for k, v in ((node.get("status") or {}).get("allocatable") or {}).items()}
+        uid = str((pod.get("metadata") or {}).get("uid"))
+        return PodContext(pod, self.node_name, self._pod_ips.get(uid), HOST_IP, self._allocatable)
+
+    def _set_up_volumes(self, pod: Mapping[str, Any], record: PodRecord) -> None:
+        """The pod's emptyDir, configMap and secret volumes (sim.kubelet.volumes); a missing ConfigMap or Secret
+        keeps the pod in ContainerCreating with a FailedMount event, retried like any admission failure."""
+        try:
+            record.volumes = volumes.set_up(self.kubelet_dir, pod, self._lookup)
+            return
+        except (volumes.VolumeError, OSError) as exc:
+            message = str(exc)
+        if message != record.last_error:
+            containers = [c for c in (pod.get("spec") or {}).get("containers") or [] if isinstance(c, Mapping)]
+            statuses = [{"name": c.get("name"), "ready": False, "restartCount": 0, "image": str(c.get("image") or ""),
+                         "imageID": "", "started": False, "state": {"waiting": {"reason": "ContainerCreating"}}}
+                        for c in containers]
+            self.api.patch("Pod", record.name, {"status": {
+                "phase": "Pending", "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}],
+                "conditions": pod_conditions(statuses, rfc3339()), "containerStatuses": statuses,
+            }}, namespace=record.namespace, subresource="status")
+            self.events.pod({"namespace": record.namespace, "name": record.name, "uid": record.uid}, "FailedMount",
+                            message)
+        raise KubeletError(message)
+
+    def _check_env(self, pod: Mapping[str, Any], record: PodRecord) -> None:
+        """Every container's env can be built (ConfigMaps, Secrets and their keys exist); otherwise the pod stays
+        Pending with its containers waiting in CreateContainerConfigError, as the kubelet reports it."""
+        spec = pod.get("spec") or {}
+        containers = [c for c in spec.get("containers") or [] if isinstance(c, Mapping)]
+        ctx = self._context(pod)
+        problems: dict[str, str] = {}
+        for c in containers:
+            try:
+                container_env(c, record.legacy, ctx, self._lookup)
+            except EnvError as exc:
+                problems[str(c.get("name"))] = str(exc)
+        if not problems:
+            return
+        message = "; ".join(problems.values())
+        if f"CreateContainerConfigError: {message}" != record.last_error:
+            statuses = [{"name": c.get("name"), "ready": False, "restartCount": 0, "image": str(c.get("image") or ""),
+                         "imageID": "", "started": False,
+                         "state": {"waiting": {"reason": "CreateContainerConfigError", "message": problems[str(c.get("name"))]}
+                                   if str(c.get("name")) in problems else {"reason": "ContainerCreating"}}}
+                        for c in containers]
+            self.api.patch("Pod", record.name, {"status": {
+                "phase": "Pending", "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}],
+                "conditions": pod_conditions(statuses, rfc3339()), "containerStatuses": statuses,
+            }}, namespace=record.namespace, subresource="status")
+            self.events.pod({"namespace": record.namespace, "name": record.name, "uid": record.uid}, "Failed",
+                            f"Error: {message}")
+        raise KubeletError(f"CreateContainerConfigError: {message}")
 
     def pod_log_path(self, record: PodRecord, container: str, restart: int) -> Path | None:
         """/var/log/pods layout: <dir>/<namespace>_<pod>_<uid>/<container>/<restart>.log (None: the runtime's own)."""
@@ -559,21 +867,20 @@ class NodeKubelet:
             return None
         return self.pod_logs_dir / f"{record.namespace}_{record.name}_{record.uid}" / container / f"{restart}.log"
 
-    def _container_statuses(self, record: PodRecord) -> list[dict[str, Any]]:
-        out = []
-        for c in record.containers:
-            if c.running:
-                state: dict[str, Any] = {"running": {"startedAt": c.started_at}}
-            else:
-                state = {"terminated": {"exitCode": c.exit_code, "reason": "Completed" if c.exit_code == 0 else "Error",
-                                        "startedAt": c.started_at, "finishedAt": c.finished_at,
-                                        "containerID": f"podman://{c.runtime_name}"}}
-            out.append({"name": c.container, "ready": c.running, "restartCount": c.restart_count, "image": "",
-                        "imageID": "", "started": c.running, "containerID": f"podman://{c.runtime_name}", "state": state})
+    def _container_statuses(self, record: PodRecord, pod: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The runs' statuses; with `pod`, its containers not started yet too (waiting PodInitializing)."""
+        with self._lock:
+            out = [container_status(c) for c in record.containers]
+        started = {s["name"] for s in out}
+        for c in (pod or {}).get("spec", {}).get("containers") or []:
+            if c.get("name") not in started:
+                out.append({"name": c.get("name"), "ready": False, "restartCount": 0, "image": str(c.get("image") or ""),
+                            "imageID": "", "started": False, "state": {"waiting": {"reason": "PodInitializing"}}})
         return out
 
     def _check_containers(self, uid: str) -> None:
-        """Notice exited containers: restart them per restartPolicy, or end the pod Succeeded/Failed."""
+        """Notice exited containers: restart them per restartPolicy once their back-off allows (CrashLoopBackOff
+        until then, with a BackOff event), or end the pod Succeeded/Failed."""
         assert self.runtime is not None
         pod = self._active.get(uid)
         with self._lock:
@@ -589,29 +896,37 @@ class NodeKubelet:
                     log.warning("event=container-status-failed node=%s container=%s error=%r",
                                 self.node_name, c.runtime_name, status.error)
                 if not status.running and status.exit_code is not None:
-                    c = ContainerRun(c.container, c.runtime_name, c.restart_count, c.cdi_devices, c.started_at,
-                                     False, status.exit_code, status.finished_at, self.runtime.seen(c.runtime_name))
+                    c = replace(c, running=False, exit_code=status.exit_code, finished_at=status.finished_at,
+                                seen=self.runtime.seen(c.runtime_name), finished_mono=self._clock())
                     changed = True
                     log.info("event=container-exited node=%s pod=%s/%s container=%s exit_code=%d", self.node_name,
                              record.namespace, record.name, c.container, status.exit_code)
                 elif c.seen is None:
                     seen = self.runtime.seen(c.runtime_name)
                     if seen is not None:
-                        c = ContainerRun(c.container, c.runtime_name, c.restart_count, c.cdi_devices, c.started_at,
-                                         seen=seen)
+                        c = replace(c, seen=seen)
             runs.append(c)
+        policy = str((pod.get("spec") or {}).get("restartPolicy") or "Always")
+        now = self._clock()
+        restart = set()
+        for i, c in enumerate(runs):
+            if not will_restart(policy, c):
+                continue
+            key = f"{uid}/{c.container}"
+            if self.backoff.in_backoff_since(key, c.finished_mono, now):
+                if not c.waiting_message:
+                    message = (f"back-off {duration_text(self.backoff.get(key))} restarting failed container="
+                               f"{c.container} pod={format_pod(record.namespace, record.name, uid)}")
+                    runs[i] = replace(c, waiting_message=message)
+                    changed = True
+                    self.events.pod({"namespace": record.namespace, "name": record.name, "uid": uid}, "BackOff",
+                                    f"Back-off restarting failed container {c.container} in pod "
+                                    f"{format_pod(record.namespace, record.name, uid)}", container=c.container)
+                continue
+            self.backoff.next(key, c.finished_mono, now)
+            restart.add(c.container)
         with self._lock:
             record.containers = runs
-        policy = str((pod.get("spec") or {}).get("restartPolicy") or "Always")
-        now = time.monotonic()
-        restart = set()
-        for c in runs:
-            if will_restart(policy, c):
-                due = record.restart_due.setdefault(c.container, now + restart_delay(c.restart_count))
-                if now >= due:
-                    restart.add(c.container)
-        for name in restart:
-            record.restart_due.pop(name, None)
         if restart:
             try:
                 self._start_containers(pod, record, only=restart)
@@ -622,22 +937,23 @@ class NodeKubelet:
             return
         phase = pod_phase(policy, record.containers)
         if phase is None:
-            self.api.patch("Pod", record.name, {"status": {"containerStatuses": self._container_statuses(record)}},
-                           namespace=record.namespace, subresource="status")
+            statuses = self._container_statuses(record)
+            self.api.patch("Pod", record.name, {"status": {
+                "conditions": pod_conditions(statuses, rfc3339()), "containerStatuses": statuses,
+                "initContainerStatuses": self._init_statuses(record),
+            }}, namespace=record.namespace, subresource="status")
             return
         self._active.pop(uid, None)
         self._teardown(uid)  # the kubelet unprepares a terminated pod's claims; its containers stay for logs
         self._post_terminated(record, phase, self._container_statuses(record))
 
-    def _post_terminated(self, record: PodRecord, phase: str, statuses: list[dict[str, Any]]) -> None:
-        finished = _now()
+    def _post_terminated(self, record: PodRecord, phase: str, statuses: list[dict[str, Any]],
+                         incomplete_init: Sequence[str] = ()) -> None:
+        finished = rfc3339()
         self.api.patch("Pod", record.name, {"status": {
-            "phase": phase,
-            "conditions": [{"type": t, "status": s, **({"reason": "PodCompleted"} if s == "False" else {}),
-                            "lastTransitionTime": finished}
-                           for t, s in (("PodScheduled", "True"), ("Initialized", "True"), ("ContainersReady", "False"),
-                                        ("Ready", "False"))],
-            "containerStatuses": statuses,
+            "phase": phase, "conditions": pod_conditions(statuses, finished, terminated=True,
+                                                         incomplete_init=incomplete_init),
+            "containerStatuses": statuses, "initContainerStatuses": self._init_statuses(record),
         }}, namespace=record.namespace, subresource="status")
         with self._lock:
             record.phase = phase
@@ -660,7 +976,10 @@ class NodeKubelet:
         names = pod_claim_names(pod)
         if names is None:
             raise _NotReady("waiting for the pod's generated ResourceClaim names in status.resourceClaimStatuses")
-        by_driver: dict[str, list[ClaimInfo]] = {}
+        infos: list[ClaimInfo] = []
+        # Claims of other drivers (compute-domain.nvidia.com): one NodePrepareResources call per driver, as the
+        # kubelet's DRA manager makes; their state is not in the claim-state file (restart recovery is the GPU's).
+        others: dict[str, list[ClaimInfo]] = {}
         for name in names:
             try:
                 claim = self.api.get("ResourceClaim", name, namespace=record.namespace)
@@ -674,21 +993,38 @@ class NodeKubelet:
                        for r in cstatus.get("reservedFor") or []):  # a PodGroup's shared claim counts for its pods
                 raise _NotReady(f"ResourceClaim {record.namespace}/{name} is not reserved for this pod")
             results = ((cstatus["allocation"].get("devices") or {}).get("results")) or []
-            # One NodePrepareResources call per driver with that driver's claims, as the kubelet's DRA manager
-            # does (a claim with devices of two drivers goes to both).
             for driver in dict.fromkeys(str(r.get("driver")) for r in results):
-                by_driver.setdefault(driver, []).append(ClaimInfo(record.namespace, str(claim["metadata"]["uid"]), name))
-        if by_driver:
-            self.sim.sync()  # a re-registered plugin (restart) is picked up before the call, as inotify would
-            prepared: list[PreparedClaim] = []
-            for driver, infos in by_driver.items():
-                pods = self._sim_pods.setdefault(uid, {})
-                sim_pod = pods.get(driver)
-                if sim_pod is None:
-                    sim_pod = Pod(record.name, infos)
-                    pods[driver] = sim_pod
-                self.sim.prepare_pod(driver, sim_pod)
-                prepared += [PreparedClaim(c, tuple(sim_pod.prepared[c.uid])) for c in infos]
+                info = ClaimInfo(record.namespace, str(claim["metadata"]["uid"]), name)
+                if driver == self.driver_name:
+                    infos.append(info)
+                else:
+                    others.setdefault(driver, []).append(info)
+        prepared: list[PreparedClaim] = []
+        if infos:
+            sim_pod = self._sim_pods.get(uid)
+            if sim_pod is None:
+                sim_pod = Pod(record.name, infos)
+                self._sim_pods[uid] = sim_pod
+            try:
+                self.sim.sync()  # a re-registered plugin (restart) is picked up before the call, as inotify would
+                self.sim.prepare_pod(self.driver_name, sim_pod)
+                self._save_claim_state()
+            except KubeletError as exc:
+                raise _PrepareFailed(str(exc)) from exc
+            prepared += [PreparedClaim(c, tuple(sim_pod.prepared[c.uid])) for c in infos]
+        for driver, driver_infos in others.items():
+            pods = self._other_pods.setdefault(uid, {})
+            other_pod = pods.get(driver)
+            if other_pod is None:
+                other_pod = Pod(record.name, driver_infos)
+                pods[driver] = other_pod
+            try:
+                self.sim.sync()
+                self.sim.prepare_pod(driver, other_pod)
+            except KubeletError as exc:
+                raise _PrepareFailed(str(exc)) from exc
+            prepared += [PreparedClaim(c, tuple(other_pod.prepared[c.uid])) for c in driver_infos]
+        if prepared:
             with self._lock:
                 record.claims = prepared
         if not record.legacy:
@@ -710,20 +1046,45 @@ class NodeKubelet:
                 record.legacy = grants
 
     def _teardown(self, uid: str) -> None:
-        for driver, sim_pod in list((self._sim_pods.get(uid) or {}).items()):
-            if not sim_pod.prepared:
+        """Unprepare the pod's claims; a failure (the agent down or restarting) is retried with a back-off by the
+        resync until it succeeds, as the kubelet never gives up a terminated pod's cleanup."""
+        for driver, other_pod in list((self._other_pods.get(uid) or {}).items()):
+            if not other_pod.prepared:
                 continue
             try:
-                self.sim.unprepare_pod(driver, sim_pod)
+                self.sim.sync()
+                self.sim.unprepare_pod(driver, other_pod)
             except KubeletError as exc:
-                log.warning("event=unprepare-failed node=%s pod=%s driver=%s error=%r", self.node_name, sim_pod.name,
+                log.warning("event=unprepare-failed node=%s pod=%s driver=%s error=%r", self.node_name, other_pod.name,
                             driver, str(exc))
-                return
-        self._sim_pods.pop(uid, None)
+                return  # retried on the next resync, as the kubelet never gives up a terminated pod's cleanup
+        self._other_pods.pop(uid, None)
+        sim_pod = self._sim_pods.get(uid)
         with self._lock:
             record = self.records.get(uid)
+        if sim_pod is not None and sim_pod.prepared:
+            try:
+                self.sim.sync()  # a restarted agent's new socket, as the plugin watcher's inotify would see it
+                self.sim.unprepare_pod(self.driver_name, sim_pod)
+            except KubeletError as exc:
+                assert record is not None  # a pod's record is made before its claims are prepared
+                record.unprepare_failures += 1
+                wait = min(MAX_UNPREPARE_RETRY_SECONDS, FIRST_UNPREPARE_RETRY_SECONDS * 2 ** (record.unprepare_failures - 1))
+                record.unprepare_at = self._clock() + wait
+                self._unprepare_pending.add(uid)
+                log.warning("event=unprepare-failed node=%s pod=%s failures=%d retry_in=%.1fs error=%r", self.node_name,
+                            sim_pod.name, record.unprepare_failures, wait, str(exc))
+                return
+            if record is not None and record.unprepare_failures:
+                log.info("event=unprepare-retried node=%s pod=%s failures=%d", self.node_name, sim_pod.name,
+                         record.unprepare_failures)
+        self._unprepare_pending.discard(uid)
+        if self._sim_pods.pop(uid, None) is not None:
+            self._save_claim_state()
+        with self._lock:
             if record is not None:
                 record.unprepared = True
+                record.unprepare_failures = 0
         if record is not None and record.legacy and self.device_manager is not None:
             self.device_manager.remove_pod(uid)  # a terminated pod's device plugin devices are free again
 
@@ -734,7 +1095,7 @@ class NodeKubelet:
             return
         uid = str(pod["metadata"]["uid"])
         self._teardown(uid)
-        finished = _now()
+        finished = rfc3339()
         containers = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
         record = self._record(pod)
         self._post_terminated(record, "Succeeded", [
@@ -747,3 +1108,7 @@ class NodeKubelet:
 class _NotReady(Exception):
     """The pod cannot be admitted yet; retried on the next event or tick."""
 
+
+
+class _PrepareFailed(KubeletError):
+    """NodePrepareResources failed (FailedPrepareDynamicResources); retried like any admission failure."""

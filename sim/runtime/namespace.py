@@ -52,8 +52,39 @@ exec sleep 2147483647
 """
 
 
+HOLDER_PID = "holder.pid"
+
+
 class NamespaceError(RuntimeError):
     pass
+
+
+def leftover_holder(state_dir: Path) -> int | None:
+    """The pid of a holder of `state_dir` still running after whoever started it died (SIGKILL), recognised by its
+    mounts (its overlay's work dir is under `state_dir`), so a reused pid is never taken for it."""
+    try:
+        pid = int((state_dir / HOLDER_PID).read_text().strip())
+        mounts = Path(f"/proc/{pid}/mountinfo").read_text()
+    except (OSError, ValueError):
+        return None
+    return pid if f" {state_dir / 'devtmp'} " in mounts or f"workdir={state_dir}/devtmp/work" in mounts else None
+
+
+def same_mount_namespace(pid: int) -> list[int]:
+    """Every other process in `pid`'s mount namespace (the conmon monitors started in it)."""
+    try:
+        ns = os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return []
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != pid:
+            try:
+                if os.readlink(f"/proc/{entry}/ns/mnt") == ns:
+                    out.append(int(entry))
+            except OSError:
+                continue
+    return out
 
 
 class PrivateMountNamespace:
@@ -89,6 +120,7 @@ class PrivateMountNamespace:
                 _, err = holder.communicate()
             raise NamespaceError(f"setting up the private mount namespace failed: {err.decode(errors='replace').strip()}")
         self._holder = holder
+        (self.state_dir / HOLDER_PID).write_text(f"{holder.pid}\n")  # for stop_leftovers after a SIGKILL
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """argv run inside the namespace."""

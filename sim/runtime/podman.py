@@ -23,17 +23,19 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
+import stat
 import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 from controlplane.podlogs import parse_cri_log
 from sim.demo.processes import pid_alive
-from sim.runtime.namespace import PRIVATE_RUN, NamespaceError, PrivateMountNamespace
+from sim.runtime.namespace import PRIVATE_RUN, NamespaceError, PrivateMountNamespace, leftover_holder, same_mount_namespace
 from sim.runtime.rootfs import PROBE_DIR, SEEN_DIR
+from gpudra.timestamps import rfc3339
 
 log = logging.getLogger("sim.runtime")
 
@@ -77,6 +79,7 @@ class ContainerRequest:
     env: Mapping[str, str] = field(default_factory=dict)
     cdi_devices: tuple[str, ...] = ()
     log_path: Path | None = None  # where podman writes its k8s-file log (default: the node's logs/<name>.log)
+    mounts: tuple[tuple[str, str, bool], ...] = ()  # (host path, container path, read-only): the pod's volumes
 
 
 @dataclass(frozen=True)
@@ -99,8 +102,6 @@ class Seen:
     device_nodes: tuple[str, ...]
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -126,9 +127,7 @@ class PodmanRuntime:
         self.rootfs = rootfs
         self.host_devices = tuple(host_devices)
         self.ns = PrivateMountNamespace(state_dir / "ns", cdi_dir)
-        self._global = [podman, "--root", str(state_dir / "storage"), "--runroot", f"{PRIVATE_RUN}/podman",
-                        "--tmpdir", f"{PRIVATE_RUN}/libpod", "--storage-driver", "vfs", "--events-backend", "file",
-                        "--runtime", runc, "--cgroup-manager", "cgroupfs"]
+        self._global = podman_flags(state_dir, runc, podman)
         self._containers: dict[str, _Container] = {}
         self._lock = threading.Lock()
 
@@ -185,6 +184,8 @@ class PodmanRuntime:
                 "-v", f"{self.state_dir / 'probe'}:{PROBE_DIR}:ro", "-v", f"{seen}:{SEEN_DIR}"]
         for key, value in request.env.items():
             args += ["-e", f"{key}={value}"]
+        for host, path, read_only in request.mounts:
+            args += ["-v", f"{host}:{path}:{'ro' if read_only else 'rw'}"]
         for cid in request.cdi_devices:
             args += ["--device", cid]
         args += ["--rootfs", str(self.rootfs), f"{PROBE_DIR}/probe", *(request.command or DEFAULT_COMMAND)]
@@ -194,7 +195,7 @@ class PodmanRuntime:
             raise RuntimeError_(f"container {name}: podman run exited with status {done.returncode}: "
                                 f"{done.stderr.strip() or done.stdout.strip()}")
         conmon, pid = _read_pid(conmon_pidfile), _read_pid(pidfile)
-        started = _now()
+        started = rfc3339()
         with self._lock:
             self._containers[name] = _Container(request, conmon, pid, started)
         log.info("event=container-started container=%s devices=%s", name, ",".join(request.cdi_devices) or "-")
@@ -220,13 +221,13 @@ class PodmanRuntime:
             if watched is None:
                 return ContainerStatus(name, True, None, c.started_at, error=error)
             # Its monitor is gone and podman does not know it: the kubelet's ContainerStatusUnknown (exit 137).
-            finished = ContainerStatus(name, False, UNKNOWN_EXIT_CODE, c.started_at, _now(), error=error)
+            finished = ContainerStatus(name, False, UNKNOWN_EXIT_CODE, c.started_at, rfc3339(), error=error)
             with self._lock:
                 c.finished = finished
             return finished
         if words[0] in ("running", "created", "configured", "paused", "stopping"):
             return ContainerStatus(name, True, None, c.started_at)
-        finished = ContainerStatus(name, False, int(words[1]), c.started_at, _now())
+        finished = ContainerStatus(name, False, int(words[1]), c.started_at, rfc3339())
         with self._lock:
             c.finished = finished
         return finished
@@ -240,6 +241,12 @@ class PodmanRuntime:
             raise RuntimeError_(f"container {name}: podman rm exited with status {done.returncode}: {done.stderr.strip()}")
         if known is not None:
             log.info("event=container-removed container=%s", name)
+
+    def exec_argv(self, name: str, command: Sequence[str]) -> list[str] | None:
+        """argv that runs `command` in the running container `name` (stdin kept open), or None if it is not running."""
+        if not self.status(name).running:
+            return None
+        return self.ns.command([*self._global, "exec", "-i", name, *command])
 
     def names(self) -> list[str]:
         with self._lock:
@@ -264,15 +271,14 @@ class PodmanRuntime:
         return "".join(line.text for line in parse_cri_log(raw))
 
     def seen(self, name: str) -> Seen | None:
+        """What the probe recorded. The directory is the container's to write (bind-mounted at SEEN_DIR), so its
+        entries are read as untrusted: only regular files, never through a symlink, never blocking, bounded."""
         d = self.state_dir / "seen" / name
-        if not (d / "done").exists():
+        if read_untrusted(d / "done") is None:
             return None
 
         def read(f: str) -> str | None:
-            try:
-                return (d / f).read_text()
-            except FileNotFoundError:
-                return None
+            return read_untrusted(d / f)
 
         rc = (read("nvidia-smi.rc") or "").strip()
         visible = read("visible")
@@ -282,6 +288,70 @@ class PodmanRuntime:
             visible_devices=visible.rstrip("\n") if visible is not None else None,
             device_nodes=tuple((read("devices") or "").split()),
         )
+
+
+# The probe's files are a few lines; more than this is not what the probe wrote.
+MAX_SEEN_FILE_BYTES = 64 * 1024
+
+
+def read_untrusted(path: Path, limit: int = MAX_SEEN_FILE_BYTES) -> str | None:
+    """A file a container could have written, or None when it is missing, not a regular file (a FIFO, device or
+    directory), a symlink (O_NOFOLLOW), or unreadable; at most `limit` bytes of it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks: list[bytes] = []
+        left = limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 65536))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def podman_flags(state_dir: Path, runc: str, podman: str = "podman") -> list[str]:
+    return [podman, "--root", str(state_dir / "storage"), "--runroot", f"{PRIVATE_RUN}/podman",
+            "--tmpdir", f"{PRIVATE_RUN}/libpod", "--storage-driver", "vfs", "--events-backend", "file",
+            "--runtime", runc, "--cgroup-manager", "cgroupfs"]
+
+
+def stop_leftovers(state_dir: Path) -> list[str]:
+    """What a node runtime (state dir `state_dir`) left running when its process was killed: every container
+    (podman rm inside its namespace), their conmon monitors, then the namespace holder. Returns what was stopped."""
+    holder = leftover_holder(state_dir / "ns")
+    if holder is None:
+        return []
+    stopped = []
+    runc = find_runc()
+    if runc is not None:
+        argv = ["nsenter", "--target", str(holder), "--mount", "--", *podman_flags(state_dir, runc),
+                "rm", "--all", "--force", "--time", "0"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=PODMAN_TIMEOUT_SECONDS,
+                                  stdin=subprocess.DEVNULL)
+            removed = [line for line in done.stdout.split() if line]
+            if removed:
+                stopped.append(f"{len(removed)} containers")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("event=leftover-containers-not-removed state_dir=%s error=%r", state_dir, str(exc))
+    monitors = same_mount_namespace(holder)
+    for pid in [*monitors, holder]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+    stopped.append(f"namespace holder (pid {holder})" + (f" and {len(monitors)} monitors" if monitors else ""))
+    return stopped
 
 
 def _read_pid(path: Path) -> int | None:

@@ -1,0 +1,145 @@
+"""A pod's volumes as the kubelet sets them up before its containers start: emptyDir (a directory per pod),
+configMap and secret (their keys as files, `items` choosing keys and paths, `defaultMode`/`mode`, always mounted
+read-only), under <kubelet dir>/pods/<pod uid>/volumes/ as the kubelet lays them out. A ConfigMap or Secret
+that does not exist (and is not optional) fails the mount: MountVolume.SetUp failed for volume ... The mounts a
+container gets follow its volumeMounts (mountPath, readOnly, subPath). Other volume types are not simulated."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+Lookup = Callable[[str, str, str], Mapping[str, Any] | None]
+_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")
+_PLUGIN_DIRS = {"emptyDir": "kubernetes.io~empty-dir", "configMap": "kubernetes.io~configmap",
+                "secret": "kubernetes.io~secret"}
+
+
+class VolumeError(Exception):
+    """A volume that cannot be set up; the message is the kubelet's FailedMount text."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    host: Path
+    container: str
+    read_only: bool
+
+
+def pod_dir(kubelet_dir: Path, uid: str) -> Path:
+    if not _UID.match(uid):
+        raise VolumeError(f"pod uid {uid!r} is not a Kubernetes UID")
+    return kubelet_dir / "pods" / uid
+
+
+def object_files(kind: str, obj: Mapping[str, Any]) -> dict[str, bytes]:
+    """A ConfigMap's (data, binaryData) or a Secret's (data, stringData) keys and their bytes."""
+    if kind == "ConfigMap":
+        out = {str(k): str(v).encode() for k, v in (obj.get("data") or {}).items()}
+        out.update({str(k): base64.b64decode(str(v)) for k, v in (obj.get("binaryData") or {}).items()})
+        return out
+    out = {str(k): base64.b64decode(str(v)) for k, v in (obj.get("data") or {}).items()}
+    out.update({str(k): str(v).encode() for k, v in (obj.get("stringData") or {}).items()})
+    return out
+
+
+def _safe_relative(path: str) -> bool:
+    parts = Path(path).parts
+    return bool(parts) and not Path(path).is_absolute() and ".." not in parts
+
+
+def set_up(kubelet_dir: Path, pod: Mapping[str, Any], lookup: Lookup) -> dict[str, Path]:
+    """Create the pod's volumes; returns volume name -> host directory (types not simulated are left out)."""
+    meta = pod.get("metadata") or {}
+    namespace, uid = str(meta.get("namespace") or "default"), str(meta.get("uid") or "")
+    base = pod_dir(kubelet_dir, uid) / "volumes"
+    out: dict[str, Path] = {}
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        if not isinstance(volume, Mapping):
+            continue
+        name = str(volume.get("name") or "")
+        kind = next((k for k in _PLUGIN_DIRS if k in volume), None)
+        if kind is None or not _UID.match(name.replace(".", "-")):
+            continue
+        target = base / _PLUGIN_DIRS[kind] / name
+        if kind == "emptyDir":
+            target.mkdir(parents=True, exist_ok=True)
+            out[name] = target
+            continue
+        source = volume[kind] or {}
+        obj_kind = "ConfigMap" if kind == "configMap" else "Secret"
+        obj_name = str(source.get("name") if kind == "configMap" else source.get("secretName") or "")
+        obj = lookup(obj_kind, namespace, obj_name)
+        if obj is None and not source.get("optional"):
+            word = "configmap" if kind == "configMap" else "secret"
+            raise VolumeError(f'MountVolume.SetUp failed for volume "{name}" : {word} "{obj_name}" not found')
+        files = object_files(obj_kind, obj or {})
+        default_mode = source.get("defaultMode", 0o644)
+        wanted: list[tuple[str, str, int]] = []
+        if source.get("items"):
+            for item in source["items"]:
+                key, path = str(item.get("key") or ""), str(item.get("path") or "")
+                if key not in files:
+                    if source.get("optional"):
+                        continue
+                    raise VolumeError(f'MountVolume.SetUp failed for volume "{name}" : configmap references non-existent '
+                                      f'config key: {key}' if kind == "configMap" else
+                                      f'MountVolume.SetUp failed for volume "{name}" : references non-existent secret '
+                                      f'key: {key}')
+                wanted.append((key, path, int(item.get("mode", default_mode))))
+        else:
+            wanted = [(k, k, int(default_mode)) for k in files]
+        shutil.rmtree(target, ignore_errors=True)  # the kubelet's atomic writer replaces the whole set
+        target.mkdir(parents=True)
+        for key, path, mode in wanted:
+            if not _safe_relative(path):
+                raise VolumeError(f'MountVolume.SetUp failed for volume "{name}" : invalid path {path!r}')
+            file = target / path
+            file.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+            try:
+                os.write(fd, files[key])
+            finally:
+                os.close(fd)
+            os.chmod(file, mode)
+        out[name] = target
+    return out
+
+
+def container_mounts(container: Mapping[str, Any], volumes: Mapping[str, Path],
+                     read_only_volumes: set[str]) -> list[Mount]:
+    out = []
+    for vm in container.get("volumeMounts") or []:
+        if not isinstance(vm, Mapping):
+            continue
+        host = volumes.get(str(vm.get("name") or ""))
+        if host is None:
+            continue
+        sub = str(vm.get("subPath") or "")
+        if sub:
+            if not _safe_relative(sub):
+                raise VolumeError(f"subPath {sub!r}: must be a relative path without '..'")
+            host = host / sub
+            if not host.exists():
+                host.mkdir(parents=True)
+        out.append(Mount(host, str(vm.get("mountPath") or ""), bool(vm.get("readOnly")) or vm.get("name") in read_only_volumes))
+    return out
+
+
+def read_only_volumes(pod: Mapping[str, Any]) -> set[str]:
+    """configMap and secret volumes are always mounted read-only."""
+    return {str(v.get("name")) for v in (pod.get("spec") or {}).get("volumes") or []
+            if isinstance(v, Mapping) and ("configMap" in v or "secret" in v)}
+
+
+def tear_down(kubelet_dir: Path, uid: str) -> None:
+    try:
+        shutil.rmtree(pod_dir(kubelet_dir, uid), ignore_errors=True)
+    except VolumeError:
+        pass
