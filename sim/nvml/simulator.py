@@ -1053,7 +1053,6 @@ class SimulatedNvml:
             return pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH if is_switch else pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
 
     def _fill_fabric(self, fname: str, handle: Any, info_ref: Any) -> int:
-        self._refresh_faults()
         gpu = self._gpu(fname, handle)
         info = _deref(info_ref)
         if info is None:
