@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from gpudra import DEFAULT_DRIVER_NAME, cliopts
 from gpudra.validation.schema import check_object
 from gpudra.manifests import InputError, load_objects, object_label
 from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, check_version
+from gpudra import computedomain
 from gpudra.validation import FieldError, validate_object
 from gpudra.validation.meta import validate_object_meta
 from gpudra.validation.workloads import API_VERSION as WORKLOAD_API_VERSION
@@ -55,6 +57,22 @@ def is_workload_api_object(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get("apiVersion") == WORKLOAD_API_VERSION and obj.get("kind") in WORKLOAD_KINDS
 
 
+def compute_domain_schema_errors(obj: dict[str, Any]) -> list[str]:
+    """A ComputeDomain checked against NVIDIA's CRD (manifests/compute-domains), defaulted as the server would."""
+    from controlplane.crds.definition import CustomSchema, served_type
+
+
+    crd = next(c for c in load_objects([str(_COMPUTE_DOMAIN_CRD)]) if c.get("kind") == "CustomResourceDefinition")
+    custom = served_type(crd).custom
+    assert isinstance(custom, CustomSchema)
+    decoded, unknown, type_errors = custom.decode(obj)
+    return type_errors + [f'{p}: unknown field "{p}"' for p in unknown] + custom.validate(decoded, None)
+
+
+_COMPUTE_DOMAIN_CRD = Path(__file__).resolve().parents[1] / "manifests" / "compute-domains" / \
+    "resource.nvidia.com_computedomains.yaml"
+
+
 def validate_all(objects: list[dict[str, Any]], cel: CelChecker | None, opaque: OpaqueValidators,
                  kubernetes_version: str = "1.37", strict: bool = False) -> list[dict[str, Any]]:
     results = []
@@ -64,6 +82,11 @@ def validate_all(objects: list[dict[str, Any]], cel: CelChecker | None, opaque: 
         if is_workload_api_object(obj):
             found = [*validate_object_meta(obj.get("metadata"), namespaced=True), *validate_workload_api_object(obj)]
             results.append(_result(obj, True, (unknown if strict else []) + [str(e) for e in found], warnings))
+            continue
+        if obj.get("apiVersion") == computedomain.API_VERSION and obj.get("kind") == "ComputeDomain":
+            found = [*validate_object_meta(obj.get("metadata"), namespaced=True)]
+            errors = [str(e) for e in found] + compute_domain_schema_errors(obj) + computedomain.validate_compute_domain(obj)
+            results.append(_result(obj, True, errors, []))
             continue
         if not is_dra_object(obj):
             # Manifests mix Pods, RBAC and the like with DRA objects; those are reported as not checked.

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -128,6 +128,8 @@ def plan_gang(view: View, gang: Gang, allocated: list[Obj], features: Features, 
     """Places the gang's unallocated claims all-or-nothing (pure: nothing is written); the explanation text when
     they do not all fit. Shared by the controller and the offline tools, so both place gangs the same way."""
     pending = [c for c in gang.claims if o.allocation(c) is None]
+    if gang.topology == "clique":
+        return _plan_in_one_clique(view, gang, pending, allocated, features, cel)
     attempts: list[list[str] | None] = [None]  # None: the whole gang on one node, any node
     attempts += [nodes for nodes in clique_domains(view).values() if len(nodes) > 1]
     attempts.append([])  # []: spread over all nodes
@@ -146,6 +148,69 @@ def plan_gang(view: View, gang: Gang, allocated: list[Obj], features: Features, 
         if plan is not None:
             return plan
     return f"gang {gang.key}: its {len(pending)} unallocated claims do not fit together: {reasons}"
+
+
+def _clique_name(key: tuple[Any, ...]) -> str:
+    return ".".join(str(k) for k in key)
+
+
+def _plan_in_one_clique(view: View, gang: Gang, pending: list[Obj], allocated: list[Obj], features: Features,
+                        cel: Any) -> GangPlan | str:
+    """All of the gang within one NVLink clique (largest first), never across cliques; when none can take it,
+    which cliques were too small (fewer nodes than the gang needs) and which too busy (how many claims fit)."""
+    cliques = clique_domains(view)
+    # Claims the gang already holds pin it to their clique.
+    held = {node for c in gang.claims if o.allocation(c) is not None
+            for node in _allocation_nodes(view, c)}
+    reasons: list[str] = []
+    for key, nodes in cliques.items():
+        if held and not held <= set(nodes):
+            reasons.append(f"clique {_clique_name(key)}: the gang already holds devices outside it")
+            continue
+        snapshot, _ = build_snapshot(view, allocated)
+        placer = Placer(snapshot, features, cel)
+        parsed = [parse_claim(c) for c in pending]
+        plan = _spread(placer, parsed, nodes)
+        if plan is not None:
+            return plan
+        fits = _count_fitting(view, allocated, pending, nodes, features, cel)
+        size = gang.size or len(gang.claims)
+        if len(nodes) < size:
+            busy = f"; busy too: only {fits} fit" if fits < len(nodes) else ""
+            reasons.append(f"clique {_clique_name(key)}: too small ({len(nodes)} nodes for {size} claims{busy})")
+        else:
+            reasons.append(f"clique {_clique_name(key)}: too busy (only {fits} of {len(pending)} claims fit on its "
+                           f"{len(nodes)} nodes)")
+    if not cliques:
+        reasons.append("no node publishes devices in an NVLink clique (fabricClusterUUID, fabricCliqueID)")
+    return (f"gang {gang.key}: its {len(pending)} unallocated claims must share one NVLink clique and fit in none: "
+            + "; ".join(reasons))
+
+
+def _allocation_nodes(view: View, claim: Obj) -> set[str]:
+    pools = {str(r.get("pool")) for r in o.list_field(o.section(o.section(o.section(claim, "status"), "allocation"),
+                                                                 "devices"), "results") if isinstance(r, Mapping)}
+    nodes = set()
+    for sl in view.slices.values():
+        spec = o.section(sl, "spec")
+        if spec.get("nodeName") and str(o.section(spec, "pool").get("name")) in pools:
+            nodes.add(str(spec["nodeName"]))
+    return nodes
+
+
+def _count_fitting(view: View, allocated: list[Obj], pending: list[Obj], nodes: list[str], features: Features,
+                   cel: Any) -> int:
+    """How many of `pending` fit on `nodes` together, placed one after another."""
+    snapshot, _ = build_snapshot(view, allocated)
+    placer = Placer(snapshot, features, cel)
+    count = 0
+    for claim in (parse_claim(c) for c in pending):
+        result = placer.place([claim], nodes)
+        if isinstance(result, NoPlacement):
+            continue
+        placer.commit([claim.key], result.allocations, result.node)
+        count += 1
+    return count
 
 
 def _spread(placer: Placer, claims: list[Any], nodes: list[str]) -> GangPlan | None:
@@ -381,7 +446,7 @@ class GangController:
         others = [c for c in fresh if o.key(c) not in gang_keys and o.allocation(c) is not None]
         allocated_members = [c for c in members if o.allocation(c) is not None]
         try:
-            plan = self.plan(view, Gang(gang.namespace, gang.name, gang.size, tuple(members)), others + allocated_members)
+            plan = self.plan(view, replace(gang, claims=tuple(members)), others + allocated_members)
         except AllocationError as err:
             plan = f"gang {gang.key}: {err}"
         if isinstance(plan, str):

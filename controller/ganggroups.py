@@ -20,6 +20,14 @@ def gang_size_label(driver: str) -> str:
     return f"{driver}/gang-size"
 
 
+def gang_topology_label(driver: str) -> str:
+    """`clique`: the gang is placed within one multi-node NVLink clique or not at all (a ComputeDomain's pods)."""
+    return f"{driver}/gang-topology"
+
+
+TOPOLOGIES = ("", "clique")
+
+
 def allocated_at_annotation(driver: str) -> str:
     return f"{driver}/gang-allocated-at"
 
@@ -45,6 +53,7 @@ class Gang:
     size: int | None  # None when the label is not a positive integer or the claims disagree
     claims: tuple[Obj, ...]  # sorted by name
     problem: str = ""
+    topology: str = ""  # "" (any nodes) or "clique" (one NVLink clique), from gang_topology_label
 
     @property
     def key(self) -> str:
@@ -78,5 +87,13 @@ def group_gangs(claims: Iterable[Mapping[str, Any]], driver: str) -> list[Gang]:
                     size = None
             else:
                 problem = f"gang {ns}/{name}: label {gang_size_label(driver)}: {raw!r} is not a positive integer"
-        gangs.append(Gang(ns, name, size, tuple(members), problem))
+        topologies = {str(o.labels(c).get(gang_topology_label(driver), "")) for c in members}
+        topology = next(iter(topologies)) if len(topologies) == 1 else ""
+        if len(topologies) != 1:
+            problem = problem or (f"gang {ns}/{name}: claims disagree on label {gang_topology_label(driver)} "
+                                  f"({', '.join(sorted(topologies))})")
+        elif topology not in TOPOLOGIES:
+            problem = problem or (f"gang {ns}/{name}: label {gang_topology_label(driver)}: {topology!r} is not a "
+                                  "placement topology; accepted: clique")
+        gangs.append(Gang(ns, name, size if not problem else None, tuple(members), problem, topology))
     return gangs

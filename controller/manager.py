@@ -32,6 +32,7 @@ from controller.leader import LeaderElector, LeaseTimings
 from controller.metrics import ControllerMetrics, MetricsServer
 from controller.scheduler import EmbeddedScheduler, PendingExplainer, is_pending
 from controller.snapshots import LiveSnapshot
+from controller.computedomain import ComputeDomainController
 from controller.taintevict import TaintEvictor
 from controller.watchlist import ClaimWatchlist
 from controller.view import View
@@ -83,6 +84,9 @@ class ControllerConfig:
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
     features: Features = Features()
+    # ComputeDomains (controller.computedomain): the driver's namespace and the IMEX daemon pods' image.
+    compute_domain_namespace: str = "gpu-dra-system"
+    compute_domain_daemon_image: str = "busybox:1.36"
 
 
 @dataclass(frozen=True)
@@ -384,6 +388,11 @@ class ControllerManager:
             elector = self.elector
             self._spawn("leader-election", lambda: elector.run(self._elector_stop, release_on_stop=lambda: self._release_on_stop))
         self._spawn("reconcile", self._loop)
+        # NVIDIA's ComputeDomains, once their CRDs are installed (controller.computedomain).
+        domains = ComputeDomainController(self.api, self.config.compute_domain_namespace,
+                                          image=self.config.compute_domain_daemon_image,
+                                          driver=self.config.driver_name, may_write=self.may_write)
+        self._spawn("compute-domains", lambda: domains.run(self._stop))
         log.info(
             "controller started",
             extra={

@@ -19,7 +19,7 @@ from controller.allocator.model import Claim
 from controller.allocator.nodes import NodeSelector
 from controller.diagnosis import Diagnoser, NodeReason, summarize
 from controller.gang import GangPlan, plan_gang
-from controller.ganggroups import Gang, group_gangs
+from controller.ganggroups import group_gangs
 from controller.podgroups import min_count, pod_group_gangs, pod_group_name, wait_reason
 from controller.objects import claim_key
 from controller.scoring import Placement, Placer, Policy
@@ -241,7 +241,7 @@ class Session:
                 continue
             others = [c for c in allocated if claim_key(c) not in members]
             try:
-                plan: GangPlan | str = plan_gang(view, Gang(gang.namespace, gang.name, gang.size, gang.claims),
+                plan: GangPlan | str = plan_gang(view, gang,
                                                  others + [c for c in gang.claims if (c.get("status") or {}).get("allocation")],
                                                  self.features, self.cel_env)
             except AllocationError as exc:

@@ -1,4 +1,5 @@
-"""The validation hooks gpu-dra installs: the CEL checker, our opaque-parameter check, and the refusal of
+"""The validation hooks gpu-dra installs: the CEL checker, our opaque-parameter checks (GPU configs, and
+ComputeDomain channel/daemon configs for compute-domain.nvidia.com), ComputeDomain objects, and the refusal of
 NVIDIA's DeviceClasses for what gpu-dra does not do.
 
 Every caller (`gpu-dra validate`, `allocate`/`explain`, the embedded API server's admission) gets the same hooks
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpudra import DEFAULT_DRIVER_NAME
+from gpudra import DEFAULT_DRIVER_NAME, computedomain
 from gpudra.deviceconfig import validate_parameters
 from gpudra.validation.admission import Admission, validating_admission
 from gpudra.validation.common import CelChecker, OpaqueValidators
@@ -20,9 +21,8 @@ from controller.cel.check import Checker
 # A claim naming one of them could never be allocated here; saying so at admission beats a pod pending forever.
 UNSUPPORTED_CLASSES: dict[str, str] = {
     "vfio.gpu.nvidia.com": "NVIDIA's VFIO passthrough class; gpu-dra does not support VFIO passthrough (vfio-pci GPUs for virtual machines)",
-    "imex.nvidia.com": "NVIDIA's IMEX channel class; gpu-dra does not support IMEX channels or ComputeDomains",
-    "compute-domain-daemon.nvidia.com": "NVIDIA's ComputeDomain daemon class; gpu-dra does not support ComputeDomains (IMEX)",
-    "compute-domain-default-channel.nvidia.com": "NVIDIA's ComputeDomain channel class; gpu-dra does not support ComputeDomains (IMEX)",
+    "imex.nvidia.com": "the IMEX channel class of NVIDIA's driver before ComputeDomains; use a ComputeDomain and its "
+                       "channel ResourceClaimTemplate (class compute-domain-default-channel.nvidia.com) instead",
 }
 
 
@@ -32,8 +32,9 @@ def cel_checker() -> CelChecker:
 
 
 def opaque_validators(driver_name: str = DEFAULT_DRIVER_NAME) -> OpaqueValidators:
-    """Our GpuConfig schema check for opaque parameters addressed to `driver_name`."""
-    return {driver_name: validate_parameters}
+    """Our GpuConfig schema check for opaque parameters addressed to `driver_name`, and the ComputeDomain configs'
+    for compute-domain.nvidia.com."""
+    return {driver_name: validate_parameters, computedomain.DRIVER: computedomain.validate_config}
 
 
 def _requests(spec: Mapping[str, Any], path: str) -> list[tuple[str, Any]]:
@@ -91,6 +92,8 @@ def validation_admission(driver_name: str = DEFAULT_DRIVER_NAME, kubernetes_vers
     kubernetes = validating_admission(cel_checker(), opaque_validators(driver_name), kubernetes_version)
 
     def admit(obj: dict[str, Any], old: dict[str, Any] | None) -> list[str]:
+        if obj.get("kind") == "ComputeDomain":
+            return computedomain.validate_compute_domain(obj)
         return kubernetes(obj, old) + (unsupported_class_errors(obj) if old is None else [])
 
     return admit

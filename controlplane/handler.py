@@ -15,6 +15,8 @@ from urllib.parse import parse_qs, urlsplit
 from controlplane import filters, httphead, reviews
 from controlplane import resources as res
 from controlplane import execproxy, scale
+from controlplane.crds import openapi as crd_openapi
+from controlplane.crds import serving as crd_serving
 from controlplane import status as st
 from controlplane import health, protobuf
 from controlplane.admission.request import AdmissionRequest
@@ -428,7 +430,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         if parts[:2] == ["openapi", "v3"]:
             if len(parts) == 2:
                 return openapi_root(reg)
-            return openapi_group_version(reg, "/".join(parts[2:])) or self._not_found_path(parts)
+            gv_path = "/".join(parts[2:])
+            return (crd_openapi.group_version(reg, gv_path) or openapi_group_version(reg, gv_path)
+                    or self._not_found_path(parts))
         if parts == ["api"]:
             return res.api_versions()
         if parts == ["apis"]:
@@ -537,6 +541,11 @@ class ApiHandler(BaseHTTPRequestHandler):
             raw_query = urlsplit(self.path).query
             self.close_connection = True
             execproxy.relay(self.connection, self.headers, host, port, r.namespace, r.name or "", container, raw_query)
+            return
+        if r.subresource == "scale" and r.rt.custom is not None:  # a CRD's scale subresource (its paths)
+            self._send_json(200, crd_serving.serve_scale(store, r.rt, r.namespace, r.name or "", method, query,
+                                                         self._body() if method != "GET" else None,
+                                                         (self.headers.get("Content-Type") or "")))
             return
         if r.subresource == "scale":  # controlplane.scale: Deployments, ReplicaSets, StatefulSets
             body = None if method == "GET" else self._body()

@@ -89,7 +89,7 @@ def spec_part(rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
 
 def prepare_create(rt: ResourceType, obj: dict[str, Any]) -> None:
     """Reset what a client may not set on create, as Kubernetes' per-kind create strategies do."""
-    if rt.kind in _STATUS_CLEARED_ON_CREATE:
+    if rt.kind in _STATUS_CLEARED_ON_CREATE or (rt.custom is not None and rt.has_status):
         obj.pop("status", None)
     elif rt.kind == "Pod":
         status = obj.get("status")
@@ -99,6 +99,12 @@ def prepare_create(rt: ResourceType, obj: dict[str, Any]) -> None:
         spec = obj.get("spec")
         if isinstance(spec, dict):
             spec.setdefault("schedulerName", "default-scheduler")
+    elif rt.kind == "CustomResourceDefinition" and rt.group == "apiextensions.k8s.io":
+        # The server's CRD controllers set the status; its instances are removed before it goes (the finalizer).
+        obj.pop("status", None)
+        finalizers = meta(obj).setdefault("finalizers", [])
+        if isinstance(finalizers, list) and "customresourcecleanup.apiextensions.k8s.io" not in finalizers:
+            finalizers.append("customresourcecleanup.apiextensions.k8s.io")
     elif rt.kind == "Namespace":
         obj["status"] = {"phase": "Active"}
         spec = obj.setdefault("spec", {})

@@ -86,6 +86,8 @@ class Definitions:
         self.schemas: dict[str, dict[str, Any]] = {}  # definition name -> schema (refs as "#/definitions/...")
         self.roots: dict[tuple[str, str], list[str]] = {}  # (group, version) -> definition names of its kinds
         for rt in sorted(registry.types, key=lambda t: (t.group != "", t.group)):
+            if rt.custom is not None:
+                continue  # custom resources: controlplane.crds.openapi, from their CRD's schema
             for version in rt.versions:
                 model = model_name(rt.group, version, rt.kind)
                 if model is None:
@@ -114,7 +116,14 @@ class Definitions:
         docs = _field_descriptions(model)
         properties: dict[str, Any] = {}
         for field, typ in sorted(fields_of(model).items()):
-            prop = self._type(typ, package)
+            # apiextensions' JSON, JSONSchemaPropsOrBool and JSONSchemaPropsOrArray are any JSON value upstream
+            # (no type), where the client models them as `object`.
+            prop: dict[str, Any]
+            if model in _ANY_JSON_MODELS and typ in ("object", "List[object]", "Dict[str, object]"):
+                prop = {"object": {}, "List[object]": {"type": "array", "items": {}},
+                        "Dict[str, object]": {"type": "object", "additionalProperties": {}}}[typ]
+            else:
+                prop = self._type(typ, package)
             if docs.get(field):
                 prop = ({"description": docs[field], "allOf": [prop]} if "$ref" in prop
                         else {**prop, "description": docs[field]})
@@ -136,6 +145,9 @@ class Definitions:
         if hasattr(kclient, typ):
             return {"$ref": "#/definitions/" + self._visit(typ, package)}
         return {}  # a type the client does not model: anything goes, as for RawExtension
+
+
+_ANY_JSON_MODELS = frozenset({"V1JSONSchemaProps"})
 
 
 @functools.lru_cache(maxsize=4)
@@ -179,7 +191,8 @@ def openapi_root(registry: Registry) -> dict[str, Any]:
 
 
 def openapi_group_version(registry: Registry, gv_path: str) -> dict[str, Any] | None:
-    types = [(rt, v) for rt in registry.types for v in rt.versions if _gv_path(rt.group, v) == gv_path]
+    types = [(rt, v) for rt in registry.types if rt.custom is None for v in rt.versions
+             if _gv_path(rt.group, v) == gv_path]
     if not types:
         return None
     defs = definitions(registry)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from controlplane.runtimeconfig import RuntimeConfig
 from gpudra.conversion import served_versions
@@ -53,7 +53,20 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-@dataclass(frozen=True)
+class CustomKind(Protocol):
+    """What a custom resource's type adds (controlplane.crds.definition): its schema, its versions, its columns.
+    The store and the handler call these where built-in kinds use the client's models and gpudra.conversion."""
+
+    def decode(self, obj: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+        """`obj` (at its apiVersion) defaulted and pruned, in the storage version; the dropped fields; type errors."""
+        ...
+
+    def validate(self, obj: dict[str, Any], old: dict[str, Any] | None) -> list[str]: ...
+
+    def shown(self, obj: dict[str, Any], version: str) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, eq=False)
 class ResourceType:
     """One REST resource: where it lives, what it is called, and which fields can be selected on."""
 
@@ -75,6 +88,8 @@ class ResourceType:
     served: tuple[str, ...] = ()
     # Review kinds (SelfSubjectAccessReview, ...) are answered, never stored: POST only.
     virtual: bool = False
+    # Set for custom resources (served from a CustomResourceDefinition); None for built-in kinds.
+    custom: CustomKind | None = None
 
     def __post_init__(self) -> None:
         # Types key the store's tables and are hashed on every request; the generated hash would walk all
@@ -83,6 +98,11 @@ class ResourceType:
 
     def __hash__(self) -> int:
         return self._hash  # type: ignore[attr-defined]
+
+    def __eq__(self, other: object) -> bool:
+        # Identity is the route: a CRD update replaces its type's columns or schema, not the type.
+        return isinstance(other, ResourceType) and (self.group, self.version, self.plural, self.kind) == (
+            other.group, other.version, other.plural, other.kind)
 
     @property
     def versions(self) -> tuple[str, ...]:
@@ -137,6 +157,29 @@ class Registry:
             for version in rt.versions:
                 self._by_route[(rt.group, version, rt.plural)] = rt
             self._by_kind[rt.kind] = rt
+
+    def serve(self, rt: ResourceType) -> ResourceType | None:
+        """Add or replace a custom resource type (keyed by group and plural); returns the type it replaced."""
+        old = next((t for t in self.types if t.group == rt.group and t.plural == rt.plural), None)
+        if old is not None:
+            self.withdraw(old)
+        object.__setattr__(self, "types", (*self.types, rt))
+        for version in rt.versions:
+            self._by_route[(rt.group, version, rt.plural)] = rt
+        self._by_kind.setdefault(rt.kind, rt)
+        return old
+
+    def withdraw(self, rt: ResourceType) -> None:
+        """Stop serving a custom resource type."""
+        object.__setattr__(self, "types", tuple(t for t in self.types if not (t.group == rt.group
+                                                                              and t.plural == rt.plural)))
+        for key in [k for k, t in self._by_route.items() if t.group == rt.group and t.plural == rt.plural]:
+            del self._by_route[key]
+        if self._by_kind.get(rt.kind) is not None and self._by_kind[rt.kind].group == rt.group:
+            del self._by_kind[rt.kind]
+            replacement = next((t for t in self.types if t.kind == rt.kind), None)
+            if replacement is not None:
+                self._by_kind[rt.kind] = replacement
 
     def by_route(self, group: str, version: str, plural: str) -> ResourceType | None:
         return self._by_route.get((group, version, plural))
@@ -217,6 +260,9 @@ DEFAULT_REGISTRY = Registry(
                      extra_subresources=("scale",)),
         ResourceType("batch", "v1", "jobs", "Job", True, has_status=True, categories=("all",)),
         ResourceType("batch", "v1", "cronjobs", "CronJob", True, ("cj",), has_status=True, categories=("all",)),
+        ResourceType("apps", "v1", "daemonsets", "DaemonSet", True, ("ds",), has_status=True, categories=("all",)),
+        ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
+                     ("crd", "crds"), has_status=True, categories=("api-extensions",)),
     )
 )
 
@@ -257,7 +303,8 @@ def registry_for(kubernetes_version: str, runtime_config: RuntimeConfig | None =
         if rt.version not in versions:
             continue
         keep.append(rt if versions == rt.versions else replace(rt, served=versions))
-    return DEFAULT_REGISTRY if tuple(keep) == DEFAULT_REGISTRY.types else Registry(types=tuple(keep))
+    # A registry of its own even when it serves everything: a server adds the types its CRDs define to it.
+    return Registry(types=tuple(keep))
 
 
 _SUBRESOURCE_KINDS = {"binding": "Binding", "token": "TokenRequest"}

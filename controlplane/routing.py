@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from controlplane import resources as res
 from controlplane import status as st
+from controlplane.crds import serving as crd_serving
 from controlplane.podlogs import PodLogSource
 from controlplane.security import Security
 from controlplane.store import Filter, Store
@@ -32,11 +33,15 @@ class Route:
 
     def shown(self, obj: dict[str, Any]) -> dict[str, Any]:
         """A stored object as this request's API version shows it."""
+        if self.rt.custom is not None:
+            return self.rt.custom.shown(obj, self.version) if self.converts else obj
         return from_storage(obj, self.version) if self.converts else obj
 
     def stored(self, body: Any) -> Any:
         """A request body in storage form. The body's own apiVersion decides what it is, as kube-apiserver
         decodes it; without one, the URL's version does."""
+        if isinstance(body, dict) and self.rt.custom is not None:
+            return crd_serving.stored(self.rt, body, self.version)
         if not isinstance(body, dict) or self.rt.kind not in CONVERTED_KINDS:
             return body
         group, version = split_api_version(body.get("apiVersion"))

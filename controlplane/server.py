@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from controlplane.admission.policy import Expressions
+from controlplane.crds.manager import DefinitionController
 from controlplane.handler import ApiHandler
 from controlplane.podlogs import PodLogSource
 from controlplane.backend import HistoryLimits
@@ -87,8 +88,9 @@ class EmbeddedApiServer:
         if not isinstance(runtime_config, RuntimeConfig):
             runtime_config = RuntimeConfig.parse(runtime_config, known_group_versions())
         self.runtime_config = runtime_config
-        self.registry = registry if registry is not None else registry_for(kubernetes_version, runtime_config,
-                                                                            self.features)
+        # A registry of its own: served CustomResourceDefinitions add types to it.
+        self.registry = (Registry(types=registry.types) if registry is not None
+                         else registry_for(kubernetes_version, runtime_config, self.features))
         self.bookmark_interval = bookmark_interval
         self.persist_interval = persist_interval
         self.store = Store(self.registry, admission, HistoryLimits(history_limit, history_bytes, history_age_s),
@@ -146,6 +148,7 @@ class EmbeddedApiServer:
                 self.stop()
                 raise
         self._spawn("apiserver-gc", self._gc_loop)
+        self._spawn("apiserver-crds", DefinitionController(self.store, self._stop).run)
         return self.url
 
     def _start_tls(self, host: str, family: socket.AddressFamily) -> None:

@@ -36,6 +36,7 @@ from controlplane.selectors import FieldSelector, LabelSelector, labels_of
 from gpudra.defaults import apply_defaults
 from gpudra.features import Features
 from gpudra.jsoncopy import copy_json
+from controlplane.crds import definition as crd_definition
 from gpudra.validation.admission import Admission
 from gpudra.validation.workloads import KINDS as WORKLOAD_KINDS
 from gpudra.validation.workloads import validate_workload_api_object
@@ -276,25 +277,34 @@ class Store:
         owns (it shares no dict or list with `obj`); Strict refuses unknown or duplicate ones, Warn records
         warnings; a value of the wrong type is 400 in every mode."""
         version = version or rt.version
-        model = schema.model_name(rt.group, version, rt.kind)
-        if model is None:
-            return copy_json(obj)
-        report = schema.check_fields(model, obj)
-        if report.type_errors:
+        if rt.custom is not None:
+            # Custom resources: defaulted and pruned by their CRD's structural schema (controlplane.crds).
+            pruned, unknown, type_errors = rt.custom.decode(obj)
+        else:
+            model = schema.model_name(rt.group, version, rt.kind)
+            if model is None:
+                return copy_json(obj)
+            report = schema.check_fields(model, obj)
+            pruned, unknown, type_errors = report.pruned, report.unknown, report.type_errors
+            if rt.kind == crd_definition.KIND and rt.group == crd_definition.GROUP:
+                crd_definition.default_definition(pruned)
+        if type_errors:
             raise st.bad_request(f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: json: '
-                                 f"{report.type_errors[0]}")
+                                 f"{type_errors[0]}")
         policy = policy or FieldPolicy()
-        problems = [f'unknown field "{p}"' for p in report.unknown] + [f'duplicate field "{p}"'
-                                                                       for p in policy.duplicates]
+        problems = [f'unknown field "{p}"' for p in unknown] + [f'duplicate field "{p}"'
+                                                                for p in policy.duplicates]
         if problems and policy.mode == "Strict":
             raise st.bad_request(f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: '
                                  f"strict decoding error: {', '.join(problems)}")
         if policy.mode == "Warn":
             policy.warnings.extend(p for p in problems if p not in policy.warnings)
-        return report.pruned
+        return pruned
 
     def _admits(self, rt: ResourceType) -> bool:
-        return self._admission is not None and rt.group == "resource.k8s.io"
+        # resource.k8s.io, and NVIDIA's ComputeDomains once their CRD serves them (gpudra.computedomain).
+        return self._admission is not None and (rt.group == "resource.k8s.io" or (
+            rt.custom is not None and rt.group == "resource.nvidia.com" and rt.kind == "ComputeDomain"))
 
     def admitting(self, admit: RequestAdmission) -> _Admitting:
         """A context in which writes made by this thread also pass `admit` (the request's admission chain, which
@@ -308,6 +318,10 @@ class Store:
             errors.extend(o.immutability_errors(rt, obj, old))
         if rt.group == "scheduling.k8s.io" and rt.kind in WORKLOAD_KINDS:
             errors.extend(str(e) for e in validate_workload_api_object(obj, old))
+        if rt.custom is not None:
+            errors.extend(rt.custom.validate(obj, old))
+        elif rt.kind == crd_definition.KIND and rt.group == crd_definition.GROUP:
+            errors.extend(crd_definition.validate_definition(obj, old))
         admission = self._admission
         if admission is not None and self._admits(rt):
             try:
@@ -922,6 +936,44 @@ class Store:
         if self._log is not None:
             self._log.close()
 
+    # ----- custom resource types (controlplane.crds.manager) ------------------------------------------------
+
+    def serve_type(self, rt: ResourceType) -> None:
+        """Serve `rt` (a type a CRD defines), or take the new definition of one already served. Objects stored
+        at another storage version are rewritten to this one (conversion strategy None changes apiVersion)."""
+        with self._lock:
+            self._serve_type_locked(rt)
+
+    def _serve_type_locked(self, rt: ResourceType) -> None:
+        old = self.registry.serve(rt)
+        if old is not None and old in self._objects:
+            objects = self._objects.pop(old)
+            self._rt_conds[rt] = self._rt_conds.pop(old)
+            self._rt_visible[rt] = self._rt_visible.pop(old)
+            if old.version != rt.version:
+                for key, obj in list(objects.items()):
+                    moved = {**obj, "apiVersion": rt.api_version}
+                    self._json.pop(id(obj), None)
+                    self._json[id(moved)] = _encode(moved)
+                    objects[key] = moved
+            self._objects[rt] = objects
+        else:
+            self._objects.setdefault(rt, {})
+            self._rt_conds.setdefault(rt, threading.Condition(self._lock))
+            self._rt_visible.setdefault(rt, self._visible)
+
+    def withdraw_type(self, rt: ResourceType) -> None:
+        """Stop serving a CRD's type (its objects were deleted first)."""
+        with self._lock:
+            self.registry.withdraw(rt)
+            for key in (k for k in self._objects.get(rt, {})):
+                self._json.pop(id(self._objects[rt][key]), None)
+            self._objects.pop(rt, None)
+            cond = self._rt_conds.pop(rt, None)
+            self._rt_visible.pop(rt, None)
+            if cond is not None:
+                cond.notify_all()
+
     # ----- persistence ---------------------------------------------------------------------------------------
 
     def storage_failure(self) -> str | None:
@@ -945,7 +997,11 @@ class Store:
             self._rv = self._visible = state.rv
             self._floor = state.floor
             self._lost_rvs = range(state.committed_rv + 1, state.rv)
-            for obj, raw in state.objects:
+            # Definitions first: the types of the custom resources stored after them are served from them.
+            objects = sorted(state.objects, key=lambda item: not _is_definition(item[0]))
+            for obj, raw in objects:
+                if _is_definition(obj) and crd_definition.established(obj):
+                    self._serve_type_locked(crd_definition.served_type(obj))
                 rt = self.registry.by_kind(obj.get("kind", "")) if isinstance(obj, dict) else None
                 m = obj.get("metadata") if isinstance(obj, dict) else None
                 if rt is None or not isinstance(m, dict) or not m.get("name") or not m.get("uid"):
@@ -971,6 +1027,11 @@ class Store:
                 for counter in counters:
                     counter.value += 1  # everything was just loaded
         return problems
+
+
+def _is_definition(obj: Any) -> bool:
+    return isinstance(obj, dict) and obj.get("kind") == crd_definition.KIND and obj.get(
+        "apiVersion") == f"{crd_definition.GROUP}/v1"
 
 
 def strategic_type(rt: ResourceType, version: str) -> str:

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gpudra.timestamps import parse_rfc3339
+from controlplane.crds import columns as crd_columns
 from controlplane.resources import ResourceType
 from controlplane.workloadtables import printers as workload_printers
 
@@ -400,6 +401,40 @@ PRINTERS: dict[str, Printer] = {
 }
 PRINTERS.update({kind: Printer(columns, cells)
                  for kind, (columns, cells) in workload_printers(since, human_duration, _NAME, _AGE).items()})
+
+
+def _daemonset_cells(ds: dict[str, Any], now: datetime) -> list[Any]:
+    status = ds.get("status") or {}
+    spec = _get(ds, "spec", "template", "spec") or {}
+    selector = _get(ds, "spec", "selector") or {}
+    match = ",".join(f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items()))
+    node_selector = ",".join(f"{k}={v}" for k, v in sorted((spec.get("nodeSelector") or {}).items()))
+    containers = spec.get("containers") or []
+    return [_get(ds, "metadata", "name"), int(status.get("desiredNumberScheduled") or 0),
+            int(status.get("currentNumberScheduled") or 0), int(status.get("numberReady") or 0),
+            int(status.get("updatedNumberScheduled") or 0), int(status.get("numberAvailable") or 0),
+            node_selector or "<none>", _age(ds, now), ",".join(str(c.get("name")) for c in containers),
+            ",".join(str(c.get("image")) for c in containers), match or "<none>"]
+
+
+PRINTERS["DaemonSet"] = Printer((
+    _NAME,
+    ("Desired", "integer", 0, "The total number of nodes that should be running the daemon pod."),
+    ("Current", "integer", 0, "The number of nodes that are running at least 1 daemon pod and are supposed to run "
+                              "the daemon pod."),
+    ("Ready", "integer", 0, "numberReady is the number of nodes that should be running the daemon pod and have one "
+                            "or more of the daemon pod running with a Ready Condition."),
+    ("Up-to-date", "integer", 0, "The total number of nodes that are running updated daemon pod"),
+    ("Available", "integer", 0, "The number of nodes that should be running the daemon pod and have one or more of "
+                                "the daemon pod running and available (ready for at least spec.minReadySeconds)"),
+    ("Node Selector", "string", 0, "NodeSelector is a selector which must be true for the pod to fit on a node. "
+                                   "Selector which must match a node's labels for the pod to be scheduled on that "
+                                   "node."),
+    _AGE,
+    ("Containers", "string", 1, "Names of each container in the template."),
+    ("Images", "string", 1, "Images referenced by each container in the template."),
+    ("Selector", "string", 1, "A label query over pods that are managed by the daemon set."),
+), _daemonset_cells)
 _DEFAULT = Printer((_NAME, _AGE), lambda o, now: [_get(o, "metadata", "name"), _age(o, now)])
 
 
@@ -416,7 +451,10 @@ def table_row(rt: ResourceType, obj: dict[str, Any], include: str, shown: dict[s
               now: datetime | None = None) -> dict[str, Any]:
     """One row for a stored (v1) object; `shown` is the object as the request's version shows it."""
     now = now or datetime.now(timezone.utc)
-    row: dict[str, Any] = {"cells": printer_for(rt.kind).cells(obj, now)}
+    if rt.custom is not None:
+        row: dict[str, Any] = {"cells": crd_columns.cells(rt, rt.version, obj, now, since)}
+    else:
+        row = {"cells": printer_for(rt.kind).cells(obj, now)}
     if rt.kind == "Pod":
         conditions = _pod_conditions(obj)
         if conditions:
@@ -438,7 +476,8 @@ def to_table(rt: ResourceType, items: list[dict[str, Any]], resource_version: st
     table_meta = {"resourceVersion": resource_version, **(meta or {})}
     out: dict[str, Any] = {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": table_meta}
     if headers:
-        out["columnDefinitions"] = column_definitions(rt.kind)
+        out["columnDefinitions"] = (crd_columns.column_definitions(rt, rt.version) if rt.custom is not None
+                                    else column_definitions(rt.kind))
     out["rows"] = [table_row(rt, obj, include, shown(obj) if shown and include == "Object" else None, now)
                    for obj in items]
     return out

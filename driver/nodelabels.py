@@ -84,6 +84,10 @@ def gfd_labels(inventory: Inventory) -> dict[str, str]:
             "cuda.runtime-version.major": cuda_major, "cuda.runtime-version.minor": cuda_minor,
             "cuda.runtime-version.full": f"{cuda_major}.{cuda_minor}",
         })
+    clique = next((f"{g.fabric_cluster_uuid}.{g.fabric_clique_id}" for g in inventory.gpus
+                   if g.fabric_cluster_uuid and g.fabric_clique_id is not None), None)
+    if clique is not None:
+        labels["gpu.clique"] = clique  # GFD's NVLink clique label (GB200 NVL): "<clusterUuid>.<cliqueId>"
     return {PREFIX + k: v for k, v in labels.items()}
 
 

@@ -53,8 +53,10 @@ KINDS: dict[str, tuple[str, ...]] = {API_VERSION: (KIND, MIG_KIND), ALIAS_API_VE
 # NVIDIA's kinds for what gpu-dra does not do, with the reason given to the user.
 UNSUPPORTED_KINDS: dict[str, str] = {
     "VfioDeviceConfig": "VFIO passthrough (vfio-pci GPUs for virtual machines) is not supported by gpu-dra",
-    "ComputeDomainChannelConfig": "ComputeDomains and their IMEX channels are not supported by gpu-dra",
-    "ComputeDomainDaemonConfig": "ComputeDomains and their IMEX daemons are not supported by gpu-dra",
+    "ComputeDomainChannelConfig": "it configures a ComputeDomain's IMEX channel: address it to the driver "
+                                  "compute-domain.nvidia.com, not to the GPU driver",
+    "ComputeDomainDaemonConfig": "it configures a ComputeDomain's IMEX daemon: address it to the driver "
+                                 "compute-domain.nvidia.com, not to the GPU driver",
 }
 MIB = 1024 * 1024
 

@@ -93,6 +93,11 @@ KINDS: dict[str, KindInfo] = {
     "StatefulSet": KindInfo("apps", "v1", "statefulsets", True),
     "Job": KindInfo("batch", "v1", "jobs", True),
     "CronJob": KindInfo("batch", "v1", "cronjobs", True),
+    "DaemonSet": KindInfo("apps", "v1", "daemonsets", True),
+    "CustomResourceDefinition": KindInfo("apiextensions.k8s.io", "v1", "customresourcedefinitions", False),
+    # NVIDIA's compute-domain API (served from its CRDs).
+    "ComputeDomain": KindInfo("resource.nvidia.com", "v1beta1", "computedomains", True),
+    "ComputeDomainClique": KindInfo("resource.nvidia.com", "v1beta1", "computedomaincliques", True),
 }
 
 

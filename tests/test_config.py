@@ -152,7 +152,8 @@ def test_nvidia_api_is_accepted(parameters: dict) -> None:
         ),
         (
             {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig", "domainID": "x"},
-            "kind: ComputeDomainChannelConfig is not supported: ComputeDomains and their IMEX channels are not supported",
+            "kind: ComputeDomainChannelConfig is not supported: it configures a ComputeDomain's IMEX channel: address it "
+            "to the driver compute-domain.nvidia.com",
         ),
     ],
 )

@@ -573,8 +573,8 @@ def test_helm_device_classes_validate(tmp: Path, capsys: pytest.CaptureFixture[s
 @pytest.mark.parametrize(
     "spec,expected",
     [
-        (IMEX_TEST1, "spec.devices.requests[0].exactly.deviceClassName: Unsupported value: 'imex.nvidia.com': NVIDIA's IMEX "
-                     "channel class; gpu-dra does not support IMEX channels or ComputeDomains"),
+        (IMEX_TEST1, "spec.devices.requests[0].exactly.deviceClassName: Unsupported value: 'imex.nvidia.com': the IMEX "
+                     "channel class of NVIDIA's driver before ComputeDomains; use a ComputeDomain"),
         (GPU_TEST_VFIOPCI, "spec.spec.devices.requests[0].exactly.deviceClassName: Unsupported value: 'vfio.gpu.nvidia.com': "
                            "NVIDIA's VFIO passthrough class; gpu-dra does not support VFIO passthrough"),
         (GPU_TEST_VFIO_CONFIG, "kind: VfioDeviceConfig is not supported: VFIO passthrough (vfio-pci GPUs for virtual "
@@ -592,7 +592,7 @@ def test_imex_and_vfio_specs_are_refused_at_validation(tmp: Path, capsys: pytest
 @pytest.mark.parametrize(
     "spec,expected",
     [
-        (IMEX_TEST1, "gpu-dra does not support IMEX channels or ComputeDomains"),
+        (IMEX_TEST1, "the IMEX channel class of NVIDIA's driver before ComputeDomains"),
         (GPU_TEST_VFIOPCI, "gpu-dra does not support VFIO passthrough"),
         (GPU_TEST_VFIO_CONFIG, "kind: VfioDeviceConfig is not supported"),
     ],
@@ -607,13 +607,21 @@ def test_imex_and_vfio_specs_are_refused_at_admission(apiserver: Any, spec: str,
         assert info.value.status == 422 and expected in info.value.message
 
 
-@pytest.mark.parametrize("name", ["vfio.gpu.nvidia.com", "imex.nvidia.com", "compute-domain-default-channel.nvidia.com"])
-def test_nvidia_classes_for_unsupported_features_are_refused_at_admission(apiserver: Any, name: str) -> None:
+@pytest.mark.parametrize("name,why", [("vfio.gpu.nvidia.com", "gpu-dra does not support"),
+                                      ("imex.nvidia.com", "use a ComputeDomain")])
+def test_nvidia_classes_for_unsupported_features_are_refused_at_admission(apiserver: Any, name: str, why: str) -> None:
     cls = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
            "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}
     with pytest.raises(ApiError) as info:
         apiserver.api.create("DeviceClass", cls)
-    assert info.value.status == 422 and "gpu-dra does not support" in info.value.message
+    assert info.value.status == 422 and why in info.value.message
+
+
+def test_compute_domain_classes_are_admitted(apiserver: Any) -> None:
+    for name in ("compute-domain-default-channel.nvidia.com", "compute-domain-daemon.nvidia.com"):
+        cls = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+               "spec": {"selectors": [{"cel": {"expression": "device.driver == 'compute-domain.nvidia.com'"}}]}}
+        assert apiserver.api.create("DeviceClass", cls)["metadata"]["name"] == name
 
 
 @pytest.mark.parametrize("classes", ["ours", "helm"])

@@ -128,7 +128,7 @@ def test_v1beta1_twins_admitted(apiserver: Any) -> None:
 @pytest.mark.parametrize(
     "spec,expected",
     [
-        (IMEX_TEST1, "gpu-dra does not support IMEX channels or ComputeDomains"),
+        (IMEX_TEST1, "the IMEX channel class of NVIDIA's driver before ComputeDomains"),
         (GPU_TEST_VFIOPCI, "gpu-dra does not support VFIO passthrough"),
         (GPU_TEST_VFIO_CONFIG, "kind: VfioDeviceConfig is not supported"),
     ],

@@ -43,6 +43,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--renew-deadline", type=float, default=10.0, help="seconds (default %(default)s)")
     parser.add_argument("--retry-period", type=float, default=2.0, help="seconds (default %(default)s)")
     parser.add_argument("--resync-period", type=float, default=30.0, help="seconds between full relists (default %(default)s)")
+    parser.add_argument("--compute-domain-namespace", default="gpu-dra-system", metavar="NAMESPACE",
+                        help="where ComputeDomains' IMEX daemon DaemonSets, daemon templates and cliques live (the "
+                             "driver's namespace; the node agents' --compute-domain-namespace; default %(default)s)")
+    parser.add_argument("--compute-domain-daemon-image", default="busybox:1.36", metavar="IMAGE",
+                        help="image of the IMEX daemon pods' container, which only holds the node's daemon claim "
+                             "(default %(default)s)")
     parser.add_argument("--event-repeat", type=float, default=60.0,
                         help="seconds before an unchanged explanation Event is posted again (default %(default)s)")
     add_feature_arguments(parser, "DRA feature gate")
@@ -75,6 +81,8 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         features=features_from_arguments(args),
+        compute_domain_namespace=args.compute_domain_namespace,
+        compute_domain_daemon_image=args.compute_domain_daemon_image,
     )
 
 

@@ -103,6 +103,12 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "(default 60; 0: never)")
     parser.add_argument("--metrics-port", type=cliopts.port, help="serve Prometheus metrics on this port")
     parser.add_argument(
+        "--compute-domains", choices=("auto", "on", "off"), default="auto",
+        help="serve compute-domain.nvidia.com (IMEX channels and daemons for ComputeDomains; default auto: on nodes "
+             "whose GPUs are in an NVLink fabric clique)")
+    parser.add_argument("--compute-domain-namespace", default="gpu-dra-system", metavar="NAMESPACE",
+                        help="namespace of the ComputeDomainCliques (the driver's namespace; default %(default)s)")
+    parser.add_argument(
         "--ignore-xids", type=xid_list, default=frozenset(),
         help="comma-separated Xids the health monitor drops entirely, on top of NVIDIA's application Xids (13, 31, "
              "43, 45, 68, 109), which never make a GPU unhealthy and show only as an informational taint",
@@ -181,6 +187,15 @@ def _connect(kubeconfig: str | None) -> Any:
         where = source or "the in-cluster config"
         print(f"error: --kubeconfig: cannot connect with {where}: {exc}", file=sys.stderr)
     return None
+
+
+def _compute_domain_proc(args: argparse.Namespace) -> Path | None:
+    """Where the IMEX channels' device major is read (/proc/devices): the host's procfs, or on a simulated node the
+    procfs its simulated driver install holds (sim.runtime.driverinstall)."""
+    if args.nvml == "real":
+        return Path(args.proc_root)
+    root = _driver_root(args)
+    return root / "proc" if root is not None and (root / "proc" / "devices").exists() else None
 
 
 def _driver_root(args: argparse.Namespace) -> Path | None:
@@ -386,6 +401,15 @@ def run(args: argparse.Namespace) -> int:
         sweeper = StaleClaimSweeper(lambda ns, name: api.try_get("ResourceClaim", name, namespace=ns), agent.preparer,
                                     args.driver_name, args.node, interval=args.stale_claim_interval)
         sweeper.start(stop)
+    compute_domains: Any = None
+    if args.compute_domains == "on" or (args.compute_domains == "auto" and any(
+            g.fabric_clique_id is not None for g in inventory.gpus)):
+        from driver.computedomain.agent import ComputeDomainAgent, ComputeDomainSettings
+
+        compute_domains = ComputeDomainAgent(api, ComputeDomainSettings(
+            node=args.node, kubelet_dir=kubelet_dir, cdi_dir=cdi_dir, namespace=args.compute_domain_namespace,
+            driver_root=_driver_root(args), proc_root=_compute_domain_proc(args)), nvml, inventory)
+        compute_domains.start()
     try:
         if args.device_plugin:
             from driver.deviceplugin import start_device_plugin
@@ -411,6 +435,8 @@ def run(args: argparse.Namespace) -> int:
             health_server.stop(grace=None)
         if shim is not None:
             shim.stop()
+        if compute_domains is not None:
+            compute_domains.stop()
         agent.stop()
         api.close()
     return exit_code

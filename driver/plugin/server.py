@@ -25,17 +25,17 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
 from driver.plugin.health import DeviceHealthEntry, HealthBoard, truncate_message
 from driver.plugin.metrics import PluginMetrics
-from driver.prepare import ClaimRef, ClaimResult, Preparer
+from driver.prepare import ClaimRef, ClaimResult
 from driver.unixsocket import MAX_UNIX_SOCKET_PATH, SocketIdentity, listen, socket_identity
 from proto.dra.v1 import api_pb2 as dra_v1
 from proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
@@ -63,6 +63,14 @@ HEALTH_RESEND_SECONDS = 10.0
 
 def _b64_hash(data: bytes, size: int) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(data).digest()[:size]).decode().rstrip("=")
+
+
+class ClaimPreparer(Protocol):
+    """What the DRA service calls: the GPU driver's Preparer, or the compute-domain driver's."""
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]: ...
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]: ...
 
 
 @dataclass(frozen=True)
@@ -123,7 +131,7 @@ def _claims(request: Any) -> list[ClaimRef]:
 class DraServicer:
     """DRAPlugin for one API version (`pb` is the v1 or v1beta1 message module)."""
 
-    def __init__(self, preparer: Preparer, metrics: PluginMetrics, pb: Any, api: str) -> None:
+    def __init__(self, preparer: ClaimPreparer, metrics: PluginMetrics, pb: Any, api: str) -> None:
         self._preparer = preparer
         self._metrics = metrics
         self._pb = pb
@@ -240,7 +248,7 @@ class KubeletPlugin:
     def __init__(
         self,
         paths: PluginPaths,
-        preparer: Preparer,
+        preparer: ClaimPreparer,
         board: HealthBoard,
         *,
         metrics: PluginMetrics | None = None,

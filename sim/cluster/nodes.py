@@ -81,7 +81,8 @@ def controller_argv(kubeconfig: Path, *, features: Sequence[str] = (), leader_el
 
 def plugin_argv(spec: NodeSpec, dirs: NodeDirs, kubeconfig: Path, driver_name: str, *, faults: Path | None = None,
                 partitionable: bool = False, driver_root: Path | None = None) -> list[str]:
-    nvml = f"sim:{spec.profile}" + (f"?faults={faults}" if faults is not None else "")
+    nvml = f"sim:{spec.profile}" + ((("&" if "?" in spec.profile else "?") + f"faults={faults}") if faults is not None
+                                     else "")
     argv = ["plugin", "--node", spec.name, "--nvml", nvml, "--kubeconfig", str(kubeconfig),
             "--kubelet-dir", str(dirs.kubelet), "--cdi-dir", str(dirs.cdi), "--driver-name", driver_name]
     if driver_root is not None:
@@ -121,7 +122,7 @@ def start_node_side(api: KubeApi, spec: NodeSpec, dirs: NodeDirs, driver_name: s
         kubelet_config = identities.node_kubeconfig(token_key_path(admin_kubeconfig), admin_kubeconfig, spec.name,
                                                     dirs.root / "kubelet.kubeconfig")
         api = KubeApi.connect(kubeconfig=str(kubelet_config))
-    register_node(api, node_object(spec.name, gpu_allocatable=0 if spec.device_plugin else None))
+    register_node(api, node_object(spec.name, gpu_allocatable=0 if spec.device_plugin else None, address=spec.address))
     dm: DeviceManagerSim | None = None
     if spec.device_plugin:
         # The kubelet's kubelet.sock must be served before a device plugin can register.

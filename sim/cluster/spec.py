@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,15 +49,41 @@ def parse_nodes(text: str, shipped: list[str], *, device_plugin: bool) -> tuple[
         problem = name_error(name, "--nodes: node name")
         if problem:
             raise SpecError(problem)
+        profile, _, options = profile.partition("?")
         if profile not in shipped and not Path(profile).is_file():
             raise SpecError(f"--nodes: {item!r}: profile {profile!r} is neither a shipped profile "
                             f"({', '.join(shipped)}) nor a profile file")
+        if options and not re.fullmatch(r"clique=\d{1,9}", options):
+            raise SpecError(f"--nodes: {item!r}: unknown profile option {options!r}; accepted: ?clique=N (the node's "
+                            "NVLink clique, for fabric profiles such as gb200-nvl)")
         if any(n.name == name for n in nodes):
             raise SpecError(f"--nodes: node {name!r} is given twice")
-        nodes.append(NodeSpec(name, str(Path(profile).absolute()) if profile not in shipped else profile, device_plugin))
+        full = str(Path(profile).absolute()) if profile not in shipped else profile
+        nodes.append(NodeSpec(name, full + (f"?{options}" if options else ""), device_plugin))
     if not nodes:
         raise SpecError("--nodes: expected at least one NAME=PROFILE")
     return tuple(nodes)
+
+
+def gb200_racks(text: str, *, device_plugin: bool) -> tuple[NodeSpec, ...]:
+    """`--gb200-racks RACKS[xTRAYS]`: RACKS GB200 NVL racks of TRAYS compute trays (4 GPUs each; a real NVL72 rack
+    has 18), each rack one NVLink clique (ids 1, 2, ...), nodes `gb200-r<R>-t<T>`."""
+    m = re.fullmatch(r"(\d+)(?:x(\d+))?", text.strip())
+    if m is None or int(m.group(1)) < 1 or (m.group(2) is not None and not 1 <= int(m.group(2)) <= 18):
+        raise SpecError(f"--gb200-racks {text!r}: expected RACKS or RACKSxTRAYS (e.g. 2x2: two racks of two trays; "
+                        "a rack has at most 18 trays)")
+    racks, trays = int(m.group(1)), int(m.group(2) or 18)
+    if racks * trays > 64:
+        raise SpecError(f"--gb200-racks {text!r}: {racks * trays} trays; at most 64 simulated nodes")
+    return tuple(NodeSpec(f"gb200-r{r}-t{t}", f"gb200-nvl?clique={r}", device_plugin)
+                 for r in range(1, racks + 1) for t in range(1, trays + 1))
+
+
+def with_addresses(name: str, nodes: tuple[NodeSpec, ...]) -> tuple[NodeSpec, ...]:
+    """Give every node its own loopback address, 127.<from the cluster name>.<n>, so that node services that talk
+    to each other (IMEX daemons) do so as on separate hosts, and two clusters on one machine do not meet."""
+    second = 16 + sum(name.encode()) % 224
+    return tuple(replace(n, address=f"127.{second}.{i // 250}.{i % 250 + 1}") for i, n in enumerate(nodes))
 
 
 def default_nodes(*, device_plugin: bool) -> tuple[NodeSpec, ...]:

@@ -23,6 +23,7 @@ from gpudra import DEFAULT_DRIVER_NAME, logfmt
 from gpudra.kubeapi import KubeApi
 from gpudra.privatedir import ensure_private_dir
 from sim.cluster import identities, nodes
+from sim.cluster.daemonsets import DaemonSetController
 from sim.cluster.leftovers import stop_children, stop_runtimes
 from sim.cluster.workloads import WorkloadController
 from sim.cluster.spec import ClusterPaths, ClusterSpec, ProcessInfo, SupervisorStatus, read_json, write_json
@@ -67,6 +68,7 @@ class Supervisor:
         self.port = 0
         self.stop_event = threading.Event()
         self.workloads: WorkloadController | None = None
+        self.daemonsets: DaemonSetController | None = None
         # One container runtime per node with --runtime podman (sim.runtime); none: pods Run once prepared.
         self.runtimes = Runtimes(paths.root / "runtime") if spec.runtime == "podman" else None
         self.node_runtimes: list[Any] = []
@@ -188,6 +190,8 @@ class Supervisor:
                       + (", device plugin nvidia.com/gpu" if spec.device_plugin else ""))
         self.workloads = WorkloadController(self.api)
         self.workloads.start()
+        self.daemonsets = DaemonSetController(self.api)
+        self.daemonsets.start()
         self.step("workload controllers: Deployments, ReplicaSets, StatefulSets, Jobs and CronJobs get their pods")
         self.status.phase = "ready"
         self.publish()
@@ -246,6 +250,8 @@ class Supervisor:
         self.publish()
         if self.workloads is not None:
             self.workloads.stop()
+        if self.daemonsets is not None:
+            self.daemonsets.stop()
         for side in self.sides.values():
             side.stop()  # the kubelets remove the containers they started
         for runtime in self.node_runtimes:

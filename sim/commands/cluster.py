@@ -38,6 +38,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--nodes", metavar="NAME=PROFILE[,NAME=PROFILE...]",
                     help="nodes and their simulator profiles (shipped name or file); default: the demo's four nodes "
                          "a100-1=dgx-a100,a100-2=dgx-a100,v100-1=v100-4,h100-1=h100-mig")
+    up.add_argument("--gb200-racks", metavar="RACKS[xTRAYS]",
+                    help="add GB200 NVL racks: RACKS racks of TRAYS compute trays (default 18, as an NVL72 rack), "
+                         "4 GPUs each, every rack its own NVLink clique; nodes gb200-r<R>-t<T> (with --nodes: both)")
     up.add_argument("--runtime", choices=RUNTIMES, default="auto",
                     help="container runtime behind the kubelet simulator (default auto: podman when it can run)")
     up.add_argument("--feature", action="append", default=[], metavar="GATE=true|false",
@@ -67,6 +70,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     what = fault.add_mutually_exclusive_group(required=True)
     what.add_argument("--xid", type=_xid, metavar="N", help="deliver an Xid event (e.g. 79: fell off the bus, 48: DBE)")
     what.add_argument("--lost", action="store_true", help="the GPU falls off the bus")
+    what.add_argument("--fabric-down", action="store_true",
+                      help="the NVLink fabric link of the GPU (without --gpu: of the whole tray) fails: its route is "
+                           "unhealthy in NVML's fabric info, and the node's IMEX daemons report it")
     what.add_argument("--clear", action="store_true", help="clear the faults (GPU reset) and restart the node agent")
 
 
@@ -131,14 +137,19 @@ def _print(obj: Any, output: str, table: str) -> None:
 def _up(args: argparse.Namespace) -> int:
     from gpudra.privatedir import ensure_private_dir
     from sim.cluster import kubeconfig
-    from sim.cluster.spec import (ClusterSpec, SpecError, SupervisorStatus, cluster_paths, default_nodes, links_home,
-                                  parse_nodes, read_json, write_json)
+    from sim.cluster.spec import (ClusterSpec, SpecError, SupervisorStatus, cluster_paths, default_nodes, gb200_racks,
+                                  links_home, parse_nodes, read_json, with_addresses, write_json)
     from sim.demo.processes import child_env, log_tail, PROJECT_ROOT
     from sim.nvml.profile import shipped_profiles
 
     try:
-        node_specs = (parse_nodes(args.nodes, shipped_profiles(), device_plugin=args.device_plugin) if args.nodes
-                      else default_nodes(device_plugin=args.device_plugin))
+        node_specs = parse_nodes(args.nodes, shipped_profiles(), device_plugin=args.device_plugin) if args.nodes else ()
+        if args.gb200_racks:
+            node_specs += gb200_racks(args.gb200_racks, device_plugin=args.device_plugin)
+            names = [n.name for n in node_specs]
+            if len(set(names)) != len(names):
+                raise SpecError("--nodes and --gb200-racks name the same node twice")
+        node_specs = with_addresses(args.name, node_specs or default_nodes(device_plugin=args.device_plugin))
         features = tuple(_feature(f) for f in args.feature)
         runtime_config = _runtime_config(args.runtime_config)
     except SpecError as exc:
@@ -437,7 +448,7 @@ def _fault(args: argparse.Namespace) -> int:
     if not running:
         _err(f"cluster {spec.name} is not running; gpu-dra cluster up --name {spec.name} first")
         return 1
-    if args.gpu is None and not args.clear:
+    if args.gpu is None and not (args.clear or args.fabric_down):
         _err("fault: --gpu UUID|INDEX is required with --xid and --lost")
         return 2
     uuid = None
@@ -465,10 +476,17 @@ def _fault(args: argparse.Namespace) -> int:
                                  fail_calls=current.fail_calls)
         print(f"node {node.name}: {uuid} fell off the bus (faults file {path})")
         return 0
+    if args.fabric_down:
+        down = {uuid} if uuid is not None else set(_gpu_uuids(node.name, node.profile))
+        nvml_faults.write_faults(path, xids=[(x.uuid, x.xid) for x in current.xids], lost=current.lost,
+                                 fail_calls=current.fail_calls, fabric_unhealthy=current.fabric_unhealthy | down)
+        print(f"node {node.name}: NVLink fabric down on {', '.join(sorted(down))} (faults file {path})")
+        return 0
     keep = (lambda u: u != uuid) if uuid is not None else (lambda u: False)
     nvml_faults.write_faults(path, xids=[(x.uuid, x.xid) for x in current.xids if keep(x.uuid)],
                              lost=frozenset(u for u in current.lost if keep(u)),
-                             fail_calls=[c for c in current.fail_calls if c.uuid is not None and keep(c.uuid)])
+                             fail_calls=[c for c in current.fail_calls if c.uuid is not None and keep(c.uuid)],
+                             fabric_unhealthy=frozenset(u for u in current.fabric_unhealthy if keep(u)))
     # Health is sticky until the agent restarts (what follows a GPU reset): restart it; the supervisor brings it back.
     agent = next((p for p in (sup.processes if sup else []) if p.role == "plugin" and p.node == node.name), None)
     from sim.cluster.spec import pid_is_ours

@@ -49,8 +49,11 @@ EXTENDED_GPU_RESOURCE = "nvidia.com/gpu"
 @dataclass(frozen=True)
 class NodeSpec:
     name: str
-    profile: str  # a shipped NVML simulator profile
+    profile: str  # a shipped NVML simulator profile, optionally with simulator options (`gb200-nvl?clique=2`)
     device_plugin: bool = False  # also serve the legacy nvidia.com/gpu device plugin
+    # The node's InternalIP: loopback; nodes whose services talk to each other (IMEX daemons on GB200 trays)
+    # get loopback addresses of their own.
+    address: str = "127.0.0.1"
 
 
 # Two DGX A100 (8 NVLink-connected GPUs each), a V100 quad that also serves legacy pods, an H100 node with MIG.
@@ -103,7 +106,7 @@ def node_conditions(now: datetime | None = None) -> list[dict[str, Any]]:
     return conditions
 
 
-def node_object(name: str, *, gpu_allocatable: int | None = None) -> dict[str, Any]:
+def node_object(name: str, *, gpu_allocatable: int | None = None, address: str = "127.0.0.1") -> dict[str, Any]:
     """The Node a kubelet registers: hostname label, capacity, the conditions, addresses and system info that
     `kubectl describe node` shows. GPUs through DRA are not node resources; `nvidia.com/gpu` appears only on
     nodes whose device plugin reported devices. Every simulated node runs on this machine: its address is
@@ -127,7 +130,7 @@ def node_object(name: str, *, gpu_allocatable: int | None = None) -> dict[str, A
             "capacity": capacity,
             "allocatable": allocatable,
             "conditions": node_conditions(),
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
+            "addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
             "nodeInfo": {"kubeletVersion": KUBELET_VERSION, "kubeProxyVersion": "", "operatingSystem": "linux",
                          "architecture": "amd64", "osImage": f"gpu-dra simulated node ({platform.system()})",

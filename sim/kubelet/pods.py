@@ -374,6 +374,8 @@ class NodeKubelet:
         self._threads: list[threading.Thread] = []
         self._pods: dict[str, dict[str, Any]] = {}  # uid -> latest pod object seen
         self._sim_pods: dict[str, Pod] = {}  # uid -> KubeletSim's view (which claims are prepared)
+        # uid -> driver -> the same for the node's other DRA drivers (compute-domain.nvidia.com)
+        self._other_pods: dict[str, dict[str, Pod]] = {}
         self._active: dict[str, dict[str, Any]] = {}  # uid -> pod whose containers the runtime runs
         self._unprepare_pending: set[str] = set()  # uids whose claims an unprepare call failed for
         self._pod_ips = PodIPs(node_name)
@@ -975,6 +977,9 @@ class NodeKubelet:
         if names is None:
             raise _NotReady("waiting for the pod's generated ResourceClaim names in status.resourceClaimStatuses")
         infos: list[ClaimInfo] = []
+        # Claims of other drivers (compute-domain.nvidia.com): one NodePrepareResources call per driver, as the
+        # kubelet's DRA manager makes; their state is not in the claim-state file (restart recovery is the GPU's).
+        others: dict[str, list[ClaimInfo]] = {}
         for name in names:
             try:
                 claim = self.api.get("ResourceClaim", name, namespace=record.namespace)
@@ -988,8 +993,13 @@ class NodeKubelet:
                        for r in cstatus.get("reservedFor") or []):  # a PodGroup's shared claim counts for its pods
                 raise _NotReady(f"ResourceClaim {record.namespace}/{name} is not reserved for this pod")
             results = ((cstatus["allocation"].get("devices") or {}).get("results")) or []
-            if any(r.get("driver") == self.driver_name for r in results):
-                infos.append(ClaimInfo(record.namespace, str(claim["metadata"]["uid"]), name))
+            for driver in dict.fromkeys(str(r.get("driver")) for r in results):
+                info = ClaimInfo(record.namespace, str(claim["metadata"]["uid"]), name)
+                if driver == self.driver_name:
+                    infos.append(info)
+                else:
+                    others.setdefault(driver, []).append(info)
+        prepared: list[PreparedClaim] = []
         if infos:
             sim_pod = self._sim_pods.get(uid)
             if sim_pod is None:
@@ -1001,8 +1011,22 @@ class NodeKubelet:
                 self._save_claim_state()
             except KubeletError as exc:
                 raise _PrepareFailed(str(exc)) from exc
+            prepared += [PreparedClaim(c, tuple(sim_pod.prepared[c.uid])) for c in infos]
+        for driver, driver_infos in others.items():
+            pods = self._other_pods.setdefault(uid, {})
+            other_pod = pods.get(driver)
+            if other_pod is None:
+                other_pod = Pod(record.name, driver_infos)
+                pods[driver] = other_pod
+            try:
+                self.sim.sync()
+                self.sim.prepare_pod(driver, other_pod)
+            except KubeletError as exc:
+                raise _PrepareFailed(str(exc)) from exc
+            prepared += [PreparedClaim(c, tuple(other_pod.prepared[c.uid])) for c in driver_infos]
+        if prepared:
             with self._lock:
-                record.claims = [PreparedClaim(c, tuple(sim_pod.prepared[c.uid])) for c in infos]
+                record.claims = prepared
         if not record.legacy:
             grants = []
             for container in (pod.get("spec") or {}).get("containers") or []:
@@ -1024,6 +1048,17 @@ class NodeKubelet:
     def _teardown(self, uid: str) -> None:
         """Unprepare the pod's claims; a failure (the agent down or restarting) is retried with a back-off by the
         resync until it succeeds, as the kubelet never gives up a terminated pod's cleanup."""
+        for driver, other_pod in list((self._other_pods.get(uid) or {}).items()):
+            if not other_pod.prepared:
+                continue
+            try:
+                self.sim.sync()
+                self.sim.unprepare_pod(driver, other_pod)
+            except KubeletError as exc:
+                log.warning("event=unprepare-failed node=%s pod=%s driver=%s error=%r", self.node_name, other_pod.name,
+                            driver, str(exc))
+                return  # retried on the next resync, as the kubelet never gives up a terminated pod's cleanup
+        self._other_pods.pop(uid, None)
         sim_pod = self._sim_pods.get(uid)
         with self._lock:
             record = self.records.get(uid)

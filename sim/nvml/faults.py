@@ -62,21 +62,28 @@ class Faults:
     xids: tuple[XidFault, ...] = ()
     lost: frozenset[str] = field(default_factory=frozenset)
     fail_calls: tuple[CallFault, ...] = ()
+    # GPUs whose NVLink fabric link is down (a tray's cable or switch tray): still in their clique, but
+    # GpuFabricInfoV's healthMask reports the route unhealthy and bandwidth degraded.
+    fabric_unhealthy: frozenset[str] = field(default_factory=frozenset)
 
     def to_json(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "xids": [{"uuid": x.uuid, "xid": x.xid} for x in self.xids],
             "lost": sorted(self.lost),
             "failCalls": [{"function": c.function, "uuid": c.uuid, "error": c.error} for c in self.fail_calls],
         }
+        if self.fabric_unhealthy:
+            out["fabricUnhealthy"] = sorted(self.fabric_unhealthy)
+        return out
 
     @classmethod
     def from_json(cls, data: object, source: str) -> Faults:
         if not isinstance(data, dict):
-            raise ValueError(f"{source}: expected an object with xids, lost and failCalls")
-        unknown = set(data) - {"xids", "lost", "failCalls"}
+            raise ValueError(f"{source}: expected an object with xids, lost, failCalls and fabricUnhealthy")
+        unknown = set(data) - {"xids", "lost", "failCalls", "fabricUnhealthy"}
         if unknown:
-            raise ValueError(f"{source}: unknown field(s) {sorted(unknown)}; accepted: xids, lost, failCalls")
+            raise ValueError(f"{source}: unknown field(s) {sorted(unknown)}; accepted: xids, lost, failCalls, "
+                             "fabricUnhealthy")
         xids = []
         for i, x in enumerate(data.get("xids", []) or []):
             if not isinstance(x, dict) or not isinstance(x.get("uuid"), str) or not isinstance(x.get("xid"), int):
@@ -93,7 +100,10 @@ class Faults:
                 calls.append(CallFault(c["function"], str(c.get("error", "UNKNOWN")), c.get("uuid")))
             except ValueError as exc:
                 raise ValueError(f"{source}: failCalls.{i}: {exc}") from exc
-        return cls(tuple(xids), frozenset(lost), tuple(calls))
+        fabric = data.get("fabricUnhealthy", []) or []
+        if not isinstance(fabric, list) or not all(isinstance(u, str) for u in fabric):
+            raise ValueError(f"{source}: fabricUnhealthy: expected a list of GPU UUIDs")
+        return cls(tuple(xids), frozenset(lost), tuple(calls), frozenset(fabric))
 
 
 def read_faults(path: str | Path) -> Faults:
@@ -116,12 +126,14 @@ def write_faults(
     xids: Iterable[tuple[str, int]] = (),
     lost: Iterable[str] = (),
     fail_calls: Iterable[CallFault] = (),
+    fabric_unhealthy: Iterable[str] = (),
 ) -> None:
     """Write the whole fault state atomically (temp file + rename), for tests and the demo."""
     faults = Faults(
         tuple(XidFault(u, x) for u, x in xids),
         frozenset(lost),
         tuple(fail_calls),
+        frozenset(fabric_unhealthy),
     )
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -136,4 +148,5 @@ def append_xid(path: str | Path, uuid: str, xid: int) -> None:
         xids=[(x.uuid, x.xid) for x in current.xids] + [(uuid, xid)],
         lost=current.lost,
         fail_calls=current.fail_calls,
+        fabric_unhealthy=current.fabric_unhealthy,
     )

@@ -1071,6 +1071,15 @@ class SimulatedNvml:
         info.status = pynvml.NVML_SUCCESS
         info.cliqueId = fabric.clique_id
         info.state = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+        if hasattr(info, "healthMask"):
+            unhealthy = gpu.spec.uuid in self._file_faults.fabric_unhealthy
+            info.healthMask = (
+                ((pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE if unhealthy else
+                  pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE)
+                 << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW)
+                | ((pynvml.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE if unhealthy else
+                    pynvml.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_FALSE)
+                   << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY))
         return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetGpuFabricInfo(self, handle: Any, info_ref: Any) -> int:

@@ -20,6 +20,7 @@ Real nodes never get this: the agent with `--nvml real` reads the host's install
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from driver.cdi import mig_cap_minors
@@ -27,6 +28,9 @@ from driver.inventory import Inventory
 from sim.nvml.simulator import gpu_instance_id, mig_uuid
 
 NVIDIA_SMI = "usr/bin/nvidia-smi"
+NVIDIA_IMEX = "usr/bin/nvidia-imex"
+NVIDIA_IMEX_CTL = "usr/bin/nvidia-imex-ctl"
+IMEX_CHANNELS_MAJOR = 509  # a simulated driver's dynamic major for nvidia-caps-imex-channels
 
 _SCRIPT = r"""#!/bin/sh
 # nvidia-smi of the gpu-dra simulator's driver install (node NODE, driver DRIVER_VERSION): lists the GPUs and MIG
@@ -92,10 +96,28 @@ def script(node: str, inventory: Inventory) -> str:
             .replace("ROWS", "\n".join(rows)))
 
 
+def _python_tool(module: str) -> str:
+    """A host program running one of the simulator's tools with this interpreter (the IMEX stand-ins run beside
+    the node agent, on the host, as the real ones run from the host's driver install)."""
+    repo = Path(__file__).resolve().parents[2]
+    return (f"#!{sys.executable}\n# {module}: gpu-dra simulator stand-in\nimport sys\nsys.path.insert(0, {str(repo)!r})\n"
+            f"from {module} import main\nsys.exit(main(sys.argv[1:]))\n")
+
+
 def write(root: Path, node: str, inventory: Inventory) -> Path:
-    """Create the install under `root` (the agent's --driver-root and --host-driver-root); returns root."""
+    """Create the install under `root` (the agent's --driver-root and --host-driver-root); returns root. Nodes
+    with NVLink-fabric GPUs also get `nvidia-imex` and `nvidia-imex-ctl` (sim.imex)."""
     path = root / NVIDIA_SMI
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(script(node, inventory))
     path.chmod(0o755)
+    if any(g.fabric_clique_id is not None for g in inventory.gpus):
+        for rel, module in ((NVIDIA_IMEX, "sim.imex.daemon"), (NVIDIA_IMEX_CTL, "sim.imex.ctl")):
+            tool = root / rel
+            tool.write_text(_python_tool(module))
+            tool.chmod(0o755)
+        # The driver's procfs entry for the IMEX channel devices (their major is dynamic on a real node).
+        proc = root / "proc" / "devices"
+        proc.parent.mkdir(parents=True, exist_ok=True)
+        proc.write_text(f"Character devices:\n{IMEX_CHANNELS_MAJOR} nvidia-caps-imex-channels\n\nBlock devices:\n")
     return root

@@ -136,11 +136,13 @@ class PrivateMountNamespace:
         """mknod each (path, major, minor) that does not exist in the namespace's /dev yet."""
         if not nodes:
             return
-        script = "set -e\n" + "".join(
-            f"[ -e {shlex.quote(p)} ] || {{ mkdir -p {shlex.quote(os.path.dirname(p))}; mknod -m 0666 {shlex.quote(p)} c {ma} {mi}; }}\n"
-            for p, ma, mi in nodes
-        )
-        self.run(["sh", "-c", script])
+        # In batches: a claim of every IMEX channel names 2048 nodes, more than one argument list holds.
+        for start in range(0, len(nodes), 256):
+            script = "set -e\n" + "".join(
+                f"[ -e {shlex.quote(p)} ] || {{ mkdir -p {shlex.quote(os.path.dirname(p))}; mknod -m 0666 {shlex.quote(p)} c {ma} {mi}; }}\n"
+                for p, ma, mi in nodes[start:start + 256]
+            )
+            self.run(["sh", "-c", script])
 
     def close(self) -> None:
         holder, self._holder = self._holder, None

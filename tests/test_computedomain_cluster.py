@@ -1,0 +1,159 @@
+"""End to end on `gpu-dra cluster up --gb200-racks 2x2` (two racks of two trays, each rack its own NVLink clique):
+NVIDIA's ComputeDomain CRDs and its demo/specs/imex channel-injection example applied unchanged (domain Ready,
+pod Running, and with a container runtime the container listing its channel device), a domain that fits one rack
+placed within it, a domain larger than any clique waiting with an explanation and holding nothing, a fabric fault
+visible on the domain, and a deleted domain's objects removed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from gpudra import computedomain as cd
+from gpudra.kubeapi import KubeApi
+from sim.runtime import podman_missing
+from tests.plugin_helpers import short_tmp
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+NAME = "cdt"
+T = TypeVar("T")
+
+
+def _until(what: str, check: Callable[[], T | None], timeout: float = 120.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.3)
+
+
+class Cluster:
+    def __init__(self, home: Path) -> None:
+        self.kubeconfig = home / "kube" / "config"
+        self.env = dict(os.environ, XDG_STATE_HOME=str(home / "state"), KUBECONFIG=str(self.kubeconfig),
+                        PYTHONPATH=str(ROOT))
+
+    def run(self, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cli.main", "cluster", *args], env=self.env, cwd=str(ROOT),
+                              capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[Cluster, KubeApi, str]]:
+    # With a container runtime the containers really run (and show their device nodes); without, pods run bare.
+    runtime = "podman" if not podman_missing() else "none"
+    with short_tmp() as home:
+        c = Cluster(home)
+        up = c.run("up", "--name", NAME, "--gb200-racks", "2x2", "--runtime", runtime)
+        try:
+            assert up.returncode == 0, up.stderr[-3000:]
+            api = KubeApi.connect(kubeconfig=str(c.kubeconfig))
+            try:
+                yield c, api, runtime
+            finally:
+                api.close()
+        finally:
+            c.run("down", "--name", NAME, timeout=120)
+
+
+def _docs(path: Path, **subst: str) -> list[dict[str, Any]]:
+    text = path.read_text()
+    for k, v in subst.items():
+        text = text.replace(k, v)
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def _create(api: KubeApi, objects: list[dict[str, Any]]) -> None:
+    for obj in objects:
+        api.create(obj["kind"], obj, namespace=(obj.get("metadata") or {}).get("namespace") or
+                   ("default" if obj["kind"] not in ("CustomResourceDefinition",) else None))
+
+
+def _domain(api: KubeApi, name: str) -> dict[str, Any]:
+    return api.get("ComputeDomain", name, namespace="default")
+
+
+def _log(api: KubeApi, pod: str) -> str:
+    req = urllib.request.Request(f"{api.host}/api/v1/namespaces/default/pods/{pod}/log")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return resp.read().decode()
+
+
+def _clique(api: KubeApi, node: str) -> str:
+    return str(api.get("Node", node)["metadata"]["labels"][cd.CLIQUE_LABEL])
+
+
+def test_nvidia_compute_domain_examples_on_two_gb200_racks(cluster: tuple[Cluster, KubeApi, str]) -> None:
+    c, api, runtime = cluster
+    _create(api, _docs(DATA / "nvidia-compute-domain" / "resource.nvidia.com_computedomains.yaml")
+            + _docs(DATA / "nvidia-compute-domain" / "resource.nvidia.com_computedomaincliques.yaml"))
+    for crd in ("computedomains.resource.nvidia.com", "computedomaincliques.resource.nvidia.com"):
+        _until(f"{crd} established", lambda crd=crd: any(
+            x.get("type") == "Established" and x.get("status") == "True"
+            for x in (api.get("CustomResourceDefinition", crd).get("status") or {}).get("conditions") or []))
+
+    # NVIDIA's channel-injection example, unchanged.
+    _create(api, _docs(DATA / "nvidia-compute-domain" / "channel-injection.yaml"))
+    _until("channel-injection running", lambda: (api.get("Pod", "imex-channel-injection", namespace="default")
+                                                 .get("status") or {}).get("phase") == "Running")
+    _until("its domain Ready", lambda: (_domain(api, "imex-channel-injection").get("status") or {}).get("status")
+           == "Ready")
+    status = _domain(api, "imex-channel-injection")["status"]
+    node = api.get("Pod", "imex-channel-injection", namespace="default")["spec"]["nodeName"]
+    assert [n["name"] for n in status["nodes"]] == [node] and status["nodes"][0]["cliqueID"] == _clique(api, node)
+    if runtime == "podman":
+        listing = _until("the container's listing", lambda: _log(api, "imex-channel-injection") or None)
+        assert "channel0" in listing, listing
+
+    # A domain that fits one rack: both workers in one clique, Ready.
+    _create(api, _docs(DATA / "compute-domain" / "domain-workers.yaml", NAME="pair", NODES="2"))
+    pods = _until("pair workers running", lambda: (lambda ps: ps if len(ps) == 2 and all(
+        (p.get("status") or {}).get("phase") == "Running" for p in ps) else None)(
+        api.list("Pod", namespace="default", label_selector="app=pair")[0]))
+    assert len({_clique(api, p["spec"]["nodeName"]) for p in pods}) == 1
+    _until("pair Ready", lambda: (_domain(api, "pair").get("status") or {}).get("status") == "Ready")
+
+    # Larger than any clique: it waits, explained, holding nothing.
+    _create(api, _docs(DATA / "compute-domain" / "domain-workers.yaml", NAME="big", NODES="3"))
+    claims = _until("big's claims explained", lambda: (lambda cs: cs if len(cs) == 3 and all(
+        "gpu.nvidia.com/explanation" in (x["metadata"].get("annotations") or {}) for x in cs) else None)(
+        [x for x in api.list("ResourceClaim", namespace="default")[0] if x["metadata"]["name"].startswith("big-")]))
+    assert all("allocation" not in (x.get("status") or {}) for x in claims)
+    why = claims[0]["metadata"]["annotations"]["gpu.nvidia.com/explanation"]
+    assert "must share one NVLink clique" in why and why.count("too small (2 nodes for 3 claims") == 2, why
+    assert all((p.get("spec") or {}).get("nodeName") is None
+               for p in api.list("Pod", namespace="default", label_selector="app=big")[0])
+
+    # A tray's fabric link fails: its daemon and the domain go NotReady, with a Warning on the domain.
+    victim = pods[0]["spec"]["nodeName"]
+    fault = c.run("fault", victim, "--name", NAME, "--fabric-down")
+    assert fault.returncode == 0, fault.stderr
+    _until("pair NotReady", lambda: (_domain(api, "pair").get("status") or {}).get("status") == "NotReady")
+    node_status = {n["name"]: n["status"] for n in _domain(api, "pair")["status"]["nodes"]}
+    assert node_status[victim] == "NotReady"
+    events = _until("a FabricUnhealthy event", lambda: [e for e in api.list("Event", namespace="default")[0]
+                                                        if e.get("reason") == "FabricUnhealthy"
+                                                        and e["involvedObject"]["name"] == "pair"])
+    assert victim in events[0]["message"]
+
+    # Deleting a domain removes its DaemonSet and daemon template (the finalizer), and its channel template.
+    uid = _domain(api, "pair")["metadata"]["uid"]
+    api.delete("Deployment", "pair-workers", namespace="default")
+    api.delete("ComputeDomain", "pair", namespace="default")
+    _until("pair's objects gone", lambda: not api.list("DaemonSet", namespace="gpu-dra-system",
+                                                       label_selector=f"{cd.DOMAIN_LABEL}={uid}")[0]
+           and api.try_get("ComputeDomain", "pair", namespace="default") is None)
+    assert not api.list("ResourceClaimTemplate", label_selector=f"{cd.DOMAIN_LABEL}={uid}")[0]

@@ -1,0 +1,81 @@
+"""The simulated cluster's DaemonSet controller: one pod per fitting node, pinned by node affinity; status counts;
+rolling update; and the embedded scheduler honouring the pin."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.nodefit import as_allocator_node, required_affinity, static_rejects
+from sim.cluster.daemonsets import REVISION_LABEL, daemon_pod, plan
+
+
+def _node(name: str, labels: dict[str, str] | None = None, taints: list[dict[str, str]] | None = None,
+          cordoned: bool = False) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": labels or {}},
+            "spec": {"taints": taints or [], **({"unschedulable": True} if cordoned else {})}}
+
+
+def _ds(**pod_spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "imex", "namespace": "nvidia", "uid": "u1", "generation": 1},
+            "spec": {"selector": {"matchLabels": {"app": "imex"}},
+                     "template": {"metadata": {"labels": {"app": "imex"}},
+                                  "spec": {"containers": [{"name": "c", "image": "busybox"}], **pod_spec}}}}
+
+
+def test_one_pod_per_matching_node_honouring_selector_affinity_and_taints() -> None:
+    nodes = [_node("a", {"rack": "1"}), _node("b", {"rack": "2"}), _node("c", {"rack": "1"}, cordoned=True),
+             _node("d", {"rack": "1"}, [{"key": "gpu", "value": "x", "effect": "NoSchedule"}])]
+    ds = _ds(nodeSelector={"rack": "1"})
+    todo = plan([ds], nodes, [])
+    assert sorted(p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                  ["nodeSelectorTerms"][0]["matchFields"][0]["values"][0] for p in todo.create) == ["a", "c"]
+    ds_aff = _ds(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "rack", "operator": "In", "values": ["2"]}]}]}}},
+        tolerations=[{"key": "gpu", "operator": "Exists"}])
+    assert [p["metadata"]["name"] for p in plan([ds_aff], nodes, []).create] == [daemon_pod(ds_aff, "b")["metadata"]["name"]]
+    tolerant = _ds(tolerations=[{"operator": "Exists"}])
+    assert len(plan([tolerant], nodes, []).create) == 4
+    assert todo.status[("nvidia", "imex")]["desiredNumberScheduled"] == 2
+
+
+def test_daemon_pod_is_pinned_so_the_scheduler_places_it_only_on_its_node() -> None:
+    pod = daemon_pod(_ds(), "a")
+    affinity = required_affinity(pod)
+    assert static_rejects(pod, _node("a"), as_allocator_node(_node("a")), affinity) is None
+    rejection = static_rejects(pod, _node("b"), as_allocator_node(_node("b")), affinity)
+    assert rejection is not None and rejection.explanation == "node does not match the pod's required node affinity"
+    assert pod["metadata"]["ownerReferences"][0]["kind"] == "DaemonSet"
+    assert {"key": "node.kubernetes.io/unschedulable", "operator": "Exists",
+            "effect": "NoSchedule"} in pod["spec"]["tolerations"]
+
+
+def _running(pod: dict[str, Any], uid: str = "u1") -> dict[str, Any]:
+    return {**pod, "metadata": {**pod["metadata"]}, "status": {"phase": "Running",
+                                                               "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_status_counts_and_pods_on_nodes_that_no_longer_fit_are_removed() -> None:
+    ds = _ds(nodeSelector={"rack": "1"})
+    pods = [_running(daemon_pod(ds, "a")), _running(daemon_pod(ds, "b"))]
+    todo = plan([ds], [_node("a", {"rack": "1"}), _node("b", {"rack": "2"})], pods)
+    assert todo.create == [] and todo.delete == [("nvidia", pods[1]["metadata"]["name"])]
+    assert todo.status[("nvidia", "imex")] == {
+        "desiredNumberScheduled": 1, "currentNumberScheduled": 1, "numberMisscheduled": 1, "numberReady": 1,
+        "numberAvailable": 1, "numberUnavailable": 0, "updatedNumberScheduled": 1, "observedGeneration": 1}
+
+
+def test_rolling_update_replaces_one_old_pod_at_a_time() -> None:
+    old = _ds()
+    nodes = [_node("a"), _node("b"), _node("c")]
+    pods = [_running(daemon_pod(old, n)) for n in ("a", "b", "c")]
+    new = _ds()
+    new["spec"]["template"]["spec"]["containers"][0]["image"] = "busybox:2"
+    todo = plan([new], nodes, pods)
+    assert len(todo.delete) == 1 and todo.create == []
+    assert todo.status[("nvidia", "imex")]["updatedNumberScheduled"] == 0
+    # With one pod down already, nothing more is taken down.
+    pods[1]["status"] = {"phase": "Pending"}
+    assert plan([new], nodes, pods).delete == []
+    on_delete = {**new, "spec": {**new["spec"], "updateStrategy": {"type": "OnDelete"}}}
+    assert plan([on_delete], nodes, [_running(daemon_pod(old, n)) for n in ("a", "b", "c")]).delete == []
+    assert daemon_pod(new, "a")["metadata"]["labels"][REVISION_LABEL] != daemon_pod(old, "a")["metadata"]["labels"][REVISION_LABEL]
