@@ -19,6 +19,7 @@ EXPECTED = {
     "DRAPartitionableDevices": (False, False, True, True),
     "DRAPrioritizedList": (True, True, True, True),
     "DRAResourceClaimDeviceStatus": (True, True, True, True),
+    "DRAResourceClaimGranularStatusAuthorization": (None, None, True, True),
     "DRASchedulerFilterTimeout": (True, True, True, True),
     "DRAWorkloadResourceClaims": (None, None, False, False),
     "GenericWorkload": (None, False, False, False),
