@@ -85,16 +85,16 @@ def decode(body: bytes) -> dict[str, Any]:
     if not body.startswith(MAGIC):
         raise ProtobufError("the protobuf body does not start with the Kubernetes magic number k8s\\x00")
     try:
-        unknown = _message_class(_UNKNOWN).FromString(body[len(MAGIC):])
+        unknown: Any = _message_class(_UNKNOWN).FromString(body[len(MAGIC):])
     except DecodeError as exc:
         raise ProtobufError(f"the protobuf envelope (runtime.Unknown) cannot be decoded: {exc}") from None
-    api_version, kind = unknown.typeMeta.apiVersion, unknown.typeMeta.kind  # type: ignore[attr-defined]
+    api_version, kind = unknown.typeMeta.apiVersion, unknown.typeMeta.kind
     if not kind:
         raise ProtobufError("the protobuf envelope names no kind (typeMeta.kind is empty)")
     if not has_message(api_version, kind):
         raise ProtobufError(f"no protobuf message type for {kind} in {api_version or 'v1'}")
     try:
-        msg = _message_class(message_name(api_version, kind)).FromString(unknown.raw)  # type: ignore[attr-defined]
+        msg = _message_class(message_name(api_version, kind)).FromString(unknown.raw)
     except DecodeError as exc:
         raise ProtobufError(f"{kind} in {api_version}: the protobuf message cannot be decoded: {exc}") from None
     return {"apiVersion": api_version, "kind": kind, **_to_json(msg)}
@@ -125,21 +125,21 @@ def _duration_text(ns: int) -> str:
     return sign + text
 
 
-def _special_to_json(msg: Message) -> tuple[bool, Any]:
+def _special_to_json(msg: Any) -> tuple[bool, Any]:  # a dynamic message: its fields are known only at run time
     name = msg.DESCRIPTOR.full_name
     if name in (_TIME, _MICRO_TIME):
-        return True, _rfc3339(msg.seconds, msg.nanos, name == _MICRO_TIME)  # type: ignore[attr-defined]
+        return True, _rfc3339(msg.seconds, msg.nanos, name == _MICRO_TIME)
     if name == _DURATION:
-        return True, _duration_text(msg.duration)  # type: ignore[attr-defined]
+        return True, _duration_text(msg.duration)
     if name == _QUANTITY:
-        return True, msg.string  # type: ignore[attr-defined]
+        return True, msg.string
     if name == _INT_OR_STRING:
-        return True, (msg.strVal if msg.type == 1 else msg.intVal)  # type: ignore[attr-defined]
+        return True, (msg.strVal if msg.type == 1 else msg.intVal)
     if name in (_RAW, _FIELDS_V1):
-        raw = msg.raw if name == _RAW else msg.Raw  # type: ignore[attr-defined]
+        raw = msg.raw if name == _RAW else msg.Raw
         return True, (json.loads(raw) if raw else None)
     if _is_items_wrapper(msg.DESCRIPTOR):
-        return True, list(msg.items)  # type: ignore[attr-defined]
+        return True, list(msg.items)
     return False, None
 
 
@@ -190,10 +190,10 @@ def encode(obj: dict[str, Any]) -> bytes:
         raise ProtobufError(f"no protobuf message type for {kind} in {api_version}")
     msg = _message_class(message_name(api_version, kind))()
     _from_json(msg, {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")})
-    unknown = _message_class(_UNKNOWN)()
-    unknown.typeMeta.apiVersion = api_version  # type: ignore[attr-defined]
-    unknown.typeMeta.kind = kind  # type: ignore[attr-defined]
-    unknown.raw = msg.SerializeToString()  # type: ignore[attr-defined]
+    unknown: Any = _message_class(_UNKNOWN)()
+    unknown.typeMeta.apiVersion = api_version
+    unknown.typeMeta.kind = kind
+    unknown.raw = msg.SerializeToString()
     return MAGIC + unknown.SerializeToString()
 
 
@@ -202,25 +202,25 @@ def _parse_time(text: str) -> tuple[int, int]:
     return int(moment.timestamp()), moment.microsecond * 1000
 
 
-def _special_from_json(msg: Message, value: Any) -> bool:
+def _special_from_json(msg: Any, value: Any) -> bool:  # a dynamic message, as above
     name = msg.DESCRIPTOR.full_name
     if name in (_TIME, _MICRO_TIME):
-        msg.seconds, msg.nanos = _parse_time(str(value))  # type: ignore[attr-defined]
+        msg.seconds, msg.nanos = _parse_time(str(value))
     elif name == _QUANTITY:
-        msg.string = str(value)  # type: ignore[attr-defined]
+        msg.string = str(value)
     elif name == _INT_OR_STRING:
         if isinstance(value, str):
-            msg.type, msg.strVal = 1, value  # type: ignore[attr-defined]
+            msg.type, msg.strVal = 1, value
         else:
-            msg.type, msg.intVal = 0, int(value)  # type: ignore[attr-defined]
+            msg.type, msg.intVal = 0, int(value)
     elif name == _RAW:
-        msg.raw = json.dumps(value, separators=(",", ":")).encode()  # type: ignore[attr-defined]
+        msg.raw = json.dumps(value, separators=(",", ":")).encode()
     elif name == _FIELDS_V1:
-        msg.Raw = json.dumps(value, separators=(",", ":")).encode()  # type: ignore[attr-defined]
+        msg.Raw = json.dumps(value, separators=(",", ":")).encode()
     elif name == _DURATION:
         raise ProtobufError("a Duration field is not encoded to protobuf by this server")
     elif _is_items_wrapper(msg.DESCRIPTOR):
-        msg.items.extend(str(v) for v in value)  # type: ignore[attr-defined]
+        msg.items.extend(str(v) for v in value)
     else:
         return False
     return True

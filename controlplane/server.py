@@ -225,11 +225,13 @@ class EmbeddedApiServer:
             if not ns["metadata"].get("deletionTimestamp"):
                 ensure_default_account(self.store, self.registry, ns["metadata"]["name"])
         pc_rt = self.registry.by_kind("PriorityClass")
-        for pc in system_priority_classes() if pc_rt is not None else []:
+        if pc_rt is None:
+            return
+        for pc in system_priority_classes():
             try:
-                self.store.get(pc_rt, "", pc["metadata"]["name"])  # type: ignore[arg-type]
+                self.store.get(pc_rt, "", pc["metadata"]["name"])
             except StatusError:
-                self.store.create(pc_rt, "", pc)  # type: ignore[arg-type]
+                self.store.create(pc_rt, "", pc)
 
     def _gc_loop(self) -> None:
         while self.store.collect_garbage_once(timeout=1.0):
