@@ -186,3 +186,42 @@ def test_unusable_key_is_refused_at_start(tmp_path: Path) -> None:
          "--port", "0"], capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()},
     )
     assert proc.returncode == 2 and "not a usable PEM certificate and key" in proc.stderr
+
+
+@pytest.mark.process  # the webhook and openssl
+def test_the_shipped_configuration_refuses_bad_configs_through_the_control_plane(webhook) -> None:  # type: ignore[no-untyped-def]
+    """manifests/webhook's ValidatingWebhookConfiguration, applied to a control plane that has none of our own
+    validation (as kube-apiserver has none), makes it call `gpu-dra webhook` over HTTPS through the Service
+    reference: a bad GpuConfig and NVIDIA's refused VFIO class are refused at create, a good claim is stored."""
+    import base64
+
+    import yaml
+
+    from controlplane import EmbeddedApiServer
+    from gpudra.kubeapi import ApiError, KubeApi
+
+    host, port, _, cert, _ = webhook
+    ca = (cert.parent / "ca.crt").read_bytes()
+    config = next(d for d in yaml.safe_load_all((Path(__file__).parent.parent / "manifests/webhook/webhook.yaml")
+                                                .read_text()) if d and d["kind"] == "ValidatingWebhookConfiguration")
+    service = config["webhooks"][0]["clientConfig"]["service"]
+    config["webhooks"][0]["clientConfig"]["caBundle"] = base64.b64encode(ca).decode()  # what cert-manager injects
+    server = EmbeddedApiServer()
+    server.start()
+    server.service_endpoints[(service["namespace"], service["name"])] = (host, port)
+    api = KubeApi.connect(url=server.url)
+    try:
+        api.create("Namespace", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})
+        api.create("ValidatingWebhookConfiguration", config)
+        with pytest.raises(ApiError) as refused:
+            api.create("ResourceClaim", _claim(BAD), namespace="team-a")
+        assert refused.value.status == 422  # the webhook's own status code, passed on as kube-apiserver does
+        assert 'admission webhook "validate.resource.gpu.nvidia.com" denied the request' in str(refused.value)
+        assert "timeSlicingConfig.interval" in str(refused.value)
+        with pytest.raises(ApiError):
+            api.create("ResourceClaim", {**_claim(None, "vfio.gpu.nvidia.com"), "metadata": {"name": "v", "namespace": "team-a"}},
+                       namespace="team-a")
+        assert api.create("ResourceClaim", _claim(GOOD), namespace="team-a")["metadata"]["name"] == "c"
+    finally:
+        api.close()
+        server.stop()
