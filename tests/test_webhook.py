@@ -189,7 +189,7 @@ def test_unusable_key_is_refused_at_start(tmp_path: Path) -> None:
 
 
 @pytest.mark.process  # the webhook and openssl
-def test_the_shipped_configuration_refuses_bad_configs_through_the_control_plane(webhook) -> None:  # type: ignore[no-untyped-def]
+def test_the_shipped_configuration_refuses_bad_configs_through_the_control_plane(webhook, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """manifests/webhook's ValidatingWebhookConfiguration, applied to a control plane that has none of our own
     validation (as kube-apiserver has none), makes it call `gpu-dra webhook` over HTTPS through the Service
     reference: a bad GpuConfig and NVIDIA's refused VFIO class are refused at create, a good claim is stored."""
@@ -200,8 +200,13 @@ def test_the_shipped_configuration_refuses_bad_configs_through_the_control_plane
     from controlplane import EmbeddedApiServer
     from gpudra.kubeapi import ApiError, KubeApi
 
-    host, port, _, cert, _ = webhook
-    ca = (cert.parent / "ca.crt").read_bytes()
+    host, port, _, cert, key = webhook
+    # A certificate of a CA of this test's own (the module's webhook may have been renewed by another test).
+    ca_file, cert2, key2 = make_certs(tmp_path)
+    time.sleep(0.01)
+    shutil.copy(key2, key)
+    shutil.copy(cert2, cert)
+    ca = ca_file.read_bytes()
     config = next(d for d in yaml.safe_load_all((Path(__file__).parent.parent / "manifests/webhook/webhook.yaml")
                                                 .read_text()) if d and d["kind"] == "ValidatingWebhookConfiguration")
     service = config["webhooks"][0]["clientConfig"]["service"]
