@@ -25,7 +25,7 @@ VALIDATION_COST_EXCEEDED = "too complex, exceeds cost limit"
 
 # The cel-go extensions of Kubernetes' base environment that cel-cpp also has. Kubernetes' own libraries
 # (quantity, semver, regex find/findAll, lists) are added as functions by KubernetesLibrary.
-_EXTENSIONS_YAML = """
+EXTENSIONS_YAML = """
 extensions:
   - name: strings
   - name: sets
@@ -148,13 +148,13 @@ class CelEnvironment:
         self.includes = features.list_type_attributes or (not strict and features.at_least("1.37"))
         self._types: MessageTypes = build_message_types()
         library = KubernetesLibrary(self._types, includes=self.includes)
-        config = cel.NewEnvConfigFromYaml(_EXTENSIONS_YAML)
+        config = cel.NewEnvConfigFromYaml(EXTENSIONS_YAML)
         device_type = STRICT_DEVICE_TYPE if strict else DEVICE_TYPE
         # Type checking uses a message type for `device` so that fields and their types are known; evaluation
         # uses a plain map so that attribute maps can hold ints, strings, semvers and quantities together.
         self._checker = cel.NewEnv(self._types.pool, config=config, variables={"device": cel.Type(device_type)},
                                    functions=library.checker_declarations())
-        self._runtime = cel.NewEnv(self._types.pool, config=cel.NewEnvConfigFromYaml(_EXTENSIONS_YAML),
+        self._runtime = cel.NewEnv(self._types.pool, config=cel.NewEnvConfigFromYaml(EXTENSIONS_YAML),
                                    variables={"device": cel.Type.Map(cel.Type.STRING, cel.Type.DYN)},
                                    functions=library.runtime_declarations())
         self._cache: dict[str, Selector | CelCompileError] = {}

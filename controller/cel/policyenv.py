@@ -8,16 +8,9 @@ from typing import Any
 
 from cel_expr_python import cel
 
+from controller.cel.environment import EXTENSIONS_YAML
 from controller.cel.errors import compile_message, runtime_message
 
-_EXTENSIONS_YAML = """
-extensions:
-  - name: strings
-  - name: sets
-  - name: optional
-  - name: bindings
-  - name: two-var-comprehensions
-"""
 VARIABLES = ("object", "oldObject", "request", "params", "namespaceObject", "variables")
 
 
@@ -41,7 +34,7 @@ class PolicyProgram:
 class PolicyEnvironment:
     def __init__(self) -> None:
         dyn = cel.Type.DYN
-        self._env = cel.NewEnv(None, config=cel.NewEnvConfigFromYaml(_EXTENSIONS_YAML),
+        self._env = cel.NewEnv(None, config=cel.NewEnvConfigFromYaml(EXTENSIONS_YAML),
                                variables=dict.fromkeys(VARIABLES, dyn))
         self._cache: dict[str, PolicyProgram | str] = {}
 
