@@ -150,8 +150,18 @@ class Definitions:
 _ANY_JSON_MODELS = frozenset({"V1JSONSchemaProps"})
 
 
-@functools.lru_cache(maxsize=4)
+def served_key(registry: Registry) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """What the documents depend on: each type's versions. Registries compare by their types' routes only, so two
+    servers with different --runtime-config would otherwise share one cached document."""
+    return tuple((rt.group, rt.plural, rt.versions) for rt in registry.types)
+
+
 def definitions(registry: Registry) -> Definitions:
+    return _definitions(registry, served_key(registry))
+
+
+@functools.lru_cache(maxsize=4)
+def _definitions(registry: Registry, served: tuple[tuple[str, str, tuple[str, ...]], ...]) -> Definitions:
     return Definitions(registry)
 
 
@@ -290,8 +300,12 @@ def _schema_pb(schema: dict[str, Any]) -> bytes:
     return bytes(out)
 
 
-@functools.lru_cache(maxsize=4)
 def openapi_v2_protobuf(registry: Registry) -> bytes:
+    return _openapi_v2_protobuf(registry, served_key(registry))
+
+
+@functools.lru_cache(maxsize=4)
+def _openapi_v2_protobuf(registry: Registry, served: tuple[tuple[str, str, tuple[str, ...]], ...]) -> bytes:
     doc = openapi_v2(registry)
     out = bytearray(_string(1, "2.0"))  # Document.swagger
     out += _field(2, _string(1, doc["info"]["title"]) + _string(2, doc["info"]["version"]))  # Document.info

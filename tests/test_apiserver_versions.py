@@ -15,6 +15,7 @@ from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
 from conftest import RESOURCE_BETAS
+from controlplane import EmbeddedApiServer
 
 # resource.k8s.io's beta versions are served only when --runtime-config enables them, as in kube-apiserver 1.37.
 pytestmark = pytest.mark.apiserver_options(runtime_config=RESOURCE_BETAS)
@@ -274,3 +275,20 @@ def test_the_system_priority_classes_exist_from_the_start(apiserver: Any) -> Non
     pod = apiserver.api.create("Pod", {"metadata": {"name": "agent", "namespace": "kube-system"}, "spec": {
         "priorityClassName": "system-node-critical", "containers": [{"name": "c", "image": "i"}]}})
     assert pod["spec"]["priority"] == 2000001000
+
+
+def test_openapi_documents_follow_each_servers_versions() -> None:
+    # Registries compare by their types' routes: a document cached for a GA-only server must not be what a server
+    # with the beta versions enabled answers.
+    ga = EmbeddedApiServer()
+    _get(ga.start() + "/openapi/v2")
+    ga.stop()
+    beta = EmbeddedApiServer(runtime_config="resource.k8s.io/v1beta1=true")
+    url = beta.start()
+    try:
+        root = _get(url + "/openapi/v3")
+        doc = _get(url + root["paths"]["apis/resource.k8s.io/v1beta1"]["serverRelativeURL"])
+        assert "io.k8s.api.resource.v1beta1.ResourceClaim" in doc["components"]["schemas"]
+        assert "io.k8s.api.resource.v1beta1.ResourceClaim" in _get(url + "/openapi/v2")["definitions"]
+    finally:
+        beta.stop()
