@@ -37,7 +37,7 @@ class RecordingSharing:
     def set_timeslice(self, gpu_uuid: str, level: int) -> None:
         self.timeslices[gpu_uuid] = level
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), *, multi_user: bool = False) -> None:
         self.mps[dirs.pipe] = list(commands)
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
@@ -49,6 +49,9 @@ class RecordingSharing:
 
     def mps_running(self, dirs: MpsDirs) -> bool:
         return dirs.pipe in self.mps
+
+    def mps_wait(self, dirs: MpsDirs) -> None:
+        return None
 
 
 class Claims:

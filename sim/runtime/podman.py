@@ -80,6 +80,7 @@ class ContainerRequest:
     cdi_devices: tuple[str, ...] = ()
     log_path: Path | None = None  # where podman writes its k8s-file log (default: the node's logs/<name>.log)
     mounts: tuple[tuple[str, str, bool], ...] = ()  # (host path, container path, read-only): the pod's volumes
+    user: str = ""  # UID[:GID] the command runs as (the pod's securityContext.runAsUser); empty: the image's (root)
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,9 @@ class PodmanRuntime:
             args += ["-v", f"{host}:{path}:{'ro' if read_only else 'rw'}"]
         for cid in request.cdi_devices:
             args += ["--device", cid]
+        if request.user:
+            args += ["--user", request.user]
+            seen.chmod(0o777)  # the probe records what the container sees as that user
         args += ["--rootfs", str(self.rootfs), f"{PROBE_DIR}/probe", *(request.command or DEFAULT_COMMAND)]
         self._podman("rm", "-f", "--ignore", name, check=False)  # a leftover of the same name (a restart)
         done = self._podman(*args, check=False)
