@@ -44,6 +44,7 @@ CFG = {"apiVersion": "gpu.nvidia.com/v1alpha1", "kind": "GpuConfig"}
 TIMESLICE = {**CFG, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}
 MPS = {**CFG, "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40,
                                                              "defaultPinnedDeviceMemoryLimit": "2Gi"}}}
+MPS_MULTI = {**CFG, "sharing": {"strategy": "MPS", "mpsConfig": {"multiUser": True}}}
 CAPS_MAJOR = 238
 UVM_MAJOR = 237
 DEADLINE = 60.0
@@ -92,6 +93,9 @@ def _claims(inv: Inventory) -> list[tuple[str, str, list[tuple[str, str]], dict[
         ("mig", "10000000-0000-4000-8000-000000000002", [("mig", mig_device_name(mig_gpu, mig))], None),
         ("timeslice", "10000000-0000-4000-8000-000000000003", [("gpu", gpu_device_name(shared))], TIMESLICE),
         ("mps", "10000000-0000-4000-8000-000000000004", [("gpu", gpu_device_name(mps))], MPS),
+        # A multi-user MPS daemon on another MIG device of the MIG GPU (isolated from the first one).
+        ("mps-multi", "10000000-0000-4000-8000-000000000005", [("mig", mig_device_name(mig_gpu, mig_gpu.mig_devices[1]))],
+         MPS_MULTI),
     ]
 
 
@@ -142,10 +146,9 @@ def test_every_claim_prepares_and_the_tools_ran_cleanly(box: Box, sim_inventory:
     smi = [c for c in calls if " argv=" in c and "nvidia-smi compute-policy" in c]
     assert len(smi) == 1 and smi[0].endswith(f"-i {shared.uuid} --set-timeslice 3 result=ok"), calls
     # The MPS daemon got the claim's limits from the control client, both run from the driver root.
-    (log,) = Path(box.report["mpsRoot"]).glob("*/log/control.log")
-    daemon = log.read_text().splitlines()
+    daemon = (Path(box.report["mpsRoot"]) / box.claims["mps"][0] / "log" / "control.log").read_text().splitlines()
     mps_gpu = sim_inventory.gpus[3]
-    assert f"[daemon] started devices={mps_gpu.uuid}" in daemon
+    assert f"[daemon] started devices={mps_gpu.uuid} user=0" in daemon
     assert "[daemon] set_default_active_thread_percentage 40" in daemon
     assert f"[daemon] set_default_device_pinned_mem_limit {mps_gpu.uuid} 2048M" in daemon
 
@@ -180,12 +183,20 @@ def test_specs_name_only_nodes_the_node_has(box: Box) -> None:
 
 def _run(runtime: Any, name: str, ids: list[str]) -> tuple[int, str]:
     runtime.run(ContainerRequest(name, (CUDA_PROBE,), {}, tuple(ids)))
-    deadline = time.monotonic() + DEADLINE
-    while runtime.status(name).running:
-        assert time.monotonic() < deadline, f"{name} still running"
-        time.sleep(0.1)
+    return _exited(runtime, name)
+
+
+def _exited(runtime: Any, name: str) -> tuple[int, str]:
+    _until(lambda: not runtime.status(name).running, f"{name} still running")
     status = runtime.status(name)
     return int(status.exit_code or 0), runtime.logs(name)
+
+
+def _until(condition: Any, what: Any) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        assert time.monotonic() < deadline, what() if callable(what) else what
+        time.sleep(0.1)
 
 
 def test_cuda_in_the_container_sees_exactly_its_devices(box: Box, built: Built, sim_inventory: Inventory) -> None:
@@ -208,12 +219,70 @@ def test_cuda_in_the_container_sees_exactly_its_devices(box: Box, built: Built, 
         lines = out.splitlines()
         assert lines[:2] == ["libcuda /usr/lib/x86_64-linux-gnu/libcuda.so.1", f"device 0 minor {mig_gpu.minor}"]
         assert sorted(lines[2:]) == sorted([f"mig-cap {gi}", f"mig-cap {ci}"])
-        # The shared GPUs' claims too: each container finds exactly its GPU.
-        for claim, gpu in (("timeslice", sim_inventory.gpus[2]), ("mps", sim_inventory.gpus[3])):
+        # The shared GPUs' claims too: each container finds exactly its GPU; the MPS one is a client of its
+        # claim's daemon (a root container: the root server).
+        for claim, gpu, mps in (("timeslice", sim_inventory.gpus[2], []), ("mps", sim_inventory.gpus[3], ["mps server uid 0"])):
             code, out = _run(runtime, claim, results[claim]["cdiIds"])
             assert code == 0, out
-            assert out.splitlines() == ["libcuda /usr/lib/x86_64-linux-gnu/libcuda.so.1", f"device 0 minor {gpu.minor}"]
+            assert out.splitlines() == ["libcuda /usr/lib/x86_64-linux-gnu/libcuda.so.1", f"device 0 minor {gpu.minor}", *mps]
     finally:
+        runtime.close()
+
+
+def test_mps_clients_of_other_users(box: Box, built: Built) -> None:
+    """Containers running as non-root UIDs connect to their claim's MPS daemon through the pipe directory (mounted
+    read-only); the default daemon serves one UID at a time, as the real one: a client of a second UID is queued
+    until the first UID's clients are gone; the multi-user daemon (multiUser) serves both at once from its root
+    server; and a tenant cannot control the daemon (raise its limits), root can."""
+    require_podman()
+    runtimes = Runtimes(box.tmp / "runtime-mps")
+    add_program(runtimes.rootfs, built.cuda_probe, CUDA_PROBE)
+    runtime = runtimes.for_node(NODE, box.tmp / "cdi")
+    hold = box.tmp / "hold"
+    hold.mkdir(mode=0o777)
+    hold.chmod(0o777)
+    results = box.report["results"]
+    log = Path(box.report["mpsRoot"]) / box.claims["mps"][0] / "log" / "control.log"
+
+    def client(name: str, claim: str, user: str) -> None:
+        (hold / name).write_text("")
+        runtime.run(ContainerRequest(name, (CUDA_PROBE, "--hold-while", f"/hold/{name}"), {}, tuple(results[claim]["cdiIds"]),
+                                     mounts=((str(hold), "/hold", True),), user=user))
+
+    def served(name: str, uid: int) -> bool:
+        return f"mps server uid {uid}" in runtime.logs(name)
+
+    try:
+        client("a", "mps", "1000:1000")
+        _until(lambda: served("a", 1000), lambda: runtime.logs("a"))
+        client("b", "mps", "2000:2000")
+        _until(lambda: "from user 2000: server of user 1000 is busy" in log.read_text(), lambda: log.read_text())
+        assert runtime.status("b").running and "mps server" not in runtime.logs("b")
+        (hold / "a").unlink()
+        assert _exited(runtime, "a")[0] == 0
+        _until(lambda: served("b", 2000), lambda: runtime.logs("b") + log.read_text())
+        (hold / "b").unlink()
+        assert _exited(runtime, "b")[0] == 0
+
+        client("c", "mps-multi", "1000:1000")
+        client("d", "mps-multi", "2000:2000")
+        _until(lambda: served("c", 0) and served("d", 0), lambda: runtime.logs("c") + runtime.logs("d"))
+        assert runtime.status("c").running and runtime.status("d").running  # both at once
+        for name in ("c", "d"):
+            (hold / name).unlink()
+            assert _exited(runtime, name)[0] == 0
+
+        raise_limit = ("sh", "-c", "echo set_default_active_thread_percentage 100 | nvidia-cuda-mps-control")
+        runtime.run(ContainerRequest("tenant", raise_limit, {}, tuple(results["mps"]["cdiIds"]), user="1000:1000"))
+        code, out = _exited(runtime, "tenant")
+        assert code == 1 and "only root or the user running the MPS control daemon" in out, out
+        query = ("sh", "-c", "echo get_default_active_thread_percentage | nvidia-cuda-mps-control")
+        runtime.run(ContainerRequest("admin", query, {}, tuple(results["mps"]["cdiIds"])))
+        code, out = _exited(runtime, "admin")
+        assert code == 0 and out.split() == ["40"], out
+    finally:
+        for name in list(p.name for p in hold.iterdir()):
+            (hold / name).unlink()
         runtime.close()
 
 
