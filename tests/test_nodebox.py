@@ -281,8 +281,8 @@ def test_mps_clients_of_other_users(box: Box, built: Built) -> None:
         code, out = _exited(runtime, "admin")
         assert code == 0 and out.split() == ["40"], out
     finally:
-        for name in list(p.name for p in hold.iterdir()):
-            (hold / name).unlink()
+        for held in list(hold.iterdir()):
+            held.unlink()
         runtime.close()
 
 
