@@ -381,6 +381,35 @@ print(json.dumps(out))
     assert out["again"] is False  # nothing at placement 1: destroying what is gone is not an error
 
 
+def test_debian_driver_is_found_through_the_roots_ld_so_cache(built: Built, sim_inventory: Inventory) -> None:
+    """Debian's packages keep the driver in /usr/lib/x86_64-linux-gnu/nvidia/current, which only the root's
+    ld.so.cache (built by glibc's ldconfig) names: found there; without the cache the standard directories are
+    searched and it is not found (the error names them); a corrupt cache is warned about, naming the file."""
+    from driver import driverfiles
+    from driver.driverroot import DriverRoot, DriverRootError
+
+    version = sim_inventory.driver_version
+    with short_tmp() as tmp:
+        inst = install(tmp / "host", LAYOUTS["debian"], built, profile=PROFILE, node=NODE, version=version)
+        root = DriverRoot(inst.root)
+        assert root.find_library() == inst.lib_dir / f"libnvidia-ml.so.{version}"
+        files = driverfiles.discover(inst.root, version, host_root=str(inst.root))
+        mounts = {m.container_path: m.host_path for m in files.mounts}
+        assert mounts["/usr/lib/x86_64-linux-gnu/libcuda.so.1"] == str(inst.lib_dir / f"libcuda.so.{version}")
+        assert not any("libc.so" in p for p in mounts)  # the host's libc is not a driver library
+        cache = inst.root / "etc" / "ld.so.cache"
+        good = cache.read_bytes()
+        cache.unlink()
+        with pytest.raises(DriverRootError, match="libnvidia-ml.so.1 was not found under the driver root .*usr/lib64"):
+            root.find_library()
+        assert any("no driver" in n for n in driverfiles.discover(inst.root, version).notes)
+        cache.write_bytes(good[:100])
+        notes = driverfiles.discover(inst.root, version).notes
+        assert any(n.startswith(f"{cache}: not a dynamic-linker cache glibc wrote: ") and "do not fit" in n for n in notes), notes
+        with pytest.raises(DriverRootError):
+            root.find_library()
+
+
 @pytest.mark.parametrize("profile", ["dgx-h100", "gb200-nvl", "h100-mig", "t4-1", "v100-4"])
 def test_the_mock_answers_as_the_simulator_for_other_profiles(profile: str, built: Built) -> None:
     """NVLink peers and NVSwitches (DGX H100), an NVLink fabric (GB200), MIG on H100, GPUs without MIG."""
