@@ -341,6 +341,83 @@ def test_plugin_process_with_real_nvml_publishes_and_prepares(layout: str, built
             stop_process(plugin)
 
 
+MIG_PARTED = r"""
+import json, sys
+from pathlib import Path
+from driver import miginstances
+from driver.nvml import load_backend
+nvml = load_backend("real", driver_root=Path(sys.argv[1]))
+gpu = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(0))
+profile, start, size, action = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+if action == "destroy":
+    print(json.dumps(miginstances.destroy(nvml, gpu, profile, start)))
+else:
+    print(json.dumps(miginstances.create(nvml, gpu, profile, start, size).uuid))
+"""
+
+
+def test_a_mig_relayout_by_another_process_is_republished(built: Built, apiserver: Any) -> None:
+    """A mig-parted-like process re-lays out MIG under the running agent (the mock's MIG state is the node's, kept
+    in a locked state file): the agent's rediscovery republishes the slices without the destroyed device and
+    with the recreated one, and the claim prepared on a surviving MIG device stays prepared."""
+    from sim.kubelet.dra import ClaimInfo, KubeletSim
+    from tests.plugin_helpers import DRIVER, NODE as POOL, create_allocated_claim, stop_process
+
+    inventory = discover(load_backend(f"sim:{PROFILE}", node=POOL), POOL)
+    gpu = inventory.gpus[0]
+    gone = next(m for m in gpu.mig_devices if m.placement.start == 3)
+    kept = next(m for m in gpu.mig_devices if m is not gone)
+    profile_id = next(p.profile_id for p in gpu.mig_profiles if p.name == gone.profile)
+    with short_tmp() as tmp:
+        inst = install(tmp / "host", LAYOUTS["rhel"], built, profile=PROFILE, node=POOL, version=inventory.driver_version)
+        proc = _proc(tmp, uvm=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
+        with open(tmp / "plugin.log", "wb") as log:
+            plugin = subprocess.Popen(
+                [sys.executable, "-m", "cli.main", "plugin", "--node", POOL, "--nvml", "real",
+                 "--driver-root", str(inst.root), "--host-driver-root", str(inst.root), "--proc-root", str(proc),
+                 "--kubeconfig", str(apiserver.kubeconfig), "--kubelet-dir", str(tmp / "kubelet"),
+                 "--cdi-dir", str(tmp / "cdi"), "--log-level", "WARNING", "--rediscover-seconds", "0.5"],
+                env=env, stdout=subprocess.DEVNULL, stderr=log,
+            )
+        kubelet = KubeletSim(tmp / "kubelet")
+
+        def published() -> list[str]:
+            slices, _ = apiserver.api.list("ResourceSlice")
+            return sorted(d["name"] for s in slices if s["spec"].get("nodeName") == POOL for d in s["spec"].get("devices", []))
+
+        def mig_parted(action: str) -> Any:
+            done = subprocess.run([sys.executable, "-c", MIG_PARTED, str(inst.root), str(profile_id),
+                                   str(gone.placement.start), str(gone.placement.size), action],
+                                  capture_output=True, text=True, timeout=120, env=env)
+            assert done.returncode == 0, done.stderr
+            return json.loads(done.stdout)
+
+        try:
+            registered = kubelet.wait_for_plugin(DRIVER, timeout=DEADLINE)
+            names = [mig_device_name(gpu, m) for m in gpu.mig_devices]
+            _until(lambda: set(names) <= set(published()), lambda: (published(), (tmp / "plugin.log").read_text()))
+            claim = create_allocated_claim(apiserver.api, "kept", [("mig", mig_device_name(gpu, kept))])
+            uid = claim["metadata"]["uid"]
+            ref = ClaimInfo("default", uid, "kept")
+            assert [d.device_name for d in registered.prepare([ref])[uid]] == [mig_device_name(gpu, kept)]
+
+            assert mig_parted("destroy") is True
+            _until(lambda: mig_device_name(gpu, gone) not in published(), lambda: published())
+            assert mig_device_name(gpu, kept) in published()
+            # The claim on the surviving device is still prepared: its spec is there, prepare answers from the
+            # checkpoint with the same device.
+            assert (tmp / "cdi" / f"k8s.gpu.nvidia.com-claim_{uid}.json").is_file()
+            assert [d.device_name for d in registered.prepare([ref])[uid]] == [mig_device_name(gpu, kept)]
+
+            assert mig_parted("create") == gone.uuid
+            _until(lambda: mig_device_name(gpu, gone) in published(), lambda: published())
+            assert plugin.poll() is None, (tmp / "plugin.log").read_text()  # a re-layout is no driver change
+        finally:
+            kubelet.close()
+            stop_process(plugin)
+
+
 def test_mig_instances_are_created_and_destroyed_through_pynvml_on_the_mock(built: Built, sim_inventory: Inventory) -> None:
     """What partitionable MIG (driver.miginstances) does, on the mock: destroy, create at a placement, refuse an
     overlap, and discovery seeing each layout; in a process of its own (one NVML per process)."""
