@@ -200,7 +200,8 @@ class NvidiaTools:
         return self._run([MPS_CONTROL], env=dirs.env(), stdin=command + "\n")
 
     def mps_stop(self, dirs: MpsDirs) -> None:
-        self._run([MPS_CONTROL], env=dirs.env(), stdin="quit\n")
+        if control_socket_alive(dirs.pipe):  # nothing to stop otherwise
+            self._run([MPS_CONTROL], env=dirs.env(), stdin="quit\n")
 
     def mps_running(self, dirs: MpsDirs) -> bool:
         return control_socket_alive(dirs.pipe)

@@ -298,8 +298,8 @@ def undo(
     if config is None or config.sharing is None:
         return notes
     if config.sharing.strategy is SharingStrategy.MPS and mps is not None:
-        if backend.mps_running(mps):
-            backend.mps_stop(mps)
+        # Whether or not it listens: a daemon pod that never came up is deleted all the same.
+        backend.mps_stop(mps)
         shutil.rmtree(mps.pipe, ignore_errors=True)
         shutil.rmtree(mps.log, ignore_errors=True)
         shutil.rmtree(mps.shm, ignore_errors=True)

@@ -187,6 +187,18 @@ def test_a_daemon_pod_that_never_listens_names_the_pod(api: Any, tmp: Path) -> N
                                            ".*control.* \\(it has no pod yet\\); the kubelet retries"):
         pods.start(dirs, ["GPU-a"])
         pods.wait(dirs)
+    # The claim's rollback stops it all the same: the Deployment of a daemon that never listened is deleted too.
+    assert api.try_get("Deployment", pod_name(NODE, dirs), settings.namespace) is not None
+
+    class Backend:
+        set_compute_mode = staticmethod(lambda uuid, mode: None)
+        set_timeslice = staticmethod(lambda uuid, level: None)
+        mps_stop = staticmethod(pods.stop)
+        mps_running = staticmethod(pods.running)
+
+    config = parse({"apiVersion": "gpu.nvidia.com/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}})
+    sharing.undo(Backend(), config, set(), [sharing.SharedDevice(uuid="GPU-a", gpu_uuid="GPU-a", gpu_index=0)], dirs)
+    assert api.try_get("Deployment", pod_name(NODE, dirs), settings.namespace) is None
 
 
 def test_links_planted_in_the_daemon_dirs_are_never_followed(tmp: Path) -> None:

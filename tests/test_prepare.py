@@ -51,7 +51,7 @@ class RecordingSharing:
         return ""
 
     def mps_stop(self, dirs: MpsDirs) -> None:
-        del self.mps[dirs.pipe]
+        self.mps.pop(dirs.pipe, None)
 
     def mps_running(self, dirs: MpsDirs) -> bool:
         return dirs.pipe in self.mps

@@ -399,7 +399,8 @@ class SimulatedNvml:
             return reply
 
     def mps_stop(self, dirs: MpsDirs) -> None:
-        self.mps_command(dirs, "quit")
+        if self.mps_running(dirs):  # nothing to stop otherwise
+            self.mps_command(dirs, "quit")
 
     def mps_running(self, dirs: MpsDirs) -> bool:
         with self._lock:
