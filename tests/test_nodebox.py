@@ -189,7 +189,7 @@ def _run(runtime: Any, name: str, ids: list[str]) -> tuple[int, str]:
 def _exited(runtime: Any, name: str) -> tuple[int, str]:
     _until(lambda: not runtime.status(name).running, f"{name} still running")
     status = runtime.status(name)
-    return int(status.exit_code or 0), runtime.logs(name)
+    return int(status.exit_code or 0), runtime.logs(name) + (f"\n[runtime: {status.error}]" if status.error else "")
 
 
 def _until(condition: Any, what: Any) -> None:
@@ -259,10 +259,12 @@ def test_mps_clients_of_other_users(box: Box, built: Built) -> None:
         _until(lambda: "from user 2000: server of user 1000 is busy" in log.read_text(), lambda: log.read_text())
         assert runtime.status("b").running and "mps server" not in runtime.logs("b")
         (hold / "a").unlink()
-        assert _exited(runtime, "a")[0] == 0
+        code, out = _exited(runtime, "a")
+        assert code == 0, out
         _until(lambda: served("b", 2000), lambda: runtime.logs("b") + log.read_text())
         (hold / "b").unlink()
-        assert _exited(runtime, "b")[0] == 0
+        code, out = _exited(runtime, "b")
+        assert code == 0, out
 
         client("c", "mps-multi", "1000:1000")
         client("d", "mps-multi", "2000:2000")
@@ -270,7 +272,8 @@ def test_mps_clients_of_other_users(box: Box, built: Built) -> None:
         assert runtime.status("c").running and runtime.status("d").running  # both at once
         for name in ("c", "d"):
             (hold / name).unlink()
-            assert _exited(runtime, name)[0] == 0
+            code, out = _exited(runtime, name)
+            assert code == 0, out
 
         raise_limit = ("sh", "-c", "echo set_default_active_thread_percentage 100 | nvidia-cuda-mps-control")
         runtime.run(ContainerRequest("tenant", raise_limit, {}, tuple(results["mps"]["cdiIds"]), user="1000:1000"))
