@@ -49,6 +49,9 @@ CAPS_MAJOR = 238
 UVM_MAJOR = 237
 DEADLINE = 60.0
 CUDA_PROBE = "/usr/local/bin/cudaprobe"
+# Non-root container users no account on a CI machine has (a process of the same UID elsewhere on the host could
+# signal the containers' processes, and shares their RLIMIT_NPROC).
+USER_A, USER_B = 41001, 41002
 
 
 @pytest.fixture(scope="session")
@@ -244,6 +247,7 @@ def test_mps_clients_of_other_users(box: Box, built: Built) -> None:
     results = box.report["results"]
     log = Path(box.report["mpsRoot"]) / box.claims["mps"][0] / "log" / "control.log"
 
+    # Container names podman cannot take for an ID prefix (an all-hex name like "a" can remove another container).
     def client(name: str, claim: str, user: str) -> None:
         (hold / name).write_text("")
         runtime.run(ContainerRequest(name, (CUDA_PROBE, "--hold-while", f"/hold/{name}"), {}, tuple(results[claim]["cdiIds"]),
@@ -253,30 +257,31 @@ def test_mps_clients_of_other_users(box: Box, built: Built) -> None:
         return f"mps server uid {uid}" in runtime.logs(name)
 
     try:
-        client("a", "mps", "1000:1000")
-        _until(lambda: served("a", 1000), lambda: runtime.logs("a"))
-        client("b", "mps", "2000:2000")
-        _until(lambda: "from user 2000: server of user 1000 is busy" in log.read_text(), lambda: log.read_text())
-        assert runtime.status("b").running and "mps server" not in runtime.logs("b")
-        (hold / "a").unlink()
-        code, out = _exited(runtime, "a")
+        client("client-a", "mps", f"{USER_A}:{USER_A}")
+        _until(lambda: served("client-a", USER_A), lambda: runtime.logs("client-a"))
+        client("client-b", "mps", f"{USER_B}:{USER_B}")
+        _until(lambda: f"from user {USER_B}: server of user {USER_A} is busy" in log.read_text(),
+               lambda: f"{log.read_text()}\na: {runtime.status('client-a')} {runtime.logs('client-a')}")
+        assert runtime.status("client-b").running and "mps server" not in runtime.logs("client-b")
+        (hold / "client-a").unlink()
+        code, out = _exited(runtime, "client-a")
         assert code == 0, out
-        _until(lambda: served("b", 2000), lambda: runtime.logs("b") + log.read_text())
-        (hold / "b").unlink()
-        code, out = _exited(runtime, "b")
+        _until(lambda: served("client-b", USER_B), lambda: runtime.logs("client-b") + log.read_text())
+        (hold / "client-b").unlink()
+        code, out = _exited(runtime, "client-b")
         assert code == 0, out
 
-        client("c", "mps-multi", "1000:1000")
-        client("d", "mps-multi", "2000:2000")
-        _until(lambda: served("c", 0) and served("d", 0), lambda: runtime.logs("c") + runtime.logs("d"))
-        assert runtime.status("c").running and runtime.status("d").running  # both at once
-        for name in ("c", "d"):
+        client("client-c", "mps-multi", f"{USER_A}:{USER_A}")
+        client("client-d", "mps-multi", f"{USER_B}:{USER_B}")
+        _until(lambda: served("client-c", 0) and served("client-d", 0), lambda: runtime.logs("client-c") + runtime.logs("client-d"))
+        assert runtime.status("client-c").running and runtime.status("client-d").running  # both at once
+        for name in ("client-c", "client-d"):
             (hold / name).unlink()
             code, out = _exited(runtime, name)
             assert code == 0, out
 
         raise_limit = ("sh", "-c", "echo set_default_active_thread_percentage 100 | nvidia-cuda-mps-control")
-        runtime.run(ContainerRequest("tenant", raise_limit, {}, tuple(results["mps"]["cdiIds"]), user="1000:1000"))
+        runtime.run(ContainerRequest("tenant", raise_limit, {}, tuple(results["mps"]["cdiIds"]), user=f"{USER_A}:{USER_A}"))
         code, out = _exited(runtime, "tenant")
         assert code == 1 and "only root or the user running the MPS control daemon" in out, out
         query = ("sh", "-c", "echo get_default_active_thread_percentage | nvidia-cuda-mps-control")
