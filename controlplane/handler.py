@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 import select
@@ -47,6 +48,7 @@ _WRITE_TIMEOUT_S = 30.0
 _LINGER_S = 2.0  # a refused request's unread body is read and dropped until the client is silent this long
 _LINGER_MAX_BYTES = 64 * 1024 * 1024
 _DIGITS = re.compile(r"^[0-9]+$")
+_POD_CONNECT = frozenset({"exec", "attach", "portforward"})
 
 
 class SocketWriter:
@@ -394,6 +396,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         attrs = filters.resource_attributes(user, method, route.rt, route.namespace, route.name,
                                             route.subresource, query)
         authorizer.require(attrs)
+        if (route.subresource in _POD_CONNECT and route.rt.kind == "Pod" and not route.rt.group
+                and self.ctx.security.connect_requires_create and attrs.verb != "create"):
+            # The pod registry's Connect: a WebSocket upgrade is a GET, authorized above as `get`; it must also
+            # be allowed to `create`, as the SPDY POST is.
+            authorizer.require(dataclasses.replace(attrs, verb="create"))
         dry_run = query.get("dryRun", "")
         if dry_run not in ("", "All"):
             raise st.bad_request(f"dryRun: Unsupported value: {json.dumps(dry_run)}: supported values: \"All\"")
