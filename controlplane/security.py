@@ -35,6 +35,8 @@ class Security:
     # kube-apiserver's old insecure port: a request with no credentials is the admin (tests and library use);
     # every program (apiserver, demo, cluster) runs with it off, where such a request is system:anonymous.
     unauthenticated_as_admin: bool
+    # AuthorizePodWebsocketUpgradeCreatePermission: connecting to a pod needs `create` whatever the method.
+    connect_requires_create: bool = False
 
 
 def _types(registry: Registry, *kinds: str) -> list[ResourceType]:
@@ -96,7 +98,8 @@ def build_security(store: Store, registry: Registry, features: Features, *,
     webhooks = WebhookPlugin(hook_version, hook_load, namespace, expressions)
     plugins.append(webhooks)
     return Security(TokenAuthenticator(token_key, admin_token), authorizer, rbac, AdmissionChain(plugins), webhooks,
-                    AccountLookup(store, registry), unauthenticated_as_admin)
+                    AccountLookup(store, registry), unauthenticated_as_admin,
+                    features.pod_websocket_create_permission)
 
 
 def ensure_bootstrap_policy(store: Store, registry: Registry) -> None:
