@@ -16,6 +16,7 @@ from controller.validationhooks import validation_admission
 from controlplane import EmbeddedApiServer
 from controlplane.persistence import StateFileError
 from controlplane.resources import known_group_versions
+from controlplane.tls import read_ca_bundle
 from controlplane.runtimeconfig import RuntimeConfig, RuntimeConfigError
 from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, Features, check_version
 from controlplane.podlogs import PodLogsDir
@@ -48,6 +49,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-dir", metavar="DIR",
                         help="keep the CA and serving certificate in DIR (made if missing) so clients keep trusting "
                              "the server across restarts")
+    parser.add_argument("--client-ca-file", metavar="FILE",
+                        help="over HTTPS, authenticate client certificates signed by a CA in FILE (PEM): the CN is the "
+                             "user, each O a group, as kube-apiserver's flag (default: the server's own CA)")
     parser.add_argument("--unauthenticated-as-admin", action=argparse.BooleanOptionalAction, default=True,
                         help="serve a request without credentials as the admin, as kube-apiserver's old insecure "
                              "localhost port did (default: on, because kubectl sends no credentials over plain HTTP); "
@@ -92,12 +96,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpu-dra apiserver: --token-key {args.token_key}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     try:
+        client_ca = read_ca_bundle(Path(args.client_ca_file)) if args.client_ca_file else None
+    except ValueError as exc:
+        print(f"gpu-dra apiserver: --client-ca-file {exc}", file=sys.stderr)
+        return 2
+    try:
         server = EmbeddedApiServer(args.address, args.port, state_file=args.state,
                                    admission=validation_admission(args.driver_name, version), kubernetes_version=version,
                                    runtime_config=runtime_config, features=features,
                                    unauthenticated_as_admin=args.unauthenticated_as_admin,
                                    expressions=PolicyEnvironment(), token_key=token_key, tls=args.tls,
-                                   tls_port=args.tls_port, tls_dir=args.tls_dir)
+                                   tls_port=args.tls_port, tls_dir=args.tls_dir, client_ca=client_ca)
         if args.pod_logs_dir:
             server.pod_logs = PodLogsDir(Path(args.pod_logs_dir).absolute())
         url = server.start()

@@ -14,20 +14,25 @@ from controlplane.authn import (
     TokenAuthenticator,
     Unauthorized,
     UserInfo,
+    certificate_user,
 )
 from controlplane.authn import AccountLookup
 from controlplane.authz.attributes import Attributes
 from controlplane.authz.chain import AuthorizerChain
 from controlplane.httphead import Headers
 from controlplane.resources import ResourceType
+from controlplane.tls import PeerIdentity
 
 _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 UNAUTHORIZED = st.StatusError(401, "Unauthorized", "Unauthorized")
 
 
 def authenticate(authorization: str | None, tokens: TokenAuthenticator, accounts: AccountLookup,
-                 unauthenticated_as_admin: bool) -> UserInfo:
-    """The user of a request; 401 when it presents a credential that is refused."""
+                 unauthenticated_as_admin: bool, peer: PeerIdentity | None = None) -> UserInfo:
+    """The user of a request; 401 when it presents a credential that is refused. `peer` is the connection's
+    verified client certificate, which wins over a token as x509 precedes the token authenticators."""
+    if peer is not None:
+        return certificate_user(peer.common_name, peer.organizations)
     if not authorization and unauthenticated_as_admin:
         return ADMIN
     try:

@@ -360,8 +360,10 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _authenticate(self) -> UserInfo:
         sec = self.ctx.security
         # The internal listener behind the TLS front requires credentials whatever the plain port does.
-        lenient = sec.unauthenticated_as_admin and not getattr(self.server, "requires_credentials", False)
-        return filters.authenticate(self.headers.get("Authorization"), sec.authenticator, sec.accounts, lenient)
+        strict = getattr(self.server, "requires_credentials", False)
+        peer = sec.client_identities(self.client_address) if strict else None
+        return filters.authenticate(self.headers.get("Authorization"), sec.authenticator, sec.accounts,
+                                    sec.unauthenticated_as_admin and not strict, peer)
 
     def _route(self, method: str, path: str, query: dict[str, str]) -> None:
         parts = [p for p in path.split("/") if p]

@@ -3,7 +3,7 @@ handler runs before the registry (kube-apiserver's filter chain, then its admiss
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane import status as st
@@ -21,6 +21,7 @@ from controlplane.authz.node import NodeAuthorizer
 from controlplane.authz.rbac import RbacAuthorizer
 from controlplane.resources import Registry, ResourceType
 from controlplane.store import Filter, Store
+from controlplane.tls import ClientIdentities
 from gpudra.features import Features
 
 
@@ -35,6 +36,8 @@ class Security:
     # kube-apiserver's old insecure port: a request with no credentials is the admin (tests and library use);
     # every program (apiserver, demo, cluster) runs with it off, where such a request is system:anonymous.
     unauthenticated_as_admin: bool
+    # The verified client certificates of the connections the TLS front relays (controlplane.tls).
+    client_identities: ClientIdentities = field(default_factory=ClientIdentities)
 
 
 def _types(registry: Registry, *kinds: str) -> list[ResourceType]:
