@@ -19,6 +19,7 @@ from controlplane.crds import openapi as crd_openapi
 from controlplane.crds import serving as crd_serving
 from controlplane import status as st
 from controlplane import health, protobuf
+from controlplane.admission.chain import RequestAdmission
 from controlplane.admission.request import AdmissionRequest
 from controlplane.authn import UserInfo
 from controlplane.protobufbodies import protobuf_request, protobuf_response
@@ -409,12 +410,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         admission = self.ctx.security.admission
         operation = {"POST": "CREATE", "PUT": "UPDATE", "PATCH": "UPDATE", "DELETE": "DELETE"}.get(method, "")
 
-        def admit(rt: res.ResourceType, name: str, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
-            req = AdmissionRequest(user, operation, rt, route.namespace, name, route.subresource or "", attrs.verb,
-                                   bool(dry_run), authorizer)
-            admission.admit(req, obj, old, self._warnings)
+        def request(rt: res.ResourceType, name: str) -> AdmissionRequest:
+            return AdmissionRequest(user, operation, rt, route.namespace, name, route.subresource or "", attrs.verb,
+                                    bool(dry_run), authorizer, route.version or "")
 
-        self._admit = admit
+        self._admit = admit = RequestAdmission(admission, request, lambda: self._warnings)
         with store.admitting(admit):
             if dry_run:
                 with store.dry_run():

@@ -13,7 +13,7 @@ from controlplane.admission.claimstatus import ClaimStatusPlugin
 from controlplane.admission.noderestriction import NodeRestrictionPlugin
 from controlplane.admission.podspec import PodSpecPlugin
 from controlplane.admission.policy import Expressions, PolicyPlugin
-from controlplane.admission.webhook import WebhookPlugin
+from controlplane.admission.webhook import MutatingWebhookPlugin, WebhookPlugin
 from controlplane.authn import TokenAuthenticator
 from controlplane.authz.bootstrap import bootstrap_policy
 from controlplane.authz.chain import AuthorizerChain
@@ -32,6 +32,7 @@ class Security:
     rbac: RbacAuthorizer
     admission: AdmissionChain
     webhooks: WebhookPlugin
+    mutating_webhooks: MutatingWebhookPlugin
     accounts: AccountLookup
     # kube-apiserver's old insecure port: a request with no credentials is the admin (tests and library use);
     # every program (apiserver, demo, cluster) runs with it off, where such a request is system:anonymous.
@@ -98,8 +99,11 @@ def build_security(store: Store, registry: Registry, features: Features, *,
     hook_version, hook_load = lister("ValidatingWebhookConfiguration")
     webhooks = WebhookPlugin(hook_version, hook_load, namespace, expressions)
     plugins.append(webhooks)
-    return Security(TokenAuthenticator(token_key, admin_token), authorizer, rbac, AdmissionChain(plugins), webhooks,
-                    AccountLookup(store, registry), unauthenticated_as_admin)
+    mutating_version, mutating_load = lister("MutatingWebhookConfiguration")
+    mutating = MutatingWebhookPlugin(mutating_version, mutating_load, namespace, expressions)
+    return Security(TokenAuthenticator(token_key, admin_token), authorizer, rbac,
+                    AdmissionChain(plugins, [mutating]), webhooks, mutating, AccountLookup(store, registry),
+                    unauthenticated_as_admin)
 
 
 def ensure_bootstrap_policy(store: Store, registry: Registry) -> None:

@@ -112,6 +112,7 @@ class EmbeddedApiServer:
         # `<name>.<namespace>.svc`, as kube-apiserver's service resolver does.
         self.service_endpoints: dict[tuple[str, str], tuple[str, int]] = {}
         self.security.webhooks.resolve = self._resolve_service
+        self.security.mutating_webhooks.resolve = self._resolve_service
         self._stop = threading.Event()
         self._httpd: PooledHttpServer | None = None
         self.tls = tls
