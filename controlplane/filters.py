@@ -17,7 +17,8 @@ from controlplane.authn import (
     certificate_user,
 )
 from controlplane.authn import AccountLookup
-from controlplane.authz.attributes import Attributes
+from controlplane.admission.request import AuditAnnotations
+from controlplane.authz.attributes import Attributes, forbidden
 from controlplane.authz.chain import AuthorizerChain
 from controlplane.httphead import Headers
 from controlplane.resources import ResourceType
@@ -63,6 +64,17 @@ def impersonate(user: UserInfo, headers: Headers, authorizer: AuthorizerChain) -
     if name == ANONYMOUS_USER:
         return UserInfo(name, groups=groups or (UNAUTHENTICATED,))
     return UserInfo(name, groups=tuple(dict.fromkeys((*groups, AUTHENTICATED))))
+
+
+def authorize(authorizer: AuthorizerChain, a: Attributes, audit: AuditAnnotations | None) -> None:
+    """The authorization filter: kube-apiserver's 403 unless `a` is allowed, and the decision and its reason
+    as the request's audit annotations."""
+    verdict = authorizer.authorize(a)
+    if audit is not None:
+        audit.annotate("authorization.k8s.io/decision", "allow" if verdict.allowed else "forbid")
+        audit.annotate("authorization.k8s.io/reason", verdict.reason)
+    if not verdict.allowed:
+        raise forbidden(a, verdict.reason)
 
 
 def _field_equals(text: str | None) -> tuple[tuple[str, str], ...]:

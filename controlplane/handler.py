@@ -21,6 +21,7 @@ from controlplane import status as st
 from controlplane import health, protobuf
 from controlplane.admission.chain import RequestAdmission
 from controlplane.admission.request import AdmissionRequest
+from controlplane.audit.event import AuditEvent
 from controlplane.authn import UserInfo
 from controlplane.protobufbodies import protobuf_request, protobuf_response
 from controlplane.openapi import openapi_group_version, openapi_root, openapi_v2, openapi_v2_protobuf
@@ -85,6 +86,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     wfile: SocketWriter  # type: ignore[assignment]
     headers: httphead.Headers  # type: ignore[assignment]
     _ctx: ServerContext
+    _audit: AuditEvent | None = None  # the request's audit event (controlplane.audit), when one is recorded
 
     @classmethod
     def for_connection(cls, conn: Any, server: Any, ctx: ServerContext) -> ApiHandler:
@@ -156,7 +158,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         return  # per-request access logs would swamp the structured logs of the processes using us
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        return  # as log_message, without formatting a line for nobody
+        # No access log (as log_message); a long-running response's audit event is at ResponseStarted.
+        if self._audit is not None:
+            self._audit.started(code)
 
     # ----- plumbing ------------------------------------------------------------------------------------------
 
@@ -173,6 +177,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         head = (f"HTTP/1.1 {code} {self.responses.get(code, ('',))[0]}\r\n"
                 f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
                 f"Cache-Control: no-cache, private\r\n{warnings}{self._connection_header()}\r\n").encode()
+        if self._audit is not None:
+            self._audit.respond(code, body, content_type)
         self.wfile.write(head + body)
         self.log_request(code)
 
@@ -266,6 +272,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         self._protobuf_out = False
+        self._audit = None
         try:
             if self.path.startswith("/") and "#" not in self.path:
                 path, _, raw_query = self.path.partition("?")  # what urlsplit gives for an origin-form target
@@ -284,6 +291,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         except Exception as exc:  # a bad request must never take the server down
             self._drain()
             self._send_error(st.StatusError(500, "InternalError", f"internal error: {type(exc).__name__}: {exc}"))
+        if self._audit is not None:
+            self._audit.complete()
+            self._audit = None
 
     def _lingering_close(self) -> None:
         """After refusing a request whose body was not read (413, bad Content-Length): stop sending, then read
@@ -333,6 +343,8 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _body(self) -> Any:
         value = self._read_body()
         self._body_read = True
+        if self._audit is not None:
+            self._audit.request_object(value)
         return value
 
     def _stored(self, r: Route, body: Any, policy: FieldPolicy) -> Any:
@@ -370,16 +382,28 @@ class ApiHandler(BaseHTTPRequestHandler):
         parts = [p for p in path.split("/") if p]
         reg = self.ctx.registry
         authorizer = self.ctx.security.authorizer
-        self._user = user = filters.impersonate(self._authenticate(), self.headers, authorizer)
+        auditor = self.ctx.audit
+        try:
+            authenticated = self._authenticate()
+        except st.StatusError:
+            if auditor is not None:
+                auditor.failed_authentication(method, self.path, path, query, self.client_address[0], self.headers)
+            raise
+        if auditor is not None:
+            self._audit = auditor.begin(method, self.path, path, query, authenticated, self.client_address[0],
+                                        self.headers)
+        self._user = user = filters.impersonate(authenticated, self.headers, authorizer)
+        if self._audit is not None and user is not authenticated:
+            self._audit.impersonated(user)
         if method == "GET" and len(parts) == 1 and parts[0] in health.ENDPOINTS:
-            authorizer.require(filters.path_attributes(user, method, path))
+            filters.authorize(authorizer, filters.path_attributes(user, method, path), self._audit)
             code, text = health.report(parts[0], self.ctx.store.storage_failure, "verbose" in query)
             self._send(code, text, "text/plain; charset=utf-8")
             return
         if method == "GET":
             doc = self._discovery(parts, reg)
             if doc is not None:
-                authorizer.require(filters.path_attributes(user, method, path))
+                filters.authorize(authorizer, filters.path_attributes(user, method, path), self._audit)
                 if isinstance(doc, tuple):
                     self._send(200, doc[0], doc[1])
                 elif isinstance(doc, bytes):
@@ -396,7 +420,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         route = self._resolve(group, version, rest, path)
         attrs = filters.resource_attributes(user, method, route.rt, route.namespace, route.name,
                                             route.subresource, query)
-        authorizer.require(attrs)
+        filters.authorize(authorizer, attrs, self._audit)
         dry_run = query.get("dryRun", "")
         if dry_run not in ("", "All"):
             raise st.bad_request(f"dryRun: Unsupported value: {json.dumps(dry_run)}: supported values: \"All\"")
@@ -412,7 +436,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
         def request(rt: res.ResourceType, name: str) -> AdmissionRequest:
             return AdmissionRequest(user, operation, rt, route.namespace, name, route.subresource or "", attrs.verb,
-                                    bool(dry_run), authorizer, route.version or "")
+                                    bool(dry_run), authorizer, route.version or "", self._audit)
 
         self._admit = admit = RequestAdmission(admission, request, lambda: self._warnings)
         with store.admitting(admit):

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from controlplane.admission.policy import Expressions
+from controlplane.audit.event import Auditor
 from controlplane.crds.manager import DefinitionController
 from controlplane.handler import ApiHandler
 from controlplane.podlogs import PodLogSource
@@ -71,6 +72,8 @@ class EmbeddedApiServer:
     where credentials are always required: kubectl sends its token only there (controlplane/tls.py). There,
     client certificates signed by `client_ca` (PEM; kube-apiserver's --client-ca-file) authenticate their CN
     in their Os; without it, those the server's own CA signed do (`client_certificate`).
+    `audit` records the requests its policy selects (controlplane.audit; stopped, its log flushed, with the
+    server).
     `expressions` is the CEL engine ValidatingAdmissionPolicies are evaluated with (none: policies are stored
     but not enforced, which only library users without the controller package get)."""
 
@@ -83,7 +86,8 @@ class EmbeddedApiServer:
                  features: Features | None = None,
                  unauthenticated_as_admin: bool = True, expressions: Expressions | None = None,
                  token_key: bytes | None = None, tls: bool = False, tls_port: int = 0,
-                 tls_dir: str | Path | None = None, client_ca: bytes | None = None) -> None:
+                 tls_dir: str | Path | None = None, client_ca: bytes | None = None,
+                 audit: Auditor | None = None) -> None:
         """`runtime_config` is kube-apiserver's `--runtime-config` (GA versions only when None; the beta
         versions of resource.k8s.io and scheduling.k8s.io are off by default, as in 1.37); `features`, the
         feature gates (the release's defaults when None): gated types are served and gated fields kept only
@@ -121,6 +125,7 @@ class EmbeddedApiServer:
         self.tls_dir = Path(tls_dir) if tls_dir else None
         self.certificates: Certificates | None = None
         self.client_ca = client_ca
+        self.audit = audit
         self._strict_httpd: PooledHttpServer | None = None
         self._tls_front: TlsFront | None = None
         self._threads: list[threading.Thread] = []
@@ -270,6 +275,8 @@ class EmbeddedApiServer:
             self._strict_httpd.stop()
             self._strict_httpd = None
         self._httpd.stop()
+        if self.audit is not None:
+            self.audit.stop()
         self.store.close()
         for t in self._threads:
             t.join(timeout=5)

@@ -156,7 +156,8 @@ def load_or_make(directory: Path) -> Certificates:
     files = [directory / n for n in ("ca.crt", "tls.crt", "tls.key")]
     ca_key = directory / "ca.key"
     if all(f.exists() for f in files):
-        return Certificates(*(f.read_bytes() for f in files), ca_key.read_bytes() if ca_key.exists() else b"")
+        ca_pem, cert_pem, key_pem = (f.read_bytes() for f in files)
+        return Certificates(ca_pem, cert_pem, key_pem, ca_key.read_bytes() if ca_key.exists() else b"")
     certs = make_certificates()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     for f, data in zip([*files, ca_key], (certs.ca_pem, certs.cert_pem, certs.key_pem, certs.ca_key_pem)):

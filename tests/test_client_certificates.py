@@ -100,9 +100,9 @@ def _get(srv: EmbeddedApiServer, tmp: Path, path: str) -> tuple[int, dict[str, o
 def test_a_certificate_of_another_ca_is_refused(tmp_path: Path) -> None:
     other = make_certificates()
     cert, key = issue_client_certificate(other, "mallory", ("system:masters",))
-    with EmbeddedApiServer(tls=True, unauthenticated_as_admin=False) as srv:
-        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
-            _whoami(srv, tmp_path, cert, key)
+    with EmbeddedApiServer(tls=True, unauthenticated_as_admin=False) as srv, \
+            pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+        _whoami(srv, tmp_path, cert, key)
     # --client-ca-file: that other CA is trusted, the server's own is not.
     with EmbeddedApiServer(tls=True, unauthenticated_as_admin=False, client_ca=other.ca_pem) as srv:
         code, review = _whoami(srv, tmp_path, cert, key)

@@ -220,3 +220,37 @@ def test_match_policy_exact_names_the_request_version() -> None:
     assert rules_match(rules, req("v1")) is served_beta  # Equivalent: any version the resource is served in
     assert rules_match(rules, req("v1"), "Exact") is False
     assert rules_match(rules, req("v1beta2"), "Exact") is True
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def emit(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+
+
+def test_audit_annotations_of_webhooks(hook: Any) -> None:
+    from controlplane.audit.event import Auditor
+    from controlplane.audit.policy import parse_policy
+
+    sink = _Sink()
+    policy = parse_policy({"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "rules": [
+        {"level": "Request", "resources": [{"group": "", "resources": ["configmaps"]}]}]})
+    with EmbeddedApiServer(audit=Auditor(policy, sink)) as srv:
+        _create(srv, _config(hook, "a", "/label/a", reinvocationPolicy="IfNeeded"), _config(hook, "b", "/label/b"),
+                _config(hook, "v", "/allow", kind="Validating"))
+        assert call(srv, "POST", CMS, {"metadata": {"name": "x", "labels": {"a": "yes"}}})[0] == 201
+    complete = [e for e in sink.events if e["stage"] == "ResponseComplete" and e["verb"] == "create"
+                and e["objectRef"]["resource"] == "configmaps"][-1]
+    annotations = complete["annotations"]
+    assert json.loads(annotations["mutation.webhook.admission.k8s.io/round_0_index_0"]) == {
+        "configuration": "a", "webhook": "a-0.example.com", "mutated": False}
+    assert json.loads(annotations["mutation.webhook.admission.k8s.io/round_0_index_1"]) == {
+        "configuration": "b", "webhook": "b-0.example.com", "mutated": True}
+    assert json.loads(annotations["mutation.webhook.admission.k8s.io/round_1_index_0"])["mutated"] is False
+    assert json.loads(annotations["patch.webhook.admission.k8s.io/round_0_index_1"]) == {
+        "configuration": "b", "webhook": "b-0.example.com",
+        "patch": [{"op": "add", "path": "/metadata/labels/b", "value": "yes"}], "patchType": "JSONPatch"}
+    assert annotations["v-0.example.com/seen"] == "yes"  # a webhook's auditAnnotations, under its name
+    assert annotations["authorization.k8s.io/decision"] == "allow"
