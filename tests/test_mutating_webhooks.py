@@ -254,3 +254,24 @@ def test_audit_annotations_of_webhooks(hook: Any) -> None:
         "patch": [{"op": "add", "path": "/metadata/labels/b", "value": "yes"}], "patchType": "JSONPatch"}
     assert annotations["v-0.example.com/seen"] == "yes"  # a webhook's auditAnnotations, under its name
     assert annotations["authorization.k8s.io/decision"] == "allow"
+
+
+def test_a_validating_webhook_may_not_patch_and_failing_open_is_annotated(hook: Any) -> None:
+    from controlplane.audit.event import Auditor
+    from controlplane.audit.policy import parse_policy
+
+    sink = _Sink()
+    policy = parse_policy({"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "rules": [{"level": "Metadata"}]})
+    with EmbeddedApiServer(audit=Auditor(policy, sink)) as srv:
+        _create(srv, _config(hook, "patching", "/label/a", kind="Validating"))
+        code, body = call(srv, "POST", CMS, {"metadata": {"name": "x"}})
+        assert code == 500 and "validating webhooks may not return patches" in body["message"]
+        assert call(srv, "DELETE", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/patching")[0] == 200
+        down = _config(hook, "down", "/allow", failurePolicy="Ignore")
+        down["webhooks"][0]["clientConfig"]["url"] = "https://127.0.0.1:1/m"
+        _create(srv, down)
+        assert call(srv, "POST", CMS, {"metadata": {"name": "y"}})[0] == 201
+    complete = [e for e in sink.events if e["stage"] == "ResponseComplete" and e["verb"] == "create"
+                and e["objectRef"]["resource"] == "configmaps"][-1]
+    assert complete["annotations"]["failed-open.mutation.webhook.admission.k8s.io/round_0_index_0"] == "true"
+    assert "mutation.webhook.admission.k8s.io/round_0_index_0" not in complete["annotations"]

@@ -153,9 +153,11 @@ class _Webhooks:
         return True
 
     def _call(self, hook: dict[str, Any], req: AdmissionRequest, obj: dict[str, Any] | None,
-              old: dict[str, Any] | None, warnings: list[str]) -> dict[str, Any] | None:
-        """The webhook's allowing response; None when the call failed and failurePolicy is Ignore. A refusal
-        raises the webhook's status, a failed call under failurePolicy Fail a 500."""
+              old: dict[str, Any] | None, warnings: list[str], failed_open: str,
+              mutating: bool = False) -> dict[str, Any] | None:
+        """The webhook's allowing response (its patch decoded, for a mutating one); None when the call failed
+        and failurePolicy is Ignore (the audit annotation `failed_open` says so). A refusal raises the
+        webhook's status, a failed call under failurePolicy Fail a 500."""
         name = hook.get("name", "")
         if req.dry_run and hook.get("sideEffects") not in ("None", "NoneOnDryRun"):
             raise st.bad_request(f'admission webhook "{name}" does not support dry run')
@@ -165,11 +167,12 @@ class _Webhooks:
         timeout = int(hook.get("timeoutSeconds") or 10)
         try:
             response = call_webhook(hook.get("clientConfig") or {}, review, timeout, self.resolve)
-            patch = _patch_of(response)
+            patch = _patch_of(response, mutating)
         except WebhookCallError as exc:
             if (hook.get("failurePolicy") or "Fail") == "Fail":
                 raise st.StatusError(500, "InternalError", f'Internal error occurred: failed calling webhook '
                                                            f'"{name}": {exc}') from None
+            req.annotate(failed_open, "true")
             return None
         warnings.extend(str(w) for w in response.get("warnings") or ())
         for key, value in (response.get("auditAnnotations") or {}).items():
@@ -180,11 +183,14 @@ class _Webhooks:
         return response
 
 
-def _patch_of(response: dict[str, Any]) -> list[Any] | None:
-    """The response's JSON patch, decoded; a malformed one is an invalid response (failurePolicy applies)."""
+def _patch_of(response: dict[str, Any], mutating: bool) -> list[Any] | None:
+    """The response's JSON patch, decoded; a malformed one, or one from a validating webhook, is an invalid
+    response (failurePolicy applies)."""
     raw = response.get("patch")
     if not raw:
         return None
+    if not mutating:
+        raise WebhookCallError("received invalid webhook response: validating webhooks may not return patches")
     if response.get("patchType") is None:
         raise WebhookCallError("received invalid webhook response: webhook returned response.patch but not "
                                "response.patchType")
@@ -217,8 +223,9 @@ class WebhookPlugin(_Webhooks):
 
     def admit(self, req: AdmissionRequest, obj: dict[str, Any] | None, old: dict[str, Any] | None,
               warnings: list[str]) -> None:
-        for _, _, hook in self._matching(req, obj, old):
-            self._call(hook, req, obj, old, warnings)
+        for index, _, hook in self._matching(req, obj, old):
+            self._call(hook, req, obj, old, warnings,
+                       f"failed-open.validating.webhook.admission.k8s.io/round_0_index_{index}")
 
 
 class MutatingWebhookPlugin(_Webhooks):
@@ -229,45 +236,46 @@ class MutatingWebhookPlugin(_Webhooks):
         """Call the matching webhooks on `obj`, replacing its content by each patch's result; True when the
         object changed. A DELETE's webhooks may refuse it but have nothing to patch."""
         hooks = self._matching(req, obj, old)
-        if not hooks:
-            return False
         changed = False
         invoked: set[int] = set()  # IfNeeded webhooks called since the object last changed
         reinvoke: set[int] = set()
-        for round_, todo in ((0, hooks), (1, None)):
-            if todo is None:
-                todo = [h for h in hooks if h[0] in reinvoke]
-                if not todo:
-                    break
-            for index, config, hook in todo:
-                response = self._call(hook, req, obj, old, warnings)
-                if response is None:
-                    continue
-                mutated = False
-                patch = response["patch"]
-                if patch is not None and obj is not None:
-                    try:
-                        patched = json_patch(obj, patch)
-                    except PatchError as exc:
-                        raise st.StatusError(500, "InternalError", f"Internal error occurred: {exc}") from None
-                    if not isinstance(patched, dict):
-                        raise st.StatusError(500, "InternalError", "Internal error occurred: the patch of "
-                                                                   f'webhook "{hook.get("name", "")}" replaced the '
-                                                                   "object by a non-object")
-                    mutated = patched != obj
-                    if mutated:
-                        replace_content(obj, patched)
-                    key = f"round_{round_}_index_{index}"
-                    req.annotate(f"patch.webhook.admission.k8s.io/{key}", json.dumps(
-                        {"configuration": config, "webhook": hook.get("name", ""), "patch": patch,
-                         "patchType": "JSONPatch"}, separators=(",", ":")), "Request")
-                req.annotate(f"mutation.webhook.admission.k8s.io/round_{round_}_index_{index}", json.dumps(
-                    {"configuration": config, "webhook": hook.get("name", ""), "mutated": mutated},
-                    separators=(",", ":")))
-                if mutated:
-                    changed = True
-                    reinvoke |= invoked
-                    invoked = set()
-                if round_ == 0 and hook.get("reinvocationPolicy") == "IfNeeded":
-                    invoked.add(index)
+        for index, config, hook in hooks:
+            if self._invoke(0, index, config, hook, req, obj, old, warnings):
+                changed = True
+                reinvoke |= invoked
+                invoked = set()
+            if hook.get("reinvocationPolicy") == "IfNeeded":
+                invoked.add(index)
+        for index, config, hook in hooks:
+            if index in reinvoke:
+                changed = self._invoke(1, index, config, hook, req, obj, old, warnings) or changed
         return changed
+
+    def _invoke(self, round_: int, index: int, config: str, hook: dict[str, Any], req: AdmissionRequest,
+                obj: dict[str, Any] | None, old: dict[str, Any] | None, warnings: list[str]) -> bool:
+        """Call one webhook and apply its patch; True when the object changed."""
+        key = f"round_{round_}_index_{index}"
+        name = hook.get("name", "")
+        response = self._call(hook, req, obj, old, warnings, f"failed-open.mutation.webhook.admission.k8s.io/{key}",
+                              mutating=True)
+        if response is None:
+            return False
+        mutated = False
+        patch = response["patch"]
+        if patch is not None and obj is not None:
+            try:
+                patched = json_patch(obj, patch)
+            except PatchError as exc:
+                raise st.StatusError(500, "InternalError", f"Internal error occurred: {exc}") from None
+            if not isinstance(patched, dict):
+                raise st.StatusError(500, "InternalError", f'Internal error occurred: the patch of webhook "{name}" '
+                                                           "replaced the object by a non-object")
+            mutated = patched != obj
+            if mutated:
+                replace_content(obj, patched)
+            req.annotate(f"patch.webhook.admission.k8s.io/{key}", json.dumps(
+                {"configuration": config, "webhook": name, "patch": patch, "patchType": "JSONPatch"},
+                separators=(",", ":")), "Request")
+        req.annotate(f"mutation.webhook.admission.k8s.io/{key}", json.dumps(
+            {"configuration": config, "webhook": name, "mutated": mutated}, separators=(",", ":")))
+        return mutated
