@@ -139,8 +139,6 @@ class PolicyPlugin:
                            req: AdmissionRequest, fail: bool) -> None:
         """spec.auditAnnotations: `<policy>/<key>` for each valueExpression that gives a non-empty string
         (at most 10 KiB of it); one that fails to evaluate refuses the request under failurePolicy Fail."""
-        if req.audit is None:
-            return
         for annotation in spec.get("auditAnnotations") or ():
             expression = annotation.get("valueExpression", "")
             try:

@@ -10,11 +10,14 @@ import os
 import queue
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO, Any
 
 _STOP: Any = object()
-_BATCH = 512  # events encoded and written with one write()
+# The writer waits this long after an event before it writes what has come by then, in one write(): one
+# wake-up and one system call per batch rather than per event (kube-apiserver's batch mode waits up to 1 s).
+_LINGER_S = 0.05
 
 
 class LogBackend:
@@ -43,7 +46,9 @@ class LogBackend:
         encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
         while True:
             batch = [self._queue.get()]
-            while len(batch) < _BATCH:
+            if batch[0] is not _STOP:
+                time.sleep(_LINGER_S)
+            while True:
                 try:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:

@@ -6,9 +6,10 @@ who, what and outcome, Request also the request's body, RequestResponse also the
 
 from __future__ import annotations
 
-import datetime
 import json
-import uuid
+import os
+import random
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -25,8 +26,26 @@ class Sink(Protocol):
     def emit(self, event: dict[str, Any]) -> None: ...
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+class Clock:
+    """Event timestamps (RFC 3339, microseconds, UTC) and audit IDs (random UUIDs, version 4), made cheaply:
+    every request makes two timestamps and an ID, and os.urandom per ID would cost more than the rest of the
+    event. The IDs need to be unique, not unguessable."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._prefix = ""
+        self._random = random.Random(os.urandom(16))
+
+    def now(self) -> str:
+        t = time.time()
+        second = int(t)
+        if second != self._second:
+            self._second, self._prefix = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return f"{self._prefix}.{int((t - second) * 1e6):06d}Z"
+
+    def audit_id(self) -> str:
+        h = f"{self._random.getrandbits(128):032x}"
+        return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:32]}"
 
 
 def request_info(method: str, path: str, query: Mapping[str, str]) -> tuple[str, dict[str, str] | None]:
@@ -80,16 +99,17 @@ def _copy(value: Any, omit_managed_fields: bool) -> Any:
 class AuditEvent:
     """The event of one request; the handler tells it what happens, it emits a snapshot at each stage."""
 
-    def __init__(self, sink: Sink, level: str, omit: frozenset[str], omit_managed_fields: bool, verb: str,
-                 uri: str, ref: dict[str, str] | None, user: UserInfo | None, source_ip: str,
+    def __init__(self, sink: Sink, clock: Clock, level: str, omit: frozenset[str], omit_managed_fields: bool,
+                 verb: str, uri: str, ref: dict[str, str] | None, user: UserInfo | None, source_ip: str,
                  user_agent: str | None) -> None:
         self._sink = sink
+        self._clock = clock
         self.level = level
         self._omit = omit
         self._omit_managed = omit_managed_fields
         self.long_running = verb == "watch" or bool(ref and ref.get("subresource") in _LONG_RUNNING_SUBRESOURCES)
         self._fields: dict[str, Any] = {
-            "kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": level, "auditID": str(uuid.uuid4()),
+            "kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": level, "auditID": clock.audit_id(),
             "stage": "", "requestURI": uri, "verb": verb, "user": _user(user) if user is not None else {},
         }
         self._tail: dict[str, Any] = {"sourceIPs": [source_ip]}
@@ -97,7 +117,7 @@ class AuditEvent:
             self._tail["userAgent"] = user_agent
         if ref is not None:
             self._tail["objectRef"] = ref
-        self._received = _now()
+        self._received = clock.now()
         self._status: dict[str, Any] | None = None
         self._request_object: Any = None
         self._response_object: Any = None
@@ -169,7 +189,7 @@ class AuditEvent:
         if self._response_object is not None and stage == "ResponseComplete":
             event["responseObject"] = self._response_object
         event["requestReceivedTimestamp"] = self._received
-        event["stageTimestamp"] = _now() if stage != "RequestReceived" else self._received
+        event["stageTimestamp"] = self._clock.now() if stage != "RequestReceived" else self._received
         if self.annotations:
             event["annotations"] = dict(self.annotations)
         self._sink.emit(event)
@@ -193,6 +213,7 @@ class Auditor:
     def __init__(self, policy: Policy, sink: Sink) -> None:
         self.policy = policy
         self.sink = sink
+        self._clock = Clock()
 
     def begin(self, method: str, uri: str, path: str, query: Mapping[str, str], user: UserInfo | None,
               source_ip: str, headers: Any) -> AuditEvent | None:
@@ -206,7 +227,7 @@ class Auditor:
         decision = self.policy.evaluate(attrs)
         if decision.level == "None":
             return None
-        event = AuditEvent(self.sink, decision.level, decision.omit_stages, decision.omit_managed_fields, verb, uri,
+        event = AuditEvent(self.sink, self._clock, decision.level, decision.omit_stages, decision.omit_managed_fields, verb, uri,
                            ref, user, source_ip, headers.get("User-Agent"))
         if user is not None:
             event._emit("RequestReceived")
