@@ -49,13 +49,14 @@ class RequestAdmission:
         self._request = request
         self._warnings = warnings
 
+    def _mutating(self) -> bool:
+        return any(m.configured() for m in self._chain.mutators)
+
     def mutate(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> bool:
-        if not any(m.configured() for m in self._chain.mutators):
-            return False
-        return self._chain.mutate(self._request(rt, name), obj, old, self._warnings())
+        return self._mutating() and self._chain.mutate(self._request(rt, name), obj, old, self._warnings())
 
     def __call__(self, rt: ResourceType, name: str, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
         req = self._request(rt, name)
-        if obj is None and any(m.configured() for m in self._chain.mutators):  # a delete: mutating webhooks may refuse it too
+        if obj is None and self._mutating():  # a delete: its mutating webhooks may refuse it too
             self._chain.mutate(req, None, old, self._warnings())
         self._chain.admit(req, obj, old, self._warnings())
