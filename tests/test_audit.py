@@ -305,3 +305,28 @@ def test_cli_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(OSError, match="--audit-log-path .*file/a.log: "):
         _auditor(args(audit_policy_file=str(policy), audit_log_path=str(tmp_path / "file" / "a.log")))
+
+
+def test_rbac_allow_reason_names_the_binding_role_and_subject() -> None:
+    from controlplane.authn import UserInfo
+    from controlplane.authz.attributes import Attributes
+    from controlplane.authz.rbac import RbacIndex
+
+    role = {"metadata": {"name": "reader", "namespace": "team"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]}
+    cluster_role = {"metadata": {"name": "node-reader"},
+                    "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]}
+    rb = {"metadata": {"name": "read", "namespace": "team"}, "roleRef": {"kind": "Role", "name": "reader"},
+          "subjects": [{"kind": "User", "name": "bob"}, {"kind": "ServiceAccount", "name": "app"}]}
+    crb = {"metadata": {"name": "nodes"}, "roleRef": {"kind": "ClusterRole", "name": "node-reader"},
+           "subjects": [{"kind": "Group", "name": "ops"}]}
+    index = RbacIndex([role], [cluster_role], [rb], [crb])
+    app = UserInfo("system:serviceaccount:team:app", groups=("system:serviceaccounts",))
+    pods = Attributes(app, "get", api_group="", resource="pods", namespace="team")
+    assert index.allowed_by(app, "team", pods) == ('RBAC: allowed by RoleBinding "read/team" of Role "reader" to '
+                                                   'ServiceAccount "app/team"')
+    ops = UserInfo("carol", groups=("ops",))
+    nodes = Attributes(ops, "list", api_group="", resource="nodes")
+    assert index.allowed_by(ops, "", nodes) == ('RBAC: allowed by ClusterRoleBinding "nodes" of ClusterRole '
+                                                '"node-reader" to Group "ops"')
+    assert index.allowed_by(ops, "team", Attributes(ops, "get", resource="pods", namespace="team")) is None
