@@ -31,9 +31,12 @@ UNAUTHORIZED = st.StatusError(401, "Unauthorized", "Unauthorized")
 def authenticate(authorization: str | None, tokens: TokenAuthenticator, accounts: AccountLookup,
                  unauthenticated_as_admin: bool, peer: PeerIdentity | None = None) -> UserInfo:
     """The user of a request; 401 when it presents a credential that is refused. `peer` is the connection's
-    verified client certificate, which wins over a token as x509 precedes the token authenticators."""
-    if peer is not None:
+    client certificate: a verified one wins over a token, as x509 precedes the token authenticators; a refused
+    one is 401 unless a token authenticates (kube-apiserver's union, then fail-on-error before anonymous)."""
+    if peer is not None and not peer.refused:
         return certificate_user(peer.common_name, peer.organizations)
+    if peer is not None and not authorization:
+        raise UNAUTHORIZED
     if not authorization and unauthenticated_as_admin:
         return ADMIN
     try:

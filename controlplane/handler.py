@@ -387,7 +387,10 @@ class ApiHandler(BaseHTTPRequestHandler):
             authenticated = self._authenticate()
         except st.StatusError:
             if auditor is not None:
-                auditor.failed_authentication(method, self.path, path, query, self.client_address[0], self.headers)
+                presented = getattr(self.server, "requires_credentials", False) and \
+                    self.ctx.security.client_identities(self.client_address) is not None
+                auditor.failed_authentication(method, self.path, path, query, self.client_address[0], self.headers,
+                                              presented)
             raise
         if auditor is not None:
             self._audit = auditor.begin(method, self.path, path, query, authenticated, self.client_address[0],

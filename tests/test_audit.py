@@ -330,3 +330,22 @@ def test_rbac_allow_reason_names_the_binding_role_and_subject() -> None:
     assert index.allowed_by(ops, "", nodes) == ('RBAC: allowed by ClusterRoleBinding "nodes" of ClusterRole '
                                                 '"node-reader" to Group "ops"')
     assert index.allowed_by(ops, "team", Attributes(ops, "get", resource="pods", namespace="team")) is None
+
+
+def test_a_refused_certificate_is_audited_as_x509(sink: ListSink, tmp_path: Path) -> None:
+    import ssl
+
+    from controlplane.tls import issue_client_certificate, make_certificates
+
+    cert, key = issue_client_certificate(make_certificates(), "mallory")
+    (tmp_path / "c.crt").write_bytes(cert)
+    (tmp_path / "c.key").write_bytes(key)
+    with _server(sink, {"level": "Metadata"}, tls=True) as srv:
+        assert srv.certificates is not None
+        context = ssl.create_default_context(cadata=srv.certificates.ca_pem.decode())
+        context.load_cert_chain(str(tmp_path / "c.crt"), str(tmp_path / "c.key"))
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(srv.tls_url + "/api/v1/namespaces", context=context)
+        assert err.value.code == 401
+    event = sink.of("/api/v1/namespaces")[-1]
+    assert event["responseStatus"]["message"] == "Authentication failed, attempted: x509"

@@ -1,6 +1,6 @@
 """x509 client-certificate authentication over the HTTPS front, as kube-apiserver's --client-ca-file: the CN
-is the user and each O a group, a certificate wins over a token, one no trusted CA signed is refused, and
-kubectl 1.37 authenticates with client-certificate-data."""
+is the user and each O a group, a certificate wins over a token, one no trusted CA signed (or expired, or not
+for client authentication) is 401 like a bad token, and kubectl 1.37 authenticates with client-certificate-data."""
 
 from __future__ import annotations
 
@@ -14,10 +14,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cryptography import x509
 
 from controlplane import EmbeddedApiServer
-from controlplane.tls import ClientIdentities, PeerIdentity, issue_client_certificate, make_certificates, \
-    peer_identity, read_ca_bundle
+from controlplane.tls import (
+    ClientIdentities,
+    PeerIdentity,
+    issue_client_certificate,
+    make_certificates,
+    peer_identity,
+    read_ca_bundle,
+)
 
 KUBECTL = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "kubectl"
 
@@ -41,12 +48,23 @@ def _whoami(srv: EmbeddedApiServer, tmp: Path, cert: bytes | None, key: bytes | 
         return err.code, json.loads(err.read())
 
 
-def test_peer_identity_reads_cn_and_every_o() -> None:
-    cert = {"subject": ((("organizationName", "team-a"),), (("organizationName", "system:masters"),),
-                        (("commonName", "alice"),))}
-    assert peer_identity(cert) == PeerIdentity("alice", ("team-a", "system:masters"))
-    assert peer_identity({"subject": ((("organizationName", "x"),),)}) is None  # no CN: not authenticated by x509
-    assert peer_identity(None) is None and peer_identity({}) is None
+def _chain(pem: bytes) -> list[x509.Certificate]:
+    return [x509.load_pem_x509_certificate(pem)]
+
+
+def test_peer_identity_reads_cn_and_every_o_of_a_verified_certificate() -> None:
+    certs, other = make_certificates(), make_certificates()
+    cas = [x509.load_pem_x509_certificate(certs.ca_pem)]
+    cert, _ = issue_client_certificate(certs, "alice", ("team-a", "system:masters"))
+    assert peer_identity(_chain(cert), cas) == PeerIdentity("alice", ("team-a", "system:masters"))
+    assert peer_identity(None, cas) is None and peer_identity([], cas) is None
+    foreign, _ = issue_client_certificate(other, "mallory", ("system:masters",))
+    refused = peer_identity(_chain(foreign), cas)
+    assert refused is not None and refused.common_name == "mallory" and refused.refused
+    expired, _ = issue_client_certificate(certs, "old", valid_days=-1)
+    assert peer_identity(_chain(expired), cas).refused  # type: ignore[union-attr]
+    # A serving certificate is not for client authentication.
+    assert peer_identity(_chain(certs.cert_pem), cas).refused  # type: ignore[union-attr]
     ids = ClientIdentities()
     ids.add(("127.0.0.1", 5), PeerIdentity("a", ()))
     assert ids(("127.0.0.1", 5)) == PeerIdentity("a", ())
@@ -97,19 +115,25 @@ def _get(srv: EmbeddedApiServer, tmp: Path, path: str) -> tuple[int, dict[str, o
         return err.code, json.loads(err.read())
 
 
-def test_a_certificate_of_another_ca_is_refused(tmp_path: Path) -> None:
+def test_an_untrusted_or_expired_certificate_is_401_like_a_bad_token(tmp_path: Path) -> None:
     other = make_certificates()
     cert, key = issue_client_certificate(other, "mallory", ("system:masters",))
-    with EmbeddedApiServer(tls=True, unauthenticated_as_admin=False) as srv, \
-            pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
-        _whoami(srv, tmp_path, cert, key)
+    with EmbeddedApiServer(tls=True, unauthenticated_as_admin=False) as srv:
+        code, body = _whoami(srv, tmp_path, cert, key)
+        assert (code, body["reason"], body["message"]) == (401, "Unauthorized", "Unauthorized")
+        assert srv.certificates is not None
+        expired, expired_key = issue_client_certificate(srv.certificates, "old", valid_days=-1)
+        assert _whoami(srv, tmp_path, expired, expired_key)[0] == 401
+        # A refused certificate does not stop a valid token (the authenticators' union), a bogus one is 401.
+        code, review = _whoami(srv, tmp_path, cert, key, token=srv.admin_token)
+        assert code == 201 and review["status"]["userInfo"]["username"] == "kubernetes-admin"  # type: ignore[index]
+        assert _whoami(srv, tmp_path, cert, key, token="bogus")[0] == 401
     # --client-ca-file: that other CA is trusted, the server's own is not.
     with EmbeddedApiServer(tls=True, unauthenticated_as_admin=False, client_ca=other.ca_pem) as srv:
         code, review = _whoami(srv, tmp_path, cert, key)
         assert code == 201 and review["status"]["userInfo"]["username"] == "mallory"  # type: ignore[index]
         own_cert, own_key = srv.client_certificate("alice")
-        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
-            _whoami(srv, tmp_path, own_cert, own_key)
+        assert _whoami(srv, tmp_path, own_cert, own_key)[0] == 401
 
 
 def test_a_bad_client_ca_is_a_clear_error() -> None:
