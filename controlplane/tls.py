@@ -30,6 +30,8 @@ from typing import Any
 
 _HANDSHAKE_TIMEOUT_S = 10.0
 _MAX_CONNECTIONS = 1024
+# One TLS record's plaintext at most: what one recv can return (pyOpenSSL allocates the whole buffer each call).
+_TLS_RECORD = 16384
 
 
 @dataclass(frozen=True)
@@ -338,7 +340,7 @@ class TlsFront:
                 for src in ready:
                     if src is raw:
                         try:
-                            data = tls.recv(65536)
+                            data = tls.recv(_TLS_RECORD)
                         except SSL.WantReadError:
                             continue
                         except (SSL.ZeroReturnError, SSL.SysCallError):
