@@ -275,3 +275,17 @@ def test_a_validating_webhook_may_not_patch_and_failing_open_is_annotated(hook: 
                 and e["objectRef"]["resource"] == "configmaps"][-1]
     assert complete["annotations"]["failed-open.mutation.webhook.admission.k8s.io/round_0_index_0"] == "true"
     assert "mutation.webhook.admission.k8s.io/round_0_index_0" not in complete["annotations"]
+
+
+def test_a_status_write_keeps_only_the_status_a_webhook_patched(srv: EmbeddedApiServer, hook: Any) -> None:
+    pods = "/api/v1/namespaces/default/pods"
+    code, pod = call(srv, "POST", pods, {"metadata": {"name": "p"},
+                                        "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+    assert code == 201, pod
+    _create(srv, _config(hook, "m", "/label/x", resources="pods/status", operations=("UPDATE",)))
+    pod["status"] = {"phase": "Running"}
+    code, updated = call(srv, "PUT", f"{pods}/p/status", pod)
+    assert code == 200, updated
+    assert updated["status"]["phase"] == "Running"
+    assert "labels" not in updated["metadata"]  # the webhook's label, patched into a status write, is dropped
+    assert _paths(hook) == ["/label/x"]

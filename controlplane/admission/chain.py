@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from controlplane.admission.request import AdmissionRequest, Plugin
+from controlplane.objects import replace_content
 from controlplane.resources import ResourceType
 
 
@@ -53,7 +54,16 @@ class RequestAdmission:
         return any(m.configured() for m in self._chain.mutators)
 
     def mutate(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> bool:
-        return self._mutating() and self._chain.mutate(self._request(rt, name), obj, old, self._warnings())
+        if not self._mutating():
+            return False
+        req = self._request(rt, name)
+        if not self._chain.mutate(req, obj, old, self._warnings()):
+            return False
+        if req.subresource == "status" and old is not None:
+            # The status strategy runs after admission: a status write changes nothing but the status.
+            kept = {k: v for k, v in old.items() if k != "status"}
+            replace_content(obj, {**kept, "status": obj["status"]} if "status" in obj else kept)
+        return True
 
     def __call__(self, rt: ResourceType, name: str, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
         req = self._request(rt, name)
