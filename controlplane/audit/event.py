@@ -157,6 +157,9 @@ class AuditEvent:
                 parsed["metadata"].pop("managedFields", None)
             self._response_object = parsed
 
+    def received(self) -> None:
+        self._emit("RequestReceived")
+
     def started(self, code: int | str) -> None:
         """The response's head was written; a long-running response's ResponseStarted stage."""
         if self._status is None and isinstance(code, int):
@@ -230,7 +233,7 @@ class Auditor:
         event = AuditEvent(self.sink, self._clock, decision.level, decision.omit_stages, decision.omit_managed_fields, verb, uri,
                            ref, user, source_ip, headers.get("User-Agent"))
         if user is not None:
-            event._emit("RequestReceived")
+            event.received()
         return event
 
     def failed_authentication(self, method: str, uri: str, path: str, query: Mapping[str, str], source_ip: str,
