@@ -5,7 +5,9 @@ is a database file (every 201 follows an fsync'd commit); prints writes/s, p50/p
 writes shared one commit (group commit), next to the same load in memory for comparison.
 
 serving: the server runs as its own process (`gpu-dra apiserver`, in memory) so that its CPU time is its own:
-requests/s and server CPU per request for GET, PUT and CREATE (4 clients on kept-alive connections), and the
+requests/s and server CPU per request for GET, PUT and CREATE (4 clients on kept-alive connections) as a
+ServiceAccount (token, RBAC, admission) and, alternately in the same server, as the admin (system:masters, which
+the authorizer allows without RBAC; `serviceAccountCostPercent` is the difference), and the
 cost of one event with 32 watchers: a PUT, then the time until all 32 watch streams have read the event, over
 many events, with the server's CPU time per event (the PUT included).
 """
@@ -225,16 +227,36 @@ def bench_serving(requests: int = 2000, events: int = 200, watchers: int = 32,
             setup.call("POST", _LEASES, _lease(f"get-{i}"))
         clients = 4
         per = max(1, requests // clients)
-        ops = {
-            "get": lambda c, ci, i: c.call("GET", f"{_LEASES}/get-{ci}"),
-            "put": lambda c, ci, i: c.call("PUT", f"{_LEASES}/get-{ci}", _lease(f"get-{ci}", f"h{i}")),
-            "create": lambda c, ci, i: c.call("POST", _LEASES, _lease(f"new-{ci}-{i}")),
-        }
-        for name, op in ops.items():
-            cpu0 = _cpu_s(pid)
-            elapsed, lat = _run_clients(srv.url, clients, per, op, token)
-            out[name] = _figures(per * clients, elapsed, lat)
-            out[name]["serverCpuMsPerRequest"] = round((_cpu_s(pid) - cpu0) / (per * clients) * 1000, 3)
+
+        def ops(prefix: str) -> dict[str, Any]:
+            return {
+                "get": lambda c, ci, i: c.call("GET", f"{_LEASES}/get-{ci}"),
+                "put": lambda c, ci, i: c.call("PUT", f"{_LEASES}/get-{ci}", _lease(f"get-{ci}", f"h{i}")),
+                "create": lambda c, ci, i: c.call("POST", _LEASES, _lease(f"{prefix}-{ci}-{i}")),
+            }
+        # The same requests as the admin (system:masters: its token is checked first and the authorizer
+        # allows the group without consulting RBAC) and as the ServiceAccount, alternately, in one server: what
+        # ServiceAccount authentication and RBAC cost (admission runs for both).
+        admin: dict[str, Any] = {}
+        for round_ in range(2):
+            for who, who_token, figures in (("sa", token, out), ("admin", admin_token, admin)):
+                for name, op in ops(f"{who}{round_}").items():
+                    cpu0 = _cpu_s(pid)
+                    elapsed, lat = _run_clients(srv.url, clients, per // 2, op, who_token)
+                    cpu = _cpu_s(pid) - cpu0
+                    fig = figures.setdefault(name, {"n": 0, "elapsed": 0.0, "lat": [], "cpu": 0.0})
+                    fig["n"] += (per // 2) * clients
+                    fig["elapsed"] += elapsed
+                    fig["lat"] += lat
+                    fig["cpu"] += cpu
+        for figures in (out, admin):
+            for name, fig in list(figures.items()):
+                figures[name] = {**_figures(fig["n"], fig["elapsed"], fig["lat"]),
+                                 "serverCpuMsPerRequest": round(fig["cpu"] / fig["n"] * 1000, 3)}
+        out["asAdmin"] = admin
+        out["serviceAccountCostPercent"] = {
+            name: round(100 * (out[name]["serverCpuMsPerRequest"] / max(admin[name]["serverCpuMsPerRequest"], 1e-9)
+                               - 1), 1) for name in admin}
 
         setup.call("POST", _LEASES, _lease("watched"))
         _, raw = setup.call("GET", f"{_LEASES}/watched")
@@ -298,6 +320,7 @@ def run_serving(args: argparse.Namespace) -> int:
     audit_level = getattr(args, "audit_level", None)
     figures = bench_serving(getattr(args, "size", None) or 2000, audit_level=audit_level)
     emit("serving", {"shape": "4 kept-alive clients; one event to 32 watchers; every request as a ServiceAccount "
-                               "(token, RBAC, admission)", "auditLevel": audit_level or "no audit log", **figures},
+                               "(token, RBAC, admission); get/put/create also as the admin (system:masters) in "
+                               "alternate rounds: asAdmin", "auditLevel": audit_level or "no audit log", **figures},
          args.output)
     return 0

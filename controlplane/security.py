@@ -37,6 +37,8 @@ class Security:
     # kube-apiserver's old insecure port: a request with no credentials is the admin (tests and library use);
     # every program (apiserver, demo, cluster) runs with it off, where such a request is system:anonymous.
     unauthenticated_as_admin: bool
+    # AuthorizePodWebsocketUpgradeCreatePermission: connecting to a pod needs `create` whatever the method.
+    connect_requires_create: bool = False
     # The verified client certificates of the connections the TLS front relays (controlplane.tls).
     client_identities: ClientIdentities = field(default_factory=ClientIdentities)
 
@@ -103,7 +105,7 @@ def build_security(store: Store, registry: Registry, features: Features, *,
     mutating = MutatingWebhookPlugin(mutating_version, mutating_load, namespace, expressions)
     return Security(TokenAuthenticator(token_key, admin_token), authorizer, rbac,
                     AdmissionChain(plugins, [mutating]), webhooks, mutating, AccountLookup(store, registry),
-                    unauthenticated_as_admin)
+                    unauthenticated_as_admin, features.pod_websocket_create_permission)
 
 
 def ensure_bootstrap_policy(store: Store, registry: Registry) -> None:
