@@ -728,7 +728,11 @@ class Store:
             patched = self.clean_fields(rt, patched, fields)
             apply_defaults(rt.group, rt.kind, patched)
             _check_uid(rt, name, o.meta(patched), old)
+            # The patched object carries the stored resourceVersion; only one the patch itself wrote is a
+            # precondition (so a patch without one is reapplied after a concurrent write, not refused).
             want_rv = (patched.get("metadata") or {}).get("resourceVersion")
+            if want_rv == old["metadata"].get("resourceVersion") and not _sets_resource_version(body):
+                want_rv = None
             if want_rv and want_rv != old["metadata"].get("resourceVersion"):
                 raise st.conflict(rt, name)
             pm = o.meta(patched)
@@ -1129,3 +1133,19 @@ class Watcher:
                 out.append(("DELETED", ev))
         self.pos = newest
         return out
+
+
+def _sets_resource_version(body: Any) -> bool:
+    """Whether a patch body names a resourceVersion (kube-apiserver's precondition for a patch)."""
+    if isinstance(body, dict):
+        meta = body.get("metadata")
+        return isinstance(meta, dict) and meta.get("resourceVersion") is not None
+    if isinstance(body, list):
+        for op in body:
+            if not isinstance(op, dict) or op.get("op") not in ("add", "replace", "copy", "move"):
+                continue
+            path, value = op.get("path"), op.get("value")
+            if path == "/metadata/resourceVersion" or (
+                    path == "/metadata" and isinstance(value, dict) and "resourceVersion" in value):
+                return True
+    return False
