@@ -178,3 +178,37 @@ def test_check_command_is_the_probe(tmp_path: Path) -> None:
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
                          timeout=60)
     assert run.returncode == 1 and "COMPUTE_DOMAIN_UUID is not set" in run.stderr
+
+
+@pytest.mark.process
+def test_host_process_runtime_runs_stops_and_cleans_up(tmp_path: Path) -> None:
+    from sim.runtime.hostprocess import HostProcessRuntime, stop_leftovers
+    from sim.runtime.podman import ContainerRequest
+
+    volume = tmp_path / "vol"
+    volume.mkdir()
+    (volume / "f").write_text("hello\n")
+    runtime = HostProcessRuntime(tmp_path / "host", tmp_path / "cdi")
+    (tmp_path / "cdi").mkdir()
+    log = tmp_path / "logs" / "0.log"
+    script = 'cat "$GPU_DRA_CONTAINER_ROOT/data/f"; echo "X=$X"; trap "echo bye; exit 0" TERM; sleep 60 & wait'
+    status = runtime.run(ContainerRequest("c1", ("sh", "-c", script), {"X": "1"}, log_path=log,
+                                          mounts=((str(volume), "/data", True),), image="ghcr.io/gpu-dra/gpu-dra"))
+    assert status.running
+    _until("its output logged", lambda: log.exists() and "X=1" in log.read_text())
+    lines = log.read_text().splitlines()
+    assert lines[0].split(" ", 3)[1:] == ["stdout", "F", "hello"]
+    argv = runtime.exec_argv("c1", ["cat", "/etc/hosts"])
+    assert argv is not None and f"GPU_DRA_CONTAINER_ROOT={tmp_path / 'host' / 'c1' / 'root'}" in argv
+    runtime.remove("c1")
+    assert runtime.status("c1").error  # removed
+    _until("SIGTERM handled: a clean exit", lambda: "bye" in log.read_text())
+    with pytest.raises(RuntimeError_, match='exec: "no-such-tool": executable file not found'):
+        runtime.run(ContainerRequest("c2", ("no-such-tool",), {}))
+    # A supervisor killed without cleaning up leaves its host processes; the next one stops them by pid file.
+    left = HostProcessRuntime(tmp_path / "host", tmp_path / "cdi")
+    left.run(ContainerRequest("c3", ("sleep", "60"), {}))
+    proc = left._procs["c3"].popen
+    assert stop_leftovers(tmp_path / "host") == [f"host process c3 (pid {proc.pid})"]
+    assert proc.wait(timeout=10) == -signal.SIGKILL
+    assert stop_leftovers(tmp_path / "host") == []

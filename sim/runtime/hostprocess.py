@@ -222,6 +222,26 @@ class HostProcessRuntime:
             self.remove(name, grace_seconds=0)
 
 
+def stop_leftovers(state_dir: Path) -> list[str]:
+    """SIGKILL the process groups of containers a dead supervisor left under `state_dir` (a node's host runtime
+    dir), recognised by their container root in their environment, so a reused pid is never taken for one."""
+    stopped = []
+    for pid_file in sorted(state_dir.glob("*/pid")):
+        try:
+            pid = int(pid_file.read_text().strip())
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if f"{ROOT_ENV}={pid_file.parent / 'root'}".encode() not in environ.split(b"\0"):
+            continue
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        stopped.append(f"host process {pid_file.parent.name} (pid {pid})")
+    return stopped
+
+
 class RoutingRuntime:
     """A node's runtime: our image's containers as host processes, every other one in `containers` (podman)."""
 
