@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from driver.computedomain import daemon
@@ -19,7 +20,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbosity > 0 else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    env = daemon.environ()
+    env = dict(os.environ)
     try:
         if args.action == "check":
             ok, said = daemon.check_once(env)

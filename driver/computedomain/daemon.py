@@ -17,7 +17,6 @@ and has no private root to give it.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import threading
@@ -163,7 +162,7 @@ class Paths:
         return cls(Path(env.get(CONTAINER_ROOT_ENV) or "/"))
 
 
-def check(paths: Paths, clique_id: str, timeout: float = 10.0) -> tuple[bool, str]:
+def check(clique_id: str, timeout: float = 10.0) -> tuple[bool, str]:
     """`nvidia-imex-ctl -c /imexd/imexd.cfg -q` printing READY (what the pod's probes run). No clique: nothing to
     check (this node has no NVLink fabric), as NVIDIA's."""
     if not clique_id:
@@ -208,9 +207,8 @@ def connect(paths: Paths, env: Mapping[str, str]) -> KubeApi:
 class ImexProcess:
     """nvidia-imex as a child: started, restarted when it exits, signalled, stopped."""
 
-    def __init__(self, argv: Sequence[str], log_file: Path | None = None) -> None:
+    def __init__(self, argv: Sequence[str]) -> None:
         self.argv = list(argv)
-        self.log_file = log_file
         self.process: subprocess.Popen[bytes] | None = None
 
     def ensure_started(self) -> bool:
@@ -248,7 +246,7 @@ class ComputeDomainDaemon:
         self.env = env
         self.paths = paths
         self.interval = interval
-        self.checker = checker or (lambda: check(paths, env.clique_id))
+        self.checker = checker or (lambda: check(env.clique_id))
         self.imex = ImexProcess(["nvidia-imex", "-c", CONFIG])
         self.stop = threading.Event()
         self.mapping: dict[str, str] | None = None
@@ -362,8 +360,4 @@ def run_daemon(environ: Mapping[str, str]) -> int:
 
 
 def check_once(environ: Mapping[str, str]) -> tuple[bool, str]:
-    return check(Paths.from_env(environ), environ.get("CLIQUE_ID") or "")
-
-
-def environ() -> dict[str, str]:
-    return dict(os.environ)
+    return check(environ.get("CLIQUE_ID") or "")
