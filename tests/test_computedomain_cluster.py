@@ -205,6 +205,17 @@ def test_a_deleted_imex_daemon_pod_is_recreated_and_the_domain_recovers(cluster:
     assert after[node]["index"] == before[node]["index"] and after[node]["status"] == "Ready"
     recreated = api.get("Pod", fresh[0]["metadata"]["name"], namespace="gpu-dra-system")
     assert recreated["status"]["podIP"] == victim["status"]["podIP"] == after[node]["ipAddress"]  # the node's
+    # The probe's command, run in the pod (kubectl exec), asks the pod's own nvidia-imex; and the pod's
+    # /etc/hosts maps both daemons' DNS names, as the nodes config names them.
+    kubectl = [str(ROOT / ".venv" / "bin" / "kubectl"), "-n", "gpu-dra-system", "exec", recreated["metadata"]["name"],
+               "--"]
+    probe = subprocess.run([*kubectl, "gpu-dra", "compute-domain-daemon", "check"], env=c.env, capture_output=True,
+                           text=True, timeout=60)
+    assert probe.returncode == 0 and probe.stdout == "READY\n", probe.stderr
+    hosts = subprocess.run([*kubectl, "sh", "-c", 'cat "$GPU_DRA_CONTAINER_ROOT/etc/hosts"'], env=c.env,
+                           capture_output=True, text=True, timeout=60).stdout
+    assert {line.split()[1] for line in hosts.splitlines() if "compute-domain-daemon-" in line} == {
+        "compute-domain-daemon-0000", "compute-domain-daemon-0001"}, hosts
     # The workers were never touched: same pods, running, not restarted, their channel claims still allocated.
     now = {p["metadata"]["uid"]: p for p in api.list("Pod", namespace="default", label_selector="app=pair")[0]}
     assert set(now) == {p["metadata"]["uid"] for p in workers}

@@ -383,7 +383,8 @@ class NodeKubelet:
         self._active: dict[str, dict[str, Any]] = {}  # uid -> pod whose containers the runtime runs
         self._unprepare_pending: set[str] = set()  # uids whose claims an unprepare call failed for
         self._pod_ips = PodIPs(node_name)
-        self.exec_server = ExecServer(self._exec_argv) if runtime is not None else None
+        # On the node's address: the control plane dials its InternalIP for pods/exec.
+        self.exec_server = ExecServer(self._exec_argv, host=node_address or HOST_IP) if runtime is not None else None
         self._allocatable: dict[str, str] | None = None  # the Node's status.allocatable, read once
 
     # ---- lifecycle --------------------------------------------------------------------------------------
@@ -490,9 +491,10 @@ class NodeKubelet:
                     for r in self.records.values() if r.phase == "Running" and r.claims]
 
     def container_runtime_name(self, namespace: str, pod: str, container: str | None) -> str | None:
-        """The runtime's name for a pod's container (its latest run); `container` None: the pod's only one."""
+        """The runtime's name for a pod's container (its latest run); `container` None: the pod's only one. The
+        newest pod of that name: a deleted pod's record may linger beside its same-named successor."""
         with self._lock:
-            for r in self.records.values():
+            for r in reversed(list(self.records.values())):
                 if r.namespace == namespace and r.name == pod:
                     runs = [c for c in r.containers if container is None or c.container == container]
                     return runs[-1].runtime_name if runs else None
