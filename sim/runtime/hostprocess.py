@@ -139,8 +139,11 @@ class HostProcessRuntime:
     def run(self, request: ContainerRequest) -> ContainerStatus:
         directory = self.state_dir / request.name
         root = directory / "root"
-        (root / "etc").mkdir(parents=True, exist_ok=True)
-        env = self._environment(request, root)
+        try:
+            (root / "etc").mkdir(parents=True, exist_ok=True)
+            env = self._environment(request, root)
+        except OSError as exc:
+            raise RuntimeError_(f"setting up the container root {root}: {exc}") from None
         argv = self._argv(root, env, request.command)
         log_file = request.log_path or directory / "container.log"
         log_file.parent.mkdir(parents=True, exist_ok=True)
