@@ -28,6 +28,7 @@ from typing import Any
 from gpudra import computedomain as cd
 from gpudra.atomicfile import atomic_write
 from gpudra.kubeapi import AlreadyExists, ApiError, Conflict, KubeApi
+from gpudra.signals import stop_on_signals
 
 log = logging.getLogger("gpu-dra.compute-domain-daemon")
 
@@ -351,8 +352,7 @@ def run_daemon(environ: Mapping[str, str]) -> int:
     paths = Paths.from_env(environ)
     api = connect(paths, environ)
     daemon = ComputeDomainDaemon(api, env, paths)
-    signal.signal(signal.SIGTERM, lambda *_: daemon.stop.set())
-    signal.signal(signal.SIGINT, lambda *_: daemon.stop.set())
+    stop_on_signals(daemon.stop, notify=lambda sig: log.info("event=signal signal=%s: shutting down", sig.name))
     try:
         return daemon.run()
     finally:
