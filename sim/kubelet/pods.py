@@ -834,9 +834,13 @@ class NodeKubelet:
         if not volumes.wants_token(pod):
             return {}, []
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-        token = self.api.create_token(str(meta.get("namespace")), str(spec["serviceAccountName"]), {
-            "expirationSeconds": TOKEN_SECONDS,
-            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": meta.get("name"), "uid": meta.get("uid")}})
+        try:
+            token = self.api.create_token(str(meta.get("namespace")), str(spec["serviceAccountName"]), {
+                "expirationSeconds": TOKEN_SECONDS,
+                "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": meta.get("name"), "uid": meta.get("uid")}})
+        except ApiError as exc:
+            raise KubeletError(f'MountVolume.SetUp failed for volume "kube-api-access" : failed to fetch token: '
+                               f"{exc.message}") from exc
         directory = volumes.write_token(self.kubelet_dir, pod, token)
         host, _, port = self.api.host.split("://", 1)[-1].rpartition(":")
         return ({"KUBERNETES_SERVICE_HOST": host.strip("[]"), "KUBERNETES_SERVICE_PORT": port},
