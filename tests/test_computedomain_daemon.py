@@ -212,3 +212,20 @@ def test_host_process_runtime_runs_stops_and_cleans_up(tmp_path: Path) -> None:
     assert stop_leftovers(tmp_path / "host") == [f"host process c3 (pid {proc.pid})"]
     assert proc.wait(timeout=10) == -signal.SIGKILL
     assert stop_leftovers(tmp_path / "host") == []
+
+
+def test_daemon_claim_mounts_the_drivers_imex_binaries_by_their_host_paths(tmp_path: Path) -> None:
+    from driver.computedomain.imex import ImexError, binaries
+
+    with pytest.raises(ImexError, match="usr/bin/nvidia-imex: not found or not executable; the NVIDIA driver install"):
+        binaries(tmp_path)
+    for rel in ("usr/bin/nvidia-imex", "usr/bin/nvidia-imex-ctl"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("#!/bin/sh\n")
+        (tmp_path / rel).chmod(0o755)
+    # Found where the agent sees the install (its container's /driver-root), named where the host has it.
+    assert binaries(tmp_path, "/run/nvidia/driver") == [
+        ("/run/nvidia/driver/usr/bin/nvidia-imex", "/usr/bin/nvidia-imex"),
+        ("/run/nvidia/driver/usr/bin/nvidia-imex-ctl", "/usr/bin/nvidia-imex-ctl")]
+    with pytest.raises(ImexError, match=r"no driver root \(--driver-root\)"):
+        binaries(None)

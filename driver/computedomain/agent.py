@@ -36,8 +36,9 @@ class ComputeDomainSettings:
     kubelet_dir: Path
     cdi_dir: Path
     namespace: str  # where the ComputeDomainCliques live (the driver's namespace)
-    driver_root: Path | None
+    driver_root: Path | None  # the driver install as this process sees it
     proc_root: Path | None = None
+    host_driver_root: str = "/"  # the same install's path on the host, which CDI specs name
 
 
 class ComputeDomainAgent:
@@ -56,7 +57,7 @@ class ComputeDomainAgent:
         self._last_reported: dict[str, str] = {}
         self.preparer = ComputeDomainPreparer(
             NodeContext(settings.node, self.clique, lambda d: imex.write_domain_dir(self.domains_dir, d),
-                        self._device_numbers, lambda: imex.binaries(settings.driver_root)),
+                        self._device_numbers, lambda: imex.binaries(settings.driver_root, settings.host_driver_root)),
             self.checkpoint, settings.cdi_dir, get_claim=self._get_claim, get_domain=self._get_domain,
             daemon_ready=self._daemon_ready, label_node=self._label_domain, on_change=self._changed.set)
         # Published at start and again after every registration (a restarted kubelet wipes the node's slices).

@@ -9,6 +9,7 @@ nvidia-imex: the daemon pod does.
 from __future__ import annotations
 
 import os
+import posixpath
 from pathlib import Path
 
 from gpudra.atomicfile import atomic_write
@@ -44,8 +45,9 @@ def write_domain_dir(state_dir: Path, domain: str) -> Path:
     return directory
 
 
-def binaries(driver_root: Path | None) -> list[tuple[str, str]]:
-    """(host path, container path) of the driver's IMEX binaries; refused when the install has none."""
+def binaries(driver_root: Path | None, host_root: str = "/") -> list[tuple[str, str]]:
+    """(host path, container path) of the driver's IMEX binaries, found under `driver_root` (this process's view)
+    and named under `host_root` (the host's, for the runtime); refused when the install has none."""
     if driver_root is None:
         raise ImexError("no driver root (--driver-root): nvidia-imex cannot be found")
     out = []
@@ -54,5 +56,5 @@ def binaries(driver_root: Path | None) -> list[tuple[str, str]]:
         if not os.access(path, os.X_OK):
             raise ImexError(f"{path}: not found or not executable; the NVIDIA driver install on this node has no "
                             "IMEX daemon (nvidia-imex is part of the driver's nvidia-imex package)")
-        out.append((str(path), "/" + rel))
+        out.append((posixpath.join(host_root, rel), "/" + rel))
     return out
