@@ -80,6 +80,7 @@ class ContainerRequest:
     cdi_devices: tuple[str, ...] = ()
     log_path: Path | None = None  # where podman writes its k8s-file log (default: the node's logs/<name>.log)
     mounts: tuple[tuple[str, str, bool], ...] = ()  # (host path, container path, read-only): the pod's volumes
+    image: str = ""  # the pod's image name (every name runs the busybox rootfs; sim.runtime.hostprocess routes ours)
 
 
 @dataclass(frozen=True)
