@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from controlplane import filters, httphead, reviews
 from controlplane import resources as res
-from controlplane import execproxy, scale
+from controlplane import execproxy, portforwardtunnel, scale
 from controlplane.crds import openapi as crd_openapi
 from controlplane.crds import serving as crd_serving
 from controlplane import status as st
@@ -532,15 +532,17 @@ class ApiHandler(BaseHTTPRequestHandler):
                 raise st.method_not_allowed(f"{method} is not supported on pods/log; supported: GET")
             PodLogStream(self).serve(r, query)
             return
-        if r.subresource == "exec":  # controlplane.execproxy: relayed to the node's kubelet
+        if r.subresource in execproxy.SUBRESOURCES:  # controlplane.execproxy: relayed to the node's kubelet
             if method not in ("GET", "POST"):
-                raise st.method_not_allowed(f"{method} is not supported on pods/exec; supported: GET, POST")
-            reg = self.ctx.registry
-            host, port, container = execproxy.target(store, r.rt, reg.by_kind("Node"), r.namespace, r.name or "",
-                                                     query.get("container"))
-            raw_query = urlsplit(self.path).query
+                raise st.method_not_allowed(f"{method} is not supported on pods/{r.subresource}; supported: GET, POST")
+            host, port, container = execproxy.target(store, r.rt, self.ctx.registry.by_kind("Node"), r.namespace,
+                                                     r.name or "", query.get("container"), r.subresource)
             self.close_connection = True
-            execproxy.relay(self.connection, self.headers, host, port, r.namespace, r.name or "", container, raw_query)
+            if r.subresource == "portforward" and portforwardtunnel.is_websocket(self.headers):
+                portforwardtunnel.serve(self.connection, self.headers, host, port, r.namespace, r.name or "")
+                return
+            execproxy.relay(self.connection, self.headers, host, port, r.subresource, r.namespace, r.name or "",
+                            container, urlsplit(self.path).query)
             return
         if r.subresource == "scale" and r.rt.custom is not None:  # a CRD's scale subresource (its paths)
             self._send_json(200, crd_serving.serve_scale(store, r.rt, r.namespace, r.name or "", method, query,

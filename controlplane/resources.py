@@ -210,7 +210,7 @@ DEFAULT_REGISTRY = Registry(
         ResourceType("", "v1", "pods", "Pod", True, ("po",), has_status=True,
                      field_labels=("spec.nodeName", "spec.schedulerName", "spec.serviceAccountName",
                                    "status.phase", "status.podIP", "status.nominatedNodeName"),
-                     categories=("all",), extra_subresources=("binding", "log", "exec")),
+                     categories=("all",), extra_subresources=("attach", "binding", "exec", "log", "portforward")),
         ResourceType("", "v1", "events", "Event", True, ("ev",),
                      field_labels=("reason", "type", "source", "reportingComponent"),
                      field_prefixes=("involvedObject",)),
@@ -307,7 +307,10 @@ def registry_for(kubernetes_version: str, runtime_config: RuntimeConfig | None =
     return Registry(types=tuple(keep))
 
 
-_SUBRESOURCE_KINDS = {"binding": "Binding", "token": "TokenRequest"}
+_SUBRESOURCE_KINDS = {"binding": "Binding", "token": "TokenRequest", "attach": "PodAttachOptions",
+                      "exec": "PodExecOptions", "portforward": "PodPortForwardOptions"}
+# Subresources kube-apiserver serves to GET (a WebSocket upgrade) as well as POST.
+_STREAMING_SUBRESOURCES = ("attach", "exec", "portforward")
 
 
 def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:
@@ -334,7 +337,8 @@ def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:
             continue
         entries.append({"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
                         "kind": _SUBRESOURCE_KINDS.get(sub, rt.kind),
-                        "verbs": ["get"] if sub == "log" else ["create"]})
+                        "verbs": ["get"] if sub == "log" else ["create", "get"] if sub in _STREAMING_SUBRESOURCES
+                        else ["create"]})
     return entries
 
 

@@ -129,7 +129,7 @@ def start_node_side(api: KubeApi, spec: NodeSpec, dirs: NodeDirs, driver_name: s
         dm = DeviceManagerSim(dirs.kubelet)
         dm.start()
     kubelet = NodeKubelet(api, spec.name, dirs.kubelet, driver_name, device_manager=dm, runtime=runtime,
-                          pod_logs_dir=pod_logs_dir)
+                          pod_logs_dir=pod_logs_dir, address=spec.address)
     return NodeSide(kubelet, dm, driver_root)
 
 
