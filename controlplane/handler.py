@@ -535,6 +535,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         if r.subresource in execproxy.SUBRESOURCES:  # controlplane.execproxy: relayed to the node's kubelet
             if method not in ("GET", "POST"):
                 raise st.method_not_allowed(f"{method} is not supported on pods/{r.subresource}; supported: GET, POST")
+            if method == "GET":  # a WebSocket session is also authorized as create (AuthorizePodWebsocketUpgradeCreatePermission)
+                self.ctx.security.authorizer.require(filters.resource_attributes(
+                    self._user, "POST", r.rt, r.namespace, r.name, r.subresource, query))
             host, port, container = execproxy.target(store, r.rt, self.ctx.registry.by_kind("Node"), r.namespace,
                                                      r.name or "", query.get("container"), r.subresource)
             self.close_connection = True
