@@ -213,7 +213,7 @@ spec:
     attached = cluster.kubectl("attach", "ticker")
     assert attached.returncode == 0, attached.stderr
     assert [line for line in attached.stdout.splitlines() if line] == ["tick-1", "tick-2", "tick-3"]
-    assert ["tock-1", "tock-2", "tock-3"] == [line for line in attached.stderr.splitlines() if line.startswith("tock")]
+    assert [line for line in attached.stderr.splitlines() if line.startswith("tock")] == ["tock-1", "tock-2", "tock-3"]
 
 
 def test_run_it_rm_returns_the_containers_exit_code_and_deletes_the_pod(cluster: Cluster) -> None:
