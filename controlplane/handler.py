@@ -532,6 +532,8 @@ class ApiHandler(BaseHTTPRequestHandler):
                 raise st.method_not_allowed(f"{method} is not supported on pods/log; supported: GET")
             PodLogStream(self).serve(r, query)
             return
+        if r.subresource == "finalize" and method != "PUT":  # namespaces/finalize is an update only
+            raise st.method_not_allowed("the server does not allow this method on the requested resource")
         if r.subresource in execproxy.SUBRESOURCES:  # controlplane.execproxy: relayed to the node's kubelet
             if method not in ("GET", "POST"):
                 raise st.method_not_allowed(f"{method} is not supported on pods/{r.subresource}; supported: GET, POST")

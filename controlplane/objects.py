@@ -6,6 +6,7 @@ import json
 import re
 from typing import Any
 
+from controlplane import namespaces
 from controlplane.resources import ResourceType
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -105,11 +106,8 @@ def prepare_create(rt: ResourceType, obj: dict[str, Any]) -> None:
         finalizers = meta(obj).setdefault("finalizers", [])
         if isinstance(finalizers, list) and "customresourcecleanup.apiextensions.k8s.io" not in finalizers:
             finalizers.append("customresourcecleanup.apiextensions.k8s.io")
-    elif rt.kind == "Namespace":
-        obj["status"] = {"phase": "Active"}
-        spec = obj.setdefault("spec", {})
-        if isinstance(spec, dict):
-            spec.setdefault("finalizers", ["kubernetes"])
+    elif rt.kind == "Namespace" and not rt.group:
+        namespaces.prepare_create(obj)
 
 
 def immutability_errors(rt: ResourceType, new: dict[str, Any], old: dict[str, Any]) -> list[str]:

@@ -204,7 +204,7 @@ class Registry:
 DEFAULT_REGISTRY = Registry(
     types=(
         ResourceType("", "v1", "namespaces", "Namespace", False, ("ns",), has_status=True,
-                     field_labels=("status.phase",)),
+                     field_labels=("status.phase",), extra_subresources=("finalize",)),
         ResourceType("", "v1", "nodes", "Node", False, ("no",), has_status=True,
                      field_labels=("spec.unschedulable",)),
         ResourceType("", "v1", "pods", "Pod", True, ("po",), has_status=True,
@@ -309,8 +309,9 @@ def registry_for(kubernetes_version: str, runtime_config: RuntimeConfig | None =
 
 _SUBRESOURCE_KINDS = {"binding": "Binding", "token": "TokenRequest", "attach": "PodAttachOptions",
                       "exec": "PodExecOptions", "portforward": "PodPortForwardOptions"}
-# Subresources kube-apiserver serves to GET (a WebSocket upgrade) as well as POST.
-_STREAMING_SUBRESOURCES = ("attach", "exec", "portforward")
+# The verbs of subresources that are not create-only: streams are GET (a WebSocket upgrade) and POST (SPDY).
+_SUBRESOURCE_VERBS = {"log": ["get"], "finalize": ["update"], "attach": ["create", "get"], "exec": ["create", "get"],
+                      "portforward": ["create", "get"]}
 
 
 def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:
@@ -337,8 +338,7 @@ def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:
             continue
         entries.append({"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
                         "kind": _SUBRESOURCE_KINDS.get(sub, rt.kind),
-                        "verbs": ["get"] if sub == "log" else ["create", "get"] if sub in _STREAMING_SUBRESOURCES
-                        else ["create"]})
+                        "verbs": _SUBRESOURCE_VERBS.get(sub, ["create"])})
     return entries
 
 
