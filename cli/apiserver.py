@@ -5,11 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import signal
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 
 from controller.cel.policyenv import PolicyEnvironment
 from controller.validationhooks import validation_admission
@@ -18,6 +15,7 @@ from controlplane.persistence import StateFileError
 from controlplane.resources import known_group_versions
 from controlplane.runtimeconfig import RuntimeConfig, RuntimeConfigError
 from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, Features, check_version
+from gpudra.signals import stop_on_signals
 from controlplane.podlogs import PodLogsDir
 from gpudra import DEFAULT_DRIVER_NAME, cliopts, logfmt
 
@@ -105,13 +103,7 @@ def run(args: argparse.Namespace) -> int:
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         print(f"gpu-dra apiserver: cannot start on {args.address}:{args.port}: {detail}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals()
     try:
         if args.kubeconfig_out:
             server.write_kubeconfig(args.kubeconfig_out)

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
-from types import FrameType
 
 from controller.leader import LeaseTimings
 from controller.manager import ControllerConfig, ControllerManager, default_identity
@@ -18,6 +15,7 @@ from gpudra.features import add_arguments as add_feature_arguments
 from gpudra.features import from_arguments as features_from_arguments
 from gpudra.kubeapi import KubeApi
 from gpudra.logfmt import configure
+from gpudra.signals import stop_on_signals
 
 log = logging.getLogger("gpudra.controller")
 
@@ -104,14 +102,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpu-dra controller: cannot load {where}: {err}", file=sys.stderr)
         return 2
     manager = ControllerManager(api, config)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal received; shutting down", extra={"signal": signal.Signals(signum).name})
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals(notify=lambda sig: log.info("signal received; shutting down", extra={"signal": sig.name}))
     manager.start()
     try:
         while not stop.wait(1.0):

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import ssl
 import sys
 import threading
 from pathlib import Path
-from types import FrameType
 
 from controller.validationhooks import validation_admission
 from controller.webhook import VALIDATE_PATH, ReloadingTlsContext, TlsFiles, WebhookServer
 from gpudra import DEFAULT_DRIVER_NAME, cliopts
 from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, check_version
 from gpudra.logfmt import configure
+from gpudra.signals import stop_on_signals
 
 log = logging.getLogger("gpu-dra.webhook")
 
@@ -57,13 +56,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: --port {args.port}: cannot listen on {args.bind_address}: {exc.strerror}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals()
     host, port = str(server.server_address[0]), int(server.server_address[1])
     # The first line of stdout is the URL (as `gpu-dra apiserver` does), so that scripts can find a port 0 server.
     print(f"https://{host}:{port}{VALIDATE_PATH}", flush=True)

@@ -9,17 +9,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from gpudra import DEFAULT_DRIVER_NAME, cliopts, logfmt
 from gpudra.privatedir import PrivateDirError, ensure_private_dir
+from gpudra.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -373,13 +371,7 @@ def run(args: argparse.Namespace) -> int:
         publisher=SlicePublisher(api, args.driver_name, args.node), fault_hook=crash_hook_from_env(),
         monitor_factory=lambda n, inv, cb: HealthMonitor(n, inv, cb, ignored_xids=args.ignore_xids), binding_api=api,
     )
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals()
     from driver.nodeguard import GuardSettings, NodeGuard
 
     guard = NodeGuard(api, GuardSettings(

@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from gpudra import DEFAULT_DRIVER_NAME, logfmt
 from gpudra.kubeapi import KubeApi
 from gpudra.privatedir import ensure_private_dir
+from gpudra.signals import stop_on_signals
 from sim.cluster import identities, nodes
 from sim.cluster.daemonsets import DaemonSetController
 from sim.cluster.leftovers import stop_children, stop_runtimes
@@ -276,12 +275,7 @@ def main(argv: list[str]) -> int:
     logging.getLogger("urllib3").setLevel(logging.ERROR)
     sup = Supervisor(paths, ClusterSpec.from_json(data))
     sup.recover(read_json(paths.status))  # before our own status replaces the dead supervisor's
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        sup.stop_event.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_on_signals(sup.stop_event)
     sup.publish()
     code = 0
     try:
