@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from controlplane import namespaces
+from controlplane import namespaces, quota
 from controlplane.resources import ResourceType
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -108,6 +108,18 @@ def prepare_create(rt: ResourceType, obj: dict[str, Any]) -> None:
             finalizers.append("customresourcecleanup.apiextensions.k8s.io")
     elif rt.kind == "Namespace" and not rt.group:
         namespaces.prepare_create(obj)
+
+
+def spec_errors(rt: ResourceType, obj: dict[str, Any]) -> list[str]:
+    """Per-kind validation kube-apiserver does that no admission stage here covers (namespaces' finalizers,
+    quotas' scopes)."""
+    if rt.group:
+        return []
+    if rt.kind == "Namespace":
+        return namespaces.spec_errors(obj)
+    if rt.kind == "ResourceQuota":
+        return quota.spec_errors(obj)
+    return []
 
 
 def immutability_errors(rt: ResourceType, new: dict[str, Any], old: dict[str, Any]) -> list[str]:

@@ -558,8 +558,8 @@ class Store:
         if not name and not generate:
             raise st.invalid(rt, "", ["metadata.name: Required value: name or generateName is required"])
         o.prepare_create(rt, obj)
-        if rt.kind == "Namespace" and (errors := namespaces.spec_errors(obj)):
-            raise st.invalid(rt, name, errors)
+        if errors := o.spec_errors(rt, obj):
+            raise st.invalid(rt, name or generate, errors)
         apply_defaults(rt.group, rt.kind, obj)
         self._gated.drop_disabled(rt.group, rt.kind, obj, None)
         # Objects that go through admission have their names checked there, together with everything else,
@@ -617,9 +617,7 @@ class Store:
         keeps from `old` with it: stored objects are never modified, and only the result's own top level and
         metadata dict are written to after this."""
         if rt.kind == "Namespace" and subresource == "finalize":  # controlplane.namespaces: spec.finalizers only
-            if errors := namespaces.spec_errors(body):
-                raise st.invalid(rt, str(old["metadata"]["name"]), errors)
-            return namespaces.finalized(old, body)
+            return namespaces.finalized(old, body)  # validated with any update, in _write
         if subresource == "status":
             new = {**old, "metadata": dict(old["metadata"])}
             if "status" in body:
@@ -683,6 +681,8 @@ class Store:
             if added:
                 raise st.invalid(rt, name, [f"metadata.finalizers: Forbidden: no new finalizers can be added if the "
                                             f"object is being deleted, found new finalizers {sorted(added)}"])
+        if errors := o.spec_errors(rt, new):
+            raise st.invalid(rt, name, errors)
         # Parts of `new` shared with `old` lose nothing here: a gate's fields are kept when `old` has them.
         self._gated.drop_disabled(rt.group, rt.kind, new, old)
         self._admit(rt, name, new, old)
