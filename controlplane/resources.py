@@ -261,6 +261,7 @@ DEFAULT_REGISTRY = Registry(
         ResourceType("batch", "v1", "jobs", "Job", True, has_status=True, categories=("all",)),
         ResourceType("batch", "v1", "cronjobs", "CronJob", True, ("cj",), has_status=True, categories=("all",)),
         ResourceType("apps", "v1", "daemonsets", "DaemonSet", True, ("ds",), has_status=True, categories=("all",)),
+        ResourceType("apps", "v1", "controllerrevisions", "ControllerRevision", True, ()),
         ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
                      ("crd", "crds"), has_status=True, categories=("api-extensions",)),
     )
