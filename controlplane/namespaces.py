@@ -23,6 +23,8 @@ STANDARD_FINALIZERS = (KUBERNETES, "orphan", "foregroundDeletion")
 # The namespace controller's first pass (discovery of every namespaced resource, then one list per type) before
 # any content is deleted.
 CONTENT_DELETION_DELAY_S = 2.0
+# How soon the controller passes again over a namespace whose content remains (its requeue after an estimate of 0).
+REMAINING_RETRY_S = 1.0
 
 # The conditions the namespace controller keeps, in its order, with their reason and message while all is well.
 _CONDITIONS_OK = (

@@ -901,6 +901,9 @@ class Store:
             current = self._objects[ns_rt].get(("", namespace))
             if current is None or namespaces.KUBERNETES not in namespaces.spec_finalizers(current):
                 return
+            if not delete_content and any(key[0] == namespace for rt in self.registry.types if rt.namespaced
+                                          for key in self._objects[rt]):
+                return  # a deletion that left content: the controller's own passes recount it
             remaining: dict[str, int] = {}
             held_by: dict[str, int] = {}
             for rt in self.registry.types:
@@ -916,6 +919,8 @@ class Store:
                 if status != current.get("status"):
                     self._commit(ns_rt, ("", namespace), {**current, "metadata": dict(current["metadata"]),
                                                           "status": status}, "MODIFIED", current)
+                # The controller requeues a namespace whose content remains (ResourcesRemainingError).
+                self._enqueue_gc_later("ns:" + namespace, namespaces.REMAINING_RETRY_S)
                 return
             new = namespaces.without_kubernetes(current, status)
             if namespaces.is_finalized(new):

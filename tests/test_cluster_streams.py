@@ -172,7 +172,7 @@ def test_exec_it_gets_a_terminal_of_the_clients_size_follows_resizes_and_returns
     term.type("exit 5\r")
     assert term.wait() == 5, term.output
     assert "command terminated with exit code 5" in term.output.decode(errors="replace")
-    # stdin without a terminal still works, and a terminal without -i is refused by kubectl as upstream's.
+    # stdin without a terminal still works.
     piped = cluster.kubectl("exec", "-i", "web", "--", "sh", "-c", "read x; echo got-$x", stdin="it\n")
     assert piped.returncode == 0 and piped.stdout == "got-it\n", piped.stderr
 

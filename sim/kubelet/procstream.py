@@ -116,100 +116,105 @@ def _parse_resize(payload: bytes) -> tuple[int, int] | None:
     return (cols, rows) if 0 < cols < 65536 and 0 < rows < 65536 else None
 
 
+class _Session:
+    """One stream: the client's messages (which may come before the process is started: its first terminal size
+    among them) delivered to the process, its output sent back."""
+
+    def __init__(self, sock: socket.socket, *, stdin: bool) -> None:
+        self.sock = sock
+        self.stdin = stdin
+        self.send_lock = threading.Lock()
+        self.state_lock = threading.Lock()
+        self.process: _Process | None = None
+        self.pending: list[tuple[int, bytes]] = []  # client messages from before the process started
+        self.size: tuple[int, int] | None = None
+        self.first_size = threading.Event()
+        self.gone = threading.Event()
+
+    def send(self, opcode: int, payload: bytes) -> None:
+        with self.send_lock:
+            self.sock.sendall(ws.frame(opcode, payload))
+
+    def started(self, p: _Process) -> None:
+        with self.state_lock:
+            self.process, early, self.pending = p, self.pending, []
+        if not self.stdin:
+            p.close_stdin()
+        for channel, data in early:
+            self._deliver(p, channel, data)
+
+    def _deliver(self, p: _Process, channel: int, data: bytes) -> None:
+        if channel == ws.STDIN and self.stdin:
+            p.write(data)
+        elif channel == ws.CLOSE and data[:1] == bytes([ws.STDIN]):
+            p.close_stdin()
+
+    def _message(self, channel: int, data: bytes) -> None:
+        with self.state_lock:
+            p = self.process
+            if p is None:
+                if channel == ws.RESIZE:
+                    self.size = _parse_resize(data) or self.size
+                    self.first_size.set()
+                else:
+                    self.pending.append((channel, data))
+                return
+        if channel == ws.RESIZE:
+            if (size := _parse_resize(data)) is not None:
+                p.resize(*size)
+        else:
+            self._deliver(p, channel, data)
+
+    def read_client(self, detach_on_close: bool) -> None:
+        """The client's side until it closes; then stdin is closed (exec) or the process stopped (attach)."""
+        try:
+            while True:
+                op, data = ws.read_message(self.sock)
+                if op == ws.OP_CLOSE:
+                    break
+                if op == ws.OP_PING:
+                    self.send(ws.OP_PONG, data)
+                elif op == ws.OP_BINARY and data:
+                    self._message(data[0], data[1:])
+        except (ws.WsError, OSError, ValueError):
+            pass
+        self.gone.set()
+        self.first_size.set()
+        with self.state_lock:
+            p = self.process
+        if p is None:
+            return
+        try:
+            if detach_on_close:
+                p.stop()
+            else:
+                p.close_stdin()
+        except OSError:
+            pass
+
+
 def serve(sock: socket.socket, argv: list[str], *, stdin: bool, tty: bool,
           result: Callable[[int], bytes], detach_on_close: bool = False) -> int | None:
     """Run `argv` streamed over the WebSocket `sock` (its handshake done); `result(exit code)` is the final
     channel-3 message. With `detach_on_close` (attach) the process is stopped when the client goes away.
     Returns the exit code (None when the process could not start)."""
-    send_lock = threading.Lock()
-
-    def send(payload: bytes) -> None:
-        with send_lock:
-            sock.sendall(ws.frame(ws.OP_BINARY, payload))
-
-    first_size = threading.Event()
-    pending: list[tuple[int, bytes]] = []  # client messages that came before the process started
-    process: list[_Process] = []
-    gone = threading.Event()
-    state_lock = threading.Lock()
-    size: list[tuple[int, int]] = []
-
-    def on_message(channel: int, data: bytes) -> None:
-        if channel == ws.RESIZE:
-            parsed = _parse_resize(data)
-            if parsed is None:
-                return
-            with state_lock:
-                if not process:
-                    size[:] = [parsed]
-                    first_size.set()
-                    return
-            process[0].resize(*parsed)
-            return
-        with state_lock:
-            if not process:
-                pending.append((channel, data))
-                return
-        deliver(process[0], channel, data)
-
-    def deliver(p: _Process, channel: int, data: bytes) -> None:
-        if channel == ws.STDIN and stdin:
-            p.write(data)
-        elif channel == ws.CLOSE and data[:1] == bytes([ws.STDIN]):
-            p.close_stdin()
-
-    def read_client() -> None:
-        try:
-            while True:
-                op, data = ws.read_message(sock)
-                if op == ws.OP_CLOSE:
-                    break
-                if op == ws.OP_PING:
-                    with send_lock:
-                        sock.sendall(ws.frame(ws.OP_PONG, data))
-                    continue
-                if op == ws.OP_BINARY and data:
-                    try:
-                        on_message(data[0], data[1:])
-                    except OSError:
-                        break
-        except (ws.WsError, OSError, ValueError):
-            pass
-        gone.set()
-        first_size.set()
-        with state_lock:
-            p = process[0] if process else None
-        if p is not None:
-            if detach_on_close:
-                p.stop()
-            else:
-                try:
-                    p.close_stdin()
-                except OSError:
-                    pass
-
-    threading.Thread(target=read_client, daemon=True).start()
+    session = _Session(sock, stdin=stdin)
+    threading.Thread(target=session.read_client, args=(detach_on_close,), daemon=True).start()
     if tty:
-        first_size.wait(FIRST_RESIZE_WAIT_S)
+        session.first_size.wait(FIRST_RESIZE_WAIT_S)
     try:
-        with state_lock:
-            p = _Process(argv, tty=tty, size=size[0] if size else None)
-            process.append(p)
-            early, pending[:] = list(pending), []
-        if not stdin:
-            p.close_stdin()
-        for channel, data in early:
-            deliver(p, channel, data)
+        p = _Process(argv, tty=tty, size=session.size)
     except OSError as exc:
-        send(ws.status_message(None, f"starting the command failed: {exc}"))
+        session.send(ws.OP_BINARY, ws.status_message(None, f"starting the command failed: {exc}"))
         return None
-    if gone.is_set() and detach_on_close:
+    session.started(p)
+    if session.gone.is_set() and detach_on_close:
         p.stop()
 
     def pump(read: Callable[[], bytes], channel: int) -> None:
         while chunk := read():
             try:
-                send(bytes([channel]) + chunk)
+                session.send(ws.OP_BINARY, bytes([channel]) + chunk)
             except OSError:
                 return
 
@@ -221,9 +226,8 @@ def serve(sock: socket.socket, argv: list[str], *, stdin: bool, tty: bool,
         t.join(timeout=5)
     p.close()
     try:
-        send(result(code))
-        with send_lock:
-            sock.sendall(ws.frame(ws.OP_CLOSE, b"\x03\xe8"))
+        session.send(ws.OP_BINARY, result(code))
+        session.send(ws.OP_CLOSE, b"\x03\xe8")
     except OSError:
         pass
     return code
