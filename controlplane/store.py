@@ -642,8 +642,7 @@ class Store:
             else:
                 m.pop(server_field, None)
         m.pop("managedFields", None)
-        if rt.kind == "Namespace":
-            namespaces.with_spec_of(new, old)
+        o.prepare_update(rt, new, old)
         if o.spec_part(rt, new) != o.spec_part(rt, old):
             m["generation"] = int(om.get("generation", 1)) + 1
         return new

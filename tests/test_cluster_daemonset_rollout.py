@@ -72,6 +72,12 @@ def test_rollout_status_history_and_undo(kubectl: list[str]) -> None:
     assert "1 out of 3 new pods have been updated" in status and status.endswith(
         'daemon set "agent" successfully rolled out\n'), status
     assert _images(kubectl) == ["busybox:2"] * 3
+    # kube-apiserver counts template changes in the DaemonSet's template generation; the pods carry it.
+    ds = json.loads(_run(kubectl, "get", "ds", "agent", "-o", "json"))
+    assert ds["metadata"]["annotations"]["deprecated.daemonset.template.generation"] == "2"
+    pods = json.loads(_run(kubectl, "get", "pods", "-l", "app=agent", "-o", "json"))["items"]
+    assert {p["metadata"]["labels"]["pod-template-generation"] for p in pods
+            if not p["metadata"].get("deletionTimestamp")} == {"2"}
     history = _run(kubectl, "rollout", "history", "ds/agent")
     assert history.split("\n", 1)[1].split() == ["REVISION", "CHANGE-CAUSE", "1", "<none>", "2", "<none>"]
     revisions = _run(kubectl, "get", "controllerrevisions", "--no-headers").splitlines()

@@ -105,7 +105,8 @@ def daemon_pod(ds: Mapping[str, Any], node: str, *, surge: bool = False) -> dict
     pod_meta: dict[str, Any] = {
         "name": name, "namespace": meta.get("namespace") or "default",
         "labels": {**(tmeta.get("labels") or {}), REVISION_LABEL: revision,
-                   "pod-template-generation": str(meta.get("generation", 1))},
+                   "pod-template-generation": str((meta.get("annotations") or {}).get(
+                       "deprecated.daemonset.template.generation") or meta.get("generation", 1))},
         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": meta.get("name"),
                              "uid": meta.get("uid", ""), "controller": True, "blockOwnerDeletion": True}]}
     if tmeta.get("annotations"):
