@@ -10,7 +10,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gpudra import spdy
 
@@ -27,7 +27,7 @@ class _Pair:
     error_id: int = 0
     conn: socket.socket | None = None
     closed: bool = False
-    started: bool = field(default=False)
+    started: bool = False
 
 
 class PortForwardSession:
