@@ -5,7 +5,9 @@ is a database file (every 201 follows an fsync'd commit); prints writes/s, p50/p
 writes shared one commit (group commit), next to the same load in memory for comparison.
 
 serving: the server runs as its own process (`gpu-dra apiserver`, in memory) so that its CPU time is its own:
-requests/s and server CPU per request for GET, PUT and CREATE (4 clients on kept-alive connections), and the
+requests/s and server CPU per request for GET, PUT and CREATE (4 clients on kept-alive connections) as a
+ServiceAccount (token, RBAC, admission) and, alternately in the same server, as the admin (system:masters, which
+the authorizer allows without RBAC; `serviceAccountCostPercent` is the difference), and the
 cost of one event with 32 watchers: a PUT, then the time until all 32 watch streams have read the event, over
 many events, with the server's CPU time per event (the PUT included).
 """
@@ -173,13 +175,20 @@ def _service_account_token(url: str, admin_token: str) -> str:
 
 
 @contextlib.contextmanager
-def _server_process() -> Iterator[tuple[str, int, str]]:
-    """`gpu-dra apiserver` with credentials required; (url, pid, the admin token)."""
+def _server_process(audit_level: str | None = None) -> Iterator[tuple[str, int, str]]:
+    """`gpu-dra apiserver` with credentials required, and an audit log at `audit_level` for every request when
+    given; (url, pid, the admin token)."""
     root = Path(__file__).resolve().parent.parent
     tmp = tempfile.mkdtemp()
     kubeconfig = Path(tmp) / "kubeconfig"
+    audit: list[str] = []
+    if audit_level is not None:
+        policy = Path(tmp) / "audit-policy.yaml"
+        policy.write_text(json.dumps({"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+                                      "rules": [{"level": audit_level}]}))
+        audit = ["--audit-policy-file", str(policy), "--audit-log-path", str(Path(tmp) / "audit.log")]
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "apiserver", "--no-unauthenticated-as-admin", "--no-tls",
-                             "--kubeconfig-out", str(kubeconfig)], stdout=subprocess.PIPE,
+                             "--kubeconfig-out", str(kubeconfig), *audit], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, cwd=root,
                             env={**os.environ, "PYTHONPATH": str(root)})
     try:
@@ -207,9 +216,10 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bench_serving(requests: int = 2000, events: int = 200, watchers: int = 32) -> dict[str, Any]:
+def bench_serving(requests: int = 2000, events: int = 200, watchers: int = 32,
+                  audit_level: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    with _server_process() as (url, pid, admin_token):
+    with _server_process(audit_level) as (url, pid, admin_token):
         srv = argparse.Namespace(url=url)
         token = _service_account_token(url, admin_token)
         setup = _Client(srv.url, token)
@@ -217,16 +227,36 @@ def bench_serving(requests: int = 2000, events: int = 200, watchers: int = 32) -
             setup.call("POST", _LEASES, _lease(f"get-{i}"))
         clients = 4
         per = max(1, requests // clients)
-        ops = {
-            "get": lambda c, ci, i: c.call("GET", f"{_LEASES}/get-{ci}"),
-            "put": lambda c, ci, i: c.call("PUT", f"{_LEASES}/get-{ci}", _lease(f"get-{ci}", f"h{i}")),
-            "create": lambda c, ci, i: c.call("POST", _LEASES, _lease(f"new-{ci}-{i}")),
-        }
-        for name, op in ops.items():
-            cpu0 = _cpu_s(pid)
-            elapsed, lat = _run_clients(srv.url, clients, per, op, token)
-            out[name] = _figures(per * clients, elapsed, lat)
-            out[name]["serverCpuMsPerRequest"] = round((_cpu_s(pid) - cpu0) / (per * clients) * 1000, 3)
+
+        def ops(prefix: str) -> dict[str, Any]:
+            return {
+                "get": lambda c, ci, i: c.call("GET", f"{_LEASES}/get-{ci}"),
+                "put": lambda c, ci, i: c.call("PUT", f"{_LEASES}/get-{ci}", _lease(f"get-{ci}", f"h{i}")),
+                "create": lambda c, ci, i: c.call("POST", _LEASES, _lease(f"{prefix}-{ci}-{i}")),
+            }
+        # The same requests as the admin (system:masters: its token is checked first and the authorizer
+        # allows the group without consulting RBAC) and as the ServiceAccount, alternately, in one server: what
+        # ServiceAccount authentication and RBAC cost (admission runs for both).
+        admin: dict[str, Any] = {}
+        for round_ in range(2):
+            for who, who_token, figures in (("sa", token, out), ("admin", admin_token, admin)):
+                for name, op in ops(f"{who}{round_}").items():
+                    cpu0 = _cpu_s(pid)
+                    elapsed, lat = _run_clients(srv.url, clients, per // 2, op, who_token)
+                    cpu = _cpu_s(pid) - cpu0
+                    fig = figures.setdefault(name, {"n": 0, "elapsed": 0.0, "lat": [], "cpu": 0.0})
+                    fig["n"] += (per // 2) * clients
+                    fig["elapsed"] += elapsed
+                    fig["lat"] += lat
+                    fig["cpu"] += cpu
+        for figures in (out, admin):
+            for name, fig in list(figures.items()):
+                figures[name] = {**_figures(fig["n"], fig["elapsed"], fig["lat"]),
+                                 "serverCpuMsPerRequest": round(fig["cpu"] / fig["n"] * 1000, 3)}
+        out["asAdmin"] = admin
+        out["serviceAccountCostPercent"] = {
+            name: round(100 * (out[name]["serverCpuMsPerRequest"] / max(admin[name]["serverCpuMsPerRequest"], 1e-9)
+                               - 1), 1) for name in admin}
 
         setup.call("POST", _LEASES, _lease("watched"))
         _, raw = setup.call("GET", f"{_LEASES}/watched")
@@ -287,7 +317,10 @@ def run_store(args: argparse.Namespace) -> int:
 
 
 def run_serving(args: argparse.Namespace) -> int:
-    figures = bench_serving(getattr(args, "size", None) or 2000)
+    audit_level = getattr(args, "audit_level", None)
+    figures = bench_serving(getattr(args, "size", None) or 2000, audit_level=audit_level)
     emit("serving", {"shape": "4 kept-alive clients; one event to 32 watchers; every request as a ServiceAccount "
-                               "(token, RBAC, admission)", **figures}, args.output)
+                               "(token, RBAC, admission); get/put/create also as the admin (system:masters) in "
+                               "alternate rounds: asAdmin", "auditLevel": audit_level or "no audit log", **figures},
+         args.output)
     return 0

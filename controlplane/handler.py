@@ -1,8 +1,10 @@
-"""HTTP routing for the embedded control plane: Kubernetes' REST paths onto the store."""
+"""HTTP serving for the embedded control plane: the connection (request head, body, responses) and the filter
+chain (authentication, impersonation, authorization, admission set up for writes) in front of the REST handlers
+of controlplane.handlers (reads, writes, subresources, discovery) and controlplane.watchserve."""
 
 from __future__ import annotations
 
-import base64
+import dataclasses
 import json
 import re
 import select
@@ -12,41 +14,29 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from controlplane import filters, httphead, reviews
+from controlplane import filters, httphead
 from controlplane import resources as res
-from controlplane import execproxy, portforwardtunnel, scale
-from controlplane.crds import openapi as crd_openapi
-from controlplane.crds import serving as crd_serving
 from controlplane import status as st
 from controlplane import health, protobuf
+from controlplane.admission.chain import RequestAdmission
 from controlplane.admission.request import AdmissionRequest
+from controlplane.audit.event import AuditEvent
 from controlplane.authn import UserInfo
+from controlplane.handlers import discovery, reads, subresources, writes
 from controlplane.protobufbodies import protobuf_request, protobuf_response
-from controlplane.openapi import openapi_group_version, openapi_root, openapi_v2, openapi_v2_protobuf
-from controlplane.params import bool_param, int_param
-from controlplane.podlogserve import PodLogStream
-from controlplane.podpriority import admit_pod_priority
-from controlplane.routing import CONVERTED_KINDS, Route, ServerContext, encode
-from controlplane.security import ensure_default_account
-from controlplane.selectors import FieldSelector, LabelSelector, SelectorError
+from controlplane.params import bool_param
+from controlplane.routing import Route, ServerContext, encode
 from controlplane.serving import wait_ready
-from controlplane.store import FIELD_VALIDATION, FieldPolicy, Filter
-from controlplane.tables import INCLUDE_OBJECT, to_table, wants_table
 from controlplane.watchserve import WatchStream
 from gpudra import strictjson
-from gpudra.conversion import split_api_version
-from gpudra.validation import schema
 
-# kube-openapi answers the "...spec.v2@v1.0+protobuf" Accept with this Content-Type (no "@": mime would refuse it).
-_OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
-_NO_SERVER_SIDE_APPLY = ("server-side apply is not supported by gpu-dra's embedded control plane (it keeps no "
-                         "field managers); use client-side apply: kubectl apply without --server-side")
 # kube-apiserver's limit on a request body it decodes (MaxRequestBodyBytes, 3 MiB): larger is 413.
 MAX_BODY_BYTES = 3 * 1024 * 1024
 _WRITE_TIMEOUT_S = 30.0
 _LINGER_S = 2.0  # a refused request's unread body is read and dropped until the client is silent this long
 _LINGER_MAX_BYTES = 64 * 1024 * 1024
 _DIGITS = re.compile(r"^[0-9]+$")
+_POD_CONNECT = frozenset({"exec", "attach", "portforward"})
 
 
 class SocketWriter:
@@ -84,6 +74,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     wfile: SocketWriter  # type: ignore[assignment]
     headers: httphead.Headers  # type: ignore[assignment]
     _ctx: ServerContext
+    _audit: AuditEvent | None = None  # the request's audit event (controlplane.audit), when one is recorded
 
     @classmethod
     def for_connection(cls, conn: Any, server: Any, ctx: ServerContext) -> ApiHandler:
@@ -155,7 +146,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         return  # per-request access logs would swamp the structured logs of the processes using us
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        return  # as log_message, without formatting a line for nobody
+        # No access log (as log_message); a long-running response's audit event is at ResponseStarted.
+        if self._audit is not None:
+            self._audit.started(code)
 
     # ----- plumbing ------------------------------------------------------------------------------------------
 
@@ -172,6 +165,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         head = (f"HTTP/1.1 {code} {self.responses.get(code, ('',))[0]}\r\n"
                 f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
                 f"Cache-Control: no-cache, private\r\n{warnings}{self._connection_header()}\r\n").encode()
+        if self._audit is not None:
+            self._audit.respond(code, body, content_type)
         self.wfile.write(head + body)
         self.log_request(code)
 
@@ -265,6 +260,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         self._protobuf_out = False
+        self._audit = None
         try:
             if self.path.startswith("/") and "#" not in self.path:
                 path, _, raw_query = self.path.partition("?")  # what urlsplit gives for an origin-form target
@@ -283,6 +279,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         except Exception as exc:  # a bad request must never take the server down
             self._drain()
             self._send_error(st.StatusError(500, "InternalError", f"internal error: {type(exc).__name__}: {exc}"))
+        if self._audit is not None:
+            self._audit.complete()
+            self._audit = None
 
     def _lingering_close(self) -> None:
         """After refusing a request whose body was not read (413, bad Content-Length): stop sending, then read
@@ -332,51 +331,49 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _body(self) -> Any:
         value = self._read_body()
         self._body_read = True
+        if self._audit is not None:
+            self._audit.request_object(value)
         return value
-
-    def _stored(self, r: Route, body: Any, policy: FieldPolicy) -> Any:
-        """The body in storage form. One in another served version is checked against that version's schema
-        first, so that unknown fields and wrong types are named as the client wrote them."""
-        if isinstance(body, dict) and r.rt.kind in CONVERTED_KINDS:
-            if body.get("apiVersion"):
-                group, version = split_api_version(body.get("apiVersion"))
-            else:
-                group, version = r.rt.group, r.version or r.rt.version
-            if group == r.rt.group and version != r.rt.version and version in r.rt.versions:
-                body = self.ctx.store.clean_fields(r.rt, body, policy, version)
-        return r.stored(body)
-
-    def _field_policy(self, query: dict[str, str], body: Any) -> FieldPolicy:
-        mode = query.get("fieldValidation") or "Warn"
-        if mode not in FIELD_VALIDATION:
-            raise st.bad_request(f"fieldValidation: Unsupported value: {json.dumps(mode)}: supported values: "
-                                 '"Ignore", "Warn", "Strict"')
-        policy = FieldPolicy(mode, list(getattr(self, "_duplicates", [])))
-        self._warnings = policy.warnings
-        return policy
 
     # ----- routing -------------------------------------------------------------------------------------------
 
     def _authenticate(self) -> UserInfo:
         sec = self.ctx.security
         # The internal listener behind the TLS front requires credentials whatever the plain port does.
-        lenient = sec.unauthenticated_as_admin and not getattr(self.server, "requires_credentials", False)
-        return filters.authenticate(self.headers.get("Authorization"), sec.authenticator, sec.accounts, lenient)
+        strict = getattr(self.server, "requires_credentials", False)
+        peer = sec.client_identities(self.client_address) if strict else None
+        return filters.authenticate(self.headers.get("Authorization"), sec.authenticator, sec.accounts,
+                                    sec.unauthenticated_as_admin and not strict, peer)
 
     def _route(self, method: str, path: str, query: dict[str, str]) -> None:
         parts = [p for p in path.split("/") if p]
         reg = self.ctx.registry
         authorizer = self.ctx.security.authorizer
-        self._user = user = filters.impersonate(self._authenticate(), self.headers, authorizer)
+        auditor = self.ctx.audit
+        try:
+            authenticated = self._authenticate()
+        except st.StatusError:
+            if auditor is not None:
+                presented = getattr(self.server, "requires_credentials", False) and \
+                    self.ctx.security.client_identities(self.client_address) is not None
+                auditor.failed_authentication(method, self.path, path, query, self.client_address[0], self.headers,
+                                              presented)
+            raise
+        if auditor is not None:
+            self._audit = auditor.begin(method, self.path, path, query, authenticated, self.client_address[0],
+                                        self.headers)
+        self._user = user = filters.impersonate(authenticated, self.headers, authorizer)
+        if self._audit is not None and user is not authenticated:
+            self._audit.impersonated(user)
         if method == "GET" and len(parts) == 1 and parts[0] in health.ENDPOINTS:
-            authorizer.require(filters.path_attributes(user, method, path))
+            filters.authorize(authorizer, filters.path_attributes(user, method, path), self._audit)
             code, text = health.report(parts[0], self.ctx.store.storage_failure, "verbose" in query)
             self._send(code, text, "text/plain; charset=utf-8")
             return
         if method == "GET":
-            doc = self._discovery(parts, reg)
+            doc = discovery.document(self, parts, reg)
             if doc is not None:
-                authorizer.require(filters.path_attributes(user, method, path))
+                filters.authorize(authorizer, filters.path_attributes(user, method, path), self._audit)
                 if isinstance(doc, tuple):
                     self._send(200, doc[0], doc[1])
                 elif isinstance(doc, bytes):
@@ -393,12 +390,17 @@ class ApiHandler(BaseHTTPRequestHandler):
         route = self._resolve(group, version, rest, path)
         attrs = filters.resource_attributes(user, method, route.rt, route.namespace, route.name,
                                             route.subresource, query)
-        authorizer.require(attrs)
+        filters.authorize(authorizer, attrs, self._audit)
+        if (route.subresource in _POD_CONNECT and route.rt.kind == "Pod" and not route.rt.group
+                and self.ctx.security.connect_requires_create and attrs.verb != "create"):
+            # The pod registry's Connect: a WebSocket upgrade is a GET, authorized above as `get`; it must also
+            # be allowed to `create`, as the SPDY POST is.
+            authorizer.require(dataclasses.replace(attrs, verb="create"))
         dry_run = query.get("dryRun", "")
         if dry_run not in ("", "All"):
             raise st.bad_request(f"dryRun: Unsupported value: {json.dumps(dry_run)}: supported values: \"All\"")
         if route.rt.virtual or route.subresource == "token":
-            self._review(method, route, user)
+            subresources.review(self, method, route, user)
             return
         store = self.ctx.store
         if method == "GET":
@@ -407,47 +409,17 @@ class ApiHandler(BaseHTTPRequestHandler):
         admission = self.ctx.security.admission
         operation = {"POST": "CREATE", "PUT": "UPDATE", "PATCH": "UPDATE", "DELETE": "DELETE"}.get(method, "")
 
-        def admit(rt: res.ResourceType, name: str, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
-            req = AdmissionRequest(user, operation, rt, route.namespace, name, route.subresource or "", attrs.verb,
-                                   bool(dry_run), authorizer)
-            admission.admit(req, obj, old, self._warnings)
+        def request(rt: res.ResourceType, name: str) -> AdmissionRequest:
+            return AdmissionRequest(user, operation, rt, route.namespace, name, route.subresource or "", attrs.verb,
+                                    bool(dry_run), authorizer, route.version or "", self._audit)
 
-        self._admit = admit
+        self._admit = admit = RequestAdmission(admission, request, lambda: self._warnings)
         with store.admitting(admit):
             if dry_run:
                 with store.dry_run():
                     self._serve(method, route, query)
             else:
                 self._serve(method, route, query)
-
-    def _discovery(self, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | tuple[bytes, str] | None:
-        if parts == ["version"]:
-            return res.server_version(self.ctx.kubernetes_version)
-        if parts == ["openapi", "v2"]:
-            if "protobuf" in (self.headers.get("Accept") or ""):
-                return openapi_v2_protobuf(reg), _OPENAPI_V2_PROTOBUF
-            return openapi_v2(reg)
-        if parts[:2] == ["openapi", "v3"]:
-            if len(parts) == 2:
-                return openapi_root(reg)
-            gv_path = "/".join(parts[2:])
-            return (crd_openapi.group_version(reg, gv_path) or openapi_group_version(reg, gv_path)
-                    or self._not_found_path(parts))
-        if parts == ["api"]:
-            return res.api_versions()
-        if parts == ["apis"]:
-            return res.api_group_list(reg)
-        if len(parts) == 2 and parts[0] == "api":
-            return res.api_resource_list(reg, "", parts[1]) or self._not_found_path(parts)
-        if len(parts) == 2 and parts[0] == "apis":
-            return res.api_group(reg, parts[1]) or self._not_found_path(parts)
-        if len(parts) == 3 and parts[0] == "apis":
-            return res.api_resource_list(reg, parts[1], parts[2]) or self._not_found_path(parts)
-        return None
-
-    @staticmethod
-    def _not_found_path(parts: list[str]) -> dict[str, Any]:
-        raise st.StatusError(404, "NotFound", f"the server could not find the requested resource (/{'/'.join(parts)})")
 
     def _resolve(self, group: str, version: str, rest: list[str], path: str) -> Route:
         reg = self.ctx.registry
@@ -475,211 +447,30 @@ class ApiHandler(BaseHTTPRequestHandler):
                                                   f"{rt.plural} are namespaced; use /namespaces/NAMESPACE/{rt.plural}")
         return Route(rt, namespace, name, sub, version)
 
-    def _review(self, method: str, r: Route, user: UserInfo) -> None:
-        """The endpoints that answer without storing: reviews and TokenRequest (POST only)."""
-        if method != "POST" or (r.subresource == "token" and not r.name) or (r.rt.virtual and r.name):
-            raise st.method_not_allowed(f"{method} is not supported on {r.rt.plural}"
-                                        f"{'/' + r.subresource if r.subresource else ''}; supported: POST (create)")
-        body = self._body()
-        authorizer = self.ctx.security.authorizer
-        if r.rt.kind == "SelfSubjectAccessReview":
-            answer = reviews.self_subject_access_review(body, user, authorizer)
-        elif r.rt.kind == "SubjectAccessReview":
-            answer = reviews.subject_access_review(body, authorizer)
-        elif r.rt.kind == "SelfSubjectRulesReview":
-            answer = reviews.self_subject_rules_review(body, user, self.ctx.security.rbac)
-        elif r.rt.kind == "SelfSubjectReview":
-            answer = reviews.self_subject_review(user)
-        else:
-            store, reg = self.ctx.store, self.ctx.registry
-            account = store.get(r.rt, r.namespace, r.name or "")
-
-            def get(kind: str, ns: str, name: str) -> dict[str, Any] | None:
-                rt = reg.by_kind(kind)
-                try:
-                    return store.get(rt, ns, name) if rt is not None else None
-                except st.StatusError:
-                    return None
-            answer = reviews.token_request(r.namespace, r.name or "", account, body,
-                                           self.ctx.security.authenticator, get)
-        self._send_json(201, answer)
-
     def _serve(self, method: str, r: Route, query: dict[str, str]) -> None:
-        store = self.ctx.store
+        """The REST handler of the route (controlplane.handlers), after authorization and with admission set up."""
         self._protobuf_out = protobuf.accepts(self.headers.get("Accept"))
         if r.name is None:
             if method == "GET":
                 if bool_param(query, "watch"):
                     WatchStream(self).serve(r, query)
                 else:
-                    self._list(r, query)
+                    reads.list_objects(self, r, query)
                 return
             if method == "POST":
-                body = self._body()
-                policy = self._field_policy(query, body)
-                body = self._stored(r, body, policy)
-                if r.rt.kind == "Pod" and isinstance(body, dict):
-                    body = admit_pod_priority(store, self.ctx.registry, body)
-                obj = store.create(r.rt, r.namespace, body, policy)
-                if r.rt.kind == "Namespace" and not store.in_dry_run:
-                    ensure_default_account(store, self.ctx.registry, obj["metadata"]["name"])
-                self._send_json(201, r.shown(obj))
+                writes.create(self, r, query)
                 return
             raise st.method_not_allowed(f"{method} is not supported on the collection {r.rt.plural}; "
                                         "supported: GET (list, watch) and POST (create)")
-        if r.subresource == "log":
-            if method != "GET":
-                raise st.method_not_allowed(f"{method} is not supported on pods/log; supported: GET")
-            PodLogStream(self).serve(r, query)
-            return
-        if r.subresource == "finalize" and method != "PUT":  # namespaces/finalize is an update only
-            raise st.method_not_allowed("the server does not allow this method on the requested resource")
-        if r.subresource in execproxy.SUBRESOURCES:  # controlplane.execproxy: relayed to the node's kubelet
-            if method not in ("GET", "POST"):
-                raise st.method_not_allowed(f"{method} is not supported on pods/{r.subresource}; supported: GET, POST")
-            if method == "GET":  # a WebSocket session is also authorized as create (AuthorizePodWebsocketUpgradeCreatePermission)
-                self.ctx.security.authorizer.require(filters.resource_attributes(
-                    self._user, "POST", r.rt, r.namespace, r.name, r.subresource, query))
-            host, port, container = execproxy.target(store, r.rt, self.ctx.registry.by_kind("Node"), r.namespace,
-                                                     r.name or "", query.get("container"), r.subresource)
-            self.close_connection = True
-            if r.subresource == "portforward" and portforwardtunnel.is_websocket(self.headers):
-                portforwardtunnel.serve(self.connection, self.headers, host, port, r.namespace, r.name or "")
-                return
-            execproxy.relay(self.connection, self.headers, host, port, r.subresource, r.namespace, r.name or "",
-                            container, urlsplit(self.path).query)
-            return
-        if r.subresource == "scale" and r.rt.custom is not None:  # a CRD's scale subresource (its paths)
-            self._send_json(200, crd_serving.serve_scale(store, r.rt, r.namespace, r.name or "", method, query,
-                                                         self._body() if method != "GET" else None,
-                                                         (self.headers.get("Content-Type") or "")))
-            return
-        if r.subresource == "scale":  # controlplane.scale: Deployments, ReplicaSets, StatefulSets
-            body = None if method == "GET" else self._body()
-            self._send_json(200, scale.serve(store, r.rt, r.namespace, r.name or "", method, body,
-                                             self.headers.get("Content-Type")))
-            return
-        if r.subresource == "binding":
-            if method != "POST":
-                raise st.method_not_allowed(f"{method} is not supported on pods/binding; supported: POST")
-            self._send_json(201, store.bind(r.namespace, r.name, self._body()))
+        if subresources.serve(self, method, r, query):
             return
         if method == "GET":
-            obj = store.get(r.rt, r.namespace, r.name)
-            store.await_durable(obj["metadata"].get("resourceVersion"))
-            self._send_object(200, r, obj, query)
+            reads.get_object(self, r, query)
         elif method == "PUT":
-            body = self._body()
-            policy = self._field_policy(query, body)
-            self._send_json(200, r.shown(store.update(r.rt, r.namespace, r.name, self._stored(r, body, policy),
-                                                      r.subresource, policy)))
+            writes.update(self, r, query)
         elif method == "PATCH":
-            ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-            if ctype == "application/merge-patch+json":
-                kind = "merge"
-            elif ctype == "application/strategic-merge-patch+json":
-                kind = "strategic"
-            elif ctype == "application/json-patch+json":
-                kind = "json"
-            elif ctype == "application/apply-patch+yaml":
-                self._body()
-                # 415 is what makes kubectl say "Server-side apply not available on the server".
-                raise st.StatusError(415, "UnsupportedMediaType", _NO_SERVER_SIDE_APPLY)
-            else:
-                self._body()
-                raise st.unsupported_media_type(ctype)
-            body = self._body()
-            policy = self._field_policy(query, body)
-            codec = (r.shown, r.stored) if r.converts else None
-            self._send_json(200, r.shown(store.patch(r.rt, r.namespace, r.name, kind, body, r.subresource,
-                                                     codec, policy, r.version or r.rt.version)))
+            writes.patch(self, r, query)
         elif method == "DELETE":
-            body = self._body()
-            if body is not None and not isinstance(body, dict):
-                raise st.bad_request("the body of a delete must be a DeleteOptions object")
-            options = body or {}
-            report = schema.check_fields("V1DeleteOptions", options)
-            if report.type_errors:
-                raise st.bad_request(f"DeleteOptions in version \"v1\" cannot be handled as a DeleteOptions: json: "
-                                     f"{report.type_errors[0]}")
-            if "propagationPolicy" in query:
-                options = {**options, "propagationPolicy": query["propagationPolicy"]}
-            propagation = options.get("propagationPolicy")
-            if propagation not in (None, "Foreground", "Background", "Orphan"):
-                raise st.bad_request(f"propagationPolicy: Unsupported value: {json.dumps(propagation)}: supported values: "
-                                     '"Foreground", "Background", "Orphan"')
-            self._admit(r.rt, r.name, None, store.get(r.rt, r.namespace, r.name))
-            deleted = store.delete(r.rt, r.namespace, r.name, options)
-            self._send_json(200, r.shown(deleted) if deleted.get("kind") == r.rt.kind else deleted)
+            writes.delete(self, r, query)
         else:
             raise st.method_not_allowed(f"{method} is not supported on {r.rt.plural}")
-
-    def _include_object(self, query: dict[str, str]) -> str:
-        include = query.get("includeObject") or "Metadata"
-        if include not in INCLUDE_OBJECT:
-            raise st.bad_request(f"includeObject: Unsupported value: {include!r}: supported values: "
-                                 + ", ".join(f'"{v}"' for v in INCLUDE_OBJECT))
-        return include
-
-    def _send_object(self, code: int, r: Route, obj: dict[str, Any], query: dict[str, str] | None = None) -> None:
-        if wants_table(self.headers.get("Accept")):
-            include = self._include_object(query or {})
-            self._send_json(code, to_table(r.rt, [obj], obj["metadata"].get("resourceVersion", ""), include,
-                                           r.shown))
-        else:
-            self._send_json(code, r.shown(obj))
-
-    # ----- list and watch ------------------------------------------------------------------------------------
-
-    def _filter(self, r: Route, query: dict[str, str]) -> Filter:
-        try:
-            labels = LabelSelector.parse(query.get("labelSelector"))
-            fields = FieldSelector.parse(query.get("fieldSelector"))
-            fields.check_fields(lambda f: r.rt.field_value({}, f) is not None, r.rt.selectable_fields,
-                                f'"{r.rt.kind}" in version "{r.rt.api_version_at(r.version or r.rt.version)}"')
-        except SelectorError as exc:
-            raise st.bad_request(str(exc)) from exc
-        return Filter(r.rt, r.namespace or None, labels, fields)
-
-    def _list(self, r: Route, query: dict[str, str]) -> None:
-        flt = self._filter(r, query)
-        int_param(query, "resourceVersion")
-        int_param(query, "timeoutSeconds")
-        limit = int_param(query, "limit") or 0
-        items, rv = self.ctx.store.list(flt)
-        self.ctx.store.await_durable(rv)
-        meta: dict[str, Any] = {"resourceVersion": str(rv)}
-        start = 0
-        token = query.get("continue")
-        if token:
-            try:
-                decoded = json.loads(base64.urlsafe_b64decode(token.encode()))
-                after = (decoded["ns"], decoded["name"])
-            except (ValueError, KeyError, TypeError):
-                raise st.StatusError(400, "BadRequest", "continue: invalid token; pass back the metadata.continue "
-                                                        "value of the previous list unchanged") from None
-            start = next((i for i, obj in enumerate(items) if self._sort_key(obj) > after), len(items))
-        if limit > 0 and start + limit < len(items):
-            last = items[start + limit - 1]
-            ns, name = self._sort_key(last)
-            meta["continue"] = base64.urlsafe_b64encode(encode({"ns": ns, "name": name})).decode()
-            meta["remainingItemCount"] = len(items) - start - limit
-            items = items[start:start + limit]
-        else:
-            items = items[start:]
-        if wants_table(self.headers.get("Accept")):
-            include = self._include_object(query)
-            extra = {k: v for k, v in meta.items() if k != "resourceVersion"}
-            self._send_json(200, to_table(r.rt, items, str(rv), include, r.shown, meta=extra))
-            return
-        # Items are already serialized JSON objects in the store; splice them in without re-encoding twice.
-        head = encode({"kind": r.rt.kind + "List", "apiVersion": r.rt.api_version_at(r.version or r.rt.version),
-                        "metadata": meta})[:-1]
-        json_of = self.ctx.store.json_of
-        body = head + b',"items":[' + b",".join(json_of(r.shown(i)) for i in items) + b"]}"
-        self._send(200, body)
-
-    @staticmethod
-    def _sort_key(obj: dict[str, Any]) -> tuple[str, str]:
-        m = obj.get("metadata") or {}
-        return (m.get("namespace") or "", m.get("name") or "")

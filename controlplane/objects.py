@@ -78,6 +78,17 @@ def metadata_errors(obj: dict[str, Any]) -> list[str]:
     return errors
 
 
+def replace_content(obj: dict[str, Any], new: dict[str, Any]) -> None:
+    """Make `obj` hold `new`'s content, keeping its own metadata dict (which a write in progress holds on to)."""
+    metadata, new_metadata = obj.get("metadata"), new.get("metadata")
+    obj.clear()
+    obj.update(new)
+    if isinstance(metadata, dict) and isinstance(new_metadata, dict) and metadata is not new_metadata:
+        metadata.clear()
+        metadata.update(new_metadata)
+        obj["metadata"] = metadata
+
+
 def without(obj: dict[str, Any], *keys: str) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in keys}
 

@@ -237,6 +237,8 @@ DEFAULT_REGISTRY = Registry(
                      "ValidatingAdmissionPolicyBinding", False),
         ResourceType("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
                      "ValidatingWebhookConfiguration", False),
+        ResourceType("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+                     "MutatingWebhookConfiguration", False),
         ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),
         # The Workload API as Kubernetes 1.37 serves it (KEP-4671; GenericWorkload).
         ResourceType("scheduling.k8s.io", "v1beta1", "workloads", "Workload", True),

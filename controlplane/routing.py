@@ -9,10 +9,11 @@ from typing import Any, Protocol
 
 from controlplane import resources as res
 from controlplane import status as st
+from controlplane.audit.event import Auditor
 from controlplane.crds import serving as crd_serving
 from controlplane.podlogs import PodLogSource
 from controlplane.security import Security
-from controlplane.store import Filter, Store
+from controlplane.store import Store
 from gpudra.conversion import ConversionError, from_storage, split_api_version, to_storage
 
 CONVERTED_KINDS = frozenset({"DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice",
@@ -74,6 +75,7 @@ class ServerContext(Protocol):
     pod_logs: PodLogSource | None
     security: Security
     kubernetes_version: str
+    audit: Auditor | None
 
     @property
     def stopping(self) -> bool: ...
@@ -93,7 +95,3 @@ class Responder(Protocol):
     def log_request(self, code: int | str = ..., size: int | str = ...) -> None: ...
 
     def _send(self, code: int, body: bytes, content_type: str = ...) -> None: ...
-
-    def _filter(self, r: Route, query: dict[str, str]) -> Filter: ...
-
-    def _include_object(self, query: dict[str, str]) -> str: ...

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from controlplane import namespaces
 from controlplane import objects as o
@@ -133,8 +133,14 @@ class Filter:
         return self.fields.empty or self.fields.matches(lambda f: self.rt.field_value(obj, f))
 
 
-# (type, name, the object to store, the stored one or None) -> None; raises a StatusError to refuse.
-RequestAdmission = Callable[[ResourceType, str, dict[str, Any], "dict[str, Any] | None"], None]
+class RequestAdmission(Protocol):
+    """A request's admission chain (controlplane.admission.chain.RequestAdmission)."""
+
+    def mutate(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> bool:
+        """Change `obj` in place (mutating admission); True when it changed."""
+
+    def __call__(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        """Raise a StatusError to refuse (validating admission)."""
 
 
 class ChangeCounter:
@@ -313,6 +319,12 @@ class Store:
         return _Admitting(self._tls, admit)
 
     def _admit(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        request_admission: RequestAdmission | None = getattr(self._tls, "admit", None)
+        # Mutating admission comes first, and what it changed is decoded and defaulted again, as kube-apiserver
+        # decodes a webhook's patched object.
+        if request_admission is not None and request_admission.mutate(rt, name, obj, old):
+            o.replace_content(obj, self.clean_fields(rt, obj, FieldPolicy("Ignore")))
+            apply_defaults(rt.group, rt.kind, obj)
         errors = o.metadata_errors(obj)
         if old is not None:
             errors.extend(o.immutability_errors(rt, obj, old))
@@ -331,7 +343,6 @@ class Store:
                                      f'{rt.qualified_kind} "{name}": admission failed: {type(exc).__name__}: {exc}') from exc
         if errors:
             raise st.invalid(rt, name, errors)
-        request_admission = getattr(self._tls, "admit", None)
         if request_admission is not None:
             request_admission(rt, name, obj, old)
 
@@ -730,7 +741,11 @@ class Store:
             patched = self.clean_fields(rt, patched, fields)
             apply_defaults(rt.group, rt.kind, patched)
             _check_uid(rt, name, o.meta(patched), old)
+            # The patched object carries the stored resourceVersion; only one the patch itself wrote is a
+            # precondition (so a patch without one is reapplied after a concurrent write, not refused).
             want_rv = (patched.get("metadata") or {}).get("resourceVersion")
+            if want_rv == old["metadata"].get("resourceVersion") and not _sets_resource_version(body):
+                want_rv = None
             if want_rv and want_rv != old["metadata"].get("resourceVersion"):
                 raise st.conflict(rt, name)
             pm = o.meta(patched)
@@ -1161,3 +1176,19 @@ class Watcher:
                 out.append(("DELETED", ev))
         self.pos = newest
         return out
+
+
+def _sets_resource_version(body: Any) -> bool:
+    """Whether a patch body names a resourceVersion (kube-apiserver's precondition for a patch)."""
+    if isinstance(body, dict):
+        meta = body.get("metadata")
+        return isinstance(meta, dict) and meta.get("resourceVersion") is not None
+    if isinstance(body, list):
+        for op in body:
+            if not isinstance(op, dict) or op.get("op") not in ("add", "replace", "copy", "move"):
+                continue
+            path, value = op.get("path"), op.get("value")
+            if path == "/metadata/resourceVersion" or (
+                    path == "/metadata" and isinstance(value, dict) and "resourceVersion" in value):
+                return True
+    return False

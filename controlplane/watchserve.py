@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from controlplane import status as st
+from controlplane.handlers import reads
 from controlplane.params import bool_param, int_param
 from controlplane.routing import Responder, Route, encode
 from controlplane.store import Event, Watcher
@@ -28,14 +29,14 @@ class WatchStream:
         self.connection = handler.connection
 
     def serve(self, r: Route, query: dict[str, str]) -> None:
-        flt = self.h._filter(r, query)
+        flt = reads.selection(r, query)
         rv = int_param(query, "resourceVersion") or None
         send_initial = bool_param(query, "sendInitialEvents")
         initial = rv is None or send_initial
         bookmarks = bool_param(query, "allowWatchBookmarks")
         timeout_s = int_param(query, "timeoutSeconds")
         table = wants_table(self.h.headers.get("Accept"))
-        include = self.h._include_object(query) if table else ""
+        include = reads.include_object(query) if table else ""
         watcher = self.ctx.store.watch(flt, rv, initial)
         self.ctx.store.await_durable(watcher.pos)
         detach = getattr(self.h.server, "detach_for_watch", None)

@@ -46,6 +46,10 @@ class Gate:
 
 
 GATES: tuple[Gate, ...] = (
+    # pods/exec, pods/attach and pods/portforward also need `create` when reached by GET (a WebSocket
+    # upgrade), as their SPDY POST does (KEP-4006; the pod registry's Connect checks it).
+    Gate("AuthorizePodWebsocketUpgradeCreatePermission", "pod_websocket_create_permission", (
+        GateStage("1.35", True, "beta"),)),
     Gate("DRAAdminAccess", "admin_access", (
         GateStage("1.32", False, "alpha"), GateStage("1.34", True, "beta"), GateStage("1.36", True, "GA", True))),
     Gate("DRAConsumableCapacity", "consumable_capacity", (
@@ -106,6 +110,7 @@ class Features:
     """Which DRA feature gates are on, and for which Kubernetes release. Defaults are 1.37's."""
 
     kubernetes_version: str = DEFAULT_VERSION
+    pod_websocket_create_permission: bool = True
     admin_access: bool = True
     consumable_capacity: bool = True
     device_binding_conditions: bool = True

@@ -80,6 +80,8 @@ KINDS: dict[str, KindInfo] = {
                                                  "validatingadmissionpolicybindings", False),
     "ValidatingWebhookConfiguration": KindInfo("admissionregistration.k8s.io", "v1",
                                                "validatingwebhookconfigurations", False),
+    "MutatingWebhookConfiguration": KindInfo("admissionregistration.k8s.io", "v1",
+                                             "mutatingwebhookconfigurations", False),
     "PriorityClass": KindInfo("scheduling.k8s.io", "v1", "priorityclasses", False),
     "Workload": KindInfo("scheduling.k8s.io", "v1beta1", "workloads", True),
     "PodGroup": KindInfo("scheduling.k8s.io", "v1beta1", "podgroups", True),

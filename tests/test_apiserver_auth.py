@@ -251,6 +251,63 @@ def test_kubelet_identity_is_scoped_to_its_node(srv: EmbeddedApiServer) -> None:
     assert kubelet.call("POST", "/apis/resource.k8s.io/v1/resourceslices", _slice("n2", "other"))[0] == 403
 
 
+def _exec_accounts(c: Client, verbs: dict[str, list[str]]) -> dict[str, Client]:
+    clients = {}
+    for name, granted in verbs.items():
+        _account(c, "default", name)
+        _apply(c, _rbac(name, [{"apiGroups": [""], "resources": ["pods/exec", "pods/attach", "pods/portforward"],
+                                "verbs": granted}]))
+        clients[name] = Client(c.url, _token(c, "default", name))
+    return clients
+
+
+_UPGRADE = "/api/v1/namespaces/default/pods/absent/exec?command=true&stdout=true"
+
+
+def _connect(c: Client, method: str, path: str = _UPGRADE) -> tuple[int, Any]:
+    """A WebSocket upgrade (GET) or SPDY (POST) connect to a pod; the pod does not exist, so an authorized
+    request ends in 404 and a refused one in 403."""
+    headers = {"Authorization": f"Bearer {c.token}", "Connection": "Upgrade", "Upgrade": "websocket",
+               "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+               "Sec-WebSocket-Protocol": "v5.channel.k8s.io"}
+    req = urllib.request.Request(c.url + path, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req) as resp:
+            return resp.status, _decode(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, _decode(err.read())
+
+
+def test_websocket_connect_to_a_pod_needs_create(srv: EmbeddedApiServer) -> None:
+    """AuthorizePodWebsocketUpgradeCreatePermission (beta, on from 1.35): the GET of a WebSocket upgrade is
+    authorized as `get`, and the pod registry also requires `create`, as for the SPDY POST."""
+    accounts = _exec_accounts(admin(srv), {"getter": ["get"], "both": ["get", "create"], "creator": ["create"]})
+    pod = srv.registry.by_kind("Pod")
+    assert pod is not None
+    served = {"exec", "attach", "portforward"} & set(pod.extra_subresources)
+    assert "exec" in served
+    for sub in sorted(served):
+        path = _UPGRADE.replace("/exec", f"/{sub}")
+        code, body = _connect(accounts["getter"], "GET", path)
+        assert code == 403, (sub, body)
+        assert body["message"] == (f'pods "absent" is forbidden: User "system:serviceaccount:default:getter" '
+                                   f'cannot create resource "pods/{sub}" in API group "" in the namespace "default"')
+        code, body = _connect(accounts["both"], "GET", path)
+        assert code == 404 and body["reason"] == "NotFound", (sub, body)
+    # `create` alone: the upgrade's GET is still authorized as `get` first; SPDY's POST is allowed.
+    code, body = _connect(accounts["creator"], "GET")
+    assert code == 403 and "cannot get resource \"pods/exec\"" in body["message"]
+    assert _connect(accounts["creator"], "POST")[0] == 404
+    assert _connect(accounts["getter"], "POST")[0] == 403
+
+
+def test_websocket_connect_before_1_35_needs_get_only() -> None:
+    with EmbeddedApiServer(unauthenticated_as_admin=False, kubernetes_version="1.34") as old:
+        accounts = _exec_accounts(admin(old), {"getter": ["get"]})
+        code, body = _connect(accounts["getter"], "GET")
+        assert code == 404 and body["reason"] == "NotFound", body
+
+
 def test_admin_access_needs_a_labelled_namespace(srv: EmbeddedApiServer) -> None:
     c = admin(srv)
     claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "admin"},

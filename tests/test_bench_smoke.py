@@ -57,6 +57,8 @@ def _schedule(doc: dict[str, Any]) -> None:
 def _serving(doc: dict[str, Any]) -> None:
     for op in ("get", "put", "create"):
         _positive(doc[op], "perSecond", "p50Ms", "p99Ms")
+        _positive(doc["asAdmin"][op], "perSecond", "p50Ms", "p99Ms")
+    assert set(doc["serviceAccountCostPercent"]) == {"get", "put", "create"}
     _positive(doc["event32Watchers"], "eventsPerSecond", "p99Ms")
 
 

@@ -23,6 +23,7 @@ EXPECTED = {
     "DRASchedulerFilterTimeout": (True, True, True, True),
     "DRAWorkloadResourceClaims": (None, None, False, False),
     "GenericWorkload": (None, False, False, False),
+    "AuthorizePodWebsocketUpgradeCreatePermission": (None, True, True, True),
 }
 VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 

@@ -45,6 +45,8 @@ class AdminAccessPlugin:
             return
         if req.operation == "UPDATE" and old is not None and old.get("spec") == obj.get("spec"):
             return  # the spec is immutable; an unchanged one was checked when it was created
+        if not admin_access_errors(spec, path, {}):
+            return  # no request asks for admin access: the namespace is not looked up
         ns = self._namespace(req.namespace) or {}
         errors = admin_access_errors(spec, path, (ns.get("metadata") or {}).get("labels") or {})
         if errors:
