@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,7 +39,7 @@ from typing import Any, Protocol
 
 from sim.kubelet.backoff import RestartBackoff, duration_text
 from sim.kubelet.devicemanager import DeviceManagerError, DeviceManagerSim
-from sim.kubelet import claimstate, envvars, volumes
+from sim.kubelet import claimstate, envvars, netns, volumes
 from sim.kubelet.envvars import EnvError, Lookup, PodContext, expand
 from sim.kubelet.events import KubeletEvents, format_pod
 from sim.kubelet.execserver import ExecServer
@@ -103,7 +104,13 @@ class ContainerRuntime(Protocol):
 
     def seen(self, name: str) -> Seen | None: ...
 
-    def exec_argv(self, name: str, command: Sequence[str]) -> list[str] | None: ...
+    def exec_argv(self, name: str, command: Sequence[str], *, tty: bool = False) -> list[str] | None: ...
+
+    def attach_argv(self, name: str, *, stdin: bool) -> list[str] | None: ...
+
+    def tty_of(self, name: str) -> tuple[bool, bool]: ...
+
+    def network_pid(self, name: str) -> int | None: ...
 
 
 
@@ -383,8 +390,8 @@ class NodeKubelet:
         self._active: dict[str, dict[str, Any]] = {}  # uid -> pod whose containers the runtime runs
         self._unprepare_pending: set[str] = set()  # uids whose claims an unprepare call failed for
         self._pod_ips = PodIPs(node_name)
-        # On the node's address: the control plane dials its InternalIP for pods/exec.
-        self.exec_server = ExecServer(self._exec_argv, host=node_address or HOST_IP) if runtime is not None else None
+        # The streaming server listens on the node's InternalIP, where the control plane dials it.
+        self.exec_server = ExecServer(_NodeStreams(self), node_address or HOST_IP) if runtime is not None else None
         self._allocatable: dict[str, str] | None = None  # the Node's status.allocatable, read once
 
     # ---- lifecycle --------------------------------------------------------------------------------------
@@ -421,12 +428,6 @@ class NodeKubelet:
                                                                        "uid": uid}})
             self._unprepare_pending.add(uid)
             log.info("event=claims-of-gone-pod node=%s pod=%s claims=%d", self.node_name, name, len(claims))
-
-    def _exec_argv(self, namespace: str, pod: str, container: str, command: Sequence[str]) -> list[str] | None:
-        name = self.container_runtime_name(namespace, pod, container or None)
-        if name is None or self.runtime is None:
-            return None
-        return self.runtime.exec_argv(name, command)
 
     def _publish_kubelet_port(self) -> None:
         """The Node's daemonEndpoints name the exec server's port, where the control plane proxies pods/exec."""
@@ -489,6 +490,14 @@ class NodeKubelet:
         with self._lock:
             return [RunningPod(r.namespace, r.name, r.uid, {c.claim.name: c.devices for c in r.claims})
                     for r in self.records.values() if r.phase == "Running" and r.claims]
+
+    def running_container_names(self, namespace: str, pod: str) -> tuple[str, list[str]] | None:
+        """(uid, runtime names of the latest run of each of the pod's containers) for a pod this node runs."""
+        with self._lock:
+            for r in self.records.values():
+                if r.namespace == namespace and r.name == pod:
+                    return r.uid, [c.runtime_name for c in r.containers]
+        return None
 
     def container_runtime_name(self, namespace: str, pod: str, container: str | None) -> str | None:
         """The runtime's name for a pod's container (its latest run); `container` None: the pod's only one. The
@@ -708,6 +717,7 @@ class NodeKubelet:
                                   extended_claim_refs(pod)),
             log_path=self.pod_log_path(record, cname, restart),
             mounts=tuple(mounts + account_mounts), image=str(container.get("image") or ""),
+            stdin=container.get("stdin") is True, tty=container.get("tty") is True,
         )
         try:
             status = self.runtime.run(request)
@@ -1147,3 +1157,47 @@ class _NotReady(Exception):
 
 class _PrepareFailed(KubeletError):
     """NodePrepareResources failed (FailedPrepareDynamicResources); retried like any admission failure."""
+
+
+class _NodeStreams:
+    """The node's containers as the streaming server (sim.kubelet.execserver) reaches them."""
+
+    def __init__(self, kubelet: NodeKubelet) -> None:
+        self.kubelet = kubelet
+
+    def _runtime(self) -> ContainerRuntime:
+        assert self.kubelet.runtime is not None  # the streaming server exists only with a runtime
+        return self.kubelet.runtime
+
+    def exec_argv(self, namespace: str, pod: str, container: str, command: Sequence[str], tty: bool) -> list[str] | None:
+        name = self.kubelet.container_runtime_name(namespace, pod, container or None)
+        return self._runtime().exec_argv(name, command, tty=tty) if name is not None else None
+
+    def attach_argv(self, namespace: str, pod: str, container: str, stdin: bool) -> tuple[list[str], bool] | None:
+        name = self.kubelet.container_runtime_name(namespace, pod, container or None)
+        if name is None:
+            return None
+        has_stdin, has_tty = self._runtime().tty_of(name)
+        argv = self._runtime().attach_argv(name, stdin=stdin and has_stdin)
+        return (argv, has_tty) if argv is not None else None
+
+    def pod_uid(self, namespace: str, pod: str) -> str | None:
+        found = self.kubelet.running_container_names(namespace, pod)
+        return found[0] if found is not None else None
+
+    def dial(self, namespace: str, pod: str, port: int) -> socket.socket:
+        # The simulated pod has no shared sandbox: each container has its own loopback-only network namespace,
+        # so the port is looked for in each running container's, in the pod's order.
+        found = self.kubelet.running_container_names(namespace, pod)
+        pids = [pid for name in (found[1] if found else []) if (pid := self._runtime().network_pid(name)) is not None]
+        if not pids:
+            raise netns.DialError(f"failed to find the network namespace of pod {namespace}/{pod}: no container "
+                                  "is running")
+        errors: list[str] = []
+        for pid in pids:
+            try:
+                return netns.dial(pid, port)
+            except netns.DialError as exc:
+                errors.append(str(exc))
+        raise netns.DialError(f"failed to connect to localhost:{port} inside the network namespace of pod "
+                              f"{namespace}/{pod}, IPv4: {errors[0]}")

@@ -212,13 +212,29 @@ class HostProcessRuntime:
     def seen(self, name: str) -> Seen | None:
         return None  # no GPU probe: these containers are given no GPUs
 
-    def exec_argv(self, name: str, command: Sequence[str]) -> list[str] | None:
+    def _running(self, name: str) -> _Process | None:
         with self._lock:
             proc = self._procs.get(name)
-        if proc is None or proc.popen.poll() is not None:
+        return proc if proc is not None and proc.popen.poll() is None else None
+
+    def exec_argv(self, name: str, command: Sequence[str], *, tty: bool = False) -> list[str] | None:
+        # A host process shares the node's terminal handling: with `tty` the streaming server's pty is the
+        # command's own, so nothing is added for it.
+        proc = self._running(name)
+        if proc is None:
             return None
         argv = self._argv(proc.root, proc.env, command)
         return ["env", "-i", *(f"{k}={v}" for k, v in sorted(proc.env.items())), *argv]
+
+    def attach_argv(self, name: str, *, stdin: bool) -> list[str] | None:
+        return None  # started without a terminal or an open stdin: nothing to attach to, as for a podman one
+
+    def tty_of(self, name: str) -> tuple[bool, bool]:
+        return (False, False)
+
+    def network_pid(self, name: str) -> int | None:
+        proc = self._running(name)
+        return proc.popen.pid if proc is not None else None  # the node's own network namespace
 
     def close(self) -> None:
         for name in list(self._procs):
@@ -277,8 +293,17 @@ class RoutingRuntime:
     def seen(self, name: str) -> Seen | None:
         return self._for(name).seen(name)
 
-    def exec_argv(self, name: str, command: Sequence[str]) -> list[str] | None:
-        return self._for(name).exec_argv(name, command)
+    def exec_argv(self, name: str, command: Sequence[str], *, tty: bool = False) -> list[str] | None:
+        return self._for(name).exec_argv(name, command, tty=tty)
+
+    def attach_argv(self, name: str, *, stdin: bool) -> list[str] | None:
+        return self._for(name).attach_argv(name, stdin=stdin)
+
+    def tty_of(self, name: str) -> tuple[bool, bool]:
+        return self._for(name).tty_of(name)
+
+    def network_pid(self, name: str) -> int | None:
+        return self._for(name).network_pid(name)
 
     def close(self) -> None:
         self.host.close()
