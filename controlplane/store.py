@@ -534,8 +534,13 @@ class Store:
         if ns is None:
             raise st.namespace_not_found(namespace)
         if (ns.get("metadata") or {}).get("deletionTimestamp"):
-            raise st.forbidden(rt, name, f"unable to create new content in namespace {namespace} because it is "
+            err = st.forbidden(rt, name, f"unable to create new content in namespace {namespace} because it is "
                                          "being terminated")
+            assert err.details is not None
+            err.details["causes"] = [{"reason": "NamespaceTerminating", "message": f"namespace {namespace} is being "
+                                                                                   "terminated",
+                                      "field": "metadata.namespace"}]
+            raise err
 
     @_durable
     def create(self, rt: ResourceType, namespace: str, body: Any, fields: FieldPolicy | None = None) -> dict[str, Any]:
@@ -564,6 +569,8 @@ class Store:
         if not name and not generate:
             raise st.invalid(rt, "", ["metadata.name: Required value: name or generateName is required"])
         o.prepare_create(rt, obj)
+        if errors := o.spec_errors(rt, obj):
+            raise st.invalid(rt, name or generate, errors)
         apply_defaults(rt.group, rt.kind, obj)
         self._gated.drop_disabled(rt.group, rt.kind, obj, None)
         # Objects that go through admission have their names checked there, together with everything else,
@@ -620,6 +627,8 @@ class Store:
         `body` is the caller's to give away (a fresh value from clean_fields). The result shares the parts it
         keeps from `old` with it: stored objects are never modified, and only the result's own top level and
         metadata dict are written to after this."""
+        if rt.kind == "Namespace" and subresource == "finalize":  # controlplane.namespaces: spec.finalizers only
+            return namespaces.finalized(old, body)  # validated with any update, in _write
         if subresource == "status":
             new = {**old, "metadata": dict(old["metadata"])}
             if "status" in body:
@@ -644,6 +653,7 @@ class Store:
             else:
                 m.pop(server_field, None)
         m.pop("managedFields", None)
+        o.prepare_update(rt, new, old)
         if o.spec_part(rt, new) != o.spec_part(rt, old):
             m["generation"] = int(om.get("generation", 1)) + 1
         return new
@@ -681,6 +691,8 @@ class Store:
             if added:
                 raise st.invalid(rt, name, [f"metadata.finalizers: Forbidden: no new finalizers can be added if the "
                                             f"object is being deleted, found new finalizers {sorted(added)}"])
+        if errors := o.spec_errors(rt, new):
+            raise st.invalid(rt, name, errors)
         # Parts of `new` shared with `old` lose nothing here: a gate's fields are kept when `old` has them.
         self._gated.drop_disabled(rt.group, rt.kind, new, old)
         self._admit(rt, name, new, old)
@@ -694,7 +706,8 @@ class Store:
             if new == old:
                 # A no-op write keeps the resourceVersion and emits no event, as Kubernetes does.
                 return old
-            if om.get("deletionTimestamp") and not nm.get("finalizers"):
+            if om.get("deletionTimestamp") and not nm.get("finalizers") and (
+                    rt.kind != "Namespace" or namespaces.is_finalized(new)):
                 return self._commit(rt, (namespace, name), None, "DELETED", new)
             return self._commit(rt, (namespace, name), new, "MODIFIED", old)
 
@@ -807,14 +820,14 @@ class Store:
                 self._orphan_dependents_locked(om["uid"])
             if om.get("deletionTimestamp"):
                 return old
-            if om.get("finalizers") or rt.kind == "Namespace":
+            if om.get("finalizers") or rt.kind == "Namespace" and not namespaces.is_finalized(old):
                 new = copy_json(old)
                 nm = new["metadata"]
                 nm["deletionTimestamp"] = rfc3339()
                 nm["deletionGracePeriodSeconds"] = 0
                 nm["generation"] = int(om.get("generation", 1)) + 1
                 if rt.kind == "Namespace":  # controlplane.namespaces: Terminating, content deleted after a delay
-                    new["status"] = {**(new.get("status") or {}), **namespaces.terminating_status(nm["deletionTimestamp"])}
+                    new["status"] = namespaces.terminating(new.get("status"))
                     self._enqueue_gc_later("ns:" + name, namespaces.CONTENT_DELETION_DELAY_S)
                 return self._commit(rt, (namespace, name), new, "MODIFIED", old)
             return self._commit(rt, (namespace, name), None, "DELETED", old)
@@ -883,11 +896,13 @@ class Store:
                 pass  # already gone, or protected: nothing to collect
 
     def _collect_namespace(self, namespace: str, delete_content: bool = True) -> None:
+        """The namespace controller's pass over a Terminating namespace (controlplane.namespaces)."""
         ns_rt = self.registry.by_kind("Namespace")
         assert ns_rt is not None
         with self._cond:
             ns = self._objects[ns_rt].get(("", namespace))
-            if ns is None or not ns["metadata"].get("deletionTimestamp"):
+            if ns is None or not ns["metadata"].get("deletionTimestamp") \
+                    or namespaces.KUBERNETES not in namespaces.spec_finalizers(ns):
                 return
             contents = [(rt, key[1]) for rt in self.registry.types if rt.namespaced
                         for key in self._objects[rt] if key[0] == namespace] if delete_content else []
@@ -897,11 +912,35 @@ class Store:
             except st.StatusError:
                 pass  # deleted meanwhile
         with self._cond:
-            remaining = any(key[0] == namespace for rt in self.registry.types if rt.namespaced
-                            for key in self._objects[rt])
             current = self._objects[ns_rt].get(("", namespace))
-            if not remaining and current is not None and current["metadata"].get("deletionTimestamp"):
-                self._commit(ns_rt, ("", namespace), None, "DELETED", current)
+            if current is None or namespaces.KUBERNETES not in namespaces.spec_finalizers(current):
+                return
+            if not delete_content and any(key[0] == namespace for rt in self.registry.types if rt.namespaced
+                                          for key in self._objects[rt]):
+                return  # a deletion that left content: the controller's own passes recount it
+            remaining: dict[str, int] = {}
+            held_by: dict[str, int] = {}
+            for rt in self.registry.types:
+                if not rt.namespaced:
+                    continue
+                for key, obj in self._objects[rt].items():
+                    if key[0] == namespace:
+                        remaining[f"{rt.plural}.{rt.group}"] = remaining.get(f"{rt.plural}.{rt.group}", 0) + 1
+                        for f in obj["metadata"].get("finalizers") or []:
+                            held_by[f] = held_by.get(f, 0) + 1
+            status = namespaces.controller_status(current.get("status"), remaining, held_by, rfc3339())
+            if remaining:
+                if status != current.get("status"):
+                    self._commit(ns_rt, ("", namespace), {**current, "metadata": dict(current["metadata"]),
+                                                          "status": status}, "MODIFIED", current)
+                # The controller requeues a namespace whose content remains (ResourcesRemainingError).
+                self._enqueue_gc_later("ns:" + namespace, namespaces.REMAINING_RETRY_S)
+                return
+            new = namespaces.without_kubernetes(current, status)
+            if namespaces.is_finalized(new):
+                self._commit(ns_rt, ("", namespace), None, "DELETED", new)
+            else:
+                self._commit(ns_rt, ("", namespace), new, "MODIFIED", current)
 
     # ----- watching ------------------------------------------------------------------------------------------
 
@@ -1037,6 +1076,10 @@ class Store:
             for owner in self._dependents:
                 if owner not in self._by_uid:
                     self._gc_queue.append(owner)
+            ns_rt = self.registry.by_kind("Namespace")
+            if ns_rt is not None:  # the namespace controller resumes its passes over Terminating namespaces
+                self._gc_queue += ["ns:" + key[1] for key, ns in self._objects[ns_rt].items()
+                                   if ns["metadata"].get("deletionTimestamp")]
             self._log = log
             for counters in self._counters.values():
                 for counter in counters:

@@ -96,6 +96,7 @@ KINDS: dict[str, KindInfo] = {
     "Job": KindInfo("batch", "v1", "jobs", True),
     "CronJob": KindInfo("batch", "v1", "cronjobs", True),
     "DaemonSet": KindInfo("apps", "v1", "daemonsets", True),
+    "ControllerRevision": KindInfo("apps", "v1", "controllerrevisions", True),
     "CustomResourceDefinition": KindInfo("apiextensions.k8s.io", "v1", "customresourcedefinitions", False),
     # NVIDIA's compute-domain API (served from its CRDs).
     "ComputeDomain": KindInfo("resource.nvidia.com", "v1beta1", "computedomains", True),
