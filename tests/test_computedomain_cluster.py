@@ -6,6 +6,7 @@ visible on the domain, and a deleted domain's objects removed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 NAME = "cdt"
 T = TypeVar("T")
+pytestmark = pytest.mark.process
 
 
 def _until(what: str, check: Callable[[], T | None], timeout: float = 120.0) -> T:
@@ -51,14 +53,8 @@ class Cluster:
                               capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture
-def cluster() -> Iterator[tuple[Cluster, KubeApi, str]]:
-    # The IMEX daemon pods' command runs on the kubelet's runtime (our image as host processes beside podman's
-    # containers); `--runtime none` starts no container, so no daemon and no Ready domain.
-    missing = podman_missing()
-    if missing:
-        pytest.skip(f"needs the podman runtime: {'; '.join(missing)}")
-    runtime = "podman"
+@contextlib.contextmanager
+def _up(runtime: str) -> Iterator[tuple[Cluster, KubeApi, str]]:
     with short_tmp() as home:
         c = Cluster(home)
         up = c.run("up", "--name", NAME, "--gb200-racks", "2x2", "--runtime", runtime)
@@ -71,6 +67,14 @@ def cluster() -> Iterator[tuple[Cluster, KubeApi, str]]:
                 api.close()
         finally:
             c.run("down", "--name", NAME, timeout=120)
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[Cluster, KubeApi, str]]:
+    # The IMEX daemon pods' command runs on the kubelet's runtime (our image as host processes beside podman's
+    # containers); without podman, `--runtime none` still runs those pods as host processes and simulates the rest.
+    with _up("none" if podman_missing() else "podman") as up:
+        yield up
 
 
 def _docs(path: Path, **subst: str) -> list[dict[str, Any]]:
@@ -90,8 +94,8 @@ def _domain(api: KubeApi, name: str) -> dict[str, Any]:
     return api.get("ComputeDomain", name, namespace="default")
 
 
-def _log(api: KubeApi, pod: str) -> str:
-    req = urllib.request.Request(f"{api.host}/api/v1/namespaces/default/pods/{pod}/log")
+def _log(api: KubeApi, pod: str, namespace: str = "default") -> str:
+    req = urllib.request.Request(f"{api.host}/api/v1/namespaces/{namespace}/pods/{pod}/log")
     with urllib.request.urlopen(req, timeout=10) as resp:
         return resp.read().decode()
 
@@ -118,8 +122,9 @@ def test_nvidia_compute_domain_examples_on_two_gb200_racks(cluster: tuple[Cluste
     status = _domain(api, "imex-channel-injection")["status"]
     node = api.get("Pod", "imex-channel-injection", namespace="default")["spec"]["nodeName"]
     assert [n["name"] for n in status["nodes"]] == [node] and status["nodes"][0]["cliqueID"] == _clique(api, node)
-    listing = _until("the container's listing", lambda: _log(api, "imex-channel-injection") or None)
-    assert "channel0" in listing, listing
+    if runtime == "podman":  # under none the workload pod is simulated: no container, no listing
+        listing = _until("the container's listing", lambda: _log(api, "imex-channel-injection") or None)
+        assert "channel0" in listing, listing
 
     # A domain that fits one rack: both workers in one clique, Ready.
     _create(api, _docs(DATA / "compute-domain" / "domain-workers.yaml", NAME="pair", NODES="2"))
@@ -226,3 +231,48 @@ def test_a_deleted_imex_daemon_pod_is_recreated_and_the_domain_recovers(cluster:
                         namespace="default")
         assert claim["status"]["allocation"] and [r["uid"] for r in claim["status"]["reservedFor"]] == [
             pod["metadata"]["uid"]]
+
+
+def _crds(api: KubeApi) -> None:
+    _create(api, _docs(DATA / "nvidia-compute-domain" / "resource.nvidia.com_computedomains.yaml")
+            + _docs(DATA / "nvidia-compute-domain" / "resource.nvidia.com_computedomaincliques.yaml"))
+    for crd in ("computedomains.resource.nvidia.com", "computedomaincliques.resource.nvidia.com"):
+        _until(f"{crd} established", lambda crd=crd: any(
+            x.get("type") == "Established" and x.get("status") == "True"
+            for x in (api.get("CustomResourceDefinition", crd).get("status") or {}).get("conditions") or []))
+
+
+def test_under_runtime_none_the_imex_daemons_run_and_a_domain_becomes_ready() -> None:
+    """`--runtime none` (no container runtime): the IMEX daemon pods (our image) still run, as host processes
+    with their token, CDI env and logs, so a two-node domain goes Ready with both workers' channel claims
+    allocated, while the workers (busybox) are simulated pods, Running once prepared."""
+    with _up("none") as (c, api, _):
+        _crds(api)
+        _create(api, _docs(DATA / "compute-domain" / "domain-workers.yaml", NAME="pair", NODES="2"))
+        workers = _until("pair workers running", lambda: (lambda ps: ps if len(ps) == 2 and all(
+            (p.get("status") or {}).get("phase") == "Running" for p in ps) else None)(
+            api.list("Pod", namespace="default", label_selector="app=pair")[0]))
+        status = _until("pair Ready", lambda: (lambda s: s if s.get("status") == "Ready" else None)(
+            _domain(api, "pair").get("status") or {}))
+        assert sorted(n["name"] for n in status["nodes"]) == sorted(p["spec"]["nodeName"] for p in workers)
+        for pod in workers:
+            claim = api.get("ResourceClaim", pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"],
+                            namespace="default")
+            assert claim["status"]["allocation"]["devices"]["results"], claim["status"]
+            assert [r["uid"] for r in claim["status"]["reservedFor"]] == [pod["metadata"]["uid"]]
+            assert "containerID" not in pod["status"]["containerStatuses"][0]  # simulated: nothing ran
+        uid = _domain(api, "pair")["metadata"]["uid"]
+        daemons = api.list("Pod", namespace="gpu-dra-system", label_selector=f"{cd.DOMAIN_LABEL}={uid}")[0]
+        assert len(daemons) == 2
+        for d in daemons:  # really running: a runtime container id, a log, on its node's address
+            assert d["status"]["containerStatuses"][0]["containerID"], d["status"]
+            assert d["status"]["podIP"] == next(n["ipAddress"] for n in status["nodes"]
+                                                if n["name"] == d["spec"]["nodeName"])
+        log = _until("a daemon's log", lambda: _log(api, daemons[0]["metadata"]["name"], "gpu-dra-system") or None)
+        assert log.strip(), log
+        kubectl = [str(ROOT / ".venv" / "bin" / "kubectl"), "-n", "gpu-dra-system", "exec",
+                   daemons[0]["metadata"]["name"], "--"]
+        probe = subprocess.run([*kubectl, "gpu-dra", "compute-domain-daemon", "check"], env=c.env,
+                               capture_output=True, text=True, timeout=60)
+        assert probe.returncode == 0 and probe.stdout == "READY\n", probe.stderr
+

@@ -68,8 +68,8 @@ class Supervisor:
         self.stop_event = threading.Event()
         self.workloads: WorkloadController | None = None
         self.daemonsets: DaemonSetController | None = None
-        # One container runtime per node with --runtime podman (sim.runtime); none: pods Run once prepared.
-        self.runtimes = Runtimes(paths.root / "runtime") if spec.runtime == "podman" else None
+        # One container runtime per node (sim.runtime); none: only our image's pods run, the rest Run once prepared.
+        self.runtimes = Runtimes(paths.root / "runtime", "podman" if spec.runtime == "podman" else "none")
         self.node_runtimes: list[Any] = []
 
     def recover(self, previous: Any) -> None:
@@ -161,11 +161,9 @@ class Supervisor:
         self.step("controller: started in embedded mode (scheduler, claim controller, explanations, gangs)")
         for spec in self.spec.nodes:
             dirs = self._dirs(spec.name)
-            runtime = None
-            if self.runtimes is not None:
-                dirs.cdi.mkdir(parents=True, exist_ok=True)
-                runtime = self.runtimes.for_node(spec.name, dirs.cdi)
-                self.node_runtimes.append(runtime)
+            dirs.cdi.mkdir(parents=True, exist_ok=True)
+            runtime = self.runtimes.for_node(spec.name, dirs.cdi)
+            self.node_runtimes.append(runtime)
             self.sides[spec.name] = nodes.start_node_side(self.api, spec, dirs, self.driver_name, runtime=runtime,
                                                           pod_logs_dir=self.paths.pod_logs,
                                                           admin_kubeconfig=self.paths.kubeconfig,

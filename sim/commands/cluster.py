@@ -284,7 +284,9 @@ def _resolve_runtime(requested: str) -> str | None:
     except ValueError as exc:
         _err(f"--runtime {requested}: {exc}")
         return None
-    _progress(f"runtime: {choice.kind}: {choice.reason}")
+    # The kubelets still run pods of our own image (the IMEX daemons) as host processes (sim.runtime.Runtimes).
+    own = "; pods of our own image run as host processes" if choice.kind == "none" else ""
+    _progress(f"runtime: {choice.kind}: {choice.reason}{own}")
     return choice.kind
 
 

@@ -15,7 +15,8 @@ node agent's real sockets; this module drives it from the API server, as the kub
   exited container, OnFailure one that failed, Never none. A terminated pod's claims are unprepared; its
   exited containers stay (for `kubectl logs`) until the pod is deleted, which stops and removes them;
 - without a runtime, containers are not started: pods/status says Running after prepare and `finish()` is
-  what containers exiting with code 0 amount to (claims unprepared, then Succeeded);
+  what containers exiting with code 0 amount to (claims unprepared, then Succeeded); so is a pod the node's
+  runtime does not run (`--runtime none` runs only our own image's pods, as host processes: `_runtime_for`);
 - a deleted pod is unprepared too; a pod whose admission fails is retried on the next event or retry tick, as
   pod workers resync; a container the runtime refuses to start is retried with a growing back-off.
 - running pods' `allocatedResourcesStatus` follows the driver's health stream (`sim.kubelet.podhealth`), as a
@@ -639,14 +640,15 @@ class NodeKubelet:
         if known is not None and known.phase in ("Succeeded", "Failed"):
             self._pods.pop(uid, None)  # a stale event from before the pod terminated: a terminated pod stays so
             return
-        if phase == "Running" and self.runtime is None and known is not None and known.phase == "Running":
+        runtime = self._runtime_for(pod)
+        if phase == "Running" and runtime is None and known is not None and known.phase == "Running":
             return  # without a runtime nothing changes once Running; a restarted kubelet (no record) adopts it
         record = self._record(pod)
         try:
             self._admit(pod, record)
             self._check_env(pod, record)
             self._set_up_volumes(pod, record)
-            if self.runtime is not None:
+            if runtime is not None:
                 if not record.initialized:
                     self._run_init_containers(pod, record)
                 self._start_containers(pod, record)
@@ -661,7 +663,7 @@ class NodeKubelet:
         record.last_error = ""
         record.phase = "Running"
         started = rfc3339()
-        if self.runtime is not None:
+        if runtime is not None:
             statuses = self._container_statuses(record)
         else:
             statuses = [
@@ -676,11 +678,22 @@ class NodeKubelet:
             "initContainerStatuses": self._init_statuses(record, pod), "containerStatuses": statuses,
         }}, namespace=record.namespace, subresource="status")
         self._pods.pop(uid, None)
-        if self.runtime is not None:
+        if runtime is not None:
             self._active[uid] = pod
         log.info("event=pod-running node=%s pod=%s/%s", self.node_name, record.namespace, record.name)
 
     # ---- containers (with a runtime) --------------------------------------------------------------------
+
+    def _runtime_for(self, pod: Mapping[str, Any]) -> ContainerRuntime | None:
+        """The runtime that runs this pod's containers, None where the pod is simulated: no runtime, or one that
+        runs only some images (sim.runtime.hostprocess.RoutingRuntime under `--runtime none`: our own image's)."""
+        runs = getattr(self.runtime, "runs", None)
+        if runs is None:
+            return self.runtime
+        spec = pod.get("spec") or {}
+        images = [str(c.get("image") or "") for key in ("initContainers", "containers") for c in spec.get(key) or []
+                  if isinstance(c, Mapping)]
+        return self.runtime if runs(images) else None
 
     def _start_containers(self, pod: Mapping[str, Any], record: PodRecord, only: set[str] | None = None) -> None:
         """Start each container of the pod that has no run yet (or those in `only`, as restarts)."""
@@ -812,7 +825,7 @@ class NodeKubelet:
 
     def _init_statuses(self, record: PodRecord, pod: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """The init containers' statuses; without a runtime (nothing runs) each one of `pod` as completed."""
-        if self.runtime is None and pod is not None:
+        if pod is not None and self._runtime_for(pod) is None:
             return [{"name": c.get("name"), "ready": False, "restartCount": 0, "image": str(c.get("image") or ""),
                      "imageID": "", "started": False, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
                     for c in (pod.get("spec") or {}).get("initContainers") or []]

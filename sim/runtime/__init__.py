@@ -73,10 +73,16 @@ def choose(kind: str) -> Choice:
 
 
 class Runtimes:
-    """Makes the podman runtime of each simulated node under one state dir, sharing one rootfs."""
+    """Makes the runtime of each simulated node under one state dir: with `kind` podman, podman's (one rootfs
+    shared); with none, only the host-process side, so that our own image's pods run and every other is simulated."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, kind: str = "podman") -> None:
         self.state_dir = state_dir
+        self.kind = kind
+        self.runc: Path | None = None
+        self.rootfs: Path | None = None
+        if kind == "none":
+            return
         busybox = find_busybox()
         runc = find_runc()
         if busybox is None or runc is None:
@@ -86,8 +92,12 @@ class Runtimes:
 
     def for_node(self, node: str, cdi_dir: Path, host_devices: Sequence[tuple[str, int, int]] = ()) -> RoutingRuntime:
         """The node's runtime; `host_devices` (path, major, minor) are the device nodes its host has. Our own
-        image's containers run as host processes (sim.runtime.hostprocess), every other one with podman."""
+        image's containers run as host processes (sim.runtime.hostprocess), every other one with podman (none:
+        not at all, the kubelet simulates those pods)."""
+        host = HostProcessRuntime(self.state_dir / "nodes" / node / "host", cdi_dir)
+        if self.rootfs is None:
+            return RoutingRuntime(None, host)
         runtime = PodmanRuntime(self.state_dir / "nodes" / node, cdi_dir, self.rootfs, runc=self.runc,
                                 host_devices=host_devices)
         runtime.start()
-        return RoutingRuntime(runtime, HostProcessRuntime(self.state_dir / "nodes" / node / "host", cdi_dir))
+        return RoutingRuntime(runtime, host)

@@ -262,25 +262,32 @@ def stop_leftovers(state_dir: Path) -> list[str]:
 
 
 class RoutingRuntime:
-    """A node's runtime: our image's containers as host processes, every other one in `containers` (podman)."""
+    """A node's runtime: our image's containers as host processes, every other one in `containers` (podman);
+    `containers` None (`--runtime none`): only our image's containers run, every other pod is simulated."""
 
-    def __init__(self, containers: Any, host: HostProcessRuntime) -> None:
+    def __init__(self, containers: Any | None, host: HostProcessRuntime) -> None:
         self.containers = containers
         self.host = host
-        self.kind = containers.kind
+        self.kind = containers.kind if containers is not None else "none"
         self._on_host: set[str] = set()
 
     @staticmethod
     def runs_on_host(image: str) -> bool:
         return is_own_image(image)
 
+    def runs(self, images: Sequence[str]) -> bool:
+        """Whether this runtime runs a pod whose containers have these images (the kubelet simulates the rest)."""
+        return self.containers is not None or (bool(images) and all(map(is_own_image, images)))
+
     def _for(self, name: str) -> Any:
-        return self.host if name in self._on_host else self.containers
+        return self.host if name in self._on_host or self.containers is None else self.containers
 
     def run(self, request: ContainerRequest) -> ContainerStatus:
         if self.runs_on_host(request.image):
             self._on_host.add(request.name)
             return self.host.run(request)
+        if self.containers is None:
+            raise RuntimeError_(f"no container runtime for image {request.image!r} (--runtime none)")
         return self.containers.run(request)
 
     def status(self, name: str) -> ContainerStatus:
@@ -307,7 +314,11 @@ class RoutingRuntime:
 
     def close(self) -> None:
         self.host.close()
-        self.containers.close()
+        if self.containers is not None:
+            self.containers.close()
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.containers, name)  # the rest of podman's runtime (logs, names, ...)
+        containers = self.__dict__.get("containers")
+        if containers is None:
+            raise AttributeError(name)
+        return getattr(containers, name)  # the rest of podman's runtime (logs, names, ...)
