@@ -17,10 +17,12 @@ from driver.nvml import load_backend
 from controlplane.podlogs import PodLogsDir, parse_cri_log
 from sim.kubelet.dra import ClaimInfo, PreparedDevice
 from sim.kubelet.pods import (
-    ContainerRun, LegacyGrant, PreparedClaim, container_cdi_devices, container_command, container_env, expand, pod_phase,
-    will_restart,
+    ContainerRun, LegacyGrant, NodeKubelet, PreparedClaim, container_cdi_devices, container_command, container_env,
+    expand, pod_phase, will_restart,
 )
-from sim.runtime import choose, driverinstall
+from sim.runtime import Runtimes, choose, driverinstall
+from sim.runtime.hostprocess import OWN_IMAGE
+from sim.runtime.podman import ContainerRequest, RuntimeError_
 from tests.conftest import RunningApiServer
 
 
@@ -231,3 +233,29 @@ def test_what_a_container_wrote_is_read_without_following_or_blocking(tmp_path: 
     assert read_untrusted(tmp_path) is None and read_untrusted(tmp_path / "missing") is None
     (tmp_path / "big").write_bytes(b"x" * (MAX_SEEN_FILE_BYTES * 4))
     assert len(read_untrusted(tmp_path / "big") or "") == MAX_SEEN_FILE_BYTES
+
+
+@pytest.mark.process  # starts `true` as a host process
+def test_runtime_none_runs_only_our_image_and_the_kubelet_simulates_the_rest(tmp_path: Path) -> None:
+    """`--runtime none`: the node's runtime runs pods whose containers (init ones too) are all of our image;
+    the kubelet gets no runtime for any other pod, and a foreign image is refused, never started."""
+    runtime = Runtimes(tmp_path / "runtime", "none").for_node("n1", tmp_path / "cdi")
+    assert runtime.kind == "none"
+    kubelet = NodeKubelet.__new__(NodeKubelet)  # only _runtime_for is exercised: no API server, no threads
+    kubelet.runtime = runtime
+
+    def pod(*images: str, init: str = "") -> dict[str, object]:
+        return {"spec": {"containers": [{"name": f"c{i}", "image": im} for i, im in enumerate(images)],
+                         "initContainers": [{"name": "i", "image": init}] if init else []}}
+
+    ours = f"{OWN_IMAGE}:v1"
+    assert kubelet._runtime_for(pod(ours)) is runtime
+    assert kubelet._runtime_for(pod(ours, "busybox")) is None
+    assert kubelet._runtime_for(pod(ours, init="busybox")) is None
+    assert kubelet._runtime_for(pod("busybox")) is None
+    with pytest.raises(RuntimeError_, match="no container runtime for image 'busybox'"):
+        runtime.run(ContainerRequest("x", ("true",), image="busybox"))
+    done = runtime.run(ContainerRequest("ours", ("true",), image=ours))
+    assert done.running or done.exit_code == 0
+    runtime.remove("ours")
+    runtime.close()
