@@ -175,13 +175,20 @@ def _service_account_token(url: str, admin_token: str) -> str:
 
 
 @contextlib.contextmanager
-def _server_process() -> Iterator[tuple[str, int, str]]:
-    """`gpu-dra apiserver` with credentials required; (url, pid, the admin token)."""
+def _server_process(audit_level: str | None = None) -> Iterator[tuple[str, int, str]]:
+    """`gpu-dra apiserver` with credentials required, and an audit log at `audit_level` for every request when
+    given; (url, pid, the admin token)."""
     root = Path(__file__).resolve().parent.parent
     tmp = tempfile.mkdtemp()
     kubeconfig = Path(tmp) / "kubeconfig"
+    audit: list[str] = []
+    if audit_level is not None:
+        policy = Path(tmp) / "audit-policy.yaml"
+        policy.write_text(json.dumps({"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+                                      "rules": [{"level": audit_level}]}))
+        audit = ["--audit-policy-file", str(policy), "--audit-log-path", str(Path(tmp) / "audit.log")]
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "apiserver", "--no-unauthenticated-as-admin", "--no-tls",
-                             "--kubeconfig-out", str(kubeconfig)], stdout=subprocess.PIPE,
+                             "--kubeconfig-out", str(kubeconfig), *audit], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, cwd=root,
                             env={**os.environ, "PYTHONPATH": str(root)})
     try:
@@ -209,9 +216,10 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bench_serving(requests: int = 2000, events: int = 200, watchers: int = 32) -> dict[str, Any]:
+def bench_serving(requests: int = 2000, events: int = 200, watchers: int = 32,
+                  audit_level: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    with _server_process() as (url, pid, admin_token):
+    with _server_process(audit_level) as (url, pid, admin_token):
         srv = argparse.Namespace(url=url)
         token = _service_account_token(url, admin_token)
         setup = _Client(srv.url, token)
@@ -309,8 +317,10 @@ def run_store(args: argparse.Namespace) -> int:
 
 
 def run_serving(args: argparse.Namespace) -> int:
-    figures = bench_serving(getattr(args, "size", None) or 2000)
+    audit_level = getattr(args, "audit_level", None)
+    figures = bench_serving(getattr(args, "size", None) or 2000, audit_level=audit_level)
     emit("serving", {"shape": "4 kept-alive clients; one event to 32 watchers; every request as a ServiceAccount "
                                "(token, RBAC, admission); get/put/create also as the admin (system:masters) in "
-                               "alternate rounds: asAdmin", **figures}, args.output)
+                               "alternate rounds: asAdmin", "auditLevel": audit_level or "no audit log", **figures},
+         args.output)
     return 0

@@ -38,6 +38,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="the workload of the benchmarks without a shape of their own: prepare: claims (1000), "
                              "cel: devices (10000), kubeapi: calls per shape (300), store: writes (1200), "
                              "serving: requests (2000)")
+    parser.add_argument("--audit-level", choices=("None", "Metadata", "Request", "RequestResponse"), default=None,
+                        help="serving only: run the server with an audit log (a temporary file) whose policy gives "
+                             "every request this level (default: no audit log)")
 
 
 def positive_int(text: str) -> int:

@@ -13,6 +13,10 @@ from controller.validationhooks import validation_admission
 from controlplane import EmbeddedApiServer
 from controlplane.persistence import StateFileError
 from controlplane.resources import known_group_versions
+from controlplane.audit.backend import LogBackend
+from controlplane.audit.event import Auditor
+from controlplane.audit.policy import PolicyError, load_policy
+from controlplane.tls import read_ca_bundle
 from controlplane.runtimeconfig import RuntimeConfig, RuntimeConfigError
 from gpudra.features import DEFAULT_VERSION, SUPPORTED_VERSIONS, FeatureGateError, Features, check_version
 from gpudra.signals import stop_on_signals
@@ -46,6 +50,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-dir", metavar="DIR",
                         help="keep the CA and serving certificate in DIR (made if missing) so clients keep trusting "
                              "the server across restarts")
+    parser.add_argument("--client-ca-file", metavar="FILE",
+                        help="over HTTPS, authenticate client certificates signed by a CA in FILE (PEM): the CN is the "
+                             "user, each O a group, as kube-apiserver's flag (default: the server's own CA)")
+    parser.add_argument("--audit-log-path", metavar="FILE",
+                        help="append the audit events the --audit-policy-file selects to FILE as audit.k8s.io/v1 Event "
+                             "JSON lines ('-': standard output), as kube-apiserver's flag")
+    parser.add_argument("--audit-policy-file", metavar="FILE",
+                        help="the audit.k8s.io/v1 Policy (YAML or JSON) that gives each request its audit level; "
+                             "without it nothing is audited, as on kube-apiserver")
     parser.add_argument("--unauthenticated-as-admin", action=argparse.BooleanOptionalAction, default=True,
                         help="serve a request without credentials as the admin, as kube-apiserver's old insecure "
                              "localhost port did (default: on, because kubectl sends no credentials over plain HTTP); "
@@ -75,6 +88,25 @@ def _token_key(path: Path) -> bytes:
     return key
 
 
+def _auditor(args: argparse.Namespace) -> Auditor | None:
+    """The audit the flags ask for; PolicyError or OSError naming the flag and the file."""
+    if not args.audit_policy_file:
+        if args.audit_log_path:
+            print("level=warning component=apiserver msg=\"--audit-log-path without --audit-policy-file: no audit "
+                  "events are recorded, as on kube-apiserver\"", file=sys.stderr)
+        return None
+    try:
+        policy = load_policy(args.audit_policy_file)
+    except PolicyError as exc:
+        raise PolicyError(f"--audit-policy-file {exc}") from None
+    if not args.audit_log_path:
+        return None
+    try:
+        return Auditor(policy, LogBackend(args.audit_log_path))
+    except OSError as exc:
+        raise OSError(f"--audit-log-path {exc.strerror or exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     logfmt.configure(cliopts.log_level(args))
     try:
@@ -90,12 +122,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpu-dra apiserver: --token-key {args.token_key}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     try:
+        client_ca = read_ca_bundle(Path(args.client_ca_file)) if args.client_ca_file else None
+    except ValueError as exc:
+        print(f"gpu-dra apiserver: --client-ca-file {exc}", file=sys.stderr)
+        return 2
+    try:
+        auditor = _auditor(args)
+    except (PolicyError, OSError) as exc:
+        print(f"gpu-dra apiserver: {exc}", file=sys.stderr)
+        return 2
+    try:
         server = EmbeddedApiServer(args.address, args.port, state_file=args.state,
                                    admission=validation_admission(args.driver_name, version), kubernetes_version=version,
                                    runtime_config=runtime_config, features=features,
                                    unauthenticated_as_admin=args.unauthenticated_as_admin,
                                    expressions=PolicyEnvironment(), token_key=token_key, tls=args.tls,
-                                   tls_port=args.tls_port, tls_dir=args.tls_dir)
+                                   tls_port=args.tls_port, tls_dir=args.tls_dir, client_ca=client_ca,
+                                   audit=auditor)
         if args.pod_logs_dir:
             server.pod_logs = PodLogsDir(Path(args.pod_logs_dir).absolute())
         url = server.start()

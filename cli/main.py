@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cel": ("controller.commands.cel", "evaluate a CEL device selector against devices"),
     "allocate": ("controller.commands.allocate", "allocate claims offline with Kubernetes' structured-parameters semantics"),
     "explain": ("controller.commands.explain", "explain, per claim and node, why claims cannot be allocated"),
+    "compute-domain-daemon": ("driver.commands.computedomaindaemon", "run in a ComputeDomain's IMEX daemon pod: "
+                              "the clique entry, nvidia-imex and its readiness"),
     "controller": ("controller.commands.controller", "run the cluster agent (explanations, gang allocation, embedded scheduling)"),
     "webhook": ("controller.commands.webhook", "serve the validating admission webhook (HTTPS, AdmissionReview v1)"),
     "bench": ("bench.command", "run a benchmark: {benchmarks}"),

@@ -22,7 +22,11 @@ from gpudra.kubeapi import AlreadyExists, ApiError, Conflict, KubeApi, NotFound
 
 log = logging.getLogger("gpu-dra.compute-domain-controller")
 
-DAEMON_IMAGE = "busybox:1.36"
+# The IMEX daemon pods run our own image's `gpu-dra compute-domain-daemon` (NVIDIA's run its compute-domain-daemon).
+DAEMON_IMAGE = "ghcr.io/gpu-dra/gpu-dra:v0.1.0"
+DAEMON_ACCOUNT = "compute-domain-daemon-service-account"
+MAX_NODES_PER_IMEX_DOMAIN = 18  # NVIDIA's chart default: one NVL72 rack's compute trays
+_CHECK = ["gpu-dra", "compute-domain-daemon", "-v", "$(LOG_VERBOSITY)", "check"]
 _DAEMON_TOLERATIONS = [{"operator": "Exists", "effect": e} for e in ("NoSchedule", "NoExecute", "PreferNoSchedule")]
 
 
@@ -80,11 +84,26 @@ def daemon_template(domain: Mapping[str, Any], namespace: str) -> dict[str, Any]
     }
 
 
+def _field(path: str) -> dict[str, Any]:
+    return {"fieldRef": {"fieldPath": path}}
+
+
 def daemon_set(domain: Mapping[str, Any], namespace: str, image: str = DAEMON_IMAGE) -> dict[str, Any]:
-    """One IMEX daemon pod per node the domain's workload landed on. The pod holds the node's daemon claim (whose
-    preparation starts nvidia-imex on the node, see driver.computedomain) and shows the daemon's config at /imexd."""
+    """One IMEX daemon pod per node the domain's workload landed on, as NVIDIA's template has it: the pod holds
+    the node's daemon claim (whose CDI spec gives it /imexd, the IMEX binaries and the domain's env) and runs
+    `gpu-dra compute-domain-daemon run` (driver.computedomain.daemon), which runs nvidia-imex; the probes run its
+    `check` (nvidia-imex-ctl -q), the startup probe every second for up to 20 minutes."""
     uid = str(_meta(domain).get("uid"))
     name = daemon_name(domain)
+    env = [{"name": "LOG_VERBOSITY", "value": "0"},
+           {"name": "MAX_NODES_PER_IMEX_DOMAIN", "value": str(MAX_NODES_PER_IMEX_DOMAIN)},
+           {"name": "NODE_NAME", "valueFrom": _field("spec.nodeName")},
+           {"name": "POD_IP", "valueFrom": _field("status.podIP")},
+           {"name": "POD_UID", "valueFrom": _field("metadata.uid")},
+           {"name": "POD_NAME", "valueFrom": _field("metadata.name")},
+           {"name": "POD_NAMESPACE", "valueFrom": _field("metadata.namespace")},
+           {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    probe = {"exec": {"command": list(_CHECK)}, "timeoutSeconds": 10, "successThreshold": 1}
     return {
         "apiVersion": "apps/v1", "kind": "DaemonSet",
         "metadata": {"name": name, "namespace": namespace, "labels": _labels(uid)},
@@ -93,13 +112,18 @@ def daemon_set(domain: Mapping[str, Any], namespace: str, image: str = DAEMON_IM
             "template": {
                 "metadata": {"labels": _labels(uid)},
                 "spec": {
+                    "serviceAccountName": DAEMON_ACCOUNT,
                     "nodeSelector": _labels(uid),
                     "tolerations": list(_DAEMON_TOLERATIONS),
                     "containers": [{
                         "name": "compute-domain-daemon", "image": image,
-                        "command": ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 5; done"],
-                        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+                        "command": ["gpu-dra", "compute-domain-daemon", "-v", "$(LOG_VERBOSITY)", "run"],
+                        "env": env,
                         "resources": {"claims": [{"name": "compute-domain-daemon"}]},
+                        "startupProbe": {**probe, "initialDelaySeconds": 0, "periodSeconds": 1,
+                                         "failureThreshold": 1200},
+                        "livenessProbe": {**probe, "periodSeconds": 60, "failureThreshold": 20},
+                        "readinessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 1},
                     }],
                     "resourceClaims": [{"name": "compute-domain-daemon",
                                         "resourceClaimTemplateName": name + "-daemon"}],

@@ -32,7 +32,7 @@ from controller.leader import LeaderElector, LeaseTimings
 from controller.metrics import ControllerMetrics, MetricsServer
 from controller.scheduler import EmbeddedScheduler, PendingExplainer, is_pending
 from controller.snapshots import LiveSnapshot
-from controller.computedomain import ComputeDomainController
+from controller.computedomain import DAEMON_IMAGE, ComputeDomainController
 from controller.taintevict import TaintEvictor
 from controller.watchlist import ClaimWatchlist
 from controller.view import View
@@ -86,7 +86,7 @@ class ControllerConfig:
     features: Features = Features()
     # ComputeDomains (controller.computedomain): the driver's namespace and the IMEX daemon pods' image.
     compute_domain_namespace: str = "gpu-dra-system"
-    compute_domain_daemon_image: str = "busybox:1.36"
+    compute_domain_daemon_image: str = DAEMON_IMAGE
 
 
 @dataclass(frozen=True)

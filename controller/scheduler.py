@@ -296,10 +296,11 @@ class EmbeddedScheduler:
         if pool is not None:
             pool.shutdown(wait=True)
 
-    def _start_pass(self, view: View) -> _PassState:
+    def _current_nodes(self) -> tuple[ClusterSnapshot, Placer]:
+        """The live snapshot, with what is known per node (and per pod shape and node) kept for it: that holds
+        while the nodes do, and the live snapshot is rebuilt whenever a Node changes, so its identity says whether
+        they did."""
         snapshot, placer = self._live.current()
-        # What is known per node (and per pod shape and node) holds while the nodes do; the live snapshot is
-        # rebuilt whenever a Node changes, so its identity says whether they did.
         if self._node_cache is None or self._node_cache[0] is not snapshot:
             node_objects = dict(self._live.nodes)
             names = sorted(node_objects) if node_objects else list(snapshot.node_names)
@@ -307,6 +308,11 @@ class EmbeddedScheduler:
             allocatable = {n: node_allocatable(obj) for n, obj in node_objects.items()}
             self._usage.set_pod_limits({n: a.get("pods", 0) for n, a in allocatable.items()})
             self._node_cache = (snapshot, node_objects, names, allocator_nodes, allocatable, {})
+        return snapshot, placer
+
+    def _start_pass(self, view: View) -> _PassState:
+        snapshot, placer = self._current_nodes()
+        assert self._node_cache is not None  # _current_nodes keeps it, for this snapshot
         _, node_objects, names, allocator_nodes, allocatable, shape_nodes = self._node_cache
         return _PassState(
             view=view,
@@ -333,7 +339,7 @@ class EmbeddedScheduler:
             if o.uid(pod) not in self._assumed:
                 queue.push(dict(pod))
         if not queue:
-            self._live.current()  # kept current while idle: the first pod of a burst does not pay for a rebuild
+            self._current_nodes()  # kept current while idle: the first pod of a burst does not pay for a rebuild
             return SchedulerOutcome()
         state = self._start_pass(view)
         tally = _Tally()

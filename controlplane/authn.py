@@ -7,7 +7,9 @@ As kube-apiserver with `--anonymous-auth=true`, a token authenticator and the Se
   serves as kube-apiserver's signing key pair), bound to the account's uid: a token of a deleted (or deleted
   and re-created) account is refused, as the legacy-token and bound-token lookups refuse it;
 - the person's token is `kubernetes-admin` in `system:masters` (kubeadm's admin.conf identity), and kubelets
-  carry node tokens for `system:node:<name>` in `system:nodes` (what their client certificates say on a cluster).
+  carry node tokens for `system:node:<name>` in `system:nodes` (what their client certificates say on a cluster);
+- a client certificate the client CA verified (controlplane.tls) comes first, as kube-apiserver's x509
+  authenticator precedes the token ones: its CN is the user and each O a group.
 """
 
 from __future__ import annotations
@@ -205,3 +207,9 @@ class TokenAuthenticator:
 
 
 ADMIN = UserInfo(ADMIN_USER, groups=(MASTERS_GROUP, AUTHENTICATED))
+
+
+def certificate_user(common_name: str, organizations: tuple[str, ...]) -> UserInfo:
+    """The user of a verified client certificate (x509's CommonNameUserConversion, then the authenticated
+    group every authenticated user is in)."""
+    return UserInfo(common_name, groups=tuple(dict.fromkeys((*organizations, AUTHENTICATED))))

@@ -18,7 +18,9 @@ from controlplane import filters, httphead
 from controlplane import resources as res
 from controlplane import status as st
 from controlplane import health, protobuf
+from controlplane.admission.chain import RequestAdmission
 from controlplane.admission.request import AdmissionRequest
+from controlplane.audit.event import AuditEvent
 from controlplane.authn import UserInfo
 from controlplane.handlers import discovery, reads, subresources, writes
 from controlplane.protobufbodies import protobuf_request, protobuf_response
@@ -72,6 +74,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     wfile: SocketWriter  # type: ignore[assignment]
     headers: httphead.Headers  # type: ignore[assignment]
     _ctx: ServerContext
+    _audit: AuditEvent | None = None  # the request's audit event (controlplane.audit), when one is recorded
 
     @classmethod
     def for_connection(cls, conn: Any, server: Any, ctx: ServerContext) -> ApiHandler:
@@ -143,7 +146,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         return  # per-request access logs would swamp the structured logs of the processes using us
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        return  # as log_message, without formatting a line for nobody
+        # No access log (as log_message); a long-running response's audit event is at ResponseStarted.
+        if self._audit is not None:
+            self._audit.started(code)
 
     # ----- plumbing ------------------------------------------------------------------------------------------
 
@@ -160,6 +165,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         head = (f"HTTP/1.1 {code} {self.responses.get(code, ('',))[0]}\r\n"
                 f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
                 f"Cache-Control: no-cache, private\r\n{warnings}{self._connection_header()}\r\n").encode()
+        if self._audit is not None:
+            self._audit.respond(code, body, content_type)
         self.wfile.write(head + body)
         self.log_request(code)
 
@@ -253,6 +260,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         self._protobuf_out = False
+        self._audit = None
         try:
             if self.path.startswith("/") and "#" not in self.path:
                 path, _, raw_query = self.path.partition("?")  # what urlsplit gives for an origin-form target
@@ -271,6 +279,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         except Exception as exc:  # a bad request must never take the server down
             self._drain()
             self._send_error(st.StatusError(500, "InternalError", f"internal error: {type(exc).__name__}: {exc}"))
+        if self._audit is not None:
+            self._audit.complete()
+            self._audit = None
 
     def _lingering_close(self) -> None:
         """After refusing a request whose body was not read (413, bad Content-Length): stop sending, then read
@@ -320,6 +331,8 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _body(self) -> Any:
         value = self._read_body()
         self._body_read = True
+        if self._audit is not None:
+            self._audit.request_object(value)
         return value
 
     # ----- routing -------------------------------------------------------------------------------------------
@@ -327,23 +340,40 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _authenticate(self) -> UserInfo:
         sec = self.ctx.security
         # The internal listener behind the TLS front requires credentials whatever the plain port does.
-        lenient = sec.unauthenticated_as_admin and not getattr(self.server, "requires_credentials", False)
-        return filters.authenticate(self.headers.get("Authorization"), sec.authenticator, sec.accounts, lenient)
+        strict = getattr(self.server, "requires_credentials", False)
+        peer = sec.client_identities(self.client_address) if strict else None
+        return filters.authenticate(self.headers.get("Authorization"), sec.authenticator, sec.accounts,
+                                    sec.unauthenticated_as_admin and not strict, peer)
 
     def _route(self, method: str, path: str, query: dict[str, str]) -> None:
         parts = [p for p in path.split("/") if p]
         reg = self.ctx.registry
         authorizer = self.ctx.security.authorizer
-        self._user = user = filters.impersonate(self._authenticate(), self.headers, authorizer)
+        auditor = self.ctx.audit
+        try:
+            authenticated = self._authenticate()
+        except st.StatusError:
+            if auditor is not None:
+                presented = getattr(self.server, "requires_credentials", False) and \
+                    self.ctx.security.client_identities(self.client_address) is not None
+                auditor.failed_authentication(method, self.path, path, query, self.client_address[0], self.headers,
+                                              presented)
+            raise
+        if auditor is not None:
+            self._audit = auditor.begin(method, self.path, path, query, authenticated, self.client_address[0],
+                                        self.headers)
+        self._user = user = filters.impersonate(authenticated, self.headers, authorizer)
+        if self._audit is not None and user is not authenticated:
+            self._audit.impersonated(user)
         if method == "GET" and len(parts) == 1 and parts[0] in health.ENDPOINTS:
-            authorizer.require(filters.path_attributes(user, method, path))
+            filters.authorize(authorizer, filters.path_attributes(user, method, path), self._audit)
             code, text = health.report(parts[0], self.ctx.store.storage_failure, "verbose" in query)
             self._send(code, text, "text/plain; charset=utf-8")
             return
         if method == "GET":
             doc = discovery.document(self, parts, reg)
             if doc is not None:
-                authorizer.require(filters.path_attributes(user, method, path))
+                filters.authorize(authorizer, filters.path_attributes(user, method, path), self._audit)
                 if isinstance(doc, tuple):
                     self._send(200, doc[0], doc[1])
                 elif isinstance(doc, bytes):
@@ -360,7 +390,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         route = self._resolve(group, version, rest, path)
         attrs = filters.resource_attributes(user, method, route.rt, route.namespace, route.name,
                                             route.subresource, query)
-        authorizer.require(attrs)
+        filters.authorize(authorizer, attrs, self._audit)
         if (route.subresource in _POD_CONNECT and route.rt.kind == "Pod" and not route.rt.group
                 and self.ctx.security.connect_requires_create and attrs.verb != "create"):
             # The pod registry's Connect: a WebSocket upgrade is a GET, authorized above as `get`; it must also
@@ -379,12 +409,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         admission = self.ctx.security.admission
         operation = {"POST": "CREATE", "PUT": "UPDATE", "PATCH": "UPDATE", "DELETE": "DELETE"}.get(method, "")
 
-        def admit(rt: res.ResourceType, name: str, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
-            req = AdmissionRequest(user, operation, rt, route.namespace, name, route.subresource or "", attrs.verb,
-                                   bool(dry_run), authorizer)
-            admission.admit(req, obj, old, self._warnings)
+        def request(rt: res.ResourceType, name: str) -> AdmissionRequest:
+            return AdmissionRequest(user, operation, rt, route.namespace, name, route.subresource or "", attrs.verb,
+                                    bool(dry_run), authorizer, route.version or "", self._audit)
 
-        self._admit = admit
+        self._admit = admit = RequestAdmission(admission, request, lambda: self._warnings)
         with store.admitting(admit):
             if dry_run:
                 with store.dry_run():

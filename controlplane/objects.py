@@ -6,6 +6,7 @@ import json
 import re
 from typing import Any
 
+from controlplane import namespaces, quota
 from controlplane.resources import ResourceType
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -77,6 +78,17 @@ def metadata_errors(obj: dict[str, Any]) -> list[str]:
     return errors
 
 
+def replace_content(obj: dict[str, Any], new: dict[str, Any]) -> None:
+    """Make `obj` hold `new`'s content, keeping its own metadata dict (which a write in progress holds on to)."""
+    metadata, new_metadata = obj.get("metadata"), new.get("metadata")
+    obj.clear()
+    obj.update(new)
+    if isinstance(metadata, dict) and isinstance(new_metadata, dict) and metadata is not new_metadata:
+        metadata.clear()
+        metadata.update(new_metadata)
+        obj["metadata"] = metadata
+
+
 def without(obj: dict[str, Any], *keys: str) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in keys}
 
@@ -105,11 +117,41 @@ def prepare_create(rt: ResourceType, obj: dict[str, Any]) -> None:
         finalizers = meta(obj).setdefault("finalizers", [])
         if isinstance(finalizers, list) and "customresourcecleanup.apiextensions.k8s.io" not in finalizers:
             finalizers.append("customresourcecleanup.apiextensions.k8s.io")
-    elif rt.kind == "Namespace":
-        obj["status"] = {"phase": "Active"}
-        spec = obj.setdefault("spec", {})
-        if isinstance(spec, dict):
-            spec.setdefault("finalizers", ["kubernetes"])
+    elif rt.kind == "Namespace" and not rt.group:
+        namespaces.prepare_create(obj)
+    elif rt.kind == "DaemonSet" and rt.group == "apps":
+        meta(obj).setdefault("annotations", {})[TEMPLATE_GENERATION] = "1"
+
+
+# kube-apiserver's DaemonSet strategy keeps spec.templateGeneration (internal), shown in v1 as this annotation: 1 on
+# create, one more for every change of spec.template; the controller labels its pods with it.
+TEMPLATE_GENERATION = "deprecated.daemonset.template.generation"
+
+
+def prepare_update(rt: ResourceType, new: dict[str, Any], old: dict[str, Any]) -> None:
+    """What the per-kind update strategies keep or derive from the stored object."""
+    if rt.kind == "Namespace" and not rt.group:
+        namespaces.with_spec_of(new, old)
+    elif rt.kind == "DaemonSet" and rt.group == "apps":
+        before = str(((old.get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_GENERATION) or "1")
+        generation = int(before) if before.isdigit() else 1
+        if (new.get("spec") or {}).get("template") != (old.get("spec") or {}).get("template"):
+            generation += 1
+        annotations = meta(new).get("annotations")
+        meta(new)["annotations"] = {**(annotations if isinstance(annotations, dict) else {}),
+                                    TEMPLATE_GENERATION: str(generation)}
+
+
+def spec_errors(rt: ResourceType, obj: dict[str, Any]) -> list[str]:
+    """Per-kind validation kube-apiserver does that no admission stage here covers (namespaces' finalizers,
+    quotas' scopes)."""
+    if rt.group:
+        return []
+    if rt.kind == "Namespace":
+        return namespaces.spec_errors(obj)
+    if rt.kind == "ResourceQuota":
+        return quota.spec_errors(obj)
+    return []
 
 
 def immutability_errors(rt: ResourceType, new: dict[str, Any], old: dict[str, Any]) -> list[str]:

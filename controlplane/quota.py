@@ -9,11 +9,18 @@ What is counted (the core and DRA quota evaluators): for a pod that has not term
 defaults to its limit), and `requests.<extended resource>`; for a ResourceClaim, `count/resourceclaims.
 resource.k8s.io` and `<class>.deviceclass.resource.k8s.io/devices` per request (`count`, default 1; allocation
 mode All counts as 32, the most a claim may get; a request with firstAvailable as its largest subrequest).
-Quota scopes are not evaluated: every quota counts every object of its kind.
+
+Scopes (`spec.scopes`, and `spec.scopeSelector` with In/NotIn/Exists/DoesNotExist) as the pod evaluator matches
+them: Terminating / NotTerminating (activeDeadlineSeconds set or not), BestEffort / NotBestEffort (no cpu or memory
+request or limit in any container, nor at pod level), PriorityClass (the pod's priorityClassName, matched as the
+label `PriorityClass`: Exists means non-empty) and CrossNamespacePodAffinity (an affinity term naming namespaces
+or a namespace selector). A scoped quota counts pods only. `spec_errors` is kube-apiserver's validation of the
+scopes against the hard resources they may limit.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -95,6 +102,155 @@ def claim_usage(claim: Mapping[str, Any]) -> dict[str, Quantity]:
     return out
 
 
+SCOPES = ("Terminating", "NotTerminating", "BestEffort", "NotBestEffort", "PriorityClass",
+          "CrossNamespacePodAffinity", "VolumeAttributesClass")
+_EXISTS_ONLY = ("Terminating", "NotTerminating", "BestEffort", "NotBestEffort", "CrossNamespacePodAffinity")
+_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+_CONFLICTS = (("BestEffort", "NotBestEffort"), ("Terminating", "NotTerminating"))
+# What a scope may limit, among the standard quota resources (others, extended and count/ names, are not checked).
+_STANDARD_QUOTA_RESOURCES = frozenset({
+    "cpu", "memory", "ephemeral-storage", "requests.cpu", "requests.memory", "requests.storage",
+    "requests.ephemeral-storage", "limits.cpu", "limits.memory", "limits.ephemeral-storage", "pods", "resourcequotas",
+    "services", "replicationcontrollers", "secrets", "persistentvolumeclaims", "configmaps", "services.nodeports",
+    "services.loadbalancers"})
+_POD_COMPUTE = frozenset({"cpu", "memory", "limits.cpu", "limits.memory", "requests.cpu", "requests.memory"})
+_PVC_RESOURCES = frozenset({"persistentvolumeclaims", "requests.storage"})
+
+
+def _section(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = obj.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _standard(resource: str) -> bool:
+    return resource in _STANDARD_QUOTA_RESOURCES or resource.startswith(("hugepages-", "requests.hugepages-"))
+
+
+def _scope_allows(scope: str, resource: str) -> bool:
+    if scope == "BestEffort":
+        return resource == "pods"
+    if scope == "VolumeAttributesClass":
+        return resource in _PVC_RESOURCES
+    if scope in SCOPES:
+        return resource == "pods" or resource in _POD_COMPUTE
+    return True
+
+
+def _go_value(value: Any) -> str:
+    # field.Invalid prints a non-string value as JSON; the internal types it validates have Go's field names.
+    if isinstance(value, dict):
+        value = {"MatchExpressions": [{"ScopeName": r.get("scopeName"), "Operator": r.get("operator"),
+                                       "Values": r.get("values")} for r in value.get("matchExpressions") or []
+                                      if isinstance(r, dict)]}
+    return json.dumps(value, separators=(",", ":"))
+
+
+def spec_errors(quota: Mapping[str, Any]) -> list[str]:
+    """kube-apiserver's validation of a ResourceQuota's scopes and scope selector against its hard resources."""
+    spec = _section(quota, "spec")
+    hard = sorted(str(k) for k in (spec.get("hard") or {}))
+    scopes = spec.get("scopes")
+    errors: list[str] = []
+    if isinstance(scopes, list) and scopes:
+        shown = _go_value(scopes)
+        for scope in scopes:
+            if scope not in SCOPES:
+                errors.append(f"spec.scopes: Invalid value: {shown}: unsupported scope")
+            errors += [f"spec.scopes: Invalid value: {shown}: unsupported scope applied to resource"
+                       for k in hard if _standard(k) and not _scope_allows(str(scope), k)]
+        errors += [f"spec.scopes: Invalid value: {shown}: conflicting scopes"
+                   for pair in _CONFLICTS if set(pair) <= set(scopes)]
+    if not isinstance(spec.get("scopeSelector"), Mapping):
+        return errors
+    selector = _section(spec, "scopeSelector")
+    at = "spec.scopeSelector.matchExpressions"
+    named: set[str] = set()
+    for req in selector.get("matchExpressions") or []:
+        if not isinstance(req, Mapping):
+            continue
+        scope, op, values = str(req.get("scopeName") or ""), str(req.get("operator") or ""), req.get("values") or []
+        if scope not in SCOPES:
+            errors.append(f"{at}.scopeName: Invalid value: {json.dumps(scope)}: unsupported scope")
+        errors += [f"{at}: Invalid value: {_go_value(selector)}: unsupported scope applied to resource"
+                   for k in hard if _standard(k) and not _scope_allows(scope, k)]
+        if scope in _EXISTS_ONLY and op != "Exists":
+            errors.append(f"{at}.operator: Invalid value: {json.dumps(op)}: must be 'Exist' when scope is any of "
+                          "ResourceQuotaScopeTerminating, ResourceQuotaScopeNotTerminating, ResourceQuotaScopeBestEffort, "
+                          "ResourceQuotaScopeNotBestEffort or ResourceQuotaScopeCrossNamespacePodAffinity")
+        if op in ("In", "NotIn") and not values:
+            errors.append(f"{at}.values: Required value: must be at least one value when `operator` is 'In' or "
+                          "'NotIn' for scope selector")
+        elif op in ("Exists", "DoesNotExist") and values:
+            errors.append(f"{at}.values: Invalid value: {_go_value(values)}: must be no value when `operator` is "
+                          "'Exist' or 'DoesNotExist' for scope selector")
+        elif op not in _OPERATORS:
+            errors.append(f"{at}.operator: Invalid value: {json.dumps(op)}: not a valid selector operator")
+        named.add(scope)
+    errors += [f"{at}: Invalid value: {_go_value(scopes if scopes else None)}: conflicting scopes"
+               for pair in _CONFLICTS if set(pair) <= named]
+    return errors
+
+
+def _scope_requirements(quota: Mapping[str, Any]) -> list[tuple[str, str, list[str]]]:
+    spec = _section(quota, "spec")
+    reqs: list[tuple[str, str, list[str]]] = [(str(s), "Exists", []) for s in spec.get("scopes") or []]
+    selector = _section(spec, "scopeSelector")
+    reqs += [(str(r.get("scopeName") or ""), str(r.get("operator") or ""), [str(v) for v in r.get("values") or []])
+             for r in selector.get("matchExpressions") or [] if isinstance(r, Mapping)]
+    return reqs
+
+
+def _best_effort(pod: Mapping[str, Any]) -> bool:
+    spec = pod.get("spec") or {}
+    holders = [c for part in ("containers", "initContainers") for c in spec.get(part) or [] if isinstance(c, Mapping)]
+    holders.append(spec)  # pod-level resources (PodLevelResources)
+    for holder in holders:
+        resources = holder.get("resources") or {}
+        for part in ("requests", "limits"):
+            if any(name in ("cpu", "memory") for name in resources.get(part) or {}):
+                return False
+    return True
+
+
+def _cross_namespace_affinity(pod: Mapping[str, Any]) -> bool:
+    affinity = (pod.get("spec") or {}).get("affinity") or {}
+    for kind in ("podAffinity", "podAntiAffinity"):
+        rules = affinity.get(kind) or {}
+        terms = list(rules.get("requiredDuringSchedulingIgnoredDuringExecution") or [])
+        terms += [w.get("podAffinityTerm") or {} for w in rules.get("preferredDuringSchedulingIgnoredDuringExecution")
+                  or [] if isinstance(w, Mapping)]
+        if any(isinstance(t, Mapping) and (t.get("namespaces") or t.get("namespaceSelector") is not None)
+               for t in terms):
+            return True
+    return False
+
+
+def _pod_matches(scope: str, op: str, values: list[str], pod: Mapping[str, Any]) -> bool:
+    spec = pod.get("spec") or {}
+    if scope in ("Terminating", "NotTerminating"):
+        deadline = spec.get("activeDeadlineSeconds")
+        terminating = isinstance(deadline, int) and deadline >= 0
+        return terminating == (scope == "Terminating")
+    if scope in ("BestEffort", "NotBestEffort"):
+        return _best_effort(pod) == (scope == "BestEffort")
+    if scope == "CrossNamespacePodAffinity":
+        return _cross_namespace_affinity(pod)
+    if scope == "PriorityClass":
+        name = str(spec.get("priorityClassName") or "")
+        # As a label selector over {"PriorityClass": name}: the key is always there, Exists asks for a name.
+        return {"Exists": name != "", "DoesNotExist": False, "In": name in values,
+                "NotIn": name not in values}.get(op, False)
+    return False
+
+
+def matches(quota: Mapping[str, Any], kind: str, obj: Mapping[str, Any]) -> bool:
+    """Whether `quota` counts `obj`: an unscoped quota counts everything, a scoped one pods matching every scope."""
+    reqs = _scope_requirements(quota)
+    if not reqs:
+        return True
+    return kind == "Pod" and all(_pod_matches(scope, op, values, obj) for scope, op, values in reqs)
+
+
 def usage_of(kind: str, obj: Mapping[str, Any]) -> dict[str, Quantity]:
     return pod_usage(obj) if kind == "Pod" else claim_usage(obj) if kind == "ResourceClaim" else {}
 
@@ -105,6 +261,8 @@ def used(quota: Mapping[str, Any], objects: Mapping[str, Iterable[Mapping[str, A
     total: dict[str, Quantity] = {}
     for kind, items in objects.items():
         for obj in items:
+            if not matches(quota, kind, obj):
+                continue
             for name, q in usage_of(kind, obj).items():
                 if name in hard:
                     _add(total, name, q)
@@ -123,6 +281,8 @@ def admit(rt: ResourceType, name: str, obj: Mapping[str, Any], quotas: Iterable[
     if not adds:
         return
     for quota in quotas:
+        if not matches(quota, rt.kind, obj):
+            continue
         hard = {k: q for k, v in ((quota.get("spec") or {}).get("hard") or {}).items() if (q := _q(v)) is not None}
         requested = {k: v for k, v in adds.items() if k in hard}
         if not requested:
@@ -130,6 +290,8 @@ def admit(rt: ResourceType, name: str, obj: Mapping[str, Any], quotas: Iterable[
         now: dict[str, Quantity] = {}
         for kind, items in existing.items():
             for other in items:
+                if not matches(quota, kind, other):
+                    continue
                 for k, v in usage_of(kind, other).items():
                     if k in requested:
                         _add(now, k, v)

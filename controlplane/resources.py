@@ -204,13 +204,13 @@ class Registry:
 DEFAULT_REGISTRY = Registry(
     types=(
         ResourceType("", "v1", "namespaces", "Namespace", False, ("ns",), has_status=True,
-                     field_labels=("status.phase",)),
+                     field_labels=("status.phase",), extra_subresources=("finalize",)),
         ResourceType("", "v1", "nodes", "Node", False, ("no",), has_status=True,
                      field_labels=("spec.unschedulable",)),
         ResourceType("", "v1", "pods", "Pod", True, ("po",), has_status=True,
                      field_labels=("spec.nodeName", "spec.schedulerName", "spec.serviceAccountName",
                                    "status.phase", "status.podIP", "status.nominatedNodeName"),
-                     categories=("all",), extra_subresources=("binding", "log", "exec")),
+                     categories=("all",), extra_subresources=("attach", "binding", "exec", "log", "portforward")),
         ResourceType("", "v1", "events", "Event", True, ("ev",),
                      field_labels=("reason", "type", "source", "reportingComponent"),
                      field_prefixes=("involvedObject",)),
@@ -237,6 +237,8 @@ DEFAULT_REGISTRY = Registry(
                      "ValidatingAdmissionPolicyBinding", False),
         ResourceType("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
                      "ValidatingWebhookConfiguration", False),
+        ResourceType("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+                     "MutatingWebhookConfiguration", False),
         ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),
         # The Workload API as Kubernetes 1.37 serves it (KEP-4671; GenericWorkload).
         ResourceType("scheduling.k8s.io", "v1beta1", "workloads", "Workload", True),
@@ -261,6 +263,7 @@ DEFAULT_REGISTRY = Registry(
         ResourceType("batch", "v1", "jobs", "Job", True, has_status=True, categories=("all",)),
         ResourceType("batch", "v1", "cronjobs", "CronJob", True, ("cj",), has_status=True, categories=("all",)),
         ResourceType("apps", "v1", "daemonsets", "DaemonSet", True, ("ds",), has_status=True, categories=("all",)),
+        ResourceType("apps", "v1", "controllerrevisions", "ControllerRevision", True, ()),
         ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
                      ("crd", "crds"), has_status=True, categories=("api-extensions",)),
     )
@@ -307,7 +310,11 @@ def registry_for(kubernetes_version: str, runtime_config: RuntimeConfig | None =
     return Registry(types=tuple(keep))
 
 
-_SUBRESOURCE_KINDS = {"binding": "Binding", "token": "TokenRequest"}
+_SUBRESOURCE_KINDS = {"binding": "Binding", "token": "TokenRequest", "attach": "PodAttachOptions",
+                      "exec": "PodExecOptions", "portforward": "PodPortForwardOptions"}
+# The verbs of subresources that are not create-only: streams are GET (a WebSocket upgrade) and POST (SPDY).
+_SUBRESOURCE_VERBS = {"log": ["get"], "finalize": ["update"], "attach": ["create", "get"], "exec": ["create", "get"],
+                      "portforward": ["create", "get"]}
 
 
 def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:
@@ -334,7 +341,7 @@ def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:
             continue
         entries.append({"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
                         "kind": _SUBRESOURCE_KINDS.get(sub, rt.kind),
-                        "verbs": ["get"] if sub == "log" else ["create"]})
+                        "verbs": _SUBRESOURCE_VERBS.get(sub, ["create"])})
     return entries
 
 

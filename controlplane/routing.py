@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from controlplane import resources as res
 from controlplane import status as st
+from controlplane.audit.event import Auditor
 from controlplane.crds import serving as crd_serving
 from controlplane.podlogs import PodLogSource
 from controlplane.security import Security
@@ -74,6 +75,7 @@ class ServerContext(Protocol):
     pod_logs: PodLogSource | None
     security: Security
     kubernetes_version: str
+    audit: Auditor | None
 
     @property
     def stopping(self) -> bool: ...

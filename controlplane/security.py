@@ -3,7 +3,7 @@ handler runs before the registry (kube-apiserver's filter chain, then its admiss
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane import status as st
@@ -13,7 +13,7 @@ from controlplane.admission.claimstatus import ClaimStatusPlugin
 from controlplane.admission.noderestriction import NodeRestrictionPlugin
 from controlplane.admission.podspec import PodSpecPlugin
 from controlplane.admission.policy import Expressions, PolicyPlugin
-from controlplane.admission.webhook import WebhookPlugin
+from controlplane.admission.webhook import MutatingWebhookPlugin, WebhookPlugin
 from controlplane.authn import TokenAuthenticator
 from controlplane.authz.bootstrap import bootstrap_policy
 from controlplane.authz.chain import AuthorizerChain
@@ -21,6 +21,7 @@ from controlplane.authz.node import NodeAuthorizer
 from controlplane.authz.rbac import RbacAuthorizer
 from controlplane.resources import Registry, ResourceType
 from controlplane.store import Filter, Store
+from controlplane.tls import ClientIdentities
 from gpudra.features import Features
 
 
@@ -31,12 +32,15 @@ class Security:
     rbac: RbacAuthorizer
     admission: AdmissionChain
     webhooks: WebhookPlugin
+    mutating_webhooks: MutatingWebhookPlugin
     accounts: AccountLookup
     # kube-apiserver's old insecure port: a request with no credentials is the admin (tests and library use);
     # every program (apiserver, demo, cluster) runs with it off, where such a request is system:anonymous.
     unauthenticated_as_admin: bool
     # AuthorizePodWebsocketUpgradeCreatePermission: connecting to a pod needs `create` whatever the method.
     connect_requires_create: bool = False
+    # The verified client certificates of the connections the TLS front relays (controlplane.tls).
+    client_identities: ClientIdentities = field(default_factory=ClientIdentities)
 
 
 def _types(registry: Registry, *kinds: str) -> list[ResourceType]:
@@ -97,9 +101,11 @@ def build_security(store: Store, registry: Registry, features: Features, *,
     hook_version, hook_load = lister("ValidatingWebhookConfiguration")
     webhooks = WebhookPlugin(hook_version, hook_load, namespace, expressions)
     plugins.append(webhooks)
-    return Security(TokenAuthenticator(token_key, admin_token), authorizer, rbac, AdmissionChain(plugins), webhooks,
-                    AccountLookup(store, registry), unauthenticated_as_admin,
-                    features.pod_websocket_create_permission)
+    mutating_version, mutating_load = lister("MutatingWebhookConfiguration")
+    mutating = MutatingWebhookPlugin(mutating_version, mutating_load, namespace, expressions)
+    return Security(TokenAuthenticator(token_key, admin_token), authorizer, rbac,
+                    AdmissionChain(plugins, [mutating]), webhooks, mutating, AccountLookup(store, registry),
+                    unauthenticated_as_admin, features.pod_websocket_create_permission)
 
 
 def ensure_bootstrap_policy(store: Store, registry: Registry) -> None:

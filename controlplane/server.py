@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from controlplane.admission.policy import Expressions
+from controlplane.audit.event import Auditor
 from controlplane.crds.manager import DefinitionController
 from controlplane.handler import ApiHandler
 from controlplane.podlogs import PodLogSource
@@ -25,7 +26,14 @@ from controlplane.security import Security, build_security, ensure_bootstrap_pol
 from controlplane.serving import Connection, PooledHttpServer
 from controlplane.status import StatusError
 from controlplane.store import Filter, Store
-from controlplane.tls import Certificates, TlsFront, load_or_make, make_certificates, server_context
+from controlplane.tls import (
+    Certificates,
+    TlsFront,
+    issue_client_certificate,
+    load_or_make,
+    make_certificates,
+    server_context,
+)
 from gpudra.atomicfile import atomic_write
 from gpudra.features import Features
 from gpudra.validation.admission import Admission
@@ -61,7 +69,11 @@ class EmbeddedApiServer:
     `token_key` signs the tokens it issues (random when absent: tokens then die with the process).
     With `tls`, the server also serves HTTPS on `tls_port` (`tls_url`; a CA made at start or kept in `tls_dir`,
     in the kubeconfig),
-    where credentials are always required: kubectl sends its token only there (controlplane/tls.py).
+    where credentials are always required: kubectl sends its token only there (controlplane/tls.py). There,
+    client certificates signed by `client_ca` (PEM; kube-apiserver's --client-ca-file) authenticate their CN
+    in their Os; without it, those the server's own CA signed do (`client_certificate`).
+    `audit` records the requests its policy selects (controlplane.audit; stopped, its log flushed, with the
+    server).
     `expressions` is the CEL engine ValidatingAdmissionPolicies are evaluated with (none: policies are stored
     but not enforced, which only library users without the controller package get)."""
 
@@ -74,7 +86,8 @@ class EmbeddedApiServer:
                  features: Features | None = None,
                  unauthenticated_as_admin: bool = True, expressions: Expressions | None = None,
                  token_key: bytes | None = None, tls: bool = False, tls_port: int = 0,
-                 tls_dir: str | Path | None = None) -> None:
+                 tls_dir: str | Path | None = None, client_ca: bytes | None = None,
+                 audit: Auditor | None = None) -> None:
         """`runtime_config` is kube-apiserver's `--runtime-config` (GA versions only when None; the beta
         versions of resource.k8s.io and scheduling.k8s.io are off by default, as in 1.37); `features`, the
         feature gates (the release's defaults when None): gated types are served and gated fields kept only
@@ -103,6 +116,7 @@ class EmbeddedApiServer:
         # `<name>.<namespace>.svc`, as kube-apiserver's service resolver does.
         self.service_endpoints: dict[tuple[str, str], tuple[str, int]] = {}
         self.security.webhooks.resolve = self._resolve_service
+        self.security.mutating_webhooks.resolve = self._resolve_service
         self._stop = threading.Event()
         self._httpd: PooledHttpServer | None = None
         self.tls = tls
@@ -110,6 +124,8 @@ class EmbeddedApiServer:
         self.tls_url = ""
         self.tls_dir = Path(tls_dir) if tls_dir else None
         self.certificates: Certificates | None = None
+        self.client_ca = client_ca
+        self.audit = audit
         self._strict_httpd: PooledHttpServer | None = None
         self._tls_front: TlsFront | None = None
         self._threads: list[threading.Thread] = []
@@ -169,13 +185,24 @@ class EmbeddedApiServer:
             front.close()
             raise
         self.tls_port = front.getsockname()[1]
-        self._tls_front = TlsFront(front, internal.getsockname()[:2], server_context(self.certificates))
+        try:
+            context = server_context(self.certificates, self.client_ca or self.certificates.ca_pem)
+        except ValueError as exc:
+            front.close()
+            raise ValueError(f"the client CA: {exc}") from None
+        self._tls_front = TlsFront(front, internal.getsockname()[:2], context, self.security.client_identities)
         self._tls_front.start()
         shown = f"[{host}]" if family == socket.AF_INET6 else host
         self.tls_url = f"https://{shown}:{self.tls_port}"
 
     def _resolve_service(self, namespace: str, name: str, port: int) -> tuple[str, int]:
         return self.service_endpoints.get((namespace, name), (f"{name}.{namespace}.svc", port))
+
+    def client_certificate(self, user: str, groups: tuple[str, ...] = ()) -> tuple[bytes, bytes]:
+        """A client certificate (PEM) and key for `user` in `groups`, signed by the server's CA (TLS only)."""
+        if self.certificates is None:
+            raise RuntimeError("client_certificate: the server serves no TLS; start it with tls=True")
+        return issue_client_certificate(self.certificates, user, groups)
 
     @property
     def admin_token(self) -> str:
@@ -248,6 +275,8 @@ class EmbeddedApiServer:
             self._strict_httpd.stop()
             self._strict_httpd = None
         self._httpd.stop()
+        if self.audit is not None:
+            self.audit.stop()
         self.store.close()
         for t in self._threads:
             t.join(timeout=5)

@@ -110,5 +110,6 @@ def invalid(rt: ResourceType, name: str, errors: list[str]) -> StatusError:
         causes.append({"reason": reason, "message": message, "field": field})
     joined = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
     details = _details(rt, name)
+    details["kind"] = rt.kind  # NewInvalid names the kind (kubectl prints `The Namespace "x" is invalid`)
     details["causes"] = causes
     return StatusError(422, "Invalid", f'{rt.qualified_kind} "{name}" is invalid: {joined}', details)

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from controlplane import namespaces
 from controlplane import objects as o
@@ -133,8 +133,14 @@ class Filter:
         return self.fields.empty or self.fields.matches(lambda f: self.rt.field_value(obj, f))
 
 
-# (type, name, the object to store, the stored one or None) -> None; raises a StatusError to refuse.
-RequestAdmission = Callable[[ResourceType, str, dict[str, Any], "dict[str, Any] | None"], None]
+class RequestAdmission(Protocol):
+    """A request's admission chain (controlplane.admission.chain.RequestAdmission)."""
+
+    def mutate(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> bool:
+        """Change `obj` in place (mutating admission); True when it changed."""
+
+    def __call__(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        """Raise a StatusError to refuse (validating admission)."""
 
 
 class ChangeCounter:
@@ -313,6 +319,12 @@ class Store:
         return _Admitting(self._tls, admit)
 
     def _admit(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        request_admission: RequestAdmission | None = getattr(self._tls, "admit", None)
+        # Mutating admission comes first, and what it changed is decoded and defaulted again, as kube-apiserver
+        # decodes a webhook's patched object.
+        if request_admission is not None and request_admission.mutate(rt, name, obj, old):
+            o.replace_content(obj, self.clean_fields(rt, obj, FieldPolicy("Ignore")))
+            apply_defaults(rt.group, rt.kind, obj)
         errors = o.metadata_errors(obj)
         if old is not None:
             errors.extend(o.immutability_errors(rt, obj, old))
@@ -331,7 +343,6 @@ class Store:
                                      f'{rt.qualified_kind} "{name}": admission failed: {type(exc).__name__}: {exc}') from exc
         if errors:
             raise st.invalid(rt, name, errors)
-        request_admission = getattr(self._tls, "admit", None)
         if request_admission is not None:
             request_admission(rt, name, obj, old)
 
@@ -523,8 +534,13 @@ class Store:
         if ns is None:
             raise st.namespace_not_found(namespace)
         if (ns.get("metadata") or {}).get("deletionTimestamp"):
-            raise st.forbidden(rt, name, f"unable to create new content in namespace {namespace} because it is "
+            err = st.forbidden(rt, name, f"unable to create new content in namespace {namespace} because it is "
                                          "being terminated")
+            assert err.details is not None
+            err.details["causes"] = [{"reason": "NamespaceTerminating", "message": f"namespace {namespace} is being "
+                                                                                   "terminated",
+                                      "field": "metadata.namespace"}]
+            raise err
 
     @_durable
     def create(self, rt: ResourceType, namespace: str, body: Any, fields: FieldPolicy | None = None) -> dict[str, Any]:
@@ -553,6 +569,8 @@ class Store:
         if not name and not generate:
             raise st.invalid(rt, "", ["metadata.name: Required value: name or generateName is required"])
         o.prepare_create(rt, obj)
+        if errors := o.spec_errors(rt, obj):
+            raise st.invalid(rt, name or generate, errors)
         apply_defaults(rt.group, rt.kind, obj)
         self._gated.drop_disabled(rt.group, rt.kind, obj, None)
         # Objects that go through admission have their names checked there, together with everything else,
@@ -609,6 +627,8 @@ class Store:
         `body` is the caller's to give away (a fresh value from clean_fields). The result shares the parts it
         keeps from `old` with it: stored objects are never modified, and only the result's own top level and
         metadata dict are written to after this."""
+        if rt.kind == "Namespace" and subresource == "finalize":  # controlplane.namespaces: spec.finalizers only
+            return namespaces.finalized(old, body)  # validated with any update, in _write
         if subresource == "status":
             new = {**old, "metadata": dict(old["metadata"])}
             if "status" in body:
@@ -633,6 +653,7 @@ class Store:
             else:
                 m.pop(server_field, None)
         m.pop("managedFields", None)
+        o.prepare_update(rt, new, old)
         if o.spec_part(rt, new) != o.spec_part(rt, old):
             m["generation"] = int(om.get("generation", 1)) + 1
         return new
@@ -670,6 +691,8 @@ class Store:
             if added:
                 raise st.invalid(rt, name, [f"metadata.finalizers: Forbidden: no new finalizers can be added if the "
                                             f"object is being deleted, found new finalizers {sorted(added)}"])
+        if errors := o.spec_errors(rt, new):
+            raise st.invalid(rt, name, errors)
         # Parts of `new` shared with `old` lose nothing here: a gate's fields are kept when `old` has them.
         self._gated.drop_disabled(rt.group, rt.kind, new, old)
         self._admit(rt, name, new, old)
@@ -683,7 +706,8 @@ class Store:
             if new == old:
                 # A no-op write keeps the resourceVersion and emits no event, as Kubernetes does.
                 return old
-            if om.get("deletionTimestamp") and not nm.get("finalizers"):
+            if om.get("deletionTimestamp") and not nm.get("finalizers") and (
+                    rt.kind != "Namespace" or namespaces.is_finalized(new)):
                 return self._commit(rt, (namespace, name), None, "DELETED", new)
             return self._commit(rt, (namespace, name), new, "MODIFIED", old)
 
@@ -717,7 +741,11 @@ class Store:
             patched = self.clean_fields(rt, patched, fields)
             apply_defaults(rt.group, rt.kind, patched)
             _check_uid(rt, name, o.meta(patched), old)
+            # The patched object carries the stored resourceVersion; only one the patch itself wrote is a
+            # precondition (so a patch without one is reapplied after a concurrent write, not refused).
             want_rv = (patched.get("metadata") or {}).get("resourceVersion")
+            if want_rv == old["metadata"].get("resourceVersion") and not _sets_resource_version(body):
+                want_rv = None
             if want_rv and want_rv != old["metadata"].get("resourceVersion"):
                 raise st.conflict(rt, name)
             pm = o.meta(patched)
@@ -792,14 +820,14 @@ class Store:
                 self._orphan_dependents_locked(om["uid"])
             if om.get("deletionTimestamp"):
                 return old
-            if om.get("finalizers") or rt.kind == "Namespace":
+            if om.get("finalizers") or rt.kind == "Namespace" and not namespaces.is_finalized(old):
                 new = copy_json(old)
                 nm = new["metadata"]
                 nm["deletionTimestamp"] = rfc3339()
                 nm["deletionGracePeriodSeconds"] = 0
                 nm["generation"] = int(om.get("generation", 1)) + 1
                 if rt.kind == "Namespace":  # controlplane.namespaces: Terminating, content deleted after a delay
-                    new["status"] = {**(new.get("status") or {}), **namespaces.terminating_status(nm["deletionTimestamp"])}
+                    new["status"] = namespaces.terminating(new.get("status"))
                     self._enqueue_gc_later("ns:" + name, namespaces.CONTENT_DELETION_DELAY_S)
                 return self._commit(rt, (namespace, name), new, "MODIFIED", old)
             return self._commit(rt, (namespace, name), None, "DELETED", old)
@@ -868,11 +896,13 @@ class Store:
                 pass  # already gone, or protected: nothing to collect
 
     def _collect_namespace(self, namespace: str, delete_content: bool = True) -> None:
+        """The namespace controller's pass over a Terminating namespace (controlplane.namespaces)."""
         ns_rt = self.registry.by_kind("Namespace")
         assert ns_rt is not None
         with self._cond:
             ns = self._objects[ns_rt].get(("", namespace))
-            if ns is None or not ns["metadata"].get("deletionTimestamp"):
+            if ns is None or not ns["metadata"].get("deletionTimestamp") \
+                    or namespaces.KUBERNETES not in namespaces.spec_finalizers(ns):
                 return
             contents = [(rt, key[1]) for rt in self.registry.types if rt.namespaced
                         for key in self._objects[rt] if key[0] == namespace] if delete_content else []
@@ -882,11 +912,35 @@ class Store:
             except st.StatusError:
                 pass  # deleted meanwhile
         with self._cond:
-            remaining = any(key[0] == namespace for rt in self.registry.types if rt.namespaced
-                            for key in self._objects[rt])
             current = self._objects[ns_rt].get(("", namespace))
-            if not remaining and current is not None and current["metadata"].get("deletionTimestamp"):
-                self._commit(ns_rt, ("", namespace), None, "DELETED", current)
+            if current is None or namespaces.KUBERNETES not in namespaces.spec_finalizers(current):
+                return
+            if not delete_content and any(key[0] == namespace for rt in self.registry.types if rt.namespaced
+                                          for key in self._objects[rt]):
+                return  # a deletion that left content: the controller's own passes recount it
+            remaining: dict[str, int] = {}
+            held_by: dict[str, int] = {}
+            for rt in self.registry.types:
+                if not rt.namespaced:
+                    continue
+                for key, obj in self._objects[rt].items():
+                    if key[0] == namespace:
+                        remaining[f"{rt.plural}.{rt.group}"] = remaining.get(f"{rt.plural}.{rt.group}", 0) + 1
+                        for f in obj["metadata"].get("finalizers") or []:
+                            held_by[f] = held_by.get(f, 0) + 1
+            status = namespaces.controller_status(current.get("status"), remaining, held_by, rfc3339())
+            if remaining:
+                if status != current.get("status"):
+                    self._commit(ns_rt, ("", namespace), {**current, "metadata": dict(current["metadata"]),
+                                                          "status": status}, "MODIFIED", current)
+                # The controller requeues a namespace whose content remains (ResourcesRemainingError).
+                self._enqueue_gc_later("ns:" + namespace, namespaces.REMAINING_RETRY_S)
+                return
+            new = namespaces.without_kubernetes(current, status)
+            if namespaces.is_finalized(new):
+                self._commit(ns_rt, ("", namespace), None, "DELETED", new)
+            else:
+                self._commit(ns_rt, ("", namespace), new, "MODIFIED", current)
 
     # ----- watching ------------------------------------------------------------------------------------------
 
@@ -1022,6 +1076,10 @@ class Store:
             for owner in self._dependents:
                 if owner not in self._by_uid:
                     self._gc_queue.append(owner)
+            ns_rt = self.registry.by_kind("Namespace")
+            if ns_rt is not None:  # the namespace controller resumes its passes over Terminating namespaces
+                self._gc_queue += ["ns:" + key[1] for key, ns in self._objects[ns_rt].items()
+                                   if ns["metadata"].get("deletionTimestamp")]
             self._log = log
             for counters in self._counters.values():
                 for counter in counters:
@@ -1118,3 +1176,19 @@ class Watcher:
                 out.append(("DELETED", ev))
         self.pos = newest
         return out
+
+
+def _sets_resource_version(body: Any) -> bool:
+    """Whether a patch body names a resourceVersion (kube-apiserver's precondition for a patch)."""
+    if isinstance(body, dict):
+        meta = body.get("metadata")
+        return isinstance(meta, dict) and meta.get("resourceVersion") is not None
+    if isinstance(body, list):
+        for op in body:
+            if not isinstance(op, dict) or op.get("op") not in ("add", "replace", "copy", "move"):
+                continue
+            path, value = op.get("path"), op.get("value")
+            if path == "/metadata/resourceVersion" or (
+                    path == "/metadata" and isinstance(value, dict) and "resourceVersion" in value):
+                return True
+    return False

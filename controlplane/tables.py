@@ -435,6 +435,25 @@ PRINTERS["DaemonSet"] = Printer((
     ("Images", "string", 1, "Images referenced by each container in the template."),
     ("Selector", "string", 1, "A label query over pods that are managed by the daemon set."),
 ), _daemonset_cells)
+
+
+def _controller_revision_cells(cr: dict[str, Any], now: datetime) -> list[Any]:
+    ref = next((r for r in _get(cr, "metadata", "ownerReferences") or [] if isinstance(r, dict) and r.get("controller")),
+               None)
+    controller = "<none>"
+    if ref is not None:
+        group = str(ref.get("apiVersion") or "").rpartition("/")[0]
+        kind = str(ref.get("kind") or "").lower()
+        controller = f"{kind}.{group}/{ref.get('name')}" if group else f"{kind}/{ref.get('name')}"
+    return [_get(cr, "metadata", "name"), controller, int(cr.get("revision") or 0), _age(cr, now)]
+
+
+PRINTERS["ControllerRevision"] = Printer((
+    _NAME,
+    ("Controller", "string", 0, "Controller of the object"),
+    ("Revision", "integer", 0, "Revision represents the revision of the state represented by Data."),
+    _AGE,
+), _controller_revision_cells)
 _DEFAULT = Printer((_NAME, _AGE), lambda o, now: [_get(o, "metadata", "name"), _age(o, now)])
 
 

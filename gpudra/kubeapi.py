@@ -80,6 +80,8 @@ KINDS: dict[str, KindInfo] = {
                                                  "validatingadmissionpolicybindings", False),
     "ValidatingWebhookConfiguration": KindInfo("admissionregistration.k8s.io", "v1",
                                                "validatingwebhookconfigurations", False),
+    "MutatingWebhookConfiguration": KindInfo("admissionregistration.k8s.io", "v1",
+                                             "mutatingwebhookconfigurations", False),
     "PriorityClass": KindInfo("scheduling.k8s.io", "v1", "priorityclasses", False),
     "Workload": KindInfo("scheduling.k8s.io", "v1beta1", "workloads", True),
     "PodGroup": KindInfo("scheduling.k8s.io", "v1beta1", "podgroups", True),
@@ -94,6 +96,7 @@ KINDS: dict[str, KindInfo] = {
     "Job": KindInfo("batch", "v1", "jobs", True),
     "CronJob": KindInfo("batch", "v1", "cronjobs", True),
     "DaemonSet": KindInfo("apps", "v1", "daemonsets", True),
+    "ControllerRevision": KindInfo("apps", "v1", "controllerrevisions", True),
     "CustomResourceDefinition": KindInfo("apiextensions.k8s.io", "v1", "customresourcedefinitions", False),
     # NVIDIA's compute-domain API (served from its CRDs).
     "ComputeDomain": KindInfo("resource.nvidia.com", "v1beta1", "computedomains", True),

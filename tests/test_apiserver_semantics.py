@@ -228,6 +228,42 @@ def test_concurrent_merge_patches_all_apply(apiserver: Any) -> None:
     assert len(api.get("Node", "n")["metadata"]["labels"]) == 20
 
 
+def _interleave_one_write(monkeypatch: pytest.MonkeyPatch, apiserver: Any) -> None:
+    """The store's next read of the Node is followed by another writer's label, before the patch's write."""
+    store = apiserver.server.store
+    real_get = store.get
+    done: list[bool] = []
+
+    def get_then_write(rt: Any, namespace: str, name: str) -> Any:
+        obj = real_get(rt, namespace, name)
+        if not done and rt.kind == "Node":
+            done.append(True)
+            apiserver.api.patch("Node", name, {"metadata": {"labels": {"other": "writer"}}})
+        return obj
+
+    monkeypatch.setattr(store, "get", get_then_write)
+
+
+def test_patch_without_resource_version_is_reapplied_after_a_concurrent_write(
+        apiserver: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    api: KubeApi = apiserver.api
+    api.create("Node", {"metadata": {"name": "n"}})
+    _interleave_one_write(monkeypatch, apiserver)
+    api.patch("Node", "n", {"metadata": {"labels": {"mine": "v"}}})
+    assert api.get("Node", "n")["metadata"]["labels"] == {"other": "writer", "mine": "v"}
+
+
+def test_patch_with_a_stale_resource_version_is_a_conflict(apiserver: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    api: KubeApi = apiserver.api
+    rv = api.create("Node", {"metadata": {"name": "n"}})["metadata"]["resourceVersion"]
+    _interleave_one_write(monkeypatch, apiserver)
+    api.retries = 0
+    with pytest.raises(ApiError) as err:
+        api.patch("Node", "n", {"metadata": {"resourceVersion": rv, "labels": {"mine": "v"}}})
+    assert err.value.status == 409
+    assert "mine" not in api.get("Node", "n")["metadata"]["labels"]
+
+
 def test_broken_admission_is_a_500_not_a_crash() -> None:
     def broken(obj: dict[str, Any], old: dict[str, Any] | None) -> list[str]:
         raise RuntimeError("validator bug")

@@ -1,6 +1,6 @@
 """End to end on `gpu-dra cluster up --gb200-racks 2x2` (two racks of two trays, each rack its own NVLink clique):
 NVIDIA's ComputeDomain CRDs and its demo/specs/imex channel-injection example applied unchanged (domain Ready,
-pod Running, and with a container runtime the container listing its channel device), a domain that fits one rack
+pod Running, the container listing its channel device; the IMEX daemons run in their pods), a domain that fits one rack
 placed within it, a domain larger than any clique waiting with an explanation and holding nothing, a fabric fault
 visible on the domain, and a deleted domain's objects removed."""
 
@@ -53,8 +53,12 @@ class Cluster:
 
 @pytest.fixture
 def cluster() -> Iterator[tuple[Cluster, KubeApi, str]]:
-    # With a container runtime the containers really run (and show their device nodes); without, pods run bare.
-    runtime = "podman" if not podman_missing() else "none"
+    # The IMEX daemon pods' command runs on the kubelet's runtime (our image as host processes beside podman's
+    # containers); `--runtime none` starts no container, so no daemon and no Ready domain.
+    missing = podman_missing()
+    if missing:
+        pytest.skip(f"needs the podman runtime: {'; '.join(missing)}")
+    runtime = "podman"
     with short_tmp() as home:
         c = Cluster(home)
         up = c.run("up", "--name", NAME, "--gb200-racks", "2x2", "--runtime", runtime)
@@ -114,9 +118,8 @@ def test_nvidia_compute_domain_examples_on_two_gb200_racks(cluster: tuple[Cluste
     status = _domain(api, "imex-channel-injection")["status"]
     node = api.get("Pod", "imex-channel-injection", namespace="default")["spec"]["nodeName"]
     assert [n["name"] for n in status["nodes"]] == [node] and status["nodes"][0]["cliqueID"] == _clique(api, node)
-    if runtime == "podman":
-        listing = _until("the container's listing", lambda: _log(api, "imex-channel-injection") or None)
-        assert "channel0" in listing, listing
+    listing = _until("the container's listing", lambda: _log(api, "imex-channel-injection") or None)
+    assert "channel0" in listing, listing
 
     # A domain that fits one rack: both workers in one clique, Ready.
     _create(api, _docs(DATA / "compute-domain" / "domain-workers.yaml", NAME="pair", NODES="2"))
@@ -157,3 +160,69 @@ def test_nvidia_compute_domain_examples_on_two_gb200_racks(cluster: tuple[Cluste
                                                        label_selector=f"{cd.DOMAIN_LABEL}={uid}")[0]
            and api.try_get("ComputeDomain", "pair", namespace="default") is None)
     assert not api.list("ResourceClaimTemplate", label_selector=f"{cd.DOMAIN_LABEL}={uid}")[0]
+
+
+def test_a_deleted_imex_daemon_pod_is_recreated_and_the_domain_recovers(cluster: tuple[Cluster, KubeApi, str]) -> None:
+    """The IMEX daemon runs in its pod (`gpu-dra compute-domain-daemon run`): deleting one pod of a two-node domain
+    ends that daemon cleanly (its clique entry goes, the domain turns NotReady), the DaemonSet's new pod rejoins
+    with the freed index, and the domain is Ready again while the workers keep running with their channels."""
+    c, api, runtime = cluster
+    _create(api, _docs(DATA / "nvidia-compute-domain" / "resource.nvidia.com_computedomains.yaml")
+            + _docs(DATA / "nvidia-compute-domain" / "resource.nvidia.com_computedomaincliques.yaml"))
+    for crd in ("computedomains.resource.nvidia.com", "computedomaincliques.resource.nvidia.com"):
+        _until(f"{crd} established", lambda crd=crd: any(
+            x.get("type") == "Established" and x.get("status") == "True"
+            for x in (api.get("CustomResourceDefinition", crd).get("status") or {}).get("conditions") or []))
+    _create(api, _docs(DATA / "compute-domain" / "domain-workers.yaml", NAME="pair", NODES="2"))
+    workers = _until("pair workers running", lambda: (lambda ps: ps if len(ps) == 2 and all(
+        (p.get("status") or {}).get("phase") == "Running" for p in ps) else None)(
+        api.list("Pod", namespace="default", label_selector="app=pair")[0]))
+    _until("pair Ready", lambda: (_domain(api, "pair").get("status") or {}).get("status") == "Ready")
+    uid = _domain(api, "pair")["metadata"]["uid"]
+    selector = f"{cd.DOMAIN_LABEL}={uid}"
+    daemons = api.list("Pod", namespace="gpu-dra-system", label_selector=selector)[0]
+    assert len(daemons) == 2
+    # The daemon pods run our image's command and labelled themselves with their clique, as NVIDIA's do.
+    spec = daemons[0]["spec"]["containers"][0]
+    assert spec["command"][:3] == ["gpu-dra", "compute-domain-daemon", "-v"] and spec["command"][-1] == "run"
+    assert spec["readinessProbe"]["exec"]["command"][-1] == "check"
+    assert daemons[0]["metadata"]["labels"]["resource.nvidia.com/computeDomain.cliqueID"] == _clique(
+        api, daemons[0]["spec"]["nodeName"])
+    before = {n["name"]: n for n in _domain(api, "pair")["status"]["nodes"]}
+    victim = daemons[0]
+    node = victim["spec"]["nodeName"]
+    assert before[node]["ipAddress"] == victim["status"]["podIP"]
+
+    api.delete("Pod", victim["metadata"]["name"], namespace="gpu-dra-system")
+    _until("the deleted daemon's entry gone (SIGTERM: it leaves its clique) and the domain NotReady",
+           lambda: (lambda s: s.get("status") == "NotReady" and node not in {n["name"] for n in s.get("nodes") or []})(
+               _domain(api, "pair").get("status") or {}))
+    fresh = _until("the DaemonSet's new pod on that node", lambda: [
+        p for p in api.list("Pod", namespace="gpu-dra-system", label_selector=selector)[0]
+        if p["spec"].get("nodeName") == node and p["metadata"]["uid"] != victim["metadata"]["uid"]])
+    _until("pair Ready again", lambda: (_domain(api, "pair").get("status") or {}).get("status") == "Ready")
+    after = {n["name"]: n for n in _domain(api, "pair")["status"]["nodes"]}
+    assert after[node]["index"] == before[node]["index"] and after[node]["status"] == "Ready"
+    recreated = api.get("Pod", fresh[0]["metadata"]["name"], namespace="gpu-dra-system")
+    assert recreated["status"]["podIP"] == victim["status"]["podIP"] == after[node]["ipAddress"]  # the node's
+    # The probe's command, run in the pod (kubectl exec), asks the pod's own nvidia-imex; and the pod's
+    # /etc/hosts maps both daemons' DNS names, as the nodes config names them.
+    kubectl = [str(ROOT / ".venv" / "bin" / "kubectl"), "-n", "gpu-dra-system", "exec", recreated["metadata"]["name"],
+               "--"]
+    probe = subprocess.run([*kubectl, "gpu-dra", "compute-domain-daemon", "check"], env=c.env, capture_output=True,
+                           text=True, timeout=60)
+    assert probe.returncode == 0 and probe.stdout == "READY\n", probe.stderr
+    hosts = subprocess.run([*kubectl, "sh", "-c", 'cat "$GPU_DRA_CONTAINER_ROOT/etc/hosts"'], env=c.env,
+                           capture_output=True, text=True, timeout=60).stdout
+    assert {line.split()[1] for line in hosts.splitlines() if "compute-domain-daemon-" in line} == {
+        "compute-domain-daemon-0000", "compute-domain-daemon-0001"}, hosts
+    # The workers were never touched: same pods, running, not restarted, their channel claims still allocated.
+    now = {p["metadata"]["uid"]: p for p in api.list("Pod", namespace="default", label_selector="app=pair")[0]}
+    assert set(now) == {p["metadata"]["uid"] for p in workers}
+    for pod in now.values():
+        assert pod["status"]["phase"] == "Running"
+        assert all(s.get("restartCount", 0) == 0 for s in pod["status"].get("containerStatuses") or [])
+        claim = api.get("ResourceClaim", pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"],
+                        namespace="default")
+        assert claim["status"]["allocation"] and [r["uid"] for r in claim["status"]["reservedFor"]] == [
+            pod["metadata"]["uid"]]

@@ -1,11 +1,13 @@
 """The simulated cluster's DaemonSet controller: one pod per fitting node, pinned by node affinity; status counts;
-rolling update; and the embedded scheduler honouring the pin."""
+rolling update (maxUnavailable, maxSurge), OnDelete and the revision history; and the embedded scheduler
+honouring the pin."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from controller.nodefit import as_allocator_node, required_affinity, static_rejects
+from sim.cluster.daemonhistory import plan_history, revision_name, snapshot
 from sim.cluster.daemonsets import REVISION_LABEL, daemon_pod, plan
 
 
@@ -73,9 +75,59 @@ def test_rolling_update_replaces_one_old_pod_at_a_time() -> None:
     todo = plan([new], nodes, pods)
     assert len(todo.delete) == 1 and todo.create == []
     assert todo.status[("nvidia", "imex")]["updatedNumberScheduled"] == 0
-    # With one pod down already, nothing more is taken down.
+    # An old pod that is down already is replaced at once, beside the one the budget allows (the controller's
+    # allowedReplacementPods) ...
     pods[1]["status"] = {"phase": "Pending"}
-    assert plan([new], nodes, pods).delete == []
+    assert sorted(plan([new], nodes, pods).delete) == sorted(("nvidia", p["metadata"]["name"]) for p in pods[:2])
+    # ... while a new pod that is not yet available holds the budget: nothing more is taken down.
+    starting = [pods[0], {**daemon_pod(new, "b"), "status": {"phase": "Pending"}}, pods[2]]
+    assert plan([new], nodes, starting).delete == []
     on_delete = {**new, "spec": {**new["spec"], "updateStrategy": {"type": "OnDelete"}}}
     assert plan([on_delete], nodes, [_running(daemon_pod(old, n)) for n in ("a", "b", "c")]).delete == []
     assert daemon_pod(new, "a")["metadata"]["labels"][REVISION_LABEL] != daemon_pod(old, "a")["metadata"]["labels"][REVISION_LABEL]
+
+
+def test_max_surge_starts_the_new_pod_beside_the_old_and_deletes_the_old_once_available() -> None:
+    old = _ds()
+    nodes = [_node("a"), _node("b"), _node("c")]
+    pods = [_running(daemon_pod(old, n)) for n in ("a", "b", "c")]
+    new = _ds()
+    new["spec"]["template"]["spec"]["containers"][0]["image"] = "busybox:2"
+    new["spec"]["updateStrategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    first = plan([new], nodes, pods)
+    assert first.delete == [] and len(first.create) == 1  # one surge pod, nothing down
+    surge = first.create[0]
+    assert surge["metadata"]["name"] not in {p["metadata"]["name"] for p in pods}
+    node = surge["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
+    waiting = plan([new], nodes, [*pods, {**surge, "status": {"phase": "Pending"}}])
+    assert waiting.create == [] and waiting.delete == []  # maxSurge 1 is in use
+    assert waiting.status[("nvidia", "imex")]["updatedNumberScheduled"] == 1
+    done = plan([new], nodes, [*pods, _running(surge)])
+    old_on_node = next(p for p in pods if p["metadata"]["name"] == daemon_pod(old, node)["metadata"]["name"])
+    assert done.delete == [("nvidia", old_on_node["metadata"]["name"])] and len(done.create) == 1
+
+
+def test_revision_history_in_controller_revisions() -> None:
+    v1 = _ds()
+    v2 = _ds()
+    v2["spec"]["template"]["spec"]["containers"][0]["image"] = "busybox:2"
+    first = plan_history(v1, [], set())
+    (rev1,) = first.create
+    assert rev1["revision"] == 1 and rev1["metadata"]["name"] == revision_name(v1)
+    assert rev1["data"]["spec"]["template"]["$patch"] == "replace"
+    assert rev1["metadata"]["labels"] == {"app": "imex", REVISION_LABEL: daemon_pod(v1, "a")["metadata"]["labels"][
+        REVISION_LABEL]}
+    (rev2,) = plan_history(v2, [rev1], set()).create
+    assert rev2["revision"] == 2
+    # An undo to v1's template renumbers its revision; it is not copied.
+    undo = plan_history(v1, [rev1, rev2], set())
+    assert undo.create == [] and undo.renumber == [(revision_name(v1), 3)]
+    # Beyond revisionHistoryLimit, the oldest revisions no pod runs go.
+    limited = {**v2, "spec": {**v2["spec"], "revisionHistoryLimit": 1}}
+    olds = [snapshot({**_ds(), "spec": {**_ds()["spec"], "template": {**_ds()["spec"]["template"], "metadata": {
+        "labels": {"app": "imex", "v": str(i)}}}}}, i) for i in range(1, 4)]
+    pruned = plan_history(limited, [*olds, {**rev2, "revision": 4}], set())
+    assert pruned.delete == [olds[0]["metadata"]["name"], olds[1]["metadata"]["name"]]
+    in_use = plan_history(limited, [*olds, {**rev2, "revision": 4}], {olds[0]["metadata"]["labels"][REVISION_LABEL]})
+    assert in_use.delete == [olds[1]["metadata"]["name"]]

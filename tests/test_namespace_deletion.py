@@ -1,6 +1,6 @@
 """Namespace deletion through Terminating: `kubectl delete -f` of a file holding a namespace and objects in it
 deletes them all with no NotFound errors, the namespace shows Terminating with the namespace controller's
-conditions, its content goes, then the namespace."""
+conditions, its content goes, then the namespace (finalizers and conditions: tests/test_namespace_finalization.py)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ def test_kubectl_delete_f_of_a_namespace_and_its_content(apiserver: RunningApiSe
     assert alone.returncode == 0, alone.stderr
     ns = apiserver.api.get("Namespace", "team")
     assert ns["status"]["phase"] == "Terminating" and ns["metadata"]["deletionTimestamp"]
-    assert {c["type"] for c in ns["status"]["conditions"]} >= {"NamespaceContentRemaining", "NamespaceDeletionContentFailure"}
+    # kube-apiserver sets the phase; the conditions are the namespace controller's, written after its first pass.
+    assert "conditions" not in ns["status"] and ns["spec"]["finalizers"] == ["kubernetes"]
     listed = subprocess.run([*base, "get", "ns", "team", "--no-headers"], capture_output=True, text=True, timeout=60)
     assert listed.stdout.split()[:2] == ["team", "Terminating"]
     assert apiserver.api.get("ConfigMap", "settings", namespace="team")  # not yet

@@ -60,7 +60,7 @@ def parse_attribute(name: str, raw: Any) -> Attribute:
         raise ValueError(f"attributes[{name}].{kind}: must be a string, not {value!r}")
     if kind == "version":
         try:
-            return Semver.parse(value)
+            return _parse_version(value)
         except SemverError as err:
             raise ValueError(f"attributes[{name}].version: parse semantic version: {err}") from None
     return value
@@ -74,6 +74,12 @@ def parse_capacity(name: str, raw: Any) -> Quantity:
         return _parse_quantity(str(raw["value"]))
     except QuantityError as err:
         raise ValueError(f"capacity[{name}].value: {err}") from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_version(text: str) -> Semver:
+    # Semvers are immutable and every device of a node repeats the same driver and CUDA versions.
+    return Semver.parse(text)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -7,6 +7,7 @@ import argparse
 import logging
 import sys
 
+from controller.computedomain import DAEMON_IMAGE
 from controller.leader import LeaseTimings
 from controller.manager import ControllerConfig, ControllerManager, default_identity
 from gpudra import DEFAULT_DRIVER_NAME, cliopts
@@ -44,9 +45,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute-domain-namespace", default="gpu-dra-system", metavar="NAMESPACE",
                         help="where ComputeDomains' IMEX daemon DaemonSets, daemon templates and cliques live (the "
                              "driver's namespace; the node agents' --compute-domain-namespace; default %(default)s)")
-    parser.add_argument("--compute-domain-daemon-image", default="busybox:1.36", metavar="IMAGE",
-                        help="image of the IMEX daemon pods' container, which only holds the node's daemon claim "
-                             "(default %(default)s)")
+    parser.add_argument("--compute-domain-daemon-image", default=DAEMON_IMAGE, metavar="IMAGE",
+                        help="image of the IMEX daemon pods' container, which runs `gpu-dra compute-domain-daemon "
+                             "run`: this project's image (default %(default)s)")
     parser.add_argument("--event-repeat", type=float, default=60.0,
                         help="seconds before an unchanged explanation Event is posted again (default %(default)s)")
     add_feature_arguments(parser, "DRA feature gate")

@@ -27,14 +27,16 @@ def label_selector_matches(selector: Any, labels: dict[str, str]) -> bool:
     return True
 
 
-def _rule_matches(rule: dict[str, Any], req: AdmissionRequest) -> bool:
+def _rule_matches(rule: dict[str, Any], req: AdmissionRequest, exact: bool) -> bool:
     def has(values: Any, value: str) -> bool:
         return "*" in (values or ()) or value in (values or ())
     if not has(rule.get("apiGroups"), req.rt.group) or not has(rule.get("operations"), req.operation):
         return False
     versions = rule.get("apiVersions") or ()
-    if "*" not in versions and not set(versions) & set(req.rt.versions):
-        return False
+    if "*" not in versions:
+        served = {req.version or req.rt.version} if exact else set(req.rt.versions)
+        if not served & set(versions):
+            return False
     resources = rule.get("resources") or ()
     if req.subresource:
         if not {"*/*", f"{req.rt.plural}/{req.subresource}", f"*/{req.subresource}"} & set(resources):
@@ -48,8 +50,11 @@ def _rule_matches(rule: dict[str, Any], req: AdmissionRequest) -> bool:
     return not names or req.name in names
 
 
-def rules_match(rules: Any, req: AdmissionRequest) -> bool:
-    return any(_rule_matches(r, req) for r in rules or () if isinstance(r, dict))
+def rules_match(rules: Any, req: AdmissionRequest, match_policy: str = "Equivalent") -> bool:
+    """`match_policy` Exact matches the request's own version only; Equivalent (the default), any version
+    the resource is served in (the request is converted to the one the rule names)."""
+    exact = match_policy == "Exact"
+    return any(_rule_matches(r, req, exact) for r in rules or () if isinstance(r, dict))
 
 
 def selectors_match(namespace_selector: Any, object_selector: Any, req: AdmissionRequest,

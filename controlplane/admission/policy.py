@@ -1,12 +1,14 @@
 """ValidatingAdmissionPolicy (admissionregistration.k8s.io/v1) and its bindings, evaluated as
 admission/plugin/policy/validating does: match constraints and the binding's matchResources, params (paramKind
 + paramRef), matchConditions, variables, validations with message/messageExpression, failurePolicy, and the
-binding's validationActions (Deny refuses, Warn adds a warning, Audit is accepted: this server keeps no audit log).
+binding's validationActions (Deny refuses, Warn adds a warning, Audit adds the request's audit annotation
+`validation.policy.admission.k8s.io/validation_failure`), and auditAnnotations.
 
 The CEL engine is passed in (`Expressions`): the control plane imports nothing of the controller."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -87,11 +89,11 @@ class PolicyPlugin:
         pname, bname = policy["metadata"].get("name"), binding["metadata"].get("name")
         actions = bspec.get("validationActions") or []
         fail = (spec.get("failurePolicy") or "Fail") == "Fail"
-        prefix = f"ValidatingAdmissionPolicy '{pname}' with binding '{bname}' denied request"
+        names = (str(pname), str(bname))
         try:
             params = self._resolve_params(spec, bspec, req)
         except _Denied as exc:
-            self._report(req, actions, f"{prefix}: {exc}", warnings, "Invalid")
+            self._report(req, names, actions, str(exc), warnings, "Invalid")
             return
         if params is _SKIP:
             return
@@ -109,16 +111,17 @@ class PolicyPlugin:
                                            var["name"]: self._eval(var.get("expression", ""), activation, False)}
         except ValueError as exc:
             if fail:
-                self._report(req, actions, f"{prefix}: {exc}", warnings, "Invalid")
+                self._report(req, names, actions, str(exc), warnings, "Invalid")
             return
-        for validation in spec.get("validations") or ():
+        self._audit_annotations(spec, str(pname), activation, req, fail)
+        for index, validation in enumerate(spec.get("validations") or ()):
             expression = validation.get("expression", "")
             try:
                 ok = self._eval(expression, activation)
             except ValueError as exc:
                 if fail:
-                    self._report(req, actions, f"{prefix}: expression '{expression}' resulted in error: {exc}",
-                                 warnings, validation.get("reason") or "Invalid")
+                    self._report(req, names, actions, f"expression '{expression}' resulted in error: {exc}",
+                                 warnings, validation.get("reason") or "Invalid", index)
                 continue
             if ok is True:
                 continue
@@ -130,7 +133,24 @@ class PolicyPlugin:
                         message = produced
                 except ValueError:
                     pass
-            self._report(req, actions, f"{prefix}: {message}", warnings, validation.get("reason") or "Invalid")
+            self._report(req, names, actions, message, warnings, validation.get("reason") or "Invalid", index)
+
+    def _audit_annotations(self, spec: dict[str, Any], policy: str, activation: dict[str, Any],
+                           req: AdmissionRequest, fail: bool) -> None:
+        """spec.auditAnnotations: `<policy>/<key>` for each valueExpression that gives a non-empty string
+        (at most 10 KiB of it); one that fails to evaluate refuses the request under failurePolicy Fail."""
+        for annotation in spec.get("auditAnnotations") or ():
+            expression = annotation.get("valueExpression", "")
+            try:
+                value = self._eval(expression, activation, False)
+            except ValueError as exc:
+                if fail:
+                    raise st.StatusError(500, "InternalError", f"Internal error occurred: ValidatingAdmissionPolicy "
+                                                               f"'{policy}': expression '{expression}' resulted in "
+                                                               f"error: {exc}") from None
+                continue
+            if isinstance(value, str) and value:
+                req.annotate(f"{policy}/{annotation.get('key', '')}", value[:10 * 1024])
 
     def _eval(self, expression: str, activation: dict[str, Any], boolean: bool = True) -> Any:
         value = self._cel.compile(expression).evaluate(activation)
@@ -154,11 +174,18 @@ class PolicyPlugin:
         return found
 
     @staticmethod
-    def _report(req: AdmissionRequest, actions: list[str], message: str, warnings: list[str], reason: str) -> None:
+    def _report(req: AdmissionRequest, names: tuple[str, str], actions: list[str], failure: str,
+                warnings: list[str], reason: str, index: int = 0) -> None:
+        policy, binding = names
+        if "Audit" in actions:
+            req.annotate(_VALIDATION_FAILURE, json.dumps([{
+                "message": failure, "policy": policy, "binding": binding, "expressionIndex": index,
+                "validationActions": actions}], separators=(",", ":")))
         if "Warn" in actions:
-            warnings.append(message.replace(" denied request: ", ": ", 1).replace(
-                "ValidatingAdmissionPolicy", "Validation failed for ValidatingAdmissionPolicy", 1))
+            warnings.append(f"Validation failed for ValidatingAdmissionPolicy '{policy}' with binding '{binding}': "
+                            f"{failure}")
         if "Deny" in actions:
+            message = f"ValidatingAdmissionPolicy '{policy}' with binding '{binding}' denied request: {failure}"
             code = {"Unauthorized": 401, "Forbidden": 403, "Invalid": 422, "RequestEntityTooLarge": 413}.get(reason, 422)
             qualified = req.rt.qualified
             raise st.StatusError(code, reason, f'{qualified} "{req.name}" is forbidden: {message}',
@@ -166,3 +193,4 @@ class PolicyPlugin:
 
 
 _SKIP: Any = object()
+_VALIDATION_FAILURE = "validation.policy.admission.k8s.io/validation_failure"

@@ -14,6 +14,12 @@ class Authorize(Protocol):
     def authorize(self, a: Attributes) -> Verdict: ...
 
 
+class AuditAnnotations(Protocol):
+    def annotate(self, key: str, value: str, level: str = "Metadata") -> None:
+        """Add an annotation to the request's audit event (kept only at `level` or above; the first value
+        of a key wins, as audit.AddAuditAnnotation keeps it)."""
+
+
 @dataclass(slots=True)
 class AdmissionRequest:
     user: UserInfo
@@ -25,6 +31,12 @@ class AdmissionRequest:
     verb: str  # the authorization verb of the request (create, update, patch, delete)
     dry_run: bool
     authorizer: Authorize
+    version: str = ""  # the API version the request was made in (matchPolicy: Exact)
+    audit: AuditAnnotations | None = None  # the request's audit event, when one is recorded
+
+    def annotate(self, key: str, value: str, level: str = "Metadata") -> None:
+        if self.audit is not None:
+            self.audit.annotate(key, value, level)
 
     @property
     def resource(self) -> str:

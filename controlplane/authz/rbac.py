@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.authn import SA_PREFIX, UserInfo
-from controlplane.authz.attributes import ALLOW, NO_OPINION, Attributes, Verdict
+from controlplane.authz.attributes import NO_OPINION, Attributes, Decision, Verdict
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,15 @@ class _Binding:
     namespace: str  # "" for a ClusterRoleBinding
     subjects: tuple[dict[str, Any], ...]
     rules: tuple[Rule, ...]
+    # `ClusterRoleBinding "b" of ClusterRole "r"`, `RoleBinding "b/ns" of Role "r"`: what an allow names.
+    source: str = ""
+
+    def reason(self, subject: dict[str, Any]) -> str:
+        """The allow's reason, as the RBAC authorizer's describers write it."""
+        kind, name = subject.get("kind"), subject.get("name")
+        if kind == "ServiceAccount":
+            name = f"{name}/{subject.get('namespace') or self.namespace}"
+        return f'RBAC: allowed by {self.source} to {kind} "{name}"'
 
 
 class RbacIndex:
@@ -99,14 +108,17 @@ class RbacIndex:
         for b in cluster_role_bindings:
             ref = b.get("roleRef") or {}
             if ref.get("kind") == "ClusterRole" and ref.get("name") in cluster_rules:
-                bindings.append(_Binding("", tuple(b.get("subjects") or ()), cluster_rules[ref["name"]]))
+                source = f'ClusterRoleBinding "{(b.get("metadata") or {}).get("name")}" of ClusterRole "{ref["name"]}"'
+                bindings.append(_Binding("", tuple(b.get("subjects") or ()), cluster_rules[ref["name"]], source))
         for b in role_bindings:
             ns = (b.get("metadata") or {}).get("namespace") or ""
             ref = b.get("roleRef") or {}
             rules = (cluster_rules.get(ref.get("name")) if ref.get("kind") == "ClusterRole"
                      else role_rules.get((ns, ref.get("name"))))
             if rules:
-                bindings.append(_Binding(ns, tuple(b.get("subjects") or ()), rules))
+                source = (f'RoleBinding "{(b.get("metadata") or {}).get("name")}/{ns}" of {ref.get("kind")} '
+                          f'"{ref.get("name")}"')
+                bindings.append(_Binding(ns, tuple(b.get("subjects") or ()), rules, source))
         self.bindings = tuple(bindings)
 
     @staticmethod
@@ -122,6 +134,16 @@ class RbacIndex:
                 if _selector_matches(selector, (other.get("metadata") or {}).get("labels") or {}):
                     out.extend(r for r in _rules(other.get("rules")) if r not in out)
         return tuple(out)
+
+    def allowed_by(self, user: UserInfo, namespace: str, a: Attributes) -> str | None:
+        """The reason of the first binding whose rules allow `a`, None when none does."""
+        for b in self.bindings:
+            if b.namespace and b.namespace != namespace:
+                continue
+            subject = next((s for s in b.subjects if _subject_matches(s, user, b.namespace)), None)
+            if subject is not None and any(rule.allows(a) for rule in b.rules):
+                return b.reason(subject)
+        return None
 
     def rules_for(self, user: UserInfo, namespace: str) -> Iterable[Rule]:
         for b in self.bindings:
@@ -145,7 +167,7 @@ class RbacAuthorizer:
         self._key: Any = object()
         self._index = RbacIndex((), (), (), ())
         # Decisions by the request's attributes, for the current index: components repeat the same few requests.
-        self._decisions: dict[tuple[Any, ...], bool] = {}
+        self._decisions: dict[tuple[Any, ...], Verdict] = {}
 
     def index(self) -> RbacIndex:
         key = self._version()
@@ -164,11 +186,11 @@ class RbacAuthorizer:
         u = a.user
         key = (u.name, u.groups, a.verb, a.resource_request, a.api_group, a.resource, a.subresource, a.namespace,
                a.name, a.path)
-        allowed = decisions.get(key)
-        if allowed is None:
-            namespace = a.namespace if a.resource_request else ""
-            allowed = any(rule.allows(a) for rule in index.rules_for(u, namespace))
+        verdict = decisions.get(key)
+        if verdict is None:
+            reason = index.allowed_by(u, a.namespace if a.resource_request else "", a)
+            verdict = Verdict(Decision.ALLOW, reason) if reason is not None else NO_OPINION
             if len(decisions) > 50000:
                 decisions.clear()
-            decisions[key] = allowed
-        return ALLOW if allowed else NO_OPINION
+            decisions[key] = verdict
+        return verdict

@@ -1,4 +1,5 @@
-"""Subresources with their own REST (pods/log, pods/exec, scale, pods/binding) and the endpoints that answer
+"""Subresources with their own REST (pods/log, pods/exec|attach|portforward, namespaces/finalize's refusal of
+anything but PUT, scale, pods/binding) and the endpoints that answer
 without storing: the access and subject reviews and TokenRequest (serviceaccounts/token)."""
 
 from __future__ import annotations
@@ -6,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from controlplane import execproxy, reviews, scale
+from controlplane import execproxy, portforwardtunnel, reviews, scale
 from controlplane import status as st
 from controlplane.authn import UserInfo
 from controlplane.crds import serving as crd_serving
@@ -26,15 +27,19 @@ def serve(h: ApiHandler, method: str, r: Route, query: dict[str, str]) -> bool:
             raise st.method_not_allowed(f"{method} is not supported on pods/log; supported: GET")
         PodLogStream(h).serve(r, query)
         return True
-    if r.subresource == "exec":  # controlplane.execproxy: relayed to the node's kubelet
+    if r.subresource == "finalize" and method != "PUT":  # namespaces/finalize is an update only
+        raise st.method_not_allowed("the server does not allow this method on the requested resource")
+    if r.subresource in execproxy.SUBRESOURCES:  # controlplane.execproxy: relayed to the node's kubelet
         if method not in ("GET", "POST"):
-            raise st.method_not_allowed(f"{method} is not supported on pods/exec; supported: GET, POST")
-        reg = h.ctx.registry
-        host, port, container = execproxy.target(store, r.rt, reg.by_kind("Node"), r.namespace, r.name or "",
-                                                 query.get("container"))
-        raw_query = urlsplit(h.path).query
+            raise st.method_not_allowed(f"{method} is not supported on pods/{r.subresource}; supported: GET, POST")
+        host, port, container = execproxy.target(store, r.rt, h.ctx.registry.by_kind("Node"), r.namespace,
+                                                 r.name or "", query.get("container"), r.subresource)
         h.close_connection = True
-        execproxy.relay(h.connection, h.headers, host, port, r.namespace, r.name or "", container, raw_query)
+        if r.subresource == "portforward" and portforwardtunnel.is_websocket(h.headers):
+            portforwardtunnel.serve(h.connection, h.headers, host, port, r.namespace, r.name or "")
+        else:
+            execproxy.relay(h.connection, h.headers, host, port, r.subresource, r.namespace, r.name or "",
+                            container, urlsplit(h.path).query)
         return True
     if r.subresource == "scale" and r.rt.custom is not None:  # a CRD's scale subresource (its paths)
         h._send_json(200, crd_serving.serve_scale(store, r.rt, r.namespace, r.name or "", method, query,

@@ -1,7 +1,7 @@
 """The compute-domain.nvidia.com plugin of one node: its kubelet plugin (registration + DRA gRPC), its slice, the
-node's `nvidia.com/gpu.clique` label, and the IMEX daemons of the domains whose daemon claim is prepared here,
-each with its entry in the domain's ComputeDomainClique (IP, clique, index, Ready when `nvidia-imex-ctl -q`
-says READY and the node's NVLink fabric is healthy)."""
+node's `nvidia.com/gpu.clique` label, and a Warning on each domain whose daemon claim is prepared here while the
+node's NVLink fabric is unhealthy. The IMEX daemon itself and its ComputeDomainClique entry are the daemon pod's
+(driver.computedomain.daemon); a channel claim waits for that entry to say Ready."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from driver.cdi import DeviceNumbers
 from driver.computedomain.fabric import fabric_health, node_clique
-from driver.computedomain.imex import ImexDaemons, ImexError
+from driver.computedomain import imex
 from driver.computedomain.preparer import Checkpoint, ComputeDomainPreparer, NodeContext
 from driver.computedomain.slices import build_slice
 from driver.inventory import Inventory
@@ -24,7 +24,7 @@ from driver.prepare import ClaimNotFound
 from driver.publisher import SlicePublisher
 from gpudra import computedomain as cd
 from gpudra.timestamps import rfc3339
-from gpudra.kubeapi import AlreadyExists, ApiError, Conflict, KubeApi, NotFound
+from gpudra.kubeapi import ApiError, KubeApi, NotFound
 
 log = logging.getLogger("gpu-dra.compute-domain")
 RECONCILE_S = 1.0
@@ -36,8 +36,9 @@ class ComputeDomainSettings:
     kubelet_dir: Path
     cdi_dir: Path
     namespace: str  # where the ComputeDomainCliques live (the driver's namespace)
-    driver_root: Path | None
+    driver_root: Path | None  # the driver install as this process sees it
     proc_root: Path | None = None
+    host_driver_root: str = "/"  # the same install's path on the host, which CDI specs name
 
 
 class ComputeDomainAgent:
@@ -48,14 +49,15 @@ class ComputeDomainAgent:
         self.inventory = inventory
         self.clique = node_clique(inventory)
         self.paths = PluginPaths(settings.kubelet_dir, cd.DRIVER)
-        self.imex = ImexDaemons(self.paths.plugin_dir / "domains", settings.driver_root)
+        self.domains_dir = self.paths.plugin_dir / "domains"
         self.checkpoint = Checkpoint(self.paths.plugin_dir / "checkpoint.json")
         self._stop = threading.Event()
         self._changed = threading.Event()
         self._threads: list[threading.Thread] = []
         self._last_reported: dict[str, str] = {}
         self.preparer = ComputeDomainPreparer(
-            NodeContext(settings.node, self.clique, self.imex.domain_dir, self._device_numbers),
+            NodeContext(settings.node, self.clique, lambda d: imex.write_domain_dir(self.domains_dir, d),
+                        self._device_numbers, lambda: imex.binaries(settings.driver_root, settings.host_driver_root)),
             self.checkpoint, settings.cdi_dir, get_claim=self._get_claim, get_domain=self._get_domain,
             daemon_ready=self._daemon_ready, label_node=self._label_domain, on_change=self._changed.set)
         # Published at start and again after every registration (a restarted kubelet wipes the node's slices).
@@ -101,49 +103,7 @@ class ComputeDomainAgent:
         except ApiError as exc:
             log.warning("event=node-label-failed node=%s error=%r", self.settings.node, str(exc))
 
-    def _node_ip(self) -> str:
-        node = self.api.get("Node", self.settings.node)
-        for address in (node.get("status") or {}).get("addresses") or []:
-            if address.get("type") == "InternalIP":
-                return str(address["address"])
-        raise ImexError(f"node {self.settings.node} has no InternalIP address for its IMEX daemon")
-
-    # ----- the daemons -------------------------------------------------------------------------------------
-
-    def _update_clique(self, domain: str, ip: str, status: str | None) -> list[dict[str, Any]]:
-        """Add, update (status) or remove (status None) this node's entry; returns the clique's daemons."""
-        name = self._clique_name(domain)
-        ns = self.settings.namespace
-        for _ in range(10):
-            obj = self.api.try_get("ComputeDomainClique", name, namespace=ns)
-            if obj is None:
-                if status is None:
-                    return []
-                obj = {"apiVersion": cd.API_VERSION, "kind": "ComputeDomainClique",
-                       "metadata": {"name": name, "namespace": ns, "labels": {cd.DOMAIN_LABEL: domain}}, "daemons": []}
-                try:
-                    obj = self.api.create("ComputeDomainClique", obj, namespace=ns)
-                except AlreadyExists:
-                    continue
-            daemons = [dict(d) for d in obj.get("daemons") or []]
-            mine = next((d for d in daemons if d.get("nodeName") == self.settings.node), None)
-            if status is None:
-                daemons = [d for d in daemons if d is not mine]
-            elif mine is None:
-                used = {d.get("index") for d in daemons}
-                index = next(i for i in range(len(daemons) + 1) if i not in used)
-                daemons.append({"nodeName": self.settings.node, "ipAddress": ip, "cliqueID": self.clique,
-                                "index": index, "status": status})
-            elif mine.get("status") != status or mine.get("ipAddress") != ip:
-                mine.update(status=status, ipAddress=ip)
-            else:
-                return daemons
-            try:
-                self.api.replace("ComputeDomainClique", {**obj, "daemons": daemons})
-                return daemons
-            except Conflict:
-                continue
-        raise ImexError(f"ComputeDomainClique {ns}/{name}: too many concurrent writers")
+    # ----- fabric health -------------------------------------------------------------------------------------
 
     def _event(self, domain: str, reason: str, message: str, warning: bool) -> None:
         cd_obj = self._get_domain(domain)
@@ -165,48 +125,31 @@ class ComputeDomainAgent:
             log.warning("event=event-failed domain=%s error=%r", domain, str(exc))
 
     def reconcile(self) -> None:
+        """A Warning on each domain served here when the fabric goes unhealthy, a Normal event when it recovers
+        (the IMEX stand-in, like the real daemon, reports NOT_READY meanwhile, so the domain shows it too)."""
         wanted = {c.domain for c in self.checkpoint.claims.values() if c.kind == "daemon"}
-        for domain in sorted(wanted):
-            try:
-                self._reconcile_domain(domain)
-            except (ApiError, ImexError, OSError) as exc:  # one domain's trouble must not stall the others
-                log.warning("event=compute-domain-reconcile-failed domain=%s error=%r", domain, str(exc))
-        for domain in self.imex.running() - wanted:
-            self.imex.stop(domain)
-            self._last_reported.pop(domain, None)
-            try:
-                self._update_clique(domain, "", None)
-            except (ApiError, ImexError) as exc:
-                log.warning("event=clique-leave-failed domain=%s error=%r", domain, str(exc))
-
-    def _reconcile_domain(self, domain: str) -> None:
-        ip = self._node_ip()
-        previous = self._last_reported.get(domain)
-        # Join (or stay in) the clique with the status last reported, to learn the peers first.
-        daemons = self._update_clique(domain, ip, "Ready" if previous == "" else "NotReady")
-        peers = tuple(str(d["ipAddress"]) for d in sorted(daemons, key=lambda d: int(d.get("index", 0))))
-        self.imex.ensure(domain, ip, peers)
-        ready, said = self.imex.ready(domain)
         health = fabric_health(self.nvml, self.inventory)
-        if not health.healthy:
-            why = f"NVLink fabric unhealthy on node {self.settings.node}: {'; '.join(health.problems)}"
-        else:
-            why = "" if ready else f"nvidia-imex-ctl -q: {said}"
-        if previous != why:
+        why = "" if health.healthy else f"NVLink fabric unhealthy on node {self.settings.node}: " \
+                                         f"{'; '.join(health.problems)}"
+        for domain in sorted(wanted):
+            previous = self._last_reported.get(domain, "")
+            if previous == why:
+                continue
             if why:
-                log.warning("event=imex-not-ready domain=%s reason=%r", domain, why)
-                self._event(domain, "FabricUnhealthy" if not health.healthy else "IMEXDaemonNotReady", why, True)
+                log.warning("event=fabric-unhealthy domain=%s reason=%r", domain, why)
+                self._event(domain, "FabricUnhealthy", why, True)
             else:
-                self._event(domain, "IMEXDaemonReady", f"IMEX daemon on node {self.settings.node} is ready "
-                                                       f"({len(peers)} peers)", False)
+                self._event(domain, "FabricHealthy", f"NVLink fabric healthy again on node {self.settings.node}",
+                            False)
             self._last_reported[domain] = why
-        self._update_clique(domain, ip, "NotReady" if why else "Ready")
+        for domain in set(self._last_reported) - wanted:
+            self._last_reported.pop(domain, None)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
                 self.reconcile()
-            except (ApiError, ImexError, OSError) as exc:
+            except (ApiError, OSError) as exc:
                 log.warning("event=compute-domain-reconcile-failed error=%r", str(exc))
             self._changed.wait(RECONCILE_S)
             self._changed.clear()
@@ -227,7 +170,7 @@ class ComputeDomainAgent:
         self._threads = [
             threading.Thread(target=self.publisher.run, args=(self.desired_slices, self._publish, self._stop),
                              name="cd-slice-publisher", daemon=True),
-            threading.Thread(target=self._loop, name="cd-imex", daemon=True)]
+            threading.Thread(target=self._loop, name="cd-fabric", daemon=True)]
         for t in self._threads:
             t.start()
         log.info("event=compute-domain-plugin-started node=%s clique=%s", self.settings.node, self.clique)
@@ -238,4 +181,3 @@ class ComputeDomainAgent:
         self.plugin.stop()
         for t in self._threads:
             t.join(timeout=5)
-        self.imex.stop_all()

@@ -4,8 +4,10 @@
   DaemonSet places a daemon here), and is prepared only once that daemon reports Ready in the domain's
   ComputeDomainClique: until then the kubelet gets an error naming what it waits for, and retries. Its CDI spec
   gives the container `/dev/nvidia-caps-imex-channels/channel<N>` (every channel with allocationMode All).
-- A daemon claim (ComputeDomainDaemonConfig) starts the domain's IMEX daemon on this node (driver.computedomain.
-  agent keeps it and its clique entry up) and mounts its config directory at /imexd.
+- A daemon claim (ComputeDomainDaemonConfig) only writes CDI, as NVIDIA's plugin does: the domain's config
+  directory (with the IMEX config template, driver.computedomain.imex) mounted at /imexd, the env the daemon pod's
+  `gpu-dra compute-domain-daemon run` reads (CLIQUE_ID, COMPUTE_DOMAIN_UUID/NAME/NAMESPACE), and the driver's
+  `nvidia-imex` and `nvidia-imex-ctl` at /usr/bin. That command, in the pod, runs the IMEX daemon.
 
 Prepared claims are kept in a checkpoint (atomic JSON) so a restarted agent unprepares what it prepared.
 """
@@ -84,8 +86,11 @@ Lookup = Callable[[str], "Mapping[str, Any] | None"]
 class NodeContext:
     node: str
     clique: str | None
+    # Writes the domain's config directory (the IMEX config template) and returns it.
     domain_dir: Callable[[str], Path]
     device_numbers: Callable[[], DeviceNumbers]
+    # The driver's IMEX binaries (host path, container path) the daemon's container gets.
+    imex_binaries: Callable[[], list[tuple[str, str]]] = lambda: []
 
 
 class ComputeDomainPreparer:
@@ -178,11 +183,14 @@ class ComputeDomainPreparer:
                            "nodes (nvidia.com/gpu.clique)")
         if params["kind"] == cd.DAEMON_CONFIG_KIND:
             devices = tuple(self._device(ref, r) for r in results)
-            spec = self._spec(ref.uid, [(d.device_name, {"mounts": [{"hostPath": str(self.ctx.domain_dir(domain_uid)),
-                                                                     "containerPath": "/imexd",
-                                                                     "options": ["rw", "bind"]}],
-                                                         "env": [f"COMPUTE_DOMAIN_UUID={domain_uid}"]})
-                                         for d in devices])
+            meta = domain["metadata"]
+            mounts = [{"hostPath": str(self.ctx.domain_dir(domain_uid)), "containerPath": "/imexd",
+                       "options": ["rw", "nosuid", "nodev", "bind"]}]
+            mounts += [{"hostPath": host, "containerPath": path, "options": ["ro", "nosuid", "nodev", "bind"]}
+                       for host, path in self.ctx.imex_binaries()]
+            env = [f"CLIQUE_ID={self.ctx.clique}", f"COMPUTE_DOMAIN_UUID={domain_uid}",
+                   f"COMPUTE_DOMAIN_NAME={meta.get('name')}", f"COMPUTE_DOMAIN_NAMESPACE={meta.get('namespace')}"]
+            spec = self._spec(ref.uid, [(d.device_name, {"env": env, "mounts": mounts}) for d in devices])
             self._write_spec(ref.uid, spec)
             self.checkpoint.claims[ref.uid] = PreparedClaim(ref.uid, ref.namespace, ref.name, "daemon", domain_uid,
                                                             devices)

@@ -1,7 +1,10 @@
 """The DaemonSet controller of `gpu-dra cluster`, as kube-controller-manager's: one pod per node the template
 fits (nodeSelector, required node affinity, taints with the tolerations the controller adds), pinned to its node
 by node affinity on `metadata.name` so that the scheduler binds it (and allocates its claims); status counts;
-rolling update (at most `maxUnavailable` old pods replaced at a time) or OnDelete.
+updates by `updateStrategy`: RollingUpdate with `maxUnavailable` (old pods deleted, at most that many of the
+DaemonSet's nodes without an available pod at once) or `maxSurge` (the new pod started beside the old one on at most
+that many nodes at once, the old one deleted once the new one is available), or OnDelete (new pods only where old
+ones were deleted); the revision history in ControllerRevisions (sim.cluster.daemonhistory).
 
 `plan` is pure: DaemonSets, nodes and pods in, what to create and delete and each DaemonSet's status out.
 """
@@ -11,7 +14,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +22,7 @@ from controller.expand import name_suffix, pod_template_hash
 from controller.allocator import AllocationError
 from controller.nodefit import as_allocator_node, required_affinity, static_rejects
 from gpudra.kubeapi import AlreadyExists, ApiError, KubeApi
+from sim.cluster.daemonhistory import REVISION_LABEL, HistoryPlan, plan_history
 
 log = logging.getLogger("gpu-dra.cluster.daemonsets")
 
@@ -31,7 +35,6 @@ DEFAULT_TOLERATIONS: tuple[dict[str, Any], ...] = (
     {"key": "node.kubernetes.io/pid-pressure", "operator": "Exists", "effect": "NoSchedule"},
     {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
 )
-REVISION_LABEL = "controller-revision-hash"
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -88,19 +91,22 @@ def should_run(ds: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
     return static_rejects(probe, uncordoned, as_allocator_node(uncordoned), affinity) is None
 
 
-def daemon_pod(ds: Mapping[str, Any], node: str) -> dict[str, Any]:
+def daemon_pod(ds: Mapping[str, Any], node: str, *, surge: bool = False) -> dict[str, Any]:
+    """The daemon pod for `node`; `surge`: the one started beside an old pod (a name of its own)."""
     meta = _meta(ds)
     template = (ds.get("spec") or {}).get("template") or {}
     tmeta = template.get("metadata") or {}
     revision = pod_template_hash(template)
-    name = f"{meta.get('name')}-{name_suffix(str(meta.get('name')), hash_position(node))}"
+    position = hash_position(f"{node}/{revision}" if surge else node)
+    name = f"{meta.get('name')}-{name_suffix(str(meta.get('name')), position)}"
     spec = copy.deepcopy(dict(template.get("spec") or {}))
     _with_tolerations(spec)
     _pinned(spec, node)
     pod_meta: dict[str, Any] = {
         "name": name, "namespace": meta.get("namespace") or "default",
         "labels": {**(tmeta.get("labels") or {}), REVISION_LABEL: revision,
-                   "pod-template-generation": str(meta.get("generation", 1))},
+                   "pod-template-generation": str((meta.get("annotations") or {}).get(
+                       "deprecated.daemonset.template.generation") or meta.get("generation", 1))},
         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": meta.get("name"),
                              "uid": meta.get("uid", ""), "controller": True, "blockOwnerDeletion": True}]}
     if tmeta.get("annotations"):
@@ -125,11 +131,22 @@ def _ready(pod: Mapping[str, Any]) -> bool:
     return ready is None or ready.get("status") == "True"
 
 
-def _max_unavailable(ds: Mapping[str, Any], desired: int) -> int:
-    value = (((ds.get("spec") or {}).get("updateStrategy") or {}).get("rollingUpdate") or {}).get("maxUnavailable", 1)
-    if isinstance(value, str) and value.endswith("%"):
-        return max(1, desired * int(value[:-1] or 0) // 100)
-    return max(1, int(value)) if isinstance(value, int) else 1
+def _scaled(value: Any, total: int, default: int) -> int:
+    """An int-or-percent of `total`, percentages rounded up (intstr's GetScaledValueFromIntOrPercent, roundUp)."""
+    if isinstance(value, str) and value.endswith("%") and value[:-1].isdigit():
+        return -(-total * int(value[:-1]) // 100)
+    if isinstance(value, int) and value >= 0:
+        return value
+    return default
+
+
+def rolling_budgets(ds: Mapping[str, Any], desired: int) -> tuple[int, int]:
+    """(maxUnavailable, maxSurge) of a RollingUpdate DaemonSet over `desired` nodes; defaults 1 and 0, and never
+    both 0 (validation forbids it; the controller then allows one unavailable)."""
+    rolling = ((ds.get("spec") or {}).get("updateStrategy") or {}).get("rollingUpdate") or {}
+    surge = _scaled(rolling.get("maxSurge"), desired, 0)
+    unavailable = _scaled(rolling.get("maxUnavailable"), desired, 0 if surge else 1)
+    return (unavailable if unavailable or surge else 1), surge
 
 
 @dataclass
@@ -137,9 +154,55 @@ class Plan:
     create: list[dict[str, Any]] = field(default_factory=list)
     delete: list[tuple[str, str]] = field(default_factory=list)  # (namespace, name)
     status: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    histories: dict[tuple[str, str], HistoryPlan] = field(default_factory=dict)
 
 
-def plan(daemonsets: list[dict[str, Any]], nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> Plan:
+def _name(pod: Mapping[str, Any]) -> str:
+    return str(_meta(pod).get("name"))
+
+
+def _revision(pod: Mapping[str, Any]) -> str | None:
+    labels = _meta(pod).get("labels") or {}
+    return str(labels[REVISION_LABEL]) if REVISION_LABEL in labels else None
+
+
+def _update(ds: Mapping[str, Any], per_node: dict[str, list[dict[str, Any]]], revision: str, desired: int,
+            ns: str, out: Plan) -> None:
+    """One RollingUpdate step over the nodes' pods, as the controller's rollingUpdate: without surge, old pods
+    are deleted (an unavailable one always, available ones while fewer than maxUnavailable new pods are
+    unavailable); with surge, a new pod is started beside an old one (always where the old one is unavailable, else
+    on at most maxSurge nodes at a time) and the old one deleted once the new one is available."""
+    max_unavailable, max_surge = rolling_budgets(ds, desired)
+    nodes = [(n, [p for p in per_node[n] if _revision(p) == revision][:1],
+              [p for p in per_node[n] if _revision(p) != revision]) for n in sorted(per_node)]
+    if max_surge == 0:
+        unavailable = sum(1 for _, new, _ in nodes if new and not _ready(new[0]))
+        replace, candidates = [], []
+        for _, new, old in nodes:
+            if new or not old:
+                continue
+            (candidates if _ready(old[0]) else replace).append(old[0])
+        chosen = replace + candidates[:max(0, max_unavailable - unavailable)]
+        out.delete += [(ns, _name(p)) for p in chosen]
+        return
+    surging = 0
+    replace_nodes, candidate_nodes = [], []
+    for node, new, old in nodes:
+        if not old:
+            continue
+        if not new:
+            (candidate_nodes if _ready(old[0]) else replace_nodes).append(node)
+        elif _ready(new[0]):
+            out.delete += [(ns, _name(p)) for p in old]  # the new pod is available: the old one goes
+        else:
+            surging += 1  # the new pod is starting beside the old one
+    for node in replace_nodes + candidate_nodes[:max(0, max_surge - surging)]:
+        base = _name(daemon_pod(ds, node))
+        out.create.append(daemon_pod(ds, node, surge=any(_name(p) == base for p in per_node[node])))
+
+
+def plan(daemonsets: list[dict[str, Any]], nodes: list[dict[str, Any]], pods: list[dict[str, Any]],
+         revisions: Sequence[Mapping[str, Any]] = ()) -> Plan:
     out = Plan()
     for ds in daemonsets:
         meta = _meta(ds)
@@ -149,34 +212,32 @@ def plan(daemonsets: list[dict[str, Any]], nodes: list[dict[str, Any]], pods: li
         revision = pod_template_hash((ds.get("spec") or {}).get("template") or {})
         owned = [p for p in pods if _controller_uid(p) == meta.get("uid") and not _meta(p).get("deletionTimestamp")]
         by_node: dict[str, list[dict[str, Any]]] = {}
-        for p in owned:
+        for p in sorted(owned, key=lambda p: (_revision(p) != revision, _name(p))):  # new ones first
             by_node.setdefault(_node_of(p) or "", []).append(p)
         wanted = {str(_meta(n).get("name")) for n in nodes if should_run(ds, n)}
+        per_node: dict[str, list[dict[str, Any]]] = {}
         for node in sorted(wanted):
             mine = by_node.get(node, [])
             if not mine:
                 out.create.append(daemon_pod(ds, node))
-            for extra in mine[1:]:
-                out.delete.append((key[0], str(_meta(extra).get("name"))))
+                continue
+            # At most one pod per revision on a node (two only while a surge pod replaces an old one).
+            keep = [p for i, p in enumerate(mine) if _revision(p) not in {_revision(q) for q in mine[:i]}][:2]
+            out.delete += [(key[0], _name(p)) for p in mine if p not in keep]
+            per_node[node] = keep
         misscheduled = [p for n, ps in by_node.items() if n not in wanted for p in ps]
-        out.delete += [(key[0], str(_meta(p).get("name"))) for p in misscheduled]
-        current = [p for n, ps in by_node.items() if n in wanted for p in ps[:1]]
-        updated = [p for p in current if (_meta(p).get("labels") or {}).get(REVISION_LABEL) == revision]
-        ready = [p for p in current if _ready(p)]
+        out.delete += [(key[0], _name(p)) for p in misscheduled]
         strategy = ((ds.get("spec") or {}).get("updateStrategy") or {}).get("type") or "RollingUpdate"
         if strategy == "RollingUpdate":
-            # Replace old pods, at most maxUnavailable of the DaemonSet's pods down at once.
-            budget = _max_unavailable(ds, len(wanted)) - (len(wanted) - len(ready))
-            for p in sorted((p for p in current if p not in updated), key=lambda p: str(_meta(p).get("name"))):
-                if budget <= 0:
-                    break
-                out.delete.append((key[0], str(_meta(p).get("name"))))
-                budget -= 1
+            _update(ds, per_node, revision, len(wanted), key[0], out)
+        updated = [n for n, ps in per_node.items() if any(_revision(p) == revision for p in ps)]
+        ready = [n for n, ps in per_node.items() if any(_ready(p) for p in ps)]
         out.status[key] = {
-            "desiredNumberScheduled": len(wanted), "currentNumberScheduled": len(current),
+            "desiredNumberScheduled": len(wanted), "currentNumberScheduled": len(per_node),
             "numberMisscheduled": len(misscheduled), "numberReady": len(ready), "numberAvailable": len(ready),
             "numberUnavailable": len(wanted) - len(ready), "updatedNumberScheduled": len(updated),
             "observedGeneration": meta.get("generation", 1)}
+        out.histories[key] = plan_history(ds, revisions, {r for p in owned if (r := _revision(p))})
     return out
 
 
@@ -191,7 +252,10 @@ class DaemonSetController:
         daemonsets = self.api.list("DaemonSet")[0]
         if not daemonsets:
             return
-        todo = plan(list(daemonsets), list(self.api.list("Node")[0]), list(self.api.list("Pod")[0]))
+        todo = plan(list(daemonsets), list(self.api.list("Node")[0]), list(self.api.list("Pod")[0]),
+                    list(self.api.list("ControllerRevision")[0]))
+        for (ns, _), history in todo.histories.items():
+            self._write_history(ns, history)
         for pod in todo.create:
             ns = pod["metadata"]["namespace"]
             try:
@@ -210,6 +274,18 @@ class DaemonSetController:
             if status is not None and any((ds.get("status") or {}).get(k) != v for k, v in status.items()):
                 self.api.patch("DaemonSet", meta["name"], {"status": status}, namespace=meta.get("namespace"),
                                subresource="status")
+
+    def _write_history(self, ns: str, history: HistoryPlan) -> None:
+        for revision in history.create:
+            try:
+                self.api.create("ControllerRevision", {k: v for k, v in revision.items() if k not in ("apiVersion", "kind")},
+                                namespace=ns)
+            except AlreadyExists:
+                pass
+        for name, number in history.renumber:
+            self.api.patch("ControllerRevision", name, {"revision": number}, namespace=ns)
+        for name in history.delete:
+            self.api.delete("ControllerRevision", name, namespace=ns)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -1,6 +1,7 @@
 """Stopping what a cluster's supervisor left running when it died without cleaning up (SIGKILL): its children by
 pid (each one's command line names the state dir, so a reused pid is never taken for one), then each node
-runtime's containers, conmon monitors and namespace holder (sim.runtime.podman.stop_leftovers). Used by
+runtime's host processes (sim.runtime.hostprocess) and containers, conmon monitors and namespace holder
+(sim.runtime.podman.stop_leftovers). Used by
 `cluster down`, `cluster up` of a cluster whose supervisor is gone, and a restarted supervisor."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import os
 import signal
 
 from sim.cluster.spec import ClusterPaths, SupervisorStatus, pid_is_ours, read_json
+from sim.runtime import hostprocess
 from sim.runtime.podman import stop_leftovers
 
 
@@ -34,4 +36,4 @@ def stop_children(paths: ClusterPaths, *, except_pid: int | None = None) -> list
 
 def stop_runtimes(paths: ClusterPaths) -> list[str]:
     return [f"{what} of node {d.name}" for d in sorted((paths.root / "runtime" / "nodes").glob("*"))
-            for what in stop_leftovers(d)]
+            for what in [*hostprocess.stop_leftovers(d / "host"), *stop_leftovers(d)]]

@@ -110,14 +110,15 @@ class NodeSide:
 
 
 def start_node_side(api: KubeApi, spec: NodeSpec, dirs: NodeDirs, driver_name: str, *, runtime: Any = None,
-                    pod_logs_dir: Path | None = None, admin_kubeconfig: Path | None = None) -> NodeSide:
+                    pod_logs_dir: Path | None = None, admin_kubeconfig: Path | None = None,
+                    faults: Path | None = None) -> NodeSide:
     """Write the node's simulated driver install, register the Node and serve the kubelet's sockets; the kubelet's
     pod threads start once the agent registered (`register_and_start`). `runtime` runs the pods' containers
-    (sim.runtime; None: no containers)."""
+    (sim.runtime; None: no containers); `faults` is the node's NVML faults file, which its IMEX stand-in reads."""
     dirs.kubelet.mkdir(parents=True, exist_ok=True)
     dirs.cdi.mkdir(parents=True, exist_ok=True)
     inventory = discover(load_backend(f"sim:{spec.profile}", node=spec.name), spec.name)
-    driver_root = driverinstall.write(dirs.root / "driver", spec.name, inventory)
+    driver_root = driverinstall.write(dirs.root / "driver", spec.name, inventory, faults)
     if admin_kubeconfig is not None:
         kubelet_config = identities.node_kubeconfig(token_key_path(admin_kubeconfig), admin_kubeconfig, spec.name,
                                                     dirs.root / "kubelet.kubeconfig")
@@ -129,7 +130,7 @@ def start_node_side(api: KubeApi, spec: NodeSpec, dirs: NodeDirs, driver_name: s
         dm = DeviceManagerSim(dirs.kubelet)
         dm.start()
     kubelet = NodeKubelet(api, spec.name, dirs.kubelet, driver_name, device_manager=dm, runtime=runtime,
-                          pod_logs_dir=pod_logs_dir)
+                          node_address=spec.address, pod_logs_dir=pod_logs_dir)
     return NodeSide(kubelet, dm, driver_root)
 
 

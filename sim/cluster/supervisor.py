@@ -168,7 +168,8 @@ class Supervisor:
                 self.node_runtimes.append(runtime)
             self.sides[spec.name] = nodes.start_node_side(self.api, spec, dirs, self.driver_name, runtime=runtime,
                                                           pod_logs_dir=self.paths.pod_logs,
-                                                          admin_kubeconfig=self.paths.kubeconfig)
+                                                          admin_kubeconfig=self.paths.kubeconfig,
+                                                          faults=self.paths.faults(spec.name))
             self.slots.append(_Slot("plugin", spec.name, self._start_agent(spec.name)))
         self.publish()
         for slot in self.slots:

@@ -1,13 +1,48 @@
-"""The IMEX daemon's config file (`KEY=VALUE` lines, `#` comments) and its nodes config (one IP per line)."""
+"""The IMEX daemon's config file (`KEY=VALUE` lines, `#` comments) and its nodes config (one IP or DNS name per
+line; names resolve through the container's /etc/hosts, which NVIDIA's compute-domain daemon keeps).
+
+Paths are the container's: under GPU_DRA_CONTAINER_ROOT when set (the simulated kubelet runs the daemon pod as a
+host process, sim.runtime.hostprocess), as the stand-ins inherit the daemon's environment."""
 
 from __future__ import annotations
 
+import ipaddress
+import os
 from dataclasses import dataclass
 from pathlib import Path
+
+ROOT_ENV = "GPU_DRA_CONTAINER_ROOT"
 
 
 class ConfigError(Exception):
     pass
+
+
+def container_path(path: str | Path) -> Path:
+    root = os.environ.get(ROOT_ENV)
+    return Path(root) / str(path).lstrip("/") if root else Path(path)
+
+
+def hosts() -> dict[str, str]:
+    """name -> address from the container's /etc/hosts (the first entry of a name wins, as the resolver's)."""
+    try:
+        text = container_path("/etc/hosts").read_text()
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split()
+        for name in words[1:]:
+            out.setdefault(name, words[0])
+    return out
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -18,17 +53,28 @@ class ImexConfig:
     cmd_port: int
     nodes_file: Path
 
-    def peers(self) -> list[str]:
+    def entries(self) -> list[str]:
         try:
-            text = self.nodes_file.read_text()
+            text = container_path(self.nodes_file).read_text()
         except OSError as exc:
             raise ConfigError(f"IMEX_NODE_CONFIG_FILE {self.nodes_file}: {exc.strerror or exc}") from None
         return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
 
+    def peers(self) -> dict[str, str]:
+        """entry -> address of the nodes config's entries that resolve (a name not in /etc/hosts is a node that
+        has not joined)."""
+        names = hosts()
+        out = {}
+        for entry in self.entries():
+            address = entry if _is_ip(entry) else names.get(entry)
+            if address:
+                out[entry] = address
+        return out
+
 
 def read_config(path: str | Path) -> ImexConfig:
     try:
-        text = Path(path).read_text()
+        text = container_path(path).read_text()
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
     values: dict[str, str] = {}

@@ -1,5 +1,13 @@
-"""`nvidia-imex -c CONFIG`, simulated: serve peers on BIND_INTERFACE_IP:SERVER_PORT, connect to every peer of the
-nodes config, answer status queries on the command port. Ready when every peer answered its last probe."""
+"""`nvidia-imex -c CONFIG`, simulated: serve peers on the bind address's SERVER_PORT, connect to every peer of the
+nodes config, answer status queries on the command port. Ready when every peer that resolves answered its last
+probe and the node's NVLink fabric is up.
+
+The bind address is BIND_INTERFACE_IP, or (empty, as NVIDIA's template leaves it) the nodes config entry that
+resolves to IMEX_CMD_BIND_INTERFACE_IP (this node's own address, the only one of the list that is local).
+SIGUSR1 re-reads the nodes config and re-resolves its names (NVIDIA's daemon sends it when /etc/hosts changed);
+SIGHUP does the same. The node's fabric state is the simulator's NVML faults file (`fabric`: its path and this
+node's GPU UUIDs), which a GB200 node's IMEX daemon learns from the driver.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +16,7 @@ import signal
 import socket
 import sys
 import threading
-import time
+from pathlib import Path
 from typing import Any
 
 from sim.imex.config import ConfigError, ImexConfig, read_config
@@ -16,15 +24,42 @@ from sim.imex.config import ConfigError, ImexConfig, read_config
 HELLO = b"IMEX-SIM 1\n"
 PROBE_INTERVAL_S = 0.5
 
+Fabric = tuple[Path, frozenset[str]]  # (the node's NVML faults file, its GPUs' UUIDs)
+
+
+def _say(text: str) -> None:
+    print(f"nvidia-imex (simulated): {text}", file=sys.stderr, flush=True)
+
+
+def fabric_down(fabric: Fabric | None) -> list[str]:
+    if fabric is None:
+        return []
+    from sim.nvml.faults import read_faults
+
+    try:
+        down = read_faults(fabric[0]).fabric_unhealthy
+    except ValueError:
+        return []
+    return sorted(down & fabric[1])
+
 
 class Daemon:
-    def __init__(self, config_path: str) -> None:
+    def __init__(self, config_path: str, fabric: Fabric | None = None) -> None:
         self.config_path = config_path
+        self.fabric = fabric
         self.config: ImexConfig = read_config(config_path)
-        self.peers: list[str] = self.config.peers()
+        self.peers: dict[str, str] = self.config.peers()  # nodes config entry -> address
         self.connected: dict[str, bool] = {}
         self.stop = threading.Event()
         self._lock = threading.Lock()
+
+    def bind_ip(self) -> str:
+        if self.config.bind_ip:
+            return self.config.bind_ip
+        if self.config.cmd_ip in self.peers.values():
+            return self.config.cmd_ip
+        raise ConfigError(f"BIND_INTERFACE_IP is empty and no entry of the nodes config {self.config.nodes_file} "
+                          f"resolves to this node ({self.config.cmd_ip})")
 
     def _serve(self, sock: socket.socket, answer: Any) -> None:
         sock.settimeout(0.5)
@@ -43,14 +78,20 @@ class Daemon:
     def _status(self, conn: socket.socket) -> bytes:
         conn.recv(64)
         with self._lock:
-            nodes = {ip: ("CONNECTED" if self.connected.get(ip) else "UNAVAILABLE") for ip in self.peers}
-        ready = bool(nodes) and all(v == "CONNECTED" for v in nodes.values())
-        return (json.dumps({"status": "READY" if ready else "NOT_READY", "nodes": nodes}) + "\n").encode()
+            nodes = {address: ("CONNECTED" if self.connected.get(address) else "UNAVAILABLE")
+                     for address in self.peers.values()}
+        down = fabric_down(self.fabric)
+        ready = bool(nodes) and all(v == "CONNECTED" for v in nodes.values()) and not down
+        body: dict[str, Any] = {"status": "READY" if ready else "NOT_READY", "nodes": nodes}
+        if down:
+            body["fabricDown"] = down
+        return (json.dumps(body) + "\n").encode()
 
     def _probe(self) -> None:
         while not self.stop.is_set():
-            for ip in list(self.peers):
-                ok = False
+            with self._lock:
+                addresses = sorted(set(self.peers.values()))
+            for ip in addresses:
                 try:
                     with socket.create_connection((ip, self.config.server_port), timeout=1.0) as s:
                         ok = s.recv(len(HELLO)) == HELLO
@@ -64,46 +105,50 @@ class Daemon:
         try:
             peers = read_config(self.config_path).peers()
         except ConfigError as exc:
-            print(f"nvidia-imex (simulated): reload failed: {exc}", file=sys.stderr, flush=True)
+            _say(f"reload failed: {exc}")
             return
         with self._lock:
             self.peers = peers
-            self.connected = {ip: self.connected.get(ip, False) for ip in peers}
-        print(f"nvidia-imex (simulated): nodes config reloaded: {peers}", file=sys.stderr, flush=True)
+            self.connected = {ip: self.connected.get(ip, False) for ip in peers.values()}
+        _say(f"nodes config reloaded: {sorted(peers.values())}")
 
     def run(self) -> int:
-        if self.config.bind_ip and self.config.bind_ip not in self.peers:
-            print(f"nvidia-imex (simulated): this node ({self.config.bind_ip}) is not in the nodes config "
-                  f"{self.config.nodes_file}", file=sys.stderr, flush=True)
+        try:
+            bind = self.bind_ip()
+        except ConfigError as exc:
+            _say(str(exc))
+            return 1
+        if bind not in self.peers.values():
+            _say(f"this node ({bind}) is not in the nodes config {self.config.nodes_file}")
             return 1
         try:
-            server = socket.create_server((self.config.bind_ip or "0.0.0.0", self.config.server_port))
+            server = socket.create_server((bind, self.config.server_port))
             cmd = socket.create_server((self.config.cmd_ip, self.config.cmd_port))
         except OSError as exc:
-            print(f"nvidia-imex (simulated): cannot listen: {exc}", file=sys.stderr, flush=True)
+            _say(f"cannot listen: {exc}")
             return 1
-        signal.signal(signal.SIGHUP, self._reload)
+        for sig in (signal.SIGHUP, signal.SIGUSR1):
+            signal.signal(sig, self._reload)
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         threads = [threading.Thread(target=self._serve, args=(server, lambda c: HELLO), daemon=True),
                    threading.Thread(target=self._serve, args=(cmd, self._status), daemon=True),
                    threading.Thread(target=self._probe, daemon=True)]
         for t in threads:
             t.start()
-        print(f"nvidia-imex (simulated): listening on {self.config.bind_ip}:{self.config.server_port}, peers "
-              f"{self.peers}", file=sys.stderr, flush=True)
+        _say(f"listening on {bind}:{self.config.server_port}, peers {sorted(self.peers.values())}")
         while not self.stop.is_set():
-            time.sleep(0.2)
+            self.stop.wait(0.2)
         server.close()
         cmd.close()
         return 0
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], fabric: Fabric | None = None) -> int:
     if len(argv) != 2 or argv[0] != "-c":
         print("usage: nvidia-imex -c CONFIG (gpu-dra simulator)", file=sys.stderr)
         return 2
     try:
-        return Daemon(argv[1]).run()
+        return Daemon(argv[1], fabric).run()
     except ConfigError as exc:
-        print(f"nvidia-imex (simulated): {exc}", file=sys.stderr)
+        _say(str(exc))
         return 1

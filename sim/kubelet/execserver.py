@@ -1,29 +1,72 @@
-"""The kubelet's streaming server for `kubectl exec`: GET /exec/<namespace>/<pod>/<container>?command=...&stdin=
-&stdout=&stderr=&tty= upgraded to WebSocket (sim.kubelet.wsstream), the command run in the container through the
-runtime (`podman exec`), its output streamed on channels 1 and 2 and its exit on channel 3. The embedded control
-plane proxies pods/exec here (the port is the Node's status.daemonEndpoints.kubeletEndpoint). TTYs and resize are
-not simulated (tty=true is refused)."""
+"""The kubelet's streaming server, where the embedded control plane proxies pods/exec, pods/attach and
+pods/portforward (the port is the Node's status.daemonEndpoints.kubeletEndpoint):
+
+- GET /exec/<namespace>/<pod>/<container>?command=...&stdin=&stdout=&stderr=&tty= and
+  GET /attach/<namespace>/<pod>/<container>?stdin=&stdout=&stderr=&tty=, upgraded to WebSocket (gpudra.wsstream,
+  subprotocols v5/v4.channel.k8s.io) and run through the runtime (`podman exec`, `podman attach`) by
+  sim.kubelet.procstream: TTY, resize and stdin as kubectl sends them, the exit on channel 3.
+- GET|POST /portForward/<namespace>/<pod>, upgraded to SPDY/3.1 (X-Stream-Protocol-Version portforward.k8s.io)
+  and served by sim.kubelet.portforward, dialing the pod's ports inside its network namespace.
+"""
 
 from __future__ import annotations
 
 import logging
-import subprocess
+import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from sim.kubelet import wsstream as ws
+from gpudra import wsstream as ws
+from sim.kubelet import procstream
+from sim.kubelet.portforward import PortForwardSession
 
 log = logging.getLogger("sim.kubelet.exec")
 
-# (namespace, pod, container) -> argv that runs `command` in that container with stdin kept open, or None.
-ExecArgv = Callable[[str, str, str, Sequence[str]], "list[str] | None"]
+PORT_FORWARD_PROTOCOL = "portforward.k8s.io"
+
+
+class StreamTargets(Protocol):
+    """What the streaming server needs of the node: argv for exec and attach, a dialer for port-forward."""
+
+    def exec_argv(self, namespace: str, pod: str, container: str, command: Sequence[str], tty: bool) -> list[str] | None:
+        """argv running `command` in the container, or None when it is not running on this node."""
+        ...
+
+    def attach_argv(self, namespace: str, pod: str, container: str, stdin: bool) -> tuple[list[str], bool] | None:
+        """(argv attaching to the container, whether the container has a TTY), or None when it is not running."""
+        ...
+
+    def pod_uid(self, namespace: str, pod: str) -> str | None:
+        """The uid of a pod this node runs, or None."""
+        ...
+
+    def dial(self, namespace: str, pod: str, port: int) -> socket.socket:
+        """A socket connected to `port` inside the pod's network namespace (raises with the reason)."""
+        ...
+
+
+def _flag(query: dict[str, list[str]], name: str) -> bool:
+    return (query.get(name) or ["false"])[0] in ("true", "1")
+
+
+def _exec_result(code: int) -> bytes:
+    return ws.status_message(code)
+
+
+def _attach_result(code: int) -> bytes:
+    # The kubelet reports Success once an attach ends, whatever the container's exit; a podman failure (125:
+    # the attach itself could not be made) is an error attaching.
+    if code == 125:
+        return ws.status_message(None, "error attaching to container: the runtime refused the attach (podman exit 125)")
+    return ws.status_message(0)
 
 
 class ExecServer:
-    def __init__(self, exec_argv: ExecArgv, host: str = "127.0.0.1") -> None:
-        self.exec_argv = exec_argv
+    def __init__(self, targets: StreamTargets, host: str = "127.0.0.1") -> None:
+        self.targets = targets
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -33,6 +76,9 @@ class ExecServer:
                 return
 
             def do_GET(self) -> None:  # noqa: N802
+                outer.handle(self)
+
+            def do_POST(self) -> None:  # noqa: N802
                 outer.handle(self)
 
         self.httpd = ThreadingHTTPServer((host, 0), Handler)
@@ -48,7 +94,8 @@ class ExecServer:
             self.httpd.shutdown()
         self.httpd.server_close()
 
-    def _refuse(self, h: BaseHTTPRequestHandler, code: int, message: str) -> None:
+    @staticmethod
+    def _refuse(h: BaseHTTPRequestHandler, code: int, message: str) -> None:
         body = message.encode()
         h.send_response(code)
         h.send_header("Content-Type", "text/plain")
@@ -60,93 +107,73 @@ class ExecServer:
         url = urlsplit(h.path)
         parts = [unquote(p) for p in url.path.strip("/").split("/")]
         query = parse_qs(url.query)
-        if len(parts) != 4 or parts[0] != "exec":
-            self._refuse(h, 404, f"{url.path}: not found; serving /exec/NAMESPACE/POD/CONTAINER")
+        if len(parts) == 3 and parts[0] == "portForward":
+            self._port_forward(h, parts[1], parts[2])
             return
-        _, namespace, pod, container = parts
-        command = query.get("command") or []
-        if not command:
-            self._refuse(h, 400, "you must specify at least 1 command")
+        if len(parts) != 4 or parts[0] not in ("exec", "attach"):
+            self._refuse(h, 404, f"{url.path}: not found; serving /exec/NAMESPACE/POD/CONTAINER, "
+                                 "/attach/NAMESPACE/POD/CONTAINER and /portForward/NAMESPACE/POD")
             return
-        if (query.get("tty") or ["false"])[0] in ("true", "1"):
-            self._refuse(h, 400, "tty is not supported by the gpu-dra kubelet simulator; use kubectl exec without -t")
+        verb, namespace, pod, container = parts
+        stdin, tty = _flag(query, "stdin"), _flag(query, "tty")
+        if tty and _flag(query, "stderr"):
+            self._refuse(h, 400, "stderr may not be set if tty is set")
             return
         protocol = ws.choose_protocol(h.headers.get("Sec-WebSocket-Protocol") or "")
         if (h.headers.get("Upgrade") or "").lower() != "websocket" or protocol is None:
             self._refuse(h, 400, "only WebSocket streams are served (subprotocols "
                                  f"{', '.join(ws.PROTOCOLS)}); SPDY is not")
             return
-        argv = self.exec_argv(namespace, pod, container, command)
+        if verb == "exec":
+            command = query.get("command") or []
+            if not command:
+                self._refuse(h, 400, "you must specify at least 1 command")
+                return
+            argv = self.targets.exec_argv(namespace, pod, container, command, tty)
+        else:
+            attach = self.targets.attach_argv(namespace, pod, container, stdin)
+            argv = None
+            if attach is not None:
+                argv, container_tty = attach
+                tty = container_tty  # the container's terminal is what there is to attach to
         if argv is None:
             self._refuse(h, 404, f'container "{container}" of pod {namespace}/{pod} is not running on this node')
             return
-        key = h.headers.get("Sec-WebSocket-Key") or ""
-        h.wfile.write((f"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                       f"Sec-WebSocket-Accept: {ws.accept_key(key)}\r\nSec-WebSocket-Protocol: {protocol}\r\n\r\n")
-                      .encode())
+        self._switch(h, f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: "
+                        f"{ws.accept_key(h.headers.get('Sec-WebSocket-Key') or '')}\r\n"
+                        f"Sec-WebSocket-Protocol: {protocol}\r\n")
+        code = procstream.serve(h.connection, argv, stdin=stdin, tty=tty,
+                                result=_exec_result if verb == "exec" else _attach_result,
+                                detach_on_close=verb == "attach")
+        log.info("event=%s-done pod=%s/%s container=%s tty=%s exit_code=%s", verb, namespace, pod, container, tty, code)
+
+    @staticmethod
+    def _switch(h: BaseHTTPRequestHandler, headers: str) -> None:
+        h.wfile.write(f"HTTP/1.1 101 Switching Protocols\r\n{headers}\r\n".encode())
         h.wfile.flush()
         h.close_connection = True
-        self._stream(h, argv, stdin=(query.get("stdin") or ["false"])[0] in ("true", "1"))
 
-    def _stream(self, h: BaseHTTPRequestHandler, argv: list[str], *, stdin: bool) -> None:
-        sock = h.connection
-        send_lock = threading.Lock()
-
-        def send(payload: bytes) -> None:
-            with send_lock:
-                sock.sendall(ws.frame(ws.OP_BINARY, payload))
-
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        except OSError as exc:
-            send(ws.status_message(None, f"starting the command failed: {exc}"))
+    def _port_forward(self, h: BaseHTTPRequestHandler, namespace: str, pod: str) -> None:
+        if (h.headers.get("Upgrade") or "").lower() != "spdy/3.1":
+            self._refuse(h, 400, "port-forward is served as an SPDY/3.1 upgrade (Upgrade: SPDY/3.1)")
             return
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        if not stdin:
-            proc.stdin.close()
+        offered = [p.strip() for p in (h.headers.get("X-Stream-Protocol-Version") or "").split(",") if p.strip()]
+        if offered and PORT_FORWARD_PROTOCOL not in offered:
+            self._refuse(h, 403, f"unable to upgrade: unable to negotiate protocol: client supports {offered}, "
+                                 f"server supports [{PORT_FORWARD_PROTOCOL}]")
+            return
+        uid = self.targets.pod_uid(namespace, pod)
+        if uid is None:
+            self._refuse(h, 404, f"pod {namespace}/{pod} is not running on this node")
+            return
+        self._switch(h, f"Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: {PORT_FORWARD_PROTOCOL}\r\n")
+        sock = h.connection
+        reader = h.rfile  # bytes the client sent right after its request head are buffered here
 
-        def pump(stream: object, channel: int) -> None:
-            while chunk := stream.read1(65536):  # type: ignore[attr-defined]
-                try:
-                    send(bytes([channel]) + chunk)
-                except OSError:
-                    return
+        def recv(n: int) -> bytes:
+            return reader.read1(n)
 
-        pumps = [threading.Thread(target=pump, args=(proc.stdout, ws.STDOUT), daemon=True),
-                 threading.Thread(target=pump, args=(proc.stderr, ws.STDERR), daemon=True)]
-        for t in pumps:
-            t.start()
-
-        def read_client() -> None:
-            try:
-                while True:
-                    op, data = ws.read_message(sock)
-                    if op == ws.OP_CLOSE:
-                        break
-                    if op == ws.OP_PING:
-                        with send_lock:
-                            sock.sendall(ws.frame(ws.OP_PONG, data))
-                        continue
-                    if op != ws.OP_BINARY or not data:
-                        continue
-                    if data[0] == ws.STDIN and stdin and not proc.stdin.closed:  # type: ignore[union-attr]
-                        proc.stdin.write(data[1:])  # type: ignore[union-attr]
-                        proc.stdin.flush()  # type: ignore[union-attr]
-                    elif data[0] == ws.CLOSE and data[1:2] == bytes([ws.STDIN]) and not proc.stdin.closed:  # type: ignore[union-attr]
-                        proc.stdin.close()  # type: ignore[union-attr]
-            except (ws.WsError, OSError, ValueError):
-                pass
-            if proc.poll() is None and not proc.stdin.closed:  # type: ignore[union-attr]
-                proc.stdin.close()  # type: ignore[union-attr]
-
-        threading.Thread(target=read_client, daemon=True).start()
-        code = proc.wait()
-        for t in pumps:
-            t.join(timeout=5)
-        try:
-            send(ws.status_message(code))
-            with send_lock:
-                sock.sendall(ws.frame(ws.OP_CLOSE, b"\x03\xe8"))
-        except OSError:
-            pass
-        log.info("event=exec-done argv0=%s exit_code=%d", argv[0], code)
+        session = PortForwardSession(recv, sock.sendall, lambda port: self.targets.dial(namespace, pod, port),
+                                     f"{pod}_{namespace}", uid)
+        session.serve()
+        log.info("event=portforward-done pod=%s/%s", namespace, pod)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,7 +39,7 @@ from typing import Any, Protocol
 
 from sim.kubelet.backoff import RestartBackoff, duration_text
 from sim.kubelet.devicemanager import DeviceManagerError, DeviceManagerSim
-from sim.kubelet import claimstate, envvars, volumes
+from sim.kubelet import claimstate, envvars, netns, volumes
 from sim.kubelet.envvars import EnvError, Lookup, PodContext, expand
 from sim.kubelet.events import KubeletEvents, format_pod
 from sim.kubelet.execserver import ExecServer
@@ -63,6 +64,8 @@ MAX_UNPREPARE_RETRY_SECONDS = 8.0
 
 
 HOST_IP = "127.0.0.1"
+# Pods' ServiceAccount tokens are not rotated in the simulated cluster (a kubelet refreshes them on a cluster).
+TOKEN_SECONDS = 365 * 86400
 
 
 class PodIPs:
@@ -101,7 +104,13 @@ class ContainerRuntime(Protocol):
 
     def seen(self, name: str) -> Seen | None: ...
 
-    def exec_argv(self, name: str, command: Sequence[str]) -> list[str] | None: ...
+    def exec_argv(self, name: str, command: Sequence[str], *, tty: bool = False) -> list[str] | None: ...
+
+    def attach_argv(self, name: str, *, stdin: bool) -> list[str] | None: ...
+
+    def tty_of(self, name: str) -> tuple[bool, bool]: ...
+
+    def network_pid(self, name: str) -> int | None: ...
 
 
 
@@ -351,12 +360,14 @@ class NodeKubelet:
         device_manager: DeviceManagerSim | None = None,
         kubernetes_version: str = "1.37",
         runtime: ContainerRuntime | None = None,
+        node_address: str | None = None,
         pod_logs_dir: Path | None = None,
         restart_backoff: RestartBackoff | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
         self.runtime = runtime
+        self.node_address = node_address  # the pod IP of pods that share the node's network
         self.pod_logs_dir = pod_logs_dir
         self.node_name = node_name
         self.driver_name = driver_name
@@ -379,7 +390,8 @@ class NodeKubelet:
         self._active: dict[str, dict[str, Any]] = {}  # uid -> pod whose containers the runtime runs
         self._unprepare_pending: set[str] = set()  # uids whose claims an unprepare call failed for
         self._pod_ips = PodIPs(node_name)
-        self.exec_server = ExecServer(self._exec_argv) if runtime is not None else None
+        # The streaming server listens on the node's InternalIP, where the control plane dials it.
+        self.exec_server = ExecServer(_NodeStreams(self), node_address or HOST_IP) if runtime is not None else None
         self._allocatable: dict[str, str] | None = None  # the Node's status.allocatable, read once
 
     # ---- lifecycle --------------------------------------------------------------------------------------
@@ -416,12 +428,6 @@ class NodeKubelet:
                                                                        "uid": uid}})
             self._unprepare_pending.add(uid)
             log.info("event=claims-of-gone-pod node=%s pod=%s claims=%d", self.node_name, name, len(claims))
-
-    def _exec_argv(self, namespace: str, pod: str, container: str, command: Sequence[str]) -> list[str] | None:
-        name = self.container_runtime_name(namespace, pod, container or None)
-        if name is None or self.runtime is None:
-            return None
-        return self.runtime.exec_argv(name, command)
 
     def _publish_kubelet_port(self) -> None:
         """The Node's daemonEndpoints name the exec server's port, where the control plane proxies pods/exec."""
@@ -485,10 +491,19 @@ class NodeKubelet:
             return [RunningPod(r.namespace, r.name, r.uid, {c.claim.name: c.devices for c in r.claims})
                     for r in self.records.values() if r.phase == "Running" and r.claims]
 
-    def container_runtime_name(self, namespace: str, pod: str, container: str | None) -> str | None:
-        """The runtime's name for a pod's container (its latest run); `container` None: the pod's only one."""
+    def running_container_names(self, namespace: str, pod: str) -> tuple[str, list[str]] | None:
+        """(uid, runtime names of the latest run of each of the pod's containers) for a pod this node runs."""
         with self._lock:
             for r in self.records.values():
+                if r.namespace == namespace and r.name == pod:
+                    return r.uid, [c.runtime_name for c in r.containers]
+        return None
+
+    def container_runtime_name(self, namespace: str, pod: str, container: str | None) -> str | None:
+        """The runtime's name for a pod's container (its latest run); `container` None: the pod's only one. The
+        newest pod of that name: a deleted pod's record may linger beside its same-named successor."""
+        with self._lock:
+            for r in reversed(list(self.records.values())):
                 if r.namespace == namespace and r.name == pod:
                     runs = [c for c in r.containers if container is None or c.container == container]
                     return runs[-1].runtime_name if runs else None
@@ -654,7 +669,7 @@ class NodeKubelet:
                  "started": True, "state": {"running": {"startedAt": started}}}
                 for c in (pod.get("spec") or {}).get("containers") or []
             ]
-        ip = self._pod_ips.get(uid)
+        ip = self._pod_ip(pod)
         self.api.patch("Pod", record.name, {"status": {
             "phase": "Running", "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}], "podIP": ip, "podIPs": [{"ip": ip}],
             "startTime": status.get("startTime") or started, "conditions": pod_conditions(statuses, started),
@@ -689,8 +704,10 @@ class NodeKubelet:
         restart = previous.restart_count + 1 if previous is not None else 0
         last_state = terminated_state(previous) if previous is not None and not previous.running else None
         try:
-            env = container_env(container, record.legacy, self._context(pod), self._lookup)
-            mounts = volumes.container_mounts(container, record.volumes, volumes.read_only_volumes(pod))
+            account_env, account_mounts = self._service_account(pod)
+            env = {**account_env, **container_env(container, record.legacy, self._context(pod), self._lookup)}
+            mounts = [(str(m.host), m.container, m.read_only)
+                      for m in volumes.container_mounts(container, record.volumes, volumes.read_only_volumes(pod))]
         except (EnvError, volumes.VolumeError) as exc:
             raise KubeletError(f"CreateContainerConfigError: {exc}") from exc
         request = ContainerRequest(
@@ -699,7 +716,8 @@ class NodeKubelet:
             container_cdi_devices(container, pod_claim_map(pod) or {}, record.claims, record.legacy,
                                   extended_claim_refs(pod)),
             log_path=self.pod_log_path(record, cname, restart),
-            mounts=tuple((str(m.host), m.container, m.read_only) for m in mounts),
+            mounts=tuple(mounts + account_mounts), image=str(container.get("image") or ""),
+            stdin=container.get("stdin") is True, tty=container.get("tty") is True,
         )
         try:
             status = self.runtime.run(request)
@@ -808,8 +826,35 @@ class NodeKubelet:
         if self._allocatable is None:
             node = self.api.try_get("Node", self.node_name) or {}
             self._allocatable = {str(k): str(v) for k, v in ((node.get("status") or {}).get("allocatable") or {}).items()}
-        uid = str((pod.get("metadata") or {}).get("uid"))
-        return PodContext(pod, self.node_name, self._pod_ips.get(uid), HOST_IP, self._allocatable)
+        return PodContext(pod, self.node_name, self._pod_ip(pod), HOST_IP, self._allocatable)
+
+    def _pod_ip(self, pod: Mapping[str, Any]) -> str:
+        """A pod whose containers all run as host processes (sim.runtime.hostprocess) is on the node's network
+        and has its address; every other one gets one of the node's pod IPs."""
+        on_host = getattr(self.runtime, "runs_on_host", None)
+        containers = (pod.get("spec") or {}).get("containers") or []
+        if self.node_address and on_host is not None and containers and all(
+                on_host(str(c.get("image") or "")) for c in containers):
+            return self.node_address
+        return self._pod_ips.get(str((pod.get("metadata") or {}).get("uid")))
+
+    def _service_account(self, pod: Mapping[str, Any]) -> tuple[dict[str, str], list[tuple[str, str, bool]]]:
+        """The env and mount of the pod's ServiceAccount token (a TokenRequest bound to the pod, as the kubelet
+        asks for its projected token volume); none for a pod that does not name its account."""
+        if not volumes.wants_token(pod):
+            return {}, []
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        try:
+            token = self.api.create_token(str(meta.get("namespace")), str(spec["serviceAccountName"]), {
+                "expirationSeconds": TOKEN_SECONDS,
+                "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": meta.get("name"), "uid": meta.get("uid")}})
+        except ApiError as exc:
+            raise KubeletError(f'MountVolume.SetUp failed for volume "kube-api-access" : failed to fetch token: '
+                               f"{exc.message}") from exc
+        directory = volumes.write_token(self.kubelet_dir, pod, token)
+        host, _, port = self.api.host.split("://", 1)[-1].rpartition(":")
+        return ({"KUBERNETES_SERVICE_HOST": host.strip("[]"), "KUBERNETES_SERVICE_PORT": port},
+                [(str(directory), volumes.TOKEN_MOUNT, True)])
 
     def _set_up_volumes(self, pod: Mapping[str, Any], record: PodRecord) -> None:
         """The pod's emptyDir, configMap and secret volumes (sim.kubelet.volumes); a missing ConfigMap or Secret
@@ -1112,3 +1157,47 @@ class _NotReady(Exception):
 
 class _PrepareFailed(KubeletError):
     """NodePrepareResources failed (FailedPrepareDynamicResources); retried like any admission failure."""
+
+
+class _NodeStreams:
+    """The node's containers as the streaming server (sim.kubelet.execserver) reaches them."""
+
+    def __init__(self, kubelet: NodeKubelet) -> None:
+        self.kubelet = kubelet
+
+    def _runtime(self) -> ContainerRuntime:
+        assert self.kubelet.runtime is not None  # the streaming server exists only with a runtime
+        return self.kubelet.runtime
+
+    def exec_argv(self, namespace: str, pod: str, container: str, command: Sequence[str], tty: bool) -> list[str] | None:
+        name = self.kubelet.container_runtime_name(namespace, pod, container or None)
+        return self._runtime().exec_argv(name, command, tty=tty) if name is not None else None
+
+    def attach_argv(self, namespace: str, pod: str, container: str, stdin: bool) -> tuple[list[str], bool] | None:
+        name = self.kubelet.container_runtime_name(namespace, pod, container or None)
+        if name is None:
+            return None
+        has_stdin, has_tty = self._runtime().tty_of(name)
+        argv = self._runtime().attach_argv(name, stdin=stdin and has_stdin)
+        return (argv, has_tty) if argv is not None else None
+
+    def pod_uid(self, namespace: str, pod: str) -> str | None:
+        found = self.kubelet.running_container_names(namespace, pod)
+        return found[0] if found is not None else None
+
+    def dial(self, namespace: str, pod: str, port: int) -> socket.socket:
+        # The simulated pod has no shared sandbox: each container has its own loopback-only network namespace,
+        # so the port is looked for in each running container's, in the pod's order.
+        found = self.kubelet.running_container_names(namespace, pod)
+        pids = [pid for name in (found[1] if found else []) if (pid := self._runtime().network_pid(name)) is not None]
+        if not pids:
+            raise netns.DialError(f"failed to find the network namespace of pod {namespace}/{pod}: no container "
+                                  "is running")
+        errors: list[str] = []
+        for pid in pids:
+            try:
+                return netns.dial(pid, port)
+            except netns.DialError as exc:
+                errors.append(str(exc))
+        raise netns.DialError(f"failed to connect to localhost:{port} inside the network namespace of pod "
+                              f"{namespace}/{pod}, IPv4: {errors[0]}")

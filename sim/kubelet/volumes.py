@@ -143,3 +143,26 @@ def tear_down(kubelet_dir: Path, uid: str) -> None:
         shutil.rmtree(pod_dir(kubelet_dir, uid), ignore_errors=True)
     except VolumeError:
         pass
+
+
+TOKEN_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def wants_token(pod: Mapping[str, Any]) -> bool:
+    """A pod that names its ServiceAccount gets its token volume (the ServiceAccount admission plugin's
+    kube-api-access volume), unless it opts out. Pods of the implicit `default` account get none here."""
+    spec = pod.get("spec") or {}
+    return bool(spec.get("serviceAccountName")) and spec.get("automountServiceAccountToken") is not False
+
+
+def write_token(kubelet_dir: Path, pod: Mapping[str, Any], token: str) -> Path:
+    """The projected token volume's files (token, namespace); returns its directory."""
+    meta = pod.get("metadata") or {}
+    target = pod_dir(kubelet_dir, str(meta.get("uid") or "")) / "volumes" / "kubernetes.io~projected" / "kube-api-access"
+    target.mkdir(parents=True, exist_ok=True)
+    for name, text in (("token", token), ("namespace", str(meta.get("namespace") or "default"))):
+        tmp = target / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.chmod(0o644)
+        os.replace(tmp, target / name)
+    return target

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.runtime.hostprocess import HostProcessRuntime, RoutingRuntime
 from sim.runtime.podman import PodmanRuntime, find_runc
 from sim.runtime.rootfs import build as build_rootfs
 from sim.runtime.rootfs import find_busybox
@@ -83,9 +84,10 @@ class Runtimes:
         self.runc = runc
         self.rootfs = build_rootfs(state_dir / "rootfs", busybox)
 
-    def for_node(self, node: str, cdi_dir: Path, host_devices: Sequence[tuple[str, int, int]] = ()) -> PodmanRuntime:
-        """The node's runtime; `host_devices` (path, major, minor) are the device nodes its host has."""
+    def for_node(self, node: str, cdi_dir: Path, host_devices: Sequence[tuple[str, int, int]] = ()) -> RoutingRuntime:
+        """The node's runtime; `host_devices` (path, major, minor) are the device nodes its host has. Our own
+        image's containers run as host processes (sim.runtime.hostprocess), every other one with podman."""
         runtime = PodmanRuntime(self.state_dir / "nodes" / node, cdi_dir, self.rootfs, runc=self.runc,
                                 host_devices=host_devices)
         runtime.start()
-        return runtime
+        return RoutingRuntime(runtime, HostProcessRuntime(self.state_dir / "nodes" / node / "host", cdi_dir))

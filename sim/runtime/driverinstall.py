@@ -96,25 +96,30 @@ def script(node: str, inventory: Inventory) -> str:
             .replace("ROWS", "\n".join(rows)))
 
 
-def _python_tool(module: str) -> str:
-    """A host program running one of the simulator's tools with this interpreter (the IMEX stand-ins run beside
-    the node agent, on the host, as the real ones run from the host's driver install)."""
+def _python_tool(module: str, call: str = "main(sys.argv[1:])") -> str:
+    """A host program running one of the simulator's tools with this interpreter (the IMEX stand-ins run where the
+    daemon pod's command runs, on the host: sim.runtime.hostprocess)."""
     repo = Path(__file__).resolve().parents[2]
     return (f"#!{sys.executable}\n# {module}: gpu-dra simulator stand-in\nimport sys\nsys.path.insert(0, {str(repo)!r})\n"
-            f"from {module} import main\nsys.exit(main(sys.argv[1:]))\n")
+            f"from {module} import main\nsys.exit({call})\n")
 
 
-def write(root: Path, node: str, inventory: Inventory) -> Path:
+def write(root: Path, node: str, inventory: Inventory, faults: Path | None = None) -> Path:
     """Create the install under `root` (the agent's --driver-root and --host-driver-root); returns root. Nodes
-    with NVLink-fabric GPUs also get `nvidia-imex` and `nvidia-imex-ctl` (sim.imex)."""
+    with NVLink-fabric GPUs also get `nvidia-imex` and `nvidia-imex-ctl` (sim.imex); the daemon learns the
+    node's fabric state from `faults` (the node's simulated NVML faults file), as a real one from the driver."""
     path = root / NVIDIA_SMI
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(script(node, inventory))
     path.chmod(0o755)
     if any(g.fabric_clique_id is not None for g in inventory.gpus):
-        for rel, module in ((NVIDIA_IMEX, "sim.imex.daemon"), (NVIDIA_IMEX_CTL, "sim.imex.ctl")):
+        uuids = sorted(g.uuid for g in inventory.gpus)
+        fabric = f"({str(faults)!r}, frozenset({uuids!r}))" if faults is not None else "None"
+        tools = ((NVIDIA_IMEX, "sim.imex.daemon", f"main(sys.argv[1:], fabric={fabric})"),
+                 (NVIDIA_IMEX_CTL, "sim.imex.ctl", "main(sys.argv[1:])"))
+        for rel, module, call in tools:
             tool = root / rel
-            tool.write_text(_python_tool(module))
+            tool.write_text(_python_tool(module, call))
             tool.chmod(0o755)
         # The driver's procfs entry for the IMEX channel devices (their major is dynamic on a real node).
         proc = root / "proc" / "devices"

@@ -80,6 +80,9 @@ class ContainerRequest:
     cdi_devices: tuple[str, ...] = ()
     log_path: Path | None = None  # where podman writes its k8s-file log (default: the node's logs/<name>.log)
     mounts: tuple[tuple[str, str, bool], ...] = ()  # (host path, container path, read-only): the pod's volumes
+    image: str = ""  # the pod's image name (every name runs the busybox rootfs; sim.runtime.hostprocess routes ours)
+    stdin: bool = False  # the container's stdin is kept open for `kubectl attach -i` (spec stdin)
+    tty: bool = False  # the container gets a terminal (spec tty)
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,8 @@ class PodmanRuntime:
             args += ["-v", f"{host}:{path}:{'ro' if read_only else 'rw'}"]
         for cid in request.cdi_devices:
             args += ["--device", cid]
+        args += ["-i"] if request.stdin else []
+        args += ["-t"] if request.tty else []
         args += ["--rootfs", str(self.rootfs), f"{PROBE_DIR}/probe", *(request.command or DEFAULT_COMMAND)]
         self._podman("rm", "-f", "--ignore", name, check=False)  # a leftover of the same name (a restart)
         done = self._podman(*args, check=False)
@@ -242,11 +247,34 @@ class PodmanRuntime:
         if known is not None:
             log.info("event=container-removed container=%s", name)
 
-    def exec_argv(self, name: str, command: Sequence[str]) -> list[str] | None:
-        """argv that runs `command` in the running container `name` (stdin kept open), or None if it is not running."""
+    def exec_argv(self, name: str, command: Sequence[str], *, tty: bool = False) -> list[str] | None:
+        """argv that runs `command` in the running container `name` (stdin kept open; with `tty` in a terminal of
+        the container's, sized from the terminal the argv itself runs on), or None if it is not running."""
         if not self.status(name).running:
             return None
-        return self.ns.command([*self._global, "exec", "-i", name, *command])
+        return self.ns.command([*self._global, "exec", "-i", *(["-t"] if tty else []), name, *command])
+
+    def attach_argv(self, name: str, *, stdin: bool) -> list[str] | None:
+        """argv that attaches to the running container `name`'s main process (its output from now on and, with
+        `stdin`, its input); ending it detaches and leaves the container running. None if it is not running."""
+        if not self.status(name).running:
+            return None
+        return self.ns.command([*self._global, "attach", "--sig-proxy=false", *([] if stdin else ["--no-stdin"]),
+                                name])
+
+    def tty_of(self, name: str) -> tuple[bool, bool]:
+        """(stdin, tty) the container `name` was started with."""
+        with self._lock:
+            c = self._containers.get(name)
+        return (c.request.stdin, c.request.tty) if c is not None else (False, False)
+
+    def network_pid(self, name: str) -> int | None:
+        """A host pid inside the running container `name`'s network namespace, or None if it is not running."""
+        with self._lock:
+            c = self._containers.get(name)
+        if c is None or c.pid is None or not self.status(name).running or not pid_alive(c.pid):
+            return None
+        return c.pid
 
     def names(self) -> list[str]:
         with self._lock:

@@ -21,6 +21,7 @@ SEEN_DIR = "/.gpu-dra-sim-seen"
 # points for the driver's libraries (driver.driverfiles) must be there already.
 _DIRS = ("bin", "sbin", "usr/bin", "usr/sbin", "usr/local/bin", "usr/lib64", "usr/lib/x86_64-linux-gnu",
          "usr/lib/aarch64-linux-gnu", "etc", "dev", "proc", "sys", "tmp", "run", "var/tmp", "root",
+         "var/run/secrets/kubernetes.io/serviceaccount",
          PROBE_DIR.lstrip("/"), SEEN_DIR.lstrip("/"))
 
 

@@ -1,0 +1,313 @@
+"""Containers of this project's own image, run by the simulated kubelet as host processes.
+
+The busybox rootfs (sim.runtime.rootfs) has no Python, and podman's containers here have no network
+(`--network=none`), so `gpu-dra compute-domain-daemon` (the IMEX daemon pods' command) cannot run inside one: it
+needs the interpreter, the project and its compiled dependencies (grpcio, pydantic-core), and it talks to the API
+server and to its peers' IMEX daemons on their nodes' addresses. The closest faithful run is the pod's command as
+a host process of the node, with what the pod would have:
+
+- its env (the spec's, with downward-API values, and the `env` edits of its claims' CDI specs, read from the node's
+  CDI dir by the ids the kubelet passes, as the runtime applies them);
+- its file system as a directory, the container root, named to the process by GPU_DRA_CONTAINER_ROOT: its volume
+  mounts and its CDI specs' `mounts` are links there at their container paths (the ServiceAccount token volume
+  among them), and its /etc/hosts is its own file. A host process cannot get a private root without privileges,
+  so the programs that run there (our daemon, the IMEX stand-ins) resolve their container paths under it;
+- the node's network: the pod's IP is the node's address (the simulated cluster has no pod network; the node's
+  loopback address is where its IMEX daemon listens, as a GB200 node's on its pod IP);
+- `gpu-dra` is this checkout's CLI run by this interpreter (the image's entry point); other commands are looked
+  up on the container root's /usr/bin and /bin (where CDI mounts put the driver's binaries), then the host's PATH.
+
+Device nodes a CDI spec names are not created (a host process sees the host's /dev). Logs are written in the CRI
+format the kubelet's log files have. Stopping sends SIGTERM to the process group and SIGKILL after the grace
+period.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from gpudra.timestamps import micro_rfc3339, rfc3339
+from sim.runtime.podman import ContainerRequest, ContainerStatus, RuntimeError_, Seen
+
+OWN_IMAGE = "ghcr.io/gpu-dra/gpu-dra"
+ROOT_ENV = "GPU_DRA_CONTAINER_ROOT"
+REPO = Path(__file__).resolve().parents[2]
+# The least a daemon gets to stop cleanly (leave its clique, stop nvidia-imex), whatever grace the kubelet passes.
+MIN_GRACE_SECONDS = 5
+
+
+def is_own_image(image: str) -> bool:
+    name = image.split("@", 1)[0]
+    repo = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+    return repo == OWN_IMAGE
+
+
+def cdi_edits(cdi_dir: Path, device_ids: Sequence[str]) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """The env and (host path, container path) mounts the CDI specs in `cdi_dir` give these device ids
+    (`vendor/class=name`), spec-level edits first; an id no spec defines is refused, as a runtime refuses it."""
+    wanted = set(device_ids)
+    env: dict[str, str] = {}
+    mounts: list[tuple[str, str]] = []
+    found: set[str] = set()
+    for path in sorted(cdi_dir.glob("*.json")):
+        try:
+            spec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        kind = str(spec.get("kind") or "")
+        for device in spec.get("devices") or []:
+            qualified = f"{kind}={device.get('name')}"
+            if qualified not in wanted:
+                continue
+            found.add(qualified)
+            for edits in (spec.get("containerEdits") or {}, device.get("containerEdits") or {}):
+                for item in edits.get("env") or []:
+                    key, _, value = str(item).partition("=")
+                    env[key] = value
+                mounts += [(str(m["hostPath"]), str(m["containerPath"])) for m in edits.get("mounts") or []]
+    missing = sorted(wanted - found)
+    if missing:
+        raise RuntimeError_(f"unresolvable CDI devices {', '.join(missing)}")
+    return env, mounts
+
+
+def _link(root: Path, host: str, container: str) -> None:
+    target = root / container.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+    target.symlink_to(host)
+
+
+@dataclass
+class _Process:
+    request: ContainerRequest
+    popen: subprocess.Popen[bytes]
+    root: Path
+    env: dict[str, str]
+    started_at: str
+    pumps: list[threading.Thread]
+    finished_at: str = ""
+
+
+class HostProcessRuntime:
+    """Our image's containers on one node, as host processes under `state_dir`."""
+
+    kind = "host"
+
+    def __init__(self, state_dir: Path, cdi_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.cdi_dir = cdi_dir
+        self._procs: dict[str, _Process] = {}
+        self._lock = threading.Lock()
+
+    def _argv(self, root: Path, env: Mapping[str, str], command: Sequence[str]) -> list[str]:
+        if not command:
+            raise RuntimeError_("the image has no entrypoint: the container must give a command")
+        if command[0] == "gpu-dra":
+            return [sys.executable, "-m", "cli.main", *command[1:]]
+        if "/" in command[0]:
+            return list(command)
+        for directory in env["PATH"].split(os.pathsep):
+            candidate = Path(directory) / command[0]
+            if os.access(candidate, os.X_OK):
+                return [str(candidate), *command[1:]]
+        raise RuntimeError_(f'exec: "{command[0]}": executable file not found in $PATH')
+
+    def _environment(self, request: ContainerRequest, root: Path) -> dict[str, str]:
+        cdi_env, mounts = cdi_edits(self.cdi_dir, request.cdi_devices)
+        for host, container, _ in request.mounts:
+            _link(root, host, container)
+        for host, container in mounts:
+            _link(root, host, container)
+        hosts = root / "etc" / "hosts"
+        if not hosts.exists():  # the kubelet-managed hosts file; the pod may edit its own copy
+            hosts.write_text("# Kubernetes-managed hosts file (gpu-dra simulator).\n127.0.0.1\tlocalhost\n")
+        path = os.pathsep.join([str(root / "usr" / "bin"), str(root / "bin"), os.environ.get("PATH", "/usr/bin:/bin")])
+        return {**request.env, **cdi_env, ROOT_ENV: str(root), "PATH": path, "PYTHONPATH": str(REPO),
+                "HOME": str(root)}
+
+    def run(self, request: ContainerRequest) -> ContainerStatus:
+        directory = self.state_dir / request.name
+        root = directory / "root"
+        try:
+            (root / "etc").mkdir(parents=True, exist_ok=True)
+            env = self._environment(request, root)
+        except OSError as exc:
+            raise RuntimeError_(f"setting up the container root {root}: {exc}") from None
+        argv = self._argv(root, env, request.command)
+        log_file = request.log_path or directory / "container.log"
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            popen = subprocess.Popen(argv, env=env, cwd=str(REPO), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            raise RuntimeError_(f"starting {argv[0]}: {exc}") from None
+        (directory / "pid").write_text(f"{popen.pid}\n")
+        lock = threading.Lock()
+        out = open(log_file, "a", encoding="utf-8")  # noqa: SIM115 - closed by the last pump
+        pumps = [threading.Thread(target=self._pump, args=(stream, name, out, lock), daemon=True)
+                 for stream, name in ((popen.stdout, "stdout"), (popen.stderr, "stderr"))]
+        for t in pumps:
+            t.start()
+        threading.Thread(target=self._close_when_done, args=(pumps, out), daemon=True).start()
+        started = rfc3339()
+        with self._lock:
+            self._procs[request.name] = _Process(request, popen, root, env, started, pumps)
+        return ContainerStatus(request.name, True, None, started)
+
+    @staticmethod
+    def _pump(stream: IO[bytes] | None, name: str, out: IO[str], lock: threading.Lock) -> None:
+        assert stream is not None
+        for raw in iter(stream.readline, b""):
+            text = raw.decode(errors="replace")
+            full = text.endswith("\n")
+            with lock:
+                out.write(f"{micro_rfc3339()} {name} {'F' if full else 'P'} {text.rstrip(chr(10))}\n")
+                out.flush()
+        stream.close()
+
+    @staticmethod
+    def _close_when_done(pumps: list[threading.Thread], out: IO[str]) -> None:
+        for t in pumps:
+            t.join()
+        out.close()
+
+    def status(self, name: str) -> ContainerStatus:
+        with self._lock:
+            proc = self._procs.get(name)
+        if proc is None:
+            return ContainerStatus(name, False, 137, "", error=f"no such container {name}")
+        code = proc.popen.poll()
+        if code is None:
+            return ContainerStatus(name, True, None, proc.started_at)
+        if not proc.finished_at:
+            proc.finished_at = rfc3339()
+        # A process ended by a signal exits 128+N in a container's terms.
+        return ContainerStatus(name, False, code if code >= 0 else 128 - code, proc.started_at, proc.finished_at)
+
+    def remove(self, name: str, grace_seconds: int = 1) -> None:
+        with self._lock:
+            proc = self._procs.pop(name, None)
+        if proc is None or proc.popen.poll() is not None:
+            return
+        try:
+            os.killpg(proc.popen.pid, signal.SIGTERM)
+            proc.popen.wait(timeout=max(grace_seconds, MIN_GRACE_SECONDS))
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.popen.pid, signal.SIGKILL)
+            proc.popen.wait()
+
+    def seen(self, name: str) -> Seen | None:
+        return None  # no GPU probe: these containers are given no GPUs
+
+    def _running(self, name: str) -> _Process | None:
+        with self._lock:
+            proc = self._procs.get(name)
+        return proc if proc is not None and proc.popen.poll() is None else None
+
+    def exec_argv(self, name: str, command: Sequence[str], *, tty: bool = False) -> list[str] | None:
+        # A host process shares the node's terminal handling: with `tty` the streaming server's pty is the
+        # command's own, so nothing is added for it.
+        proc = self._running(name)
+        if proc is None:
+            return None
+        argv = self._argv(proc.root, proc.env, command)
+        return ["env", "-i", *(f"{k}={v}" for k, v in sorted(proc.env.items())), *argv]
+
+    def attach_argv(self, name: str, *, stdin: bool) -> list[str] | None:
+        return None  # started without a terminal or an open stdin: nothing to attach to, as for a podman one
+
+    def tty_of(self, name: str) -> tuple[bool, bool]:
+        return (False, False)
+
+    def network_pid(self, name: str) -> int | None:
+        proc = self._running(name)
+        return proc.popen.pid if proc is not None else None  # the node's own network namespace
+
+    def close(self) -> None:
+        for name in list(self._procs):
+            self.remove(name, grace_seconds=0)
+
+
+def stop_leftovers(state_dir: Path) -> list[str]:
+    """SIGKILL the process groups of containers a dead supervisor left under `state_dir` (a node's host runtime
+    dir), recognised by their container root in their environment, so a reused pid is never taken for one."""
+    stopped = []
+    for pid_file in sorted(state_dir.glob("*/pid")):
+        try:
+            pid = int(pid_file.read_text().strip())
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if f"{ROOT_ENV}={pid_file.parent / 'root'}".encode() not in environ.split(b"\0"):
+            continue
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        stopped.append(f"host process {pid_file.parent.name} (pid {pid})")
+    return stopped
+
+
+class RoutingRuntime:
+    """A node's runtime: our image's containers as host processes, every other one in `containers` (podman)."""
+
+    def __init__(self, containers: Any, host: HostProcessRuntime) -> None:
+        self.containers = containers
+        self.host = host
+        self.kind = containers.kind
+        self._on_host: set[str] = set()
+
+    @staticmethod
+    def runs_on_host(image: str) -> bool:
+        return is_own_image(image)
+
+    def _for(self, name: str) -> Any:
+        return self.host if name in self._on_host else self.containers
+
+    def run(self, request: ContainerRequest) -> ContainerStatus:
+        if self.runs_on_host(request.image):
+            self._on_host.add(request.name)
+            return self.host.run(request)
+        return self.containers.run(request)
+
+    def status(self, name: str) -> ContainerStatus:
+        return self._for(name).status(name)
+
+    def remove(self, name: str, grace_seconds: int = 1) -> None:
+        self._for(name).remove(name, grace_seconds)
+        self._on_host.discard(name)
+
+    def seen(self, name: str) -> Seen | None:
+        return self._for(name).seen(name)
+
+    def exec_argv(self, name: str, command: Sequence[str], *, tty: bool = False) -> list[str] | None:
+        return self._for(name).exec_argv(name, command, tty=tty)
+
+    def attach_argv(self, name: str, *, stdin: bool) -> list[str] | None:
+        return self._for(name).attach_argv(name, stdin=stdin)
+
+    def tty_of(self, name: str) -> tuple[bool, bool]:
+        return self._for(name).tty_of(name)
+
+    def network_pid(self, name: str) -> int | None:
+        return self._for(name).network_pid(name)
+
+    def close(self) -> None:
+        self.host.close()
+        self.containers.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.containers, name)  # the rest of podman's runtime (logs, names, ...)
