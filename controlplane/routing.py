@@ -13,6 +13,7 @@ from controlplane.audit.event import Auditor
 from controlplane.crds import serving as crd_serving
 from controlplane.podlogs import PodLogSource
 from controlplane.security import Security
+from controlplane.store import RequestAdmission as StoreAdmission
 from controlplane.store import Store
 from gpudra.conversion import ConversionError, from_storage, split_api_version, to_storage
 
@@ -95,3 +96,17 @@ class Responder(Protocol):
     def log_request(self, code: int | str = ..., size: int | str = ...) -> None: ...
 
     def _send(self, code: int, body: bytes, content_type: str = ...) -> None: ...
+
+
+class RequestHandler(Responder, Protocol):
+    """What the endpoint handlers (controlplane.handlers) use of the request being served: its path, body,
+    admission chain and warnings, and the JSON answer (controlplane.handler.ApiHandler)."""
+    path: str
+    _warnings: list[str]
+
+    @property
+    def _admit(self) -> StoreAdmission: ...
+
+    def _send_json(self, code: int, value: Any) -> None: ...
+
+    def _body(self) -> Any: ...

@@ -139,8 +139,8 @@ class RequestAdmission(Protocol):
     def mutate(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> bool:
         """Change `obj` in place (mutating admission); True when it changed."""
 
-    def __call__(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
-        """Raise a StatusError to refuse (validating admission)."""
+    def __call__(self, rt: ResourceType, name: str, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+        """Raise a StatusError to refuse (validating admission); `obj` None for a delete."""
 
 
 class ChangeCounter:

@@ -6,7 +6,9 @@ agent adds the driver's files to every claim spec's top-level `containerEdits`:
 
 - the driver's libraries, known by the driver's own naming: every regular file `<name>.so.<driver version>` in
   the driver root's library directories (what the driver installer, the distribution packages and the GPU
-  Operator's driver container all install; no list of names kept here goes stale with a new driver);
+  Operator's driver container all install; no list of names kept here goes stale with a new driver). Those
+  directories are first the ones the root's own /etc/ld.so.cache names for such files (driver.ldcache: Debian's
+  packages keep them in /usr/lib/<triple>/nvidia/current), then the standard ones;
 - each mounted read-only as a file under its versioned name *and* under its soname (read from the ELF, e.g.
   `libcuda.so.1`), into the container's system library directories of both families (`/usr/lib/<triple>` for
   Debian/Ubuntu images, `/usr/lib64` for RHEL/Fedora images): the loader's built-in search path finds them with
@@ -39,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from driver import ldcache
 from driver.elfsoname import soname
 
 log = logging.getLogger("gpu-dra.driverfiles")
@@ -141,6 +144,7 @@ class RootSnapshot:
     dirs: tuple[str, ...] = ()  # the library dirs that exist, in search order
     bin_dirs: tuple[str, ...] = ()  # the bin dirs that exist, in search order
     firmware_dirs: tuple[str, ...] = ()  # the firmware dirs of this driver version that exist
+    warnings: tuple[str, ...] = ()  # what was wrong with the root (a corrupt ld.so.cache), for the notes
 
 
 # ---- pure core ---------------------------------------------------------------------------------------------
@@ -167,7 +171,7 @@ def plan(
 
     `hook_path` is an nvidia-cdi-hook (1.18 or later) on the host, or None; `container_dirs` where libraries go
     in the container (default: `container_library_dirs()`)."""
-    notes: list[str] = []
+    notes: list[str] = list(snapshot.warnings)
     mounts: list[Mount] = []
     libraries: dict[str, str] = {}  # file name -> path in the root; the first library dir holding a name wins
     for directory in snapshot.dirs:
@@ -176,7 +180,8 @@ def plan(
             if is_driver_library(name, version):
                 libraries.setdefault(name, path)
     if not libraries:
-        notes.append(f"no driver {version} libraries (e.g. libcuda.so.{version}) in {', '.join(LIBRARY_DIRS)}")
+        notes.append(f"no driver {version} libraries (e.g. libcuda.so.{version}) in {', '.join(snapshot.dirs or LIBRARY_DIRS)}"
+                     f" (the root's {ldcache.CACHE_PATH} names none)")
     targets: set[str] = set()
     for name, path in sorted(libraries.items()):
         names = [name]
@@ -265,7 +270,8 @@ def scan(root: Path, version: str) -> RootSnapshot:
     executables: set[str] = set()
     sockets: list[str] = []
     sonames: dict[str, str] = {}
-    lib_dirs = _existing_dirs(root, LIBRARY_DIRS)
+    cached, warning = ldcache.read(root)
+    lib_dirs = _existing_dirs(root, [*cached_library_dirs(root, cached, version), *LIBRARY_DIRS])
 
     def note_file(path: str) -> bool:
         try:
@@ -311,7 +317,21 @@ def scan(root: Path, version: str) -> RootSnapshot:
     return RootSnapshot(
         files=frozenset(files), executables=frozenset(executables), sockets=tuple(sockets), sonames=sonames,
         dirs=tuple(lib_dirs), bin_dirs=tuple(bin_dirs), firmware_dirs=tuple(firmware_dirs),
+        warnings=(warning,) if warning else (),
     )
+
+
+def cached_library_dirs(root: Path, entries: Iterable[ldcache.Entry], version: str) -> list[str]:
+    """The directories (resolved inside the root) where the cache's entries lead to driver `version` libraries,
+    in the cache's order."""
+    out: list[str] = []
+    for entry in entries:
+        real = resolve_in_root(root, entry.path)
+        if real is not None and is_driver_library(posixpath.basename(real), version):
+            directory = posixpath.dirname(real)
+            if directory not in out:
+                out.append(directory)
+    return out
 
 
 def discover(root: Path, version: str, *, host_root: str = "/", hook_path: str | None = None) -> DriverFiles:

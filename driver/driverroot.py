@@ -4,8 +4,9 @@ The agent's image carries no NVIDIA library or tool. The host's driver install i
 host's `/` when the driver is installed on the host, `/run/nvidia/driver` when a driver container of the GPU
 Operator provides it) and everything driver-specific is found under that mount, by path:
 
-- `libnvidia-ml.so.1` in the usual library directories (the driver root's own dynamic-linker cache is not read:
-  its paths are the same directories on every distribution the driver supports);
+- `libnvidia-ml.so.1` where the driver root's own dynamic-linker cache (/etc/ld.so.cache, driver.ldcache) says
+  it is, as NVIDIA's nvcdi looks it up (Debian's packages keep the driver in /usr/lib/<triple>/nvidia/current),
+  else in the usual library directories (a root without a cache, or with a corrupt one: GKE's has none);
 - `nvidia-smi`, `nvidia-cuda-mps-control` in the usual binary directories.
 
 Links are followed as the host would (absolute link texts relative to the driver root), so a `.so.1` link to
@@ -22,10 +23,12 @@ image's loader, and the tool dies before `main`.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from driver import ldcache
 from driver.driverfiles import BIN_DIRS, LIBRARY_DIRS, resolve_in_root
 
 NVML_LIBRARY = "libnvidia-ml.so.1"
@@ -70,7 +73,9 @@ class DriverRoot:
         return BIN_DIRS + EXTRA_BIN_DIRS
 
     def find_library(self, name: str = NVML_LIBRARY) -> Path:
-        found, tried = _search(self.path, name, self.library_dirs, executable=False)
+        entries, _ = ldcache.read(self.path)  # a corrupt cache is reported with the driver files (driver.driverfiles)
+        cached = [posixpath.dirname(e.path) for e in entries if e.soname == name]
+        found, tried = _search(self.path, name, [*cached, *self.library_dirs], executable=False)
         if found is None:
             raise DriverRootError(
                 f"{name} was not found under the driver root {self.path} (searched: {', '.join(tried)}); "

@@ -2,8 +2,9 @@
 
 - `nvidia-smi compute-policy -i <GPU uuid> --set-timeslice <level>` sets a GPU's time-slice interval
   (levels: 0 default, 1 short, 2 medium, 3 long; the same numbers NVIDIA's DRA driver uses).
-- `nvidia-cuda-mps-control -d` starts an MPS control daemon; its pipe and log directories come from
-  CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY and the GPUs it serves from CUDA_VISIBLE_DEVICES.
+- `nvidia-cuda-mps-control -d` starts an MPS control daemon (`-d -M`: in multi-user mode, one root server for
+  the clients of every UID); its pipe and log directories come from CUDA_MPS_PIPE_DIRECTORY /
+  CUDA_MPS_LOG_DIRECTORY and the GPUs it serves from CUDA_VISIBLE_DEVICES.
   Commands (`set_default_active_thread_percentage 50`, `set_default_device_pinned_mem_limit <uuid> 4096M`,
   `quit`) are written to `nvidia-cuda-mps-control`'s stdin with the same pipe directory, which connects to
   the daemon through `<pipe dir>/control`.
@@ -32,6 +33,7 @@ from driver.driverroot import DriverRoot, DriverRootError
 NVIDIA_SMI = "nvidia-smi"
 MPS_CONTROL = "nvidia-cuda-mps-control"
 MPS_CONTROL_SOCKET = "control"
+MPS_MULTI_USER_FLAG = "-M"
 TIMESLICE_LEVELS = (0, 1, 2, 3)
 COMMAND_TIMEOUT_S = 30.0
 
@@ -97,6 +99,34 @@ class MpsDirs:
         return {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe), "CUDA_MPS_LOG_DIRECTORY": str(self.log)}
 
 
+def mps_daemon_argv(multi_user: bool) -> list[str]:
+    return [MPS_CONTROL, "-d", *([MPS_MULTI_USER_FLAG] if multi_user else [])]
+
+
+def make_mps_dir(path: Path, mode: int = 0o755) -> None:
+    """mkdir -p one of a daemon's directories, refusing a symbolic link or another file in its place (nothing the
+    agent creates or reads there follows one); root-owned, `mode` exactly whatever this process's umask."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.path.islink(path) or not path.is_dir():
+        raise GpuToolError(f"{path}: expected a directory of the agent's, found a symbolic link or another file")
+    if os.geteuid() == 0:
+        os.chown(path, 0, 0)
+    os.chmod(path, mode)
+
+
+def make_mps_dirs(dirs: MpsDirs) -> None:
+    """A daemon's pipe, log and shm directories, as clients of any UID need them:
+
+    - pipe and log 0755: every client reaches the control socket (connecting needs search permission on the
+      directory, not write), and so does the server the daemon starts for a non-root client, which runs as that
+      client's UID; nobody but root writes there (the clients' mount is read-only too);
+    - shm 1777 (sticky, as /dev/shm): the servers and clients of each UID create their segments there, and none
+      removes another's."""
+    make_mps_dir(dirs.pipe)
+    make_mps_dir(dirs.log)
+    make_mps_dir(dirs.shm, 0o1777)
+
+
 def control_socket_alive(pipe_dir: Path) -> bool:
     """Whether an MPS control daemon listens on `<pipe_dir>/control` (a stale socket file refuses connections)."""
     path = pipe_dir / MPS_CONTROL_SOCKET
@@ -153,17 +183,25 @@ class NvidiaTools:
             raise GpuToolError(f"GPU {gpu_uuid}: timeslice level {level} is not one of {TIMESLICE_LEVELS}")
         self._run([NVIDIA_SMI, "compute-policy", "-i", gpu_uuid, "--set-timeslice", str(level)])
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
+    def mps_start(
+        self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), *, multi_user: bool = False,
+    ) -> None:
         """A daemon in this process's container (no daemon pods): started, then given its limits."""
-        self._run([MPS_CONTROL, "-d"], env={**dirs.env(), "CUDA_VISIBLE_DEVICES": ",".join(device_uuids)})
+        self._run(mps_daemon_argv(multi_user), env={**dirs.env(), "CUDA_VISIBLE_DEVICES": ",".join(device_uuids)})
         for command in commands:
             self.mps_command(dirs, command)
+
+    def mps_wait(self, dirs: MpsDirs) -> None:
+        """`nvidia-cuda-mps-control -d` returns once its daemon listens, and mps_start gave it its limits."""
+        if not control_socket_alive(dirs.pipe):
+            raise GpuToolError(f"no MPS control daemon listens on {dirs.pipe / MPS_CONTROL_SOCKET}")
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
         return self._run([MPS_CONTROL], env=dirs.env(), stdin=command + "\n")
 
     def mps_stop(self, dirs: MpsDirs) -> None:
-        self._run([MPS_CONTROL], env=dirs.env(), stdin="quit\n")
+        if control_socket_alive(dirs.pipe):  # nothing to stop otherwise
+            self._run([MPS_CONTROL], env=dirs.env(), stdin="quit\n")
 
     def mps_running(self, dirs: MpsDirs) -> bool:
         return control_socket_alive(dirs.pipe)

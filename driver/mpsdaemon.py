@@ -9,15 +9,17 @@ driver runs one daemon per claim in a Deployment of its own; so does this backen
   on a bare pod. The pod template has `nodeName` (no scheduler involved, as NVIDIA's), `hostPID` (MPS identifies
   its clients by host PID), privileged (it opens every GPU it serves), the driver root at `/driver-root`, the
   claim's pipe, log, shm and private state directories from the host, and the agent's image pull secrets;
+- the daemon runs as root (`runAsUser: 0` whatever the image's user): it starts each client UID's MPS server as
+  that UID, which only root can; with `multiUser` it is started with `-M` (one root server for every UID);
 - the pod's script starts `nvidia-cuda-mps-control -d` in a chroot of the driver root when that root has a
   shell (the host's `/` or a driver container's root: the daemon then uses the driver's own libc and
   libraries), otherwise directly with the driver's bin directories on PATH and its NVML preloaded (never its
   library directory on the loader's path: it may hold the host's libc); then it gives the daemon the claim's
   limits itself (`GPU_DRA_MPS_COMMANDS`, one command a line), so a restarted daemon has them again without the
   agent, and only then marks itself started in its state directory, which no tenant container mounts;
-- the agent waits for that mark and the listening control socket for at most `ready_timeout_s` (10 s: prepare
-  holds the node's lock and the kubelet gives a whole NodePrepareResources call 45 s), then fails the claim with
-  the pod's state, and the kubelet retries;
+- `start` only creates the Deployment; `wait` then polls for that mark and the listening control socket for at
+  most `ready_timeout_s` (10 s of the 45 s the kubelet gives a whole NodePrepareResources call), without the
+  node's lock (driver.prepare), and fails the claim with the pod's state, and the kubelet retries;
 - stop sends `quit`, deletes the Deployment (its pod goes with it) and unmounts the shm;
 - the per-claim shm is a tmpfs the agent mounts at `<claim dir>/shm` (the plugins dir is mounted with
   Bidirectional propagation, so the host and the daemon's and the clients' containers see the mount); clients
@@ -39,7 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from driver.gputools import CommandRunner, GpuToolError, MpsDirs, NvidiaTools, SubprocessRunner, control_socket_alive
+from driver.gputools import (
+    CommandRunner, GpuToolError, MpsDirs, NvidiaTools, SubprocessRunner, control_socket_alive, make_mps_dir, mps_daemon_argv,
+)
 from gpudra.kubeapi import AlreadyExists, ApiError, NotFound
 
 log = logging.getLogger("gpu-dra.mpsdaemon")
@@ -48,12 +52,13 @@ COMPONENT = "mps-control-daemon"
 PIPE_IN_POD = "/tmp/nvidia-mps"
 LOG_IN_POD = "/var/log/nvidia-mps"
 DRIVER_ROOT_IN_POD = "/driver-root"
-SHM_OPTIONS = "rw,nosuid,nodev,noexec,relatime"
+SHM_OPTIONS = "rw,nosuid,nodev,noexec,relatime,mode=1777"  # as /dev/shm: servers and clients of every UID
 DEFAULT_SHM_SIZE = "8g"
 
 STATE_IN_POD = "/var/run/gpu-dra-mps"  # the daemon's private state dir (its startup mark), outside the driver root
 STARTED_MARK = "started"
 COMMANDS_ENV = "GPU_DRA_MPS_COMMANDS"
+DAEMON_ARGS_ENV = "GPU_DRA_MPS_DAEMON_ARGS"  # "-M" for a multi-user daemon
 
 # In a chroot of the driver root when it has a shell; otherwise straight from its directories. The daemon's
 # directories are mounted inside the driver root so that both ways see them at the same absolute path.
@@ -75,7 +80,7 @@ else
   RUN="sh -c"
   LOGFILE={DRIVER_ROOT_IN_POD}{LOG_IN_POD}/control.log
 fi
-$RUN "nvidia-cuda-mps-control -d"
+$RUN "nvidia-cuda-mps-control -d ${DAEMON_ARGS_ENV}"
 trap '$RUN "echo quit | nvidia-cuda-mps-control" || true; exit 0' TERM INT
 # The claim's limits, given by the daemon's own pod at every start: they survive daemon restarts.
 printf '%s\\n' "${COMMANDS_ENV}" | while read -r command; do
@@ -113,6 +118,7 @@ def pod_name(node_name: str, dirs: MpsDirs) -> str:
 
 def deployment_manifest(
     settings: MpsPodSettings, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (),
+    *, multi_user: bool = False,
 ) -> dict[str, Any]:
     """The daemon's Deployment (pure)."""
     name = pod_name(settings.node_name, dirs)
@@ -142,10 +148,12 @@ def deployment_manifest(
                     {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": PIPE_IN_POD},
                     {"name": "CUDA_MPS_LOG_DIRECTORY", "value": LOG_IN_POD},
                     {"name": COMMANDS_ENV, "value": "\n".join(commands)},
+                    {"name": DAEMON_ARGS_ENV, "value": " ".join(mps_daemon_argv(multi_user)[2:])},
                     # The daemon reaches the GPUs itself (privileged): no injection by the NVIDIA runtime.
                     {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
                 ],
-                "securityContext": {"privileged": True},
+                # Root whatever the image says: the daemon starts each client UID's server as that UID.
+                "securityContext": {"privileged": True, "runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False},
                 "startupProbe": {"exec": {"command": ["cat", f"{STATE_IN_POD}/{STARTED_MARK}"]},
                                  "periodSeconds": 1, "failureThreshold": 60},
                 "volumeMounts": [
@@ -225,12 +233,14 @@ class MpsDaemonPods:
         if result.returncode != 0:
             log.warning("event=mps-shm-umount-failed dir=%s error=%r", dirs.shm, result.stderr.strip())
 
-    def start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
-        for d in (dirs.pipe, dirs.log, state_dir(dirs)):
-            _private_dir(d)
+    def start(
+        self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), *, multi_user: bool = False,
+    ) -> None:
+        """Create the daemon's Deployment (its directories exist: driver.sharing.start_mps); returns at once."""
+        make_mps_dir(state_dir(dirs))
         (state_dir(dirs) / STARTED_MARK).unlink(missing_ok=True)
         self._mount_shm(dirs)
-        body = deployment_manifest(self.settings, dirs, device_uuids, commands)
+        body = deployment_manifest(self.settings, dirs, device_uuids, commands, multi_user=multi_user)
         name = body["metadata"]["name"]
         try:
             self._api.create("Deployment", body, namespace=self.settings.namespace)
@@ -239,6 +249,11 @@ class MpsDaemonPods:
             pass  # a restart of this agent, or a retried prepare: the daemon's Deployment is already there
         except ApiError as exc:
             raise GpuToolError(f"creating the MPS control daemon Deployment {self.settings.namespace}/{name} failed: {exc}") from exc
+
+    def wait(self, dirs: MpsDirs) -> None:
+        """Until the daemon listens with its limits set, for at most `ready_timeout_s`; GpuToolError with the pod's
+        state otherwise."""
+        name = pod_name(self.settings.node_name, dirs)
         deadline = self._clock() + self.settings.ready_timeout_s
         while not self.running(dirs):
             if self._clock() >= deadline:
@@ -290,11 +305,3 @@ class MpsDaemonPods:
             started = False
         return started and control_socket_alive(dirs.pipe)
 
-
-def _private_dir(path: Path) -> None:
-    """mkdir -p, refusing a symlink in its place (nothing the agent creates or reads there follows one); 0755
-    root-owned: clients of any user reach the control socket, none can write (their mount is read-only too)."""
-    path.mkdir(parents=True, exist_ok=True)
-    if os.path.islink(path) or not path.is_dir():
-        raise GpuToolError(f"{path}: expected a directory of the agent's, found a symbolic link or another file")
-    os.chmod(path, 0o755)

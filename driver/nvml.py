@@ -92,11 +92,17 @@ class RealNvml:
     def set_timeslice(self, gpu_uuid: str, level: int) -> None:
         self._tools.set_timeslice(gpu_uuid, level)
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
+    def mps_start(
+        self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), *, multi_user: bool = False,
+    ) -> None:
         if self._mps_pods is not None:
-            self._mps_pods.start(dirs, device_uuids, commands)
+            self._mps_pods.start(dirs, device_uuids, commands, multi_user=multi_user)
         else:
-            self._tools.mps_start(dirs, device_uuids, commands)
+            self._tools.mps_start(dirs, device_uuids, commands, multi_user=multi_user)
+
+    def mps_wait(self, dirs: MpsDirs) -> None:
+        if self._mps_pods is not None:
+            self._mps_pods.wait(dirs)
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
         return self._tools.mps_command(dirs, command)

@@ -84,9 +84,17 @@ class NvmlBackend(Protocol):
         """The GPU's time-slice length (NVIDIA's `nvidia-smi compute-policy --set-timeslice`); GpuToolError."""
         ...
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), /) -> None:
-        """Start an MPS control daemon over `device_uuids` with its pipe and log directories and give it
-        `commands` (its limits) where they survive its restarts; GpuToolError."""
+    def mps_start(
+        self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), /, *, multi_user: bool = False,
+    ) -> None:
+        """Launch an MPS control daemon over `device_uuids` with its pipe and log directories (in multi-user mode
+        if asked) and give it `commands` (its limits) where they survive its restarts; GpuToolError. It may return
+        before the daemon listens: `mps_wait` waits for that."""
+        ...
+
+    def mps_wait(self, dirs: MpsDirs, /) -> None:
+        """Wait until the daemon `mps_start` launched listens with its limits set; GpuToolError when it does not in
+        time. Called without the node's lock held."""
         ...
 
     def mps_command(self, dirs: MpsDirs, command: str, /) -> str:

@@ -15,9 +15,17 @@ of a partitionable GPU is prepared only with no MIG instances on it (MIG mode is
 
 A crash between the steps leaves a PrepareStarted record (rolled back at the next start: its CDI spec and
 sharing are undone and the kubelet asks again) or a completed record whose unprepare is simply repeated.
-CDI spec files with no checkpoint record are orphans and removed at start. Every call is serialized by the
-checkpoint's lock (a thread lock plus flock on `<plugin dir>/serialize.lock`), so two plugin instances during a
-rolling update and the device plugin shim never interleave.
+CDI spec files with no checkpoint record are orphans and removed at start.
+
+Locking: every state change (checkpoint and ledger, and the hardware and files they record) happens under the
+checkpoint's node-wide lock (a thread lock plus flock on `<plugin dir>/serialize.lock`), so two plugin instances
+during a rolling update and the device plugin shim never interleave. Waiting does not: a claim's MPS control
+daemons are launched under the lock with the claim recorded as PrepareStarted, and waited for (up to the
+daemon's ready timeout) after the lock is released, so other claims on the node are prepared meanwhile; the
+PrepareCompleted commit (or, when a daemon does not come up, the rollback) takes the lock again. Each claim's
+own lock (driver.claimlock), held across its whole prepare or unprepare, keeps a retry, an unprepare or a
+starting instance off a claim that is half-prepared on purpose. An agent that dies while waiting leaves the
+PrepareStarted record and its claim lock is released with it: the next start rolls the claim back.
 
 Per-claim problems become per-claim errors; nothing here raises for bad input.
 """
@@ -32,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from driver import cdi, miginstances, sharing
+from driver.claimlock import ClaimLocks
 from driver.checkpoint import (
     Checkpoint, ClaimPhase, ClaimRecord, Ledger, LedgerConflict, LoadReport, MigCreation, MpsDaemonRecord, PreparedDevice,
 )
@@ -288,6 +297,7 @@ class Preparer:
         self._inventory = inventory
         self.checkpoint = checkpoint
         self.ledger = Ledger(checkpoint)
+        self._claim_locks = ClaimLocks(checkpoint.directory / "claim-locks")
         self._cdi_dir = cdi_dir
         self._sharing = sharing_backend
         self._mps_root = mps_root
@@ -306,11 +316,14 @@ class Preparer:
         with self.checkpoint.locked():
             for uid, record in sorted(self.checkpoint.state.claims.items()):
                 if record.phase is ClaimPhase.PREPARE_STARTED:
-                    error = self._rollback(record)
-                    if error:
-                        report.problems.append(error)
-                    else:
-                        report.rolled_back.append(uid)
+                    with self._claim_locks.try_held(uid) as ours:
+                        if not ours:
+                            continue  # another instance is preparing it right now (waiting for its MPS daemon)
+                        error = self._rollback(record)
+                        if error:
+                            report.problems.append(error)
+                        else:
+                            report.rolled_back.append(uid)
             completed = {u: r for u, r in self.checkpoint.state.claims.items() if r.phase is ClaimPhase.PREPARE_COMPLETED}
             if load_report.corrupt:
                 # Records may be missing: a spec without one may belong to a running container, keep it.
@@ -362,6 +375,13 @@ class Preparer:
     def _prepare_one(self, ref: ClaimRef) -> ClaimResult:
         if not ref.uid or not ref.name or not ref.namespace:
             return ClaimResult(error=f"{ref}: namespace, name and uid are all required")
+        with self._claim_locks.held(ref.uid):
+            result = self._prepare_locked(ref)
+            if result.error and self.checkpoint.claim(ref.uid) is None:
+                self._claim_locks.forget(ref.uid)
+            return result
+
+    def _prepare_locked(self, ref: ClaimRef) -> ClaimResult:
         with self.checkpoint.locked():
             existing = self.checkpoint.claim(ref.uid)
             if existing is not None and existing.phase is ClaimPhase.PREPARE_COMPLETED:
@@ -387,9 +407,34 @@ class Preparer:
             existing = self.checkpoint.claim(ref.uid)
             if existing is not None and existing.phase is ClaimPhase.PREPARE_COMPLETED:
                 return self._result(existing)  # another instance finished it meanwhile
-            return self._apply(plan)
+            started = self._apply(plan)
+        if isinstance(started, ClaimResult):
+            return started
+        # Outside the node's lock: other claims are prepared while this one's MPS daemons come up.
+        wait_error = self._wait_mps(started)
+        with self.checkpoint.locked():
+            if wait_error:
+                rollback_error = self._rollback(started)
+                return ClaimResult(error=f"{ref}: {wait_error}" + (f"; {rollback_error}" if rollback_error else ""))
+            completed = started.model_copy(update={"phase": ClaimPhase.PREPARE_COMPLETED})
+            self.checkpoint.commit([self.checkpoint.put_claim_op(completed)])
+        self._fault("prepare-completed")
+        log.info("event=prepared claim=%s/%s uid=%s devices=%s", ref.namespace, ref.name, ref.uid,
+                 ",".join(d.device_name for d in completed.devices))
+        return self._result(completed)
 
-    def _apply(self, plan: Plan) -> ClaimResult:
+    def _wait_mps(self, record: ClaimRecord) -> str:
+        """Wait for each MPS daemon the record's prepare launched; the first error text or ""."""
+        for daemon in record.mps_daemons:
+            try:
+                self._sharing.mps_wait(MpsDirs(pipe=Path(daemon.pipe_dir), log=Path(daemon.log_dir)))
+            except sharing.SharingError as exc:
+                return str(exc)
+        return ""
+
+    def _apply(self, plan: Plan) -> ClaimResult | ClaimRecord:
+        """Record the claim as PrepareStarted and apply it (call with the node's lock held): an error, or the
+        PrepareStarted record once everything is applied but its MPS daemons may still be coming up."""
         ref = plan.ref
         holder = Ledger.dra_holder(ref.uid)
         devices = [
@@ -434,11 +479,7 @@ class Preparer:
             rollback_error = self._rollback(started)
             return ClaimResult(error=f"{ref}: {exc}" + (f"; {rollback_error}" if rollback_error else ""))
         self._fault("cdi-written")
-        completed = started.model_copy(update={"phase": ClaimPhase.PREPARE_COMPLETED})
-        self.checkpoint.commit([self.checkpoint.put_claim_op(completed)])
-        self._fault("prepare-completed")
-        log.info("event=prepared claim=%s/%s uid=%s devices=%s", ref.namespace, ref.name, ref.uid, ",".join(d.device_name for d in devices))
-        return self._result(completed)
+        return started
 
     # ---- partitionable MIG -----------------------------------------------------------------------------------
 
@@ -627,7 +668,10 @@ class Preparer:
         by_uuid = {g.uuid: g for g in self._inventory().gpus}
         # A device with no uuid is a MIG device that was never created: nothing was shared on it.
         return [
-            sharing.SharedDevice(uuid=d.uuid, gpu_uuid=d.gpu_uuid, gpu_index=by_uuid[d.gpu_uuid].index if d.gpu_uuid in by_uuid else -1)
+            sharing.SharedDevice(
+                uuid=d.uuid, gpu_uuid=d.gpu_uuid, gpu_index=by_uuid[d.gpu_uuid].index if d.gpu_uuid in by_uuid else -1,
+                compute_capability=by_uuid[d.gpu_uuid].cuda_compute_capability if d.gpu_uuid in by_uuid else "",
+            )
             for d in devices
             if d.uuid
         ]
@@ -682,15 +726,18 @@ class Preparer:
         out: dict[str, str] = {}
         for ref in claims:
             try:
-                with self.checkpoint.locked():
+                # The claim's lock first: an unprepare waits for a prepare of the same claim still in flight.
+                with self._claim_locks.held(ref.uid), self.checkpoint.locked():
                     record = self.checkpoint.claim(ref.uid)
                     if record is None:
                         # Not prepared here (or already unprepared): not an error; a stray spec still goes.
                         cdi.remove_claim_spec(self._cdi_dir, ref.uid)
+                        self._claim_locks.forget(ref.uid)
                         out[ref.uid] = ""
                         continue
                     out[ref.uid] = self._rollback(record)
                     if not out[ref.uid]:
+                        self._claim_locks.forget(ref.uid)
                         log.info("event=unprepared claim=%s/%s uid=%s", ref.namespace, ref.name, ref.uid)
             except Exception as exc:
                 log.exception("event=unprepare-failed claim=%s/%s uid=%s", ref.namespace, ref.name, ref.uid)
@@ -743,7 +790,12 @@ class _NoHardware:
     def set_timeslice(self, gpu_uuid: str, level: int) -> None:
         return None
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
+    def mps_start(
+        self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), *, multi_user: bool = False,
+    ) -> None:
+        return None
+
+    def mps_wait(self, dirs: MpsDirs) -> None:
         return None
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:

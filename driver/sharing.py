@@ -8,7 +8,10 @@
 - MPS: the compute mode is set to EXCLUSIVE_PROCESS (the MPS server is the one process owning the GPU), then an
   MPS control daemon is started for the claim's devices with the claim's private pipe and log directories and
   CUDA_VISIBLE_DEVICES set to their UUIDs, and the config's limits are sent to it
-  (`set_default_active_thread_percentage`, `set_default_device_pinned_mem_limit <uuid> <MiB>M`). The
+  (`set_default_active_thread_percentage`, `set_default_device_pinned_mem_limit <uuid> <MiB>M`). With
+  `multiUser` the daemon runs in multi-user mode (`-M`, Volta or newer): clients of every UID share one server;
+  without it, the real daemon serves one UID at a time and queues clients of another until the first UID's
+  clients are all gone (pods of one claim then need the same runAsUser). The
   directories are mounted into the claim's containers (CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY), and
   the limits are also given as client env vars. Clients also get the daemon's shm directory as /dev/shm. On a
   node the daemon runs as a pod of its own, so that it outlives agent restarts (driver.mpsdaemon). Unprepare
@@ -27,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpudra.deviceconfig import ConfigError, GpuConfig, SharingStrategy
-from driver.gputools import GpuToolError, MpsDirs
+from driver.gputools import GpuToolError, MpsDirs, make_mps_dirs
 from driver.nvmlapi import NvmlBackend
 
 COMPUTE_MODE_DEFAULT = 0
@@ -45,8 +48,15 @@ class SharingBackend(Protocol):
 
     def set_timeslice(self, gpu_uuid: str, level: int) -> None: ...
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
-        """Start the daemon and give it `commands` (its limits), which it must keep across its own restarts."""
+    def mps_start(
+        self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), *, multi_user: bool = False,
+    ) -> None:
+        """Launch the daemon and give it `commands` (its limits), which it must keep across its own restarts; it
+        may return before the daemon listens (`mps_wait`)."""
+        ...
+
+    def mps_wait(self, dirs: MpsDirs) -> None:
+        """Until the launched daemon listens with its limits set; SharingError when it does not in time."""
         ...
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str: ...
@@ -76,13 +86,21 @@ class NvmlSharing:
         except GpuToolError as exc:
             raise SharingError(f"GPU {gpu_uuid}: setting the timeslice interval to level {level} failed: {exc}") from exc
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
+    def mps_start(
+        self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), *, multi_user: bool = False,
+    ) -> None:
         try:
-            self._nvml.mps_start(dirs, device_uuids, commands)
+            self._nvml.mps_start(dirs, device_uuids, commands, multi_user=multi_user)
         except GpuToolError as exc:
             raise SharingError(
                 f"GPU(s) {', '.join(device_uuids)}: starting the MPS control daemon (pipe directory {dirs.pipe}) failed: {exc}"
             ) from exc
+
+    def mps_wait(self, dirs: MpsDirs) -> None:
+        try:
+            self._nvml.mps_wait(dirs)
+        except GpuToolError as exc:
+            raise SharingError(f"MPS control daemon (pipe directory {dirs.pipe}): {exc}") from exc
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
         try:
@@ -105,6 +123,7 @@ class SharedDevice:
     uuid: str
     gpu_uuid: str
     gpu_index: int
+    compute_capability: str = ""  # the parent GPU's CUDA compute capability ("8.0"); "" when unknown
 
     @property
     def is_full_gpu(self) -> bool:
@@ -183,17 +202,39 @@ def start_mps(
 
     `shared`: the GPU's daemon for claims sharing it by capacity. It gets no default limits (they would apply to
     every claim's clients); each claim's limits reach its own clients through their environment."""
+    multi_user = config.sharing is not None and config.sharing.mps is not None and config.sharing.mps.multi_user
+    if multi_user:
+        _require_volta(devices)
     for gpu in _gpus(devices):
         backend.set_compute_mode(gpu, COMPUTE_MODE_EXCLUSIVE_PROCESS)
-    for d in (dirs.pipe, dirs.log, dirs.shm):
-        d.mkdir(parents=True, exist_ok=True)
+    try:
+        make_mps_dirs(dirs)
+    except (GpuToolError, OSError) as exc:
+        raise SharingError(f"MPS control daemon directories: {exc}") from exc
     if backend.mps_running(dirs):
         return False
     limits_commands = [] if shared else mps_commands(config, devices)  # a bad per-device key fails before anything starts
     # Defaults apply to MPS servers the daemon starts later, i.e. to the claim's first client onwards. The
     # backend gives them to the daemon where it survives restarts (a daemon pod replays them at each start).
-    backend.mps_start(dirs, sorted(d.uuid for d in devices), limits_commands)
+    backend.mps_start(dirs, sorted(d.uuid for d in devices), limits_commands, multi_user=multi_user)
     return True
+
+
+MULTI_USER_MIN_COMPUTE_CAPABILITY = (7, 0)  # Volta: NVIDIA's documented minimum for a multi-user MPS server
+
+
+def _require_volta(devices: Sequence[SharedDevice]) -> None:
+    for d in devices:
+        try:
+            cc = tuple(int(p) for p in d.compute_capability.split("."))
+        except ValueError:
+            cc = ()
+        if not cc or cc < MULTI_USER_MIN_COMPUTE_CAPABILITY:
+            have = f"CUDA compute capability {d.compute_capability}" if d.compute_capability else "an unknown compute capability"
+            raise SharingError(
+                f"sharing.mpsConfig.multiUser: GPU {d.gpu_uuid} has {have}; a multi-user MPS control daemon needs "
+                "Volta (7.0) or newer"
+            )
 
 
 def apply(
@@ -257,8 +298,8 @@ def undo(
     if config is None or config.sharing is None:
         return notes
     if config.sharing.strategy is SharingStrategy.MPS and mps is not None:
-        if backend.mps_running(mps):
-            backend.mps_stop(mps)
+        # Whether or not it listens: a daemon pod that never came up is deleted all the same.
+        backend.mps_stop(mps)
         shutil.rmtree(mps.pipe, ignore_errors=True)
         shutil.rmtree(mps.log, ignore_errors=True)
         shutil.rmtree(mps.shm, ignore_errors=True)

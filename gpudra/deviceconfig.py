@@ -95,6 +95,9 @@ class MpsConfig(BaseModel):
     default_pinned_device_memory_limit: Quantity | None = None
     # Keyed by one of the daemon's device UUIDs or an index into them sorted by UUID; overrides the default.
     default_per_device_pinned_memory_limit: dict[str, Quantity] = Field(default_factory=dict)
+    # The control daemon in multi-user mode (`-M`): clients of every UID share one root MPS server instead of
+    # queueing behind the server of whichever UID came first. Volta or newer (NVIDIA's `multiUser`).
+    multi_user: bool = False
 
     def pinned_limits_mib(self, uuids: list[str] | tuple[str, ...]) -> dict[str, int]:
         """The pinned device memory limit (MiB) of each of an MPS daemon's devices, NVIDIA's way.
@@ -200,8 +203,10 @@ def _positive_quantity(value: object, path: str) -> tuple[Quantity | None, list[
 def _validate_mps(mps: object, path: str, min_percentage: int) -> list[str]:
     if not isinstance(mps, Mapping):
         return [f"{path}: must be an object, got {_type_name(mps)}"]
-    allowed = ("defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit", "defaultPerDevicePinnedMemoryLimit")
+    allowed = ("defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit", "defaultPerDevicePinnedMemoryLimit", "multiUser")
     errors = _unknown_fields(mps, path, allowed)
+    if "multiUser" in mps and not isinstance(mps["multiUser"], bool):
+        errors.append(f"{path}.multiUser: must be a boolean, got {_type_name(mps['multiUser'])}")
     if "defaultActiveThreadPercentage" in mps:
         pct = mps["defaultActiveThreadPercentage"]
         if isinstance(pct, bool) or not isinstance(pct, int):
@@ -322,6 +327,7 @@ def parse(parameters: object) -> GpuConfig:
             default_per_device_pinned_memory_limit={
                 str(k): Quantity.parse(str(v)) for k, v in (raw.get("defaultPerDevicePinnedMemoryLimit") or {}).items()
             },
+            multi_user=bool(raw.get("multiUser", False)),
         )
     return GpuConfig(
         api_version=parameters["apiVersion"],

@@ -97,6 +97,10 @@ def test_mps_limits_per_device_override_default() -> None:
             {**BASE, "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"gpu0": "1Gi"}}}},
             "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[gpu0]: key must be a device index",
         ),
+        (
+            {**BASE, "sharing": {"strategy": "MPS", "mpsConfig": {"multiUser": "yes"}}},
+            "sharing.mpsConfig.multiUser: must be a boolean, got string",
+        ),
     ],
 )
 def test_invalid_parameters_name_field_and_accepted_values(parameters: object, expected: str) -> None:
@@ -184,3 +188,10 @@ def test_select_follows_nvidia_precedence() -> None:
     assert info.value.errors == [
         "spec.devices.config[0]: a GpuConfig cannot be applied to a device of type 'mig' (request 'a'); use MigDeviceConfig for it"
     ]
+
+
+def test_mps_multi_user_is_parsed() -> None:
+    multi = config.parse({**BASE, "sharing": {"strategy": "MPS", "mpsConfig": {"multiUser": True}}})
+    assert multi.sharing is not None and multi.sharing.mps is not None and multi.sharing.mps.multi_user is True
+    plain = config.parse({**BASE, "sharing": {"strategy": "MPS"}})
+    assert plain.sharing is not None and plain.sharing.mps is not None and plain.sharing.mps.multi_user is False

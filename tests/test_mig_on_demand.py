@@ -41,7 +41,7 @@ class NoSharing:
     def set_timeslice(self, gpu_uuid: str, level: int) -> None:
         return None
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
+    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), *, multi_user: bool = False) -> None:
         return None
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
@@ -52,6 +52,9 @@ class NoSharing:
 
     def mps_running(self, dirs: MpsDirs) -> bool:
         return False
+
+    def mps_wait(self, dirs: MpsDirs) -> None:
+        return None
 
 
 class Node:

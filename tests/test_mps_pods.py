@@ -9,6 +9,7 @@ listening when the Deployment is deleted.
 from __future__ import annotations
 
 import socket
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +18,9 @@ from typing import Any
 import pytest
 
 from driver import sharing
-from driver.gputools import CommandResult, GpuToolError, MpsDirs, NvidiaTools
+from driver.gputools import CommandResult, GpuToolError, MpsDirs, NvidiaTools, make_mps_dirs
 from driver.mpsdaemon import (
-    COMMANDS_ENV, STARTED_MARK, MpsDaemonPods, MpsPodSettings, deployment_manifest, pod_name, state_dir,
+    COMMANDS_ENV, DAEMON_ARGS_ENV, STARTED_MARK, MpsDaemonPods, MpsPodSettings, deployment_manifest, pod_name, state_dir,
 )
 from gpudra.deviceconfig import parse
 from tests.plugin_helpers import short_tmp
@@ -105,10 +106,15 @@ def test_daemon_deployment_is_what_a_gpu_node_needs(tmp: Path) -> None:
     assert spec["nodeName"] == NODE and spec["hostPID"] is True and spec["restartPolicy"] == "Always"
     (container,) = spec["containers"]
     assert container["securityContext"]["privileged"] is True
+    # Root whatever the image's user: the daemon starts each client UID's MPS server as that UID.
+    assert container["securityContext"]["runAsUser"] == 0 and container["securityContext"]["runAsNonRoot"] is False
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-a,MIG-b" and env["NVIDIA_VISIBLE_DEVICES"] == "void"
     # The limits are the pod's own: its script gives them to the daemon at every start.
     assert env[COMMANDS_ENV] == "set_default_active_thread_percentage 50"
+    assert env[DAEMON_ARGS_ENV] == "" and f"-d ${DAEMON_ARGS_ENV}" in container["command"][2]
+    multi = deployment_manifest(settings, dirs, ["GPU-a"], multi_user=True)["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e["value"] for e in multi["env"]}[DAEMON_ARGS_ENV] == "-M"
     assert COMMANDS_ENV in container["command"][2] and "nvidia-cuda-mps-control" in container["command"][2]
     assert "LD_LIBRARY_PATH" not in container["command"][2]
     volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
@@ -137,6 +143,7 @@ def test_daemon_outlives_the_agent_and_is_stopped_with_its_claim(api: Any, tmp: 
                 set_compute_mode = staticmethod(lambda uuid, mode: None)
                 set_timeslice = staticmethod(lambda uuid, level: None)
                 mps_start = staticmethod(pods.start)
+                mps_wait = staticmethod(pods.wait)
                 mps_command = staticmethod(pods.command)
                 mps_stop = staticmethod(pods.stop)
                 mps_running = staticmethod(pods.running)
@@ -145,8 +152,12 @@ def test_daemon_outlives_the_agent_and_is_stopped_with_its_claim(api: Any, tmp: 
 
         first = _Recorder()
         assert sharing.start_mps(agent(first), config, devices, dirs) is True
+        agent(first).mps_wait(dirs)
         assert kubelet.started == [pod_name(NODE, dirs)]
-        assert ["mount", "-t", "tmpfs", "-o", "rw,nosuid,nodev,noexec,relatime,size=8g", "shm", str(dirs.shm)] in first.calls
+        assert ["mount", "-t", "tmpfs", "-o", "rw,nosuid,nodev,noexec,relatime,mode=1777,size=8g", "shm", str(dirs.shm)] in first.calls
+        # Clients and the servers of any UID reach the pipe dir; only root writes there.
+        assert {d.name: stat.S_IMODE(d.stat().st_mode) for d in (dirs.pipe, dirs.log, dirs.shm)} == {
+            "pipe": 0o755, "log": 0o755, "shm": 0o1777}
         # The limits went into the daemon's Deployment (its pod replays them at each daemon start), not over the pipe.
         assert kubelet.commands[pod_name(NODE, dirs)] == ["set_default_active_thread_percentage 50"]
         assert "set_default_active_thread_percentage 50\n" not in first.stdin
@@ -175,6 +186,19 @@ def test_a_daemon_pod_that_never_listens_names_the_pod(api: Any, tmp: Path) -> N
     with pytest.raises(GpuToolError, match=f"Deployment gpu-dra-system/{pod_name(NODE, dirs)} did not start a daemon "
                                            ".*control.* \\(it has no pod yet\\); the kubelet retries"):
         pods.start(dirs, ["GPU-a"])
+        pods.wait(dirs)
+    # The claim's rollback stops it all the same: the Deployment of a daemon that never listened is deleted too.
+    assert api.try_get("Deployment", pod_name(NODE, dirs), settings.namespace) is not None
+
+    class Backend:
+        set_compute_mode = staticmethod(lambda uuid, mode: None)
+        set_timeslice = staticmethod(lambda uuid, level: None)
+        mps_stop = staticmethod(pods.stop)
+        mps_running = staticmethod(pods.running)
+
+    config = parse({"apiVersion": "gpu.nvidia.com/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}})
+    sharing.undo(Backend(), config, set(), [sharing.SharedDevice(uuid="GPU-a", gpu_uuid="GPU-a", gpu_index=0)], dirs)
+    assert api.try_get("Deployment", pod_name(NODE, dirs), settings.namespace) is None
 
 
 def test_links_planted_in_the_daemon_dirs_are_never_followed(tmp: Path) -> None:
@@ -197,6 +221,10 @@ def test_links_planted_in_the_daemon_dirs_are_never_followed(tmp: Path) -> None:
         dirs = MpsDirs(linked_dir, tmp / "log")
         pods = MpsDaemonPods(None, SETTINGS, NvidiaTools(_Recorder()), runner=_Recorder(), is_mount=lambda p: True)
         with pytest.raises(GpuToolError, match="found a symbolic link"):
-            pods.start(dirs, ["GPU-a"])
+            make_mps_dirs(dirs)
+        (tmp / "claim").mkdir()
+        (tmp / "claim" / "daemon").symlink_to(real)  # the daemon's private state dir, planted
+        with pytest.raises(GpuToolError, match="found a symbolic link"):
+            pods.start(MpsDirs(tmp / "claim" / "pipe", tmp / "claim" / "log"), ["GPU-a"])
     finally:
         listener.close()

@@ -44,10 +44,14 @@ CFG = {"apiVersion": "gpu.nvidia.com/v1alpha1", "kind": "GpuConfig"}
 TIMESLICE = {**CFG, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}
 MPS = {**CFG, "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40,
                                                              "defaultPinnedDeviceMemoryLimit": "2Gi"}}}
+MPS_MULTI = {**CFG, "sharing": {"strategy": "MPS", "mpsConfig": {"multiUser": True}}}
 CAPS_MAJOR = 238
 UVM_MAJOR = 237
 DEADLINE = 60.0
 CUDA_PROBE = "/usr/local/bin/cudaprobe"
+# Non-root container users no account on a CI machine has (a process of the same UID elsewhere on the host could
+# signal the containers' processes, and shares their RLIMIT_NPROC).
+USER_A, USER_B = 41001, 41002
 
 
 @pytest.fixture(scope="session")
@@ -92,6 +96,9 @@ def _claims(inv: Inventory) -> list[tuple[str, str, list[tuple[str, str]], dict[
         ("mig", "10000000-0000-4000-8000-000000000002", [("mig", mig_device_name(mig_gpu, mig))], None),
         ("timeslice", "10000000-0000-4000-8000-000000000003", [("gpu", gpu_device_name(shared))], TIMESLICE),
         ("mps", "10000000-0000-4000-8000-000000000004", [("gpu", gpu_device_name(mps))], MPS),
+        # A multi-user MPS daemon on another MIG device of the MIG GPU (isolated from the first one).
+        ("mps-multi", "10000000-0000-4000-8000-000000000005", [("mig", mig_device_name(mig_gpu, mig_gpu.mig_devices[1]))],
+         MPS_MULTI),
     ]
 
 
@@ -142,10 +149,9 @@ def test_every_claim_prepares_and_the_tools_ran_cleanly(box: Box, sim_inventory:
     smi = [c for c in calls if " argv=" in c and "nvidia-smi compute-policy" in c]
     assert len(smi) == 1 and smi[0].endswith(f"-i {shared.uuid} --set-timeslice 3 result=ok"), calls
     # The MPS daemon got the claim's limits from the control client, both run from the driver root.
-    (log,) = Path(box.report["mpsRoot"]).glob("*/log/control.log")
-    daemon = log.read_text().splitlines()
+    daemon = (Path(box.report["mpsRoot"]) / box.claims["mps"][0] / "log" / "control.log").read_text().splitlines()
     mps_gpu = sim_inventory.gpus[3]
-    assert f"[daemon] started devices={mps_gpu.uuid}" in daemon
+    assert f"[daemon] started devices={mps_gpu.uuid} user=0" in daemon
     assert "[daemon] set_default_active_thread_percentage 40" in daemon
     assert f"[daemon] set_default_device_pinned_mem_limit {mps_gpu.uuid} 2048M" in daemon
 
@@ -180,12 +186,20 @@ def test_specs_name_only_nodes_the_node_has(box: Box) -> None:
 
 def _run(runtime: Any, name: str, ids: list[str]) -> tuple[int, str]:
     runtime.run(ContainerRequest(name, (CUDA_PROBE,), {}, tuple(ids)))
-    deadline = time.monotonic() + DEADLINE
-    while runtime.status(name).running:
-        assert time.monotonic() < deadline, f"{name} still running"
-        time.sleep(0.1)
+    return _exited(runtime, name)
+
+
+def _exited(runtime: Any, name: str) -> tuple[int, str]:
+    _until(lambda: not runtime.status(name).running, f"{name} still running")
     status = runtime.status(name)
-    return int(status.exit_code or 0), runtime.logs(name)
+    return int(status.exit_code or 0), runtime.logs(name) + (f"\n[runtime: {status.error}]" if status.error else "")
+
+
+def _until(condition: Any, what: Any) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        assert time.monotonic() < deadline, what() if callable(what) else what
+        time.sleep(0.1)
 
 
 def test_cuda_in_the_container_sees_exactly_its_devices(box: Box, built: Built, sim_inventory: Inventory) -> None:
@@ -208,12 +222,75 @@ def test_cuda_in_the_container_sees_exactly_its_devices(box: Box, built: Built, 
         lines = out.splitlines()
         assert lines[:2] == ["libcuda /usr/lib/x86_64-linux-gnu/libcuda.so.1", f"device 0 minor {mig_gpu.minor}"]
         assert sorted(lines[2:]) == sorted([f"mig-cap {gi}", f"mig-cap {ci}"])
-        # The shared GPUs' claims too: each container finds exactly its GPU.
-        for claim, gpu in (("timeslice", sim_inventory.gpus[2]), ("mps", sim_inventory.gpus[3])):
+        # The shared GPUs' claims too: each container finds exactly its GPU; the MPS one is a client of its
+        # claim's daemon (a root container: the root server).
+        for claim, gpu, mps in (("timeslice", sim_inventory.gpus[2], []), ("mps", sim_inventory.gpus[3], ["mps server uid 0"])):
             code, out = _run(runtime, claim, results[claim]["cdiIds"])
             assert code == 0, out
-            assert out.splitlines() == ["libcuda /usr/lib/x86_64-linux-gnu/libcuda.so.1", f"device 0 minor {gpu.minor}"]
+            assert out.splitlines() == ["libcuda /usr/lib/x86_64-linux-gnu/libcuda.so.1", f"device 0 minor {gpu.minor}", *mps]
     finally:
+        runtime.close()
+
+
+def test_mps_clients_of_other_users(box: Box, built: Built) -> None:
+    """Containers running as non-root UIDs connect to their claim's MPS daemon through the pipe directory (mounted
+    read-only); the default daemon serves one UID at a time, as the real one: a client of a second UID is queued
+    until the first UID's clients are gone; the multi-user daemon (multiUser) serves both at once from its root
+    server; and a tenant cannot control the daemon (raise its limits), root can."""
+    require_podman()
+    runtimes = Runtimes(box.tmp / "runtime-mps")
+    add_program(runtimes.rootfs, built.cuda_probe, CUDA_PROBE)
+    runtime = runtimes.for_node(NODE, box.tmp / "cdi")
+    hold = box.tmp / "hold"
+    hold.mkdir(mode=0o777)
+    hold.chmod(0o777)
+    results = box.report["results"]
+    log = Path(box.report["mpsRoot"]) / box.claims["mps"][0] / "log" / "control.log"
+
+    # Container names podman cannot take for an ID prefix (an all-hex name like "a" can remove another container).
+    def client(name: str, claim: str, user: str) -> None:
+        (hold / name).write_text("")
+        runtime.run(ContainerRequest(name, (CUDA_PROBE, "--hold-while", f"/hold/{name}"), {}, tuple(results[claim]["cdiIds"]),
+                                     mounts=((str(hold), "/hold", True),), user=user))
+
+    def served(name: str, uid: int) -> bool:
+        return f"mps server uid {uid}" in runtime.logs(name)
+
+    try:
+        client("client-a", "mps", f"{USER_A}:{USER_A}")
+        _until(lambda: served("client-a", USER_A), lambda: runtime.logs("client-a"))
+        client("client-b", "mps", f"{USER_B}:{USER_B}")
+        _until(lambda: f"from user {USER_B}: server of user {USER_A} is busy" in log.read_text(),
+               lambda: f"{log.read_text()}\na: {runtime.status('client-a')} {runtime.logs('client-a')}")
+        assert runtime.status("client-b").running and "mps server" not in runtime.logs("client-b")
+        (hold / "client-a").unlink()
+        code, out = _exited(runtime, "client-a")
+        assert code == 0, out
+        _until(lambda: served("client-b", USER_B), lambda: runtime.logs("client-b") + log.read_text())
+        (hold / "client-b").unlink()
+        code, out = _exited(runtime, "client-b")
+        assert code == 0, out
+
+        client("client-c", "mps-multi", f"{USER_A}:{USER_A}")
+        client("client-d", "mps-multi", f"{USER_B}:{USER_B}")
+        _until(lambda: served("client-c", 0) and served("client-d", 0), lambda: runtime.logs("client-c") + runtime.logs("client-d"))
+        assert runtime.status("client-c").running and runtime.status("client-d").running  # both at once
+        for name in ("client-c", "client-d"):
+            (hold / name).unlink()
+            code, out = _exited(runtime, name)
+            assert code == 0, out
+
+        raise_limit = ("sh", "-c", "echo set_default_active_thread_percentage 100 | nvidia-cuda-mps-control")
+        runtime.run(ContainerRequest("tenant", raise_limit, {}, tuple(results["mps"]["cdiIds"]), user=f"{USER_A}:{USER_A}"))
+        code, out = _exited(runtime, "tenant")
+        assert code == 1 and "only root or the user running the MPS control daemon" in out, out
+        query = ("sh", "-c", "echo get_default_active_thread_percentage | nvidia-cuda-mps-control")
+        runtime.run(ContainerRequest("admin", query, {}, tuple(results["mps"]["cdiIds"])))
+        code, out = _exited(runtime, "admin")
+        assert code == 0 and out.split() == ["40"], out
+    finally:
+        for held in list(hold.iterdir()):
+            held.unlink()
         runtime.close()
 
 
@@ -272,6 +349,83 @@ def test_plugin_process_with_real_nvml_publishes_and_prepares(layout: str, built
             stop_process(plugin)
 
 
+MIG_PARTED = r"""
+import json, sys
+from pathlib import Path
+from driver import miginstances
+from driver.nvml import load_backend
+nvml = load_backend("real", driver_root=Path(sys.argv[1]))
+gpu = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(0))
+profile, start, size, action = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+if action == "destroy":
+    print(json.dumps(miginstances.destroy(nvml, gpu, profile, start)))
+else:
+    print(json.dumps(miginstances.create(nvml, gpu, profile, start, size).uuid))
+"""
+
+
+def test_a_mig_relayout_by_another_process_is_republished(built: Built, apiserver: Any) -> None:
+    """A mig-parted-like process re-lays out MIG under the running agent (the mock's MIG state is the node's, kept
+    in a locked state file): the agent's rediscovery republishes the slices without the destroyed device and
+    with the recreated one, and the claim prepared on a surviving MIG device stays prepared."""
+    from sim.kubelet.dra import ClaimInfo, KubeletSim
+    from tests.plugin_helpers import DRIVER, NODE as POOL, create_allocated_claim, stop_process
+
+    inventory = discover(load_backend(f"sim:{PROFILE}", node=POOL), POOL)
+    gpu = inventory.gpus[0]
+    gone = next(m for m in gpu.mig_devices if m.placement.start == 3)
+    kept = next(m for m in gpu.mig_devices if m is not gone)
+    profile_id = next(p.profile_id for p in gpu.mig_profiles if p.name == gone.profile)
+    with short_tmp() as tmp:
+        inst = install(tmp / "host", LAYOUTS["rhel"], built, profile=PROFILE, node=POOL, version=inventory.driver_version)
+        proc = _proc(tmp, uvm=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
+        with open(tmp / "plugin.log", "wb") as log:
+            plugin = subprocess.Popen(
+                [sys.executable, "-m", "cli.main", "plugin", "--node", POOL, "--nvml", "real",
+                 "--driver-root", str(inst.root), "--host-driver-root", str(inst.root), "--proc-root", str(proc),
+                 "--kubeconfig", str(apiserver.kubeconfig), "--kubelet-dir", str(tmp / "kubelet"),
+                 "--cdi-dir", str(tmp / "cdi"), "--log-level", "WARNING", "--rediscover-seconds", "0.5"],
+                env=env, stdout=subprocess.DEVNULL, stderr=log,
+            )
+        kubelet = KubeletSim(tmp / "kubelet")
+
+        def published() -> list[str]:
+            slices, _ = apiserver.api.list("ResourceSlice")
+            return sorted(d["name"] for s in slices if s["spec"].get("nodeName") == POOL for d in s["spec"].get("devices", []))
+
+        def mig_parted(action: str) -> Any:
+            done = subprocess.run([sys.executable, "-c", MIG_PARTED, str(inst.root), str(profile_id),
+                                   str(gone.placement.start), str(gone.placement.size), action],
+                                  capture_output=True, text=True, timeout=120, env=env)
+            assert done.returncode == 0, done.stderr
+            return json.loads(done.stdout)
+
+        try:
+            registered = kubelet.wait_for_plugin(DRIVER, timeout=DEADLINE)
+            names = [mig_device_name(gpu, m) for m in gpu.mig_devices]
+            _until(lambda: set(names) <= set(published()), lambda: (published(), (tmp / "plugin.log").read_text()))
+            claim = create_allocated_claim(apiserver.api, "kept", [("mig", mig_device_name(gpu, kept))])
+            uid = claim["metadata"]["uid"]
+            ref = ClaimInfo("default", uid, "kept")
+            assert [d.device_name for d in registered.prepare([ref])[uid]] == [mig_device_name(gpu, kept)]
+
+            assert mig_parted("destroy") is True
+            _until(lambda: mig_device_name(gpu, gone) not in published(), lambda: published())
+            assert mig_device_name(gpu, kept) in published()
+            # The claim on the surviving device is still prepared: its spec is there, prepare answers from the
+            # checkpoint with the same device.
+            assert (tmp / "cdi" / f"k8s.gpu.nvidia.com-claim_{uid}.json").is_file()
+            assert [d.device_name for d in registered.prepare([ref])[uid]] == [mig_device_name(gpu, kept)]
+
+            assert mig_parted("create") == gone.uuid
+            _until(lambda: mig_device_name(gpu, gone) in published(), lambda: published())
+            assert plugin.poll() is None, (tmp / "plugin.log").read_text()  # a re-layout is no driver change
+        finally:
+            kubelet.close()
+            stop_process(plugin)
+
+
 def test_mig_instances_are_created_and_destroyed_through_pynvml_on_the_mock(built: Built, sim_inventory: Inventory) -> None:
     """What partitionable MIG (driver.miginstances) does, on the mock: destroy, create at a placement, refuse an
     overlap, and discovery seeing each layout; in a process of its own (one NVML per process)."""
@@ -310,6 +464,35 @@ print(json.dumps(out))
     assert out["created"] == [gone.gpu_instance_id, 0, gone.uuid] and out["after_create"] == uuids
     assert "taken or overlaps" in out["overlap"]
     assert out["again"] is False  # nothing at placement 1: destroying what is gone is not an error
+
+
+def test_debian_driver_is_found_through_the_roots_ld_so_cache(built: Built, sim_inventory: Inventory) -> None:
+    """Debian's packages keep the driver in /usr/lib/x86_64-linux-gnu/nvidia/current, which only the root's
+    ld.so.cache (built by glibc's ldconfig) names: found there; without the cache the standard directories are
+    searched and it is not found (the error names them); a corrupt cache is warned about, naming the file."""
+    from driver import driverfiles
+    from driver.driverroot import DriverRoot, DriverRootError
+
+    version = sim_inventory.driver_version
+    with short_tmp() as tmp:
+        inst = install(tmp / "host", LAYOUTS["debian"], built, profile=PROFILE, node=NODE, version=version)
+        root = DriverRoot(inst.root)
+        assert root.find_library() == inst.lib_dir / f"libnvidia-ml.so.{version}"
+        files = driverfiles.discover(inst.root, version, host_root=str(inst.root))
+        mounts = {m.container_path: m.host_path for m in files.mounts}
+        assert mounts["/usr/lib/x86_64-linux-gnu/libcuda.so.1"] == str(inst.lib_dir / f"libcuda.so.{version}")
+        assert not any("libc.so" in p for p in mounts)  # the host's libc is not a driver library
+        cache = inst.root / "etc" / "ld.so.cache"
+        good = cache.read_bytes()
+        cache.unlink()
+        with pytest.raises(DriverRootError, match="libnvidia-ml.so.1 was not found under the driver root .*usr/lib64"):
+            root.find_library()
+        assert any("no driver" in n for n in driverfiles.discover(inst.root, version).notes)
+        cache.write_bytes(good[:100])
+        notes = driverfiles.discover(inst.root, version).notes
+        assert any(n.startswith(f"{cache}: not a dynamic-linker cache glibc wrote: ") and "do not fit" in n for n in notes), notes
+        with pytest.raises(DriverRootError):
+            root.find_library()
 
 
 @pytest.mark.parametrize("profile", ["dgx-h100", "gb200-nvl", "h100-mig", "t4-1", "v100-4"])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from driver.checkpoint import Checkpoint, ClaimPhase, Ledger
 from driver.gputools import MpsDirs
 from driver.inventory import Inventory
 from driver.prepare import ClaimNotFound, ClaimRef, Preparer
-from driver.sharing import COMPUTE_MODE_DEFAULT, COMPUTE_MODE_EXCLUSIVE_PROCESS
+from driver.sharing import COMPUTE_MODE_DEFAULT, COMPUTE_MODE_EXCLUSIVE_PROCESS, SharingError
 from driver.slices import gpu_device_name, mig_device_name
 from tests.gpu_fixtures import h100, inventory, t4, with_mig
 
@@ -30,6 +32,7 @@ class RecordingSharing:
         self.modes: dict[str, int] = {}
         self.timeslices: dict[str, int] = {}
         self.mps: dict[Path, list[str]] = {}  # running daemons: pipe dir -> commands received
+        self.multi_user: dict[Path, bool] = {}
 
     def set_compute_mode(self, gpu_uuid: str, mode: int) -> None:
         self.modes[gpu_uuid] = mode
@@ -37,18 +40,24 @@ class RecordingSharing:
     def set_timeslice(self, gpu_uuid: str, level: int) -> None:
         self.timeslices[gpu_uuid] = level
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
+    def mps_start(
+        self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), *, multi_user: bool = False,
+    ) -> None:
         self.mps[dirs.pipe] = list(commands)
+        self.multi_user[dirs.pipe] = multi_user
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
         self.mps[dirs.pipe].append(command)
         return ""
 
     def mps_stop(self, dirs: MpsDirs) -> None:
-        del self.mps[dirs.pipe]
+        self.mps.pop(dirs.pipe, None)
 
     def mps_running(self, dirs: MpsDirs) -> bool:
         return dirs.pipe in self.mps
+
+    def mps_wait(self, dirs: MpsDirs) -> None:
+        return None
 
 
 class Claims:
@@ -357,3 +366,113 @@ def test_devices_with_multiple_allocations_share_by_share_id(env: Env) -> None:
         env.claims.add(claim(f"s{i}", f"uid-{i}", [("gpu", gpu_device_name(g0))]))
         env.claims.objects[("ns", f"s{i}")]["status"]["allocation"]["devices"]["results"][0]["shareID"] = f"00000000-0000-0000-0000-00000000000{i}"
         assert env.preparer.prepare([ClaimRef(f"uid-{i}", "ns", f"s{i}")])[f"uid-{i}"].error == ""
+
+
+# ---- MPS daemons are waited for outside the node's lock -----------------------------------------------------
+
+MPS_CONFIG = [{"requests": [], "opaque": {"driver": DRIVER, "parameters": {**CFG, "sharing": {"strategy": "MPS"}}}}]
+
+
+class SlowDaemons(RecordingSharing):
+    """MPS daemons that come up only when the test says so (or never: `fail`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+        self.release = threading.Event()
+        self.fail = ""
+
+    def mps_wait(self, dirs: MpsDirs) -> None:
+        self.waiting.set()
+        assert self.release.wait(60), "the test never released the daemon"
+        if self.fail:
+            raise SharingError(self.fail)
+
+
+def _in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: out.update(result=fn()), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_a_slow_mps_daemon_does_not_hold_up_other_claims(env: Env) -> None:
+    env.sharing = slow = SlowDaemons()
+    env.preparer = env.new()
+    g0, g2 = env.inv.gpus[0], env.inv.gpus[2]
+    mps, prepared = _in_thread(lambda: _prepare(env, "mps", "uid-m", [("gpu", gpu_device_name(g0))], config=MPS_CONFIG))
+    try:
+        assert slow.waiting.wait(30)
+        # The MPS claim is recorded half-prepared while its daemon comes up ...
+        assert env.preparer.checkpoint.claim("uid-m").phase is ClaimPhase.PREPARE_STARTED
+        # ... and another claim on the node is prepared meanwhile (it would block here if the wait held the lock).
+        other, out = _in_thread(lambda: _prepare(env, "plain", "uid-p", [("gpu", gpu_device_name(g2))]))
+        other.join(30)
+        assert not other.is_alive() and out["result"] == ""
+        # An instance starting meanwhile (a rolling update) leaves the claim in flight alone.
+        second = env.new()
+        assert "uid-m" not in env.start_report.rolled_back
+        assert second.checkpoint.claim("uid-m").phase is ClaimPhase.PREPARE_STARTED
+        # An unprepare of the claim in flight waits for its prepare instead of undoing it halfway.
+        unprepare, undone = _in_thread(lambda: second.unprepare([ClaimRef("uid-m", "ns", "mps")]))
+        assert "result" not in undone
+    finally:
+        slow.release.set()
+    mps.join(30)
+    unprepare.join(30)
+    assert prepared["result"] == "" and undone["result"] == {"uid-m": ""}
+    with second.checkpoint.locked():
+        assert second.checkpoint.claim("uid-m") is None and slow.mps == {}
+
+
+def test_an_mps_daemon_that_never_comes_up_rolls_the_claim_back(env: Env) -> None:
+    env.sharing = slow = SlowDaemons()
+    slow.fail = "the daemon did not start within 10s"
+    slow.release.set()
+    env.preparer = env.new()
+    g0 = env.inv.gpus[0]
+    error = _prepare(env, "mps", "uid-m", [("gpu", gpu_device_name(g0))], config=MPS_CONFIG)
+    assert error.startswith("ResourceClaim ns/mps (uid uid-m): ") and "did not start within 10s" in error
+    assert env.preparer.checkpoint.claim("uid-m") is None and env.preparer.ledger.holders_of(g0.uuid) == ()
+    assert slow.mps == {} and slow.modes[g0.uuid] == COMPUTE_MODE_DEFAULT
+    assert not (env.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-m.json").exists()
+
+
+class _Crash(BaseException):
+    """The agent process dying at a step (nothing after it runs)."""
+
+
+def test_an_agent_dying_while_its_mps_daemon_comes_up_rolls_the_claim_back_at_restart(env: Env) -> None:
+    def crash(step: str) -> None:
+        if step == "cdi-written":  # everything applied, the daemon launched, the wait not begun
+            raise _Crash(step)
+
+    cp, report = Checkpoint.open(env.tmp / "plugin", boot_id_path=env.boot)
+    dying = Preparer(driver_name=DRIVER, node_name=NODE, get_claim=env.claims.get, inventory=lambda: env.inv, checkpoint=cp,
+                     cdi_dir=env.cdi_dir, sharing_backend=env.sharing, mps_root=env.tmp / "mps", fault_hook=crash)
+    dying.start(report)
+    g0 = env.inv.gpus[0]
+    env.claims.add(claim("mps", "uid-m", [("gpu", gpu_device_name(g0))], config=MPS_CONFIG))
+    with pytest.raises(_Crash):
+        dying.prepare([ClaimRef("uid-m", "ns", "mps")])
+    assert env.sharing.mps  # its daemon was launched
+    restarted = env.new()
+    assert env.start_report.rolled_back == ["uid-m"]
+    assert restarted.checkpoint.claim("uid-m") is None and env.sharing.mps == {}
+    # The kubelet's retry then prepares it afresh.
+    assert restarted.prepare([ClaimRef("uid-m", "ns", "mps")])["uid-m"].error == ""
+    assert restarted.checkpoint.claim("uid-m").phase is ClaimPhase.PREPARE_COMPLETED
+
+
+def test_multi_user_mps_needs_volta(env: Env) -> None:
+    multi = [{"requests": [], "opaque": {"driver": DRIVER, "parameters": {
+        **CFG, "sharing": {"strategy": "MPS", "mpsConfig": {"multiUser": True}}}}}]
+    g0 = env.inv.gpus[0]
+    assert _prepare(env, "multi", "uid-1", [("gpu", gpu_device_name(g0))], config=multi) == ""
+    assert env.sharing.multi_user == {env.tmp / "mps" / "uid-1" / "pipe": True}
+    pascal = dataclasses.replace(env.inv.gpus[2], cuda_compute_capability="6.0")
+    env.inv = dataclasses.replace(env.inv, gpus=[*env.inv.gpus[:2], pascal])
+    error = _prepare(env, "old", "uid-2", [("gpu", gpu_device_name(pascal))], config=multi)
+    assert (f"sharing.mpsConfig.multiUser: GPU {pascal.uuid} has CUDA compute capability 6.0; a multi-user MPS control "
+            "daemon needs Volta (7.0) or newer") in error
+    assert env.preparer.checkpoint.claim("uid-2") is None

@@ -267,6 +267,17 @@ def test_a_container_removed_behind_the_runtimes_back_reads_as_unknown(node: Nod
     assert status.exit_code == 137 and "gone" in status.error
 
 
+def test_a_name_no_container_has_removes_no_other_container(node: Node) -> None:
+    """podman takes a name no container has for an ID prefix: removing (or re-running) such a name must not
+    remove the container whose ID begins with it."""
+    node.runtime.run(ContainerRequest("keeper", ("sleep", "1000")))
+    ident = node.runtime._podman("inspect", "--format", "{{.Id}}", "keeper").stdout.strip()
+    node.runtime.remove(ident[:3])
+    state = node.runtime._podman("inspect", "--format", "{{.State.Status}}", "keeper", check=False)
+    assert state.stdout.strip() == "running", state.stderr
+    node.runtime.remove("keeper", grace_seconds=0)
+
+
 def test_strict_runtime_refuses_a_node_named_by_path_that_the_host_lacks() -> None:
     """As containerd's CDI handling: a node without type and major is stat-ed on the host; the runtime creates
     nothing a spec names. The node's own device nodes (host_devices) are what makes such a spec start."""

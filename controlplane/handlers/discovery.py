@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from controlplane import resources as res
 from controlplane import status as st
+from controlplane.routing import RequestHandler
 from controlplane.crds import openapi as crd_openapi
 from controlplane.openapi import openapi_group_version, openapi_root, openapi_v2, openapi_v2_protobuf
-
-if TYPE_CHECKING:
-    from controlplane.handler import ApiHandler
 
 # kube-openapi answers the "...spec.v2@v1.0+protobuf" Accept with this Content-Type (no "@": mime would refuse it).
 _OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
 
 
-def document(h: ApiHandler, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | tuple[bytes, str] | None:
+def document(h: RequestHandler, parts: list[str], reg: res.Registry) -> dict[str, Any] | bytes | tuple[bytes, str] | None:
     if parts == ["version"]:
         return res.server_version(h.ctx.kubernetes_version)
     if parts == ["openapi", "v2"]:

@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from controlplane import status as st
 from controlplane.params import int_param
-from controlplane.routing import Route, encode
+from controlplane.routing import RequestHandler, Route, encode
 from controlplane.selectors import FieldSelector, LabelSelector, SelectorError
 from controlplane.store import Filter
 from controlplane.tables import INCLUDE_OBJECT, to_table, wants_table
 
-if TYPE_CHECKING:
-    from controlplane.handler import ApiHandler
 
-
-def get_object(h: ApiHandler, r: Route, query: dict[str, str]) -> None:
+def get_object(h: RequestHandler, r: Route, query: dict[str, str]) -> None:
     assert r.name is not None  # an object's REST: the collection's is create and list
     store = h.ctx.store
     obj = store.get(r.rt, r.namespace, r.name)
@@ -34,7 +31,7 @@ def include_object(query: dict[str, str]) -> str:
     return include
 
 
-def send_object(h: ApiHandler, code: int, r: Route, obj: dict[str, Any], query: dict[str, str] | None = None) -> None:
+def send_object(h: RequestHandler, code: int, r: Route, obj: dict[str, Any], query: dict[str, str] | None = None) -> None:
     if wants_table(h.headers.get("Accept")):
         include = include_object(query or {})
         h._send_json(code, to_table(r.rt, [obj], obj["metadata"].get("resourceVersion", ""), include,
@@ -54,7 +51,7 @@ def selection(r: Route, query: dict[str, str]) -> Filter:
     return Filter(r.rt, r.namespace or None, labels, fields)
 
 
-def list_objects(h: ApiHandler, r: Route, query: dict[str, str]) -> None:
+def list_objects(h: RequestHandler, r: Route, query: dict[str, str]) -> None:
     flt = selection(r, query)
     int_param(query, "resourceVersion")
     int_param(query, "timeoutSeconds")

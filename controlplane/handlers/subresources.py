@@ -4,7 +4,7 @@ without storing: the access and subject reviews and TokenRequest (serviceaccount
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from controlplane import execproxy, portforwardtunnel, reviews, scale
@@ -12,13 +12,10 @@ from controlplane import status as st
 from controlplane.authn import UserInfo
 from controlplane.crds import serving as crd_serving
 from controlplane.podlogserve import PodLogStream
-from controlplane.routing import Route
-
-if TYPE_CHECKING:
-    from controlplane.handler import ApiHandler
+from controlplane.routing import RequestHandler, Route
 
 
-def serve(h: ApiHandler, method: str, r: Route, query: dict[str, str]) -> bool:
+def serve(h: RequestHandler, method: str, r: Route, query: dict[str, str]) -> bool:
     """Answer a request for one of these subresources; False for any other (the object's own REST)."""
     assert r.name is not None  # an object's REST: the collection's is create and list
     store = h.ctx.store
@@ -59,7 +56,7 @@ def serve(h: ApiHandler, method: str, r: Route, query: dict[str, str]) -> bool:
     return False
 
 
-def review(h: ApiHandler, method: str, r: Route, user: UserInfo) -> None:
+def review(h: RequestHandler, method: str, r: Route, user: UserInfo) -> None:
     """The endpoints that answer without storing: reviews and TokenRequest (POST only)."""
     if method != "POST" or (r.subresource == "token" and not r.name) or (r.rt.virtual and r.name):
         raise st.method_not_allowed(f"{method} is not supported on {r.rt.plural}"

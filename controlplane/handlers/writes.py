@@ -5,24 +5,21 @@ the storage version. Admission runs inside the store's write (controlplane.store
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from controlplane import status as st
 from controlplane.podpriority import admit_pod_priority
-from controlplane.routing import CONVERTED_KINDS, Route
+from controlplane.routing import CONVERTED_KINDS, RequestHandler, Route
 from controlplane.security import ensure_default_account
 from controlplane.store import FIELD_VALIDATION, FieldPolicy
 from gpudra.conversion import split_api_version
 from gpudra.validation import schema
 
-if TYPE_CHECKING:
-    from controlplane.handler import ApiHandler
-
 _NO_SERVER_SIDE_APPLY = ("server-side apply is not supported by gpu-dra's embedded control plane (it keeps no "
                          "field managers); use client-side apply: kubectl apply without --server-side")
 
 
-def stored(h: ApiHandler, r: Route, body: Any, policy: FieldPolicy) -> Any:
+def stored(h: RequestHandler, r: Route, body: Any, policy: FieldPolicy) -> Any:
     """The body in storage form. One in another served version is checked against that version's schema
     first, so that unknown fields and wrong types are named as the client wrote them."""
     if isinstance(body, dict) and r.rt.kind in CONVERTED_KINDS:
@@ -35,7 +32,7 @@ def stored(h: ApiHandler, r: Route, body: Any, policy: FieldPolicy) -> Any:
     return r.stored(body)
 
 
-def field_policy(h: ApiHandler, query: dict[str, str], body: Any) -> FieldPolicy:
+def field_policy(h: RequestHandler, query: dict[str, str], body: Any) -> FieldPolicy:
     mode = query.get("fieldValidation") or "Warn"
     if mode not in FIELD_VALIDATION:
         raise st.bad_request(f"fieldValidation: Unsupported value: {json.dumps(mode)}: supported values: "
@@ -45,7 +42,7 @@ def field_policy(h: ApiHandler, query: dict[str, str], body: Any) -> FieldPolicy
     return policy
 
 
-def create(h: ApiHandler, r: Route, query: dict[str, str]) -> None:
+def create(h: RequestHandler, r: Route, query: dict[str, str]) -> None:
     store = h.ctx.store
     body = h._body()
     policy = field_policy(h, query, body)
@@ -58,7 +55,7 @@ def create(h: ApiHandler, r: Route, query: dict[str, str]) -> None:
     h._send_json(201, r.shown(obj))
 
 
-def update(h: ApiHandler, r: Route, query: dict[str, str]) -> None:
+def update(h: RequestHandler, r: Route, query: dict[str, str]) -> None:
     assert r.name is not None  # an object's REST: the collection's is create and list
     store = h.ctx.store
     body = h._body()
@@ -67,7 +64,7 @@ def update(h: ApiHandler, r: Route, query: dict[str, str]) -> None:
                                            r.subresource, policy)))
 
 
-def patch(h: ApiHandler, r: Route, query: dict[str, str]) -> None:
+def patch(h: RequestHandler, r: Route, query: dict[str, str]) -> None:
     assert r.name is not None  # an object's REST: the collection's is create and list
     store = h.ctx.store
     ctype = (h.headers.get("Content-Type") or "").split(";")[0].strip()
@@ -91,7 +88,7 @@ def patch(h: ApiHandler, r: Route, query: dict[str, str]) -> None:
                                           codec, policy, r.version or r.rt.version)))
 
 
-def delete(h: ApiHandler, r: Route, query: dict[str, str]) -> None:
+def delete(h: RequestHandler, r: Route, query: dict[str, str]) -> None:
     assert r.name is not None  # an object's REST: the collection's is create and list
     store = h.ctx.store
     body = h._body()

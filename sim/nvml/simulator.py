@@ -156,6 +156,7 @@ class SimMpsDaemon:
     # device (as named in the command: UUID or CUDA ordinal) -> limit as written ("4096M")
     pinned_limits: tuple[tuple[str, str], ...] = ()
     commands: tuple[str, ...] = ()
+    multi_user: bool = False  # started with -M
 
 
 _TOOL_FUNCTIONS = ("set_timeslice", "mps_start", "mps_command", "mps_stop")
@@ -337,13 +338,20 @@ class SimulatedNvml:
                 raise ValueError(f"get_timeslice: no GPU with uuid {gpu_uuid!r} in profile {self.profile.name}")
             return gpu.timeslice
 
-    def mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = ()) -> None:
-        self._mps_start(dirs, device_uuids)
+    def mps_start(
+        self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), *, multi_user: bool = False,
+    ) -> None:
+        self._mps_start(dirs, device_uuids, multi_user)
         for command in commands:
             self.mps_command(dirs, command)
 
-    def _mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str]) -> None:
-        what = f"`CUDA_VISIBLE_DEVICES={','.join(device_uuids)} nvidia-cuda-mps-control -d`"
+    def mps_wait(self, dirs: MpsDirs) -> None:
+        """A simulated daemon listens as soon as it is started."""
+        if not self.mps_running(dirs):
+            raise GpuToolError(f"the MPS control daemon of {dirs.pipe} is not running")
+
+    def _mps_start(self, dirs: MpsDirs, device_uuids: Sequence[str], multi_user: bool) -> None:
+        what = f"`CUDA_VISIBLE_DEVICES={','.join(device_uuids)} nvidia-cuda-mps-control -d{' -M' if multi_user else ''}`"
         with self._lock:
             self._refresh_faults()
             for uuid in device_uuids:
@@ -354,6 +362,7 @@ class SimulatedNvml:
                 raise GpuToolError(f"{what} exited with status 1: An instance of this daemon is already running")
             self._mps[str(dirs.pipe)] = SimMpsDaemon(
                 device_uuids=tuple(device_uuids), log_dir=str(dirs.log), starts=(previous.starts + 1) if previous else 1,
+                multi_user=multi_user,
             )
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
@@ -390,7 +399,8 @@ class SimulatedNvml:
             return reply
 
     def mps_stop(self, dirs: MpsDirs) -> None:
-        self.mps_command(dirs, "quit")
+        if self.mps_running(dirs):  # nothing to stop otherwise
+            self.mps_command(dirs, "quit")
 
     def mps_running(self, dirs: MpsDirs) -> bool:
         with self._lock:

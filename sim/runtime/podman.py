@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import stat
@@ -80,6 +81,7 @@ class ContainerRequest:
     cdi_devices: tuple[str, ...] = ()
     log_path: Path | None = None  # where podman writes its k8s-file log (default: the node's logs/<name>.log)
     mounts: tuple[tuple[str, str, bool], ...] = ()  # (host path, container path, read-only): the pod's volumes
+    user: str = ""  # UID[:GID] the command runs as (the pod's securityContext.runAsUser); empty: the image's (root)
     image: str = ""  # the pod's image name (every name runs the busybox rootfs; sim.runtime.hostprocess routes ours)
     stdin: bool = False  # the container's stdin is kept open for `kubectl attach -i` (spec stdin)
     tty: bool = False  # the container gets a terminal (spec tty)
@@ -191,10 +193,13 @@ class PodmanRuntime:
             args += ["-v", f"{host}:{path}:{'ro' if read_only else 'rw'}"]
         for cid in request.cdi_devices:
             args += ["--device", cid]
+        if request.user:
+            args += ["--user", request.user]
+            seen.chmod(0o777)  # the probe records what the container sees as that user
         args += ["-i"] if request.stdin else []
         args += ["-t"] if request.tty else []
         args += ["--rootfs", str(self.rootfs), f"{PROBE_DIR}/probe", *(request.command or DEFAULT_COMMAND)]
-        self._podman("rm", "-f", "--ignore", name, check=False)  # a leftover of the same name (a restart)
+        self._podman("rm", "-f", *_exactly(name), check=False)  # a leftover of the same name (a restart)
         done = self._podman(*args, check=False)
         if done.returncode != 0:
             raise RuntimeError_(f"container {name}: podman run exited with status {done.returncode}: "
@@ -241,7 +246,7 @@ class PodmanRuntime:
         """Stop (SIGTERM, SIGKILL after the grace period) and remove the container."""
         with self._lock:
             known = self._containers.pop(name, None)
-        done = self._podman("rm", "-f", "--ignore", "--time", str(grace_seconds), name, check=False)
+        done = self._podman("rm", "-f", "--time", str(grace_seconds), *_exactly(name), check=False)
         if done.returncode != 0:
             raise RuntimeError_(f"container {name}: podman rm exited with status {done.returncode}: {done.stderr.strip()}")
         if known is not None:
@@ -345,6 +350,12 @@ def read_untrusted(path: Path, limit: int = MAX_SEEN_FILE_BYTES) -> str | None:
         return None
     finally:
         os.close(fd)
+
+
+def _exactly(name: str) -> list[str]:
+    """The container named `name`, and no other: podman takes a name no container has for an ID prefix, so
+    `rm b` removed whichever container's ID began with b."""
+    return ["--filter", f"name=^{re.escape(name)}$"]
 
 
 def podman_flags(state_dir: Path, runc: str, podman: str = "podman") -> list[str]:

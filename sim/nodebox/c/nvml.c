@@ -3,12 +3,22 @@
  *
  * The config is `nodebox-nvml.conf` beside this library (found with dladdr, so the library answers for the
  * driver root it was loaded from). Without it nvmlInit fails with NVML_ERROR_DRIVER_NOT_LOADED, as the real
- * library does on a machine whose kernel module is not loaded. MIG instances created or destroyed live in this
- * process only; the config states the layout every process starts from.
+ * library does on a machine whose kernel module is not loaded.
+ *
+ * MIG state (each GPU's MIG mode and its GPU and compute instances) is the node's, as on real hardware: it lives
+ * in `nodebox-mig.state` beside the config, written from the config's layout by the first process that loads
+ * the library. Every call rereads it when another process changed it (a mig-parted run under the agent), and
+ * every change (mode, create, destroy) is made under an exclusive flock of `nodebox-mig.lock`, rereading the
+ * state first, then writing it whole (a new file renamed over the old one). Instance handles are slots that
+ * stay put across processes; a slot whose instance another process destroyed answers INVALID_ARGUMENT.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <stdio.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -65,6 +75,9 @@ static char driver_version[80];
 static int cuda_version;
 static int init_count;
 static struct tag event_tag = {K_EVENTS, 0, 0};
+static char state_path[4096], lock_path[4096];
+static struct stat state_seen;  /* the state file as last read or written by this process */
+static int state_locked;  /* this process holds the exclusive lock (a change is under way) */
 
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 typedef struct { unsigned version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
@@ -132,6 +145,9 @@ static int load_config(void) {
     char *slash = strrchr(path, '/');
     if (slash) strcpy(slash + 1, "nodebox-nvml.conf");
     else strcpy(path, "nodebox-nvml.conf");
+    size_t dir = slash ? (size_t)(slash + 1 - path) : 0;
+    snprintf(state_path, sizeof state_path, "%.*snodebox-mig.state", (int)dir, path);
+    snprintf(lock_path, sizeof lock_path, "%.*snodebox-mig.lock", (int)dir, path);
     FILE *f = fopen(path, "r");
     if (!f) return E_DRIVER;
     memset(gpus, 0, sizeof gpus);
@@ -224,6 +240,90 @@ static int load_config(void) {
     return ngpus ? OK : E_DRIVER;
 }
 
+/* ---- the node's MIG state, shared by every process ----------------------------------------------------- */
+
+static int same_file(const struct stat *a, const struct stat *b) {
+    return a->st_ino == b->st_ino && a->st_size == b->st_size && a->st_mtim.tv_sec == b->st_mtim.tv_sec
+        && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+static void state_read(void) {
+    FILE *f = fopen(state_path, "r");
+    if (!f) return;
+    struct stat st;
+    if (fstat(fileno(f), &st)) { fclose(f); return; }
+    for (unsigned q = 0; q < ngpus; q++)
+        for (int s = 0; s < MAX_INSTANCES; s++) gpus[q].instances[s].used = gpus[q].instances[s].has_ci = 0;
+    char line[512], uuid[96];
+    unsigned g, slot, prof, start, gi, ci;
+    int mode;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "mig\t%u\t%d", &g, &mode) == 2 && g < ngpus) { gpus[g].mig_current = mode; continue; }
+        if (sscanf(line, "instance\t%u\t%u\t%u\t%u\t%u\t%u\t%95s", &g, &slot, &prof, &start, &gi, &ci, uuid) == 7
+            && g < ngpus && slot < MAX_INSTANCES && prof < gpus[g].nprofiles) {
+            struct instance *in = &gpus[g].instances[slot];
+            in->used = 1; in->has_ci = (int)ci; in->profile = prof; in->start = start; in->gi_id = gi;
+            snprintf(in->uuid, sizeof in->uuid, "%s", uuid);
+        }
+    }
+    state_seen = st;
+    fclose(f);
+}
+
+static void state_write(void) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.%d", state_path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    for (unsigned q = 0; q < ngpus; q++) {
+        fprintf(f, "mig\t%u\t%d\n", q, gpus[q].mig_current);
+        for (int s = 0; s < MAX_INSTANCES; s++) {
+            struct instance *in = &gpus[q].instances[s];
+            if (in->used)
+                fprintf(f, "instance\t%u\t%d\t%u\t%u\t%u\t%d\t%s\n", q, s, in->profile, in->start, in->gi_id, in->has_ci, in->uuid);
+        }
+    }
+    fclose(f);
+    rename(tmp, state_path);
+    stat(state_path, &state_seen);
+}
+
+static int state_lock(int how) {
+    int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0 && flock(fd, how)) { close(fd); return -1; }
+    return fd;
+}
+
+/* Reread the state if another process changed it since. */
+static void mig_sync(void) {
+    struct stat st;
+    if (state_locked || stat(state_path, &st) || same_file(&st, &state_seen)) return;
+    int fd = state_lock(LOCK_SH);
+    state_read();
+    if (fd >= 0) close(fd);
+}
+
+/* A change: the exclusive lock, the current state; mig_end writes it (when `changed`) and unlocks. */
+static int mig_begin(void) {
+    int fd = state_lock(LOCK_EX);
+    state_read();
+    state_locked = 1;
+    return fd;
+}
+static void mig_end(int fd, int changed) {
+    if (changed) state_write();
+    state_locked = 0;
+    if (fd >= 0) close(fd);
+}
+
+/* At init: the node's state, or the config's layout as the node's state when no process wrote one yet. */
+static void state_init(void) {
+    int fd = state_lock(LOCK_EX);
+    if (access(state_path, F_OK)) state_write();
+    else state_read();
+    if (fd >= 0) close(fd);
+}
+
 /* A handle is a pointer to a tag; anything else is INVALID_ARGUMENT, as the real library answers. */
 static struct tag *tag_of(void *handle, int kind) {
     struct tag *t = handle;
@@ -241,7 +341,7 @@ static struct tag *tag_of(void *handle, int kind) {
     }
     return NULL;
 }
-#define READY() do { if (!init_count) return E_UNINIT; } while (0)
+#define READY() do { if (!init_count) return E_UNINIT; mig_sync(); } while (0)
 #define GPU(h, var) READY(); struct tag *var##_t = tag_of(h, K_GPU); if (!var##_t) return E_INVAL; struct gpu *var = var##_t->gpu
 #define INST(h, kind, var) READY(); struct tag *var##_t = tag_of(h, kind); if (!var##_t) return E_INVAL; \
     struct gpu *var##_g = var##_t->gpu; struct instance *var = &var##_g->instances[var##_t->slot]
@@ -266,6 +366,8 @@ nvmlReturn_t nvmlInitWithFlags(unsigned flags) {
     if (init_count) { init_count++; return OK; }
     int rc = load_config();
     if (rc != OK) return rc;
+    memset(&state_seen, 0, sizeof state_seen);
+    state_init();
     init_count = 1;
     return OK;
 }
@@ -473,7 +575,7 @@ static int instances_in_use(struct gpu *g) {
     for (int s = 0; s < MAX_INSTANCES; s++) if (g->instances[s].used) return 1;
     return 0;
 }
-nvmlReturn_t nvmlDeviceSetMigMode(void *h, unsigned mode, nvmlReturn_t *activation) {
+static nvmlReturn_t nvmlDeviceSetMigMode_locked(void *h, unsigned mode, nvmlReturn_t *activation) {
     GPU(h, g);
     if (!g->mig_capable) return E_NOTSUP;
     if (mode > 1) return E_INVAL;
@@ -540,7 +642,7 @@ static int placement_free(struct gpu *g, struct profile *p, unsigned start, unsi
     }
     return used + p->slices <= max_slices(g) && same < p->count;
 }
-nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(void *h, unsigned id, const nvmlPlacement_t *pl, void **gi) {
+static nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement_locked(void *h, unsigned id, const nvmlPlacement_t *pl, void **gi) {
     GPU(h, g);
     if (!g->mig_capable) return E_NOTSUP;
     struct profile *p = profile_by_id(g, id);
@@ -599,7 +701,7 @@ nvmlReturn_t nvmlGpuInstanceGetInfo(void *h, nvmlGpuInstanceInfo_t *info) {
     info->placement.start = in->start; info->placement.size = p->placements[0].size;
     return OK;
 }
-nvmlReturn_t nvmlGpuInstanceDestroy(void *h) {
+static nvmlReturn_t nvmlGpuInstanceDestroy_locked(void *h) {
     INST(h, K_GI, in);
     if (in->has_ci) return E_INUSE;
     in->used = 0;
@@ -616,7 +718,7 @@ nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(void *h, unsigned pro
     snprintf(info->name, sizeof info->name, "MIG %s", p->name);
     return OK;
 }
-nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(void *h, unsigned profile, void **ci) {
+static nvmlReturn_t nvmlGpuInstanceCreateComputeInstance_locked(void *h, unsigned profile, void **ci) {
     INST(h, K_GI, in);
     if (!ci) return E_INVAL;
     if ((int)profile != full_ci_profile(in_g->profiles[in->profile].slices)) return E_NOTSUP;
@@ -641,10 +743,46 @@ nvmlReturn_t nvmlComputeInstanceGetInfo_v2(void *h, nvmlComputeInstanceInfo_t *i
     info->placement.start = 0; info->placement.size = p->slices;
     return OK;
 }
-nvmlReturn_t nvmlComputeInstanceDestroy(void *h) {
+static nvmlReturn_t nvmlComputeInstanceDestroy_locked(void *h) {
     INST(h, K_CI, in);
     in->has_ci = 0;
     return OK;
+}
+/* The MIG changes, each under the node's MIG lock. */
+nvmlReturn_t nvmlDeviceSetMigMode(void *h, unsigned mode, nvmlReturn_t *activation) {
+    READY();
+    int fd = mig_begin();
+    nvmlReturn_t rc = nvmlDeviceSetMigMode_locked(h, mode, activation);
+    mig_end(fd, rc == OK);
+    return rc;
+}
+nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(void *h, unsigned id, const nvmlPlacement_t *pl, void **gi) {
+    READY();
+    int fd = mig_begin();
+    nvmlReturn_t rc = nvmlDeviceCreateGpuInstanceWithPlacement_locked(h, id, pl, gi);
+    mig_end(fd, rc == OK);
+    return rc;
+}
+nvmlReturn_t nvmlGpuInstanceDestroy(void *h) {
+    READY();
+    int fd = mig_begin();
+    nvmlReturn_t rc = nvmlGpuInstanceDestroy_locked(h);
+    mig_end(fd, rc == OK);
+    return rc;
+}
+nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(void *h, unsigned profile, void **ci) {
+    READY();
+    int fd = mig_begin();
+    nvmlReturn_t rc = nvmlGpuInstanceCreateComputeInstance_locked(h, profile, ci);
+    mig_end(fd, rc == OK);
+    return rc;
+}
+nvmlReturn_t nvmlComputeInstanceDestroy(void *h) {
+    READY();
+    int fd = mig_begin();
+    nvmlReturn_t rc = nvmlComputeInstanceDestroy_locked(h);
+    mig_end(fd, rc == OK);
+    return rc;
 }
 nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(void *h, unsigned *count) {
     GPU(h, g);
