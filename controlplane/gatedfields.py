@@ -9,7 +9,7 @@ step is the field dropped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpudra.features import Features
@@ -50,17 +50,24 @@ _GATED_FIELDS: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {
 }
 
 
-def _steps(path: str) -> list[str]:
+def _steps(path: str) -> tuple[str, ...]:
     out: list[str] = []
     for part in path.split("."):
         if part.endswith("[]"):
             out += [part[:-2], "[]"]
         else:
             out.append(part)
-    return out
+    return tuple(out)
 
 
-def _parents(obj: Any, steps: list[str]) -> list[dict[str, Any]]:
+# (group, kind) -> (Features attribute, the steps of each of its paths): split once, not on every write.
+_GATED_STEPS: dict[tuple[str, str], tuple[tuple[str, tuple[tuple[str, ...], ...]], ...]] = {
+    type_key: tuple((gate, tuple(_steps(p) for p in paths)) for gate, paths in gates.items())
+    for type_key, gates in _GATED_FIELDS.items()
+}
+
+
+def _parents(obj: Any, steps: tuple[str, ...]) -> list[dict[str, Any]]:
     """The maps that hold the path's last step."""
     current = [obj]
     for step in steps[:-1]:
@@ -72,12 +79,14 @@ def _parents(obj: Any, steps: list[str]) -> list[dict[str, Any]]:
                 nxt += list(value.values()) if isinstance(value, dict) else []
             elif isinstance(value, dict) and step in value:
                 nxt.append(value[step])
+        if not nxt:
+            return []
         current = nxt
     return [v for v in current if isinstance(v, dict)]
 
 
-def _uses(obj: Any, paths: tuple[str, ...]) -> bool:
-    return any(_steps(p)[-1] in parent for p in paths for parent in _parents(obj, _steps(p)))
+def _uses(obj: Any, paths: tuple[tuple[str, ...], ...]) -> bool:
+    return any(steps[-1] in parent for steps in paths for parent in _parents(obj, steps))
 
 
 @dataclass(frozen=True)
@@ -85,16 +94,26 @@ class GatedFields:
     """Drops the fields of the gates `features` has off."""
 
     features: Features
+    # (group, kind) -> the steps of each path whose gate is off, per gate; filled on first use of a type.
+    _off: dict[tuple[str, str], tuple[tuple[tuple[str, ...], ...], ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+
+    def _disabled(self, group: str, kind: str) -> tuple[tuple[tuple[str, ...], ...], ...]:
+        key = (group, kind)
+        off = self._off.get(key)
+        if off is None:
+            off = tuple(paths for gate, paths in _GATED_STEPS.get(key, ()) if not getattr(self.features, gate))
+            self._off[key] = off
+        return off
 
     def drop_disabled(self, group: str, kind: str, new: dict[str, Any], old: dict[str, Any] | None) -> None:
-        for gate, paths in _GATED_FIELDS.get((group, kind), {}).items():
-            if getattr(self.features, gate) or (old is not None and _uses(old, paths)):
+        for paths in self._disabled(group, kind):
+            if old is not None and _uses(old, paths):
                 continue
-            for path in paths:
-                steps = _steps(path)
+            for steps in paths:
                 for parent in _parents(new, steps):
                     parent.pop(steps[-1], None)
-                if steps[-2:-1] == ["*"]:
+                if steps[-2:-1] == ("*",):
                     # An attribute left with no value at all (only a list one) goes too.
                     for holder in _parents(new, steps[:-1]):
                         for key in [k for k, v in holder.items() if v == {}]:

@@ -665,7 +665,8 @@ class Store:
             raise st.bad_request(f"the body of a {rt.kind} update must be a JSON object")
         check_type_meta(rt, body)
         body = self.clean_fields(rt, body, fields)
-        apply_defaults(rt.group, rt.kind, body)
+        if subresource != "status":  # a status write keeps all but the status from `old`, and no default is in it
+            apply_defaults(rt.group, rt.kind, body)
         bm = body.get("metadata")
         if not isinstance(bm, dict):
             bm = {}
@@ -739,7 +740,8 @@ class Store:
                 patched = codec[1](patched)
             check_type_meta(rt, patched)
             patched = self.clean_fields(rt, patched, fields)
-            apply_defaults(rt.group, rt.kind, patched)
+            if subresource != "status":  # as in update: what defaulting would set, the status write discards
+                apply_defaults(rt.group, rt.kind, patched)
             _check_uid(rt, name, o.meta(patched), old)
             # The patched object carries the stored resourceVersion; only one the patch itself wrote is a
             # precondition (so a patch without one is reapplied after a concurrent write, not refused).

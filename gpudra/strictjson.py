@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from typing import Any
 
 # Python's json, our schema walk and deep copies recurse; ~900 is where CPython's default limit bites, so the
@@ -67,31 +68,45 @@ def loads(raw: bytes | str, max_depth: int = MAX_DEPTH) -> Any:
     return decode(raw, max_depth)[0]
 
 
+def _pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(items)
+    if len(out) == len(items):
+        return out
+    _DECODING.duplicate = True
+    return _marked(out, items)
+
+
+class _Decoding(threading.local):
+    """Each thread's decoder (json.loads with hooks builds one per call, which costs more than decoding a small
+    body) and whether the decode under way met a duplicate key."""
+
+    def __init__(self) -> None:
+        self.decoder = json.JSONDecoder(parse_constant=_no_constant, object_pairs_hook=_pairs)
+        self.duplicate = False
+
+
+_DECODING = _Decoding()
+
+
 def decode(raw: bytes | str, max_depth: int = MAX_DEPTH) -> tuple[Any, list[str]]:
     """`loads`, and the paths of duplicate keys (found with a walk only when the decoder met one)."""
     data = raw.encode() if isinstance(raw, str) else raw
     if nesting_depth_exceeds(data, max_depth):
         raise StrictJsonError(f"exceeded max depth of {max_depth}")
-    seen_duplicate = False
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        nonlocal seen_duplicate
-        out = dict(items)
-        if len(out) == len(items):
-            return out
-        seen_duplicate = True
-        return _marked(out, items)
-
+    state = _DECODING
+    state.duplicate = False
     try:
         text = data.decode("utf-8")
-        value = json.loads(text, parse_constant=_no_constant, object_pairs_hook=pairs)
+        if text.startswith("\ufeff"):  # what json.loads refuses before decoding
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        value = state.decoder.decode(text)
     except StrictJsonError:
         raise
     except RecursionError:
         raise StrictJsonError(f"exceeded max depth of {max_depth}") from None
     except ValueError as exc:  # UnicodeDecodeError included
         raise StrictJsonError(str(exc)) from None
-    return value, duplicate_fields(value) if seen_duplicate else []
+    return value, duplicate_fields(value) if state.duplicate else []
 
 
 def duplicate_fields(value: Any, path: str = "") -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -15,8 +17,17 @@ def _utc(moment: datetime | None) -> datetime:
     return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
 
 
+@functools.lru_cache(maxsize=1)
+def _second_text(second: int) -> str:
+    # A server stamps many objects a second, and strftime costs more than the rest of a small write's
+    # bookkeeping: each second is formatted once.
+    return time.strftime(_TIME, time.gmtime(second))
+
+
 def rfc3339(moment: datetime | None = None) -> str:
     """A metav1.Time value for `moment` (a naive datetime is read as UTC), or for now."""
+    if moment is None:
+        return _second_text(int(time.time()))
     return _utc(moment).strftime(_TIME)
 
 

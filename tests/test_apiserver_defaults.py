@@ -97,3 +97,15 @@ def test_claim_defaults_round_trip_through_every_version(apiserver: Any) -> None
     stored = api.get("ResourceClaim", "c", "default")
     assert stored["spec"]["devices"]["requests"] == requests
     assert stored["metadata"]["labels"] == {"x": "y"}
+
+
+def test_no_default_is_in_a_status() -> None:
+    # The store skips defaulting on status writes (they keep everything but the status from the stored
+    # object), which is only right while no defaulter writes into a status.
+    from gpudra.defaults import _DEFAULTERS
+
+    for group, kind in _DEFAULTERS:
+        status = {"conditions": [{"type": "Ready", "status": "True"}], "containerStatuses": [{"name": "c"}]}
+        obj = {"spec": {"containers": [{"name": "c", "image": "x"}]}, "status": json.loads(json.dumps(status))}
+        apply_defaults(group, kind, obj)
+        assert obj["status"] == status, (group, kind)
