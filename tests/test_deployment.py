@@ -128,6 +128,8 @@ EMBEDDED_ONLY = {"controller/scheduler.py", "controller/claims.py", "controller/
                  "controller/podgroupclaims.py",
                  # kube-scheduler's PodScheduled condition, written by the embedded scheduler only
                  "controller/podconditions.py"}
+# Code of the driver package that runs in the ComputeDomain IMEX daemon pods, under their own ServiceAccount.
+IMEX_DAEMON = {"driver/computedomain/daemon.py", "driver/commands/computedomaindaemon.py"}
 # Helpers in that list that the manager does not drive itself: only embedded-only modules may import them.
 EMBEDDED_ONLY_HELPERS = {"controller/podconditions.py"}
 
@@ -182,10 +184,10 @@ def needs_of(path: Path) -> Iterator[Need]:
             yield Need(info.group, f"{info.plural}/{subresource}" if subresource else info.plural, verb, where)
 
 
-def code_needs(package: str) -> list[Need]:
+def code_needs(package: str, excluded: set[str] = EMBEDDED_ONLY | IMEX_DAEMON) -> list[Need]:
     out: list[Need] = []
     for path in sorted((ROOT / package).rglob("*.py")):
-        if str(path.relative_to(ROOT)) in EMBEDDED_ONLY:
+        if str(path.relative_to(ROOT)) in excluded:
             continue
         out.extend(needs_of(path))
     return out
@@ -240,6 +242,13 @@ def test_controller_rbac_grants_every_call_the_controller_makes() -> None:
 def test_node_agent_rbac_grants_every_call_the_agent_makes() -> None:
     needs = code_needs("driver")
     assert _missing(needs, granted(build(), "gpu-dra-node-agent")) == []
+
+
+@pytest.mark.process
+def test_imex_daemon_rbac_grants_every_call_the_daemon_makes() -> None:
+    needs = [n for path in sorted(IMEX_DAEMON) for n in needs_of(ROOT / path)]
+    assert needs, "the derivation found no API call in the IMEX daemon's code"
+    assert _missing(needs, granted(build(), "compute-domain-daemon-service-account")) == []
 
 
 def test_embedded_only_modules_run_only_in_embedded_mode() -> None:
