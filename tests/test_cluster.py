@@ -7,14 +7,14 @@ clean-up when a step fails.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,6 +28,7 @@ from sim.cluster import kubeconfig as kc
 from sim.cluster.report import gpu_usage
 from sim.cluster.spec import ClusterSpec, SpecError, default_nodes, parse_nodes, pid_alive
 from sim.nvml.profile import shipped_profiles
+from tests.polling import until
 from tests.plugin_helpers import short_tmp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,15 +37,7 @@ NAME = "t"
 CONTEXT = "gpu-dra-t"
 
 
-def _until(what: str, check: Callable[[], T | None], timeout: float = 90.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+_until = functools.partial(until, timeout=90.0)
 
 
 class Cli:

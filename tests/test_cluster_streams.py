@@ -5,6 +5,7 @@ port nothing listens on. kubectl runs on a pseudo-terminal where a session needs
 
 from __future__ import annotations
 
+import functools
 import fcntl
 import os
 import pty
@@ -17,7 +18,7 @@ import sys
 import termios
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,6 +27,7 @@ import pytest
 
 from gpudra.kubeapi import KubeApi
 from sim.runtime import podman_missing
+from tests.polling import until
 from tests.plugin_helpers import short_tmp
 
 pytestmark = pytest.mark.process
@@ -36,14 +38,7 @@ NAME = "streams"
 T = TypeVar("T")
 
 
-def _until(what: str, check: Callable[[], T | None], timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+_until = functools.partial(until, timeout=60.0)
 
 
 @dataclass

@@ -6,13 +6,13 @@ visible on the domain, and a deleted domain's objects removed."""
 
 from __future__ import annotations
 
+import functools
 import contextlib
 import os
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +22,7 @@ import yaml
 from gpudra import computedomain as cd
 from gpudra.kubeapi import KubeApi
 from sim.runtime import podman_missing
+from tests.polling import until
 from tests.plugin_helpers import short_tmp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,15 +32,7 @@ T = TypeVar("T")
 pytestmark = pytest.mark.process
 
 
-def _until(what: str, check: Callable[[], T | None], timeout: float = 120.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
+_until = functools.partial(until, timeout=120.0)
 
 
 class Cluster:

@@ -4,13 +4,13 @@ host-process runtime's CDI edits and image routing."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from driver.computedomain import daemon as d
 from driver.computedomain.imex import config_template
 from sim.runtime.hostprocess import cdi_edits, is_own_image
 from sim.runtime.podman import RuntimeError_
+from tests.polling import until
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"CLIQUE_ID": "c.1", "COMPUTE_DOMAIN_UUID": "u-1", "COMPUTE_DOMAIN_NAME": "train", "NODE_NAME": "n1",
@@ -105,12 +106,7 @@ def _query(root: Path) -> str:
     return str(out.stdout or out.stderr)
 
 
-def _until(what: str, fn: Any, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not fn():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out: {what}")
-        time.sleep(0.1)
+_until = functools.partial(until, timeout=15.0)
 
 
 @pytest.mark.process

@@ -6,6 +6,7 @@ in a Terminating namespace refused with kube-apiserver's 403."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import time
@@ -17,20 +18,14 @@ import pytest
 
 from controlplane import EmbeddedApiServer
 from gpudra.kubeapi import ApiError, KubeApi, NotFound
+from tests.polling import until
 from tests.conftest import RunningApiServer
 
 KUBECTL = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "kubectl")
 T = TypeVar("T")
 
 
-def _until(what: str, check: Callable[[], T | None], timeout: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+_until = functools.partial(until, timeout=30.0)
 
 
 class Kubectl:
