@@ -50,7 +50,10 @@ def _prepare(doc: dict[str, Any]) -> None:
 
 def _schedule(doc: dict[str, Any]) -> None:
     assert (doc["nodes"], doc["pods"]) == (1, 2) and doc["apiCallsPerPod"]["POST pods/binding"] == 1.0
-    _positive(doc, "podsPerSecond", "cpuMsPerPod", "serverCpuMsPerPod", "p99Ms", "peakRssMiB")
+    _positive(doc, "podsPerSecond", "cpuMsPerPod", "p99Ms", "peakRssMiB")
+    # The server's CPU is read from /proc in clock ticks (10 ms): two pods may cost it less than one tick. Its being
+    # counted at all is checked at a size that costs several (test_controller_bench_schedule).
+    assert isinstance(doc["serverCpuMsPerPod"], float) and doc["serverCpuMsPerPod"] >= 0
     assert len(doc["placementDigest"]) == 64
 
 
