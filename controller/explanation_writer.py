@@ -93,9 +93,10 @@ class ExplanationWriter:
     # -- events ------------------------------------------------------------------------------------
 
     def event(self, pod: Mapping[str, Any], reason: str, message: str, *, warning: bool = True,
-              component: str = COMPONENT, action: str | None = None) -> bool:
+              component: str = COMPONENT, action: str | None = None, related: Mapping[str, Any] | None = None) -> bool:
         """Post (or refresh) the Event; returns whether anything was written. `component`: who reports it (the
-        embedded scheduler reports as kube-scheduler does, `default-scheduler`)."""
+        embedded scheduler reports as kube-scheduler does, `default-scheduler`); `related`: a second pod the Event
+        is about (a preemptor)."""
         message = truncate(message, MAX_EVENT_MESSAGE_CHARS)
         memo_key = (o.uid(pod) or o.key(pod), reason)
         now = self._clock()
@@ -128,6 +129,9 @@ class ExplanationWriter:
         }
         if action is not None:
             body["action"] = action
+        if related is not None:
+            body["related"] = {"apiVersion": "v1", "kind": "Pod", "name": o.name(related),
+                               "namespace": o.namespace(related), "uid": o.uid(related)}
         written = self._upsert_event(body, likely_new=previous is None)
         if written:
             with self._posted_lock:

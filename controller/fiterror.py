@@ -5,8 +5,8 @@
 DynamicResources plugin's verdict (`no new claims to deallocate` for a pod without claims, `still not
 schedulable` otherwise) and DefaultPreemption's own FitError: nodes no preemption could fix (rejected as
 UnschedulableAndUnresolvable) are `Preemption is not helpful for scheduling`, the others `No preemption victims
-found for incoming pod` (this scheduler does not preempt, so no node ever has victims). A pod that may not
-preempt (`preemptionPolicy: Never`) gets DefaultPreemption's refusal instead.
+found for incoming pod`. A pod that may not preempt (`preemptionPolicy: Never`) gets DefaultPreemption's
+refusal instead. When preemption found victims, the PostFilter succeeded and the message has no PostFilter part.
 """
 
 from __future__ import annotations
@@ -34,9 +34,12 @@ def _histogram(counts: Counter[str]) -> str:
     return ", ".join(sorted(f"{n} {reason}" for reason, n in counts.items()))
 
 
-def fit_error(total_nodes: int, statuses: Iterable[NodeStatus], pod: Mapping[str, Any], *, prefilter: str = "") -> str:
+def fit_error(total_nodes: int, statuses: Iterable[NodeStatus], pod: Mapping[str, Any], *, prefilter: str = "",
+              preemption: str | None = None) -> str:
     """The message of kube-scheduler's FailedScheduling event and PodScheduled condition. `prefilter`: a reason
-    that rejected the pod before any node was looked at (every node then counts as unresolvable)."""
+    that rejected the pod before any node was looked at (every node then counts as unresolvable). `preemption`:
+    DefaultPreemption's own message when it decided something ("" when it nominated a node), None when it found
+    no victims."""
     statuses = list(statuses)
     text = f"0/{total_nodes} nodes are available:"
     if prefilter:
@@ -50,7 +53,10 @@ def fit_error(total_nodes: int, statuses: Iterable[NodeStatus], pod: Mapping[str
             text += f" {_histogram(counts)}."
     # The DynamicResources plugin knows the pod's claims only once its PreFilter got them all.
     has_claims = not prefilter and bool(o.list_field(o.section(pod, "spec"), "resourceClaims"))
-    post = ["still not schedulable" if has_claims else "no new claims to deallocate", _preemption(total_nodes, statuses, pod)]
+    if preemption == "":
+        return text
+    post = ["still not schedulable" if has_claims else "no new claims to deallocate",
+            preemption or _preemption(total_nodes, statuses, pod)]
     return f"{text} {', '.join(post)}"
 
 

@@ -34,6 +34,7 @@ class NodeUsage:
     def __init__(self) -> None:
         self._held: dict[str, _Held] = {}  # pod key -> what it holds
         self._nodes: dict[str, NodeLoad] = {}
+        self._keys: dict[str, set[str]] = {}  # node -> keys of the pods it holds (preemption's candidates)
         self._limits: dict[str, int] = {}  # allocatable pods per node (nodes without a Node object: no limit)
         # Nodes that cannot take one more pod: a pod that requests nothing is checked against this set only.
         self.full: set[str] = set()
@@ -45,6 +46,9 @@ class NodeUsage:
     def load(self, node: str) -> NodeLoad:
         found = self._nodes.get(node)
         return found if found is not None else _EMPTY
+
+    def pods_on(self, node: str) -> frozenset[str]:
+        return frozenset(self._keys.get(node, ()))
 
     def observe(self, key: str, pod: Mapping[str, Any] | None) -> None:
         """The cache's current version of the pod (None: gone)."""
@@ -61,11 +65,13 @@ class NodeUsage:
         self.release(key)
         held = _Held(node, demand, ports)
         self._held[key] = held
+        self._keys.setdefault(node, set()).add(key)
         self._apply(held, 1)
 
     def release(self, key: str) -> None:
         held = self._held.pop(key, None)
         if held is not None:
+            self._keys[held.node].discard(key)
             self._apply(held, -1)
 
     def _apply(self, held: _Held, sign: int) -> None:

@@ -16,6 +16,7 @@ from controller.writes import Writer
 from gpudra.timestamps import rfc3339
 
 REASON_UNSCHEDULABLE = "Unschedulable"
+DISRUPTION_TARGET = "DisruptionTarget"
 
 
 def unschedulable_conditions(pod: Mapping[str, Any], message: str, now: datetime | None = None) -> list[Any] | None:
@@ -35,7 +36,23 @@ def unschedulable_conditions(pod: Mapping[str, Any], message: str, now: datetime
     return [dict(c) for c in conditions if c.get("type") != "PodScheduled"] + [condition]
 
 
-def mark_unschedulable(writer: Writer, pod: Mapping[str, Any], message: str) -> None:
+def mark_disrupted(writer: Writer, pod: Mapping[str, Any], condition: Mapping[str, Any]) -> None:
+    """Give a pod about to be deleted its DisruptionTarget condition (`condition`: status, reason, message), as
+    kube-controller-manager and kube-scheduler do before they delete it."""
+    conditions = [dict(c) for c in o.list_field(o.section(pod, "status"), "conditions")
+                  if isinstance(c, Mapping) and c.get("type") != DISRUPTION_TARGET]
+    conditions.append({**condition, "type": DISRUPTION_TARGET, "lastTransitionTime": rfc3339()})
+    writer.patch_status("Pod", pod, {"status": {"conditions": conditions}})
+
+
+def mark_unschedulable(writer: Writer, pod: Mapping[str, Any], message: str, *, nominated_node: str | None = None) -> None:
+    """`nominated_node`: the node preemption made room on ("" takes a nomination back, None leaves it)."""
+    status: dict[str, Any] = {}
     conditions = unschedulable_conditions(pod, message)
     if conditions is not None:
-        writer.patch_status("Pod", pod, {"status": {"conditions": conditions}})
+        status["conditions"] = conditions
+    current = o.section(pod, "status").get("nominatedNodeName") or ""
+    if nominated_node is not None and nominated_node != current:
+        status["nominatedNodeName"] = nominated_node or None
+    if status:
+        writer.patch_status("Pod", pod, {"status": status})

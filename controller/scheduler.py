@@ -20,7 +20,8 @@ EmbeddedScheduler, per pass, pod by pod:
   pods/binding and the Scheduled Event. A failed step undoes the earlier ones of that pod and gives its devices
   back; its pod is tried on the next pass. A pass ends with no write in flight. A bound pod is assumed bound
   until the watch shows it (no re-read after binding);
-- a pod that cannot be placed is reported through `_unschedulable` (an Event, rate-limited, and the
+- a pod that cannot be placed may preempt pods of lower priority (controller.preemption: victims deleted, the
+  pod nominated to their node), and is reported through `_unschedulable` (an Event, rate-limited, and the
   explanation annotation on its pending claims); it is retried on the next pass, which runs whenever
   something changes.
 """
@@ -33,12 +34,12 @@ from bisect import insort
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from controller import bindingconditions
 from controller import objects as o
-from controller import podgroupclaims, podgroups
+from controller import podgroupclaims, podgroups, preemption
 from controller.allocator import AllocationError, ClusterSnapshot, Node, parse_claim
 from controller.cel import CelEnvironment
 from controller.claims import GeneratedClaims, resolve_pod_claims
@@ -53,13 +54,13 @@ from controller.nodefit import (
     REASON_CANNOT_ALLOCATE, REASON_CLAIM_ELSEWHERE, allocation_rejects, as_allocator_node, dynamic_rejects,
     preferred_nodes, required_affinity, static_rejects,
 )
-from controller.nodeusage import NodeUsage
+from controller.nodeusage import NodeLoad, NodeUsage
 from controller.podresources import Demand, HostPort, host_ports, is_extended, node_allocatable, pod_demand
 from controller.objects import Obj
 from controller.inflight import InFlight
 from controller.informer import Store
-from controller.podconditions import mark_unschedulable
-from controller.priority import priority_values
+from controller.podconditions import mark_disrupted, mark_unschedulable
+from controller.priority import pod_priority, priority_values
 from controller.schedqueue import SchedulingQueue, SortKey
 from controller.quota import check_quota, devices_by_class
 from controller.scoring import NoPlacement, Placer
@@ -188,6 +189,12 @@ class _PassState:
     # Per pod shape (nodeSelector, tolerations, required node affinity: all static_rejects reads of a pod): the
     # nodes that take it.
     shape_nodes: dict[str, "_Candidates"]
+    priorities: tuple[dict[str, int], int]  # PriorityClass values and the default priority (priority_values)
+    # The pods bound to a node, as preemption looked at them in this pass (a pass deletes none but victims).
+    residents: dict[str, list[preemption.Victim]] = field(default_factory=dict)
+    # Node -> pod UID -> pod, for the pending pods nominated to a node (status.nominatedNodeName): kube-scheduler
+    # counts them on that node for pods that do not outrank them.
+    nominations: dict[str, dict[str, preemption.Victim]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -222,6 +229,15 @@ class _Bound:
     outcome: str  # _BOUND, _WAITING (allocated, waiting for binding conditions) or _FAILED (nothing stays written)
     stored: list[Obj]  # the claims as the API stored them
     error: Exception | None = None
+
+
+@dataclass(frozen=True)
+class _Preempted:
+    """What DefaultPreemption decided for a pod no node takes."""
+
+    message: str | None = None  # its FailedScheduling part ("" when it nominated a node; None: no victims found)
+    nominate: str | None = None  # the pod's nominatedNodeName to write ("" takes it back; None leaves it)
+    note: str = ""  # what our own explanation adds
 
 
 @dataclass
@@ -310,10 +326,16 @@ class EmbeddedScheduler:
             self._node_cache = (snapshot, node_objects, names, allocator_nodes, allocatable, {})
         return snapshot, placer
 
-    def _start_pass(self, view: View) -> _PassState:
+    def _start_pass(self, view: View, priorities: tuple[dict[str, int], int], waiting: list[Obj]) -> _PassState:
         snapshot, placer = self._current_nodes()
         assert self._node_cache is not None  # _current_nodes keeps it, for this snapshot
         _, node_objects, names, allocator_nodes, allocatable, shape_nodes = self._node_cache
+        nominations: dict[str, dict[str, preemption.Victim]] = {}
+        for pod in waiting:
+            nominated = o.section(pod, "status").get("nominatedNodeName")
+            if nominated:
+                nominations.setdefault(str(nominated), {})[o.uid(pod)] = preemption.Victim(
+                    pod, pod_priority(pod, *priorities), pod_demand(pod), host_ports(pod))
         return _PassState(
             view=view,
             claims_by_key=dict(view.claims),
@@ -325,6 +347,8 @@ class EmbeddedScheduler:
             allocator_nodes=allocator_nodes,
             allocatable=allocatable,
             shape_nodes=shape_nodes,
+            priorities=priorities,
+            nominations=nominations,
         )
 
     def reconcile(self, view: View) -> SchedulerOutcome:
@@ -341,7 +365,7 @@ class EmbeddedScheduler:
         if not queue:
             self._current_nodes()  # kept current while idle: the first pod of a burst does not pay for a rebuild
             return SchedulerOutcome()
-        state = self._start_pass(view)
+        state = self._start_pass(view, (values, default), waiting)
         tally = _Tally()
         bindings: InFlight[_Bound] = InFlight(self._pool, self.bindings_in_flight)
         # Popped pods with their expansion started, in queue order: a pod that arrives meanwhile and outranks one
@@ -450,11 +474,12 @@ class EmbeddedScheduler:
             return base
         names: list[str] = []
         more = list(base.rejected)
+        priority = pod_priority(pod, *state.priorities) if state.nominations else 0
         for name in base.names:
             why = None
             allocatable = state.allocatable.get(name)
             if allocatable is not None and (fit or name in self._usage.full):
-                why = dynamic_rejects(demand, ports, allocatable, self._usage.load(name), skip)
+                why = dynamic_rejects(demand, ports, allocatable, self._load(name, priority, pod, state), skip)
             if why is not None:
                 more.append(NodeReason(name, "unschedulable", why.explanation, scheduler=why.reasons, resolvable=why.resolvable))
                 continue
@@ -507,7 +532,9 @@ class EmbeddedScheduler:
         pending = [c for c in claims if o.allocation(c) is None]
         if not candidates:
             message = unavailable_message(total_nodes, rejected) if total_nodes else "no nodes available to schedule pods"
-            self._unschedulable(pod, pending, message, reason="no-nodes", statuses=rejected, state=state)
+            decided = self._preempt(pod, state, claims, pending, demand, ports, skip) if total_nodes else _Preempted()
+            self._unschedulable(pod, pending, message + decided.note, reason="no-nodes", statuses=rejected, state=state,
+                                preempted=decided)
             return False
 
         allocations: list[dict[str, Any]] = []
@@ -525,8 +552,9 @@ class EmbeddedScheduler:
                 self._unschedulable(pod, pending, str(err), reason="error")
                 return False
             if isinstance(result, NoPlacement):
-                self._unschedulable(pod, pending, unavailable_message(total_nodes, [*reasons, *rejected]), reason="unschedulable",
-                                    statuses=[*reasons, *rejected], state=state)
+                decided = self._preempt(pod, state, claims, pending, demand, ports, skip)
+                self._unschedulable(pod, pending, unavailable_message(total_nodes, [*reasons, *rejected]) + decided.note,
+                                    reason="unschedulable", statuses=[*reasons, *rejected], state=state, preempted=decided)
                 return False
             node, allocations = result.node, result.allocations
         else:
@@ -575,6 +603,8 @@ class EmbeddedScheduler:
             state.claims_by_key[o.key(claim)] = {**claim, "status": {**o.section(claim, "status"), "allocation": alloc}}
         self._assumed[o.uid(binding.pod)] = binding.node
         self._usage.hold(o.key(binding.pod), binding.node, binding.demand, binding.ports)
+        for nominated in state.nominations.values():
+            nominated.pop(o.uid(binding.pod), None)  # it holds what it asked for where it is bound
 
     def _bind(self, binding: _Binding) -> _Bound:
         """On the pool: the binding's writes, and what became of them (never raises)."""
@@ -714,7 +744,7 @@ class EmbeddedScheduler:
 
     def _unschedulable(self, pod: Obj, pending: list[Obj], message: str, *, event: str = REASON_UNSCHEDULABLE, reason: str,
                        statuses: list[NodeReason] | None = None, prefilter: str = "", state: _PassState | None = None,
-                       warning: bool = True) -> None:
+                       warning: bool = True, preempted: _Preempted = _Preempted()) -> None:
         """Report a pod that stays pending: our explanation (an Event and the claims' annotation) and, where
         kube-scheduler would have tried the pod (`statuses` per node, or a `prefilter` reason before any node),
         its FailedScheduling Event in its words, which the PodScheduled condition carries as it does there."""
@@ -725,9 +755,103 @@ class EmbeddedScheduler:
         if state is not None and (statuses is not None or prefilter):
             total = len(state.node_names)
             condition = "no nodes available to schedule pods" if not total else fit_error(
-                total, [_scheduler_status(r) for r in statuses or ()], pod, prefilter=prefilter)
+                total, [_scheduler_status(r) for r in statuses or ()], pod, prefilter=prefilter, preemption=preempted.message)
             self._explainer.event(pod, FAILED_SCHEDULING, condition, component=SCHEDULER_NAME, action="Scheduling")
-        mark_unschedulable(self._writer, pod, condition)
+        mark_unschedulable(self._writer, pod, condition, nominated_node=preempted.nominate)
+
+    # -- preemption (controller.preemption) -----------------------------------------------------------------------
+
+    def _preempt(self, pod: Obj, state: _PassState, claims: list[Obj], pending: list[Obj], demand: Demand,
+                 ports: tuple[HostPort, ...], skip: frozenset[str]) -> _Preempted:
+        """DefaultPreemption for a pod no node takes: on the nodes where only NodeResourcesFit or NodePorts
+        refused it, the fewest pods of lower priority to remove; the best such node's victims are deleted."""
+        if o.section(pod, "spec").get("preemptionPolicy") == "Never":
+            return _Preempted()
+        values, default = state.priorities
+        priority = pod_priority(pod, values, default)
+        base = state.shape_nodes.get(_pod_shape(pod))
+        nodes = base.names if base is not None else []
+        nominated = str(o.section(pod, "status").get("nominatedNodeName") or "")
+        if nominated in (base.members if base is not None else ()) and any(
+                v.priority < priority and preemption.terminating_by_preemption(v.pod) for v in self._residents(nominated, state)):
+            return _Preempted(preemption.NOT_ELIGIBLE_TERMINATING,
+                              note=f"; waiting for the pods it preempted on node {nominated} to terminate")
+        pinned = any((o.allocation(c) or {}).get("nodeSelector") is not None for c in claims)
+        found: list[preemption.Candidate] = []
+        try:
+            parsed = [parse_claim(c) for c in pending]
+            for name in nodes:
+                allocatable = state.allocatable.get(name)
+                if allocatable is None:
+                    continue
+                load = self._load(name, priority, pod, state)
+
+                def fits(after: NodeLoad, allocatable: Mapping[str, int] = allocatable) -> bool:
+                    return dynamic_rejects(demand, ports, allocatable, after, skip) is None
+
+                if fits(load) or (pinned and allocation_rejects(claims, state.allocator_nodes[name]) is not None):
+                    continue  # not refused for resources or ports here: removing pods cannot help
+                victims = preemption.select_victims(load, [v for v in self._residents(name, state) if v.priority < priority], fits)
+                if victims is None:
+                    continue
+                # Victims free no devices (kube-scheduler's DynamicResources plugin cannot remove pods either).
+                if parsed and isinstance(state.placer.place(parsed, frozenset({name})), NoPlacement):
+                    continue
+                found.append(preemption.Candidate(name, victims))
+                if len(found) >= preemption.candidates_wanted(len(state.node_names)):
+                    break
+        except AllocationError:
+            found = []
+        if not found:
+            return _Preempted(nominate="")
+        chosen = preemption.pick(found)
+        for victim in chosen.victims:
+            if o.meta(victim.pod).get("deletionTimestamp"):
+                continue  # already on its way out
+            state.residents.pop(chosen.node, None)
+            mark_disrupted(self._writer, victim.pod, {"status": "True", "reason": preemption.CONDITION_REASON,
+                                                      "message": preemption.condition_message(SCHEDULER_NAME)})
+            self._writer.delete("Pod", victim.pod)
+            self._explainer.event(victim.pod, preemption.EVENT_REASON, preemption.event_message(pod, chosen.node),
+                                  warning=False, component=SCHEDULER_NAME, action=preemption.EVENT_ACTION, related=pod)
+        # Pods of lower priority nominated to that node may no longer fit there: they look again.
+        on_node = state.nominations.setdefault(chosen.node, {})
+        for uid, other in list(on_node.items()):
+            if other.priority < priority:
+                self._writer.patch_status("Pod", other.pod, {"status": {"nominatedNodeName": None}})
+                del on_node[uid]
+        for elsewhere in state.nominations.values():
+            elsewhere.pop(o.uid(pod), None)
+        on_node[o.uid(pod)] = preemption.Victim(pod, priority, demand, ports)
+        log.info("preempting", extra={"pod": o.key(pod), "node": chosen.node,
+                                      "victims": [o.key(v.pod) for v in chosen.victims]})
+        named = ", ".join(o.key(v.pod) for v in chosen.victims)
+        return _Preempted("", chosen.node, f"; preempting {len(chosen.victims)} pod(s) of lower priority on node "
+                                           f"{chosen.node} ({named})")
+
+    def _load(self, node: str, priority: int, pod: Obj, state: _PassState) -> NodeLoad:
+        """What the node's pods hold, and the other pods nominated to it that rank as high as `pod` (`priority`)."""
+        load = self._usage.load(node)
+        nominated = state.nominations.get(node)
+        if not nominated:
+            return load
+        held = [v for uid, v in nominated.items() if uid != o.uid(pod) and v.priority >= priority]
+        return preemption.without(load, (), held) if held else load
+
+    def _residents(self, node: str, state: _PassState) -> list[preemption.Victim]:
+        """The pods bound to `node` as the cache shows them (pods this pass only assumed there are not victims)."""
+        known = state.residents.get(node)
+        if known is not None:
+            return known
+        values, default = state.priorities
+        found: list[preemption.Victim] = []
+        for key in sorted(self._usage.pods_on(node)):
+            resident = self._pods.get(key)
+            if resident is not None and o.section(resident, "spec").get("nodeName") == node:
+                found.append(preemption.Victim(resident, pod_priority(resident, values, default), pod_demand(resident),
+                                               host_ports(resident)))
+        state.residents[node] = found
+        return found
 
 
 class PendingExplainer:

@@ -19,12 +19,13 @@ from typing import Any
 from controller import objects as o
 from controller.allocator.model import Taint, Toleration
 from controller.explanation_writer import ExplanationWriter
+from controller.podconditions import mark_disrupted
 from controller.taintrules import RULE_KEY
 from controller.writes import Writer
 from gpudra.timestamps import parse_rfc3339, rfc3339
 
 CONDITION = "EvictionInProgress"
-POD_CONDITION = {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByDeviceTaintManager",
+POD_CONDITION = {"status": "True", "reason": "DeletionByDeviceTaintManager",
                  "message": "Device Taint manager: deleting due to NoExecute taint"}
 EVENT_REASON = "DeviceTaintManagerEviction"
 RULE_STATUS_PERIOD = timedelta(seconds=10)  # upstream's shortest time between status updates of one rule
@@ -217,10 +218,7 @@ class TaintEvictor:
 
     def _evict(self, pod: Mapping[str, Any]) -> None:
         self._explainer.event(pod, EVENT_REASON, "Marking for deletion", warning=False)
-        conditions = [dict(c) for c in o.list_field(o.section(pod, "status"), "conditions")
-                      if isinstance(c, Mapping) and c.get("type") != POD_CONDITION["type"]]
-        conditions.append({**POD_CONDITION, "lastTransitionTime": rfc3339()})
-        self._writer.patch_status("Pod", pod, {"status": {"conditions": conditions}})
+        mark_disrupted(self._writer, pod, POD_CONDITION)
         self._writer.delete("Pod", pod)
 
     def _rule_status(self, rule: Mapping[str, Any], pods: list[Mapping[str, Any]], claims: list[Mapping[str, Any]],

@@ -162,15 +162,16 @@ def test_cluster_up_fault_restart_down(cli: Cli) -> None:
         _until("pod first Running", lambda: _pod_phase(api, "first") == "Running")
         assert {n["name"]: n["gpusInUse"] for n in cli.status()["nodes"]}["quad"] == 1
 
-        # workload controllers: a Deployment's pods are named as the offline tools name them, and go with it
+        # workload controllers: a Deployment's pods come from the ReplicaSet the offline tools name (the API server
+        # picks each pod's 5-character suffix, as on a cluster), and go with it
         deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "default"},
                       "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
                                "template": {"metadata": {"labels": {"app": "web"}},
                                             "spec": pod_spec("quad")}}}
         k8s_client.AppsV1Api(api).create_namespaced_deployment("default", deployment)
-        offline = sorted(p["metadata"]["name"] for p in expand([deployment]))
+        offline = sorted(p["metadata"]["name"][:-5] for p in expand([deployment]))
         _until("the Deployment's pods Running", lambda: sorted(
-            p.metadata.name for p in k8s_client.CoreV1Api(api).list_namespaced_pod("default").items
+            p.metadata.name[:-5] for p in k8s_client.CoreV1Api(api).list_namespaced_pod("default").items
             if p.metadata.name.startswith("web-") and p.status.phase == "Running") == offline)
         k8s_client.AppsV1Api(api).delete_namespaced_deployment("web", "default")
         _until("the Deployment's pods to go", lambda: not [
@@ -324,9 +325,16 @@ def test_workload_controllers_plan_owners_then_pods() -> None:
                                                       "uid": "d-1", "controller": True, "blockOwnerDeletion": True}
     rs = {**first.create[0][1], "metadata": {**first.create[0][1]["metadata"], "uid": "rs-1"}}
     second = plan({"Deployment": [deploy], "ReplicaSet": [rs]})
-    pods = [o for k, o in second.create if k == "Pod"]
-    assert sorted(p["metadata"]["name"] for p in pods) == sorted(p["metadata"]["name"] for p in expand([{**deploy, "kind": "Deployment"}]))
-    assert all(p["metadata"]["ownerReferences"][0]["uid"] == "rs-1" for p in pods)
+    made_pods = [o for k, o in second.create if k == "Pod"]
+    # The ReplicaSet's pods are named by the API server (generateName), as kube-controller-manager creates them.
+    assert [p["metadata"]["generateName"] for p in made_pods] == [f"web-{phash}-"] * 2
+    assert all("name" not in p["metadata"] for p in made_pods)
+    assert all(p["metadata"]["ownerReferences"][0]["uid"] == "rs-1" for p in made_pods)
+    pods = [{**p, "metadata": {**p["metadata"], "name": f"web-{phash}-{i}"}} for i, p in enumerate(made_pods)]
+    # Counted, not named: the ReplicaSet with its pods wants nothing more, and one more pod is one too many.
+    assert [k for k, _ in plan({"Deployment": [deploy], "ReplicaSet": [rs], "Pod": pods}).create] == []
+    extra = {**pods[0], "metadata": {**pods[0]["metadata"], "name": f"web-{phash}-x", "creationTimestamp": "2026-12-02T00:00:00Z"}}
+    assert plan({"Deployment": [deploy], "ReplicaSet": [rs], "Pod": [*pods, extra]}).delete == [("Pod", ("default", f"web-{phash}-x"))]
     running = [{**p, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}} for p in pods]
     assert workload_status("Deployment", deploy, {"ReplicaSet": [rs], "Pod": [
         {**p, "status": {"phase": "Running"}} for p in pods]})["readyReplicas"] == 0  # Running is not Ready

@@ -45,6 +45,7 @@ def test_config_and_domain_validation_name_fields_and_accepted_values() -> None:
     assert any(e.startswith("spec.numNodes: Invalid value: -1") for e in errors)
 
 
+@pytest.mark.process
 def test_gpu_dra_validate_checks_compute_domains_against_nvidias_crd(tmp_path: Path) -> None:
     f = tmp_path / "cd.yaml"
     bad = {**DOMAIN, "spec": {"numNodes": -2, "channel": {"allocationMode": "Half"}}}
@@ -151,6 +152,7 @@ def _wait(what: str, fn: Any, timeout: float = 15.0) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.process
 def test_imex_stand_ins_are_ready_only_when_every_peer_is_up(tmp_path: Path) -> None:
     port, cmd = _free_port(), _free_port()
     peers = ["127.0.91.1", "127.0.91.2"]
@@ -201,6 +203,7 @@ def _allocate(tmp_path: Path, objects: list[dict[str, Any]]) -> tuple[int, dict[
     return out.returncode, json.loads(out.stdout)
 
 
+@pytest.mark.process
 def test_domain_gang_is_placed_in_one_clique_or_waits_naming_each_clique(tmp_path: Path) -> None:
     rc, doc = _allocate(tmp_path, _gang_objects(racks=2, trays=3, claims=3))
     assert rc == 0, doc

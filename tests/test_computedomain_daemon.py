@@ -154,6 +154,7 @@ def test_host_process_runtime_applies_cdi_edits_and_routes_our_image(tmp_path: P
     assert not is_own_image("busybox:1.36") and not is_own_image("ghcr.io/gpu-dra/gpu-dra-other:v1")
 
 
+@pytest.mark.process
 def test_check_command_is_the_probe(tmp_path: Path) -> None:
     def check(**env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "cli.main", "compute-domain-daemon", "check"], cwd=ROOT,

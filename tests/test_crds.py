@@ -308,6 +308,7 @@ def test_custom_resources_list_and_watch(crd_server: str) -> None:
     assert [(e["type"], e["object"]["status"]["status"]) for e in events] == [("MODIFIED", "Ready")]
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 def test_kubectl_get_describe_explain_a_custom_resource(crd_server: str, tmp_path: Path) -> None:
     import subprocess

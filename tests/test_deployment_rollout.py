@@ -37,6 +37,8 @@ class World:
         obj = copy.deepcopy(obj)
         obj["metadata"].setdefault("namespace", "default")
         obj["metadata"]["uid"] = f"uid-{next(self.uids)}"
+        if not obj["metadata"].get("name"):
+            obj["metadata"]["name"] = obj["metadata"]["generateName"] + obj["metadata"]["uid"]
         obj["metadata"].setdefault("generation", 1)
         return obj
 
@@ -152,6 +154,7 @@ def kubectl(s: RunningApiServer, *args: str) -> subprocess.CompletedProcess[str]
                           capture_output=True, text=True, timeout=90)
 
 
+@pytest.mark.process
 def test_kubectl_rollout_status_history_undo_restart(apiserver: RunningApiServer) -> None:
     if not Path(KUBECTL).exists():
         pytest.skip("kubectl is installed by `make install-test`")

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cli.main import NOT_SHIPPED
 from tests.test_webhook import make_certs
 
@@ -40,6 +42,7 @@ def _run(body: str, *args: str, timeout: float = 120, **kw: object) -> subproces
 CLI = "from cli.main import main; sys.exit(main(sys.argv[1:]))"
 
 
+@pytest.mark.process
 def test_every_shipped_module_imports_without_the_testbed() -> None:
     # cli/apiserver.py is the embedded control plane's command (its module imports it): checked below.
     modules = sorted(
@@ -53,6 +56,7 @@ def test_every_shipped_module_imports_without_the_testbed() -> None:
     assert int(proc.stdout.strip()) > 50
 
 
+@pytest.mark.process
 def test_in_cluster_commands_start_and_testbed_commands_say_why_not(tmp_path: Path) -> None:
     for command in ("plugin", "controller", "webhook", "validate", "allocate"):
         proc = _run(CLI, command, "--help")
@@ -69,6 +73,7 @@ def test_in_cluster_commands_start_and_testbed_commands_say_why_not(tmp_path: Pa
     assert proc.returncode == 2 and "not part of this installation" in proc.stderr, proc.stderr
 
 
+@pytest.mark.process
 def test_webhook_serves_without_the_testbed(tmp_path: Path) -> None:
     _, cert, key = make_certs(tmp_path)
     code = BOOT.format(blocked=sorted(NOT_SHIPPED), body=CLI)
@@ -93,6 +98,7 @@ def test_dockerfile_ships_the_in_cluster_packages_on_a_pinned_base() -> None:
     assert "requirements.lock" in text and "--no-deps" in text
 
 
+@pytest.mark.process
 def test_lock_matches_pyproject() -> None:
     proc = subprocess.run([sys.executable, "tools/lockdeps.py", "--check"], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ})

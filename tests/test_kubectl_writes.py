@@ -135,6 +135,7 @@ def test_label_through_v1beta1_of_a_template_created_through_v1(apiserver: Any, 
     assert beta["spec"]["spec"]["devices"]["requests"][0]["count"] == 1
 
 
+@pytest.mark.process
 @pytest.mark.apiserver_options(runtime_config=RESOURCE_BETAS)
 def test_a_v1beta1_spec_applied_over_the_same_v1_object_is_accepted(apiserver: Any, tmp_path: Path) -> None:
     """NVIDIA's v1beta1 specs applied over v1 ones: the same template in another version is no change of spec

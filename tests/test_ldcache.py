@@ -32,6 +32,7 @@ def _root(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.mark.process
 @pytest.mark.skipif(LDCONFIG is None or os.geteuid() != 0, reason="needs glibc's ldconfig and root (ldconfig -r chroots)")
 @pytest.mark.parametrize("fmt", ["new", "old", "compat"])
 def test_caches_ldconfig_writes_are_read_as_ldconfig_prints_them(tmp_path: Path, fmt: str) -> None:

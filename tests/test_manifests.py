@@ -94,6 +94,7 @@ def _containers(objects: list[dict]) -> list[dict]:  # type: ignore[type-arg]
             for c in o["spec"]["template"]["spec"]["containers"]]
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 def test_one_image_reference_that_kustomize_images_changes_everywhere(tmp_path: Path) -> None:
     """Every container names the one fully qualified image; no env var or flag carries a copy that an `images:`
@@ -116,6 +117,7 @@ def test_one_image_reference_that_kustomize_images_changes_everywhere(tmp_path: 
     assert {"POD_NAME", "POD_UID", "POD_NAMESPACE"} <= {e["name"] for e in agent["env"]}
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 def test_node_agent_rolls_surge_first_with_grpc_probes() -> None:
     out = subprocess.run(["kubectl", "kustomize", str(MANIFESTS)], capture_output=True, text=True, timeout=60,

@@ -41,6 +41,7 @@ spec: {containers: [{name: c, image: busybox}]}
 """
 
 
+@pytest.mark.process
 def test_kubectl_delete_f_of_a_namespace_and_its_content(apiserver: RunningApiServer, tmp_path: Path) -> None:
     if not Path(KUBECTL).exists():
         pytest.skip("kubectl is installed by `make install-test`")

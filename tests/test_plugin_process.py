@@ -14,6 +14,8 @@ from typing import Any
 
 import grpc
 
+import pytest
+
 from driver.nodeguard import CONDITION_TYPE
 from proto.grpchealth.v1 import api_pb2 as health_pb
 from proto.grpchealth.v1 import api_pb2_grpc as health_grpc
@@ -49,6 +51,7 @@ def _serving(port: int) -> bool:
     return bool(status == health_pb.HealthCheckResponse.SERVING)
 
 
+@pytest.mark.process
 def test_plugin_process_guard_health_and_pod_sockets(apiserver: Any) -> None:
     api = apiserver.api
     api.create("Node", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})

@@ -40,6 +40,7 @@ def test_usage_counts_what_the_evaluators_count() -> None:
     assert claim == {"count/resourceclaims.resource.k8s.io": "1", "gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "3"}
 
 
+@pytest.mark.process
 def test_quota_refuses_creates_past_hard_and_its_status_is_kept(apiserver: RunningApiServer) -> None:
     api = apiserver.api
     api.create("ResourceQuota", {"metadata": {"name": "team"}, "spec": {"hard": {

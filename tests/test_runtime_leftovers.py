@@ -7,6 +7,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from sim.runtime import Runtimes
 from sim.runtime.namespace import leftover_holder, same_mount_namespace
 from sim.runtime.podman import ContainerRequest, stop_leftovers
@@ -22,6 +24,7 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
+@pytest.mark.process
 def test_stop_leftovers_after_the_owner_died() -> None:
     require_podman()
     with short_tmp() as tmp:

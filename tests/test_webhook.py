@@ -98,12 +98,14 @@ def _post(webhook: tuple[str, int, ssl.SSLContext, Path, Path], body: Any, path:
         conn.close()
 
 
+@pytest.mark.process
 def test_valid_config_is_allowed(webhook) -> None:  # type: ignore[no-untyped-def]
     status, answer = _post(webhook, _review(_claim(GOOD)))
     assert status == 200 and answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
     assert answer["response"] == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
 
 
+@pytest.mark.process
 def test_bad_opaque_config_is_refused_with_the_field(webhook) -> None:  # type: ignore[no-untyped-def]
     status, answer = _post(webhook, _review(_claim(BAD), uid="u-bad"))
     r = answer["response"]
@@ -114,6 +116,7 @@ def test_bad_opaque_config_is_refused_with_the_field(webhook) -> None:  # type: 
     assert "Forever" in r["status"]["message"]
 
 
+@pytest.mark.process
 def test_refused_classes(webhook) -> None:  # type: ignore[no-untyped-def]
     _, answer = _post(webhook, _review(_claim(class_name="vfio.gpu.nvidia.com")))
     assert answer["response"]["allowed"] is False
@@ -123,6 +126,7 @@ def test_refused_classes(webhook) -> None:  # type: ignore[no-untyped-def]
     assert answer["response"]["allowed"] is False and "IMEX" in answer["response"]["status"]["message"]
 
 
+@pytest.mark.process
 def test_update_and_delete(webhook) -> None:  # type: ignore[no-untyped-def]
     old = _claim(GOOD)
     _, answer = _post(webhook, _review(None, operation="DELETE", old=old))
@@ -136,6 +140,7 @@ def test_update_and_delete(webhook) -> None:  # type: ignore[no-untyped-def]
     assert answer["response"]["allowed"] is False and "interval" in answer["response"]["status"]["message"]
 
 
+@pytest.mark.process
 def test_bad_requests_are_400_with_a_reason(webhook) -> None:  # type: ignore[no-untyped-def]
     status, body = _post(webhook, b"{not json")
     assert status == 400 and body["error"].startswith("AdmissionReview: ")
@@ -147,6 +152,7 @@ def test_bad_requests_are_400_with_a_reason(webhook) -> None:  # type: ignore[no
     assert status == 404 and "/validate" in body["error"]
 
 
+@pytest.mark.process
 def test_untrusted_client_sees_a_certificate_error(webhook) -> None:  # type: ignore[no-untyped-def]
     host, port, _, _, _ = webhook
     conn = http.client.HTTPSConnection(host, port, context=ssl.create_default_context(), timeout=30)
@@ -158,6 +164,7 @@ def test_untrusted_client_sees_a_certificate_error(webhook) -> None:  # type: ig
     assert status == 200 and answer["response"]["allowed"] is True
 
 
+@pytest.mark.process
 def test_renewed_certificate_is_served_without_restart(webhook, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     host, port, _, cert, key = webhook
     ca2, cert2, key2 = make_certs(tmp_path)
@@ -177,6 +184,7 @@ def test_review_core_matches_validate() -> None:
     assert review_response(_review(pod), admit)["response"]["allowed"] is True
 
 
+@pytest.mark.process
 def test_unusable_key_is_refused_at_start(tmp_path: Path) -> None:
     _, cert, _ = make_certs(tmp_path)
     other = tmp_path / "other.key"

@@ -35,6 +35,7 @@ def kubectl_ok() -> None:
         pytest.skip("kubectl is installed by `make install-test`")
 
 
+@pytest.mark.process
 def test_kubectl_scale_uses_the_scale_subresource(apiserver: RunningApiServer, kubectl_ok: None) -> None:
     _workloads(apiserver)
     for kind, name in (("Deployment", "web"), ("ReplicaSet", "web-rs"), ("StatefulSet", "db")):
@@ -55,6 +56,7 @@ def test_kubectl_scale_uses_the_scale_subresource(apiserver: RunningApiServer, k
     assert missing.returncode != 0 and 'deployments.apps "nope" not found' in missing.stderr
 
 
+@pytest.mark.process
 def test_printer_columns_of_the_workload_kinds(apiserver: RunningApiServer, kubectl_ok: None) -> None:
     _workloads(apiserver)
     apiserver.api.patch("Deployment", "web", {"status": {"replicas": 2, "readyReplicas": 1, "updatedReplicas": 2,

@@ -31,9 +31,11 @@ log = logging.getLogger("gpu-dra.cluster.workloads")
 # What owns what: Deployments own ReplicaSets, CronJobs own Jobs; ReplicaSets, StatefulSets and Jobs own pods
 # (Jobs through sim.cluster.jobs, which follows their pods' outcomes).
 # (Deployments through sim.cluster.deployments, which rolls them out.)
+# StatefulSet pods have fixed names (their ordinals); a ReplicaSet counts its pods and names new ones by
+# generateName, so a replaced pod comes back under a new name, as on a cluster.
 PARENTS = {"CronJob": "Job"}
-POD_OWNERS = ("ReplicaSet", "StatefulSet")
-POD_MAKERS = {"ReplicaSet": replicaset_pods, "StatefulSet": statefulset_pods}
+POD_OWNERS = ("StatefulSet",)
+POD_MAKERS = {"StatefulSet": statefulset_pods}
 CHILD_MAKERS = {"CronJob": cronjob_job}
 
 
@@ -74,6 +76,50 @@ def _reconcile_children(plan: Plan, child_kind: str, wanted: Mapping[tuple[str, 
             plan.delete.append((child_kind, k))
 
 
+def _active(pod: Mapping[str, Any]) -> bool:
+    """What a ReplicaSet counts: pods neither terminating nor finished (a failed pod is replaced, not deleted)."""
+    return not (pod.get("metadata") or {}).get("deletionTimestamp") and \
+        (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+def _scale_down_order(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """kube-controller-manager's order for scaling down: unscheduled, then pending, then not ready, then the most
+    restarted, then the newest pods go first."""
+    def rank(pod: Mapping[str, Any]) -> tuple[bool, int, bool, int]:
+        status = pod.get("status") or {}
+        phase = {"Pending": 0, "Unknown": 1, "Running": 2}.get(str(status.get("phase") or "Pending"), 0)
+        restarts = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [] if isinstance(c, dict))
+        return (bool((pod.get("spec") or {}).get("nodeName")), phase, _pod_ready(pod), -restarts)
+
+    newest_first = sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""), reverse=True)
+    return sorted(newest_first, key=rank)
+
+
+def _plan_replicaset_pods(out: Plan, objects: Mapping[str, list[dict[str, Any]]]) -> None:
+    """Each ReplicaSet's active pods brought to spec.replicas; pods of a ReplicaSet that is gone are deleted."""
+    owned: dict[str, list[dict[str, Any]]] = {}
+    for pod in objects.get("Pod", []):
+        owner = _controller(pod)
+        if owner and owner.get("kind") == "ReplicaSet":
+            owned.setdefault(str(owner.get("uid") or ""), []).append(pod)
+    for rs in objects.get("ReplicaSet", []):
+        meta = rs.get("metadata") or {}
+        try:
+            wanted = replicaset_pods({**rs, "kind": "ReplicaSet"})
+        except ExpandError as exc:
+            out.problems.append(str(exc))
+            owned.pop(str(meta.get("uid") or ""), None)
+            continue
+        active = [p for p in owned.pop(str(meta.get("uid") or ""), []) if _active(p)]
+        for pod in wanted[len(active):]:
+            pod_meta = {k: v for k, v in pod["metadata"].items() if k != "name"}
+            out.create.append(("Pod", {**pod, "metadata": {**pod_meta, "generateName": f"{meta.get('name')}-"}}))
+        for pod in _scale_down_order(active)[:max(0, len(active) - len(wanted))]:
+            out.delete.append(("Pod", _key(pod)))
+    for orphans in owned.values():
+        out.delete += [("Pod", _key(p)) for p in orphans if not (p.get("metadata") or {}).get("deletionTimestamp")]
+
+
 def plan(objects: Mapping[str, list[dict[str, Any]]], now: datetime | None = None) -> Plan:
     """One pass of the controllers over `objects` (kind -> live objects, Pods included): pure but for `now`."""
     out = Plan()
@@ -98,6 +144,7 @@ def plan(objects: Mapping[str, list[dict[str, Any]]], now: datetime | None = Non
             except ExpandError as exc:
                 out.problems.append(str(exc))
     _reconcile_children(out, "Pod", pods, objects.get("Pod", []), set(POD_OWNERS))
+    _plan_replicaset_pods(out, objects)
     by_owner: dict[str, list[dict[str, Any]]] = {}
     for pod in objects.get("Pod", []):
         owner = _controller(pod)
@@ -210,8 +257,8 @@ class WorkloadController:
         for kind, obj in todo.create:
             ns, name = _key(obj)
             try:
-                self.api.create(kind, {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}, namespace=ns)
-                log.info("event=created kind=%s object=%s/%s", kind, ns, name)
+                stored = self.api.create(kind, {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}, namespace=ns)
+                log.info("event=created kind=%s object=%s/%s", kind, ns, (stored.get("metadata") or {}).get("name", name))
             except AlreadyExists:
                 pass
         for kind, (ns, name), body in todo.patch:
