@@ -34,7 +34,8 @@ def test_one_pod_per_matching_node_honouring_selector_affinity_and_taints() -> N
     ds_aff = _ds(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "rack", "operator": "In", "values": ["2"]}]}]}}},
         tolerations=[{"key": "gpu", "operator": "Exists"}])
-    assert [p["metadata"]["name"] for p in plan([ds_aff], nodes, []).create] == [daemon_pod(ds_aff, "b")["metadata"]["name"]]
+    assert plan([ds_aff], nodes, []).create == [daemon_pod(ds_aff, "b")]
+    assert daemon_pod(ds_aff, "b")["metadata"]["generateName"] == "imex-"  # the API server adds 5 random characters
     tolerant = _ds(tolerations=[{"operator": "Exists"}])
     assert len(plan([tolerant], nodes, []).create) == 4
     assert todo.status[("nvidia", "imex")]["desiredNumberScheduled"] == 2
@@ -51,9 +52,16 @@ def test_daemon_pod_is_pinned_so_the_scheduler_places_it_only_on_its_node() -> N
             "effect": "NoSchedule"} in pod["spec"]["tolerations"]
 
 
-def _running(pod: dict[str, Any], uid: str = "u1") -> dict[str, Any]:
-    return {**pod, "metadata": {**pod["metadata"]}, "status": {"phase": "Running",
-                                                               "conditions": [{"type": "Ready", "status": "True"}]}}
+def _stored(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod as the API server stores it: named from its generateName (here from its node, to stay readable)."""
+    node = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
+    revision = pod["metadata"]["labels"][REVISION_LABEL]
+    return {**pod, "metadata": {**pod["metadata"], "name": f"{pod['metadata']['generateName']}{node}-{revision[:4]}"}}
+
+
+def _running(pod: dict[str, Any]) -> dict[str, Any]:
+    return {**_stored(pod), "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
 def test_status_counts_and_pods_on_nodes_that_no_longer_fit_are_removed() -> None:
@@ -80,7 +88,7 @@ def test_rolling_update_replaces_one_old_pod_at_a_time() -> None:
     pods[1]["status"] = {"phase": "Pending"}
     assert sorted(plan([new], nodes, pods).delete) == sorted(("nvidia", p["metadata"]["name"]) for p in pods[:2])
     # ... while a new pod that is not yet available holds the budget: nothing more is taken down.
-    starting = [pods[0], {**daemon_pod(new, "b"), "status": {"phase": "Pending"}}, pods[2]]
+    starting = [pods[0], {**_stored(daemon_pod(new, "b")), "status": {"phase": "Pending"}}, pods[2]]
     assert plan([new], nodes, starting).delete == []
     on_delete = {**new, "spec": {**new["spec"], "updateStrategy": {"type": "OnDelete"}}}
     assert plan([on_delete], nodes, [_running(daemon_pod(old, n)) for n in ("a", "b", "c")]).delete == []
@@ -96,7 +104,7 @@ def test_max_surge_starts_the_new_pod_beside_the_old_and_deletes_the_old_once_av
     new["spec"]["updateStrategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     first = plan([new], nodes, pods)
     assert first.delete == [] and len(first.create) == 1  # one surge pod, nothing down
-    surge = first.create[0]
+    surge = _stored(first.create[0])
     assert surge["metadata"]["name"] not in {p["metadata"]["name"] for p in pods}
     node = surge["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
@@ -104,7 +112,7 @@ def test_max_surge_starts_the_new_pod_beside_the_old_and_deletes_the_old_once_av
     assert waiting.create == [] and waiting.delete == []  # maxSurge 1 is in use
     assert waiting.status[("nvidia", "imex")]["updatedNumberScheduled"] == 1
     done = plan([new], nodes, [*pods, _running(surge)])
-    old_on_node = next(p for p in pods if p["metadata"]["name"] == daemon_pod(old, node)["metadata"]["name"])
+    old_on_node = next(p for p in pods if p["metadata"]["name"] == _stored(daemon_pod(old, node))["metadata"]["name"])
     assert done.delete == [("nvidia", old_on_node["metadata"]["name"])] and len(done.create) == 1
 
 
@@ -131,3 +139,17 @@ def test_revision_history_in_controller_revisions() -> None:
     assert pruned.delete == [olds[0]["metadata"]["name"], olds[1]["metadata"]["name"]]
     in_use = plan_history(limited, [*olds, {**rev2, "revision": 4}], {olds[0]["metadata"]["labels"][REVISION_LABEL]})
     assert in_use.delete == [olds[1]["metadata"]["name"]]
+
+
+def test_a_deleted_pod_is_replaced_once_gone_or_at_once_with_surge() -> None:
+    ds = _ds()
+    nodes = [_node("a")]
+    leaving = {**_running(daemon_pod(ds, "a"))}
+    leaving["metadata"] = {**leaving["metadata"], "deletionTimestamp": "2026-12-02T00:00:00Z"}
+    # As kube-controller-manager: the node still has a (terminating) daemon pod, so none is created beside it ...
+    assert plan([ds], nodes, [leaving]).create == []
+    # ... until it is gone, when the replacement gets a name of its own from the API server.
+    assert plan([ds], nodes, []).create == [daemon_pod(ds, "a")]
+    surging = {**ds, "spec": {**ds["spec"], "updateStrategy": {"type": "RollingUpdate",
+                                                               "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}}}
+    assert plan([surging], nodes, [leaving]).create == [daemon_pod(surging, "a")]

@@ -18,11 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.expand import name_suffix, pod_template_hash
+from controller.expand import pod_template_hash
 from controller.allocator import AllocationError
 from controller.nodefit import as_allocator_node, required_affinity, static_rejects
 from gpudra.kubeapi import AlreadyExists, ApiError, KubeApi
 from sim.cluster.daemonhistory import REVISION_LABEL, HistoryPlan, plan_history
+from sim.cluster.workloadevents import WorkloadEvents
 
 log = logging.getLogger("gpu-dra.cluster.daemonsets")
 
@@ -91,19 +92,18 @@ def should_run(ds: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
     return static_rejects(probe, uncordoned, as_allocator_node(uncordoned), affinity) is None
 
 
-def daemon_pod(ds: Mapping[str, Any], node: str, *, surge: bool = False) -> dict[str, Any]:
-    """The daemon pod for `node`; `surge`: the one started beside an old pod (a name of its own)."""
+def daemon_pod(ds: Mapping[str, Any], node: str) -> dict[str, Any]:
+    """The daemon pod for `node`, named by the API server (`<daemonset>-<5 random chars>`), as the controller
+    creates it: a replacement never waits for the name of the pod it replaces."""
     meta = _meta(ds)
     template = (ds.get("spec") or {}).get("template") or {}
     tmeta = template.get("metadata") or {}
     revision = pod_template_hash(template)
-    position = hash_position(f"{node}/{revision}" if surge else node)
-    name = f"{meta.get('name')}-{name_suffix(str(meta.get('name')), position)}"
     spec = copy.deepcopy(dict(template.get("spec") or {}))
     _with_tolerations(spec)
     _pinned(spec, node)
     pod_meta: dict[str, Any] = {
-        "name": name, "namespace": meta.get("namespace") or "default",
+        "generateName": f"{meta.get('name')}-", "namespace": meta.get("namespace") or "default",
         "labels": {**(tmeta.get("labels") or {}), REVISION_LABEL: revision,
                    "pod-template-generation": str((meta.get("annotations") or {}).get(
                        "deprecated.daemonset.template.generation") or meta.get("generation", 1))},
@@ -112,14 +112,6 @@ def daemon_pod(ds: Mapping[str, Any], node: str, *, surge: bool = False) -> dict
     if tmeta.get("annotations"):
         pod_meta["annotations"] = dict(tmeta["annotations"])
     return {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": spec}
-
-
-def hash_position(node: str) -> int:
-    """A stable number per node name, so a daemon pod's name is the same in every pass."""
-    h = 2166136261
-    for b in node.encode():
-        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
-    return h
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:
@@ -177,7 +169,8 @@ def _update(ds: Mapping[str, Any], per_node: dict[str, list[dict[str, Any]]], re
               [p for p in per_node[n] if _revision(p) != revision]) for n in sorted(per_node)]
     if max_surge == 0:
         unavailable = sum(1 for _, new, _ in nodes if new and not _ready(new[0]))
-        replace, candidates = [], []
+        replace: list[dict[str, Any]] = []
+        candidates: list[dict[str, Any]] = []
         for _, new, old in nodes:
             if new or not old:
                 continue
@@ -186,7 +179,8 @@ def _update(ds: Mapping[str, Any], per_node: dict[str, list[dict[str, Any]]], re
         out.delete += [(ns, _name(p)) for p in chosen]
         return
     surging = 0
-    replace_nodes, candidate_nodes = [], []
+    replace_nodes: list[str] = []
+    candidate_nodes: list[str] = []
     for node, new, old in nodes:
         if not old:
             continue
@@ -197,8 +191,7 @@ def _update(ds: Mapping[str, Any], per_node: dict[str, list[dict[str, Any]]], re
         else:
             surging += 1  # the new pod is starting beside the old one
     for node in replace_nodes + candidate_nodes[:max(0, max_surge - surging)]:
-        base = _name(daemon_pod(ds, node))
-        out.create.append(daemon_pod(ds, node, surge=any(_name(p) == base for p in per_node[node])))
+        out.create.append(daemon_pod(ds, node))
 
 
 def plan(daemonsets: list[dict[str, Any]], nodes: list[dict[str, Any]], pods: list[dict[str, Any]],
@@ -210,7 +203,12 @@ def plan(daemonsets: list[dict[str, Any]], nodes: list[dict[str, Any]], pods: li
             continue
         key = (str(meta.get("namespace") or "default"), str(meta.get("name")))
         revision = pod_template_hash((ds.get("spec") or {}).get("template") or {})
-        owned = [p for p in pods if _controller_uid(p) == meta.get("uid") and not _meta(p).get("deletionTimestamp")]
+        all_owned = [p for p in pods if _controller_uid(p) == meta.get("uid")]
+        owned = [p for p in all_owned if not _meta(p).get("deletionTimestamp")]
+        # Without surge the controller waits for a terminating pod to be gone before it starts its replacement.
+        strategy = ((ds.get("spec") or {}).get("updateStrategy") or {}).get("type") or "RollingUpdate"
+        surge = strategy == "RollingUpdate" and rolling_budgets(ds, len(nodes))[1] > 0
+        terminating = set() if surge else {_node_of(p) for p in all_owned if _meta(p).get("deletionTimestamp")}
         by_node: dict[str, list[dict[str, Any]]] = {}
         for p in sorted(owned, key=lambda p: (_revision(p) != revision, _name(p))):  # new ones first
             by_node.setdefault(_node_of(p) or "", []).append(p)
@@ -219,7 +217,8 @@ def plan(daemonsets: list[dict[str, Any]], nodes: list[dict[str, Any]], pods: li
         for node in sorted(wanted):
             mine = by_node.get(node, [])
             if not mine:
-                out.create.append(daemon_pod(ds, node))
+                if node not in terminating:
+                    out.create.append(daemon_pod(ds, node))
                 continue
             # At most one pod per revision on a node (two only while a surge pod replaces an old one).
             keep = [p for i, p in enumerate(mine) if _revision(p) not in {_revision(q) for q in mine[:i]}][:2]
@@ -227,7 +226,6 @@ def plan(daemonsets: list[dict[str, Any]], nodes: list[dict[str, Any]], pods: li
             per_node[node] = keep
         misscheduled = [p for n, ps in by_node.items() if n not in wanted for p in ps]
         out.delete += [(key[0], _name(p)) for p in misscheduled]
-        strategy = ((ds.get("spec") or {}).get("updateStrategy") or {}).get("type") or "RollingUpdate"
         if strategy == "RollingUpdate":
             _update(ds, per_node, revision, len(wanted), key[0], out)
         updated = [n for n, ps in per_node.items() if any(_revision(p) == revision for p in ps)]
@@ -247,27 +245,31 @@ class DaemonSetController:
         self.interval = interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.events = WorkloadEvents(api)
 
     def reconcile(self) -> None:
         daemonsets = self.api.list("DaemonSet")[0]
         if not daemonsets:
             return
-        todo = plan(list(daemonsets), list(self.api.list("Node")[0]), list(self.api.list("Pod")[0]),
-                    list(self.api.list("ControllerRevision")[0]))
+        pods = list(self.api.list("Pod")[0])
+        todo = plan(list(daemonsets), list(self.api.list("Node")[0]), pods, list(self.api.list("ControllerRevision")[0]))
         for (ns, _), history in todo.histories.items():
             self._write_history(ns, history)
         for pod in todo.create:
             ns = pod["metadata"]["namespace"]
             try:
-                self.api.create("Pod", {k: v for k, v in pod.items() if k not in ("apiVersion", "kind")}, namespace=ns)
-                log.info("event=created kind=Pod object=%s/%s", ns, pod["metadata"]["name"])
-            except AlreadyExists:
-                pass
+                stored = self.api.create("Pod", {k: v for k, v in pod.items() if k not in ("apiVersion", "kind")}, namespace=ns)
             except ApiError as exc:
-                log.warning("event=daemon-pod-refused object=%s/%s error=%r", ns, pod["metadata"]["name"], str(exc))
+                log.warning("event=daemon-pod-refused object=%s/%s* error=%r", ns, pod["metadata"]["generateName"], str(exc))
+                continue
+            log.info("event=created kind=Pod object=%s/%s", ns, (stored.get("metadata") or {}).get("name"))
+            self.events.created("Pod", stored)
+        listed = {(str(_meta(p).get("namespace") or "default"), _name(p)): p for p in pods}
         for ns, name in todo.delete:
             if self.api.delete("Pod", name, namespace=ns):
                 log.info("event=deleted kind=Pod object=%s/%s", ns, name)
+                if (ns, name) in listed:
+                    self.events.deleted("Pod", listed[(ns, name)])
         for ds in daemonsets:
             meta = ds.get("metadata") or {}
             status = todo.status.get((str(meta.get("namespace") or "default"), str(meta.get("name"))))

@@ -25,6 +25,7 @@ from controlplane.quota import QUOTA_KINDS
 from controlplane.quota import used as quota_used
 from sim.cluster.deployments import plan_deployment
 from sim.cluster.jobs import plan_job
+from sim.cluster.workloadevents import WorkloadEvents
 
 log = logging.getLogger("gpu-dra.cluster.workloads")
 
@@ -245,6 +246,7 @@ class WorkloadController:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._reported: set[str] = set()
+        self.events = WorkloadEvents(api)
 
     def reconcile(self) -> None:
         objects = {kind: list(self.api.list(kind)[0]) for kind in (*WORKLOAD_KINDS, "Pod", "ResourceClaim",
@@ -258,17 +260,24 @@ class WorkloadController:
             ns, name = _key(obj)
             try:
                 stored = self.api.create(kind, {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}, namespace=ns)
-                log.info("event=created kind=%s object=%s/%s", kind, ns, (stored.get("metadata") or {}).get("name", name))
             except AlreadyExists:
-                pass
+                continue
+            log.info("event=created kind=%s object=%s/%s", kind, ns, (stored.get("metadata") or {}).get("name", name))
+            self.events.created(kind, stored)
+        listed = {(kind, *_key(o)): o for kind, objs in objects.items() for o in objs}
         for kind, (ns, name), body in todo.patch:
             try:
                 self.api.patch(kind, name, body, namespace=ns)
             except NotFound:
-                pass  # deleted meanwhile
+                continue  # deleted meanwhile
+            replicas = (body.get("spec") or {}).get("replicas")
+            if kind == "ReplicaSet" and isinstance(replicas, int) and (kind, ns, name) in listed:
+                self.events.scaled(listed[(kind, ns, name)], replicas)
         for kind, (ns, name) in todo.delete:
             if self.api.delete(kind, name, namespace=ns):
                 log.info("event=deleted kind=%s object=%s/%s", kind, ns, name)
+                if (kind, ns, name) in listed:
+                    self.events.deleted(kind, listed[(kind, ns, name)])
         for kind in WORKLOAD_KINDS:
             for obj in objects[kind]:
                 ns, name = _key(obj)
@@ -276,6 +285,8 @@ class WorkloadController:
                 current = obj.get("status") or {}
                 if any(current.get(k) != v for k, v in status.items()):
                     self.api.patch(kind, name, {"status": status}, namespace=ns, subresource="status")
+                    if kind == "Job":
+                        self.events.job_finished(obj, status)
 
         for quota, status in quota_statuses(objects):
             ns, name = _key(quota)
