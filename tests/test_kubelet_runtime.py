@@ -242,6 +242,47 @@ def test_crashing_container_goes_into_crash_loop_back_off_and_the_pod_is_not_rea
     assert waiting()["status"]["containerStatuses"][0]["restartCount"] == 2  # type: ignore[index]
 
 
+def test_probes_decide_readiness_and_restart_a_container_that_fails_liveness(cluster: Cluster) -> None:
+    def create(name: str, script: str, **probes: Any) -> None:
+        container = {"name": "main", "image": "busybox", "command": ["sh", "-c", script], **probes}
+        cluster.api.create("Pod", {"metadata": {"name": name, "namespace": "default"},
+                                   "spec": {"nodeName": NODE, "containers": [container]}}, namespace="default")
+
+    def status(name: str) -> dict[str, Any]:
+        pod = cluster.api.get("Pod", name, namespace="default")
+        statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+        return {"ready": statuses[0].get("ready"), "restarts": statuses[0].get("restartCount"),
+                "condition": next((c["status"] for c in (pod.get("status") or {}).get("conditions") or []
+                                   if c["type"] == "Ready"), None), "ip": (pod.get("status") or {}).get("podIP")}
+
+    def events(name: str, reason: str) -> list[str]:
+        return [e["message"] for e in cluster.api.list("Event", namespace="default")[0]
+                if e["involvedObject"]["name"] == name and e["reason"] == reason]
+
+    every_second = {"periodSeconds": 1, "failureThreshold": 2}
+    create("warming", "sleep 2; touch /tmp/ready; exec sleep 3600",
+           readinessProbe={"exec": {"command": ["cat", "/tmp/ready"]}, **every_second})
+    create("unserved", "exec sleep 3600", readinessProbe={"httpGet": {"path": "/healthz", "port": 8080}, **every_second})
+    create("dying", "exec sleep 3600", livenessProbe={"exec": {"command": ["false"]}, **every_second})
+    # Running but not Ready until the readiness probe passes, as on a cluster.
+    wait_for("warming running", lambda: cluster.phase("warming") == "Running")
+    assert status("warming")["ready"] is False and status("warming")["condition"] == "False"
+    wait_for("warming ready", lambda: status("warming")["ready"] is True and status("warming")["condition"] == "True")
+    assert events("warming", "Unhealthy")[0].startswith("Readiness probe failed: cat: can't open '/tmp/ready'")
+    # Nothing listens on 8080: never Ready, and the kubelet says why, naming the pod IP it probed.
+    message = wait_for("unserved's Unhealthy event", lambda: (events("unserved", "Unhealthy") or [None])[0])
+    ip = status("unserved")["ip"]
+    assert message == (f'Readiness probe failed: Get "http://{ip}:8080/healthz": dial tcp {ip}:8080: connect: '
+                       "connection refused")
+    assert status("unserved")["ready"] is False and cluster.phase("unserved") == "Running"
+    # Two liveness failures in a row: killed and restarted (restartCount counts it), with the kubelet's events.
+    wait_for("dying restarted", lambda: (status("dying")["restarts"] or 0) >= 1)
+    assert "Container main failed liveness probe, will be restarted" in events("dying", "Killing")
+    assert "Liveness probe failed: " in events("dying", "Unhealthy")
+    last = cluster.api.get("Pod", "dying", namespace="default")["status"]["containerStatuses"][0]["lastState"]
+    assert last["terminated"]["exitCode"] == 137
+
+
 def test_init_containers_run_in_order_to_completion_before_the_app(cluster: Cluster) -> None:
     def create(name: str, inits: list[tuple[str, str]], restart: str = "Always") -> None:
         cluster.api.create("Pod", {"metadata": {"name": name, "namespace": "default"}, "spec": {

@@ -18,8 +18,8 @@ class DialError(Exception):
     """The port could not be reached inside the namespace; the message says why, in the runtime's words."""
 
 
-def dial(pid: int, port: int, host: str = "127.0.0.1") -> socket.socket:
-    """A connected socket to host:port in the network namespace of process `pid`."""
+def dial(pid: int, port: int, host: str = "127.0.0.1", timeout: float = CONNECT_TIMEOUT_S) -> socket.socket:
+    """A connected socket to host:port in the network namespace of process `pid` (`timeout` bounds the connect)."""
     result: list[socket.socket | BaseException] = []
 
     def enter_and_connect() -> None:
@@ -32,7 +32,7 @@ def dial(pid: int, port: int, host: str = "127.0.0.1") -> socket.socket:
                     raise OSError(err, f"setns: {os.strerror(err)}")
             finally:
                 os.close(fd)
-            sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+            sock = socket.create_connection((host, port), timeout=timeout)
             sock.settimeout(None)
             result.append(sock)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread

@@ -34,6 +34,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -47,6 +48,8 @@ from sim.kubelet.execserver import ExecServer
 from sim.kubelet.heartbeat import heartbeat_loop
 from sim.kubelet.dra import ClaimInfo, KubeletError, KubeletSim, Pod, PreparedDevice
 from sim.kubelet.podhealth import PodHealthReporter, RunningPod
+from sim.kubelet.proberun import run_probe
+from sim.kubelet.probes import TITLES, ContainerProber, ProbeSpec, probe_specs
 from gpudra.kubeapi import ApiError, KubeApi, NotFound
 from gpudra.timestamps import rfc3339
 from sim.runtime.podman import ContainerRequest, ContainerStatus, RuntimeError_, Seen
@@ -55,6 +58,7 @@ log = logging.getLogger("sim.kubelet.pods")
 
 EXTENDED_GPU_RESOURCE = "nvidia.com/gpu"
 RETRY_SECONDS = 0.2
+PROBE_THREADS = 4  # probes of the node's containers run at once (each bounded by its timeoutSeconds)
 WATCH_BACKOFF_MAX_SECONDS = 5.0
 # A container the runtime refused is retried after 1 s, doubling up to this (the kubelet's back-off is 10 s to 5 min).
 MAX_START_BACKOFF_SECONDS = 10.0
@@ -148,6 +152,8 @@ class ContainerRun:
     finished_mono: float = 0.0  # monotonic time it was noticed exited (the back-off counts from it)
     waiting_message: str = ""  # set while a restart waits out its back-off (CrashLoopBackOff)
     last_state: Mapping[str, Any] | None = None  # the previous run's `terminated` state (lastState)
+    ready: bool = True  # its readiness probe passes (or it has none); never before its startup probe passed
+    started: bool = True  # its startup probe passed (or it has none)
 
 
 @dataclass
@@ -296,7 +302,7 @@ def terminated_state(run: ContainerRun) -> dict[str, Any]:
 
 
 def container_status(run: ContainerRun) -> dict[str, Any]:
-    """A container's status as the kubelet reports it: running (Ready, with no readiness probe), waiting out its
+    """A container's status as the kubelet reports it: running (ready once its probes say so), waiting out its
     restart back-off (CrashLoopBackOff, its last run in lastState) or terminated."""
     if run.running:
         state: dict[str, Any] = {"running": {"startedAt": run.started_at}}
@@ -304,8 +310,8 @@ def container_status(run: ContainerRun) -> dict[str, Any]:
         state = {"waiting": {"reason": "CrashLoopBackOff", "message": run.waiting_message}}
     else:
         state = {"terminated": terminated_state(run)}
-    out: dict[str, Any] = {"name": run.container, "ready": run.running, "restartCount": run.restart_count,
-                           "image": "", "imageID": "", "started": run.running,
+    out: dict[str, Any] = {"name": run.container, "ready": run.running and run.ready, "restartCount": run.restart_count,
+                           "image": "", "imageID": "", "started": run.running and run.started,
                            "containerID": f"podman://{run.runtime_name}", "state": state}
     if run.waiting_message:
         out["lastState"] = {"terminated": terminated_state(run)}
@@ -394,6 +400,9 @@ class NodeKubelet:
         # The streaming server listens on the node's InternalIP, where the control plane dials it.
         self.exec_server = ExecServer(_NodeStreams(self), node_address or HOST_IP) if runtime is not None else None
         self._allocatable: dict[str, str] | None = None  # the Node's status.allocatable, read once
+        # Probe workers per pod uid and container run (sim.kubelet.probes), and the threads that run the probes.
+        self._probers: dict[str, dict[str, ContainerProber]] = {}
+        self._probe_pool: ThreadPoolExecutor | None = None
 
     # ---- lifecycle --------------------------------------------------------------------------------------
 
@@ -466,6 +475,10 @@ class NodeKubelet:
         for t in self._threads:
             t.join(timeout=5)
         self._threads.clear()
+        for uid in list(self._probers):
+            self._stop_probes(uid)
+        if self._probe_pool is not None:
+            self._probe_pool.shutdown(wait=False, cancel_futures=True)
         if self.runtime is not None:
             with self._lock:
                 names = [c.runtime_name for r in self.records.values() for c in r.containers]
@@ -571,6 +584,7 @@ class NodeKubelet:
         if kind == "DELETED":
             self._pods.pop(uid, None)
             self._active.pop(uid, None)
+            self._stop_probes(uid)
             self._remove_containers(uid)
             self._teardown(uid)
             self.backoff.forget(f"{uid}/")
@@ -747,7 +761,59 @@ class NodeKubelet:
                             self.node_name, previous.runtime_name, str(exc))
         log.info("event=container-started node=%s pod=%s/%s container=%s restart=%d devices=%s", self.node_name,
                  record.namespace, record.name, cname, restart, ",".join(request.cdi_devices) or "-")
-        return ContainerRun(cname, request.name, restart, request.cdi_devices, status.started_at, last_state=last_state)
+        specs = probe_specs(container)
+        if specs:
+            self._start_probes(pod, record, container, request.name, specs)
+        return ContainerRun(cname, request.name, restart, request.cdi_devices, status.started_at, last_state=last_state,
+                            ready="readiness" not in specs and "startup" not in specs, started="startup" not in specs)
+
+    # ---- probes (sim.kubelet.probes decides, sim.kubelet.proberun runs them) ------------------------------------
+
+    def _start_probes(self, pod: Mapping[str, Any], record: PodRecord, container: Mapping[str, Any], runtime_name: str,
+                      specs: Mapping[str, ProbeSpec]) -> None:
+        runtime = self.runtime
+        assert runtime is not None
+        if self._probe_pool is None:
+            self._probe_pool = ThreadPoolExecutor(PROBE_THREADS, thread_name_prefix=f"probes-{self.node_name}")
+        pod_ip = self._pod_ip(pod)
+        ref = {"namespace": record.namespace, "name": record.name, "uid": record.uid}
+        cname = str(container.get("name"))
+
+        def report(spec: ProbeSpec, output: str) -> None:
+            self.events.pod(ref, "Unhealthy", f"{TITLES[spec.kind]} probe failed: {output}", container=cname)
+
+        prober = ContainerProber(cname, specs, self._clock(), pool=self._probe_pool, clock=self._clock, report=report,
+                                 execute=lambda spec: run_probe(runtime, runtime_name, container, pod_ip, spec))
+        self._probers.setdefault(record.uid, {})[runtime_name] = prober
+
+    def _stop_probes(self, uid: str, runtime_name: str | None = None) -> None:
+        probers = self._probers.get(uid, {})
+        for name in [runtime_name] if runtime_name is not None else list(probers):
+            prober = probers.pop(name, None)
+            if prober is not None:
+                prober.stop()
+        if not probers:
+            self._probers.pop(uid, None)
+
+    def _probed(self, record: PodRecord, run: ContainerRun) -> ContainerRun:
+        """The running container as its probes see it now; killed (exit 137) when liveness or startup gave up."""
+        prober = self._probers.get(record.uid, {}).get(run.runtime_name)
+        if prober is None:
+            return run
+        verdict = prober.poll()
+        if not verdict.kill:
+            return replace(run, ready=verdict.ready, started=verdict.started)
+        assert self.runtime is not None
+        self._stop_probes(record.uid, run.runtime_name)
+        self.events.pod({"namespace": record.namespace, "name": record.name, "uid": record.uid}, "Killing",
+                        verdict.kill, warning=False, container=run.container)
+        try:
+            self.runtime.remove(run.runtime_name)
+        except RuntimeError_ as exc:
+            log.warning("event=container-remove-failed node=%s container=%s error=%r", self.node_name,
+                        run.runtime_name, str(exc))
+        return replace(run, running=False, exit_code=137, finished_at=rfc3339(), finished_mono=self._clock(),
+                       ready=False)
 
     def _run_init_containers(self, pod: Mapping[str, Any], record: PodRecord) -> None:
         """Init containers in order, each to completion (exit 0) before the next, restarted with the back-off
@@ -956,13 +1022,18 @@ class NodeKubelet:
                 if not status.running and status.exit_code is not None:
                     c = replace(c, running=False, exit_code=status.exit_code, finished_at=status.finished_at,
                                 seen=self.runtime.seen(c.runtime_name), finished_mono=self._clock())
+                    self._stop_probes(uid, c.runtime_name)
                     changed = True
                     log.info("event=container-exited node=%s pod=%s/%s container=%s exit_code=%d", self.node_name,
                              record.namespace, record.name, c.container, status.exit_code)
-                elif c.seen is None:
-                    seen = self.runtime.seen(c.runtime_name)
-                    if seen is not None:
-                        c = replace(c, seen=seen)
+                else:
+                    if c.seen is None:
+                        seen = self.runtime.seen(c.runtime_name)
+                        if seen is not None:
+                            c = replace(c, seen=seen)
+                    probed = self._probed(record, c)
+                    changed = changed or (probed.running, probed.ready, probed.started) != (c.running, c.ready, c.started)
+                    c = probed
             runs.append(c)
         policy = str((pod.get("spec") or {}).get("restartPolicy") or "Always")
         now = self._clock()
