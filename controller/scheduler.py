@@ -805,10 +805,10 @@ class EmbeddedScheduler:
         if not found:
             return _Preempted(nominate="")
         chosen = preemption.pick(found)
+        state.residents.pop(chosen.node, None)  # read again from the cache, which will show the victims leaving
         for victim in chosen.victims:
             if o.meta(victim.pod).get("deletionTimestamp"):
                 continue  # already on its way out
-            state.residents.pop(chosen.node, None)
             mark_disrupted(self._writer, victim.pod, {"status": "True", "reason": preemption.CONDITION_REASON,
                                                       "message": preemption.condition_message(SCHEDULER_NAME)})
             self._writer.delete("Pod", victim.pod)
