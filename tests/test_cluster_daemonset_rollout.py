@@ -5,21 +5,16 @@ revision's template), `rollout undo` renumbering the old revision, `--to-revisio
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.plugin_helpers import short_tmp
+from tests.cluster_helpers import cluster_up
 
 pytestmark = pytest.mark.process
 
-ROOT = Path(__file__).resolve().parent.parent
-KUBECTL = str(ROOT / ".venv" / "bin" / "kubectl")
 NAME = "dsroll"
 DAEMONSET = """
 apiVersion: apps/v1
@@ -36,20 +31,8 @@ spec:
 
 @pytest.fixture(scope="module")
 def kubectl() -> Iterator[list[str]]:
-    with short_tmp() as home:
-        kubeconfig = home / "kube" / "config"
-        env = dict(os.environ, XDG_STATE_HOME=str(home / "state"), KUBECONFIG=str(kubeconfig), PYTHONPATH=str(ROOT))
-
-        def cluster(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-m", "cli.main", "cluster", *args, "--name", NAME], env=env,
-                                  cwd=str(ROOT), capture_output=True, text=True, timeout=300)
-
-        up = cluster("up", "--nodes", "n1=v100-4,n2=v100-4,n3=v100-4", "--runtime", "none")
-        try:
-            assert up.returncode == 0, up.stderr[-3000:]
-            yield [KUBECTL, "--kubeconfig", str(kubeconfig), "-n", "default"]
-        finally:
-            cluster("down")
+    with cluster_up(NAME, "n1=v100-4,n2=v100-4,n3=v100-4", "none") as cluster:
+        yield cluster.kubectl
 
 
 def _run(base: list[str], *args: str, stdin: str | None = None, timeout: float = 120) -> str:

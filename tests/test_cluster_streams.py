@@ -14,13 +14,11 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import termios
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -28,12 +26,10 @@ import pytest
 from gpudra.kubeapi import KubeApi
 from sim.runtime import podman_missing
 from tests.polling import until
-from tests.plugin_helpers import short_tmp
+from tests.cluster_helpers import KUBECTL, cluster_up
 
 pytestmark = pytest.mark.process
 
-ROOT = Path(__file__).resolve().parent.parent
-KUBECTL = str(ROOT / ".venv" / "bin" / "kubectl")
 NAME = "streams"
 T = TypeVar("T")
 
@@ -65,24 +61,12 @@ def cluster() -> Iterator[Cluster]:
     missing = podman_missing()
     if missing:
         pytest.skip(f"podman cannot run here: {'; '.join(missing)}")
-    with short_tmp() as home:
-        kubeconfig = home / "kube" / "config"
-        env = dict(os.environ, XDG_STATE_HOME=str(home / "state"), KUBECONFIG=str(kubeconfig), PYTHONPATH=str(ROOT))
-
-        def gpu_dra(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-m", "cli.main", "cluster", *args, "--name", NAME], env=env,
-                                  cwd=str(ROOT), capture_output=True, text=True, timeout=300)
-
-        up = gpu_dra("up", "--nodes", "n1=v100-4", "--runtime", "podman")
+    with cluster_up(NAME, "n1=v100-4", "podman") as up:
+        api = KubeApi.connect(kubeconfig=str(up.kubeconfig))
         try:
-            assert up.returncode == 0, up.stderr[-3000:]
-            api = KubeApi.connect(kubeconfig=str(kubeconfig))
-            try:
-                yield Cluster(env, api)
-            finally:
-                api.close()
+            yield Cluster(up.env, api)
         finally:
-            gpu_dra("down")
+            api.close()
 
 
 class Terminal:
