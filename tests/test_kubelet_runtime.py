@@ -281,6 +281,11 @@ def test_probes_decide_readiness_and_restart_a_container_that_fails_liveness(clu
     assert "Liveness probe failed: " in events("dying", "Unhealthy")
     last = cluster.api.get("Pod", "dying", namespace="default")["status"]["containerStatuses"][0]["lastState"]
     assert last["terminated"]["exitCode"] == 137
+    # Each start is described as the kubelet describes it; a deleted pod's running container is stopped.
+    assert (events("warming", "Pulled"), events("warming", "Created"), events("warming", "Started")) == (
+        ['Container image "busybox" already present on machine'], ["Created container: main"], ["Started container main"])
+    cluster.api.delete("Pod", "warming", namespace="default")
+    wait_for("warming's Killing event", lambda: "Stopping container main" in events("warming", "Killing"))
 
 
 def test_init_containers_run_in_order_to_completion_before_the_app(cluster: Cluster) -> None:

@@ -761,6 +761,11 @@ class NodeKubelet:
                             self.node_name, previous.runtime_name, str(exc))
         log.info("event=container-started node=%s pod=%s/%s container=%s restart=%d devices=%s", self.node_name,
                  record.namespace, record.name, cname, restart, ",".join(request.cdi_devices) or "-")
+        ref = {"namespace": record.namespace, "name": record.name, "uid": record.uid}
+        # What `kubectl describe pod` shows of a start; the image is the runtime's local one (no registry to pull from).
+        for reason, message in (("Pulled", f'Container image "{request.image}" already present on machine'),
+                                ("Created", f"Created container: {cname}"), ("Started", f"Started container {cname}")):
+            self.events.pod(ref, reason, message, warning=False, container=cname)
         specs = probe_specs(container)
         if specs:
             self._start_probes(pod, record, container, request.name, specs)
@@ -1091,9 +1096,18 @@ class NodeKubelet:
     def _remove_containers(self, uid: str) -> None:
         if self.runtime is None:
             return
+        self._stop_probes(uid)
         with self._lock:
             record = self.records.get(uid)
             names = [c.runtime_name for c in record.containers] if record is not None else []
+            running = [c for c in record.containers if c.running] if record is not None else []
+            if record is not None:
+                record.containers = [replace(c, running=False, exit_code=137, finished_at=rfc3339()) if c.running else c
+                                     for c in record.containers]
+        for run in running:
+            assert record is not None
+            self.events.pod({"namespace": record.namespace, "name": record.name, "uid": uid}, "Killing",
+                            f"Stopping container {run.container}", warning=False, container=run.container)
         for name in names:
             try:
                 self.runtime.remove(name)
