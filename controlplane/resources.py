@@ -210,7 +210,7 @@ DEFAULT_REGISTRY = Registry(
         ResourceType("", "v1", "pods", "Pod", True, ("po",), has_status=True,
                      field_labels=("spec.nodeName", "spec.schedulerName", "spec.serviceAccountName",
                                    "status.phase", "status.podIP", "status.nominatedNodeName"),
-                     categories=("all",), extra_subresources=("attach", "binding", "exec", "log", "portforward")),
+                     categories=("all",), extra_subresources=("attach", "binding", "eviction", "exec", "log", "portforward")),
         ResourceType("", "v1", "events", "Event", True, ("ev",),
                      field_labels=("reason", "type", "source", "reportingComponent"),
                      field_prefixes=("involvedObject",)),
@@ -240,6 +240,7 @@ DEFAULT_REGISTRY = Registry(
         ResourceType("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
                      "MutatingWebhookConfiguration", False),
         ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),
+        ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ("pdb",), has_status=True),
         # The Workload API as Kubernetes 1.37 serves it (KEP-4671; GenericWorkload).
         ResourceType("scheduling.k8s.io", "v1beta1", "workloads", "Workload", True),
         ResourceType("scheduling.k8s.io", "v1beta1", "podgroups", "PodGroup", True, has_status=True),
@@ -338,6 +339,10 @@ def _resource_entries(rt: ResourceType) -> list[dict[str, Any]]:
             entries.append({"name": f"{rt.plural}/scale", "singularName": "", "namespaced": rt.namespaced,
                             "group": "autoscaling", "version": "v1", "kind": "Scale",
                             "verbs": ["get", "patch", "update"]})
+            continue
+        if sub == "eviction":  # policy/v1 Eviction: kubectl drain looks for it here
+            entries.append({"name": f"{rt.plural}/eviction", "singularName": "", "namespaced": rt.namespaced,
+                            "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]})
             continue
         entries.append({"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
                         "kind": _SUBRESOURCE_KINDS.get(sub, rt.kind),

@@ -11,6 +11,7 @@ from controlplane.admission.adminaccess import AdminAccessPlugin
 from controlplane.admission.chain import AdmissionChain
 from controlplane.admission.claimstatus import ClaimStatusPlugin
 from controlplane.admission.noderestriction import NodeRestrictionPlugin
+from controlplane.admission.disruptionbudget import DisruptionBudgetPlugin
 from controlplane.admission.podspec import PodSpecPlugin
 from controlplane.admission.policy import Expressions, PolicyPlugin
 from controlplane.admission.webhook import MutatingWebhookPlugin, WebhookPlugin
@@ -94,7 +95,7 @@ def build_security(store: Store, registry: Registry, features: Features, *,
     authorizer = AuthorizerChain([NodeAuthorizer(get, list_all), rbac])
     plugins: list[Any] = [NodeRestrictionPlugin(), AdminAccessPlugin(namespace, features.admin_access),
                           ClaimStatusPlugin(features.granular_status_authorization),
-                          PodSpecPlugin()]
+                          PodSpecPlugin(), DisruptionBudgetPlugin()]
     if expressions is not None:
         vap_version, vap_load = lister("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
         plugins.append(PolicyPlugin(expressions, vap_version, vap_load, namespace, params))

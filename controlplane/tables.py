@@ -304,6 +304,10 @@ def claim_state(claim: dict[str, Any]) -> str:
     return ",".join(states)
 
 
+def _int_or_na(value: Any) -> str:
+    return "N/A" if value is None else str(value)
+
+
 def _age(obj: dict[str, Any], now: datetime) -> str:
     return since(_get(obj, "metadata", "creationTimestamp"), now)
 
@@ -375,6 +379,16 @@ PRINTERS: dict[str, Printer] = {
     "Lease": Printer((_NAME, ("Holder", "string", 0, "The holder of the lease"), _AGE),
                      lambda o, now: [_get(o, "metadata", "name"), _get(o, "spec", "holderIdentity") or "",
                                      _age(o, now)]),
+    "PodDisruptionBudget": Printer((
+        _NAME,
+        ("Min Available", "string", 0, "The minimum number or percentage of available pods this budget requires."),
+        ("Max Unavailable", "string", 0, "The maximum number or percentage of unavailable pods this budget "
+                                         "requires."),
+        ("Allowed Disruptions", "integer", 0, "Calculated number of pods that may be disrupted at this time."),
+        _AGE,
+    ), lambda o, now: [_get(o, "metadata", "name"), _int_or_na(_get(o, "spec", "minAvailable")),
+                       _int_or_na(_get(o, "spec", "maxUnavailable")),
+                       int(_get(o, "status", "disruptionsAllowed") or 0), _age(o, now)]),
     "PriorityClass": Printer((
         _NAME,
         ("Value", "integer", 0, "value represents the integer value of this priority class."),

@@ -83,6 +83,7 @@ KINDS: dict[str, KindInfo] = {
     "MutatingWebhookConfiguration": KindInfo("admissionregistration.k8s.io", "v1",
                                              "mutatingwebhookconfigurations", False),
     "PriorityClass": KindInfo("scheduling.k8s.io", "v1", "priorityclasses", False),
+    "PodDisruptionBudget": KindInfo("policy", "v1", "poddisruptionbudgets", True),
     "Workload": KindInfo("scheduling.k8s.io", "v1beta1", "workloads", True),
     "PodGroup": KindInfo("scheduling.k8s.io", "v1beta1", "podgroups", True),
     "DeviceClass": KindInfo("resource.k8s.io", "v1", "deviceclasses", False),

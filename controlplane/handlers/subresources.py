@@ -1,5 +1,5 @@
 """Subresources with their own REST (pods/log, pods/exec|attach|portforward, namespaces/finalize's refusal of
-anything but PUT, scale, pods/binding) and the endpoints that answer
+anything but PUT, scale, pods/binding, pods/eviction) and the endpoints that answer
 without storing: the access and subject reviews and TokenRequest (serviceaccounts/token)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from controlplane import execproxy, portforwardtunnel, reviews, scale
+from controlplane import eviction, execproxy, portforwardtunnel, reviews, scale
 from controlplane import status as st
 from controlplane.authn import UserInfo
 from controlplane.crds import serving as crd_serving
@@ -47,6 +47,11 @@ def serve(h: RequestHandler, method: str, r: Route, query: dict[str, str]) -> bo
         body = None if method == "GET" else h._body()
         h._send_json(200, scale.serve(store, r.rt, r.namespace, r.name or "", method, body,
                                       h.headers.get("Content-Type")))
+        return True
+    if r.subresource == "eviction":
+        if method != "POST":
+            raise st.method_not_allowed(f"{method} is not supported on pods/eviction; supported: POST")
+        h._send_json(201, eviction.evict(store, h.ctx.registry, r.namespace, r.name or "", h._body()))
         return True
     if r.subresource == "binding":
         if method != "POST":

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.expand import WORKLOAD_KINDS, ExpandError, cronjob_job, replicaset_pods, statefulset_pods
-from gpudra.kubeapi import AlreadyExists, ApiError, KubeApi, NotFound
+from gpudra.kubeapi import AlreadyExists, ApiError, Conflict, KubeApi, NotFound
 from controlplane.quota import QUOTA_KINDS
 from controlplane.quota import used as quota_used
 from sim.cluster.deployments import plan_deployment
+from sim.cluster.disruption import budget_status, same_status
 from sim.cluster.jobs import plan_job
 from sim.cluster.workloadevents import WorkloadEvents
 
@@ -288,12 +289,27 @@ class WorkloadController:
                     if kind == "Job":
                         self.events.job_finished(obj, status)
 
+        self._budgets(objects)
         for quota, status in quota_statuses(objects):
             ns, name = _key(quota)
             try:
                 self.api.patch("ResourceQuota", name, {"status": status}, namespace=ns, subresource="status")
             except NotFound:
                 pass
+
+    def _budgets(self, objects: Mapping[str, list[dict[str, Any]]]) -> None:
+        """The disruption controller's part: each PodDisruptionBudget's status (sim.cluster.disruption)."""
+        now = datetime.now(timezone.utc)
+        for pdb in self.api.list("PodDisruptionBudget")[0]:
+            ns = _key(pdb)[0]
+            pods = [p for p in objects.get("Pod", []) if _key(p)[0] == ns]
+            status = budget_status(pdb, pods, objects, now)
+            if same_status(pdb.get("status") or {}, status):
+                continue
+            try:
+                self.api.replace_status("PodDisruptionBudget", {**pdb, "status": status})
+            except (Conflict, NotFound):
+                pass  # an eviction (or a deletion) came first: the next pass reads it
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
