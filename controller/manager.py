@@ -47,7 +47,8 @@ log = logging.getLogger("gpudra.controller.manager")
 CLUSTER_KINDS: tuple[str, ...] = ("Pod", "ResourceClaim", "ResourceSlice", "DeviceClass", "Node")
 # DeviceTaintRule and PodGroup are watched in embedded mode only: a real cluster's kube-scheduler applies
 # taint rules and schedules pod groups itself.
-EMBEDDED_KINDS: tuple[str, ...] = ("ResourceClaimTemplate", "PriorityClass", "ResourceQuota", "DeviceTaintRule", "PodGroup")
+EMBEDDED_KINDS: tuple[str, ...] = ("ResourceClaimTemplate", "PriorityClass", "ResourceQuota", "DeviceTaintRule", "PodGroup",
+                                   "PodDisruptionBudget")
 
 
 # Kinds a kube-apiserver serves only with a feature gate on (its REST storage is installed only then).

@@ -5,9 +5,11 @@ node looks at every node whose only objections were NodeResourcesFit or NodePort
 priority removed it must fit there (its claims must still allocate on that node, since the DynamicResources plugin
 has no PreFilter extensions: removing a victim frees no device in kube-scheduler either). Then the victims are
 reprieved one by one, most important first (higher priority, then the one that started earlier), while the pod
-still fits without the rest. The search stops at 10% of the nodes as candidates (at least 100). Of the nodes left, the one with the lowest highest-priority victim wins, then the
-lowest sum of priorities, the fewest victims, the latest start among its highest-priority victims, the first
-name. No PodDisruptionBudgets are served here, so none is weighed.
+still fits without the rest; pods whose loss a PodDisruptionBudget does not allow (its `disruptionsAllowed`,
+counted down victim by victim, pods it already lists in `disruptedPods` aside) are reprieved first. The search
+stops at 10% of the nodes as candidates (at least 100). Of the nodes left, the one with the fewest budget
+violations wins, then the lowest highest-priority victim, the lowest sum of priorities, the fewest victims, the
+latest start among its highest-priority victims, the first name.
 
 The victims get the `DisruptionTarget` condition and are deleted, each with a `Preempted` Event naming the
 preemptor's UID; the preemptor is nominated to the node (`status.nominatedNodeName`) and scheduled there once the
@@ -18,12 +20,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from controller import objects as o
 from controller.nodeusage import NodeLoad
 from controller.podresources import Demand, HostPort
+from gpudra.labelselector import selects
 
 EVENT_REASON = "Preempted"
 EVENT_ACTION = "Preempting"
@@ -44,6 +47,7 @@ class Victim:
     priority: int
     demand: Demand
     ports: tuple[HostPort, ...]
+    violates: bool = False  # deleting it would take a PodDisruptionBudget below what it allows
 
     @property
     def started(self) -> str:
@@ -54,6 +58,31 @@ class Victim:
 class Candidate:
     node: str
     victims: tuple[Victim, ...]
+
+    @property
+    def violations(self) -> int:
+        return sum(1 for v in self.victims if v.violates)
+
+
+def with_budgets(lower: Sequence[Victim], budgets: Sequence[Mapping[str, Any]]) -> list[Victim]:
+    """`lower` marked with the budget violations their deletion would cause, counted in importance order as
+    kube-scheduler's filterPodsWithPDBViolation does (`budgets`: the cluster's PodDisruptionBudgets)."""
+    allowed = [int(o.section(b, "status").get("disruptionsAllowed") or 0) for b in budgets]
+    out = []
+    for victim in sorted(lower, key=_importance):
+        labels = {str(k): str(v) for k, v in o.labels(victim.pod).items()}
+        violates = False
+        for i, budget in enumerate(budgets):
+            selector = o.section(budget, "spec").get("selector")
+            if o.namespace(budget) != o.namespace(victim.pod) or not isinstance(selector, Mapping) or not selector \
+                    or not selects(selector, labels):
+                continue  # kube-scheduler skips budgets with an empty selector too
+            if o.name(victim.pod) in (o.section(budget, "status").get("disruptedPods") or {}):
+                continue  # already counted by the budget
+            allowed[i] -= 1
+            violates = violates or allowed[i] < 0
+        out.append(replace(victim, violates=violates))
+    return out
 
 
 def candidates_wanted(nodes: int) -> int:
@@ -100,7 +129,8 @@ def select_victims(load: NodeLoad, lower: Sequence[Victim], fits: Callable[[Node
     important first; None when removing them all is not enough."""
     if not lower or not fits(without(load, lower)):
         return None
-    removed = sorted(lower, key=_importance)
+    # The pods a budget protects are given back first (the sort is stable: importance order within each group).
+    removed = sorted(sorted(lower, key=_importance), key=lambda v: not v.violates)
     victims: list[Victim] = []
     for victim in list(removed):
         rest = [r for r in removed if r is not victim]
@@ -112,12 +142,13 @@ def select_victims(load: NodeLoad, lower: Sequence[Victim], fits: Callable[[Node
 
 
 def pick(candidates: Sequence[Candidate]) -> Candidate:
-    """kube-scheduler's pickOneNodeForPreemption over candidates in node order (PodDisruptionBudgets aside)."""
+    """kube-scheduler's pickOneNodeForPreemption over candidates in node order."""
     for candidate in candidates:
         if not candidate.victims:
             return candidate
     left = list(candidates)
-    for score in (lambda c: max(v.priority for v in c.victims),
+    for score in (lambda c: c.violations,
+                  lambda c: max(v.priority for v in c.victims),
                   lambda c: sum(v.priority + _PRIORITY_OFFSET for v in c.victims),
                   lambda c: len(c.victims)):
         best = min(score(c) for c in left)

@@ -777,6 +777,7 @@ class EmbeddedScheduler:
             return _Preempted(preemption.NOT_ELIGIBLE_TERMINATING,
                               note=f"; waiting for the pods it preempted on node {nominated} to terminate")
         pinned = any((o.allocation(c) or {}).get("nodeSelector") is not None for c in claims)
+        budgets = list(state.view.disruption_budgets.values())
         found: list[preemption.Candidate] = []
         try:
             parsed = [parse_claim(c) for c in pending]
@@ -791,7 +792,8 @@ class EmbeddedScheduler:
 
                 if fits(load) or (pinned and allocation_rejects(claims, state.allocator_nodes[name]) is not None):
                     continue  # not refused for resources or ports here: removing pods cannot help
-                victims = preemption.select_victims(load, [v for v in self._residents(name, state) if v.priority < priority], fits)
+                lower = [v for v in self._residents(name, state) if v.priority < priority]
+                victims = preemption.select_victims(load, preemption.with_budgets(lower, budgets), fits)
                 if victims is None:
                     continue
                 # Victims free no devices (kube-scheduler's DynamicResources plugin cannot remove pods either).

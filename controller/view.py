@@ -23,6 +23,7 @@ class View:
     quotas: dict[str, Obj] = field(default_factory=dict)
     pod_groups: dict[str, Obj] = field(default_factory=dict)  # scheduling.k8s.io PodGroups (embedded mode)
     taint_rules: dict[str, Obj] = field(default_factory=dict)
+    disruption_budgets: dict[str, Obj] = field(default_factory=dict)  # embedded mode: preemption weighs them
 
     @classmethod
     def from_stores(cls, stores: Mapping[str, Store]) -> "View":
@@ -41,6 +42,7 @@ class View:
             quotas=grab("ResourceQuota"),
             pod_groups=grab("PodGroup"),
             taint_rules=grab("DeviceTaintRule"),
+            disruption_budgets=grab("PodDisruptionBudget"),
         )
 
     def sorted_slices(self) -> list[Obj]:

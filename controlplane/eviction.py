@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane import status as st
-from controlplane.admission.matching import label_selector_matches
+from gpudra.labelselector import selects
 from controlplane.resources import Registry
 from controlplane.selectors import labels_of
 from controlplane.store import Filter, Store
@@ -57,7 +57,7 @@ def evict(store: Store, registry: Registry, namespace: str, name: str, body: Any
         matching = [] if budgets is None or not _disruptible(pod) else [
             pdb for pdb in store.list(Filter(budgets, namespace))[0]
             if isinstance((pdb.get("spec") or {}).get("selector"), dict)
-            and label_selector_matches(pdb["spec"]["selector"], labels_of(pod))]
+            and selects(pdb["spec"]["selector"], labels_of(pod))]
         if len(matching) > 1:
             raise st.StatusError(500, "InternalError",
                                  "This pod has more than one PodDisruptionBudget, which the eviction subresource does "

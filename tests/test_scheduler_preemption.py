@@ -198,3 +198,38 @@ def test_devices_allocated_to_lower_priority_pods_are_not_preempted_as_in_kube_s
     assert _failed(api, "serving") == (
         "0/1 nodes are available: 1 cannot allocate all claims. still not schedulable, "
         "preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod.")
+
+
+def test_victims_a_disruption_budget_protects_are_spared_first(apiserver: Any) -> None:
+    api = apiserver.api
+    _cluster(api)
+    # Both nodes hold one low-priority pod of 40 CPUs; node-a's is protected by a budget that allows nothing.
+    protected = _pod("a-low", 40, "low", node_name="node-a")
+    protected["metadata"]["labels"] = {"app": "db"}
+    create_all(api, [protected, _pod("b-low", 40, "low", node_name="node-b")])
+    api.create("PodDisruptionBudget", {"metadata": {"name": "db", "namespace": "default"},
+                                       "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}}},
+               namespace="default")
+    api.patch("PodDisruptionBudget", "db", {"status": {"observedGeneration": 1, "disruptionsAllowed": 0}},
+              namespace="default", subresource="status")
+    # Otherwise the two nodes tie (one victim each, same priority, neither started) and node-a, first, would win.
+    create_all(api, [_pod("urgent", 30, "high")])
+    manager(api).step()
+    assert _get(api, "urgent")["status"]["nominatedNodeName"] == "node-b"  # type: ignore[index]
+    assert _get(api, "a-low") is not None and _get(api, "b-low") is None
+
+
+def test_budget_violations_are_counted_in_importance_order() -> None:
+    budget = {"metadata": {"name": "web", "namespace": "default"}, "spec": {"selector": {"matchLabels": {"app": "w"}}},
+              "status": {"disruptionsAllowed": 1, "disruptedPods": {"gone": "2026-12-01T00:00:00Z"}}}
+
+    def victim(name: str, priority: int, app: str = "w") -> preemption.Victim:
+        pod = {"metadata": {"name": name, "namespace": "default", "labels": {"app": app}}, "status": {}}
+        return preemption.Victim(pod, priority, Demand(()), ())
+
+    marked = preemption.with_budgets([victim("low", 1), victim("high", 5), victim("gone", 0), victim("other", 0, "x")],
+                                     [budget])
+    # The most important pod takes the one disruption allowed; the next violates; one the budget already counts
+    # and one it does not select never do.
+    assert [(v.pod["metadata"]["name"], v.violates) for v in marked] == [
+        ("high", False), ("low", True), ("gone", False), ("other", False)]

@@ -8,23 +8,9 @@ from typing import Any
 
 from controlplane.admission.request import AdmissionRequest
 from controlplane.selectors import labels_of
+from gpudra.labelselector import selects
 
 NamespaceLookup = Callable[[str], "dict[str, Any] | None"]
-
-
-def label_selector_matches(selector: Any, labels: dict[str, str]) -> bool:
-    """metav1.LabelSelector; an absent selector matches everything, an empty one too."""
-    if not isinstance(selector, dict):
-        return True
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expr in selector.get("matchExpressions") or ():
-        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
-        if (op == "In" and labels.get(key) not in values) or (op == "NotIn" and key in labels and labels[key] in values) \
-                or (op == "Exists" and key not in labels) or (op == "DoesNotExist" and key in labels):
-            return False
-    return True
 
 
 def _rule_matches(rule: dict[str, Any], req: AdmissionRequest, exact: bool) -> bool:
@@ -59,7 +45,7 @@ def rules_match(rules: Any, req: AdmissionRequest, match_policy: str = "Equivale
 
 def selectors_match(namespace_selector: Any, object_selector: Any, req: AdmissionRequest,
                     obj: dict[str, Any] | None, old: dict[str, Any] | None, namespace: NamespaceLookup) -> bool:
-    if object_selector and not any(label_selector_matches(object_selector, labels_of(o))
+    if object_selector and not any(selects(object_selector, labels_of(o))
                                    for o in (obj, old) if o is not None):
         return False
     if namespace_selector and (namespace_selector.get("matchLabels") or namespace_selector.get("matchExpressions")):
@@ -69,7 +55,7 @@ def selectors_match(namespace_selector: Any, object_selector: Any, req: Admissio
             labels = labels_of(namespace(req.namespace) or {})
         else:
             return True  # another cluster-scoped object: namespaceSelector never excludes it
-        return label_selector_matches(namespace_selector, labels)
+        return selects(namespace_selector, labels)
     return True
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from controlplane.authn import SA_PREFIX, UserInfo
 from controlplane.authz.attributes import NO_OPINION, Attributes, Decision, Verdict
+from gpudra.labelselector import selects
 
 
 @dataclass(frozen=True)
@@ -47,23 +48,6 @@ class Rule:
 
 def _rules(raw: Any) -> tuple[Rule, ...]:
     return tuple(Rule.parse(r) for r in raw or () if isinstance(r, dict))
-
-
-def _selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expr in selector.get("matchExpressions") or ():
-        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
-        if op == "In" and labels.get(key) not in values:
-            return False
-        if op == "NotIn" and labels.get(key) in values:
-            return False
-        if op == "Exists" and key not in labels:
-            return False
-        if op == "DoesNotExist" and key in labels:
-            return False
-    return True
 
 
 def _subject_matches(subject: dict[str, Any], user: UserInfo, binding_namespace: str) -> bool:
@@ -131,7 +115,7 @@ class RbacIndex:
             for other in all_roles.values():
                 if other is role or other.get("aggregationRule"):
                     continue
-                if _selector_matches(selector, (other.get("metadata") or {}).get("labels") or {}):
+                if selects(selector, (other.get("metadata") or {}).get("labels") or {}):
                     out.extend(r for r in _rules(other.get("rules")) if r not in out)
         return tuple(out)
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from controlplane.admission.matching import label_selector_matches
+from gpudra.labelselector import selects
 from gpudra.timestamps import parse_rfc3339, rfc3339
 from sim.cluster.deployments import scaled_value
 
@@ -64,7 +64,7 @@ def budget_status(pdb: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
     """The status the controller writes; `pods`: the budget's namespace's, `workloads`: kind -> its objects there."""
     spec = pdb.get("spec") or {}
     selector = spec.get("selector")
-    selected = [p for p in pods if isinstance(selector, dict) and label_selector_matches(selector, dict(
+    selected = [p for p in pods if isinstance(selector, dict) and selects(selector, dict(
         _meta(p).get("labels") or {}))]
     old = pdb.get("status") or {}
     names = {str(_meta(p).get("name")) for p in selected if not _meta(p).get("deletionTimestamp")}
