@@ -218,6 +218,8 @@ DEFAULT_REGISTRY = Registry(
         ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, ("sa",), extra_subresources=("token",)),
         # What pods' env.valueFrom, envFrom and volumes read (the kubelet simulator).
         ResourceType("", "v1", "configmaps", "ConfigMap", True, ("cm",)),
+        ResourceType("", "v1", "services", "Service", True, ("svc",), has_status=True, categories=("all",)),
+        ResourceType("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True, ()),
         ResourceType("", "v1", "secrets", "Secret", True, field_labels=("type",)),
         ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True),
         ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", True),

@@ -19,6 +19,7 @@ from controlplane.handler import ApiHandler
 from controlplane.podlogs import PodLogSource
 from controlplane.backend import HistoryLimits
 from controlplane.gatedfields import GatedFields
+from controlplane import services
 from controlplane.podpriority import system_priority_classes
 from controlplane.resources import Registry, known_group_versions, registry_for
 from controlplane.runtimeconfig import RuntimeConfig
@@ -251,6 +252,12 @@ class EmbeddedApiServer:
         for ns in ns_items:
             if not ns["metadata"].get("deletionTimestamp"):
                 ensure_default_account(self.store, self.registry, ns["metadata"]["name"])
+        svc_rt = self.registry.by_kind("Service")
+        if svc_rt is not None:
+            try:
+                self.store.get(svc_rt, "default", "kubernetes")
+            except StatusError:
+                self.store.create(svc_rt, "default", services.kubernetes_service())
         pc_rt = self.registry.by_kind("PriorityClass")
         if pc_rt is None:
             return

@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 from controlplane import namespaces
 from controlplane import objects as o
-from controlplane import quota
+from controlplane import quota, services
 from gpudra.validation import schema
 from controlplane import status as st
 from controlplane import patchmeta
@@ -601,6 +601,10 @@ class Store:
                 raise st.already_exists(rt, name)
             if rt.kind in quota.QUOTA_KINDS:  # controlplane.quota: ResourceQuota admission, atomic with the write
                 self._admit_quota_locked(rt, namespace, name, obj)
+            if rt.kind == "Service" and not rt.group:  # controlplane.services: its IP and node ports, atomically
+                errors = services.assign(obj, *services.allocated(self._objects[rt].values()))
+                if errors:
+                    raise st.invalid(rt, name, errors)
             m["uid"] = self._next_uid()
             m["creationTimestamp"] = rfc3339()
             m["generation"] = 1
@@ -654,6 +658,10 @@ class Store:
                 m.pop(server_field, None)
         m.pop("managedFields", None)
         o.prepare_update(rt, new, old)
+        if rt.kind == "Service" and not rt.group:
+            errors = services.keep_allocated(new, old)
+            if errors:
+                raise st.invalid(rt, str(m.get("name")), errors)
         if o.spec_part(rt, new) != o.spec_part(rt, old):
             m["generation"] = int(om.get("generation", 1)) + 1
         return new

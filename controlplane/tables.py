@@ -304,6 +304,40 @@ def claim_state(claim: dict[str, Any]) -> str:
     return ",".join(states)
 
 
+def _external_ip(svc: dict[str, Any]) -> str:
+    spec = svc.get("spec") or {}
+    kind = spec.get("type") or "ClusterIP"
+    if kind == "ExternalName":
+        return str(spec.get("externalName") or "<none>")
+    ips = list(spec.get("externalIPs") or [])
+    if kind == "LoadBalancer":
+        ingress = [i.get("ip") or i.get("hostname") for i in _get(svc, "status", "loadBalancer", "ingress") or []]
+        ips += [i for i in ingress if i]
+        return ",".join(ips) if ips else "<pending>"
+    return ",".join(ips) if ips else "<none>"
+
+
+def _service_ports(svc: dict[str, Any]) -> str:
+    out = []
+    for port in _get(svc, "spec", "ports") or []:
+        node = f":{port['nodePort']}" if port.get("nodePort") else ""
+        out.append(f"{port.get('port')}{node}/{port.get('protocol') or 'TCP'}")
+    return ",".join(out) or "<none>"
+
+
+def _slice_ports(eps: dict[str, Any]) -> str:
+    ports = [str(p.get("port")) for p in eps.get("ports") or [] if p.get("port") is not None]
+    return ",".join(ports) if ports else "<unset>"
+
+
+def _slice_endpoints(eps: dict[str, Any]) -> str:
+    addresses = [a for e in eps.get("endpoints") or [] for a in e.get("addresses") or []]
+    if not addresses:
+        return "<unset>"
+    shown = ",".join(addresses[:3])
+    return shown + (f" + {len(addresses) - 3} more..." if len(addresses) > 3 else "")
+
+
 def _int_or_na(value: Any) -> str:
     return "N/A" if value is None else str(value)
 
@@ -379,6 +413,26 @@ PRINTERS: dict[str, Printer] = {
     "Lease": Printer((_NAME, ("Holder", "string", 0, "The holder of the lease"), _AGE),
                      lambda o, now: [_get(o, "metadata", "name"), _get(o, "spec", "holderIdentity") or "",
                                      _age(o, now)]),
+    "Service": Printer((
+        _NAME,
+        ("Type", "string", 0, "type determines how the Service is exposed."),
+        ("Cluster-IP", "string", 0, "clusterIP is the IP address of the service."),
+        ("External-IP", "string", 0, "The list of external IPs of the service."),
+        ("Port(s)", "string", 0, "The list of ports that are exposed by this service."),
+        _AGE,
+        ("Selector", "string", 1, "Route service traffic to pods with label keys and values matching this "
+                                  "selector."),
+    ), lambda o, now: [_get(o, "metadata", "name"), _get(o, "spec", "type") or "ClusterIP",
+                       _get(o, "spec", "clusterIP") or "<none>", _external_ip(o), _service_ports(o), _age(o, now),
+                       ",".join(f"{k}={v}" for k, v in sorted((_get(o, "spec", "selector") or {}).items())) or "<none>"]),
+    "EndpointSlice": Printer((
+        _NAME,
+        ("AddressType", "string", 0, "addressType specifies the type of address carried by this EndpointSlice."),
+        ("Ports", "string", 0, "ports specifies the list of network ports exposed by each endpoint in this slice."),
+        ("Endpoints", "string", 0, "endpoints is a list of unique endpoints in this slice."),
+        _AGE,
+    ), lambda o, now: [_get(o, "metadata", "name"), o.get("addressType") or "", _slice_ports(o), _slice_endpoints(o),
+                       _age(o, now)]),
     "PodDisruptionBudget": Printer((
         _NAME,
         ("Min Available", "string", 0, "The minimum number or percentage of available pods this budget requires."),

@@ -234,8 +234,24 @@ def _secret(obj: dict[str, Any]) -> None:
         obj["type"] = "Opaque"
 
 
+def _service(obj: dict[str, Any]) -> None:
+    spec = _dict(obj, "spec")
+    if spec is None:
+        return
+    spec.setdefault("type", "ClusterIP")
+    if spec["type"] == "ExternalName":
+        return
+    spec.setdefault("sessionAffinity", "None")
+    spec.setdefault("internalTrafficPolicy", "Cluster")
+    for port in _items(spec, "ports"):
+        port.setdefault("protocol", "TCP")
+        if port.get("targetPort") in (None, 0, ""):
+            port["targetPort"] = port.get("port")
+
+
 _DEFAULTERS: dict[tuple[str, str], Callable[[dict[str, Any]], None]] = {
     ("", "Secret"): _secret,
+    ("", "Service"): _service,
     ("resource.k8s.io", "ResourceClaim"): _resource_claim,
     ("resource.k8s.io", "ResourceClaimTemplate"): _resource_claim_template,
     ("", "Pod"): _pod,

@@ -84,6 +84,8 @@ KINDS: dict[str, KindInfo] = {
                                              "mutatingwebhookconfigurations", False),
     "PriorityClass": KindInfo("scheduling.k8s.io", "v1", "priorityclasses", False),
     "PodDisruptionBudget": KindInfo("policy", "v1", "poddisruptionbudgets", True),
+    "Service": KindInfo("", "v1", "services", True),
+    "EndpointSlice": KindInfo("discovery.k8s.io", "v1", "endpointslices", True),
     "Workload": KindInfo("scheduling.k8s.io", "v1beta1", "workloads", True),
     "PodGroup": KindInfo("scheduling.k8s.io", "v1beta1", "podgroups", True),
     "DeviceClass": KindInfo("resource.k8s.io", "v1", "deviceclasses", False),

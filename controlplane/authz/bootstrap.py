@@ -42,7 +42,8 @@ def _binding(name: str, role: str, groups: list[str]) -> dict[str, Any]:
 
 _WORKLOADS_READ = [
     _rule(_READ, [""], ["pods", "pods/log", "pods/status", "configmaps", "events", "namespaces", "namespaces/status",
-                        "resourcequotas", "resourcequotas/status", "serviceaccounts"]),
+                        "resourcequotas", "resourcequotas/status", "serviceaccounts", "services", "services/status"]),
+    _rule(_READ, ["discovery.k8s.io"], ["endpointslices"]),
     _rule(_READ, ["apps"], ["deployments", "deployments/status", "replicasets", "replicasets/status",
                             "statefulsets", "statefulsets/status"]),
     _rule(_READ, ["batch"], ["jobs", "jobs/status", "cronjobs", "cronjobs/status"]),
@@ -52,7 +53,7 @@ _WORKLOADS_READ = [
     _rule(_READ, ["scheduling.k8s.io"], ["workloads", "podgroups", "podgroups/status"]),
 ]
 _WORKLOADS_WRITE = [
-    _rule(_WRITE, [""], ["pods", "configmaps", "secrets", "serviceaccounts"]),
+    _rule(_WRITE, [""], ["pods", "configmaps", "secrets", "serviceaccounts", "services"]),
     _rule(["create"], [""], ["serviceaccounts/token", "pods/eviction"]),
     _rule(_WRITE, ["apps"], ["deployments", "deployments/scale", "replicasets", "replicasets/scale",
                              "statefulsets", "statefulsets/scale"]),

@@ -23,6 +23,7 @@ from controller.expand import WORKLOAD_KINDS, ExpandError, cronjob_job, replicas
 from gpudra.kubeapi import AlreadyExists, ApiError, Conflict, KubeApi, NotFound
 from controlplane.quota import QUOTA_KINDS
 from controlplane.quota import used as quota_used
+from sim.cluster import endpointslices
 from sim.cluster.deployments import plan_deployment
 from sim.cluster.disruption import budget_status, same_status
 from sim.cluster.jobs import plan_job
@@ -290,12 +291,27 @@ class WorkloadController:
                         self.events.job_finished(obj, status)
 
         self._budgets(objects)
+        self._endpoint_slices(objects.get("Pod", []))
         for quota, status in quota_statuses(objects):
             ns, name = _key(quota)
             try:
                 self.api.patch("ResourceQuota", name, {"status": status}, namespace=ns, subresource="status")
             except NotFound:
                 pass
+
+    def _endpoint_slices(self, pods: list[dict[str, Any]]) -> None:
+        """The EndpointSlice controller's part (sim.cluster.endpointslices)."""
+        todo = endpointslices.plan(self.api.list("Service")[0], self.api.list("EndpointSlice")[0], pods)
+        for body in todo.create:
+            try:
+                self.api.create("EndpointSlice", body, namespace=body["metadata"]["namespace"])
+            except ApiError as exc:
+                log.warning("event=endpointslice-refused service=%s error=%r", body["metadata"]["generateName"], str(exc))
+        for body in todo.update:
+            try:
+                self.api.replace("EndpointSlice", body)
+            except (Conflict, NotFound):
+                pass  # changed meanwhile: the next pass reads it
 
     def _budgets(self, objects: Mapping[str, list[dict[str, Any]]]) -> None:
         """The disruption controller's part: each PodDisruptionBudget's status (sim.cluster.disruption)."""
