@@ -1,5 +1,5 @@
-"""ResourceQuota admission as kube-apiserver's does it for the objects this project creates (pods and
-ResourceClaims): the usage a new object adds is checked against every quota of its namespace, and a create that
+"""ResourceQuota admission as kube-apiserver's does it for the objects this project creates (pods, ResourceClaims
+and Services): the usage a new object adds is checked against every quota of its namespace, and a create that
 would exceed any `spec.hard` is refused (403 `exceeded quota: NAME, requested: ..., used: ..., limited: ...`).
 `usage_of` also gives the quota controller its `status.used`.
 
@@ -8,7 +8,9 @@ What is counted (the core and DRA quota evaluators): for a pod that has not term
 `limits.cpu|memory|ephemeral-storage` (the larger of the containers' sum and any one init container; a request
 defaults to its limit), and `requests.<extended resource>`; for a ResourceClaim, `count/resourceclaims.
 resource.k8s.io` and `<class>.deviceclass.resource.k8s.io/devices` per request (`count`, default 1; allocation
-mode All counts as 32, the most a claim may get; a request with firstAvailable as its largest subrequest).
+mode All counts as 32, the most a claim may get; a request with firstAvailable as its largest subrequest); for a
+Service, `services` and `count/services`, `services.nodeports` (its ports, as NodePort or LoadBalancer) and
+`services.loadbalancers`.
 
 Scopes (`spec.scopes`, and `spec.scopeSelector` with In/NotIn/Exists/DoesNotExist) as the pod evaluator matches
 them: Terminating / NotTerminating (activeDeadlineSeconds set or not), BestEffort / NotBestEffort (no cpu or memory
@@ -28,7 +30,7 @@ from controlplane import status as st
 from controlplane.resources import ResourceType
 from gpudra.quantity import Quantity, QuantityError
 
-QUOTA_KINDS = ("Pod", "ResourceClaim")
+QUOTA_KINDS = ("Pod", "ResourceClaim", "Service")
 DEVICE_SUFFIX = ".deviceclass.resource.k8s.io/devices"
 ALL_DEVICES = 32
 _COMPUTE = ("cpu", "memory", "ephemeral-storage")
@@ -251,8 +253,22 @@ def matches(quota: Mapping[str, Any], kind: str, obj: Mapping[str, Any]) -> bool
     return kind == "Pod" and all(_pod_matches(scope, op, values, obj) for scope, op, values in reqs)
 
 
+def service_usage(svc: Mapping[str, Any]) -> dict[str, Quantity]:
+    spec = svc.get("spec") or {}
+    one = Quantity.parse("1")
+    out: dict[str, Quantity] = {"services": one, "count/services": one}
+    kind = spec.get("type") or "ClusterIP"
+    if kind in ("NodePort", "LoadBalancer"):
+        out["services.nodeports"] = Quantity.parse(str(len([p for p in spec.get("ports") or [] if isinstance(p, Mapping)])))
+    if kind == "LoadBalancer":
+        out["services.loadbalancers"] = one
+    return out
+
+
 def usage_of(kind: str, obj: Mapping[str, Any]) -> dict[str, Quantity]:
-    return pod_usage(obj) if kind == "Pod" else claim_usage(obj) if kind == "ResourceClaim" else {}
+    if kind == "Pod":
+        return pod_usage(obj)
+    return claim_usage(obj) if kind == "ResourceClaim" else service_usage(obj) if kind == "Service" else {}
 
 
 def used(quota: Mapping[str, Any], objects: Mapping[str, Iterable[Mapping[str, Any]]]) -> dict[str, str]:

@@ -137,3 +137,17 @@ def test_a_services_endpoints_are_its_ready_pods(apiserver: RunningApiServer) ->
         finally:
             controllers.stop()
             kubelet.stop()
+
+
+def test_services_count_against_quota(apiserver: RunningApiServer) -> None:
+    api = apiserver.api
+    api.create("ResourceQuota", {"metadata": {"name": "svc", "namespace": "default"},
+                                 "spec": {"hard": {"services": "3", "services.nodeports": "1"}}}, namespace="default")
+    api.create("Service", _svc("np", type="NodePort"), namespace="default")  # the kubernetes Service is the first
+    with pytest.raises(ApiError) as ports:
+        api.create("Service", _svc("np2", type="NodePort"), namespace="default")
+    assert ports.value.status == 403 and "exceeded quota: svc" in str(ports.value) and "services.nodeports=1" in str(ports.value)
+    api.create("Service", _svc("third"), namespace="default")
+    with pytest.raises(ApiError) as count:
+        api.create("Service", _svc("fourth"), namespace="default")
+    assert "services=1" in str(count.value)

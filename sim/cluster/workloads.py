@@ -251,8 +251,7 @@ class WorkloadController:
         self.events = WorkloadEvents(api)
 
     def reconcile(self) -> None:
-        objects = {kind: list(self.api.list(kind)[0]) for kind in (*WORKLOAD_KINDS, "Pod", "ResourceClaim",
-                                                                   "ResourceQuota")}
+        objects = {kind: list(self.api.list(kind)[0]) for kind in (*WORKLOAD_KINDS, *QUOTA_KINDS, "ResourceQuota")}
         todo = plan(objects)
         for problem in todo.problems:
             if problem not in self._reported:
@@ -291,7 +290,7 @@ class WorkloadController:
                         self.events.job_finished(obj, status)
 
         self._budgets(objects)
-        self._endpoint_slices(objects.get("Pod", []))
+        self._endpoint_slices(objects.get("Service", []), objects.get("Pod", []))
         for quota, status in quota_statuses(objects):
             ns, name = _key(quota)
             try:
@@ -299,9 +298,9 @@ class WorkloadController:
             except NotFound:
                 pass
 
-    def _endpoint_slices(self, pods: list[dict[str, Any]]) -> None:
+    def _endpoint_slices(self, services: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
         """The EndpointSlice controller's part (sim.cluster.endpointslices)."""
-        todo = endpointslices.plan(self.api.list("Service")[0], self.api.list("EndpointSlice")[0], pods)
+        todo = endpointslices.plan(services, self.api.list("EndpointSlice")[0], pods)
         for body in todo.create:
             try:
                 self.api.create("EndpointSlice", body, namespace=body["metadata"]["namespace"])
