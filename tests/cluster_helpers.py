@@ -1,4 +1,5 @@
-"""`gpu-dra cluster up` for end-to-end tests: a cluster in a private home (its state, kubeconfig), taken down after."""
+"""Clusters for end-to-end tests: `gpu-dra cluster up` in a private home (its state, kubeconfig), taken down after;
+or a node and the workload controllers beside a test's own API server."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.plugin_helpers import short_tmp
+from gpudra.kubeapi import KubeApi
+from sim.cluster.workloads import WorkloadController
+from sim.kubelet.pods import NodeKubelet
+from tests.plugin_helpers import DRIVER, short_tmp
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBECTL = str(ROOT / ".venv" / "bin" / "kubectl")
@@ -43,3 +47,19 @@ def cluster_up(name: str, nodes: str, runtime: str) -> Iterator[UpCluster]:
             yield UpCluster(env, kubeconfig)
         finally:
             cluster("down")
+
+
+@contextmanager
+def node_and_workload_controllers(api: KubeApi, node: str) -> Iterator[None]:
+    """A kubelet simulator for `node` (no container runtime: pods just run) and the cluster's workload controllers,
+    against `api`, for tests that drive Deployments with kubectl but need no scheduler (pods name their node)."""
+    with short_tmp() as tmp:
+        kubelet = NodeKubelet(api, node, tmp / "kubelet", DRIVER)
+        kubelet.start()
+        controllers = WorkloadController(api, interval=0.2)
+        controllers.start()
+        try:
+            yield
+        finally:
+            controllers.stop()
+            kubelet.stop()

@@ -14,10 +14,8 @@ import pytest
 from gpudra.kubeapi import ApiError
 from gpudra.timestamps import rfc3339
 from sim.cluster.disruption import budget_status
-from sim.cluster.workloads import WorkloadController
-from sim.kubelet.pods import NodeKubelet
 from tests.conftest import RunningApiServer
-from tests.plugin_helpers import DRIVER, short_tmp
+from tests.cluster_helpers import node_and_workload_controllers
 
 KUBECTL = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "kubectl")
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
@@ -126,30 +124,22 @@ def test_kubectl_drain_evicts_through_the_budget(apiserver: RunningApiServer) ->
     template = {"metadata": {"labels": {"app": "web"}},
                 "spec": {"nodeName": "n1", "terminationGracePeriodSeconds": 0,
                          "containers": [{"name": "c", "image": "busybox"}]}}
-    with short_tmp() as tmp:
-        kubelet = NodeKubelet(api, "n1", tmp / "kubelet", DRIVER)
-        kubelet.start()
-        controllers = WorkloadController(api, interval=0.2)
-        controllers.start()
-        try:
-            api.create("Deployment", {"metadata": {"name": "web", "namespace": "default"},
-                                      "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
-                                               "template": template}}, namespace="default")
-            api.create("PodDisruptionBudget", _pdb(minAvailable=1), namespace="default")
-            kubectl = [KUBECTL, "--kubeconfig", str(apiserver.kubeconfig)]
-            ready = subprocess.run([*kubectl, "-n", "default", "rollout", "status", "deploy/web", "--timeout=60s"],
-                                   capture_output=True, text=True, timeout=90)
-            assert ready.returncode == 0, ready.stderr
-            printed = subprocess.run([*kubectl, "-n", "default", "get", "pdb", "web", "--no-headers"],
-                                     capture_output=True, text=True, timeout=30).stdout.split()
-            assert printed[:4] == ["web", "1", "N/A", "1"], printed
-            drain = subprocess.run([*kubectl, "drain", "n1", "--timeout=60s"], capture_output=True, text=True, timeout=90)
-            assert drain.returncode == 0, drain.stderr
-            out = drain.stdout + drain.stderr
-            # Both pods go by eviction; the second waits for the first's replacement to be Ready again.
-            assert out.count("evicting pod default/web-") >= 2 and out.count(" evicted") == 2, out
-            assert "Cannot evict pod as it would violate the pod's disruption budget." in out, out
-            assert "node/n1 drained" in out
-        finally:
-            controllers.stop()
-            kubelet.stop()
+    with node_and_workload_controllers(api, "n1"):
+        api.create("Deployment", {"metadata": {"name": "web", "namespace": "default"},
+                                  "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                                           "template": template}}, namespace="default")
+        api.create("PodDisruptionBudget", _pdb(minAvailable=1), namespace="default")
+        kubectl = [KUBECTL, "--kubeconfig", str(apiserver.kubeconfig)]
+        ready = subprocess.run([*kubectl, "-n", "default", "rollout", "status", "deploy/web", "--timeout=60s"],
+                               capture_output=True, text=True, timeout=90)
+        assert ready.returncode == 0, ready.stderr
+        printed = subprocess.run([*kubectl, "-n", "default", "get", "pdb", "web", "--no-headers"],
+                                 capture_output=True, text=True, timeout=30).stdout.split()
+        assert printed[:4] == ["web", "1", "N/A", "1"], printed
+        drain = subprocess.run([*kubectl, "drain", "n1", "--timeout=60s"], capture_output=True, text=True, timeout=90)
+        assert drain.returncode == 0, drain.stderr
+        out = drain.stdout + drain.stderr
+        # Both pods go by eviction; the second waits for the first's replacement to be Ready again.
+        assert out.count("evicting pod default/web-") >= 2 and out.count(" evicted") == 2, out
+        assert "Cannot evict pod as it would violate the pod's disruption budget." in out, out
+        assert "node/n1 drained" in out

@@ -5,6 +5,7 @@ columns, and the EndpointSlice controller's view of the selected pods."""
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from gpudra.kubeapi import ApiError
 from sim.cluster import endpointslices
+from tests.cluster_helpers import node_and_workload_controllers
 from tests.conftest import RunningApiServer
 
 KUBECTL = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "kubectl")
@@ -98,56 +100,28 @@ def test_endpoint_slices_follow_the_selected_pods() -> None:
 
 @pytest.mark.process
 def test_a_services_endpoints_are_its_ready_pods(apiserver: RunningApiServer) -> None:
-    import time
-
-    from sim.cluster.workloads import WorkloadController
-    from sim.kubelet.pods import NodeKubelet
-    from tests.plugin_helpers import DRIVER, short_tmp
-
     if not Path(KUBECTL).exists():
         pytest.skip("kubectl is installed by `make install-test`")
     api = apiserver.api
     api.create("Node", {"metadata": {"name": "n1"}})
-    with short_tmp() as tmp:
-        kubelet = NodeKubelet(api, "n1", tmp / "kubelet", DRIVER)
-        kubelet.start()
-        controllers = WorkloadController(api, interval=0.2)
-        controllers.start()
-        try:
-            api.create("Deployment", {"metadata": {"name": "web", "namespace": "default"}, "spec": {
-                "replicas": 2, "selector": {"matchLabels": {"app": "web"}}, "template": {
-                    "metadata": {"labels": {"app": "web"}},
-                    "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "busybox"}]}}}}, namespace="default")
-            api.create("Service", {**_svc("web"), "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}},
-                       namespace="default")
-            deadline = time.monotonic() + 60
-            while True:
-                slices = api.list("EndpointSlice", namespace="default", label_selector="kubernetes.io/service-name=web")[0]
-                ready = [e for s in slices for e in s.get("endpoints") or [] if e["conditions"]["ready"]]
-                if len(ready) == 2:
-                    break
-                assert time.monotonic() < deadline, slices
-                time.sleep(0.2)
-            ips = sorted(p["status"]["podIP"] for p in api.list("Pod", namespace="default")[0])
-            assert sorted(e["addresses"][0] for e in ready) == ips and slices[0]["ports"][0]["port"] == 8080
-            described = subprocess.run([KUBECTL, "--kubeconfig", str(apiserver.kubeconfig), "-n", "default", "describe",
-                                        "svc", "web"], capture_output=True, text=True, timeout=60).stdout
-            line = next(row for row in described.splitlines() if row.startswith("Endpoints:"))
-            assert sorted(line.split(None, 1)[1].split(",")) == sorted(f"{ip}:8080" for ip in ips), described
-        finally:
-            controllers.stop()
-            kubelet.stop()
-
-
-def test_services_count_against_quota(apiserver: RunningApiServer) -> None:
-    api = apiserver.api
-    api.create("ResourceQuota", {"metadata": {"name": "svc", "namespace": "default"},
-                                 "spec": {"hard": {"services": "3", "services.nodeports": "1"}}}, namespace="default")
-    api.create("Service", _svc("np", type="NodePort"), namespace="default")  # the kubernetes Service is the first
-    with pytest.raises(ApiError) as ports:
-        api.create("Service", _svc("np2", type="NodePort"), namespace="default")
-    assert ports.value.status == 403 and "exceeded quota: svc" in str(ports.value) and "services.nodeports=1" in str(ports.value)
-    api.create("Service", _svc("third"), namespace="default")
-    with pytest.raises(ApiError) as count:
-        api.create("Service", _svc("fourth"), namespace="default")
-    assert "services=1" in str(count.value)
+    with node_and_workload_controllers(api, "n1"):
+        api.create("Deployment", {"metadata": {"name": "web", "namespace": "default"}, "spec": {
+            "replicas": 2, "selector": {"matchLabels": {"app": "web"}}, "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "busybox"}]}}}}, namespace="default")
+        api.create("Service", {**_svc("web"), "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}},
+                   namespace="default")
+        deadline = time.monotonic() + 60
+        while True:
+            slices = api.list("EndpointSlice", namespace="default", label_selector="kubernetes.io/service-name=web")[0]
+            ready = [e for s in slices for e in s.get("endpoints") or [] if e["conditions"]["ready"]]
+            if len(ready) == 2:
+                break
+            assert time.monotonic() < deadline, slices
+            time.sleep(0.2)
+        ips = sorted(p["status"]["podIP"] for p in api.list("Pod", namespace="default")[0])
+        assert sorted(e["addresses"][0] for e in ready) == ips and slices[0]["ports"][0]["port"] == 8080
+        described = subprocess.run([KUBECTL, "--kubeconfig", str(apiserver.kubeconfig), "-n", "default", "describe",
+                                    "svc", "web"], capture_output=True, text=True, timeout=60).stdout
+        line = next(row for row in described.splitlines() if row.startswith("Endpoints:"))
+        assert sorted(line.split(None, 1)[1].split(",")) == sorted(f"{ip}:8080" for ip in ips), described
