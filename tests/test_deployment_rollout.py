@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from datetime import datetime, timedelta, timezone
 import subprocess
 import time
 from pathlib import Path
@@ -45,8 +46,8 @@ class World:
     def find(self, kind: str, name: str) -> dict[str, Any]:
         return next(o for o in self.objects[kind] if o["metadata"]["name"] == name)
 
-    def step(self) -> None:
-        todo = plan(self.objects)
+    def step(self, now: datetime | None = None) -> None:
+        todo = plan(self.objects, now)
         for kind, obj in todo.create:
             self.objects[kind].append(self._stamp(obj))
         for kind, (_, name), body in todo.patch:
@@ -132,6 +133,37 @@ def test_new_pods_that_never_become_ready_stop_the_rollout() -> None:
     assert w.rs_replicas() == {"v1": 4, "broken": 1}
     status = w.objects["Deployment"][0]["status"]
     assert status["updatedReplicas"] == 1 and status["availableReplicas"] == 4 and status["replicas"] == 5
+
+
+def test_a_stalled_rollout_exceeds_its_progress_deadline() -> None:
+    deploy = _deploy(2, type="RollingUpdate", rollingUpdate={"maxSurge": 1, "maxUnavailable": 0})
+    deploy["spec"]["progressDeadlineSeconds"] = 60
+    w = World(deploy)
+    for _ in range(6):
+        w.step()
+    w.ready = False
+    w.change_template("broken")
+    start = datetime.now(timezone.utc)
+    for _ in range(4):  # the new ReplicaSet and its first pod, which never becomes ready
+        w.step(start)
+
+    def progressing() -> dict[str, Any]:
+        return next(c for c in w.objects["Deployment"][0]["status"]["conditions"] if c["type"] == "Progressing")
+
+    assert (progressing()["status"], progressing()["reason"]) == ("True", "ReplicaSetUpdated")
+    late = start + timedelta(seconds=62)  # nothing has moved for longer than the deadline
+    w.step(late)
+    rs = next(r["metadata"]["name"] for r in w.objects["ReplicaSet"]
+              if r["spec"]["template"]["spec"]["containers"][0]["image"] == "broken")
+    assert (progressing()["status"], progressing()["reason"], progressing()["message"]) == (
+        "False", "ProgressDeadlineExceeded", f'ReplicaSet "{rs}" has timed out progressing.')
+    w.step(late + timedelta(seconds=1))
+    assert progressing()["reason"] == "ProgressDeadlineExceeded"  # it stays so while nothing moves
+    # Pods becoming ready is progress again.
+    for pod in w.objects["Pod"]:
+        pod["status"] = READY
+    w.step(late + timedelta(seconds=2))
+    assert progressing()["status"] == "True"
 
 
 def test_recreate_and_revision_history_limit() -> None:

@@ -9,7 +9,9 @@ Deployment carries its newest revision and copies `kubernetes.io/change-cause`. 
 grows while all ReplicaSets' replicas stay within replicas + maxSurge (default 25%, rounded up), old ones shrink
 while available pods stay at least replicas - maxUnavailable (default 25%, rounded down; 1 when both round to 0);
 Recreate: old ones go to 0 first, the new one grows once their pods are gone. Old ReplicaSets at 0 beyond
-`revisionHistoryLimit` (default 10) are deleted, oldest revision first. `spec.paused` stops all of this.
+`revisionHistoryLimit` (default 10) are deleted, oldest revision first. `spec.paused` stops all of this. A
+rollout that has not moved (updated or available replicas) for `progressDeadlineSeconds` (default 600) turns
+Progressing False with ProgressDeadlineExceeded, which `kubectl rollout status` reports as a failure.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudra.timestamps import rfc3339
+from datetime import datetime, timedelta, timezone
+
+from gpudra.timestamps import parse_rfc3339, rfc3339
 from controller.expand import deployment_replicaset
 
 REVISION = "deployment.kubernetes.io/revision"
@@ -128,8 +132,9 @@ def surge_and_unavailable(deploy: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def plan_deployment(deploy: Mapping[str, Any], owned: list[dict[str, Any]],
-                    pods_of: Mapping[str, list[dict[str, Any]]]) -> DeploymentPlan:
-    """`owned`: the Deployment's ReplicaSets; `pods_of`: ReplicaSet uid -> its pods."""
+                    pods_of: Mapping[str, list[dict[str, Any]]], now: datetime | None = None) -> DeploymentPlan:
+    """`owned`: the Deployment's ReplicaSets; `pods_of`: ReplicaSet uid -> its pods; `now`: the clock (the progress
+    deadline's)."""
     out = DeploymentPlan()
     spec = deploy.get("spec") or {}
     meta = _meta(deploy)
@@ -228,12 +233,13 @@ def plan_deployment(deploy: Mapping[str, Any], owned: list[dict[str, Any]],
     limit = limit if isinstance(limit, int) else 10
     idle = [rs for rs in sorted(olds, key=_revision) if scale[str(_meta(rs)["name"])] == 0 and live(rs) == 0]
     out.delete = [str(_meta(rs)["name"]) for rs in idle[:max(0, len(idle) - limit)]]
-    out.status = _status(deploy, owned, new, pods_of, unavailable, new_name=new_name)
+    out.status = _status(deploy, owned, new, pods_of, unavailable, new_name=new_name, now=now)
     return out
 
 
 def _status(deploy: Mapping[str, Any], owned: list[dict[str, Any]], new: Mapping[str, Any] | None,
-            pods_of: Mapping[str, list[dict[str, Any]]], max_unavailable: int, new_name: str = "") -> dict[str, Any]:
+            pods_of: Mapping[str, list[dict[str, Any]]], max_unavailable: int, new_name: str = "",
+            now: datetime | None = None) -> dict[str, Any]:
     replicas = _replicas(deploy)
     pods = [p for rs in owned for p in pods_of.get(str(_meta(rs).get("uid")), [])
             if not _meta(p).get("deletionTimestamp")]
@@ -248,11 +254,9 @@ def _status(deploy: Mapping[str, Any], owned: list[dict[str, Any]], new: Mapping
                              "Deployment has minimum availability." if enough
                              else "Deployment does not have minimum availability.")]
     if new_name:
-        done = updated == replicas and len(pods) == replicas and available >= replicas
-        conditions.append(_condition(old_conditions.get("Progressing"), "Progressing", True,
-                                     "NewReplicaSetAvailable" if done else "ReplicaSetUpdated",
-                                     f'ReplicaSet "{new_name}" has successfully progressed.' if done
-                                     else f'ReplicaSet "{new_name}" is progressing.'))
+        conditions.append(_progressing(deploy, old_conditions.get("Progressing"), new_name, updated, available,
+                                       done=updated == replicas and len(pods) == replicas and available >= replicas,
+                                       now=now or datetime.now(timezone.utc)))
     status: dict[str, Any] = {"observedGeneration": _meta(deploy).get("generation", 1), "replicas": len(pods),
                               "updatedReplicas": updated, "readyReplicas": ready, "availableReplicas": available,
                               "conditions": conditions}
@@ -260,10 +264,38 @@ def _status(deploy: Mapping[str, Any], owned: list[dict[str, Any]], new: Mapping
     return status
 
 
-def _condition(old: Mapping[str, Any] | None, kind: str, true: bool, reason: str, message: str) -> dict[str, Any]:
-    now = rfc3339()
+TIMED_OUT = "ProgressDeadlineExceeded"
+
+
+def _progressing(deploy: Mapping[str, Any], old: Mapping[str, Any] | None, new_name: str, updated: int, available: int,
+                 *, done: bool, now: datetime) -> dict[str, Any]:
+    """The Progressing condition: True while the rollout moves (its lastUpdateTime renewed by each change in updated
+    or available replicas), False with ProgressDeadlineExceeded once it has not moved for progressDeadlineSeconds
+    (default 600; not while paused), which `kubectl rollout status` reports as a failure."""
+    if done:
+        return _condition(old, "Progressing", True, "NewReplicaSetAvailable",
+                          f'ReplicaSet "{new_name}" has successfully progressed.', now=now)
+    before = deploy.get("status") or {}
+    moved = (before.get("updatedReplicas"), before.get("availableReplicas")) != (updated, available)
+    spec = deploy.get("spec") or {}
+    deadline = spec.get("progressDeadlineSeconds", 600)
+    last = parse_rfc3339((old or {}).get("lastUpdateTime"))
+    stalled = old is not None and not moved and not spec.get("paused") and isinstance(deadline, int) and (
+        old.get("reason") == TIMED_OUT or (last is not None and now - last > timedelta(seconds=deadline)))
+    if stalled:
+        return _condition(old, "Progressing", False, TIMED_OUT, f'ReplicaSet "{new_name}" has timed out progressing.',
+                          now=now)
+    return _condition(old, "Progressing", True, "ReplicaSetUpdated", f'ReplicaSet "{new_name}" is progressing.',
+                      touch=moved, now=now)
+
+
+def _condition(old: Mapping[str, Any] | None, kind: str, true: bool, reason: str, message: str, *,
+               touch: bool = False, now: datetime | None = None) -> dict[str, Any]:
+    """`touch`: something changed that the condition's lastUpdateTime records, even with the same reason."""
+    stamp = rfc3339(now)
     state = "True" if true else "False"
     same = old is not None and old.get("status") == state
+    kept = same and old is not None and old.get("reason") == reason and not touch
     return {"type": kind, "status": state, "reason": reason, "message": message,
-            "lastUpdateTime": old.get("lastUpdateTime", now) if same and old.get("reason") == reason else now,
-            "lastTransitionTime": old.get("lastTransitionTime", now) if same else now}
+            "lastUpdateTime": old.get("lastUpdateTime", stamp) if kept and old is not None else stamp,
+            "lastTransitionTime": old.get("lastTransitionTime", stamp) if same and old is not None else stamp}

@@ -127,7 +127,7 @@ def plan(objects: Mapping[str, list[dict[str, Any]]], now: datetime | None = Non
     """One pass of the controllers over `objects` (kind -> live objects, Pods included): pure but for `now`."""
     out = Plan()
     now = now or datetime.now(timezone.utc)
-    _plan_deployments(out, objects)
+    _plan_deployments(out, objects, now)
     for parent, child in PARENTS.items():
         wanted: dict[tuple[str, str], dict[str, Any]] = {}
         for obj in objects.get(parent, []):
@@ -179,7 +179,7 @@ def _owned_by(objects: list[dict[str, Any]], kind: str) -> dict[str, list[dict[s
     return out
 
 
-def _plan_deployments(out: Plan, objects: Mapping[str, list[dict[str, Any]]]) -> None:
+def _plan_deployments(out: Plan, objects: Mapping[str, list[dict[str, Any]]], now: datetime) -> None:
     replicasets = _owned_by(objects.get("ReplicaSet", []), "Deployment")
     pods = _owned_by(objects.get("Pod", []), "ReplicaSet")
     live = {str((d.get("metadata") or {}).get("uid")) for d in objects.get("Deployment", [])}
@@ -193,7 +193,7 @@ def _plan_deployments(out: Plan, objects: Mapping[str, list[dict[str, Any]]]) ->
             continue
         ns, name = _key(deploy)
         try:
-            todo = plan_deployment(deploy, replicasets.get(uid, []), pods)
+            todo = plan_deployment(deploy, replicasets.get(uid, []), pods, now)
         except ExpandError as exc:
             out.problems.append(str(exc))
             continue
