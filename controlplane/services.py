@@ -8,6 +8,7 @@ port must be free and in range; what was allocated cannot change on update, and 
 from __future__ import annotations
 
 import ipaddress
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -44,7 +45,7 @@ def assign(obj: dict[str, Any], used_ips: set[str], used_ports: set[int]) -> lis
     spec = _spec(obj)
     kind = spec.get("type") or "ClusterIP"
     if kind not in _TYPES:
-        return [f'spec.type: Unsupported value: "{kind}": supported values: {", ".join(chr(34) + t + chr(34) for t in _TYPES)}']
+        return [f'spec.type: Unsupported value: {json.dumps(kind)}: supported values: {", ".join(map(json.dumps, _TYPES))}']
     errors: list[str] = []
     if kind == "ExternalName":
         if not spec.get("externalName"):

@@ -16,10 +16,10 @@ import pytest
 
 from controlplane.patch import merge_patch
 from sim.cluster.deployments import REVISION, REVISION_HISTORY, surge_and_unavailable
-from sim.cluster.workloads import WorkloadController, plan
-from sim.kubelet.pods import NodeKubelet
+from sim.cluster.workloads import plan
+from tests.cluster_helpers import node_and_workload_controllers
 from tests.conftest import RunningApiServer
-from tests.plugin_helpers import DRIVER, NODE, short_tmp
+from tests.plugin_helpers import NODE
 
 KUBECTL = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "kubectl")
 READY = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
@@ -191,42 +191,34 @@ def test_kubectl_rollout_status_history_undo_restart(apiserver: RunningApiServer
     if not Path(KUBECTL).exists():
         pytest.skip("kubectl is installed by `make install-test`")
     api = apiserver.api
-    with short_tmp() as tmp:
-        kubelet = NodeKubelet(api, NODE, tmp / "kubelet", DRIVER)
-        kubelet.start()
-        controllers = WorkloadController(api, interval=0.2)
-        controllers.start()
-        try:
-            deploy = _deploy(3)
-            deploy["spec"]["template"]["spec"]["nodeName"] = NODE
-            api.create("Deployment", deploy, namespace="default")
-            done = kubectl(apiserver, "rollout", "status", "deployment/web", "--timeout=60s")
-            assert done.returncode == 0, done.stderr
-            assert done.stdout.strip().endswith('deployment "web" successfully rolled out')
-            assert kubectl(apiserver, "set", "image", "deployment/web", "web=v2").returncode == 0
-            done = kubectl(apiserver, "rollout", "status", "deployment/web", "--timeout=60s")
-            assert done.returncode == 0 and "successfully rolled out" in done.stdout, done.stderr
-            history = kubectl(apiserver, "rollout", "history", "deployment/web")
-            assert history.returncode == 0, history.stderr
-            assert [line.split()[0] for line in history.stdout.splitlines()[2:] if line.strip()] == ["1", "2"]
-            undo = kubectl(apiserver, "rollout", "undo", "deployment/web")
-            assert undo.returncode == 0 and undo.stdout.strip() == "deployment.apps/web rolled back", undo.stderr
-            assert kubectl(apiserver, "rollout", "status", "deployment/web", "--timeout=60s").returncode == 0
-            image = api.get("Deployment", "web", namespace="default")["spec"]["template"]["spec"]["containers"][0]["image"]
-            assert image == "v1"
-            history = kubectl(apiserver, "rollout", "history", "deployment/web")
-            assert [line.split()[0] for line in history.stdout.splitlines()[2:] if line.strip()] == ["2", "3"]
-            restart = kubectl(apiserver, "rollout", "restart", "deployment/web")
-            assert restart.returncode == 0 and restart.stdout.strip() == "deployment.apps/web restarted", restart.stderr
-            assert kubectl(apiserver, "rollout", "status", "deployment/web", "--timeout=60s").returncode == 0
-            assert len(api.list("ReplicaSet", namespace="default")[0]) == 3
-            assert kubectl(apiserver, "scale", "deployment/web", "--replicas=1").returncode == 0
-            deadline = time.monotonic() + 60
-            while (row := kubectl(apiserver, "get", "deploy", "web", "--no-headers").stdout.split())[:4] != \
-                    ["web", "1/1", "1", "1"]:
-                assert time.monotonic() < deadline, row
-                time.sleep(0.2)
-            assert len(api.list("Pod", namespace="default")[0]) == 1
-        finally:
-            controllers.stop()
-            kubelet.stop()
+    with node_and_workload_controllers(api, NODE):
+        deploy = _deploy(3)
+        deploy["spec"]["template"]["spec"]["nodeName"] = NODE
+        api.create("Deployment", deploy, namespace="default")
+        done = kubectl(apiserver, "rollout", "status", "deployment/web", "--timeout=60s")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip().endswith('deployment "web" successfully rolled out')
+        assert kubectl(apiserver, "set", "image", "deployment/web", "web=v2").returncode == 0
+        done = kubectl(apiserver, "rollout", "status", "deployment/web", "--timeout=60s")
+        assert done.returncode == 0 and "successfully rolled out" in done.stdout, done.stderr
+        history = kubectl(apiserver, "rollout", "history", "deployment/web")
+        assert history.returncode == 0, history.stderr
+        assert [line.split()[0] for line in history.stdout.splitlines()[2:] if line.strip()] == ["1", "2"]
+        undo = kubectl(apiserver, "rollout", "undo", "deployment/web")
+        assert undo.returncode == 0 and undo.stdout.strip() == "deployment.apps/web rolled back", undo.stderr
+        assert kubectl(apiserver, "rollout", "status", "deployment/web", "--timeout=60s").returncode == 0
+        image = api.get("Deployment", "web", namespace="default")["spec"]["template"]["spec"]["containers"][0]["image"]
+        assert image == "v1"
+        history = kubectl(apiserver, "rollout", "history", "deployment/web")
+        assert [line.split()[0] for line in history.stdout.splitlines()[2:] if line.strip()] == ["2", "3"]
+        restart = kubectl(apiserver, "rollout", "restart", "deployment/web")
+        assert restart.returncode == 0 and restart.stdout.strip() == "deployment.apps/web restarted", restart.stderr
+        assert kubectl(apiserver, "rollout", "status", "deployment/web", "--timeout=60s").returncode == 0
+        assert len(api.list("ReplicaSet", namespace="default")[0]) == 3
+        assert kubectl(apiserver, "scale", "deployment/web", "--replicas=1").returncode == 0
+        deadline = time.monotonic() + 60
+        while (row := kubectl(apiserver, "get", "deploy", "web", "--no-headers").stdout.split())[:4] != \
+                ["web", "1/1", "1", "1"]:
+            assert time.monotonic() < deadline, row
+            time.sleep(0.2)
+        assert len(api.list("Pod", namespace="default")[0]) == 1

@@ -251,7 +251,8 @@ class WorkloadController:
         self.events = WorkloadEvents(api)
 
     def reconcile(self) -> None:
-        objects = {kind: list(self.api.list(kind)[0]) for kind in (*WORKLOAD_KINDS, *QUOTA_KINDS, "ResourceQuota")}
+        objects = {kind: list(self.api.list(kind)[0])
+                   for kind in (*WORKLOAD_KINDS, *QUOTA_KINDS, "ResourceQuota", "PodDisruptionBudget", "EndpointSlice")}
         todo = plan(objects)
         for problem in todo.problems:
             if problem not in self._reported:
@@ -290,7 +291,7 @@ class WorkloadController:
                         self.events.job_finished(obj, status)
 
         self._budgets(objects)
-        self._endpoint_slices(objects.get("Service", []), objects.get("Pod", []))
+        self._endpoint_slices(objects)
         for quota, status in quota_statuses(objects):
             ns, name = _key(quota)
             try:
@@ -298,9 +299,9 @@ class WorkloadController:
             except NotFound:
                 pass
 
-    def _endpoint_slices(self, services: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+    def _endpoint_slices(self, objects: Mapping[str, list[dict[str, Any]]]) -> None:
         """The EndpointSlice controller's part (sim.cluster.endpointslices)."""
-        todo = endpointslices.plan(services, self.api.list("EndpointSlice")[0], pods)
+        todo = endpointslices.plan(objects["Service"], objects["EndpointSlice"], objects["Pod"])
         for body in todo.create:
             try:
                 self.api.create("EndpointSlice", body, namespace=body["metadata"]["namespace"])
@@ -315,7 +316,7 @@ class WorkloadController:
     def _budgets(self, objects: Mapping[str, list[dict[str, Any]]]) -> None:
         """The disruption controller's part: each PodDisruptionBudget's status (sim.cluster.disruption)."""
         now = datetime.now(timezone.utc)
-        for pdb in self.api.list("PodDisruptionBudget")[0]:
+        for pdb in objects["PodDisruptionBudget"]:
             ns = _key(pdb)[0]
             pods = [p for p in objects.get("Pod", []) if _key(p)[0] == ns]
             status = budget_status(pdb, pods, objects, now)
