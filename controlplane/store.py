@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from controlplane import namespaces
+from controlplane import gracefuldelete, namespaces
 from controlplane import objects as o
 from controlplane import quota, services
 from gpudra.validation import schema
@@ -715,8 +715,9 @@ class Store:
             if new == old:
                 # A no-op write keeps the resourceVersion and emits no event, as Kubernetes does.
                 return old
-            if om.get("deletionTimestamp") and not nm.get("finalizers") and (
-                    rt.kind != "Namespace" or namespaces.is_finalized(new)):
+            # Removed once nothing holds it and its grace period is over (a Terminating pod waits for its kubelet).
+            if om.get("deletionTimestamp") and not om.get("deletionGracePeriodSeconds") and not nm.get("finalizers") \
+                    and (rt.kind != "Namespace" or namespaces.is_finalized(new)):
                 return self._commit(rt, (namespace, name), None, "DELETED", new)
             return self._commit(rt, (namespace, name), new, "MODIFIED", old)
 
@@ -828,9 +829,18 @@ class Store:
                                             f"{om.get('resourceVersion')}")
             if propagation == "Orphan":
                 self._orphan_dependents_locked(om["uid"])
+            held = bool(om.get("finalizers")) or rt.kind == "Namespace" and not namespaces.is_finalized(old)
+            decision = gracefuldelete.decide(rt.kind, old, options)
+            if decision.metadata is not None:  # a pod's graceful deletion starts, or is shortened
+                marked = {**old, "metadata": decision.metadata}
+                if decision.remove and not held:
+                    return self._commit(rt, (namespace, name), None, "DELETED", marked)
+                return self._commit(rt, (namespace, name), marked, "MODIFIED", old)
             if om.get("deletionTimestamp"):
+                if decision.remove and not held:
+                    return self._commit(rt, (namespace, name), None, "DELETED", old)
                 return old
-            if om.get("finalizers") or rt.kind == "Namespace" and not namespaces.is_finalized(old):
+            if held:
                 new = copy_json(old)
                 nm = new["metadata"]
                 nm["deletionTimestamp"] = rfc3339()

@@ -478,12 +478,16 @@ class KubeApi:
         return self._call("PATCH", path, body=patch, content_type=types[patch_type])
 
     def delete(self, kind: str, name: str, namespace: str | None = None, *, propagation: str | None = None,
-               uid: str | None = None, resource_version: str | None = None) -> bool:
-        """Delete; True when the server accepted it, False when the object did not exist."""
+               uid: str | None = None, resource_version: str | None = None,
+               grace_period_seconds: int | None = None) -> bool:
+        """Delete; True when the server accepted it (a pod may stay Terminating for its grace period), False when
+        the object did not exist."""
         info = kind_info(kind)
         options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if propagation:
             options["propagationPolicy"] = propagation
+        if grace_period_seconds is not None:
+            options["gracePeriodSeconds"] = grace_period_seconds
         pre = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
         if pre:
             options["preconditions"] = pre

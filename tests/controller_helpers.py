@@ -150,3 +150,21 @@ def node_of(claim_obj: Mapping[str, Any]) -> str | None:
 def events_for(api: KubeApi, pod_name: str, namespace: str = "default") -> list[dict[str, Any]]:
     items, _ = api.list("Event", namespace=namespace, field_selector=f"involvedObject.name={pod_name}")
     return items
+
+
+def terminating(api: KubeApi, name: str, namespace: str = "default") -> bool:
+    """The pod was deleted and waits for its kubelet (it is bound to a node): Terminating."""
+    found = api.try_get("Pod", name, namespace=namespace)
+    return found is not None and bool(found["metadata"].get("deletionTimestamp"))
+
+
+def kubelet_finishes_terminating_pods(api: KubeApi) -> list[str]:
+    """What a node's kubelet does once a deleted pod's containers have stopped (these tests run none): the final
+    delete, with a grace period of 0. The names of the pods it removed."""
+    gone = []
+    for p in api.list("Pod")[0]:
+        if p["metadata"].get("deletionTimestamp"):
+            api.delete("Pod", p["metadata"]["name"], namespace=p["metadata"]["namespace"], uid=p["metadata"]["uid"],
+                       grace_period_seconds=0)
+            gone.append(p["metadata"]["name"])
+    return gone

@@ -99,13 +99,13 @@ def test_shared_claim_reserved_for_each_pod_and_released_when_last_pod_goes(apis
     assert sorted(r["name"] for r in shared["status"]["reservedFor"]) == ["a", "b"]
     assert api.get("Pod", "a", "default")["spec"]["nodeName"] == api.get("Pod", "b", "default")["spec"]["nodeName"]
 
-    api.delete("Pod", "a", "default")
+    api.delete("Pod", "a", "default", grace_period_seconds=0)  # no kubelet here: removed at once
     m.step()
     shared = api.get("ResourceClaim", "shared", "default")
     assert [r["name"] for r in shared["status"]["reservedFor"]] == ["b"]
     assert devices_of(shared)
 
-    api.delete("Pod", "b", "default")
+    api.delete("Pod", "b", "default", grace_period_seconds=0)
     m.step()
     shared = api.get("ResourceClaim", "shared", "default")
     assert "allocation" not in shared["status"] and "reservedFor" not in shared["status"]
@@ -121,7 +121,7 @@ def test_generated_claim_goes_with_its_pod_and_frees_devices(apiserver: Any) -> 
     create_all(api, [pod("second", templates={"gpu": "all8"})])
     assert m.step().pods_bound == 0  # all eight GPUs are held by the first pod
 
-    api.delete("Pod", "first", "default")
+    api.delete("Pod", "first", "default", grace_period_seconds=0)
     m.step()  # reservation dropped, deallocated, finalizer removed, claim deleted (owner gone)
     m.step()
     names = list(claims_of(api))
@@ -170,7 +170,7 @@ def test_unschedulable_pod_is_retried_when_devices_are_released(apiserver: Any) 
     m = manager(api)
     m.step()
     assert not api.get("Pod", "waiter", "default")["spec"].get("nodeName")
-    api.delete("Pod", "holder", "default")
+    api.delete("Pod", "holder", "default", grace_period_seconds=0)
     m.step()
     assert api.get("Pod", "waiter", "default")["spec"]["nodeName"] == "node-a"
     waiter_claim = next(c for n, c in claims_of(api).items() if n.startswith("waiter-"))
@@ -343,7 +343,7 @@ def test_event_memory_of_a_pod_goes_with_the_pod(apiserver: Any) -> None:
     assert remembered() == uids
     m.step()  # nothing went: the memory stays
     assert remembered() == uids
-    api.delete("Pod", "greedy", "default")
+    api.delete("Pod", "greedy", "default", grace_period_seconds=0)
     m.step()
     assert remembered() == {api.get("Pod", "other", "default")["metadata"]["uid"]}
 

@@ -17,13 +17,15 @@ from typing import Any, TypeVar
 import pytest
 
 from controlplane.podlogs import PodLogsDir
-from gpudra.kubeapi import KubeApi, NotFound
+from gpudra.kubeapi import KubeApi
+from sim.demo.processes import pid_alive
 from sim.kubelet.pods import NodeKubelet
 from driver.nvml import load_backend
 from sim.runtime import Runtimes
 from sim.runtime.podman import PodmanRuntime
 from tests.conftest import RunningApiServer
 from tests.plugin_helpers import DRIVER, NODE, create_allocated_claim, short_tmp, start_agent
+from tests.polling import until
 from tests.runtime_helpers import require_podman
 
 pytestmark = pytest.mark.process  # every test here starts a container runtime
@@ -50,10 +52,13 @@ class Cluster:
     tmp: Path
     kubeconfig: Path
 
-    def pod(self, name: str, script: str, *, claim: str | None = None, restart: str = "Never") -> dict[str, Any]:
+    def pod(self, name: str, script: str, *, claim: str | None = None, restart: str = "Never",
+            grace: int | None = None) -> dict[str, Any]:
         container: dict[str, Any] = {"name": "main", "image": "busybox", "command": ["sh", "-c", script],
                                      "env": [{"name": "GREETING", "value": "hello"}]}
         spec: dict[str, Any] = {"nodeName": NODE, "restartPolicy": restart, "containers": [container]}
+        if grace is not None:
+            spec["terminationGracePeriodSeconds"] = grace
         if claim:
             container["resources"] = {"claims": [{"name": "gpu"}]}
             spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
@@ -144,17 +149,34 @@ def test_failed_container_restart_policies_and_deletion(cluster: Cluster) -> Non
     cluster.pod("once", "exit 0", restart="OnFailure")
     pod = cluster.wait_phase("once", "Succeeded", "Failed")
     assert pod["status"]["phase"] == "Succeeded" and pod["status"]["containerStatuses"][0]["restartCount"] == 0
-    # A long-running pod is Running; deleting it stops and removes its container.
-    cluster.pod("server", "echo serving; sleep 1000", restart="Always")
+    # A long-running pod is Running; deleting it stops and removes its container, then the pod. Its shell is PID 1
+    # and ignores SIGTERM: the pod stays Terminating, its container running, for its grace period.
+    cluster.pod("server", "echo serving; sleep 1000", restart="Always", grace=8)
     cluster.wait_phase("server", "Running")
     wait_for("the server's output", lambda: cluster.kubectl("logs", "server").stdout == "serving\n")
     (record,) = [r for r in cluster.kubelet.snapshot().values() if r.name == "server"]
     name = record.containers[0].runtime_name
     assert cluster.runtime.status(name).running
+    pid = cluster.runtime.network_pid(name)
+    assert pid is not None
     cluster.api.delete("Pod", "server", namespace="default")
-    wait_for("the server's container to be removed", lambda: name not in cluster.runtime.names())
-    with pytest.raises(NotFound):
-        cluster.api.get("Pod", "server", namespace="default")
+    terminating = cluster.api.get("Pod", "server", namespace="default")["metadata"]
+    assert terminating["deletionTimestamp"] and terminating["deletionGracePeriodSeconds"] == 8
+    assert pid_alive(pid)
+    assert cluster.kubectl("get", "pod", "server", "--no-headers").stdout.split()[2] == "Terminating"
+    wait_for("the pod deleted by its kubelet", lambda: cluster.api.try_get("Pod", "server", namespace="default") is None)
+    assert not pid_alive(pid) and name not in cluster.runtime.names()  # stopped (SIGKILL) before the pod went
+    # --force --grace-period=0: the pod object goes at once; the kubelet still stops the container, with the
+    # kubelet's least grace period (2 s), not the pod's 600.
+    cluster.pod("stubborn", "sleep 1000", restart="Always", grace=600)
+    cluster.wait_phase("stubborn", "Running")
+    (record,) = [r for r in cluster.kubelet.snapshot().values() if r.name == "stubborn"]
+    pid = cluster.runtime.network_pid(record.containers[0].runtime_name)
+    assert pid is not None
+    forced = cluster.kubectl("delete", "pod", "stubborn", "--force", "--grace-period=0")
+    assert forced.returncode == 0 and 'pod "stubborn" force deleted' in forced.stdout, forced.stderr
+    assert cluster.api.try_get("Pod", "stubborn", namespace="default") is None
+    until("the force-deleted pod's container stopped", lambda: not pid_alive(pid), timeout=30)
 
 
 def test_legacy_pod_gets_its_device_plugin_gpu_and_frees_it_when_done(apiserver: RunningApiServer) -> None:

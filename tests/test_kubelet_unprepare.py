@@ -1,5 +1,6 @@
 """The kubelet simulator keeps retrying NodeUnprepareResources until it succeeds: a pod deleted while the node
-agent is down has its claim unprepared once the agent is back (CDI spec, checkpoint record and ledger hold gone)."""
+agent is down stays Terminating and has its claim unprepared once the agent is back (CDI spec, checkpoint record
+and ledger hold gone); only then does the kubelet delete the pod object."""
 
 from __future__ import annotations
 
@@ -61,9 +62,14 @@ def test_pod_deleted_while_the_agent_is_down_is_unprepared_when_it_is_back(apise
             api.delete("Pod", "p", namespace="default")  # ... when the pod goes
             wait_for("a failed unprepare", lambda: any(r.unprepare_failures >= 2 for r in kubelet.snapshot().values()))
             assert spec.exists()  # nothing could release it yet
+            # The pod stays Terminating, its claim reserved, until its resources are released, as on a real node.
+            stuck = api.get("Pod", "p", namespace="default")
+            assert stuck["metadata"]["deletionTimestamp"] and stuck["metadata"]["deletionGracePeriodSeconds"] == 30
+            assert api.get("ResourceClaim", "gpu", namespace="default")["status"]["reservedFor"]
             agent = start_agent(tmp, api, profile="v100-4")  # back: a new socket, found by the retry
             wait_for("the retried unprepare", lambda: not spec.exists())
             assert _held(tmp / "kubelet", tmp, uid) == (False, False)
+            wait_for("the pod deleted by its kubelet", lambda: api.try_get("Pod", "p", namespace="default") is None)
             (record,) = kubelet.snapshot().values()
             assert record.unprepared
         finally:

@@ -8,7 +8,8 @@ from typing import Any
 from controller import preemption
 from controller.nodeusage import NodeLoad
 from controller.podresources import Demand
-from controller_helpers import create_all, events_for, gpu_class, manager, node, pod, sim_slices, template
+from controller_helpers import (create_all, events_for, gpu_class, kubelet_finishes_terminating_pods, manager, node, pod,
+                                sim_slices, template, terminating)
 
 # node() gives 64 CPUs.
 NODE_CPU = 64
@@ -104,7 +105,7 @@ def test_a_higher_priority_pod_preempts_the_fewest_lower_priority_pods_and_then_
     urgent = _get(api, "urgent")
     assert urgent is not None and not urgent["spec"].get("nodeName")
     assert urgent["status"]["nominatedNodeName"] == "node-b"
-    assert _get(api, "b-low") is None and all(_get(api, n) is not None for n in ("a-low", "a-mid", "b-mid"))
+    assert terminating(api, "b-low") and not any(terminating(api, n) for n in ("a-low", "a-mid", "b-mid"))
     # The PostFilter succeeded: kube-scheduler's message has no post-filter part.
     assert _failed(api, "urgent") == "0/2 nodes are available: 2 Insufficient cpu."
     (ours,) = [e for e in events_for(api, "urgent") if e["reason"] == "GpuDraUnschedulable"]
@@ -115,13 +116,16 @@ def test_a_higher_priority_pod_preempts_the_fewest_lower_priority_pods_and_then_
                                                                                        "default-scheduler")
     assert preempted["related"]["name"] == "urgent"
     ctl.step()
+    assert "nodeName" not in _get(api, "urgent")["spec"]  # type: ignore[index]  # b-low still holds its CPUs
+    assert kubelet_finishes_terminating_pods(api) == ["b-low"]
+    ctl.step()
     assert _get(api, "urgent")["spec"]["nodeName"] == "node-b"  # type: ignore[index]
 
 
 def test_a_victim_still_terminating_is_waited_for_not_preempted_again(apiserver: Any) -> None:
     api = apiserver.api
     _cluster(api)
-    create_all(api, [_pod("a-low", 60, "low", node_name="node-a", finalizer=True),
+    create_all(api, [_pod("a-low", 60, "low", node_name="node-a"),
                      _pod("b-mid", 60, "mid", node_name="node-b")])
     create_all(api, [_pod("urgent", 30, "high")])
     ctl = manager(api)
@@ -136,7 +140,7 @@ def test_a_victim_still_terminating_is_waited_for_not_preempted_again(apiserver:
     assert _get(api, "b-mid") is not None
     assert _failed(api, "urgent") == ("0/2 nodes are available: 2 Insufficient cpu. no new claims to deallocate, "
                                       "not eligible due to a terminating pod on the nominated node.")
-    api.patch("Pod", "a-low", {"metadata": {"finalizers": None}}, namespace="default")
+    assert kubelet_finishes_terminating_pods(api) == ["a-low"]
     ctl.step()
     assert _get(api, "urgent")["spec"]["nodeName"] == "node-a"  # type: ignore[index]
 
@@ -152,7 +156,7 @@ def test_no_preemption_among_equals_or_with_policy_never(apiserver: Any) -> None
     # `same` ranks above b: it preempts b, never its equal a. polite, which may not preempt, does not take the room
     # made for `same` either (30 of node-b's 64 CPUs stay counted for it).
     assert _get(api, "same")["status"]["nominatedNodeName"] == "node-b"  # type: ignore[index]
-    assert _get(api, "a") is not None and _get(api, "b") is None
+    assert not terminating(api, "a") and terminating(api, "b")
 
 
 def test_a_pod_too_big_for_any_node_preempts_nothing(apiserver: Any) -> None:
@@ -176,8 +180,9 @@ def test_device_plugin_gpus_are_preempted_like_any_extended_resource(apiserver: 
     create_all(api, [pod("serving", gpus=1, priority_class="high")])
     ctl = manager(api)
     ctl.step()
-    assert _get(api, "batch") is None
+    assert terminating(api, "batch")
     assert _failed(api, "serving") == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    kubelet_finishes_terminating_pods(api)
     ctl.step()
     assert _get(api, "serving")["spec"]["nodeName"] == "gpu-node"  # type: ignore[index]
 
@@ -216,7 +221,7 @@ def test_victims_a_disruption_budget_protects_are_spared_first(apiserver: Any) -
     create_all(api, [_pod("urgent", 30, "high")])
     manager(api).step()
     assert _get(api, "urgent")["status"]["nominatedNodeName"] == "node-b"  # type: ignore[index]
-    assert _get(api, "a-low") is not None and _get(api, "b-low") is None
+    assert not terminating(api, "a-low") and terminating(api, "b-low")
 
 
 def test_budget_violations_are_counted_in_importance_order() -> None:

@@ -101,11 +101,14 @@ def plan_job(job: Mapping[str, Any], pods: list[dict[str, Any]], now: datetime) 
     succeeded = len(done_indexes) if indexed else len(succeeded_pods)
     succeeded = max(int(old.get("succeeded") or 0), succeeded)
     status: dict[str, Any] = {"active": 0 if finished else len(active), "succeeded": succeeded, "failed": failed,
-                              "ready": sum(1 for p in active if _ready(p)), "terminating": 0,
+                              "ready": sum(1 for p in active if _ready(p)),
+                              "terminating": sum(1 for p in pods if p not in live and _phase(p) not in ("Succeeded", "Failed")),
                               "startTime": old.get("startTime") or rfc3339(now)}
     if indexed:
         status["completedIndexes"] = format_indexes(done_indexes)
     if finished:
+        # A finished Job's counts are final: pods stopped after it finished (its leftover active ones) do not count.
+        status["failed"], status["succeeded"] = int(old.get("failed") or 0), int(old.get("succeeded") or 0)
         status["conditions"] = conditions
         if old.get("completionTime"):
             status["completionTime"] = old["completionTime"]

@@ -50,7 +50,7 @@ from sim.kubelet.dra import ClaimInfo, KubeletError, KubeletSim, Pod, PreparedDe
 from sim.kubelet.podhealth import PodHealthReporter, RunningPod
 from sim.kubelet.proberun import run_probe
 from sim.kubelet.probes import TITLES, ContainerProber, ProbeSpec, probe_specs
-from gpudra.kubeapi import ApiError, KubeApi, NotFound
+from gpudra.kubeapi import ApiError, Conflict, KubeApi, NotFound
 from gpudra.timestamps import rfc3339
 from sim.runtime.podman import ContainerRequest, ContainerStatus, RuntimeError_, Seen
 
@@ -66,6 +66,8 @@ MAX_START_BACKOFF_SECONDS = 10.0
 # doubling up to 8 s, until the call succeeds, as the kubelet's pod workers keep retrying a terminated pod's cleanup.
 FIRST_UNPREPARE_RETRY_SECONDS = 0.5
 MAX_UNPREPARE_RETRY_SECONDS = 8.0
+# The kubelet never stops a container in less (minimumGracePeriodInSeconds), whatever grace it was given.
+MIN_KILL_GRACE_SECONDS = 2
 
 
 HOST_IP = "127.0.0.1"
@@ -176,6 +178,7 @@ class PodRecord:
     initialized: bool = False  # every init container completed
     unprepare_failures: int = 0
     unprepare_at: float = 0.0  # monotonic time of the next unprepare attempt, once one failed
+    removed: bool = False  # deleted: its containers stopped, its claims unprepared, the pod object gone
 
 
 def _container_gpu_limit(container: Mapping[str, Any]) -> int:
@@ -344,6 +347,18 @@ def pod_conditions(statuses: list[dict[str, Any]], now: str, *, terminated: bool
     return out
 
 
+def kill_grace_seconds(pod: Mapping[str, Any], probe_grace: int | None = None) -> int:
+    """The grace period a pod's containers are stopped with: a failed probe's own terminationGracePeriodSeconds,
+    else the deletion's (deletionGracePeriodSeconds), else the pod's; at least MIN_KILL_GRACE_SECONDS."""
+    spec = pod.get("spec") or {}
+    value = probe_grace
+    if value is None:
+        value = (pod.get("metadata") or {}).get("deletionGracePeriodSeconds")
+    if value is None:
+        value = spec.get("terminationGracePeriodSeconds")
+    return max(int(value) if value is not None else 30, MIN_KILL_GRACE_SECONDS)
+
+
 def will_restart(restart_policy: str, run: ContainerRun) -> bool:
     if run.running:
         return False
@@ -396,6 +411,9 @@ class NodeKubelet:
         self._other_pods: dict[str, dict[str, Pod]] = {}
         self._active: dict[str, dict[str, Any]] = {}  # uid -> pod whose containers the runtime runs
         self._unprepare_pending: set[str] = set()  # uids whose claims an unprepare call failed for
+        # uid -> the deleted pod whose containers are being stopped (or are stopped, its cleanup not yet done)
+        self._terminating: dict[str, dict[str, Any]] = {}
+        self._gone: set[str] = set()  # terminating pods the API server no longer has
         self._pod_ips = PodIPs(node_name)
         # The streaming server listens on the node's InternalIP, where the control plane dials it.
         self.exec_server = ExecServer(_NodeStreams(self), node_address or HOST_IP) if runtime is not None else None
@@ -430,7 +448,8 @@ class NodeKubelet:
             live = None
         for uid, (name, claims) in saved.items():
             pod = live.get(uid) if live is not None else None
-            gone = live is not None and (pod is None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
+            gone = live is not None and (pod is None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+                                         or bool((pod.get("metadata") or {}).get("deletionTimestamp")))
             if not gone:
                 continue  # a running pod is prepared again on its first event (NodePrepareResources is idempotent)
             self._sim_pods[uid] = Pod(name, claims, {c.uid: [] for c in claims})
@@ -576,21 +595,24 @@ class NodeKubelet:
                 with self._lock:
                     record = self.records.get(uid)
                 if record is None or now >= record.unprepare_at:
-                    self._teardown(uid)
+                    if uid in self._terminating:
+                        self._terminated(uid)
+                    else:
+                        self._teardown(uid)
+            return
+        if kind == "STOPPED":
+            self._terminated(str(pod["metadata"]["uid"]))
             return
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         if not uid:
             return
         if kind == "DELETED":
-            self._pods.pop(uid, None)
-            self._active.pop(uid, None)
-            self._stop_probes(uid)
-            self._remove_containers(uid)
-            self._teardown(uid)
-            self.backoff.forget(f"{uid}/")
-            self.events.forget(uid)
-            self._pod_ips.release(uid)
-            volumes.tear_down(self.kubelet_dir, uid)
+            with self._lock:
+                record = self.records.get(uid)
+            if record is not None and record.removed:
+                return  # this kubelet's own final delete
+            self._gone.add(uid)
+            self._terminate(pod)  # deleted without a grace period (--force), or while this kubelet was away
             return
         self._pods[uid] = pod
         self._sync(pod)
@@ -640,9 +662,9 @@ class NodeKubelet:
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid"))
         if meta.get("deletionTimestamp"):
-            self._active.pop(uid, None)
-            self._remove_containers(uid)
-        if meta.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
+            self._terminate(pod)
+            return
+        if phase in ("Succeeded", "Failed"):
             self._teardown(uid)
             self._pods.pop(uid, None)
             return
@@ -812,11 +834,9 @@ class NodeKubelet:
         self._stop_probes(record.uid, run.runtime_name)
         self.events.pod({"namespace": record.namespace, "name": record.name, "uid": record.uid}, "Killing",
                         verdict.kill, warning=False, container=run.container)
-        try:
-            self.runtime.remove(run.runtime_name)
-        except RuntimeError_ as exc:
-            log.warning("event=container-remove-failed node=%s container=%s error=%r", self.node_name,
-                        run.runtime_name, str(exc))
+        # Stopped off the worker thread: a container that ignores SIGTERM holds its grace period, not the node.
+        grace = kill_grace_seconds(self._active.get(record.uid) or {}, verdict.kill_grace)
+        threading.Thread(target=self._remove_container, args=(run.runtime_name, grace), daemon=True).start()
         return replace(run, running=False, exit_code=137, finished_at=rfc3339(), finished_mono=self._clock(),
                        ready=False)
 
@@ -1093,26 +1113,88 @@ class NodeKubelet:
             record.phase = phase
         log.info("event=pod-%s node=%s pod=%s/%s", phase.lower(), self.node_name, record.namespace, record.name)
 
-    def _remove_containers(self, uid: str) -> None:
-        if self.runtime is None:
+    def _terminate(self, pod: Mapping[str, Any]) -> None:
+        """A deleted pod: stop its containers (SIGTERM, SIGKILL after the grace period) off the worker thread, so
+        that the node's other pods go on meanwhile; `_terminated` follows once they are stopped."""
+        uid = str(pod["metadata"]["uid"])
+        self._active.pop(uid, None)
+        self._pods.pop(uid, None)
+        if uid in self._terminating:
             return
+        self._terminating[uid] = dict(pod)
         self._stop_probes(uid)
         with self._lock:
             record = self.records.get(uid)
-            names = [c.runtime_name for c in record.containers] if record is not None else []
-            running = [c for c in record.containers if c.running] if record is not None else []
+            runs = [*record.init_runs, *record.containers] if record is not None else []
             if record is not None:
                 record.containers = [replace(c, running=False, exit_code=137, finished_at=rfc3339()) if c.running else c
                                      for c in record.containers]
-        for run in running:
-            assert record is not None
-            self.events.pod({"namespace": record.namespace, "name": record.name, "uid": uid}, "Killing",
-                            f"Stopping container {run.container}", warning=False, container=run.container)
-        for name in names:
+        if self.runtime is None or not runs:
+            self._terminated(uid)
+            return
+        assert record is not None
+        for run in record.containers:
+            if any(r.running and r.runtime_name == run.runtime_name for r in runs):
+                self.events.pod({"namespace": record.namespace, "name": record.name, "uid": uid}, "Killing",
+                                f"Stopping container {run.container}", warning=False, container=run.container)
+        grace = kill_grace_seconds(pod)
+        log.info("event=pod-stopping node=%s pod=%s/%s grace_seconds=%d", self.node_name, record.namespace,
+                 record.name, grace)
+
+        def stop_all() -> None:
+            stoppers = [threading.Thread(target=self._remove_container, args=(r.runtime_name, grace), daemon=True)
+                        for r in runs]
+            for t in stoppers:
+                t.start()
+            for t in stoppers:
+                t.join()
+            self._events.put(("STOPPED", {"metadata": {"uid": uid}}))
+        threading.Thread(target=stop_all, name=f"kubelet-{self.node_name}-stop-{uid[:8]}", daemon=True).start()
+
+    def _remove_container(self, name: str, grace: int) -> None:
+        assert self.runtime is not None
+        try:
+            self.runtime.remove(name, grace_seconds=grace)
+        except RuntimeError_ as exc:
+            log.warning("event=container-remove-failed node=%s container=%s error=%r", self.node_name, name, str(exc))
+
+    def _terminated(self, uid: str) -> None:
+        """A deleted pod's containers are stopped: unprepare its claims (retried by the resync until that
+        succeeds; the pod stays Terminating meanwhile), report it terminal and delete it for good, then free what
+        the node held for it."""
+        pod = self._terminating.get(uid)
+        if pod is None:
+            return
+        self._teardown(uid)
+        if uid in self._unprepare_pending:
+            return
+        meta = pod.get("metadata") or {}
+        namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+        if uid not in self._gone:
+            record = self._record(pod)
+            statuses = self._container_statuses(record)
+            phase = "Succeeded" if statuses and all(
+                (s.get("state") or {}).get("terminated", {}).get("exitCode") == 0 for s in statuses) else "Failed"
             try:
-                self.runtime.remove(name)
-            except RuntimeError_ as exc:
-                log.warning("event=container-remove-failed node=%s container=%s error=%r", self.node_name, name, str(exc))
+                self._post_terminated(record, phase, statuses)
+                self.api.delete("Pod", name, namespace=namespace, uid=uid, grace_period_seconds=0)
+            except (NotFound, Conflict):
+                pass  # gone already: deleted for good, or replaced by a pod of the same name (the uid differs)
+            except ApiError as exc:  # the API server away: the resync tries again
+                log.warning("event=pod-delete-failed node=%s pod=%s/%s error=%r", self.node_name, namespace, name,
+                            str(exc))
+                self._unprepare_pending.add(uid)
+                return
+        del self._terminating[uid]
+        self._gone.discard(uid)
+        with self._lock:
+            if (record := self.records.get(uid)) is not None:
+                record.removed = True
+        self.backoff.forget(f"{uid}/")
+        self.events.forget(uid)
+        self._pod_ips.release(uid)
+        volumes.tear_down(self.kubelet_dir, uid)
+        log.info("event=pod-terminated node=%s pod=%s/%s", self.node_name, namespace, name)
 
     def _admit(self, pod: Mapping[str, Any], record: PodRecord) -> None:
         uid = record.uid

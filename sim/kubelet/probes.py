@@ -35,6 +35,7 @@ class ProbeSpec:
     period: float
     success_threshold: int
     failure_threshold: int
+    grace: int | None = None  # terminationGracePeriodSeconds of a liveness or startup probe: its kill's grace
 
 
 def _number(probe: Mapping[str, Any], name: str, default: int) -> int:
@@ -59,7 +60,9 @@ def probe_specs(container: Mapping[str, Any]) -> dict[str, ProbeSpec]:
             timeout=float(_number(probe, "timeoutSeconds", 1)), period=float(_number(probe, "periodSeconds", 10)),
             # Liveness and startup probes must have successThreshold 1 (API validation).
             success_threshold=_number(probe, "successThreshold", 1) if kind == "readiness" else 1,
-            failure_threshold=_number(probe, "failureThreshold", 3))
+            failure_threshold=_number(probe, "failureThreshold", 3),
+            grace=probe["terminationGracePeriodSeconds"] if kind != "readiness" and isinstance(
+                probe.get("terminationGracePeriodSeconds"), int) else None)
     return out
 
 
@@ -68,6 +71,7 @@ class Verdict:
     started: bool  # no startup probe, or it succeeded
     ready: bool  # started, and no readiness probe or it succeeds
     kill: str = ""  # set when a liveness or startup probe failed for good: the kubelet's Killing message
+    kill_grace: int | None = None  # that probe's own grace period, if it has one
 
 
 Execute = Callable[[ProbeSpec], tuple[bool, str]]  # runs one probe: (succeeded, output)
@@ -118,7 +122,7 @@ class ContainerProber:
                 self._take(worker, worker.running)
                 worker.running = None
                 if kind != "readiness" and worker.failures >= worker.spec.failure_threshold:
-                    return Verdict(False, False, kill=self._kill_message(kind))
+                    return Verdict(False, False, kill=self._kill_message(kind), kill_grace=worker.spec.grace)
             if kind == "startup" and worker.result:
                 continue  # a startup probe that succeeded never runs again for this container
             if kind != "startup" and not self._started():

@@ -135,9 +135,13 @@ class _Session:
         with self.send_lock:
             self.sock.sendall(ws.frame(opcode, payload))
 
-    def started(self, p: _Process) -> None:
+    def started(self, p: _Process, size: tuple[int, int] | None) -> None:
+        """`p` was started with `size`; a resize that came after it was read is applied now (kubectl attach sends
+        the size plus one, then the size, so the last one is the one that counts)."""
         with self.state_lock:
-            self.process, early, self.pending = p, self.pending, []
+            self.process, early, self.pending, latest = p, self.pending, [], self.size
+        if latest is not None and latest != size:
+            p.resize(*latest)
         if not self.stdin:
             p.close_stdin()
         for channel, data in early:
@@ -202,12 +206,13 @@ def serve(sock: socket.socket, argv: list[str], *, stdin: bool, tty: bool,
     threading.Thread(target=session.read_client, args=(detach_on_close,), daemon=True).start()
     if tty:
         session.first_size.wait(FIRST_RESIZE_WAIT_S)
+    size = session.size
     try:
-        p = _Process(argv, tty=tty, size=session.size)
+        p = _Process(argv, tty=tty, size=size)
     except OSError as exc:
         session.send(ws.OP_BINARY, ws.status_message(None, f"starting the command failed: {exc}"))
         return None
-    session.started(p)
+    session.started(p, size)
     if session.gone.is_set() and detach_on_close:
         p.stop()
 

@@ -41,8 +41,6 @@ from sim.runtime.podman import ContainerRequest, ContainerStatus, RuntimeError_,
 OWN_IMAGE = "ghcr.io/gpu-dra/gpu-dra"
 ROOT_ENV = "GPU_DRA_CONTAINER_ROOT"
 REPO = Path(__file__).resolve().parents[2]
-# The least a daemon gets to stop cleanly (leave its clique, stop nvidia-imex), whatever grace the kubelet passes.
-MIN_GRACE_SECONDS = 5
 
 
 def is_own_image(image: str) -> bool:
@@ -202,7 +200,7 @@ class HostProcessRuntime:
             return
         try:
             os.killpg(proc.popen.pid, signal.SIGTERM)
-            proc.popen.wait(timeout=max(grace_seconds, MIN_GRACE_SECONDS))
+            proc.popen.wait(timeout=grace_seconds)
         except ProcessLookupError:
             return
         except subprocess.TimeoutExpired:
