@@ -24,6 +24,8 @@ from controller.nodefit import as_allocator_node, required_affinity, static_reje
 from gpudra.kubeapi import AlreadyExists, ApiError, KubeApi
 from sim.cluster.daemonhistory import REVISION_LABEL, HistoryPlan, plan_history
 from sim.cluster.workloadevents import WorkloadEvents
+from sim.cluster import podstate
+from sim.cluster.podstate import meta as _meta, controller_ref as _controller
 
 log = logging.getLogger("gpu-dra.cluster.daemonsets")
 
@@ -38,12 +40,8 @@ DEFAULT_TOLERATIONS: tuple[dict[str, Any], ...] = (
 )
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return obj.get("metadata") or {}
-
-
 def _controller_uid(obj: Mapping[str, Any]) -> str | None:
-    ref = next((r for r in _meta(obj).get("ownerReferences") or [] if r.get("controller")), None)
+    ref = _controller(obj)
     return str(ref.get("uid")) if ref and ref.get("kind") == "DaemonSet" else None
 
 
@@ -114,15 +112,6 @@ def daemon_pod(ds: Mapping[str, Any], node: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": spec}
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
-    status = pod.get("status") or {}
-    if status.get("phase") != "Running":
-        return False
-    conditions = status.get("conditions") or []
-    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
-    return ready is None or ready.get("status") == "True"
-
-
 def _scaled(value: Any, total: int, default: int) -> int:
     """An int-or-percent of `total`, percentages rounded up (intstr's GetScaledValueFromIntOrPercent, roundUp)."""
     if isinstance(value, str) and value.endswith("%") and value[:-1].isdigit():
@@ -168,13 +157,13 @@ def _update(ds: Mapping[str, Any], per_node: dict[str, list[dict[str, Any]]], re
     nodes = [(n, [p for p in per_node[n] if _revision(p) == revision][:1],
               [p for p in per_node[n] if _revision(p) != revision]) for n in sorted(per_node)]
     if max_surge == 0:
-        unavailable = sum(1 for _, new, _ in nodes if new and not _ready(new[0]))
+        unavailable = sum(1 for _, new, _ in nodes if new and not podstate.ready(new[0]))
         replace: list[dict[str, Any]] = []
         candidates: list[dict[str, Any]] = []
         for _, new, old in nodes:
             if new or not old:
                 continue
-            (candidates if _ready(old[0]) else replace).append(old[0])
+            (candidates if podstate.ready(old[0]) else replace).append(old[0])
         chosen = replace + candidates[:max(0, max_unavailable - unavailable)]
         out.delete += [(ns, _name(p)) for p in chosen]
         return
@@ -185,8 +174,8 @@ def _update(ds: Mapping[str, Any], per_node: dict[str, list[dict[str, Any]]], re
         if not old:
             continue
         if not new:
-            (candidate_nodes if _ready(old[0]) else replace_nodes).append(node)
-        elif _ready(new[0]):
+            (candidate_nodes if podstate.ready(old[0]) else replace_nodes).append(node)
+        elif podstate.ready(new[0]):
             out.delete += [(ns, _name(p)) for p in old]  # the new pod is available: the old one goes
         else:
             surging += 1  # the new pod is starting beside the old one
@@ -204,11 +193,11 @@ def plan(daemonsets: list[dict[str, Any]], nodes: list[dict[str, Any]], pods: li
         key = (str(meta.get("namespace") or "default"), str(meta.get("name")))
         revision = pod_template_hash((ds.get("spec") or {}).get("template") or {})
         all_owned = [p for p in pods if _controller_uid(p) == meta.get("uid")]
-        owned = [p for p in all_owned if not _meta(p).get("deletionTimestamp")]
+        owned = [p for p in all_owned if not podstate.terminating(p)]
         # Without surge the controller waits for a terminating pod to be gone before it starts its replacement.
         strategy = ((ds.get("spec") or {}).get("updateStrategy") or {}).get("type") or "RollingUpdate"
         surge = strategy == "RollingUpdate" and rolling_budgets(ds, len(nodes))[1] > 0
-        terminating = set() if surge else {_node_of(p) for p in all_owned if _meta(p).get("deletionTimestamp")}
+        terminating = set() if surge else {_node_of(p) for p in all_owned if podstate.terminating(p)}
         by_node: dict[str, list[dict[str, Any]]] = {}
         for p in sorted(owned, key=lambda p: (_revision(p) != revision, _name(p))):  # new ones first
             by_node.setdefault(_node_of(p) or "", []).append(p)
@@ -229,7 +218,7 @@ def plan(daemonsets: list[dict[str, Any]], nodes: list[dict[str, Any]], pods: li
         if strategy == "RollingUpdate":
             _update(ds, per_node, revision, len(wanted), key[0], out)
         updated = [n for n, ps in per_node.items() if any(_revision(p) == revision for p in ps)]
-        ready = [n for n, ps in per_node.items() if any(_ready(p) for p in ps)]
+        ready = [n for n, ps in per_node.items() if any(podstate.ready(p) for p in ps)]
         out.status[key] = {
             "desiredNumberScheduled": len(wanted), "currentNumberScheduled": len(per_node),
             "numberMisscheduled": len(misscheduled), "numberReady": len(ready), "numberAvailable": len(ready),

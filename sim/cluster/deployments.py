@@ -26,6 +26,8 @@ from datetime import datetime, timedelta, timezone
 
 from gpudra.timestamps import parse_rfc3339, rfc3339
 from controller.expand import deployment_replicaset
+from sim.cluster import podstate
+from sim.cluster.podstate import meta as _meta
 
 REVISION = "deployment.kubernetes.io/revision"
 REVISION_HISTORY = "deployment.kubernetes.io/revision-history"
@@ -42,10 +44,6 @@ class DeploymentPlan:
     delete: list[str] = field(default_factory=list)  # ReplicaSet names
     deployment_patch: dict[str, Any] = field(default_factory=dict)  # metadata of the Deployment
     status: dict[str, Any] = field(default_factory=dict)
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return obj.get("metadata") or {}
 
 
 def _revision(rs: Mapping[str, Any]) -> int:
@@ -95,10 +93,7 @@ def _without_hash(template: Any) -> Any:
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:
-    if _meta(pod).get("deletionTimestamp") or (pod.get("status") or {}).get("phase") != "Running":
-        return False
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [] if isinstance(c, dict))
+    return not podstate.terminating(pod) and podstate.ready(pod)  # an active pod that is ready
 
 
 def scaled_value(value: Any, total: int, round_up: bool, default: str) -> int:
@@ -157,7 +152,7 @@ def plan_deployment(deploy: Mapping[str, Any], owned: list[dict[str, Any]],
         return sum(1 for p in pods_of.get(str(_meta(rs).get("uid")), []) if _ready(p))
 
     def live(rs: Mapping[str, Any]) -> int:
-        return sum(1 for p in pods_of.get(str(_meta(rs).get("uid")), []) if not _meta(p).get("deletionTimestamp"))
+        return sum(1 for p in pods_of.get(str(_meta(rs).get("uid")), []) if not podstate.terminating(p))
 
     scale: dict[str, int] = {str(_meta(rs)["name"]): _replicas(rs, 0) for rs in owned}
     if new is None:
@@ -242,9 +237,9 @@ def _status(deploy: Mapping[str, Any], owned: list[dict[str, Any]], new: Mapping
             now: datetime | None = None) -> dict[str, Any]:
     replicas = _replicas(deploy)
     pods = [p for rs in owned for p in pods_of.get(str(_meta(rs).get("uid")), [])
-            if not _meta(p).get("deletionTimestamp")]
+            if not podstate.terminating(p)]
     new_pods = pods_of.get(str(_meta(new).get("uid")), []) if new is not None else []
-    updated = sum(1 for p in new_pods if not _meta(p).get("deletionTimestamp"))
+    updated = sum(1 for p in new_pods if not podstate.terminating(p))
     ready = sum(1 for p in pods if _ready(p))
     available = ready
     old_conditions = {c.get("type"): c for c in (deploy.get("status") or {}).get("conditions") or [] if isinstance(c, dict)}

@@ -19,22 +19,14 @@ from typing import Any
 from gpudra.labelselector import selects
 from gpudra.timestamps import parse_rfc3339, rfc3339
 from sim.cluster.deployments import scaled_value
+from sim.cluster import podstate
+from sim.cluster.podstate import meta as _meta, controller_ref as _controller
 
 DELETION_TIMEOUT = timedelta(minutes=2)
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return obj.get("metadata") or {}
-
-
-def _ready(pod: Mapping[str, Any]) -> bool:
-    return not _meta(pod).get("deletionTimestamp") and any(
-        isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or [])
-
-
-def _controller(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    return next((r for r in _meta(obj).get("ownerReferences") or [] if r.get("controller")), None)
+def _healthy(pod: Mapping[str, Any]) -> bool:
+    return not podstate.terminating(pod) and podstate.ready(pod)
 
 
 def _expected_by_scale(pods: Sequence[Mapping[str, Any]], workloads: Mapping[str, Sequence[Mapping[str, Any]]]) -> int:
@@ -67,13 +59,13 @@ def budget_status(pdb: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
     selected = [p for p in pods if isinstance(selector, dict) and selects(selector, dict(
         _meta(p).get("labels") or {}))]
     old = pdb.get("status") or {}
-    names = {str(_meta(p).get("name")) for p in selected if not _meta(p).get("deletionTimestamp")}
+    names = {str(_meta(p).get("name")) for p in selected if not podstate.terminating(p)}
     disrupted = {}
     for name, at in (old.get("disruptedPods") or {}).items():
         when = parse_rfc3339(at)
         if name in names and when is not None and now - when < DELETION_TIMEOUT:
             disrupted[name] = at
-    healthy = sum(1 for p in selected if _ready(p) and str(_meta(p).get("name")) not in disrupted)
+    healthy = sum(1 for p in selected if _healthy(p) and str(_meta(p).get("name")) not in disrupted)
     min_available, max_unavailable = spec.get("minAvailable"), spec.get("maxUnavailable")
     if max_unavailable is None and isinstance(min_available, int):
         expected, desired = len(selected), min_available

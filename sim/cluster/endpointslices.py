@@ -12,19 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpudra.labelselector import selects
+from sim.cluster import podstate
+from sim.cluster.podstate import meta as _meta
 
 SERVICE_NAME = "kubernetes.io/service-name"
 MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
 CONTROLLER = "endpointslice-controller.k8s.io"
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return obj.get("metadata") or {}
-
-
-def _ready(pod: Mapping[str, Any]) -> bool:
-    return any(isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
 
 
 def _target_port(port: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> int | None:
@@ -47,10 +40,11 @@ def endpoints_of(service: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) 
               and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
     endpoints = []
     for pod in sorted(chosen, key=lambda p: str(_meta(p).get("name"))):
-        terminating = bool(_meta(pod).get("deletionTimestamp"))
+        terminating = podstate.terminating(pod)
         endpoint: dict[str, Any] = {
             "addresses": [str(pod["status"]["podIP"])],
-            "conditions": {"ready": _ready(pod) and not terminating, "serving": _ready(pod), "terminating": terminating},
+            "conditions": {"ready": podstate.ready(pod) and not terminating, "serving": podstate.ready(pod),
+                           "terminating": terminating},
             "targetRef": {"kind": "Pod", "namespace": str(_meta(pod).get("namespace") or "default"),
                           "name": str(_meta(pod).get("name")), "uid": str(_meta(pod).get("uid") or "")}}
         if (pod.get("spec") or {}).get("nodeName"):

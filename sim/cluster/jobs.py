@@ -20,6 +20,7 @@ from typing import Any
 
 from gpudra.timestamps import parse_rfc3339, rfc3339
 from controller.expand import JOB_COMPLETION_INDEX, job_pod
+from sim.cluster import podstate
 
 DEFAULT_BACKOFF_LIMIT = 6
 POD_FAILURE_BACKOFF_S = 10.0
@@ -85,7 +86,7 @@ def plan_job(job: Mapping[str, Any], pods: list[dict[str, Any]], now: datetime) 
     out = JobPlan()
     conditions = [c for c in old.get("conditions") or [] if isinstance(c, dict)]
     finished = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions)
-    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    live = [p for p in pods if not podstate.terminating(p)]
     active = [p for p in live if _phase(p) not in ("Succeeded", "Failed")]
     succeeded_pods = [p for p in pods if _phase(p) == "Succeeded"]
     failed_pods = [p for p in pods if _phase(p) == "Failed"]
@@ -101,7 +102,7 @@ def plan_job(job: Mapping[str, Any], pods: list[dict[str, Any]], now: datetime) 
     succeeded = len(done_indexes) if indexed else len(succeeded_pods)
     succeeded = max(int(old.get("succeeded") or 0), succeeded)
     status: dict[str, Any] = {"active": 0 if finished else len(active), "succeeded": succeeded, "failed": failed,
-                              "ready": sum(1 for p in active if _ready(p)),
+                              "ready": sum(1 for p in active if podstate.ready(p)),
                               "terminating": sum(1 for p in pods if p not in live and _phase(p) not in ("Succeeded", "Failed")),
                               "startTime": old.get("startTime") or rfc3339(now)}
     if indexed:
@@ -167,7 +168,3 @@ def plan_job(job: Mapping[str, Any], pods: list[dict[str, Any]], now: datetime) 
         out.create = [fresh(None) for _ in range(max(0, want))]
     return out
 
-
-def _ready(pod: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [] if isinstance(c, dict))

@@ -10,6 +10,7 @@ from typing import Any
 
 from gpudra.kubeapi import KubeApi
 from sim.events import EventRecorder
+from sim.cluster.podstate import meta as _meta, controller_ref as _controller
 
 API_VERSIONS = {"Deployment": "apps/v1", "ReplicaSet": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1",
                 "Job": "batch/v1", "CronJob": "batch/v1"}
@@ -18,12 +19,8 @@ COMPONENTS = {"Deployment": "deployment-controller", "ReplicaSet": "replicaset-c
               "CronJob": "cronjob-controller"}
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return obj.get("metadata") or {}
-
-
 def _owner(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    ref = next((r for r in _meta(obj).get("ownerReferences") or [] if r.get("controller")), None)
+    ref = _controller(obj)
     return ref if ref is not None and ref.get("kind") in COMPONENTS else None
 
 

@@ -28,6 +28,8 @@ from sim.cluster.deployments import plan_deployment
 from sim.cluster.disruption import budget_status, same_status
 from sim.cluster.jobs import plan_job
 from sim.cluster.workloadevents import WorkloadEvents
+from sim.cluster import podstate
+from sim.cluster.podstate import controller_ref as _controller
 
 log = logging.getLogger("gpu-dra.cluster.workloads")
 
@@ -45,16 +47,6 @@ CHILD_MAKERS = {"CronJob": cronjob_job}
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata") or {}
     return str(meta.get("namespace") or "default"), str(meta.get("name"))
-
-
-def _pod_ready(pod: Mapping[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") == "Running" and any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or [] if isinstance(c, dict))
-
-
-def _controller(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    return next((r for r in (obj.get("metadata") or {}).get("ownerReferences") or [] if r.get("controller")), None)
 
 
 @dataclass
@@ -75,13 +67,13 @@ def _reconcile_children(plan: Plan, child_kind: str, wanted: Mapping[tuple[str, 
     for k, o in existing.items():
         owner = _controller(o)
         if owner and owner.get("kind") in owner_kinds and k not in wanted \
-                and not (o.get("metadata") or {}).get("deletionTimestamp"):
+                and not podstate.terminating(o):
             plan.delete.append((child_kind, k))
 
 
 def _active(pod: Mapping[str, Any]) -> bool:
     """What a ReplicaSet counts: pods neither terminating nor finished (a failed pod is replaced, not deleted)."""
-    return not (pod.get("metadata") or {}).get("deletionTimestamp") and \
+    return not podstate.terminating(pod) and \
         (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
 
@@ -92,7 +84,7 @@ def _scale_down_order(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
         status = pod.get("status") or {}
         phase = {"Pending": 0, "Unknown": 1, "Running": 2}.get(str(status.get("phase") or "Pending"), 0)
         restarts = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [] if isinstance(c, dict))
-        return (bool((pod.get("spec") or {}).get("nodeName")), phase, _pod_ready(pod), -restarts)
+        return (bool((pod.get("spec") or {}).get("nodeName")), phase, podstate.ready(pod), -restarts)
 
     newest_first = sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""), reverse=True)
     return sorted(newest_first, key=rank)
@@ -120,7 +112,7 @@ def _plan_replicaset_pods(out: Plan, objects: Mapping[str, list[dict[str, Any]]]
         for pod in _scale_down_order(active)[:max(0, len(active) - len(wanted))]:
             out.delete.append(("Pod", _key(pod)))
     for orphans in owned.values():
-        out.delete += [("Pod", _key(p)) for p in orphans if not (p.get("metadata") or {}).get("deletionTimestamp")]
+        out.delete += [("Pod", _key(p)) for p in orphans if not podstate.terminating(p)]
 
 
 def plan(objects: Mapping[str, list[dict[str, Any]]], now: datetime | None = None) -> Plan:
@@ -186,10 +178,10 @@ def _plan_deployments(out: Plan, objects: Mapping[str, list[dict[str, Any]]], no
     for owner, orphans in replicasets.items():  # the garbage collector's part: a Deployment gone, its ReplicaSets go
         if owner not in live:
             out.delete += [("ReplicaSet", _key(rs)) for rs in orphans
-                           if not (rs.get("metadata") or {}).get("deletionTimestamp")]
+                           if not podstate.terminating(rs)]
     for deploy in objects.get("Deployment", []):
         uid = str((deploy.get("metadata") or {}).get("uid") or "")
-        if not uid or (deploy.get("metadata") or {}).get("deletionTimestamp"):
+        if not uid or podstate.terminating(deploy):
             continue
         ns, name = _key(deploy)
         try:
@@ -233,7 +225,7 @@ def workload_status(kind: str, obj: Mapping[str, Any], objects: Mapping[str, lis
                             "uid": j["metadata"].get("uid")} for j in owned(objects.get("Job", []))]}
     else:
         pods = owned(objects.get("Pod", []))
-    running = sum(1 for p in pods if _pod_ready(p))
+    running = sum(1 for p in pods if podstate.ready(p))
     status: dict[str, Any] = {"replicas": len(pods), "readyReplicas": running, "availableReplicas": running,
                               "observedGeneration": (obj.get("metadata") or {}).get("generation", 1)}
     if kind == "Deployment":
