@@ -11,6 +11,7 @@ from typing import Any
 
 from controlplane.gracefuldelete import decide, pod_grace_period
 from gpudra.timestamps import parse_rfc3339
+from sim.kubelet.pods import kill_grace_seconds
 from tests.conftest import RunningApiServer
 
 NOW = datetime(2026, 12, 2, 6, 0, 0, tzinfo=timezone.utc)
@@ -98,3 +99,12 @@ def test_through_the_api_an_unscheduled_pod_goes_at_once_and_finalizers_still_ho
     assert held["metadata"]["deletionGracePeriodSeconds"] == 0  # ... and the finalizer still holds it
     api.patch("Pod", "held", {"metadata": {"finalizers": None}}, namespace="default")
     assert api.try_get("Pod", "held", namespace="default") is None
+
+
+def test_the_kubelet_stops_containers_with_the_probes_else_the_deletions_else_the_pods_grace_at_least_2_s() -> None:
+    pod = _pod(terminationGracePeriodSeconds=45)
+    assert kill_grace_seconds(pod) == 45
+    assert kill_grace_seconds({**pod, "metadata": {"deletionGracePeriodSeconds": 10}}) == 10
+    assert kill_grace_seconds({**pod, "metadata": {"deletionGracePeriodSeconds": 0}}) == 2  # --force
+    assert kill_grace_seconds(pod, probe_grace=5) == 5
+    assert kill_grace_seconds(_pod()) == 30

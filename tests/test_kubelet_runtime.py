@@ -166,13 +166,16 @@ def test_failed_container_restart_policies_and_deletion(cluster: Cluster) -> Non
     assert cluster.kubectl("get", "pod", "server", "--no-headers").stdout.split()[2] == "Terminating"
     wait_for("the pod deleted by its kubelet", lambda: cluster.api.try_get("Pod", "server", namespace="default") is None)
     assert not pid_alive(pid) and name not in cluster.runtime.names()  # stopped (SIGKILL) before the pod went
-    # --force --grace-period=0: the pod object goes at once; the kubelet still stops the container, with the
-    # kubelet's least grace period (2 s), not the pod's 600.
+    # A pod Terminating for 600 s, then `--force --grace-period=0`: the pod object goes at once, and the kubelet
+    # restarts the stop with its least grace period (2 s), as the kubelet does when a deletion is shortened.
     cluster.pod("stubborn", "sleep 1000", restart="Always", grace=600)
     cluster.wait_phase("stubborn", "Running")
     (record,) = [r for r in cluster.kubelet.snapshot().values() if r.name == "stubborn"]
     pid = cluster.runtime.network_pid(record.containers[0].runtime_name)
     assert pid is not None
+    assert cluster.kubectl("delete", "pod", "stubborn", "--wait=false").returncode == 0
+    assert cluster.api.get("Pod", "stubborn", namespace="default")["metadata"]["deletionGracePeriodSeconds"] == 600
+    assert pid_alive(pid)
     forced = cluster.kubectl("delete", "pod", "stubborn", "--force", "--grace-period=0")
     assert forced.returncode == 0 and 'pod "stubborn" force deleted' in forced.stdout, forced.stderr
     assert cluster.api.try_get("Pod", "stubborn", namespace="default") is None

@@ -109,6 +109,8 @@ class ContainerRuntime(Protocol):
 
     def remove(self, name: str, grace_seconds: int = 1) -> None: ...
 
+    def kill(self, name: str) -> None: ...
+
     def seen(self, name: str) -> Seen | None: ...
 
     def exec_argv(self, name: str, command: Sequence[str], *, tty: bool = False) -> list[str] | None: ...
@@ -413,6 +415,8 @@ class NodeKubelet:
         self._unprepare_pending: set[str] = set()  # uids whose claims an unprepare call failed for
         # uid -> the deleted pod whose containers are being stopped (or are stopped, its cleanup not yet done)
         self._terminating: dict[str, dict[str, Any]] = {}
+        # uid -> (runtime names being stopped, monotonic time of their SIGKILL): a shorter grace period brings it on
+        self._stopping: dict[str, tuple[list[str], float]] = {}
         self._gone: set[str] = set()  # terminating pods the API server no longer has
         self._pod_ips = PodIPs(node_name)
         # The streaming server listens on the node's InternalIP, where the control plane dials it.
@@ -1120,6 +1124,7 @@ class NodeKubelet:
         self._active.pop(uid, None)
         self._pods.pop(uid, None)
         if uid in self._terminating:
+            self._shorten(uid, kill_grace_seconds(pod))
             return
         self._terminating[uid] = dict(pod)
         self._stop_probes(uid)
@@ -1141,15 +1146,37 @@ class NodeKubelet:
         log.info("event=pod-stopping node=%s pod=%s/%s grace_seconds=%d", self.node_name, record.namespace,
                  record.name, grace)
 
+        names = [r.runtime_name for r in runs]
+        self._stopping[uid] = (names, self._clock() + grace)
+
         def stop_all() -> None:
-            stoppers = [threading.Thread(target=self._remove_container, args=(r.runtime_name, grace), daemon=True)
-                        for r in runs]
+            stoppers = [threading.Thread(target=self._remove_container, args=(n, grace), daemon=True) for n in names]
             for t in stoppers:
                 t.start()
             for t in stoppers:
                 t.join()
+            self._stopping.pop(uid, None)
             self._events.put(("STOPPED", {"metadata": {"uid": uid}}))
         threading.Thread(target=stop_all, name=f"kubelet-{self.node_name}-stop-{uid[:8]}", daemon=True).start()
+
+    def _shorten(self, uid: str, grace: int) -> None:
+        """A later delete shortened the grace period (or forced the pod out): SIGKILL comes `grace` seconds from
+        now if that is sooner, as the kubelet restarts a pod's termination with the shorter period."""
+        stopping = self._stopping.get(uid)
+        if stopping is None or self.runtime is None:
+            return
+        names, deadline = stopping
+        if self._clock() + grace >= deadline:
+            return
+        self._stopping[uid] = (names, self._clock() + grace)
+        log.info("event=pod-stop-shortened node=%s uid=%s grace_seconds=%d", self.node_name, uid, grace)
+        runtime = self.runtime
+
+        def kill_later() -> None:
+            if not self._stop.wait(grace):
+                for name in names:
+                    runtime.kill(name)
+        threading.Thread(target=kill_later, name=f"kubelet-{self.node_name}-kill-{uid[:8]}", daemon=True).start()
 
     def _remove_container(self, name: str, grace: int) -> None:
         assert self.runtime is not None

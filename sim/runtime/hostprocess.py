@@ -24,6 +24,7 @@ period.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -195,17 +196,27 @@ class HostProcessRuntime:
 
     def remove(self, name: str, grace_seconds: int = 1) -> None:
         with self._lock:
-            proc = self._procs.pop(name, None)
-        if proc is None or proc.popen.poll() is not None:
-            return
+            proc = self._procs.get(name)
         try:
-            os.killpg(proc.popen.pid, signal.SIGTERM)
-            proc.popen.wait(timeout=grace_seconds)
+            if proc is not None and proc.popen.poll() is None:
+                os.killpg(proc.popen.pid, signal.SIGTERM)
+                try:
+                    proc.popen.wait(timeout=grace_seconds)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.popen.pid, signal.SIGKILL)
+                    proc.popen.wait()
         except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.popen.pid, signal.SIGKILL)
-            proc.popen.wait()
+            pass
+        with self._lock:
+            self._procs.pop(name, None)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL now: the grace period of a `remove` under way was shortened and is over."""
+        with self._lock:
+            proc = self._procs.get(name)
+        if proc is not None and proc.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.popen.pid, signal.SIGKILL)
 
     def seen(self, name: str) -> Seen | None:
         return None  # no GPU probe: these containers are given no GPUs
@@ -294,6 +305,9 @@ class RoutingRuntime:
     def remove(self, name: str, grace_seconds: int = 1) -> None:
         self._for(name).remove(name, grace_seconds)
         self._on_host.discard(name)
+
+    def kill(self, name: str) -> None:
+        self._for(name).kill(name)
 
     def seen(self, name: str) -> Seen | None:
         return self._for(name).seen(name)

@@ -20,6 +20,7 @@ asked for the exit code; its conmon monitor (--conmon-pidfile) lingers a second 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -245,12 +246,23 @@ class PodmanRuntime:
     def remove(self, name: str, grace_seconds: int = 1) -> None:
         """Stop (SIGTERM, SIGKILL after the grace period) and remove the container."""
         with self._lock:
-            known = self._containers.pop(name, None)
+            known = self._containers.get(name)  # kept while it stops, for `kill`
         done = self._podman("rm", "-f", "--time", str(grace_seconds), *_exactly(name), check=False)
+        with self._lock:
+            self._containers.pop(name, None)
         if done.returncode != 0:
             raise RuntimeError_(f"container {name}: podman rm exited with status {done.returncode}: {done.stderr.strip()}")
         if known is not None:
             log.info("event=container-removed container=%s", name)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL now: the grace period of a `remove` under way was shortened and is over. The container's init
+        process is signalled directly; the `remove` then sees it exit."""
+        with self._lock:
+            c = self._containers.get(name)
+        if c is not None and c.pid is not None and pid_alive(c.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(c.pid, signal.SIGKILL)
 
     def exec_argv(self, name: str, command: Sequence[str], *, tty: bool = False) -> list[str] | None:
         """argv that runs `command` in the running container `name` (stdin kept open; with `tty` in a terminal of
