@@ -417,6 +417,7 @@ class NodeKubelet:
         self._terminating: dict[str, dict[str, Any]] = {}
         # uid -> (runtime names being stopped, monotonic time of their SIGKILL): a shorter grace period brings it on
         self._stopping: dict[str, tuple[list[str], float]] = {}
+        self._stoppers: list[threading.Thread] = []  # threads stopping containers (`_background`)
         self._gone: set[str] = set()  # terminating pods the API server no longer has
         self._pod_ips = PodIPs(node_name)
         # The streaming server listens on the node's InternalIP, where the control plane dials it.
@@ -507,9 +508,14 @@ class NodeKubelet:
                 names = [c.runtime_name for r in self.records.values() for c in r.containers]
             for name in names:
                 try:
-                    self.runtime.remove(name, grace_seconds=0)  # the node is going away
+                    self.runtime.kill(name)  # the node is going away: no grace, and stops under way end now
+                    self.runtime.remove(name, grace_seconds=0)
                 except RuntimeError_ as exc:
                     log.warning("event=container-remove-failed node=%s container=%s error=%r", self.node_name, name, str(exc))
+        with self._lock:
+            stoppers, self._stoppers = self._stoppers, []
+        for t in stoppers:
+            t.join(timeout=5)
         self.sim.close()
 
     # ---- what the demo asks of the node -----------------------------------------------------------------
@@ -840,7 +846,7 @@ class NodeKubelet:
                         verdict.kill, warning=False, container=run.container)
         # Stopped off the worker thread: a container that ignores SIGTERM holds its grace period, not the node.
         grace = kill_grace_seconds(self._active.get(record.uid) or {}, verdict.kill_grace)
-        threading.Thread(target=self._remove_container, args=(run.runtime_name, grace), daemon=True).start()
+        self._background(f"stop-{run.runtime_name}", self._remove_container, run.runtime_name, grace)
         return replace(run, running=False, exit_code=137, finished_at=rfc3339(), finished_mono=self._clock(),
                        ready=False)
 
@@ -1157,7 +1163,7 @@ class NodeKubelet:
                 t.join()
             self._stopping.pop(uid, None)
             self._events.put(("STOPPED", {"metadata": {"uid": uid}}))
-        threading.Thread(target=stop_all, name=f"kubelet-{self.node_name}-stop-{uid[:8]}", daemon=True).start()
+        self._background(f"stop-{uid[:8]}", stop_all)
 
     def _shorten(self, uid: str, grace: int) -> None:
         """A later delete shortened the grace period (or forced the pod out): SIGKILL comes `grace` seconds from
@@ -1176,7 +1182,14 @@ class NodeKubelet:
             if not self._stop.wait(grace):
                 for name in names:
                     runtime.kill(name)
-        threading.Thread(target=kill_later, name=f"kubelet-{self.node_name}-kill-{uid[:8]}", daemon=True).start()
+        self._background(f"kill-{uid[:8]}", kill_later)
+
+    def _background(self, name: str, target: Callable[..., None], *args: Any) -> None:
+        """A container stop that may take its whole grace period, off the worker thread; `stop` waits for them."""
+        t = threading.Thread(target=target, args=args, name=f"kubelet-{self.node_name}-{name}", daemon=True)
+        with self._lock:
+            self._stoppers = [s for s in self._stoppers if s.is_alive()] + [t]
+        t.start()
 
     def _remove_container(self, name: str, grace: int) -> None:
         assert self.runtime is not None
