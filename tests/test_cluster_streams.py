@@ -145,9 +145,14 @@ def test_exec_it_gets_a_terminal_of_the_clients_size_follows_resizes_and_returns
     shown = term.output.decode(errors="replace")
     assert "33 111" in shown and "/dev/pts/" in shown, shown
     term.resize(150, 40)
-    time.sleep(0.5)  # kubectl's resize goes on channel 4 while the shell waits
-    term.type("stty size\r")
-    term.expect("40 150")
+    # kubectl's resize goes on channel 4 while the shell waits; asked again until it has arrived.
+    for attempt in range(10):
+        term.type(f"stty size; echo resized-$(({attempt}+1))\r")
+        term.expect(f"resized-{attempt + 1}")
+        if "40 150" in term.output.decode(errors="replace"):
+            break
+        time.sleep(0.5)
+    assert "40 150" in term.output.decode(errors="replace")
     term.type("exit 5\r")
     assert term.wait() == 5, term.output
     assert "command terminated with exit code 5" in term.output.decode(errors="replace")
