@@ -18,13 +18,12 @@ from controlplane.authn import (
 )
 from controlplane.authn import AccountLookup
 from controlplane.admission.request import AuditAnnotations
-from controlplane.authz.attributes import Attributes, forbidden
+from controlplane.authz.attributes import Attributes, forbidden, request_verb
 from controlplane.authz.chain import AuthorizerChain
 from controlplane.httphead import Headers
 from controlplane.resources import ResourceType
 from controlplane.tls import PeerIdentity
 
-_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 UNAUTHORIZED = st.StatusError(401, "Unauthorized", "Unauthorized")
 
 
@@ -93,13 +92,7 @@ def _field_equals(text: str | None) -> tuple[tuple[str, str], ...]:
 
 def resource_attributes(user: UserInfo, method: str, rt: ResourceType, namespace: str, name: str | None,
                         subresource: str | None, query: dict[str, str]) -> Attributes:
-    if method == "GET":
-        watch = query.get("watch") in ("true", "1", "True", "TRUE", "t", "T")
-        verb = "watch" if watch else ("get" if name is not None else "list")
-    elif method == "DELETE" and name is None:
-        verb = "deletecollection"
-    else:
-        verb = _VERBS.get(method, method.lower())
+    verb = request_verb(method, query, name is not None)
     selector = query.get("fieldSelector") if query else None
     return Attributes(user, verb, True, rt.group, rt.plural, subresource or "", namespace, name or "", "",
                       _field_equals(selector) if selector else ())

@@ -15,10 +15,9 @@ from typing import Any, Protocol
 
 from controlplane.audit.policy import LEVELS, Policy, RequestAttributes
 from controlplane.authn import UserInfo
+from controlplane.authz.attributes import request_verb
 
-_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 _LONG_RUNNING_SUBRESOURCES = ("log", "exec", "attach", "portforward", "proxy")
-_TRUE = ("true", "1", "True", "TRUE", "t", "T")
 _RANK = {level: i for i, level in enumerate(LEVELS)}
 
 
@@ -66,12 +65,7 @@ def request_info(method: str, path: str, query: Mapping[str, str]) -> tuple[str,
     resource = rest[0]
     name = rest[1] if len(rest) >= 2 else ""
     sub = rest[2] if len(rest) >= 3 else ""
-    if method == "GET":
-        verb = "watch" if query.get("watch") in _TRUE else ("get" if name else "list")
-    elif method == "DELETE" and not name:
-        verb = "deletecollection"
-    else:
-        verb = _VERBS.get(method, method.lower())
+    verb = request_verb(method, query, bool(name))
     ref = {"resource": resource, "namespace": namespace, "name": name, "apiGroup": group, "apiVersion": version,
            "subresource": sub}
     return verb, {k: v for k, v in ref.items() if v}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -13,6 +14,20 @@ class Decision(Enum):
     ALLOW = "allow"
     DENY = "deny"
     NO_OPINION = "no-opinion"
+
+
+_WRITE_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+_TRUE = ("true", "1", "True", "TRUE", "t", "T")  # Go's strconv.ParseBool, as kube-apiserver reads ?watch=
+
+
+def request_verb(method: str, query: Mapping[str, str], named: bool) -> str:
+    """A resource request's verb as kube-apiserver's RequestInfoFactory derives it (`named`: the path names an
+    object)."""
+    if method == "GET":
+        return "watch" if query.get("watch") in _TRUE else ("get" if named else "list")
+    if method == "DELETE" and not named:
+        return "deletecollection"
+    return _WRITE_VERBS.get(method, method.lower())
 
 
 @dataclass(slots=True)
