@@ -8,7 +8,7 @@ import time
 from controlplane import status as st
 from controlplane.params import bool_param, int_param
 from controlplane.podlogs import parse_cri_log
-from controlplane.routing import Responder, Route
+from controlplane.routing import Responder, Route, start_chunked
 
 _LOG_FOLLOW_POLL_S = 0.2  # how often a followed log is checked for new lines
 
@@ -59,14 +59,8 @@ class PodLogStream:
         if not bool_param(query, "follow"):
             self.h._send(200, render(text), "text/plain")
             return
-        # A followed log is long-lived, like a watch: it leaves the worker pool.
-        detach = getattr(self.h.server, "detach_for_watch", None)
-        if detach is not None and not detach():
-            raise st.StatusError(429, "TooManyRequests", "too many watches and followed logs are open; retry later")
-        self.h.close_connection = True
-        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n"
-                         b"Cache-Control: no-cache, private\r\n\r\n")
-        self.h.log_request(200)
+        # A followed log is long-lived, like a watch.
+        start_chunked(self.h, "text/plain", "too many watches and followed logs are open; retry later")
         offset = len(complete)
         try:
             self._log_chunk(render(text))

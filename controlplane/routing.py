@@ -98,6 +98,18 @@ class Responder(Protocol):
     def _send(self, code: int, body: bytes, content_type: str = ...) -> None: ...
 
 
+
+def start_chunked(h: Responder, content_type: str, refusal: str) -> None:
+    """Begin a long-lived chunked 200 (a watch, a followed log). It leaves the worker pool first, so that a pool
+    full of them refuses the next one with 429 (`refusal`) instead of starving short requests."""
+    detach = getattr(h.server, "detach_for_watch", None)
+    if detach is not None and not detach():
+        raise st.StatusError(429, "TooManyRequests", refusal)
+    h.close_connection = True
+    h.wfile.write(f"HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nTransfer-Encoding: chunked\r\n"
+                  "Cache-Control: no-cache, private\r\n\r\n".encode())
+    h.log_request(200)
+
 class RequestHandler(Responder, Protocol):
     """What the endpoint handlers (controlplane.handlers) use of the request being served: its path, body,
     admission chain and warnings, and the JSON answer (controlplane.handler.ApiHandler)."""

@@ -12,7 +12,7 @@ from typing import Any
 from controlplane import status as st
 from controlplane.handlers import reads
 from controlplane.params import bool_param, int_param
-from controlplane.routing import Responder, Route, encode
+from controlplane.routing import Responder, Route, encode, start_chunked
 from controlplane.store import Event, Watcher
 from controlplane.tables import to_table, wants_table
 
@@ -39,13 +39,7 @@ class WatchStream:
         include = reads.include_object(query) if table else ""
         watcher = self.ctx.store.watch(flt, rv, initial)
         self.ctx.store.await_durable(watcher.pos)
-        detach = getattr(self.h.server, "detach_for_watch", None)
-        if detach is not None and not detach():
-            raise st.StatusError(429, "TooManyRequests", "too many watches are open; retry later")
-        self.h.close_connection = True
-        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
-                         b"Cache-Control: no-cache, private\r\n\r\n")
-        self.h.log_request(200)
+        start_chunked(self.h, "application/json", "too many watches are open; retry later")
         started = time.monotonic()
         # Like kube-apiserver, a watch asked for as a Table sends each event's object as a one-row Table, with
         # the column definitions on the first event only.
