@@ -979,14 +979,7 @@ class NodeKubelet:
         except (volumes.VolumeError, OSError) as exc:
             message = str(exc)
         if message != record.last_error:
-            containers = [c for c in (pod.get("spec") or {}).get("containers") or [] if isinstance(c, Mapping)]
-            statuses = [{"name": c.get("name"), "ready": False, "restartCount": 0, "image": str(c.get("image") or ""),
-                         "imageID": "", "started": False, "state": {"waiting": {"reason": "ContainerCreating"}}}
-                        for c in containers]
-            self.api.patch("Pod", record.name, {"status": {
-                "phase": "Pending", "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}],
-                "conditions": pod_conditions(statuses, rfc3339()), "containerStatuses": statuses,
-            }}, namespace=record.namespace, subresource="status")
+            self._report_waiting(record, pod, {})
             self.events.pod({"namespace": record.namespace, "name": record.name, "uid": record.uid}, "FailedMount",
                             message)
         raise KubeletError(message)
@@ -1007,18 +1000,24 @@ class NodeKubelet:
             return
         message = "; ".join(problems.values())
         if f"CreateContainerConfigError: {message}" != record.last_error:
-            statuses = [{"name": c.get("name"), "ready": False, "restartCount": 0, "image": str(c.get("image") or ""),
-                         "imageID": "", "started": False,
-                         "state": {"waiting": {"reason": "CreateContainerConfigError", "message": problems[str(c.get("name"))]}
-                                   if str(c.get("name")) in problems else {"reason": "ContainerCreating"}}}
-                        for c in containers]
-            self.api.patch("Pod", record.name, {"status": {
-                "phase": "Pending", "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}],
-                "conditions": pod_conditions(statuses, rfc3339()), "containerStatuses": statuses,
-            }}, namespace=record.namespace, subresource="status")
+            self._report_waiting(record, pod, {name: {"reason": "CreateContainerConfigError", "message": problem}
+                                               for name, problem in problems.items()})
             self.events.pod({"namespace": record.namespace, "name": record.name, "uid": record.uid}, "Failed",
                             f"Error: {message}")
         raise KubeletError(f"CreateContainerConfigError: {message}")
+
+    def _report_waiting(self, record: PodRecord, pod: Mapping[str, Any], waiting: Mapping[str, dict[str, str]]) -> None:
+        """The pod Pending before any container started: each container waiting with its entry in `waiting`
+        (by container name), ContainerCreating otherwise."""
+        containers = [c for c in (pod.get("spec") or {}).get("containers") or [] if isinstance(c, Mapping)]
+        statuses = [{"name": c.get("name"), "ready": False, "restartCount": 0, "image": str(c.get("image") or ""),
+                     "imageID": "", "started": False,
+                     "state": {"waiting": waiting.get(str(c.get("name")), {"reason": "ContainerCreating"})}}
+                    for c in containers]
+        self.api.patch("Pod", record.name, {"status": {
+            "phase": "Pending", "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}],
+            "conditions": pod_conditions(statuses, rfc3339()), "containerStatuses": statuses,
+        }}, namespace=record.namespace, subresource="status")
 
     def pod_log_path(self, record: PodRecord, container: str, restart: int) -> Path | None:
         """/var/log/pods layout: <dir>/<namespace>_<pod>_<uid>/<container>/<restart>.log (None: the runtime's own)."""
