@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from controlplane import status as st
 from controlplane.resources import ResourceType
 from gpudra.quantity import Quantity, QuantityError
+from gpudra.timestamps import parse_rfc3339
 
 QUOTA_KINDS = ("Pod", "ResourceClaim", "Service")
 DEVICE_SUFFIX = ".deviceclass.resource.k8s.io/devices"
@@ -63,8 +65,19 @@ def _container_totals(containers: Iterable[Any], part: str) -> dict[str, Quantit
     return out
 
 
-def pod_usage(pod: Mapping[str, Any]) -> dict[str, Quantity]:
+def charged(pod: Mapping[str, Any], now: datetime | None = None) -> bool:
+    """Whether quota counts the pod (QuotaV1Pod): not once it has finished, nor once it is stuck Terminating (a
+    grace period past its deletionTimestamp, e.g. on a lost node), so that its replacement is not held back."""
     if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return False
+    meta = pod.get("metadata") or {}
+    due, grace = parse_rfc3339(meta.get("deletionTimestamp")), meta.get("deletionGracePeriodSeconds")
+    return due is None or not isinstance(grace, int) or \
+        (now or datetime.now(timezone.utc)) <= due + timedelta(seconds=grace)
+
+
+def pod_usage(pod: Mapping[str, Any], now: datetime | None = None) -> dict[str, Quantity]:
+    if not charged(pod, now):
         return {}
     spec = pod.get("spec") or {}
     one = Quantity.parse("1")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,12 @@ def test_usage_counts_what_the_evaluators_count() -> None:
     assert usage == {"pods": "1", "count/pods": "1", "requests.cpu": "500m", "cpu": "500m", "requests.memory": "1Gi",
                      "memory": "1Gi", "limits.memory": "1Gi", "requests.nvidia.com/gpu": "2"}
     assert pod_usage({**_pod("done"), "status": {"phase": "Succeeded"}}) == {}
+    # Terminating: still charged within a grace period past its deletionTimestamp; stuck beyond that, not.
+    stuck = {**_pod("stuck", gpus=2), "metadata": {"name": "stuck", "namespace": "default",
+                                                    "deletionTimestamp": "2026-12-02T06:00:30Z",
+                                                    "deletionGracePeriodSeconds": 30}}
+    assert pod_usage(stuck, datetime(2026, 12, 2, 6, 0, 59, tzinfo=timezone.utc))["pods"].canonical() == "1"
+    assert pod_usage(stuck, datetime(2026, 12, 2, 6, 1, 1, tzinfo=timezone.utc)) == {}
     claim = {k: v.canonical() for k, v in claim_usage(_claim("c", 3)).items()}
     assert claim == {"count/resourceclaims.resource.k8s.io": "1", "gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "3"}
 
