@@ -1150,9 +1150,9 @@ class NodeKubelet:
         grace = kill_grace_seconds(pod)
         log.info("event=pod-stopping node=%s pod=%s/%s grace_seconds=%d", self.node_name, record.namespace,
                  record.name, grace)
-
         names = [r.runtime_name for r in runs]
-        self._stopping[uid] = (names, self._clock() + grace)
+        with self._lock:
+            self._stopping[uid] = (names, self._clock() + grace)
 
         def stop_all() -> None:
             stoppers = [threading.Thread(target=self._remove_container, args=(n, grace), daemon=True) for n in names]
@@ -1160,20 +1160,20 @@ class NodeKubelet:
                 t.start()
             for t in stoppers:
                 t.join()
-            self._stopping.pop(uid, None)
+            with self._lock:
+                self._stopping.pop(uid, None)
             self._events.put(("STOPPED", {"metadata": {"uid": uid}}))
         self._background(f"stop-{uid[:8]}", stop_all)
 
     def _shorten(self, uid: str, grace: int) -> None:
         """A later delete shortened the grace period (or forced the pod out): SIGKILL comes `grace` seconds from
         now if that is sooner, as the kubelet restarts a pod's termination with the shorter period."""
-        stopping = self._stopping.get(uid)
-        if stopping is None or self.runtime is None:
-            return
-        names, deadline = stopping
-        if self._clock() + grace >= deadline:
-            return
-        self._stopping[uid] = (names, self._clock() + grace)
+        with self._lock:
+            stopping = self._stopping.get(uid)
+            if stopping is None or self.runtime is None or self._clock() + grace >= stopping[1]:
+                return
+            names = stopping[0]
+            self._stopping[uid] = (names, self._clock() + grace)
         log.info("event=pod-stop-shortened node=%s uid=%s grace_seconds=%d", self.node_name, uid, grace)
         runtime = self.runtime
 
