@@ -341,6 +341,16 @@ def test_admin_access_needs_a_labelled_namespace(srv: EmbeddedApiServer) -> None
      "of printable ASCII characters other than '='"),
     ({"containers": [{"name": "a", "image": "x"}], "volumes": [{"name": "../v", "emptyDir": {}}]},
      'spec.volumes[0].name: Invalid value: "../v"'),
+    ({"containers": [{"name": "a", "image": "x", "lifecycle": {"preStop": {}}}]},
+     "spec.containers[0].lifecycle.preStop: Required value: must specify a handler type"),
+    ({"containers": [{"name": "a", "image": "x", "lifecycle": {"postStart": {
+        "exec": {"command": ["true"]}, "sleep": {"seconds": 1}}}}]},
+     "spec.containers[0].lifecycle.postStart.sleep: Forbidden: may not specify more than 1 handler type"),
+    ({"containers": [{"name": "a", "image": "x", "livenessProbe": {"exec": {"command": []}}}]},
+     "spec.containers[0].livenessProbe.exec.command: Required value"),
+    ({"containers": [{"name": "a", "image": "x"}], "initContainers": [
+        {"name": "i", "image": "x", "lifecycle": {"preStop": {"exec": {"command": ["true"]}}}}]},
+     "spec.initContainers[0].lifecycle: Forbidden: may not be set for init containers without restartPolicy=Always"),
 ])
 def test_pod_validation(srv: EmbeddedApiServer, patch: dict[str, Any], message: str) -> None:
     code, body = admin(srv).call("POST", "/api/v1/namespaces/default/pods",

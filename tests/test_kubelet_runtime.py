@@ -396,3 +396,41 @@ def test_kubectl_exec_runs_in_the_container_over_websocket(cluster: Cluster) -> 
     assert piped.returncode == 0 and piped.stdout == "SHOUT\n", piped.stderr
     missing = run("exec", "shell", "-c", "nope", "--", "true")
     assert missing.returncode != 0 and "container nope is not valid for pod shell" in missing.stderr
+
+
+def _hooked_pod(name: str, command: str, post_start: list[str], pre_stop: list[str] | None = None,
+                grace: int = 20) -> dict[str, Any]:
+    lifecycle: dict[str, Any] = {"postStart": {"exec": {"command": post_start}}}
+    if pre_stop is not None:
+        lifecycle["preStop"] = {"exec": {"command": pre_stop}}
+    return {"metadata": {"name": name, "namespace": "default"}, "spec": {
+        "nodeName": NODE, "terminationGracePeriodSeconds": grace,
+        "containers": [{"name": "main", "image": "busybox", "command": ["sh", "-c", command], "lifecycle": lifecycle}]}}
+
+
+def test_lifecycle_hooks_run_after_the_start_and_before_sigterm_and_a_failed_post_start_kills(cluster: Cluster) -> None:
+    # Each hook writes to PID 1's stdout, so the container's log shows the order: the preStop hook ran before the
+    # SIGTERM the shell traps.
+    say = "echo {} > /proc/1/fd/1"
+    created = cluster.api.create("Pod", _hooked_pod(
+        "hooked", "trap 'echo got-term; exit 0' TERM; echo main-started; while true; do sleep 0.2; done",
+        ["sh", "-c", say.format("post-start")], ["sh", "-c", say.format("pre-stop")]), namespace="default")
+    cluster.wait_phase("hooked", "Running")
+    wait_for("the postStart hook's line", lambda: "post-start" in cluster.kubectl("logs", "hooked").stdout)
+    (record,) = [r for r in cluster.kubelet.snapshot().values() if r.name == "hooked"]
+    log_file = cluster.kubelet.pod_log_path(record, "main", 0)
+    assert log_file is not None
+    cluster.api.delete("Pod", "hooked", namespace="default")
+    wait_for("the pod deleted by its kubelet", lambda: cluster.api.try_get("Pod", "hooked", namespace="default") is None)
+    lines = [line.split(" ", 3)[3] for line in log_file.read_text().splitlines()]
+    assert lines == ["main-started", "post-start", "pre-stop", "got-term"], lines
+    assert created["metadata"]["uid"] == record.uid
+    # A postStart hook that fails: FailedPostStartHook, the container killed, then restarted per restartPolicy.
+    cluster.api.create("Pod", _hooked_pod("refused", "sleep 1000", ["sh", "-c", "exit 3"], grace=2), namespace="default")
+    wait_for("the container restarted after its failed hook", lambda: any(
+        (s.get("restartCount") or 0) >= 1 for s in (cluster.api.get("Pod", "refused", namespace="default").get(
+            "status") or {}).get("containerStatuses") or []))
+    events = cluster.api.list("Event", namespace="default")[0]
+    mine = [(e["reason"], e["message"], e["type"]) for e in events if e["involvedObject"]["name"] == "refused"]
+    assert ("FailedPostStartHook", "PostStartHook failed", "Warning") in mine
+    assert ("Killing", "FailedPostStartHook", "Normal") in mine

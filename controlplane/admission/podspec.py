@@ -15,6 +15,10 @@ from controlplane.admission.request import AdmissionRequest
 from gpudra.validation.names import dns1123_label
 
 _PROTOCOLS = ("SCTP", "TCP", "UDP")
+# The handler types of a lifecycle hook and of a probe (validateHandler counts them: exactly one).
+_HOOK_HANDLERS = ("exec", "httpGet", "tcpSocket", "sleep")
+_PROBE_HANDLERS = ("exec", "httpGet", "tcpSocket", "grpc")
+_PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
 _RESTART_POLICIES = ("Always", "Never", "OnFailure")
 _IANA_LETTER = re.compile(r"[a-z]")
 _IANA_CHARS = re.compile(r"^[-a-z0-9]+$")
@@ -53,6 +57,20 @@ def _env_name_errors(name: str) -> list[str]:
     """validation.IsRelaxedEnvVarName (RelaxedEnvironmentVariableValidation, GA in 1.34)."""
     if any(ch == "=" or not (" " <= ch <= "~") for ch in name):
         return ["a valid environment variable name must consist only of printable ASCII characters other than '='"]
+    return []
+
+
+def _handler_errors(handler: Any, path: str, kinds: tuple[str, ...]) -> list[str]:
+    if not isinstance(handler, dict):
+        return []
+    given = [k for k in kinds if handler.get(k) is not None]
+    if not given:
+        return [f"{path}: Required value: must specify a handler type"]
+    if len(given) > 1:
+        return [f"{path}.{given[1]}: Forbidden: may not specify more than 1 handler type"]
+    action = handler[given[0]]
+    if given[0] == "exec" and not (isinstance(action, dict) and action.get("command")):
+        return [f"{path}.exec.command: Required value"]
     return []
 
 
@@ -95,6 +113,12 @@ def _container_errors(c: Any, path: str) -> list[str]:
             errors.append(f"{path}.volumeMounts[{j}].name: Required value")
         if not mount.get("mountPath"):
             errors.append(f"{path}.volumeMounts[{j}].mountPath: Required value")
+    lifecycle = c.get("lifecycle")
+    if isinstance(lifecycle, dict):
+        for hook in ("postStart", "preStop"):
+            errors.extend(_handler_errors(lifecycle.get(hook), f"{path}.lifecycle.{hook}", _HOOK_HANDLERS))
+    for probe in _PROBES:
+        errors.extend(_handler_errors(c.get(probe), f"{path}.{probe}", _PROBE_HANDLERS))
     return errors
 
 
@@ -120,6 +144,9 @@ def pod_spec_errors(spec: Any, path: str) -> list[str]:
         for i, c in enumerate(spec.get(part) or []):
             p = f"{path}.{part}[{i}]"
             errors.extend(_container_errors(c, p))
+            if part == "initContainers" and isinstance(c, dict) and c.get("restartPolicy") != "Always":
+                errors.extend(f"{p}.{field}: Forbidden: may not be set for init containers without restartPolicy=Always"
+                              for field in ("lifecycle", *_PROBES) if c.get(field) is not None)
             name = c.get("name") if isinstance(c, dict) else None
             if name:
                 if name in seen:

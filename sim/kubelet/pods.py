@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 from sim.kubelet.backoff import RestartBackoff, duration_text
 from sim.kubelet.devicemanager import DeviceManagerError, DeviceManagerSim
-from sim.kubelet import claimstate, envvars, netns, volumes
+from sim.kubelet import claimstate, envvars, hooks, netns, volumes
 from sim.kubelet.envvars import EnvError, Lookup, PodContext, expand
 from sim.kubelet.events import KubeletEvents, format_pod
 from sim.kubelet.execserver import ExecServer
@@ -68,6 +68,8 @@ FIRST_UNPREPARE_RETRY_SECONDS = 0.5
 MAX_UNPREPARE_RETRY_SECONDS = 8.0
 # The kubelet never stops a container in less (minimumGracePeriodInSeconds), whatever grace it was given.
 MIN_KILL_GRACE_SECONDS = 2
+# The kubelet bounds no postStart hook; ours ends after this, so one that never returns holds no thread forever.
+POST_START_TIMEOUT_SECONDS = 600.0
 
 
 HOST_IP = "127.0.0.1"
@@ -361,6 +363,11 @@ def kill_grace_seconds(pod: Mapping[str, Any], probe_grace: int | None = None) -
     return max(int(value) if value is not None else 30, MIN_KILL_GRACE_SECONDS)
 
 
+def _pod_ref(pod: Mapping[str, Any]) -> dict[str, str]:
+    meta = pod.get("metadata") or {}
+    return {"namespace": str(meta.get("namespace")), "name": str(meta.get("name")), "uid": str(meta.get("uid"))}
+
+
 def will_restart(restart_policy: str, run: ContainerRun) -> bool:
     if run.running:
         return False
@@ -613,6 +620,9 @@ class NodeKubelet:
         if kind == "STOPPED":
             self._terminated(str(pod["metadata"]["uid"]))
             return
+        if kind == "POST_START_FAILED":
+            self._post_start_failed(str(pod["metadata"].get("uid")), str(pod["container"]))
+            return
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         if not uid:
             return
@@ -801,6 +811,9 @@ class NodeKubelet:
         specs = probe_specs(container)
         if specs:
             self._start_probes(pod, record, container, request.name, specs)
+        if (post_start := hooks.handler(container, hooks.POST_START)) is not None:
+            self._background(f"poststart-{request.name}", self._post_start, dict(pod), request.name, container,
+                             post_start)
         return ContainerRun(cname, request.name, restart, request.cdi_devices, status.started_at, last_state=last_state,
                             ready="readiness" not in specs and "startup" not in specs, started="startup" not in specs)
 
@@ -845,8 +858,9 @@ class NodeKubelet:
         self.events.pod({"namespace": record.namespace, "name": record.name, "uid": record.uid}, "Killing",
                         verdict.kill, warning=False, container=run.container)
         # Stopped off the worker thread: a container that ignores SIGTERM holds its grace period, not the node.
-        grace = kill_grace_seconds(self._active.get(record.uid) or {}, verdict.kill_grace)
-        self._background(f"stop-{run.runtime_name}", self._remove_container, run.runtime_name, grace)
+        pod = self._active.get(record.uid) or {}
+        self._background(f"stop-{run.runtime_name}", self._stop_container, pod, run.runtime_name, run.container,
+                         kill_grace_seconds(pod, verdict.kill_grace))
         return replace(run, running=False, exit_code=137, finished_at=rfc3339(), finished_mono=self._clock(),
                        ready=False)
 
@@ -1155,7 +1169,8 @@ class NodeKubelet:
             self._stopping[uid] = (names, self._clock() + grace)
 
         def stop_all() -> None:
-            stoppers = [threading.Thread(target=self._remove_container, args=(n, grace), daemon=True) for n in names]
+            stoppers = [threading.Thread(target=self._stop_container, args=(pod, r.runtime_name, r.container, grace),
+                                         kwargs={"hook": r.running}, daemon=True) for r in runs]
             for t in stoppers:
                 t.start()
             for t in stoppers:
@@ -1190,12 +1205,51 @@ class NodeKubelet:
             self._stoppers = [s for s in self._stoppers if s.is_alive()] + [t]
         t.start()
 
-    def _remove_container(self, name: str, grace: int) -> None:
+    def _stop_container(self, pod: Mapping[str, Any], name: str, cname: str, grace: int, *, hook: bool = True) -> None:
+        """Stop one container as the kubelet's killContainer does: its preStop hook first (`hook`: it is running),
+        within the grace period, then SIGTERM with what is left of it (never under MIN_KILL_GRACE_SECONDS)."""
         assert self.runtime is not None
+        container = next((c for c in (pod.get("spec") or {}).get("containers") or []
+                          if isinstance(c, Mapping) and c.get("name") == cname), None)
+        pre_stop = hooks.handler(container, hooks.PRE_STOP) if hook and container is not None else None
+        if container is not None and pre_stop is not None:
+            started = self._clock()
+            error = hooks.run(self.runtime, name, container, self._pod_ip(pod), pre_stop, grace, self._stop)
+            if error is not None:
+                log.warning("event=pre-stop-hook-failed node=%s container=%s error=%r", self.node_name, name, error)
+                self.events.pod(_pod_ref(pod), *hooks.FAILED[hooks.PRE_STOP], container=cname)
+            grace = max(int(grace - (self._clock() - started)), MIN_KILL_GRACE_SECONDS)
         try:
             self.runtime.remove(name, grace_seconds=grace)
         except RuntimeError_ as exc:
             log.warning("event=container-remove-failed node=%s container=%s error=%r", self.node_name, name, str(exc))
+
+    def _post_start(self, pod: Mapping[str, Any], name: str, container: Mapping[str, Any],
+                    action: Mapping[str, Any]) -> None:
+        """A container's postStart hook; when it fails the container is killed (and restarted per restartPolicy)."""
+        assert self.runtime is not None
+        error = hooks.run(self.runtime, name, container, self._pod_ip(pod), action, POST_START_TIMEOUT_SECONDS,
+                          self._stop)
+        if error is not None and not self._stop.is_set():
+            log.warning("event=post-start-hook-failed node=%s container=%s error=%r", self.node_name, name, error)
+            self._events.put(("POST_START_FAILED", {"metadata": pod.get("metadata") or {}, "container": name}))
+
+    def _post_start_failed(self, uid: str, name: str) -> None:
+        """On the worker: the container whose postStart hook failed is marked exited and killed, as the kubelet
+        kills it (FailedPostStartHook); its restart follows from restartPolicy and the back-off."""
+        pod = self._active.get(uid)
+        with self._lock:
+            record = self.records.get(uid)
+            run = next((c for c in record.containers if c.runtime_name == name and c.running), None) if record else None
+            if record is None or run is None or pod is None:
+                return  # stopped meanwhile (the pod deleted, or the container exited)
+            record.containers = [replace(c, running=False, exit_code=137, finished_at=rfc3339(),
+                                         finished_mono=self._clock(), ready=False) if c is run else c
+                                 for c in record.containers]
+        self._stop_probes(uid, name)
+        self.events.pod(_pod_ref(pod), *hooks.FAILED[hooks.POST_START], container=run.container)
+        self.events.pod(_pod_ref(pod), "Killing", "FailedPostStartHook", warning=False, container=run.container)
+        self._background(f"stop-{name}", self._stop_container, pod, name, run.container, kill_grace_seconds(pod))
 
     def _terminated(self, uid: str) -> None:
         """A deleted pod's containers are stopped: unprepare its claims (retried by the resync until that
