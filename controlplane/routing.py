@@ -98,7 +98,6 @@ class Responder(Protocol):
     def _send(self, code: int, body: bytes, content_type: str = ...) -> None: ...
 
 
-
 def start_chunked(h: Responder, content_type: str, refusal: str) -> None:
     """Begin a long-lived chunked 200 (a watch, a followed log). It leaves the worker pool first, so that a pool
     full of them refuses the next one with 429 (`refusal`) instead of starving short requests."""
@@ -109,6 +108,7 @@ def start_chunked(h: Responder, content_type: str, refusal: str) -> None:
     h.wfile.write(f"HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nTransfer-Encoding: chunked\r\n"
                   "Cache-Control: no-cache, private\r\n\r\n".encode())
     h.log_request(200)
+
 
 class RequestHandler(Responder, Protocol):
     """What the endpoint handlers (controlplane.handlers) use of the request being served: its path, body,

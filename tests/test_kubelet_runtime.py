@@ -7,12 +7,13 @@ returns. Gated like tests/test_runtime.py: run in CI, skipped elsewhere when pod
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -30,18 +31,10 @@ from tests.runtime_helpers import require_podman
 
 pytestmark = pytest.mark.process  # every test here starts a container runtime
 
-T = TypeVar("T")
 DEADLINE = 60.0
 
 
-def wait_for(what: str, check: Callable[[], T | None]) -> T:
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+wait_for = functools.partial(until, timeout=DEADLINE, interval=0.1)
 
 
 @dataclass
@@ -179,7 +172,7 @@ def test_failed_container_restart_policies_and_deletion(cluster: Cluster) -> Non
     forced = cluster.kubectl("delete", "pod", "stubborn", "--force", "--grace-period=0")
     assert forced.returncode == 0 and 'pod "stubborn" force deleted' in forced.stdout, forced.stderr
     assert cluster.api.try_get("Pod", "stubborn", namespace="default") is None
-    until("the force-deleted pod's container stopped", lambda: not pid_alive(pid), timeout=30)
+    wait_for("the force-deleted pod's container stopped", lambda: not pid_alive(pid), timeout=30)
 
 
 def test_legacy_pod_gets_its_device_plugin_gpu_and_frees_it_when_done(apiserver: RunningApiServer) -> None:

@@ -20,9 +20,8 @@ import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from gpudra.timestamps import parse_rfc3339, rfc3339
 from controller.expand import deployment_replicaset
@@ -92,10 +91,6 @@ def _without_hash(template: Any) -> Any:
     return t
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
-    return not podstate.terminating(pod) and podstate.ready(pod)  # an active pod that is ready
-
-
 def scaled_value(value: Any, total: int, round_up: bool, default: str) -> int:
     """intstr.GetScaledValueFromIntOrPercent: an int, or a percentage of `total` rounded as asked."""
     value = default if value is None else value
@@ -149,7 +144,7 @@ def plan_deployment(deploy: Mapping[str, Any], owned: list[dict[str, Any]],
     paused = bool(spec.get("paused"))
 
     def avail(rs: Mapping[str, Any]) -> int:
-        return sum(1 for p in pods_of.get(str(_meta(rs).get("uid")), []) if _ready(p))
+        return sum(1 for p in pods_of.get(str(_meta(rs).get("uid")), []) if podstate.ready_not_terminating(p))
 
     def live(rs: Mapping[str, Any]) -> int:
         return sum(1 for p in pods_of.get(str(_meta(rs).get("uid")), []) if not podstate.terminating(p))
@@ -240,7 +235,7 @@ def _status(deploy: Mapping[str, Any], owned: list[dict[str, Any]], new: Mapping
             if not podstate.terminating(p)]
     new_pods = pods_of.get(str(_meta(new).get("uid")), []) if new is not None else []
     updated = sum(1 for p in new_pods if not podstate.terminating(p))
-    ready = sum(1 for p in pods if _ready(p))
+    ready = sum(1 for p in pods if podstate.ready_not_terminating(p))
     available = ready
     old_conditions = {c.get("type"): c for c in (deploy.get("status") or {}).get("conditions") or [] if isinstance(c, dict)}
     enough = available >= replicas - max_unavailable

@@ -25,10 +25,6 @@ from sim.cluster.podstate import meta as _meta, controller_ref as _controller
 DELETION_TIMEOUT = timedelta(minutes=2)
 
 
-def _healthy(pod: Mapping[str, Any]) -> bool:
-    return not podstate.terminating(pod) and podstate.ready(pod)
-
-
 def _expected_by_scale(pods: Sequence[Mapping[str, Any]], workloads: Mapping[str, Sequence[Mapping[str, Any]]]) -> int:
     """The replicas of the controllers of `pods` (each counted once); pods without a known controller count one."""
     by_uid = {str(_meta(o).get("uid")): (kind, o) for kind, objs in workloads.items() for o in objs}
@@ -65,7 +61,8 @@ def budget_status(pdb: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
         when = parse_rfc3339(at)
         if name in names and when is not None and now - when < DELETION_TIMEOUT:
             disrupted[name] = at
-    healthy = sum(1 for p in selected if _healthy(p) and str(_meta(p).get("name")) not in disrupted)
+    healthy = sum(1 for p in selected
+                  if podstate.ready_not_terminating(p) and str(_meta(p).get("name")) not in disrupted)
     min_available, max_unavailable = spec.get("minAvailable"), spec.get("maxUnavailable")
     if max_unavailable is None and isinstance(min_available, int):
         expected, desired = len(selected), min_available

@@ -103,7 +103,8 @@ def plan_job(job: Mapping[str, Any], pods: list[dict[str, Any]], now: datetime) 
     succeeded = max(int(old.get("succeeded") or 0), succeeded)
     status: dict[str, Any] = {"active": 0 if finished else len(active), "succeeded": succeeded, "failed": failed,
                               "ready": sum(1 for p in active if podstate.ready(p)),
-                              "terminating": sum(1 for p in pods if p not in live and _phase(p) not in ("Succeeded", "Failed")),
+                              "terminating": sum(1 for p in pods if podstate.terminating(p)
+                                                 and _phase(p) not in ("Succeeded", "Failed")),
                               "startTime": old.get("startTime") or rfc3339(now)}
     if indexed:
         status["completedIndexes"] = format_indexes(done_indexes)

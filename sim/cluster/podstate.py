@@ -21,6 +21,11 @@ def terminating(obj: Mapping[str, Any]) -> bool:
     return bool(meta(obj).get("deletionTimestamp"))
 
 
+def ready_not_terminating(pod: Mapping[str, Any]) -> bool:
+    """Ready and not being deleted: what a Deployment counts available and a PodDisruptionBudget healthy."""
+    return not terminating(pod) and ready(pod)
+
+
 def ready(pod: Mapping[str, Any]) -> bool:
     """podutil.IsPodReady: the pod's Ready condition is True (which its kubelet sets only while it runs)."""
     return any(isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"

@@ -161,6 +161,10 @@ class ContainerRun:
     ready: bool = True  # its readiness probe passes (or it has none); never before its startup probe passed
     started: bool = True  # its startup probe passed (or it has none)
 
+    def killed(self, mono: float) -> ContainerRun:
+        """This run as the kubelet records a container it kills: exited 137, noticed at monotonic time `mono`."""
+        return replace(self, running=False, exit_code=137, finished_at=rfc3339(), finished_mono=mono, ready=False)
+
 
 @dataclass
 class PodRecord:
@@ -419,7 +423,8 @@ class NodeKubelet:
         # uid -> driver -> the same for the node's other DRA drivers (compute-domain.nvidia.com)
         self._other_pods: dict[str, dict[str, Pod]] = {}
         self._active: dict[str, dict[str, Any]] = {}  # uid -> pod whose containers the runtime runs
-        self._unprepare_pending: set[str] = set()  # uids whose claims an unprepare call failed for
+        # uids whose cleanup the resync retries: an unprepare call failed, or a terminating pod's final delete did
+        self._unprepare_pending: set[str] = set()
         # uid -> the deleted pod whose containers are being stopped (or are stopped, its cleanup not yet done)
         self._terminating: dict[str, dict[str, Any]] = {}
         # uid -> (runtime names being stopped, monotonic time of their SIGKILL): a shorter grace period brings it on
@@ -861,8 +866,7 @@ class NodeKubelet:
         pod = self._active.get(record.uid) or {}
         self._background(f"stop-{run.runtime_name}", self._stop_container, pod, run.runtime_name, run.container,
                          kill_grace_seconds(pod, verdict.kill_grace))
-        return replace(run, running=False, exit_code=137, finished_at=rfc3339(), finished_mono=self._clock(),
-                       ready=False)
+        return run.killed(self._clock())
 
     def _run_init_containers(self, pod: Mapping[str, Any], record: PodRecord) -> None:
         """Init containers in order, each to completion (exit 0) before the next, restarted with the back-off
@@ -1150,17 +1154,17 @@ class NodeKubelet:
         with self._lock:
             record = self.records.get(uid)
             runs = [*record.init_runs, *record.containers] if record is not None else []
+            killing = [c.container for c in record.containers if c.running] if record is not None else []
             if record is not None:
-                record.containers = [replace(c, running=False, exit_code=137, finished_at=rfc3339()) if c.running else c
-                                     for c in record.containers]
+                now = self._clock()
+                record.containers = [c.killed(now) if c.running else c for c in record.containers]
         if self.runtime is None or not runs:
             self._terminated(uid)
             return
         assert record is not None
-        for run in record.containers:
-            if any(r.running and r.runtime_name == run.runtime_name for r in runs):
-                self.events.pod({"namespace": record.namespace, "name": record.name, "uid": uid}, "Killing",
-                                f"Stopping container {run.container}", warning=False, container=run.container)
+        for cname in killing:
+            self.events.pod({"namespace": record.namespace, "name": record.name, "uid": uid}, "Killing",
+                            f"Stopping container {cname}", warning=False, container=cname)
         grace = kill_grace_seconds(pod)
         log.info("event=pod-stopping node=%s pod=%s/%s grace_seconds=%d", self.node_name, record.namespace,
                  record.name, grace)
@@ -1243,9 +1247,7 @@ class NodeKubelet:
             run = next((c for c in record.containers if c.runtime_name == name and c.running), None) if record else None
             if record is None or run is None or pod is None:
                 return  # stopped meanwhile (the pod deleted, or the container exited)
-            record.containers = [replace(c, running=False, exit_code=137, finished_at=rfc3339(),
-                                         finished_mono=self._clock(), ready=False) if c is run else c
-                                 for c in record.containers]
+            record.containers = [c.killed(self._clock()) if c is run else c for c in record.containers]
         self._stop_probes(uid, name)
         self.events.pod(_pod_ref(pod), *hooks.FAILED[hooks.POST_START], container=run.container)
         self.events.pod(_pod_ref(pod), "Killing", "FailedPostStartHook", warning=False, container=run.container)
