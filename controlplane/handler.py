@@ -37,6 +37,7 @@ _LINGER_S = 2.0  # a refused request's unread body is read and dropped until the
 _LINGER_MAX_BYTES = 64 * 1024 * 1024
 _DIGITS = re.compile(r"^[0-9]+$")
 _POD_CONNECT = frozenset({"exec", "attach", "portforward"})
+_OPERATIONS = {"POST": "CREATE", "PUT": "UPDATE", "PATCH": "UPDATE", "DELETE": "DELETE"}
 
 
 class SocketWriter:
@@ -347,15 +348,16 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _route(self, method: str, path: str, query: dict[str, str]) -> None:
         parts = [p for p in path.split("/") if p]
-        reg = self.ctx.registry
-        authorizer = self.ctx.security.authorizer
-        auditor = self.ctx.audit
+        ctx = self.ctx
+        security = ctx.security
+        authorizer = security.authorizer
+        auditor = ctx.audit
         try:
             authenticated = self._authenticate()
         except st.StatusError:
             if auditor is not None:
                 presented = getattr(self.server, "requires_credentials", False) and \
-                    self.ctx.security.client_identities(self.client_address) is not None
+                    security.client_identities(self.client_address) is not None
                 auditor.failed_authentication(method, self.path, path, query, self.client_address[0], self.headers,
                                               presented)
             raise
@@ -367,11 +369,11 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._audit.impersonated(user)
         if method == "GET" and len(parts) == 1 and parts[0] in health.ENDPOINTS:
             filters.authorize(authorizer, filters.path_attributes(user, method, path), self._audit)
-            code, text = health.report(parts[0], self.ctx.store.storage_failure, "verbose" in query)
+            code, text = health.report(parts[0], ctx.store.storage_failure, "verbose" in query)
             self._send(code, text, "text/plain; charset=utf-8")
             return
         if method == "GET":
-            doc = discovery.document(self, parts, reg)
+            doc = discovery.document(self, parts, ctx.registry)
             if doc is not None:
                 filters.authorize(authorizer, filters.path_attributes(user, method, path), self._audit)
                 if isinstance(doc, tuple):
@@ -392,7 +394,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                                             route.subresource, query)
         filters.authorize(authorizer, attrs, self._audit)
         if (route.subresource in _POD_CONNECT and route.rt.kind == "Pod" and not route.rt.group
-                and self.ctx.security.connect_requires_create and attrs.verb != "create"):
+                and security.connect_requires_create and attrs.verb != "create"):
             # The pod registry's Connect: a WebSocket upgrade is a GET, authorized above as `get`; it must also
             # be allowed to `create`, as the SPDY POST is.
             authorizer.require(dataclasses.replace(attrs, verb="create"))
@@ -402,24 +404,28 @@ class ApiHandler(BaseHTTPRequestHandler):
         if route.rt.virtual or route.subresource == "token":
             subresources.review(self, method, route, user)
             return
-        store = self.ctx.store
         if method == "GET":
             self._serve(method, route, query)  # reads write nothing: no admission
             return
-        admission = self.ctx.security.admission
-        operation = {"POST": "CREATE", "PUT": "UPDATE", "PATCH": "UPDATE", "DELETE": "DELETE"}.get(method, "")
+        operation = _OPERATIONS.get(method, "")
+        namespace, subresource, verb, api_version, audit = (route.namespace, route.subresource or "", attrs.verb,
+                                                            route.version or "", self._audit)
 
         def request(rt: res.ResourceType, name: str) -> AdmissionRequest:
-            return AdmissionRequest(user, operation, rt, route.namespace, name, route.subresource or "", attrs.verb,
-                                    bool(dry_run), authorizer, route.version or "", self._audit)
+            return AdmissionRequest(user, operation, rt, namespace, name, subresource, verb, bool(dry_run),
+                                    authorizer, api_version, audit)
 
-        self._admit = admit = RequestAdmission(admission, request, lambda: self._warnings)
+        store = ctx.store
+        self._admit = admit = RequestAdmission(security.admission, request, self._request_warnings)
         with store.admitting(admit):
             if dry_run:
                 with store.dry_run():
                     self._serve(method, route, query)
             else:
                 self._serve(method, route, query)
+
+    def _request_warnings(self) -> list[str]:
+        return self._warnings  # replaced by a write's field policy (handlers.writes), so read when admitted
 
     def _resolve(self, group: str, version: str, rest: list[str], path: str) -> Route:
         reg = self.ctx.registry

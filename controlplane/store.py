@@ -150,10 +150,19 @@ class ChangeCounter:
         self.value = 0
 
 
+class _ThreadState(threading.local):
+    """What a store knows of the thread writing through it; the class attributes are each thread's start."""
+
+    admit: RequestAdmission | None = None  # the request's admission (Store.admitting)
+    dry_run = False  # inside Store.dry_run()
+    rv = 0  # the newest resourceVersion this thread's call wrote
+    published: set[ResourceType] | None = None  # the types whose pushed watchers the call must feed
+
+
 class _Admitting:
     __slots__ = ("_tls", "_admit")
 
-    def __init__(self, tls: threading.local, admit: RequestAdmission) -> None:
+    def __init__(self, tls: _ThreadState, admit: RequestAdmission) -> None:
         self._tls, self._admit = tls, admit
 
     def __enter__(self) -> None:
@@ -183,7 +192,7 @@ class Store:
         # have seen them on objects that were then lost with the process, so a watch resuming from one is 410
         # (the client relists and drops what it saw), never silently continued.
         self._lost_rvs = range(0)
-        self._tls = threading.local()
+        self._tls = _ThreadState()
         self._objects: dict[ResourceType, dict[tuple[str, str], dict[str, Any]]] = {rt: {} for rt in registry.types}
         self._by_uid: dict[str, ObjKey] = {}
         # The JSON of each stored object, by id(): encoded once at commit, reused by GET, list and watch.
@@ -247,7 +256,7 @@ class Store:
 
     @property
     def _dry_run(self) -> bool:
-        return bool(getattr(self._tls, "dry_run", False))
+        return self._tls.dry_run
 
     @property
     def in_dry_run(self) -> bool:
@@ -319,7 +328,7 @@ class Store:
         return _Admitting(self._tls, admit)
 
     def _admit(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
-        request_admission: RequestAdmission | None = getattr(self._tls, "admit", None)
+        request_admission = self._tls.admit
         # Mutating admission comes first, and what it changed is decoded and defaulted again, as kube-apiserver
         # decodes a webhook's patched object.
         if request_admission is not None and request_admission.mutate(rt, name, obj, old):
@@ -462,7 +471,7 @@ class Store:
         watchers (push_to) get them from the writing thread once its call returns (see _durable), or are
         woken when there is no such thread (the durable log's, the garbage collector's)."""
         self._visible = max(self._visible, rv)
-        published = getattr(self._tls, "published", None)
+        published = self._tls.published
         for rt in set(rts):
             self._rt_visible[rt] = max(self._rt_visible[rt], rv)
             self._rt_conds[rt].notify_all()

@@ -237,6 +237,30 @@ def test_pod_priority_is_resolved_at_admission(apiserver: Any) -> None:
     assert (defaulted["spec"]["priorityClassName"], defaulted["spec"]["priority"]) == ("everyone", 7)
 
 
+def test_pods_get_the_default_not_ready_and_unreachable_tolerations(apiserver: Any) -> None:
+    api = apiserver.api
+    plain = api.create("Pod", {"metadata": {"name": "p", "namespace": "default"},
+                               "spec": {"containers": [{"name": "c", "image": "i"}],
+                                        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                                         "effect": "NoSchedule"}]}})
+    assert plain["spec"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+         "tolerationSeconds": 300}]
+    # A pod's own NoExecute toleration of a key (or of every key) is kept instead of the default.
+    own = api.create("Pod", {"metadata": {"name": "q", "namespace": "default"},
+                             "spec": {"containers": [{"name": "c", "image": "i"}],
+                                      "tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists",
+                                                       "effect": "NoExecute", "tolerationSeconds": 5}]}})
+    assert [(t["key"], t.get("tolerationSeconds")) for t in own["spec"]["tolerations"]] == [
+        ("node.kubernetes.io/unreachable", 5), ("node.kubernetes.io/not-ready", 300)]
+    everything = api.create("Pod", {"metadata": {"name": "r", "namespace": "default"},
+                                    "spec": {"containers": [{"name": "c", "image": "i"}],
+                                             "tolerations": [{"operator": "Exists"}]}})
+    assert everything["spec"]["tolerations"] == [{"operator": "Exists"}]
+
+
 # ----- OpenAPI --------------------------------------------------------------------------------------------------
 
 

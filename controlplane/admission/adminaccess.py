@@ -29,6 +29,8 @@ def admin_access_errors(spec: Any, path: str, namespace_labels: dict[str, str]) 
 
 
 class AdminAccessPlugin:
+    kinds = frozenset({("resource.k8s.io", "ResourceClaim"), ("resource.k8s.io", "ResourceClaimTemplate")})
+
     def __init__(self, namespace: NamespaceLookup, enabled: bool) -> None:
         self._namespace = namespace
         self._enabled = enabled

@@ -24,6 +24,17 @@ class AdmissionChain:
     def __init__(self, plugins: Sequence[Plugin], mutators: Sequence[Mutator] = ()) -> None:
         self.plugins = tuple(plugins)
         self.mutators = tuple(mutators)
+        # (group, kind) -> the plugins that act on it, in chain order: every write passes the chain, and most
+        # plugins concern one or two kinds.
+        self._by_kind: dict[tuple[str, str], tuple[Plugin, ...]] = {}
+
+    def _plugins_for(self, rt: ResourceType) -> tuple[Plugin, ...]:
+        key = (rt.group, rt.kind)
+        found = self._by_kind.get(key)
+        if found is None:
+            found = tuple(p for p in self.plugins if p.kinds is None or key in p.kinds)
+            self._by_kind[key] = found
+        return found
 
     def mutate(self, req: AdmissionRequest, obj: dict[str, Any] | None, old: dict[str, Any] | None,
                warnings: list[str]) -> bool:
@@ -34,7 +45,7 @@ class AdmissionChain:
 
     def admit(self, req: AdmissionRequest, obj: dict[str, Any] | None, old: dict[str, Any] | None,
               warnings: list[str]) -> None:
-        for plugin in self.plugins:
+        for plugin in self._plugins_for(req.rt):
             plugin.admit(req, obj, old, warnings)
 
 
@@ -42,16 +53,29 @@ class RequestAdmission:
     """One request's admission, as the store runs it on each object the request writes (mutate, then the
     store's own validation, then the validating plugins) and the handler on a delete."""
 
-    __slots__ = ("_chain", "_request", "_warnings")
+    __slots__ = ("_chain", "_request_of", "_warnings", "_mutators", "_last")
 
     def __init__(self, chain: AdmissionChain, request: Callable[[ResourceType, str], AdmissionRequest],
                  warnings: Callable[[], list[str]]) -> None:
         self._chain = chain
-        self._request = request
+        self._request_of = request
         self._warnings = warnings
+        self._mutators: bool | None = None
+        self._last: AdmissionRequest | None = None
+
+    def _request(self, rt: ResourceType, name: str) -> AdmissionRequest:
+        # Mutation and validation of one object see the same request; a request usually writes one object.
+        last = self._last
+        if last is None or last.rt is not rt or last.name != name:
+            last = self._last = self._request_of(rt, name)
+        return last
 
     def _mutating(self) -> bool:
-        return any(m.configured() for m in self._chain.mutators)
+        # Whether any mutating webhook is configured, read once per request (the configuration a request
+        # starts with is the one it is admitted by, as kube-apiserver's informer-fed plugins read it).
+        if self._mutators is None:
+            self._mutators = any(m.configured() for m in self._chain.mutators)
+        return self._mutators
 
     def mutate(self, rt: ResourceType, name: str, obj: dict[str, Any], old: dict[str, Any] | None) -> bool:
         if not self._mutating():

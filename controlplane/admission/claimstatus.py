@@ -34,6 +34,8 @@ def _single_node(allocation: Any) -> str | None:
 
 
 class ClaimStatusPlugin:
+    kinds = frozenset({("resource.k8s.io", "ResourceClaim")})
+
     def __init__(self, enabled: bool) -> None:
         self._enabled = enabled
 

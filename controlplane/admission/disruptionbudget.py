@@ -65,6 +65,8 @@ def budget_errors(spec: Any) -> list[str]:
 
 
 class DisruptionBudgetPlugin:
+    kinds = frozenset({("policy", "PodDisruptionBudget")})
+
     def admit(self, req: AdmissionRequest, obj: dict[str, Any] | None, old: dict[str, Any] | None,
               warnings: list[str]) -> None:
         if req.rt.kind != "PodDisruptionBudget" or obj is None or req.subresource or req.operation not in ("CREATE", "UPDATE"):

@@ -16,6 +16,9 @@ def _forbid(req: AdmissionRequest, message: str) -> st.StatusError:
 
 
 class NodeRestrictionPlugin:
+    kinds = frozenset({("", "Node"), ("", "Pod"), ("coordination.k8s.io", "Lease"),
+                       ("resource.k8s.io", "ResourceSlice")})
+
     def admit(self, req: AdmissionRequest, obj: dict[str, Any] | None, old: dict[str, Any] | None,
               warnings: list[str]) -> None:
         node = req.user.node_name

@@ -163,6 +163,8 @@ def pod_spec_errors(spec: Any, path: str) -> list[str]:
 
 
 class PodSpecPlugin:
+    kinds = frozenset((group, kind) for kind in _TEMPLATE_PATHS for group in ("", "apps", "batch"))
+
     def admit(self, req: AdmissionRequest, obj: dict[str, Any] | None, old: dict[str, Any] | None,
               warnings: list[str]) -> None:
         keys = _TEMPLATE_PATHS.get(req.rt.kind)

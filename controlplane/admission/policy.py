@@ -37,6 +37,8 @@ class _Denied(Exception):
 
 
 class PolicyPlugin:
+    kinds = None  # a policy may match any kind
+
     def __init__(self, expressions: Expressions, version: PolicyVersion, load: PolicySource,
                  namespace: NamespaceLookup, params: ParamLookup) -> None:
         self._cel = expressions

@@ -44,6 +44,9 @@ class AdmissionRequest:
 
 
 class Plugin(Protocol):
+    # The (group, kind)s the plugin acts on; None: every kind. The chain calls it for those only.
+    kinds: frozenset[tuple[str, str]] | None
+
     def admit(self, req: AdmissionRequest, obj: dict[str, Any] | None, old: dict[str, Any] | None,
               warnings: list[str]) -> None:
         """Raise a StatusError to refuse; append to `warnings` to warn."""

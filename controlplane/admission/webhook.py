@@ -102,6 +102,8 @@ class _Webhooks:
     """The webhooks of one kind of configuration, as (configuration name, webhook) in calling order, loaded
     again when a configuration changes, and what calling one of them takes."""
 
+    kinds = None  # a webhook may match any kind
+
     def __init__(self, version: PolicyVersion, load: WebhookSource, namespace: NamespaceLookup,
                  expressions: Expressions | None, resolve: ServiceResolver = default_service_resolver) -> None:
         self._version = version

@@ -9,6 +9,7 @@ from typing import Any
 
 from controlplane import status as st
 from controlplane.podpriority import admit_pod_priority
+from controlplane.podtolerations import default_tolerations
 from controlplane.routing import CONVERTED_KINDS, RequestHandler, Route
 from controlplane.security import ensure_default_account
 from controlplane.store import FIELD_VALIDATION, FieldPolicy
@@ -47,8 +48,8 @@ def create(h: RequestHandler, r: Route, query: dict[str, str]) -> None:
     body = h._body()
     policy = field_policy(h, query, body)
     body = stored(h, r, body, policy)
-    if r.rt.kind == "Pod" and isinstance(body, dict):
-        body = admit_pod_priority(store, h.ctx.registry, body)
+    if r.rt.kind == "Pod" and not r.rt.group and isinstance(body, dict):
+        body = admit_pod_priority(store, h.ctx.registry, default_tolerations(body))
     obj = store.create(r.rt, r.namespace, body, policy)
     if r.rt.kind == "Namespace" and not store.in_dry_run:
         ensure_default_account(store, h.ctx.registry, obj["metadata"]["name"])
