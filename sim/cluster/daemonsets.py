@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ from controller.expand import pod_template_hash
 from controller.allocator import AllocationError
 from controller.nodefit import as_allocator_node, required_affinity, static_rejects
 from gpudra.kubeapi import AlreadyExists, ApiError, KubeApi
+from sim.cluster.periodic import Periodic
 from sim.cluster.daemonhistory import REVISION_LABEL, HistoryPlan, plan_history
 from sim.cluster.workloadevents import WorkloadEvents
 from sim.cluster import podstate
@@ -231,10 +231,8 @@ def plan(daemonsets: list[dict[str, Any]], nodes: list[dict[str, Any]], pods: li
 class DaemonSetController:
     def __init__(self, api: KubeApi, *, interval: float = 1.0) -> None:
         self.api = api
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.events = WorkloadEvents(api)
+        self._loop = Periodic("daemonsets", self.reconcile, interval, log)
 
     def reconcile(self) -> None:
         daemonsets = self.api.list("DaemonSet")[0]
@@ -278,18 +276,8 @@ class DaemonSetController:
         for name in history.delete:
             self.api.delete("ControllerRevision", name, namespace=ns)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.reconcile()
-            except (ApiError, OSError) as exc:
-                log.warning("event=daemonsets-pass-failed error=%r", str(exc))
-
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="daemonsets", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._loop.stop()

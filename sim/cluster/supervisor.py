@@ -23,6 +23,7 @@ from gpudra.privatedir import ensure_private_dir
 from gpudra.signals import stop_on_signals
 from sim.cluster import identities, nodes
 from sim.cluster.daemonsets import DaemonSetController
+from sim.cluster.podgc import PodGC
 from sim.cluster.leftovers import stop_children, stop_runtimes
 from sim.cluster.workloads import WorkloadController
 from sim.cluster.spec import ClusterPaths, ClusterSpec, ProcessInfo, SupervisorStatus, read_json, write_json
@@ -68,6 +69,7 @@ class Supervisor:
         self.stop_event = threading.Event()
         self.workloads: WorkloadController | None = None
         self.daemonsets: DaemonSetController | None = None
+        self.podgc: PodGC | None = None
         # One container runtime per node (sim.runtime); none: only our image's pods run, the rest Run once prepared.
         self.runtimes = Runtimes(paths.root / "runtime", "podman" if spec.runtime == "podman" else "none")
         self.node_runtimes: list[Any] = []
@@ -190,6 +192,8 @@ class Supervisor:
         self.workloads.start()
         self.daemonsets = DaemonSetController(self.api)
         self.daemonsets.start()
+        self.podgc = PodGC(self.api)
+        self.podgc.start()
         self.step("workload controllers: Deployments, ReplicaSets, StatefulSets, Jobs and CronJobs get their pods")
         self.status.phase = "ready"
         self.publish()
@@ -250,6 +254,8 @@ class Supervisor:
             self.workloads.stop()
         if self.daemonsets is not None:
             self.daemonsets.stop()
+        if self.podgc is not None:
+            self.podgc.stop()
         for side in self.sides.values():
             side.stop()  # the kubelets remove the containers they started
         for runtime in self.node_runtimes:

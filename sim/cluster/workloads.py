@@ -13,7 +13,6 @@ rather than at the next scheduled time.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from sim.cluster import endpointslices
 from sim.cluster.deployments import plan_deployment
 from sim.cluster.disruption import budget_status, same_status
 from sim.cluster.jobs import plan_job
+from sim.cluster.periodic import Periodic
 from sim.cluster.workloadevents import WorkloadEvents
 from sim.cluster import podstate
 from sim.cluster.podstate import controller_ref as _controller
@@ -236,11 +236,9 @@ def workload_status(kind: str, obj: Mapping[str, Any], objects: Mapping[str, lis
 class WorkloadController:
     def __init__(self, api: KubeApi, *, interval: float = 1.0) -> None:
         self.api = api
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._reported: set[str] = set()
         self.events = WorkloadEvents(api)
+        self._loop = Periodic("workloads", self.reconcile, interval, log)
 
     def reconcile(self) -> None:
         objects = {kind: list(self.api.list(kind)[0])
@@ -319,18 +317,8 @@ class WorkloadController:
             except (Conflict, NotFound):
                 pass  # an eviction (or a deletion) came first: the next pass reads it
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.reconcile()
-            except (ApiError, OSError) as exc:
-                log.warning("event=workloads-pass-failed error=%r", str(exc))
-
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="workloads", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._loop.stop()
