@@ -427,3 +427,20 @@ def test_lifecycle_hooks_run_after_the_start_and_before_sigterm_and_a_failed_pos
     mine = [(e["reason"], e["message"], e["type"]) for e in events if e["involvedObject"]["name"] == "refused"]
     assert ("FailedPostStartHook", "PostStartHook failed", "Warning") in mine
     assert ("Killing", "FailedPostStartHook", "Normal") in mine
+
+
+def test_a_container_in_its_post_start_hook_shows_being_created_until_the_hook_is_done(cluster: Cluster) -> None:
+    cluster.api.create("Pod", _hooked_pod("slow-hook", "sleep 1000", ["sh", "-c", "sleep 4"]), namespace="default")
+
+    def state() -> tuple[str, dict[str, Any], bool] | None:
+        status = cluster.api.get("Pod", "slow-hook", namespace="default").get("status") or {}
+        statuses = status.get("containerStatuses") or []
+        return (status.get("phase"), statuses[0]["state"], statuses[0]["ready"]) if statuses else None
+
+    # The kubelet's start of the container includes its postStart hook: until the hook is done the pod is Pending
+    # and the container waits in ContainerCreating (not Running and Ready, as it already runs in the runtime).
+    wait_for("the pod's first container status", lambda: state() is not None)
+    assert state() == ("Pending", {"waiting": {"reason": "ContainerCreating"}}, False)
+    wait_for("the hook done", lambda: (state() or ("",))[0] == "Running")
+    phase, current, ready = state() or ("", {}, False)
+    assert "running" in current and ready

@@ -160,10 +160,14 @@ class ContainerRun:
     last_state: Mapping[str, Any] | None = None  # the previous run's `terminated` state (lastState)
     ready: bool = True  # its readiness probe passes (or it has none); never before its startup probe passed
     started: bool = True  # its startup probe passed (or it has none)
+    # Its postStart hook is still running: the kubelet's pod worker is inside the start, so the status it last
+    # published still shows the container being created.
+    hook_running: bool = False
 
     def killed(self, mono: float) -> ContainerRun:
         """This run as the kubelet records a container it kills: exited 137, noticed at monotonic time `mono`."""
-        return replace(self, running=False, exit_code=137, finished_at=rfc3339(), finished_mono=mono, ready=False)
+        return replace(self, running=False, exit_code=137, finished_at=rfc3339(), finished_mono=mono, ready=False,
+                       hook_running=False)
 
 
 @dataclass
@@ -307,6 +311,12 @@ def pod_phase(restart_policy: str, runs: list[ContainerRun]) -> str | None:
     return "Succeeded" if all(r.exit_code == 0 for r in runs) else "Failed"
 
 
+def running_phase(runs: list[ContainerRun]) -> str:
+    """The phase of a started pod: Pending while a container's first start is still in its postStart hook (getPhase
+    counts a waiting container that never ran as pending), Running otherwise."""
+    return "Pending" if any(r.hook_running and r.last_state is None for r in runs) else "Running"
+
+
 def terminated_state(run: ContainerRun) -> dict[str, Any]:
     return {"exitCode": run.exit_code, "reason": "Completed" if run.exit_code == 0 else "Error",
             "startedAt": run.started_at, "finishedAt": run.finished_at, "containerID": f"podman://{run.runtime_name}"}
@@ -315,14 +325,17 @@ def terminated_state(run: ContainerRun) -> dict[str, Any]:
 def container_status(run: ContainerRun) -> dict[str, Any]:
     """A container's status as the kubelet reports it: running (ready once its probes say so), waiting out its
     restart back-off (CrashLoopBackOff, its last run in lastState) or terminated."""
-    if run.running:
-        state: dict[str, Any] = {"running": {"startedAt": run.started_at}}
+    if run.running and run.hook_running:
+        state: dict[str, Any] = {"waiting": {"reason": "ContainerCreating"}}
+    elif run.running:
+        state = {"running": {"startedAt": run.started_at}}
     elif run.waiting_message:
         state = {"waiting": {"reason": "CrashLoopBackOff", "message": run.waiting_message}}
     else:
         state = {"terminated": terminated_state(run)}
-    out: dict[str, Any] = {"name": run.container, "ready": run.running and run.ready, "restartCount": run.restart_count,
-                           "image": "", "imageID": "", "started": run.running and run.started,
+    up = run.running and not run.hook_running
+    out: dict[str, Any] = {"name": run.container, "ready": up and run.ready, "restartCount": run.restart_count,
+                           "image": "", "imageID": "", "started": up and run.started,
                            "containerID": f"podman://{run.runtime_name}", "state": state}
     if run.waiting_message:
         out["lastState"] = {"terminated": terminated_state(run)}
@@ -628,6 +641,9 @@ class NodeKubelet:
         if kind == "POST_START_FAILED":
             self._post_start_failed(str(pod["metadata"].get("uid")), str(pod["container"]))
             return
+        if kind == "POST_START_DONE":
+            self._post_start_done(str(pod["metadata"].get("uid")), str(pod["container"]))
+            return
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         if not uid:
             return
@@ -734,7 +750,7 @@ class NodeKubelet:
             ]
         ip = self._pod_ip(pod)
         self.api.patch("Pod", record.name, {"status": {
-            "phase": "Running", "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}], "podIP": ip, "podIPs": [{"ip": ip}],
+            "phase": running_phase(record.containers), "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}], "podIP": ip, "podIPs": [{"ip": ip}],
             "startTime": status.get("startTime") or started, "conditions": pod_conditions(statuses, started),
             "initContainerStatuses": self._init_statuses(record, pod), "containerStatuses": statuses,
         }}, namespace=record.namespace, subresource="status")
@@ -820,7 +836,8 @@ class NodeKubelet:
             self._background(f"poststart-{request.name}", self._post_start, dict(pod), request.name, container,
                              post_start)
         return ContainerRun(cname, request.name, restart, request.cdi_devices, status.started_at, last_state=last_state,
-                            ready="readiness" not in specs and "startup" not in specs, started="startup" not in specs)
+                            ready="readiness" not in specs and "startup" not in specs, started="startup" not in specs,
+                            hook_running=post_start is not None)
 
     # ---- probes (sim.kubelet.probes decides, sim.kubelet.proberun runs them) ------------------------------------
 
@@ -1118,15 +1135,19 @@ class NodeKubelet:
             return
         phase = pod_phase(policy, record.containers)
         if phase is None:
-            statuses = self._container_statuses(record)
-            self.api.patch("Pod", record.name, {"status": {
-                "conditions": pod_conditions(statuses, rfc3339()), "containerStatuses": statuses,
-                "initContainerStatuses": self._init_statuses(record),
-            }}, namespace=record.namespace, subresource="status")
+            self._publish_running(record)
             return
         self._active.pop(uid, None)
         self._teardown(uid)  # the kubelet unprepares a terminated pod's claims; its containers stay for logs
         self._post_terminated(record, phase, self._container_statuses(record))
+
+    def _publish_running(self, record: PodRecord) -> None:
+        """The status of a started pod whose containers run or restart."""
+        statuses = self._container_statuses(record)
+        self.api.patch("Pod", record.name, {"status": {
+            "phase": running_phase(record.containers), "conditions": pod_conditions(statuses, rfc3339()),
+            "containerStatuses": statuses, "initContainerStatuses": self._init_statuses(record),
+        }}, namespace=record.namespace, subresource="status")
 
     def _post_terminated(self, record: PodRecord, phase: str, statuses: list[dict[str, Any]],
                          incomplete_init: Sequence[str] = ()) -> None:
@@ -1234,9 +1255,23 @@ class NodeKubelet:
         assert self.runtime is not None
         error = hooks.run(self.runtime, name, container, self._pod_ip(pod), action, POST_START_TIMEOUT_SECONDS,
                           self._stop)
-        if error is not None and not self._stop.is_set():
+        if self._stop.is_set():
+            return
+        if error is not None:
             log.warning("event=post-start-hook-failed node=%s container=%s error=%r", self.node_name, name, error)
-            self._events.put(("POST_START_FAILED", {"metadata": pod.get("metadata") or {}, "container": name}))
+        self._events.put(("POST_START_FAILED" if error is not None else "POST_START_DONE",
+                          {"metadata": pod.get("metadata") or {}, "container": name}))
+
+    def _post_start_done(self, uid: str, name: str) -> None:
+        """On the worker: the container's postStart hook succeeded, so the start is over and the container shows
+        running (and the pod Running, when this was its first start)."""
+        with self._lock:
+            record = self.records.get(uid)
+            run = next((c for c in record.containers if c.runtime_name == name and c.hook_running), None) if record else None
+            if record is None or run is None or uid not in self._active:
+                return  # stopped meanwhile (the pod deleted, or the container exited)
+            record.containers = [replace(c, hook_running=False) if c is run else c for c in record.containers]
+        self._publish_running(record)
 
     def _post_start_failed(self, uid: str, name: str) -> None:
         """On the worker: the container whose postStart hook failed is marked exited and killed, as the kubelet
