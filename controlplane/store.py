@@ -150,6 +150,15 @@ class ChangeCounter:
         self.value = 0
 
 
+class _TypeCondition(threading.Condition):
+    """What a type's watch threads wait on (under the store's lock), and how many wait: most watches are pushed,
+    so most writes have no thread to wake."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        super().__init__(lock)
+        self.waiting = 0
+
+
 class _ThreadState(threading.local):
     """What a store knows of the thread writing through it; the class attributes are each thread's start."""
 
@@ -182,7 +191,7 @@ class Store:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # the garbage collector's queue and shutdown
         # Watchers wait per resource type and are woken only by events of their type.
-        self._rt_conds = {rt: threading.Condition(self._lock) for rt in registry.types}
+        self._rt_conds = {rt: _TypeCondition(self._lock) for rt in registry.types}
         self._rt_visible = dict.fromkeys(registry.types, 0)  # newest event of each type watchers may see
         self._pushed: dict[ResourceType, set[Watcher]] = {}
         self._counters: dict[ResourceType, list[ChangeCounter]] = {}  # watchers sent to by writing threads (push_to)
@@ -216,27 +225,27 @@ class Store:
 
     @property
     def resource_version(self) -> int:
-        with self._cond:
+        with self._lock:
             return self._rv
 
     def change_counter(self, rts: tuple[ResourceType, ...]) -> ChangeCounter:
         """A counter of the visible changes of `rts`' objects: caches of them (RBAC rules, policies, accounts)
         compare one int per request instead of looking up each type."""
         counter = ChangeCounter()
-        with self._cond:
+        with self._lock:
             for rt in rts:
                 self._counters.setdefault(rt, []).append(counter)
         return counter
 
     def get(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any]:
-        with self._cond:
+        with self._lock:
             obj = self._objects[rt].get((namespace, name))
         if obj is None:
             raise st.not_found(rt, name)
         return obj
 
     def list(self, flt: Filter) -> tuple[list[dict[str, Any]], int]:
-        with self._cond:
+        with self._lock:
             items = list(self._objects[flt.rt].items())
             rv = self._rv
         items.sort(key=lambda kv: kv[0])
@@ -474,7 +483,9 @@ class Store:
         published = self._tls.published
         for rt in set(rts):
             self._rt_visible[rt] = max(self._rt_visible[rt], rv)
-            self._rt_conds[rt].notify_all()
+            cond = self._rt_conds[rt]
+            if cond.waiting:
+                cond.notify_all()
             counters = self._counters.get(rt)
             if counters:
                 for counter in counters:
@@ -595,7 +606,7 @@ class Store:
                 if errors:
                     raise st.invalid(rt, name, errors)
         self._admit(rt, name or generate, obj, None)
-        with self._cond:
+        with self._lock:
             self._check_namespace(rt, namespace, name or generate)
             if not name:
                 for _ in range(16):
@@ -714,7 +725,7 @@ class Store:
         # Parts of `new` shared with `old` lose nothing here: a gate's fields are kept when `old` has them.
         self._gated.drop_disabled(rt.group, rt.kind, new, old)
         self._admit(rt, name, new, old)
-        with self._cond:
+        with self._lock:
             current = self._objects[rt].get((namespace, name))
             if current is None:
                 raise st.not_found(rt, name)
@@ -824,7 +835,7 @@ class Store:
             raise st.forbidden(rt, name, "this namespace may not be deleted")
         pre = options.get("preconditions") or {}
         propagation = options.get("propagationPolicy") or ("Orphan" if options.get("orphanDependents") else "Background")
-        with self._cond:
+        with self._lock:
             old = self._objects[rt].get((namespace, name))
             if old is None:
                 raise st.not_found(rt, name)
@@ -887,7 +898,7 @@ class Store:
             return
 
         def enqueue() -> None:
-            with self._cond:
+            with self._lock:
                 self._enqueue_gc_locked(item)
 
         timer = threading.Timer(delay, enqueue)
@@ -896,7 +907,7 @@ class Store:
 
     def collect_garbage_once(self, timeout: float) -> bool:
         """Process the pending collection work; returns False once the store is closed."""
-        with self._cond:
+        with self._lock:
             if not self._gc_queue and not self._closed:
                 self._cond.wait(timeout)
             if self._closed:
@@ -912,7 +923,7 @@ class Store:
         return True
 
     def _collect_dependents(self, owner_uid: str) -> None:
-        with self._cond:
+        with self._lock:
             if owner_uid in self._by_uid:
                 return
             doomed = [key for key in self._dependents.get(owner_uid, ())
@@ -928,7 +939,7 @@ class Store:
         """The namespace controller's pass over a Terminating namespace (controlplane.namespaces)."""
         ns_rt = self.registry.by_kind("Namespace")
         assert ns_rt is not None
-        with self._cond:
+        with self._lock:
             ns = self._objects[ns_rt].get(("", namespace))
             if ns is None or not ns["metadata"].get("deletionTimestamp") \
                     or namespaces.KUBERNETES not in namespaces.spec_finalizers(ns):
@@ -940,7 +951,7 @@ class Store:
                 self.delete(rt, namespace, name)
             except st.StatusError:
                 pass  # deleted meanwhile
-        with self._cond:
+        with self._lock:
             current = self._objects[ns_rt].get(("", namespace))
             if current is None or namespaces.KUBERNETES not in namespaces.spec_finalizers(current):
                 return
@@ -974,7 +985,7 @@ class Store:
     # ----- watching ------------------------------------------------------------------------------------------
 
     def watch(self, flt: Filter, resource_version: int | None, initial: bool) -> Watcher:
-        with self._cond:
+        with self._lock:
             start = self._rv if resource_version is None else resource_version
             if resource_version is not None and (resource_version < self._floor or
                                                  resource_version in self._lost_rvs):
@@ -1000,7 +1011,12 @@ class Store:
         """Events of `rt` after `pos`, waiting up to `timeout` for one; only `rt`'s events wake the wait."""
         with self._lock:
             if self._rt_visible[rt] <= pos and not self._closed:
-                self._rt_conds[rt].wait(timeout)
+                cond = self._rt_conds[rt]
+                cond.waiting += 1
+                try:
+                    cond.wait(timeout)
+                finally:
+                    cond.waiting -= 1
             return self._events_after(rt, pos)
 
     @property
@@ -1042,7 +1058,7 @@ class Store:
             self._objects[rt] = objects
         else:
             self._objects.setdefault(rt, {})
-            self._rt_conds.setdefault(rt, threading.Condition(self._lock))
+            self._rt_conds.setdefault(rt, _TypeCondition(self._lock))
             self._rt_visible.setdefault(rt, self._visible)
 
     def withdraw_type(self, rt: ResourceType) -> None:

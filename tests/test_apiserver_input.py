@@ -363,11 +363,15 @@ def test_watchers_are_woken_only_by_their_resource_and_dropped_when_gone(server:
     cond = store._rt_conds[lease_rt]
     real_notify = cond.notify_all
     cond.notify_all = lambda: (wakes.append(1), real_notify())[1]  # type: ignore[method-assign]
+    assert _call(server, "POST", LEASES, _lease("v"))[0] == 201
+    assert wakes == []  # no watch thread waits on leases: nobody to wake
+    cond.waiting += 1  # as a watch thread in wait_events
     assert _call(server, "POST", "/api/v1/namespaces/default/pods",
                  {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": []}})[0] == 201
     assert wakes == []
     assert _call(server, "POST", LEASES, _lease("w"))[0] == 201
     assert wakes == [1]
+    cond.waiting -= 1
 
     # The event is encoded once and the same bytes go to every watcher.
     ev = store._history[-1]
