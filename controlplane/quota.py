@@ -302,17 +302,47 @@ def _listing(values: Mapping[str, Quantity]) -> str:
     return ",".join(f"{k}={v.canonical()}" for k, v in sorted(values.items()))
 
 
+def missing_requests(pod: Mapping[str, Any], required: Iterable[str]) -> str | None:
+    """What a quota tracking cpu or memory (`required`: its hard resources) needs every container of the pod to
+    state and some do not (the pod evaluator's Constraints), as `requests.cpu for: a,b; ...`; None when all do."""
+    needed = sorted(set(required) & _POD_COMPUTE)
+    if not needed:
+        return None
+    spec = pod.get("spec") or {}
+    missing: dict[str, list[str]] = {}
+    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        if not isinstance(c, Mapping):
+            continue
+        resources = c.get("resources") or {}
+        limits, requests = resources.get("limits") or {}, {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        for resource in needed:
+            part, _, base = resource.rpartition(".")
+            if base not in (limits if part == "limits" else requests):
+                missing.setdefault(resource, []).append(str(c.get("name") or ""))
+    if not missing:
+        return None
+    return "; ".join(f"{resource} for: {','.join(sorted(names))}" for resource, names in sorted(missing.items()))
+
+
 def admit(rt: ResourceType, name: str, obj: Mapping[str, Any], quotas: Iterable[Mapping[str, Any]],
-          existing: Mapping[str, Iterable[Mapping[str, Any]]]) -> None:
-    """Refuse the create of `obj` (403) when it takes any quota of the namespace past its spec.hard; `existing`:
-    the namespace's objects of the QUOTA_KINDS (kind -> objects)."""
+          existing: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[tuple[Mapping[str, Any], dict[str, str]]]:
+    """Refuse the create of `obj` (403) when it takes any quota of the namespace past its spec.hard, or is a pod
+    that does not state what a quota tracking cpu or memory needs; `existing`: the namespace's objects of the
+    QUOTA_KINDS (kind -> objects). The quotas it is charged to, each with its status.used including `obj` (which
+    kube-apiserver's quota admission writes before the create returns)."""
     adds = usage_of(rt.kind, obj)
     if not adds:
-        return
+        return []
+    charged_to: list[tuple[Mapping[str, Any], dict[str, str]]] = []
     for quota in quotas:
         if not matches(quota, rt.kind, obj):
             continue
+        qname = str((quota.get("metadata") or {}).get("name") or "")
         hard = {k: q for k, v in ((quota.get("spec") or {}).get("hard") or {}).items() if (q := _q(v)) is not None}
+        if rt.kind == "Pod":
+            missing = missing_requests(obj, hard)
+            if missing is not None:
+                raise st.forbidden(rt, name, f"failed quota: {qname}: must specify {missing}")
         requested = {k: v for k, v in adds.items() if k in hard}
         if not requested:
             continue
@@ -322,12 +352,13 @@ def admit(rt: ResourceType, name: str, obj: Mapping[str, Any], quotas: Iterable[
                 if not matches(quota, kind, other):
                     continue
                 for k, v in usage_of(kind, other).items():
-                    if k in requested:
+                    if k in hard:
                         _add(now, k, v)
         over = [k for k, v in requested.items() if now.get(k, _ZERO) + v > hard[k]]
         if over:
-            qname = str((quota.get("metadata") or {}).get("name") or "")
             raise st.forbidden(rt, name, f"exceeded quota: {qname}, requested: "
                                          f"{_listing({k: requested[k] for k in over})}, used: "
                                          f"{_listing({k: now.get(k, _ZERO) for k in over})}, limited: "
                                          f"{_listing({k: hard[k] for k in over})}")
+        charged_to.append((quota, {k: (now.get(k, _ZERO) + requested.get(k, _ZERO)).canonical() for k in hard}))
+    return charged_to

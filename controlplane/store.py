@@ -15,7 +15,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -619,8 +619,7 @@ class Store:
                 m["name"] = name
             if (namespace, name) in self._objects[rt]:
                 raise st.already_exists(rt, name)
-            if rt.kind in quota.QUOTA_KINDS:  # controlplane.quota: ResourceQuota admission, atomic with the write
-                self._admit_quota_locked(rt, namespace, name, obj)
+            charges = self._admit_quota_locked(rt, namespace, name, obj) if rt.kind in quota.QUOTA_KINDS else []
             if rt.kind == "Service" and not rt.group:  # controlplane.services: its IP and node ports, atomically
                 errors = services.assign(obj, *services.allocated(self._objects[rt].values()))
                 if errors:
@@ -628,21 +627,41 @@ class Store:
             m["uid"] = self._next_uid()
             m["creationTimestamp"] = rfc3339()
             m["generation"] = 1
-            return self._commit(rt, (namespace, name), obj, "ADDED", None)
+            created = self._commit(rt, (namespace, name), obj, "ADDED", None)
+            for charged, used in charges:
+                self._charge_quota_locked(charged, used)
+            return created
 
-    def _admit_quota_locked(self, rt: ResourceType, namespace: str, name: str, obj: dict[str, Any]) -> None:
+    def _admit_quota_locked(self, rt: ResourceType, namespace: str, name: str,
+                            obj: dict[str, Any]) -> builtins.list[tuple[Mapping[str, Any], dict[str, str]]]:
+        """controlplane.quota's admission of a create, atomic with it: the quotas to charge and their new usage."""
         quota_rt = self.registry.by_kind("ResourceQuota")
         if quota_rt is None:
-            return
+            return []
         quotas = [q for key, q in self._objects[quota_rt].items() if key[0] == namespace]
         if not quotas:
-            return  # the common case costs one scan of the (few) quotas
+            return []  # the common case costs one scan of the (few) quotas
         existing = {}
         for kind in quota.QUOTA_KINDS:
             kind_rt = self.registry.by_kind(kind)
             if kind_rt is not None:
                 existing[kind] = [v for key, v in self._objects[kind_rt].items() if key[0] == namespace]
-        quota.admit(rt, name, obj, quotas, existing)
+        return quota.admit(rt, name, obj, quotas, existing)
+
+    def _charge_quota_locked(self, charged: Mapping[str, Any], used: dict[str, str]) -> None:
+        """Record a create's usage in its quota's status.used at once, as kube-apiserver's quota admission does
+        (`kubectl describe quota` right after the create shows it); the quota controller recounts later."""
+        status = charged.get("status") or {}
+        hard = dict((charged.get("spec") or {}).get("hard") or {})
+        if status.get("used") == used and status.get("hard") == hard:
+            return
+        quota_rt = self.registry.by_kind("ResourceQuota")
+        assert quota_rt is not None
+        meta = charged["metadata"]
+        key = (str(meta.get("namespace") or ""), str(meta.get("name")))
+        stored = self._objects[quota_rt][key]
+        self._commit(quota_rt, key, {**stored, "metadata": dict(meta), "status": {**status, "hard": hard, "used": used}},
+                     "MODIFIED", stored)
 
     def _merge_update(self, rt: ResourceType, old: dict[str, Any], body: dict[str, Any],
                       subresource: str | None) -> dict[str, Any]:

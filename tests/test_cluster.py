@@ -339,6 +339,11 @@ def test_workload_controllers_plan_owners_then_pods() -> None:
     assert workload_status("Deployment", deploy, {"ReplicaSet": [rs], "Pod": [
         {**p, "status": {"phase": "Running"}} for p in pods]})["readyReplicas"] == 0  # Running is not Ready
     assert workload_status("Deployment", deploy, {"ReplicaSet": [rs], "Pod": running})["readyReplicas"] == 2
+    # A ReplicaSet counts its active pods only: a terminating or finished one is no longer one of its replicas.
+    leaving = {**running[0], "metadata": {**running[0]["metadata"], "deletionTimestamp": "2026-12-02T00:00:30Z"}}
+    done = {**running[1], "status": {"phase": "Succeeded"}}
+    assert workload_status("ReplicaSet", rs, {"Pod": [leaving, done]})["replicas"] == 0
+    assert workload_status("ReplicaSet", rs, {"Pod": [leaving, running[1]]})["replicas"] == 1
     # the Deployment is gone: its ReplicaSet goes, then the ReplicaSet's pods (the garbage collector's order)
     gone = plan({"ReplicaSet": [rs], "Pod": running})
     assert gone.delete == [("ReplicaSet", ("default", rs["metadata"]["name"]))]

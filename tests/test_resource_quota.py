@@ -91,3 +91,65 @@ def test_quota_refuses_creates_past_hard_and_its_status_is_kept(apiserver: Runni
                 "gpu.nvidia.com.deviceclass.resource.k8s.io/devices: 3/4, pods: 2/2, requests.cpu: 600m/1"), got
     finally:
         controllers.stop()
+
+
+def test_a_quota_tracking_cpu_refuses_pods_that_do_not_state_it_and_usage_is_charged_at_admission(
+        apiserver: RunningApiServer) -> None:
+    api = apiserver.api
+    api.create("ResourceQuota", {"metadata": {"name": "q"}, "spec": {"hard": {"pods": "3", "requests.cpu": "1",
+                                                                             "limits.memory": "4Gi"}}},
+               namespace="default")
+    bare = {"metadata": {"name": "bare"}, "spec": {
+        "initContainers": [{"name": "setup", "image": "busybox"}],
+        "containers": [{"name": "b", "image": "busybox", "resources": {"limits": {"memory": "1Gi"}}},
+                       {"name": "a", "image": "busybox"}]}}
+    with pytest.raises(ApiError) as refused:
+        api.create("Pod", bare, namespace="default")
+    assert refused.value.status == 403
+    assert refused.value.message == ('pods "bare" is forbidden: failed quota: q: must specify limits.memory for: a,setup; '
+                                     'requests.cpu for: a,b,setup')
+    # What a create is charged shows in status.used as soon as the create returns, before any controller pass.
+    api.create("Pod", _pod("p", cpu="250m"), namespace="default")
+    assert api.get("ResourceQuota", "q", namespace="default")["status"] == {
+        "hard": {"pods": "3", "requests.cpu": "1", "limits.memory": "4Gi"},
+        "used": {"pods": "1", "requests.cpu": "250m", "limits.memory": "1Gi"}}
+    api.create("Pod", _pod("r", cpu="500m"), namespace="default")
+    assert api.get("ResourceQuota", "q", namespace="default")["status"]["used"] == {
+        "pods": "2", "requests.cpu": "750m", "limits.memory": "2Gi"}
+
+
+def test_a_refused_pod_create_holds_up_only_its_own_replicaset(apiserver: RunningApiServer) -> None:
+    api = apiserver.api
+    api.create("Namespace", {"metadata": {"name": "tight"}})
+    api.create("ResourceQuota", {"metadata": {"name": "q"}, "spec": {"hard": {"pods": "1"}}}, namespace="tight")
+    template = {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    for ns in ("tight", "default"):
+        api.create("Deployment", {"metadata": {"name": "d"}, "spec": {
+            "replicas": 2, "selector": {"matchLabels": {"app": "x"}}, "template": template}}, namespace=ns)
+    workloads = WorkloadController(api)
+    for _ in range(3):
+        workloads.reconcile()
+        time.sleep(1.1)  # past the first refusal's back-off
+    assert len(api.list("Pod", namespace="default")[0]) == 2  # the other namespace's Deployment is not held up
+    assert len(api.list("Pod", namespace="tight")[0]) == 1
+    (rs,) = api.list("ReplicaSet", namespace="tight")[0]
+    (failure,) = [c for c in rs["status"]["conditions"] if c["type"] == "ReplicaFailure"]
+    assert (failure["status"], failure["reason"]) == ("True", "FailedCreate")
+    assert failure["message"].startswith('pods "d-') and failure["message"].endswith(
+        'is forbidden: exceeded quota: q, requested: pods=1, used: pods=1, limited: pods=1')
+    events = [e for e in api.list("Event", namespace="tight")[0] if e["reason"] == "FailedCreate"]
+    assert events and all(e["type"] == "Warning" and e["involvedObject"]["kind"] == "ReplicaSet"
+                          and e["message"].startswith("Error creating: pods \"d-") for e in events)
+    deploy = api.get("Deployment", "d", namespace="tight")
+    assert [(c["status"], c["reason"]) for c in deploy["status"]["conditions"] if c["type"] == "ReplicaFailure"] == [
+        ("True", "FailedCreate")]
+    # Room again: the next create succeeds and the condition goes.
+    api.patch("ResourceQuota", "q", {"spec": {"hard": {"pods": "5"}}}, namespace="tight")
+    deadline = time.monotonic() + 30
+    while len(api.list("Pod", namespace="tight")[0]) < 2:
+        assert time.monotonic() < deadline
+        workloads.reconcile()
+        time.sleep(0.2)
+    workloads.reconcile()
+    (rs,) = api.list("ReplicaSet", namespace="tight")[0]
+    assert not [c for c in rs["status"].get("conditions") or [] if c["type"] == "ReplicaFailure"]

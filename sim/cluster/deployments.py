@@ -247,6 +247,13 @@ def _status(deploy: Mapping[str, Any], owned: list[dict[str, Any]], new: Mapping
         conditions.append(_progressing(deploy, old_conditions.get("Progressing"), new_name, updated, available,
                                        done=updated == replicas and len(pods) == replicas and available >= replicas,
                                        now=now or datetime.now(timezone.utc)))
+    # The ReplicaSets' creation failures (a quota, an admission plugin) are the Deployment's too: the new one's first.
+    failure = next((c for rs in sorted(owned, key=lambda r: r is not new) for c in (rs.get("status") or {}).get(
+        "conditions") or [] if isinstance(c, dict) and c.get("type") == REPLICA_FAILURE and c.get("status") == "True"),
+        None)
+    if failure is not None:
+        conditions.append(_condition(old_conditions.get(REPLICA_FAILURE), REPLICA_FAILURE, True,
+                                     str(failure.get("reason") or ""), str(failure.get("message") or ""), now=now))
     status: dict[str, Any] = {"observedGeneration": _meta(deploy).get("generation", 1), "replicas": len(pods),
                               "updatedReplicas": updated, "readyReplicas": ready, "availableReplicas": available,
                               "conditions": conditions}
@@ -255,6 +262,7 @@ def _status(deploy: Mapping[str, Any], owned: list[dict[str, Any]], new: Mapping
 
 
 TIMED_OUT = "ProgressDeadlineExceeded"
+REPLICA_FAILURE = "ReplicaFailure"
 
 
 def _progressing(deploy: Mapping[str, Any], old: Mapping[str, Any] | None, new_name: str, updated: int, available: int,

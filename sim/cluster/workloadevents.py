@@ -33,11 +33,11 @@ class WorkloadEvents:
         involved = {"apiVersion": API_VERSIONS[kind], "kind": kind, "namespace": namespace, "name": name, "uid": uid}
         self._recorders[kind].record(involved, reason, message, warning=warning)
 
-    def _about_owner(self, child: Mapping[str, Any], reason: str, message: str) -> None:
+    def _about_owner(self, child: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         owner = _owner(child)
         if owner is not None:
             self._record(str(owner["kind"]), str(_meta(child).get("namespace") or "default"), str(owner.get("name")),
-                         str(owner.get("uid") or ""), reason, message)
+                         str(owner.get("uid") or ""), reason, message, warning=warning)
 
     def created(self, child_kind: str, child: Mapping[str, Any]) -> None:
         """`child` as the API server stored it (named)."""
@@ -55,6 +55,21 @@ class WorkloadEvents:
                 self._about_owner(child, "ScalingReplicaSet", f"Scaled up replica set {name} from 0 to {replicas}")
         else:
             self._about_owner(child, "SuccessfulCreate", f"Created pod: {name}")
+
+    def create_failed(self, child_kind: str, child: Mapping[str, Any], message: str) -> None:
+        """The API server refused to create `child` (a quota, an admission plugin): a Warning on its owner."""
+        owner = _owner(child)
+        if owner is None:
+            return
+        if owner["kind"] == "StatefulSet":
+            text = f"create {child_kind} {_meta(child).get('name')} in StatefulSet {owner.get('name')} failed error: {message}"
+        elif owner["kind"] == "CronJob":
+            text = f"Error creating job: {message}"
+        elif owner["kind"] in ("ReplicaSet", "Job"):
+            text = f"Error creating: {message}"
+        else:
+            return  # the Deployment controller returns the error and records nothing
+        self._about_owner(child, "FailedCreate", text, warning=True)
 
     def deleted(self, child_kind: str, child: Mapping[str, Any]) -> None:
         name = str(_meta(child).get("name"))

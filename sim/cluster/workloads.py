@@ -13,6 +13,7 @@ rather than at the next scheduled time.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from dataclasses import dataclass, field
@@ -20,16 +21,17 @@ from typing import Any
 
 from controller.expand import WORKLOAD_KINDS, ExpandError, cronjob_job, replicaset_pods, statefulset_pods
 from gpudra.kubeapi import AlreadyExists, ApiError, Conflict, KubeApi, NotFound
+from gpudra.timestamps import rfc3339
 from controlplane.quota import QUOTA_KINDS
 from controlplane.quota import used as quota_used
 from sim.cluster import endpointslices
-from sim.cluster.deployments import plan_deployment
+from sim.cluster.deployments import REPLICA_FAILURE, plan_deployment
 from sim.cluster.disruption import budget_status, same_status
 from sim.cluster.jobs import plan_job
 from sim.cluster.periodic import Periodic
 from sim.cluster.workloadevents import WorkloadEvents
 from sim.cluster import podstate
-from sim.cluster.podstate import controller_ref as _controller
+from sim.cluster.podstate import controller_ref as _controller, meta as _meta
 
 log = logging.getLogger("gpu-dra.cluster.workloads")
 
@@ -223,6 +225,8 @@ def workload_status(kind: str, obj: Mapping[str, Any], objects: Mapping[str, lis
     elif kind == "CronJob":
         return {"active": [{"kind": "Job", "name": j["metadata"]["name"], "namespace": j["metadata"].get("namespace"),
                             "uid": j["metadata"].get("uid")} for j in owned(objects.get("Job", []))]}
+    elif kind == "ReplicaSet":
+        pods = [p for p in owned(objects.get("Pod", [])) if _active(p)]  # what it counts: not terminating or done
     else:
         pods = owned(objects.get("Pod", []))
     running = sum(1 for p in pods if podstate.ready(p))
@@ -233,10 +237,35 @@ def workload_status(kind: str, obj: Mapping[str, Any], objects: Mapping[str, lis
     return status
 
 
+MAX_CREATE_BACKOFF_S = 60.0
+
+
+@dataclass(frozen=True)
+class _Refused:
+    message: str
+    retry_at: float  # monotonic
+    delay: float
+
+
+def replica_failure(conditions: Any, message: str | None) -> list[dict[str, Any]] | None:
+    """A ReplicaSet's new conditions after a pass whose creates failed with `message` (None: none failed), as
+    the ReplicaSet controller keeps ReplicaFailure; None when they stay as they are."""
+    current = [c for c in conditions or [] if isinstance(c, dict)]
+    others = [c for c in current if c.get("type") != REPLICA_FAILURE]
+    old = next((c for c in current if c.get("type") == REPLICA_FAILURE), None)
+    if message is None:
+        return others if old is not None else None
+    if old is not None and old.get("message") == message:
+        return None
+    return [*others, {"type": REPLICA_FAILURE, "status": "True", "reason": "FailedCreate", "message": message,
+                      "lastTransitionTime": (old or {}).get("lastTransitionTime") or rfc3339()}]
+
+
 class WorkloadController:
     def __init__(self, api: KubeApi, *, interval: float = 1.0) -> None:
         self.api = api
         self._reported: set[str] = set()
+        self._refused: dict[str, _Refused] = {}  # owner uid -> its last refused create, while it still has to create
         self.events = WorkloadEvents(api)
         self._loop = Periodic("workloads", self.reconcile, interval, log)
 
@@ -248,12 +277,27 @@ class WorkloadController:
             if problem not in self._reported:
                 log.warning("event=workload-invalid problem=%r", problem)
         self._reported = set(todo.problems)
+        now = time.monotonic()
+        creating = {str((_controller(obj) or {}).get("uid") or "") for _, obj in todo.create}
+        self._refused = {uid: r for uid, r in self._refused.items() if uid in creating}  # nothing to create: over
         for kind, obj in todo.create:
             ns, name = _key(obj)
+            owner = str((_controller(obj) or {}).get("uid") or "")
+            refused = self._refused.get(owner)
+            if refused is not None and now < refused.retry_at:
+                continue  # backing off, as the controller's rate-limited requeue does
             try:
                 stored = self.api.create(kind, {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}, namespace=ns)
             except AlreadyExists:
                 continue
+            except ApiError as exc:
+                # A refused create (a quota, an admission plugin) concerns its owner only: the rest of the pass goes on.
+                log.warning("event=create-refused kind=%s object=%s/%s error=%r", kind, ns, name, exc.message)
+                self.events.create_failed(kind, obj, exc.message)
+                delay = min(2 * refused.delay, MAX_CREATE_BACKOFF_S) if refused is not None else self._loop.interval
+                self._refused[owner] = _Refused(exc.message, now + delay, delay)
+                continue
+            self._refused.pop(owner, None)
             log.info("event=created kind=%s object=%s/%s", kind, ns, (stored.get("metadata") or {}).get("name", name))
             self.events.created(kind, stored)
         listed = {(kind, *_key(o)): o for kind, objs in objects.items() for o in objs}
@@ -275,6 +319,11 @@ class WorkloadController:
                 ns, name = _key(obj)
                 status = todo.statuses.get((kind, ns, name)) or workload_status(kind, obj, objects)
                 current = obj.get("status") or {}
+                if kind == "ReplicaSet":
+                    refused = self._refused.get(str(_meta(obj).get("uid")))
+                    conditions = replica_failure(current.get("conditions"), refused.message if refused else None)
+                    if conditions is not None:
+                        status["conditions"] = conditions or None  # None: the last condition removed
                 if any(current.get(k) != v for k, v in status.items()):
                     self.api.patch(kind, name, {"status": status}, namespace=ns, subresource="status")
                     if kind == "Job":
