@@ -81,7 +81,8 @@ class ExplanationWriter:
         self._writer = writer
         self._metrics = metrics
         self.annotation = explanation_annotation(driver_name)
-        self._identity = identity
+        # kube-scheduler reports as `<component>-<host>`; our identity is the leader election's `<host>_<suffix>`.
+        self._host = identity.partition("_")[0]
         self._clock = clock
         self._wall = wall
         self._repeat = repeat_interval
@@ -122,7 +123,7 @@ class ExplanationWriter:
             "type": "Warning" if warning else "Normal",
             "source": {"component": component},
             "reportingComponent": component,
-            "reportingInstance": self._identity,
+            "reportingInstance": f"{component}-{self._host}",
             "firstTimestamp": stamp,
             "lastTimestamp": stamp,
             "count": count,
