@@ -34,7 +34,8 @@ class EventRecorder:
 
     def record(self, involved: Mapping[str, str], reason: str, message: str, *, warning: bool = False) -> None:
         """`involved`: apiVersion, kind, namespace, name, uid (and fieldPath for a container)."""
-        ns, name, uid = involved["namespace"], involved["name"], involved["uid"]
+        # Events about cluster-scoped objects (Nodes) live in the default namespace, as the kubelet posts them.
+        ns, name, uid = involved["namespace"] or "default", involved["name"], involved["uid"]
         key = (uid, involved.get("fieldPath", ""), reason, message)
         now = rfc3339()
         with self._lock:
@@ -53,7 +54,7 @@ class EventRecorder:
             event_name = f"{name}.{time.time_ns():x}"
             source = {"component": self.component, **({"host": self.host} if self.host else {})}
             self.api.create("Event", {
-                "metadata": {"name": event_name, "namespace": ns}, "involvedObject": dict(involved),
+                "metadata": {"name": event_name, "namespace": ns}, "involvedObject": {k: v for k, v in involved.items() if v},
                 "reason": reason, "message": message, "type": "Warning" if warning else "Normal",
                 "source": source, "reportingComponent": self.component, "reportingInstance": self.host or self.component,
                 "firstTimestamp": now, "lastTimestamp": now, "count": 1,

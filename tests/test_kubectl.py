@@ -113,6 +113,14 @@ def test_get_tables_wide_and_sort_by(apiserver: Any, tmp_path: Path) -> None:
     api = apiserver.api
     for name in ("zeta", "alpha"):
         register_node(api, node_object(name))
+    # The registration's Events, the kubelet's (about the node by name) and the node controller's, as on a cluster.
+    described = kubectl(apiserver, "describe", "node", "alpha").stdout.split("Events:", 1)[1]
+    for reason, source, message in (("Starting", "kubelet", "Starting kubelet."),
+                                    ("NodeReady", "kubelet", "Node alpha status is now: NodeReady"),
+                                    ("RegisteredNode", "node-controller", "Node alpha event: Registered Node alpha in "
+                                                                          "Controller")):
+        assert any(line.split()[:1] == ["Normal"] and reason in line.split() and source in line and
+                   line.rstrip().endswith(message) for line in described.splitlines()), (reason, described)
     kubectl(apiserver, "cordon", "zeta")
     kubectl(apiserver, "label", "node", "alpha", "node-role.kubernetes.io/gpu=")
     nodes = kubectl(apiserver, "get", "nodes").stdout
@@ -138,7 +146,8 @@ def test_get_tables_wide_and_sort_by(apiserver: Any, tmp_path: Path) -> None:
                              "reason": f"Reason{i}", "message": f"message {i}",
                              "involvedObject": {"kind": "Pod", "name": "p", "namespace": "default"},
                              "firstTimestamp": first, "lastTimestamp": last, "count": 1})
-    events = kubectl(apiserver, "get", "events", "--sort-by=.lastTimestamp").stdout
+    events = kubectl(apiserver, "get", "events", "--sort-by=.lastTimestamp", "--field-selector",
+                     "involvedObject.kind=Pod").stdout
     assert header(events) == ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
     assert [r[2] for r in rows(events)] == ["Reason1", "Reason0"]
 

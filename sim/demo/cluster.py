@@ -17,6 +17,7 @@ from gpudra.kubeapi import AlreadyExists, KubeApi
 from gpudra.manifests import load_objects
 from gpudra.timestamps import rfc3339
 from sim.demo.processes import PROJECT_ROOT
+from sim.events import EventRecorder
 from sim.kubelet.heartbeat import renew_node_lease
 
 # The checkout's manifests; an installed copy (e.g. the container image) is pointed at its own with --manifests.
@@ -102,7 +103,7 @@ def node_conditions(now: datetime | None = None) -> list[dict[str, Any]]:
                       ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
                       ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"))]
     conditions.append({"type": "Ready", "status": "True", "lastHeartbeatTime": stamp, "lastTransitionTime": stamp,
-                       "reason": "KubeletReady", "message": "kubelet is posting ready status (simulated)"})
+                       "reason": "KubeletReady", "message": "kubelet is posting ready status"})
     return conditions
 
 
@@ -171,6 +172,21 @@ def create_all(api: KubeApi, objects: Iterable[Mapping[str, Any]]) -> list[str]:
     return created
 
 
+def _registration_events(api: KubeApi, node: Mapping[str, Any]) -> None:
+    """What `kubectl describe node` lists after a kubelet registered: the kubelet's start and condition Events
+    (about the node by name, as the kubelet refers to it) and the node controller's RegisteredNode."""
+    name = str(node["metadata"]["name"])
+    kubelet = EventRecorder(api, "kubelet", host=name)
+    by_name = {"apiVersion": "v1", "kind": "Node", "namespace": "", "name": name, "uid": name}
+    kubelet.record(by_name, "Starting", "Starting kubelet.")
+    for condition in ("NodeHasSufficientMemory", "NodeHasNoDiskPressure", "NodeHasSufficientPID"):
+        kubelet.record(by_name, condition, f"Node {name} status is now: {condition}")
+    kubelet.record(by_name, "NodeAllocatableEnforced", "Updated Node Allocatable limit across pods")
+    kubelet.record(by_name, "NodeReady", f"Node {name} status is now: NodeReady")
+    EventRecorder(api, "node-controller").record({**by_name, "uid": str(node["metadata"].get("uid") or "")},
+                                                 "RegisteredNode", f"Node {name} event: Registered Node {name} in Controller")
+
+
 def register_node(api: KubeApi, node: Mapping[str, Any]) -> dict[str, Any]:
     """Create the Node and write its status (a kubelet registers, then posts status)."""
     body = {k: v for k, v in node.items() if k not in ("apiVersion", "kind")}
@@ -178,6 +194,8 @@ def register_node(api: KubeApi, node: Mapping[str, Any]) -> dict[str, Any]:
         stored = api.create("Node", body)
     except AlreadyExists:
         stored = api.get("Node", str(node["metadata"]["name"]))
+    else:
+        _registration_events(api, stored)
     if (stored.get("status") or {}).get("allocatable") != node["status"]["allocatable"] \
             or not (stored.get("status") or {}).get("addresses"):
         stored = api.patch("Node", str(node["metadata"]["name"]), {"status": node["status"]}, subresource="status")
