@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 from controlplane import gracefuldelete, namespaces
 from controlplane import objects as o
-from controlplane import quota, services
+from controlplane import jobstrategy, quota, services
 from gpudra.validation import schema
 from controlplane import status as st
 from controlplane import patchmeta
@@ -625,6 +625,10 @@ class Store:
                 if errors:
                     raise st.invalid(rt, name, errors)
             m["uid"] = self._next_uid()
+            if rt.group == "batch" and rt.kind == "Job":  # controlplane.jobstrategy: its selector needs name and uid
+                errors = jobstrategy.prepare_create(obj)
+                if errors:
+                    raise st.invalid(rt, name, errors)
             m["creationTimestamp"] = rfc3339()
             m["generation"] = 1
             created = self._commit(rt, (namespace, name), obj, "ADDED", None)
