@@ -4,6 +4,8 @@ serves them; a followed log, like a watch, leaves the worker pool."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from controlplane import status as st
 from controlplane.params import bool_param, int_param
@@ -45,7 +47,8 @@ class PodLogStream:
                                      "container log source (pods on simulated nodes with a container runtime have logs)")
             if previous:
                 raise st.bad_request(f'previous terminated container "{container}" in pod "{r.name}" not found')
-            raise st.bad_request(f'container "{container}" in pod "{r.name}" is waiting to start: ContainerCreating')
+            raise st.bad_request(f'container "{container}" in pod "{r.name}" is waiting to start: '
+                                 f"{_waiting_reason(pod, container)}")
 
         def render(raw: str) -> bytes:
             return "".join((f"{line.timestamp} " if timestamps else "") + line.text for line in parse_cri_log(raw)).encode()
@@ -101,3 +104,15 @@ class PodLogStream:
         if data:
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
+
+
+def _waiting_reason(pod: Mapping[str, Any], container: str) -> str:
+    """Why the container has not started, as its status says (the kubelet's validateContainerLogStatus):
+    CreateContainerConfigError, PodInitializing, ...; ContainerCreating while it has no status yet."""
+    status = pod.get("status") or {}
+    for entry in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        if isinstance(entry, Mapping) and entry.get("name") == container:
+            waiting = (entry.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason"):
+                return str(waiting["reason"])
+    return "ContainerCreating"

@@ -161,6 +161,14 @@ def test_cluster_up_fault_restart_down(cli: Cli) -> None:
         _create_pod(api, "first", "quad")
         _until("pod first Running", lambda: _pod_phase(api, "first") == "Running")
         assert {n["name"]: n["gpusInUse"] for n in cli.status()["nodes"]}["quad"] == 1
+        # The pod's hostIP is its node's InternalIP (each node has a loopback address of its own), and its
+        # conditions come in the kubelet's order.
+        core = k8s_client.CoreV1Api(api)
+        internal = next(a.address for a in core.read_node("quad").status.addresses if a.type == "InternalIP")
+        first = core.read_namespaced_pod("first", "default").status
+        assert internal != "127.0.0.1" and first.host_ip == internal and [ip.ip for ip in first.host_ips] == [internal]
+        assert [c.type for c in first.conditions] == ["PodReadyToStartContainers", "Initialized", "Ready",
+                                                      "ContainersReady", "PodScheduled"]
 
         # workload controllers: a Deployment's pods come from the ReplicaSet the offline tools name (the API server
         # picks each pod's 5-character suffix, as on a cluster), and go with it

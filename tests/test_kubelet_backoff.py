@@ -49,7 +49,8 @@ def test_crash_looping_container_is_waiting_not_ready_and_so_is_the_pod() -> Non
     assert conditions["Ready"]["message"] == "containers with unready status: [main]"
     assert conditions["Initialized"]["status"] == "True"
     ok = {c["type"]: c["status"] for c in pod_conditions([container_status(running)], "now")}
-    assert ok == {"PodScheduled": "True", "Initialized": "True", "ContainersReady": "True", "Ready": "True"}
+    assert ok == {"PodReadyToStartContainers": "True", "PodScheduled": "True", "Initialized": "True",
+                  "ContainersReady": "True", "Ready": "True"}
     # A restarted, running container shows its previous run in lastState.
     again = ContainerRun("main", "k8s_main_p_ns_u_4", 4, (), "t2",
                          last_state={"exitCode": 1, "reason": "Error", "startedAt": "t0", "finishedAt": "t1"})

@@ -151,7 +151,15 @@ def test_kubectl_logs_from_a_registered_log_source(apiserver: RunningApiServer, 
     assert no_source.returncode != 0 and "no container log source" in no_source.stderr
     apiserver.server.pod_logs = PodLogsDir(tmp_path)
     waiting = kubectl("logs", "one")
-    assert waiting.returncode != 0 and 'container "main" in pod "one" is waiting to start' in waiting.stderr
+    assert waiting.returncode != 0 and 'container "main" in pod "one" is waiting to start: ContainerCreating' in \
+        waiting.stderr
+    # The reason the container's status gives, as the kubelet answers it.
+    apiserver.api.patch("Pod", "one", {"status": {"containerStatuses": [{
+        "name": "main", "ready": False, "restartCount": 0, "image": "i", "imageID": "",
+        "state": {"waiting": {"reason": "CreateContainerConfigError", "message": 'configmap "nope" not found'}}}]}},
+        namespace="default", subresource="status")
+    waiting = kubectl("logs", "one")
+    assert 'container "main" in pod "one" is waiting to start: CreateContainerConfigError' in waiting.stderr, waiting
     for pod, container in ((one, "main"), (two, "b")):
         meta = pod["metadata"]
         d = tmp_path / f"default_{meta['name']}_{meta['uid']}" / container  # type: ignore[index]

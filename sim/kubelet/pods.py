@@ -72,7 +72,7 @@ MIN_KILL_GRACE_SECONDS = 2
 POST_START_TIMEOUT_SECONDS = 600.0
 
 
-HOST_IP = "127.0.0.1"
+HOST_IP = "127.0.0.1"  # a node's InternalIP when it was given none (sim.demo.cluster.node_object's default)
 # Pods' ServiceAccount tokens are not rotated in the simulated cluster (a kubelet refreshes them on a cluster).
 TOKEN_SECONDS = 365 * 86400
 
@@ -191,6 +191,14 @@ class PodRecord:
     unprepare_failures: int = 0
     unprepare_at: float = 0.0  # monotonic time of the next unprepare attempt, once one failed
     removed: bool = False  # deleted: its containers stopped, its claims unprepared, the pod object gone
+    # As the kubelet's status manager caches the status it last wrote (seeded from the pod object, as a restarted
+    # kubelet's is): a condition keeps its lastTransitionTime while its status stays, and startTime, set when the
+    # kubelet first accepts the pod, never changes.
+    conditions: list[dict[str, Any]] = field(default_factory=list)
+    start_time: str = ""
+    # container name -> (reason, message) of its latest failed start (CreateContainerConfigError,
+    # CreateContainerError): it waits with that reason, as the kubelet's reasonCache reports it, until it starts.
+    start_errors: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _container_gpu_limit(container: Mapping[str, Any]) -> int:
@@ -344,27 +352,57 @@ def container_status(run: ContainerRun) -> dict[str, Any]:
     return out
 
 
+def start_failed_status(name: str, reason: str, message: str, previous: ContainerRun | None) -> dict[str, Any]:
+    """A container the kubelet could not start (its create failed): waiting with the error's reason and message,
+    its previous run, if any, in lastState (a failed create does not count as a restart)."""
+    out: dict[str, Any] = {"name": name, "ready": False, "restartCount": previous.restart_count if previous else 0,
+                           "image": "", "imageID": "", "started": False,
+                           "state": {"waiting": {"reason": reason, "message": message}}}
+    if previous is not None and not previous.running:
+        out["lastState"] = {"terminated": terminated_state(previous)}
+    return out
+
+
+def incomplete_init_containers(pod: Mapping[str, Any], init_runs: Sequence[ContainerRun]) -> list[str]:
+    """The pod's init containers that have not completed (exited 0), a sidecar (restartPolicy Always) one that has
+    not started."""
+    return [str(c.get("name")) for c in (pod.get("spec") or {}).get("initContainers") or []
+            if isinstance(c, Mapping) and not any(
+                r.container == c.get("name") and ((not r.running and r.exit_code == 0) or
+                                                  (r.running and c.get("restartPolicy") == "Always"))
+                for r in init_runs)]
+
+
 def pod_conditions(statuses: list[dict[str, Any]], now: str, *, terminated: bool = False,
-                   incomplete_init: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """PodScheduled, Initialized, ContainersReady and Ready from the container statuses (status.go's
-    GeneratePodInitializedCondition and GenerateContainersReadyCondition): not initialized while an init
-    container has not completed, not ready while any container is not, naming them."""
+                   incomplete_init: Sequence[str] = (), sandbox: bool = True,
+                   previous: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """The kubelet's conditions in generateAPIPodStatus's order: PodReadyToStartContainers (True while the pod's
+    sandbox exists with its network: `sandbox`), then from the container statuses (status.go's
+    GeneratePodInitializedCondition and GenerateContainersReadyCondition) Initialized (not while an init
+    container has not completed), Ready and ContainersReady (not while any container is not, naming them), then
+    PodScheduled. A condition whose status is that of the same type in `previous` (the status published before)
+    keeps its lastTransitionTime, as the status manager's updateLastTransitionTime does; the others get `now`."""
     unready = [str(s.get("name")) for s in statuses if not s.get("ready")]
-    out: list[dict[str, Any]] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now}]
+    out: list[dict[str, Any]] = [{"type": "PodReadyToStartContainers", "status": "True" if sandbox else "False"}]
     if incomplete_init:
-        out.append({"type": "Initialized", "status": "False", "lastTransitionTime": now,
-                    "reason": "ContainersNotInitialized",
+        out.append({"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized",
                     "message": f"containers with incomplete status: [{' '.join(incomplete_init)}]"})
     else:
-        out.append({"type": "Initialized", "status": "True", "lastTransitionTime": now})
-    for kind in ("ContainersReady", "Ready"):
-        cond: dict[str, Any] = {"type": kind, "status": "True" if not unready else "False", "lastTransitionTime": now}
+        out.append({"type": "Initialized", "status": "True"})
+    for kind in ("Ready", "ContainersReady"):
+        cond: dict[str, Any] = {"type": kind, "status": "True" if not unready else "False"}
         if terminated:
             cond["reason"] = "PodCompleted"
         elif unready:
             cond["reason"] = "ContainersNotReady"
             cond["message"] = f"containers with unready status: [{' '.join(unready)}]"
         out.append(cond)
+    out.append({"type": "PodScheduled", "status": "True"})
+    before = {c.get("type"): c for c in previous if isinstance(c, Mapping)}
+    for cond in out:
+        old = before.get(cond["type"])
+        kept = old.get("lastTransitionTime") if old is not None and old.get("status") == cond["status"] else None
+        cond["lastTransitionTime"] = kept or now
     return out
 
 
@@ -416,6 +454,9 @@ class NodeKubelet:
         self.api = api
         self.runtime = runtime
         self.node_address = node_address  # the pod IP of pods that share the node's network
+        # Pods' hostIP (and the downward API's status.hostIP): the node's InternalIP, the address it registered with
+        # (sim.cluster.nodes registers node_object(address=spec.address) and passes the same spec.address here).
+        self.host_ip = node_address or HOST_IP
         self.pod_logs_dir = pod_logs_dir
         self.node_name = node_name
         self.driver_name = driver_name
@@ -446,7 +487,7 @@ class NodeKubelet:
         self._gone: set[str] = set()  # terminating pods the API server no longer has
         self._pod_ips = PodIPs(node_name)
         # The streaming server listens on the node's InternalIP, where the control plane dials it.
-        self.exec_server = ExecServer(_NodeStreams(self), node_address or HOST_IP) if runtime is not None else None
+        self.exec_server = ExecServer(_NodeStreams(self), self.host_ip) if runtime is not None else None
         self._allocatable: dict[str, str] | None = None  # the Node's status.allocatable, read once
         # Probe workers per pod uid and container run (sim.kubelet.probes), and the threads that run the probes.
         self._probers: dict[str, dict[str, ContainerProber]] = {}
@@ -693,7 +734,12 @@ class NodeKubelet:
         with self._lock:
             record = self.records.get(uid)
             if record is None:
-                record = PodRecord(str(meta.get("namespace")), str(meta.get("name")), uid)
+                # First accepted now: the status manager's cache starts from the pod's status (a restarted kubelet
+                # keeps what it published before, the scheduler's PodScheduled its time), startTime from now.
+                status = pod.get("status") or {}
+                record = PodRecord(str(meta.get("namespace")), str(meta.get("name")), uid,
+                                   conditions=[dict(c) for c in status.get("conditions") or [] if isinstance(c, Mapping)],
+                                   start_time=str(status.get("startTime") or rfc3339()))
                 self.records[uid] = record
             return record
 
@@ -735,25 +781,26 @@ class NodeKubelet:
                 if isinstance(exc, _PrepareFailed):
                     self.events.pod({"namespace": record.namespace, "name": record.name, "uid": uid},
                                     "FailedPrepareDynamicResources", f"Failed to prepare dynamic resources: {exc}")
+                if isinstance(exc, _StartFailed):
+                    self._report_start_failed(record, pod)
             record.last_error = str(exc)
             return
         record.last_error = ""
         record.phase = "Running"
-        started = rfc3339()
         if runtime is not None:
             statuses = self._container_statuses(record)
         else:
+            started = rfc3339()
             statuses = [
                 {"name": c.get("name"), "ready": True, "restartCount": 0, "image": str(c.get("image") or ""), "imageID": "",
                  "started": True, "state": {"running": {"startedAt": started}}}
                 for c in (pod.get("spec") or {}).get("containers") or []
             ]
         ip = self._pod_ip(pod)
-        self.api.patch("Pod", record.name, {"status": {
-            "phase": running_phase(record.containers), "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}], "podIP": ip, "podIPs": [{"ip": ip}],
-            "startTime": status.get("startTime") or started, "conditions": pod_conditions(statuses, started),
+        self._publish(record, {
+            "phase": running_phase(record.containers), "podIP": ip, "podIPs": [{"ip": ip}],
             "initContainerStatuses": self._init_statuses(record, pod), "containerStatuses": statuses,
-        }}, namespace=record.namespace, subresource="status")
+        })
         self._pods.pop(uid, None)
         if runtime is not None:
             self._active[uid] = pod
@@ -799,7 +846,7 @@ class NodeKubelet:
             mounts = [(str(m.host), m.container, m.read_only)
                       for m in volumes.container_mounts(container, record.volumes, volumes.read_only_volumes(pod))]
         except (EnvError, volumes.VolumeError) as exc:
-            raise KubeletError(f"CreateContainerConfigError: {exc}") from exc
+            raise self._start_failed(record, cname, "CreateContainerConfigError", str(exc)) from exc
         request = ContainerRequest(
             runtime_container_name(record.namespace, record.name, record.uid, cname, restart),
             container_command(container, env), env,
@@ -814,8 +861,10 @@ class NodeKubelet:
         except RuntimeError_ as exc:
             record.start_failures += 1
             record.next_start = time.monotonic() + min(MAX_START_BACKOFF_SECONDS, 2.0 ** (record.start_failures - 1))
-            raise KubeletError(f"CreateContainerError: {exc}") from exc
+            raise self._start_failed(record, cname, "CreateContainerError", str(exc)) from exc
         record.start_failures = 0
+        with self._lock:
+            record.start_errors.pop(cname, None)
         if previous is not None:
             try:
                 self.runtime.remove(previous.runtime_name)  # the kubelet keeps one dead instance; we keep none
@@ -838,6 +887,27 @@ class NodeKubelet:
         return ContainerRun(cname, request.name, restart, request.cdi_devices, status.started_at, last_state=last_state,
                             ready="readiness" not in specs and "startup" not in specs, started="startup" not in specs,
                             hook_running=post_start is not None)
+
+    def _start_failed(self, record: PodRecord, cname: str, reason: str, message: str) -> _StartFailed:
+        """Record a container's failed start, which its status reports until it starts; a Failed event when the
+        error is new (the kubelet's each attempt's, which its event recorder aggregates)."""
+        with self._lock:
+            new = record.start_errors.get(cname) != (reason, message)
+            record.start_errors[cname] = (reason, message)
+        if new:
+            self.events.pod({"namespace": record.namespace, "name": record.name, "uid": record.uid}, "Failed",
+                            f"Error: {message}", container=cname)
+        return _StartFailed(f"{reason}: {message}")
+
+    def _report_start_failed(self, record: PodRecord, pod: Mapping[str, Any]) -> None:
+        """The pod Pending because a container of it could not be created: its sandbox (and pod IP) exists, the
+        container waits with the error (`_container_statuses`), the others as they are."""
+        ip = self._pod_ip(pod)
+        self._publish(record, {
+            "phase": "Pending", "podIP": ip, "podIPs": [{"ip": ip}],
+            "initContainerStatuses": self._init_statuses(record, pod),
+            "containerStatuses": self._container_statuses(record, pod),
+        }, incomplete_init=incomplete_init_containers(pod, record.init_runs))
 
     # ---- probes (sim.kubelet.probes decides, sim.kubelet.proberun runs them) ------------------------------------
 
@@ -925,7 +995,9 @@ class NodeKubelet:
                 key = f"{record.uid}/{name}"
                 now = self._clock()
                 if self.backoff.in_backoff_since(key, run.finished_mono, now):
-                    if not run.waiting_message:
+                    # The back-off supersedes a failed start's error: the kubelet reports each sync's outcome.
+                    failed_start = record.start_errors.pop(name, None) is not None
+                    if not run.waiting_message or failed_start:
                         message = (f"back-off {duration_text(self.backoff.get(key))} restarting failed container="
                                    f"{name} pod={format_pod(record.namespace, record.name, record.uid)}")
                         self._replace_init(record, replace(run, waiting_message=message))
@@ -942,17 +1014,10 @@ class NodeKubelet:
             record.initialized = True
             return
         if changed:
-            statuses = self._container_statuses(record, pod)
-            self.api.patch("Pod", record.name, {"status": {
-                "phase": "Pending", "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}],
-                "podIP": self._pod_ips.get(record.uid), "podIPs": [{"ip": self._pod_ips.get(record.uid)}],
-                "conditions": pod_conditions(statuses, rfc3339(), incomplete_init=[
-                    str(c.get("name")) for c in inits if not any(
-                        r.container == c.get("name") and ((not r.running and r.exit_code == 0) or
-                                                          (r.running and c.get("restartPolicy") == "Always"))
-                        for r in record.init_runs)]),
-                "initContainerStatuses": self._init_statuses(record), "containerStatuses": statuses,
-            }}, namespace=record.namespace, subresource="status")
+            self._publish(record, {
+                "phase": "Pending", "podIP": self._pod_ips.get(record.uid), "podIPs": [{"ip": self._pod_ips.get(record.uid)}],
+                "initContainerStatuses": self._init_statuses(record), "containerStatuses": self._container_statuses(record, pod),
+            }, incomplete_init=incomplete_init_containers(pod, record.init_runs))
         raise _NotReady("init containers have not completed")
 
     def _replace_init(self, record: PodRecord, run: ContainerRun) -> None:
@@ -966,7 +1031,12 @@ class NodeKubelet:
                      "imageID": "", "started": False, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
                     for c in (pod.get("spec") or {}).get("initContainers") or []]
         with self._lock:
-            return [container_status(r) for r in record.init_runs]
+            out = [start_failed_status(r.container, *record.start_errors[r.container], r)
+                   if r.container in record.start_errors else container_status(r) for r in record.init_runs]
+            names = {r.container for r in record.init_runs}
+            failed = [] if pod is None else [str(c.get("name")) for c in (pod.get("spec") or {}).get("initContainers") or []
+                                             if c.get("name") not in names and c.get("name") in record.start_errors]
+            return out + [start_failed_status(n, *record.start_errors[n], None) for n in failed]
 
     def _lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
         return self.api.try_get(kind, name, namespace=namespace)
@@ -975,7 +1045,7 @@ class NodeKubelet:
         if self._allocatable is None:
             node = self.api.try_get("Node", self.node_name) or {}
             self._allocatable = {str(k): str(v) for k, v in ((node.get("status") or {}).get("allocatable") or {}).items()}
-        return PodContext(pod, self.node_name, self._pod_ip(pod), HOST_IP, self._allocatable)
+        return PodContext(pod, self.node_name, self._pod_ip(pod), self.host_ip, self._allocatable)
 
     def _pod_ip(self, pod: Mapping[str, Any]) -> str:
         """A pod whose containers all run as host processes (sim.runtime.hostprocess) is on the node's network
@@ -1014,7 +1084,7 @@ class NodeKubelet:
         except (volumes.VolumeError, OSError) as exc:
             message = str(exc)
         if message != record.last_error:
-            self._report_waiting(record, pod, {})
+            self._report_waiting(record, pod, {}, sandbox=False)  # volumes are mounted before the sandbox is made
             self.events.pod({"namespace": record.namespace, "name": record.name, "uid": record.uid}, "FailedMount",
                             message)
         raise KubeletError(message)
@@ -1035,24 +1105,40 @@ class NodeKubelet:
             return
         message = "; ".join(problems.values())
         if f"CreateContainerConfigError: {message}" != record.last_error:
+            # A container's config is made after the pod's sandbox (and its pod IP).
             self._report_waiting(record, pod, {name: {"reason": "CreateContainerConfigError", "message": problem}
-                                               for name, problem in problems.items()})
+                                               for name, problem in problems.items()}, sandbox=True)
             self.events.pod({"namespace": record.namespace, "name": record.name, "uid": record.uid}, "Failed",
                             f"Error: {message}")
         raise KubeletError(f"CreateContainerConfigError: {message}")
 
-    def _report_waiting(self, record: PodRecord, pod: Mapping[str, Any], waiting: Mapping[str, dict[str, str]]) -> None:
+    def _report_waiting(self, record: PodRecord, pod: Mapping[str, Any], waiting: Mapping[str, dict[str, str]], *,
+                        sandbox: bool) -> None:
         """The pod Pending before any container started: each container waiting with its entry in `waiting`
-        (by container name), ContainerCreating otherwise."""
+        (by container name), ContainerCreating otherwise; `sandbox`: the pod's sandbox, and its pod IP, exist."""
         containers = [c for c in (pod.get("spec") or {}).get("containers") or [] if isinstance(c, Mapping)]
         statuses = [{"name": c.get("name"), "ready": False, "restartCount": 0, "image": str(c.get("image") or ""),
                      "imageID": "", "started": False,
                      "state": {"waiting": waiting.get(str(c.get("name")), {"reason": "ContainerCreating"})}}
                     for c in containers]
-        self.api.patch("Pod", record.name, {"status": {
-            "phase": "Pending", "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}],
-            "conditions": pod_conditions(statuses, rfc3339()), "containerStatuses": statuses,
-        }}, namespace=record.namespace, subresource="status")
+        ip = self._pod_ip(pod) if sandbox else None
+        addresses = {"podIP": ip, "podIPs": [{"ip": ip}]} if ip else {}
+        self._publish(record, {"phase": "Pending", **addresses, "containerStatuses": statuses}, sandbox=sandbox)
+
+    def _publish(self, record: PodRecord, status: dict[str, Any], *, sandbox: bool = True, terminated: bool = False,
+                 incomplete_init: Sequence[str] = ()) -> None:
+        """Write the pod's status as the kubelet's status manager does: the conditions from its containerStatuses,
+        each keeping its lastTransitionTime while its status stays; startTime as first set; hostIP the node's."""
+        now = rfc3339()
+        with self._lock:
+            record.conditions = pod_conditions(status.get("containerStatuses") or [], now, terminated=terminated,
+                                               incomplete_init=incomplete_init, sandbox=sandbox,
+                                               previous=record.conditions)
+            if not record.start_time:
+                record.start_time = now
+            full = {**status, "conditions": record.conditions, "startTime": record.start_time, "hostIP": self.host_ip,
+                    "hostIPs": [{"ip": self.host_ip}]}
+        self.api.patch("Pod", record.name, {"status": full}, namespace=record.namespace, subresource="status")
 
     def pod_log_path(self, record: PodRecord, container: str, restart: int) -> Path | None:
         """/var/log/pods layout: <dir>/<namespace>_<pod>_<uid>/<container>/<restart>.log (None: the runtime's own)."""
@@ -1061,14 +1147,23 @@ class NodeKubelet:
         return self.pod_logs_dir / f"{record.namespace}_{record.name}_{record.uid}" / container / f"{restart}.log"
 
     def _container_statuses(self, record: PodRecord, pod: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-        """The runs' statuses; with `pod`, its containers not started yet too (waiting PodInitializing)."""
+        """The runs' statuses, a container whose latest start failed waiting with its error; with `pod`, its
+        containers not started yet too (waiting PodInitializing, ContainerCreating once the pod is initialized)."""
         with self._lock:
-            out = [container_status(c) for c in record.containers]
+            errors = dict(record.start_errors)
+            out = [start_failed_status(c.container, *errors[c.container], c) if c.container in errors
+                   else container_status(c) for c in record.containers]
         started = {s["name"] for s in out}
+        pending = "ContainerCreating" if record.initialized else "PodInitializing"
         for c in (pod or {}).get("spec", {}).get("containers") or []:
-            if c.get("name") not in started:
-                out.append({"name": c.get("name"), "ready": False, "restartCount": 0, "image": str(c.get("image") or ""),
-                            "imageID": "", "started": False, "state": {"waiting": {"reason": "PodInitializing"}}})
+            name = str(c.get("name"))
+            if name in started:
+                continue
+            if name in errors:
+                out.append({**start_failed_status(name, *errors[name], None), "image": str(c.get("image") or "")})
+            else:
+                out.append({"name": name, "ready": False, "restartCount": 0, "image": str(c.get("image") or ""),
+                            "imageID": "", "started": False, "state": {"waiting": {"reason": pending}}})
         return out
 
     def _check_containers(self, uid: str) -> None:
@@ -1112,7 +1207,9 @@ class NodeKubelet:
                 continue
             key = f"{uid}/{c.container}"
             if self.backoff.in_backoff_since(key, c.finished_mono, now):
-                if not c.waiting_message:
+                # The back-off supersedes a failed restart's error: the kubelet reports each sync's outcome.
+                failed_start = record.start_errors.pop(c.container, None) is not None
+                if not c.waiting_message or failed_start:
                     message = (f"back-off {duration_text(self.backoff.get(key))} restarting failed container="
                                f"{c.container} pod={format_pod(record.namespace, record.name, uid)}")
                     runs[i] = replace(c, waiting_message=message)
@@ -1143,20 +1240,16 @@ class NodeKubelet:
 
     def _publish_running(self, record: PodRecord) -> None:
         """The status of a started pod whose containers run or restart."""
-        statuses = self._container_statuses(record)
-        self.api.patch("Pod", record.name, {"status": {
-            "phase": running_phase(record.containers), "conditions": pod_conditions(statuses, rfc3339()),
-            "containerStatuses": statuses, "initContainerStatuses": self._init_statuses(record),
-        }}, namespace=record.namespace, subresource="status")
+        self._publish(record, {"phase": running_phase(record.containers),
+                               "containerStatuses": self._container_statuses(record),
+                               "initContainerStatuses": self._init_statuses(record)})
 
     def _post_terminated(self, record: PodRecord, phase: str, statuses: list[dict[str, Any]],
                          incomplete_init: Sequence[str] = ()) -> None:
-        finished = rfc3339()
-        self.api.patch("Pod", record.name, {"status": {
-            "phase": phase, "conditions": pod_conditions(statuses, finished, terminated=True,
-                                                         incomplete_init=incomplete_init),
-            "containerStatuses": statuses, "initContainerStatuses": self._init_statuses(record),
-        }}, namespace=record.namespace, subresource="status")
+        # The kubelet stops a terminated pod's sandbox: PodReadyToStartContainers goes False.
+        self._publish(record, {"phase": phase, "containerStatuses": statuses,
+                               "initContainerStatuses": self._init_statuses(record)},
+                      sandbox=False, terminated=True, incomplete_init=incomplete_init)
         with self._lock:
             record.phase = phase
         log.info("event=pod-%s node=%s pod=%s/%s", phase.lower(), self.node_name, record.namespace, record.name)
@@ -1467,6 +1560,11 @@ class _NotReady(Exception):
 
 class _PrepareFailed(KubeletError):
     """NodePrepareResources failed (FailedPrepareDynamicResources); retried like any admission failure."""
+
+
+class _StartFailed(KubeletError):
+    """A container could not be created (the kubelet's CreateContainerConfigError or CreateContainerError); its
+    status says so (PodRecord.start_errors) and the start is retried."""
 
 
 class _NodeStreams:
