@@ -55,5 +55,9 @@ def test_crash_looping_container_is_waiting_not_ready_and_so_is_the_pod() -> Non
     again = ContainerRun("main", "k8s_main_p_ns_u_4", 4, (), "t2",
                          last_state={"exitCode": 1, "reason": "Error", "startedAt": "t0", "finishedAt": "t1"})
     assert container_status(again)["lastState"]["terminated"]["exitCode"] == 1
-    done = {c["type"]: c for c in pod_conditions([container_status(crashed)], "now", terminated=True)}
-    assert done["Ready"]["reason"] == "PodCompleted"
+    done = {c["type"]: c for c in pod_conditions([container_status(crashed)], "now", terminated="Failed")}
+    assert (done["Ready"]["status"], done["Ready"]["reason"], done["ContainersReady"]["reason"]) == (
+        "False", "PodFailed", "PodFailed")
+    succeeded = {c["type"]: c for c in pod_conditions([container_status(crashed)], "now", terminated="Succeeded")}
+    assert [(succeeded[t]["status"], succeeded[t]["reason"]) for t in ("Initialized", "Ready", "ContainersReady")] == [
+        ("True", "PodCompleted"), ("False", "PodCompleted"), ("False", "PodCompleted")]

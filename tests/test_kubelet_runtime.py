@@ -122,6 +122,15 @@ def test_pod_whose_container_exits_0_succeeds_and_its_claim_is_unprepared(cluste
     assert bad.returncode != 0 and "container nope is not valid for pod job" in bad.stderr
 
 
+def test_a_failed_containers_termination_message_is_in_its_status(cluster: Cluster) -> None:
+    cluster.pod("said", "echo 'bye now' > /dev/termination-log; exit 3")
+    pod = cluster.wait_phase("said", "Failed")
+    (status,) = pod["status"]["containerStatuses"]
+    assert (status["state"]["terminated"]["exitCode"], status["state"]["terminated"]["message"]) == (3, "bye now\n")
+    described = cluster.kubectl("describe", "pod", "said").stdout
+    assert any(line.split() == ["Message:", "bye", "now"] for line in described.splitlines()), described
+
+
 def test_failed_container_restart_policies_and_deletion(cluster: Cluster) -> None:
     # Never: the pod fails with the exit code.
     cluster.pod("never", "echo failing; exit 3", restart="Never")

@@ -52,7 +52,8 @@ def test_a_condition_keeps_its_last_transition_time_while_its_status_stays() -> 
     third = pod_conditions([ready], "t3", previous=list(second.values()))
     assert [c["lastTransitionTime"] for c in third] == ["t1", "t1", "t2", "t2", "t0"]
     # Terminated: the sandbox is stopped and the container not ready.
-    done = {c["type"]: c for c in pod_conditions([unready], "t4", previous=third, sandbox=False, terminated=True)}
+    done = {c["type"]: c for c in pod_conditions([unready], "t4", previous=third, sandbox=False,
+                                                     terminated="Failed")}
     assert done["PodReadyToStartContainers"]["lastTransitionTime"] == "t4" and done["Ready"]["lastTransitionTime"] == "t4"
     assert done["Initialized"]["lastTransitionTime"] == "t1"
 

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 from sim.kubelet.backoff import RestartBackoff, duration_text
 from sim.kubelet.devicemanager import DeviceManagerError, DeviceManagerSim
-from sim.kubelet import claimstate, envvars, hooks, netns, volumes
+from sim.kubelet import claimstate, envvars, hooks, netns, termination, volumes
 from sim.kubelet.envvars import EnvError, Lookup, PodContext, expand
 from sim.kubelet.events import KubeletEvents, format_pod
 from sim.kubelet.execserver import ExecServer
@@ -163,6 +163,8 @@ class ContainerRun:
     # Its postStart hook is still running: the kubelet's pod worker is inside the start, so the status it last
     # published still shows the container being created.
     hook_running: bool = False
+    message_path: str = ""  # the file it may write its termination message to (sim.kubelet.termination)
+    message: str = ""  # its termination message, once it exited
 
     def killed(self, mono: float) -> ContainerRun:
         """This run as the kubelet records a container it kills: exited 137, noticed at monotonic time `mono`."""
@@ -326,8 +328,11 @@ def running_phase(runs: list[ContainerRun]) -> str:
 
 
 def terminated_state(run: ContainerRun) -> dict[str, Any]:
-    return {"exitCode": run.exit_code, "reason": "Completed" if run.exit_code == 0 else "Error",
-            "startedAt": run.started_at, "finishedAt": run.finished_at, "containerID": f"podman://{run.runtime_name}"}
+    out = {"exitCode": run.exit_code, "reason": "Completed" if run.exit_code == 0 else "Error",
+           "startedAt": run.started_at, "finishedAt": run.finished_at, "containerID": f"podman://{run.runtime_name}"}
+    if run.message:
+        out["message"] = run.message
+    return out
 
 
 def container_status(run: ContainerRun) -> dict[str, Any]:
@@ -373,26 +378,29 @@ def incomplete_init_containers(pod: Mapping[str, Any], init_runs: Sequence[Conta
                 for r in init_runs)]
 
 
-def pod_conditions(statuses: list[dict[str, Any]], now: str, *, terminated: bool = False,
+def pod_conditions(statuses: list[dict[str, Any]], now: str, *, terminated: str | None = None,
                    incomplete_init: Sequence[str] = (), sandbox: bool = True,
                    previous: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
     """The kubelet's conditions in generateAPIPodStatus's order: PodReadyToStartContainers (True while the pod's
     sandbox exists with its network: `sandbox`), then from the container statuses (status.go's
     GeneratePodInitializedCondition and GenerateContainersReadyCondition) Initialized (not while an init
     container has not completed), Ready and ContainersReady (not while any container is not, naming them), then
-    PodScheduled. A condition whose status is that of the same type in `previous` (the status published before)
+    PodScheduled. A pod `terminated` in phase Succeeded or Failed has Ready and ContainersReady False for that
+    reason (PodCompleted, PodFailed), a Succeeded one Initialized True with PodCompleted. A condition whose status is that of the same type in `previous` (the status published before)
     keeps its lastTransitionTime, as the status manager's updateLastTransitionTime does; the others get `now`."""
     unready = [str(s.get("name")) for s in statuses if not s.get("ready")]
     out: list[dict[str, Any]] = [{"type": "PodReadyToStartContainers", "status": "True" if sandbox else "False"}]
-    if incomplete_init:
+    if terminated == "Succeeded":
+        out.append({"type": "Initialized", "status": "True", "reason": "PodCompleted"})
+    elif incomplete_init:
         out.append({"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized",
                     "message": f"containers with incomplete status: [{' '.join(incomplete_init)}]"})
     else:
         out.append({"type": "Initialized", "status": "True"})
     for kind in ("Ready", "ContainersReady"):
-        cond: dict[str, Any] = {"type": kind, "status": "True" if not unready else "False"}
+        cond: dict[str, Any] = {"type": kind, "status": "True" if not unready and not terminated else "False"}
         if terminated:
-            cond["reason"] = "PodCompleted"
+            cond["reason"] = "PodCompleted" if terminated == "Succeeded" else "PodFailed"
         elif unready:
             cond["reason"] = "ContainersNotReady"
             cond["message"] = f"containers with unready status: [{' '.join(unready)}]"
@@ -847,9 +855,14 @@ class NodeKubelet:
                       for m in volumes.container_mounts(container, record.volumes, volumes.read_only_volumes(pod))]
         except (EnvError, volumes.VolumeError) as exc:
             raise self._start_failed(record, cname, "CreateContainerConfigError", str(exc)) from exc
+        runtime_name = runtime_container_name(record.namespace, record.name, record.uid, cname, restart)
+        try:
+            message_path = termination.message_file(self.kubelet_dir, record.uid, cname, runtime_name)
+        except (OSError, volumes.VolumeError) as exc:
+            raise self._start_failed(record, cname, "CreateContainerError", f"termination message file: {exc}") from exc
+        mounts.append((str(message_path), termination.mount_path(container), False))
         request = ContainerRequest(
-            runtime_container_name(record.namespace, record.name, record.uid, cname, restart),
-            container_command(container, env), env,
+            runtime_name, container_command(container, env), env,
             container_cdi_devices(container, pod_claim_map(pod) or {}, record.claims, record.legacy,
                                   extended_claim_refs(pod)),
             log_path=self.pod_log_path(record, cname, restart),
@@ -871,6 +884,7 @@ class NodeKubelet:
             except RuntimeError_ as exc:
                 log.warning("event=container-remove-failed node=%s container=%s error=%r",
                             self.node_name, previous.runtime_name, str(exc))
+            termination.remove(Path(previous.message_path) if previous.message_path else None)
         log.info("event=container-started node=%s pod=%s/%s container=%s restart=%d devices=%s", self.node_name,
                  record.namespace, record.name, cname, restart, ",".join(request.cdi_devices) or "-")
         ref = {"namespace": record.namespace, "name": record.name, "uid": record.uid}
@@ -886,7 +900,18 @@ class NodeKubelet:
                              post_start)
         return ContainerRun(cname, request.name, restart, request.cdi_devices, status.started_at, last_state=last_state,
                             ready="readiness" not in specs and "startup" not in specs, started="startup" not in specs,
-                            hook_running=post_start is not None)
+                            hook_running=post_start is not None, message_path=str(message_path))
+
+    def _exited(self, pod: Mapping[str, Any], record: PodRecord, run: ContainerRun, exit_code: int,
+                finished_at: str) -> ContainerRun:
+        """The run as the kubelet records its container's exit, with the termination message it left."""
+        spec = pod.get("spec") or {}
+        container = next((c for key in ("initContainers", "containers") for c in spec.get(key) or []
+                          if isinstance(c, Mapping) and c.get("name") == run.container), {})
+        message = termination.read_message(Path(run.message_path) if run.message_path else None, container, exit_code,
+                                           self.pod_log_path(record, run.container, run.restart_count))
+        return replace(run, running=False, exit_code=exit_code, finished_at=finished_at, finished_mono=self._clock(),
+                       message=message)
 
     def _start_failed(self, record: PodRecord, cname: str, reason: str, message: str) -> _StartFailed:
         """Record a container's failed start, which its status reports until it starts; a Failed event when the
@@ -969,8 +994,7 @@ class NodeKubelet:
             if r.running:
                 st = self.runtime.status(r.runtime_name)
                 if not st.running and st.exit_code is not None:
-                    r = replace(r, running=False, exit_code=st.exit_code, finished_at=st.finished_at,
-                                finished_mono=self._clock())
+                    r = self._exited(pod, record, r, st.exit_code, st.finished_at)
                     changed = True
             runs.append(r)
         with self._lock:
@@ -1125,7 +1149,7 @@ class NodeKubelet:
         addresses = {"podIP": ip, "podIPs": [{"ip": ip}]} if ip else {}
         self._publish(record, {"phase": "Pending", **addresses, "containerStatuses": statuses}, sandbox=sandbox)
 
-    def _publish(self, record: PodRecord, status: dict[str, Any], *, sandbox: bool = True, terminated: bool = False,
+    def _publish(self, record: PodRecord, status: dict[str, Any], *, sandbox: bool = True, terminated: str | None = None,
                  incomplete_init: Sequence[str] = ()) -> None:
         """Write the pod's status as the kubelet's status manager does: the conditions from its containerStatuses,
         each keeping its lastTransitionTime while its status stays; startTime as first set; hostIP the node's."""
@@ -1184,8 +1208,8 @@ class NodeKubelet:
                     log.warning("event=container-status-failed node=%s container=%s error=%r",
                                 self.node_name, c.runtime_name, status.error)
                 if not status.running and status.exit_code is not None:
-                    c = replace(c, running=False, exit_code=status.exit_code, finished_at=status.finished_at,
-                                seen=self.runtime.seen(c.runtime_name), finished_mono=self._clock())
+                    c = replace(self._exited(pod, record, c, status.exit_code, status.finished_at),
+                                seen=self.runtime.seen(c.runtime_name))
                     self._stop_probes(uid, c.runtime_name)
                     changed = True
                     log.info("event=container-exited node=%s pod=%s/%s container=%s exit_code=%d", self.node_name,
@@ -1249,7 +1273,7 @@ class NodeKubelet:
         # The kubelet stops a terminated pod's sandbox: PodReadyToStartContainers goes False.
         self._publish(record, {"phase": phase, "containerStatuses": statuses,
                                "initContainerStatuses": self._init_statuses(record)},
-                      sandbox=False, terminated=True, incomplete_init=incomplete_init)
+                      sandbox=False, terminated=phase, incomplete_init=incomplete_init)
         with self._lock:
             record.phase = phase
         log.info("event=pod-%s node=%s pod=%s/%s", phase.lower(), self.node_name, record.namespace, record.name)
