@@ -4,19 +4,19 @@ the pod's directory (containers/<name>/<run>), mounted at the container's `termi
 `state.terminated.message`. With `terminationMessagePolicy: FallbackToLogsOnError`, a container that failed and
 wrote nothing gets the end of its log instead (at most 80 lines and 2048 bytes).
 
-The container writes the file, so it is read as untrusted: never followed through a link, only if it is still a
-regular file, and never more than the limit."""
+The container writes the file, so it is read as untrusted (sim.runtime.podman.read_untrusted): never through a
+link, only if it is still a regular file, never more than the limit. The log is conmon's, on the host."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sim.kubelet.volumes import pod_dir
+from sim.runtime.podman import read_untrusted
 
 DEFAULT_PATH = "/dev/termination-log"
 MAX_MESSAGE_BYTES = 4096
@@ -41,27 +41,14 @@ def mount_path(container: Mapping[str, Any]) -> str:
     return value if isinstance(value, str) and value.startswith("/") else DEFAULT_PATH
 
 
-def _read_at_most(path: Path, limit: int, *, tail: bool = False) -> bytes:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return b""
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return b""
-        if tail and info.st_size > limit:
-            os.lseek(fd, info.st_size - limit, os.SEEK_SET)
-        return os.read(fd, limit)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
-
-
 def _log_tail(log_path: Path) -> str:
     """The end of a container's log (CRI format: `<time> <stream> <tag> <text>` per line), as its output."""
-    lines = _read_at_most(log_path, MAX_LOG_BYTES * 4, tail=True).decode(errors="replace").splitlines()
+    try:
+        with log_path.open("rb") as f:
+            f.seek(max(0, log_path.stat().st_size - MAX_LOG_BYTES * 4))
+            lines = f.read(MAX_LOG_BYTES * 4).decode(errors="replace").splitlines()
+    except OSError:
+        return ""
     texts = [parts[3] if len(parts) == 4 else "" for parts in (line.split(" ", 3) for line in lines)]
     text = "\n".join(texts[-MAX_LOG_LINES:]) + ("\n" if texts else "")
     return text.encode()[-MAX_LOG_BYTES:].decode(errors="ignore")
@@ -69,7 +56,7 @@ def _log_tail(log_path: Path) -> str:
 
 def read_message(path: Path | None, container: Mapping[str, Any], exit_code: int | None, log_path: Path | None) -> str:
     """The termination message of a run that exited with `exit_code`."""
-    message = _read_at_most(path, MAX_MESSAGE_BYTES).decode(errors="replace") if path is not None else ""
+    message = (read_untrusted(path, MAX_MESSAGE_BYTES) or "") if path is not None else ""
     if (not message and exit_code not in (0, None) and log_path is not None
             and container.get("terminationMessagePolicy") == "FallbackToLogsOnError"):
         return _log_tail(log_path)
