@@ -131,6 +131,22 @@ def test_a_failed_containers_termination_message_is_in_its_status(cluster: Clust
     assert any(line.split() == ["Message:", "bye", "now"] for line in described.splitlines()), described
 
 
+def test_a_command_that_cannot_be_executed_is_a_start_error(cluster: Cluster) -> None:
+    cluster.api.create("Pod", {"metadata": {"name": "typo", "namespace": "default"}, "spec": {
+        "nodeName": NODE, "restartPolicy": "Never",
+        "containers": [{"name": "main", "image": "busybox", "command": ["nosuchbinary", "--flag"]}]}},
+        namespace="default")
+    pod = cluster.wait_phase("typo", "Failed")
+    (status,) = pod["status"]["containerStatuses"]
+    terminated = status["state"]["terminated"]
+    assert (terminated["reason"], terminated["exitCode"]) == ("StartError", 128), terminated
+    assert terminated["message"].endswith('error during container init: exec: "nosuchbinary": executable file not '
+                                          'found in $PATH: unknown'), terminated
+    events = cluster.api.list("Event", namespace="default")[0]
+    assert any(e["involvedObject"]["name"] == "typo" and e["reason"] == "Failed" and e["type"] == "Warning"
+               and e["message"] == f"Error: {terminated['message']}" for e in events)
+
+
 def test_failed_container_restart_policies_and_deletion(cluster: Cluster) -> None:
     # Never: the pod fails with the exit code.
     cluster.pod("never", "echo failing; exit 3", restart="Never")

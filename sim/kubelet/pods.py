@@ -165,6 +165,7 @@ class ContainerRun:
     hook_running: bool = False
     message_path: str = ""  # the file it may write its termination message to (sim.kubelet.termination)
     message: str = ""  # its termination message, once it exited
+    start_failed: bool = False  # its command could not be started (StartError; `message` says why)
 
     def killed(self, mono: float) -> ContainerRun:
         """This run as the kubelet records a container it kills: exited 137, noticed at monotonic time `mono`."""
@@ -328,7 +329,8 @@ def running_phase(runs: list[ContainerRun]) -> str:
 
 
 def terminated_state(run: ContainerRun) -> dict[str, Any]:
-    out = {"exitCode": run.exit_code, "reason": "Completed" if run.exit_code == 0 else "Error",
+    reason = "StartError" if run.start_failed else "Completed" if run.exit_code == 0 else "Error"
+    out = {"exitCode": run.exit_code, "reason": reason,
            "startedAt": run.started_at, "finishedAt": run.finished_at, "containerID": f"podman://{run.runtime_name}"}
     if run.message:
         out["message"] = run.message
@@ -908,10 +910,20 @@ class NodeKubelet:
         spec = pod.get("spec") or {}
         container = next((c for key in ("initContainers", "containers") for c in spec.get(key) or []
                           if isinstance(c, Mapping) and c.get("name") == run.container), {})
+        assert self.runtime is not None
+        seen = self.runtime.seen(run.runtime_name)
+        if seen is not None and seen.start_error:
+            # What a containerd node reports of a command runc cannot exec, and the kubelet's Failed event.
+            message = (f"failed to create containerd task: failed to create shim task: OCI runtime create failed: "
+                       f"runc create failed: unable to start container process: error during container init: "
+                       f"{seen.start_error}: unknown")
+            self.events.pod(_pod_ref(pod), "Failed", f"Error: {message}", container=run.container)
+            return replace(run, running=False, exit_code=128, finished_at=finished_at, finished_mono=self._clock(),
+                           message=message, start_failed=True, seen=seen)
         message = termination.read_message(Path(run.message_path) if run.message_path else None, container, exit_code,
                                            self.pod_log_path(record, run.container, run.restart_count))
         return replace(run, running=False, exit_code=exit_code, finished_at=finished_at, finished_mono=self._clock(),
-                       message=message)
+                       message=message, seen=seen)
 
     def _start_failed(self, record: PodRecord, cname: str, reason: str, message: str) -> _StartFailed:
         """Record a container's failed start, which its status reports until it starts; a Failed event when the
@@ -1208,8 +1220,7 @@ class NodeKubelet:
                     log.warning("event=container-status-failed node=%s container=%s error=%r",
                                 self.node_name, c.runtime_name, status.error)
                 if not status.running and status.exit_code is not None:
-                    c = replace(self._exited(pod, record, c, status.exit_code, status.finished_at),
-                                seen=self.runtime.seen(c.runtime_name))
+                    c = self._exited(pod, record, c, status.exit_code, status.finished_at)
                     self._stop_probes(uid, c.runtime_name)
                     changed = True
                     log.info("event=container-exited node=%s pod=%s/%s container=%s exit_code=%d", self.node_name,

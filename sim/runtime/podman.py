@@ -62,6 +62,12 @@ fi
 if [ "${NVIDIA_VISIBLE_DEVICES+set}" = set ]; then printf '%s\n' "$NVIDIA_VISIBLE_DEVICES" > "$out/visible"; fi
 for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c "$f" ] && echo "$f"; done > "$out/devices"
 : > "$out/done"
+# runc resolves the command before the container starts: one that cannot run is a start error (exit 128).
+case "$1" in
+  */*) if [ ! -e "$1" ]; then why="no such file or directory"; elif [ -d "$1" ] || [ ! -x "$1" ]; then why="permission denied"; fi ;;
+  *) command -v "$1" >/dev/null 2>&1 || why='executable file not found in $PATH' ;;
+esac
+if [ -n "$why" ]; then printf 'exec: "%s": %s' "$1" "$why" > "$out/start-error"; exit 128; fi
 exec "$@"
 """.replace("SEEN", SEEN_DIR)
 
@@ -106,6 +112,7 @@ class Seen:
     nvidia_smi_rc: int | None
     visible_devices: str | None  # NVIDIA_VISIBLE_DEVICES, None when unset
     device_nodes: tuple[str, ...]
+    start_error: str | None = None  # why its command could not be started (exec: "x": ...), if it could not
 
 
 
@@ -332,6 +339,7 @@ class PodmanRuntime:
             nvidia_smi_rc=int(rc) if rc.lstrip("-").isdigit() else None,
             visible_devices=visible.rstrip("\n") if visible is not None else None,
             device_nodes=tuple((read("devices") or "").split()),
+            start_error=read("start-error"),
         )
 
 
