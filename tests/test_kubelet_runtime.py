@@ -131,6 +131,23 @@ def test_a_failed_containers_termination_message_is_in_its_status(cluster: Clust
     assert any(line.split() == ["Message:", "bye", "now"] for line in described.splitlines()), described
 
 
+def test_containers_get_the_pods_hostname_and_the_kubelets_hosts_file(cluster: Cluster) -> None:
+    cluster.api.create("Pod", {"metadata": {"name": "named", "namespace": "default"}, "spec": {
+        "nodeName": NODE, "restartPolicy": "Never", "hostname": "web-0", "subdomain": "web",
+        "hostAliases": [{"ip": "10.1.2.3", "hostnames": ["foo.local", "bar.local"]}],
+        "containers": [{"name": "main", "image": "busybox", "command": ["sh", "-c", "hostname; cat /etc/hosts"]}]}},
+        namespace="default")
+    pod = cluster.wait_phase("named", "Succeeded", "Failed")
+    ip = pod["status"]["podIP"]
+    lines = cluster.kubectl("logs", "named").stdout.splitlines()
+    assert lines[0] == "web-0"
+    assert lines[1:] == ["# Kubernetes-managed hosts file.", "127.0.0.1\tlocalhost",
+                         "::1\tlocalhost ip6-localhost ip6-loopback", "fe00::0\tip6-localnet",
+                         "fe00::0\tip6-mcastprefix", "fe00::1\tip6-allnodes", "fe00::2\tip6-allrouters",
+                         f"{ip}\tweb-0.web.default.svc.cluster.local\tweb-0", "", "# Entries added by HostAliases.",
+                         "10.1.2.3\tfoo.local\tbar.local"], lines
+
+
 def test_a_command_that_cannot_be_executed_is_a_start_error(cluster: Cluster) -> None:
     cluster.api.create("Pod", {"metadata": {"name": "typo", "namespace": "default"}, "spec": {
         "nodeName": NODE, "restartPolicy": "Never",

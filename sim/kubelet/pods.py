@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 from sim.kubelet.backoff import RestartBackoff, duration_text
 from sim.kubelet.devicemanager import DeviceManagerError, DeviceManagerSim
-from sim.kubelet import claimstate, envvars, hooks, netns, termination, volumes
+from sim.kubelet import claimstate, envvars, etchosts, hooks, netns, termination, volumes
 from sim.kubelet.envvars import EnvError, Lookup, PodContext, expand
 from sim.kubelet.events import KubeletEvents, format_pod
 from sim.kubelet.execserver import ExecServer
@@ -860,9 +860,12 @@ class NodeKubelet:
         runtime_name = runtime_container_name(record.namespace, record.name, record.uid, cname, restart)
         try:
             message_path = termination.message_file(self.kubelet_dir, record.uid, cname, runtime_name)
+            hosts = etchosts.write_hosts_file(self.kubelet_dir, pod, self._pod_ip(pod))
         except (OSError, volumes.VolumeError) as exc:
-            raise self._start_failed(record, cname, "CreateContainerError", f"termination message file: {exc}") from exc
+            raise self._start_failed(record, cname, "CreateContainerError", f"container files: {exc}") from exc
         mounts.append((str(message_path), termination.mount_path(container), False))
+        if not any(m[1] == "/etc/hosts" for m in mounts):  # a volume the pod mounts there wins, as on a node
+            mounts.append((str(hosts), "/etc/hosts", False))
         request = ContainerRequest(
             runtime_name, container_command(container, env), env,
             container_cdi_devices(container, pod_claim_map(pod) or {}, record.claims, record.legacy,
@@ -870,6 +873,7 @@ class NodeKubelet:
             log_path=self.pod_log_path(record, cname, restart),
             mounts=tuple(mounts + account_mounts), image=str(container.get("image") or ""),
             stdin=container.get("stdin") is True, tty=container.get("tty") is True,
+            hostname=etchosts.pod_hostname(pod),
         )
         try:
             status = self.runtime.run(request)

@@ -92,6 +92,7 @@ class ContainerRequest:
     image: str = ""  # the pod's image name (every name runs the busybox rootfs; sim.runtime.hostprocess routes ours)
     stdin: bool = False  # the container's stdin is kept open for `kubectl attach -i` (spec stdin)
     tty: bool = False  # the container gets a terminal (spec tty)
+    hostname: str = ""  # the pod's hostname (sim.kubelet.etchosts); empty: the runtime's own
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,9 @@ class PodmanRuntime:
             seen.chmod(0o777)  # the probe records what the container sees as that user
         args += ["-i"] if request.stdin else []
         args += ["-t"] if request.tty else []
+        args += ["--hostname", request.hostname] if request.hostname else []
+        # The kubelet's hosts file, not podman's (which names the container by its ID).
+        args += ["--no-hosts"] if any(path == "/etc/hosts" for _, path, _ in request.mounts) else []
         args += ["--rootfs", str(self.rootfs), f"{PROBE_DIR}/probe", *(request.command or DEFAULT_COMMAND)]
         self._podman("rm", "-f", *_exactly(name), check=False)  # a leftover of the same name (a restart)
         done = self._podman(*args, check=False)
