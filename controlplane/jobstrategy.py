@@ -25,16 +25,12 @@ from typing import Any
 
 from gpudra.labelselector import selects
 from gpudra.validation import names
+from gpudra.validation.errors import go_value
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 CONTROLLER_UID_LABEL = "batch.kubernetes.io/controller-uid"
 LEGACY_JOB_NAME_LABEL = "job-name"
 LEGACY_CONTROLLER_UID_LABEL = "controller-uid"
-
-
-def _json(value: Any) -> str:
-    # encoding/json as field.Error prints a bad value: maps with sorted keys, no spaces.
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _selector_json(selector: Mapping[str, Any]) -> str:
@@ -86,8 +82,8 @@ def _selector_problems(selector: Mapping[str, Any], path: str) -> list[str]:
     match_labels = selector.get("matchLabels")
     labels_path = f"{path}.matchLabels"
     for key, value in (match_labels.items() if isinstance(match_labels, Mapping) else ()):
-        errors.extend(f"{labels_path}: Invalid value: {_json(key)}: {m}" for m in names.qualified_name(str(key)))
-        errors.extend(f"{labels_path}: Invalid value: {_json(value)}: {m}" for m in names.label_value(str(value)))
+        errors.extend(f"{labels_path}: Invalid value: {go_value(key)}: {m}" for m in names.qualified_name(str(key)))
+        errors.extend(f"{labels_path}: Invalid value: {go_value(value)}: {m}" for m in names.label_value(str(value)))
     exprs = selector.get("matchExpressions")
     for i, expr in enumerate(exprs if isinstance(exprs, list) else ()):
         expr_path = f"{path}.matchExpressions[{i}]"
@@ -102,11 +98,11 @@ def _selector_problems(selector: Mapping[str, Any], path: str) -> list[str]:
                 errors.append(f"{expr_path}.values: Forbidden: may not be specified when `operator` is 'Exists' or "
                               "'DoesNotExist'")
         else:
-            errors.append(f"{expr_path}.operator: Invalid value: {_json(operator)}: not a valid selector operator")
+            errors.append(f"{expr_path}.operator: Invalid value: {go_value(operator)}: not a valid selector operator")
         key = str(expr.get("key") or "")
-        errors.extend(f"{expr_path}.key: Invalid value: {_json(key)}: {m}" for m in names.qualified_name(key))
+        errors.extend(f"{expr_path}.key: Invalid value: {go_value(key)}: {m}" for m in names.qualified_name(key))
         for j, value in enumerate(values):
-            errors.extend(f"{expr_path}.values[{j}]: Invalid value: {_json(value)}: {m}"
+            errors.extend(f"{expr_path}.values[{j}]: Invalid value: {go_value(value)}: {m}"
                           for m in names.label_value(str(value)))
     return errors
 
@@ -139,14 +135,14 @@ def selector_errors(job: Mapping[str, Any]) -> list[str]:
             if key not in have:
                 errors.append(f"{path}: Required value: must be '{want}'")
             elif have[key] != want:
-                errors.append(f"{path}: Invalid value: {_json(have)}: must be '{want}'")
+                errors.append(f"{path}: Invalid value: {go_value(have)}: must be '{want}'")
         if not problems and not _matches(selector, expected):
             errors.append(f"spec.selector: Invalid value: {_selector_json(selector)}: `selector` not auto-generated")
     if selector is None:
         errors.append("spec.selector: Required value")
     errors.extend(problems)
     if not problems and not _matches(selector, labels or {}):
-        errors.append(f"spec.template.metadata.labels: Invalid value: {_json(labels)}: `selector` does not match "
+        errors.append(f"spec.template.metadata.labels: Invalid value: {go_value(labels)}: `selector` does not match "
                       "template `labels`")
     return errors
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from controlplane import status as st
 from controlplane.resources import ResourceType
@@ -302,6 +302,9 @@ def _listing(values: Mapping[str, Quantity]) -> str:
     return ",".join(f"{k}={v.canonical()}" for k, v in sorted(values.items()))
 
 
+_Quota = TypeVar("_Quota", bound=Mapping[str, Any])
+
+
 def missing_requests(pod: Mapping[str, Any], required: Iterable[str]) -> str | None:
     """What a quota tracking cpu or memory (`required`: its hard resources) needs every container of the pod to
     state and some do not (the pod evaluator's Constraints), as `requests.cpu for: a,b; ...`; None when all do."""
@@ -324,8 +327,8 @@ def missing_requests(pod: Mapping[str, Any], required: Iterable[str]) -> str | N
     return "; ".join(f"{resource} for: {','.join(sorted(names))}" for resource, names in sorted(missing.items()))
 
 
-def admit(rt: ResourceType, name: str, obj: Mapping[str, Any], quotas: Iterable[Mapping[str, Any]],
-          existing: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[tuple[Mapping[str, Any], dict[str, str]]]:
+def admit(rt: ResourceType, name: str, obj: Mapping[str, Any], quotas: Iterable[_Quota],
+          existing: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[tuple[_Quota, dict[str, str]]]:
     """Refuse the create of `obj` (403) when it takes any quota of the namespace past its spec.hard, or is a pod
     that does not state what a quota tracking cpu or memory needs; `existing`: the namespace's objects of the
     QUOTA_KINDS (kind -> objects). The quotas it is charged to, each with its status.used including `obj` (which
@@ -333,7 +336,7 @@ def admit(rt: ResourceType, name: str, obj: Mapping[str, Any], quotas: Iterable[
     adds = usage_of(rt.kind, obj)
     if not adds:
         return []
-    charged_to: list[tuple[Mapping[str, Any], dict[str, str]]] = []
+    charged_to: list[tuple[_Quota, dict[str, str]]] = []
     for quota in quotas:
         if not matches(quota, rt.kind, obj):
             continue

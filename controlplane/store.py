@@ -15,7 +15,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -637,7 +637,7 @@ class Store:
             return created
 
     def _admit_quota_locked(self, rt: ResourceType, namespace: str, name: str,
-                            obj: dict[str, Any]) -> builtins.list[tuple[Mapping[str, Any], dict[str, str]]]:
+                            obj: dict[str, Any]) -> builtins.list[tuple[dict[str, Any], dict[str, str]]]:
         """controlplane.quota's admission of a create, atomic with it: the quotas to charge and their new usage."""
         quota_rt = self.registry.by_kind("ResourceQuota")
         if quota_rt is None:
@@ -652,18 +652,17 @@ class Store:
                 existing[kind] = [v for key, v in self._objects[kind_rt].items() if key[0] == namespace]
         return quota.admit(rt, name, obj, quotas, existing)
 
-    def _charge_quota_locked(self, charged: Mapping[str, Any], used: dict[str, str]) -> None:
-        """Record a create's usage in its quota's status.used at once, as kube-apiserver's quota admission does
-        (`kubectl describe quota` right after the create shows it); the quota controller recounts later."""
-        status = charged.get("status") or {}
-        hard = dict((charged.get("spec") or {}).get("hard") or {})
+    def _charge_quota_locked(self, stored: dict[str, Any], used: dict[str, str]) -> None:
+        """Record a create's usage in its (stored) quota's status.used at once, as kube-apiserver's quota admission
+        does (`kubectl describe quota` right after the create shows it); the quota controller recounts later."""
+        status = stored.get("status") or {}
+        hard = dict((stored.get("spec") or {}).get("hard") or {})
         if status.get("used") == used and status.get("hard") == hard:
             return
         quota_rt = self.registry.by_kind("ResourceQuota")
         assert quota_rt is not None
-        meta = charged["metadata"]
+        meta = stored["metadata"]
         key = (str(meta.get("namespace") or ""), str(meta.get("name")))
-        stored = self._objects[quota_rt][key]
         self._commit(quota_rt, key, {**stored, "metadata": dict(meta), "status": {**status, "hard": hard, "used": used}},
                      "MODIFIED", stored)
 

@@ -50,11 +50,6 @@ class Plan:
     missing: dict[str, float] = field(default_factory=dict)  # node name -> when it was first seen missing
 
 
-def _ready(node: Mapping[str, Any]) -> bool:
-    return any(isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (node.get("status") or {}).get("conditions") or [])
-
-
 def _out_of_service(node: Mapping[str, Any]) -> bool:
     return any(isinstance(t, Mapping) and t.get("key") == OUT_OF_SERVICE for t in (node.get("spec") or {}).get("taints") or [])
 
@@ -77,7 +72,7 @@ def plan(pods: Sequence[Mapping[str, Any]], nodes: Sequence[Mapping[str, Any]], 
             first = out.missing.setdefault(node_name, missing_since.get(node_name, now))
             if now - first >= QUARANTINE_S:
                 out.collect.append(Collect(*ref, "orphaned", ORPHANED))
-        elif podstate.terminating(pod) and not _ready(node) and _out_of_service(node):
+        elif podstate.terminating(pod) and not podstate.ready(node) and _out_of_service(node):
             out.collect.append(Collect(*ref, "out-of-service"))
     return out
 

@@ -27,6 +27,7 @@ def ready_not_terminating(pod: Mapping[str, Any]) -> bool:
 
 
 def ready(pod: Mapping[str, Any]) -> bool:
-    """podutil.IsPodReady: the pod's Ready condition is True (which its kubelet sets only while it runs)."""
+    """podutil.IsPodReady (and nodeutil.IsNodeReady, the same condition on a Node): the object's Ready condition
+    is True, which a pod's kubelet sets only while it runs and a node's while it posts status."""
     return any(isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"
                for c in (pod.get("status") or {}).get("conditions") or [])

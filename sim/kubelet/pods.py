@@ -359,15 +359,22 @@ def container_status(run: ContainerRun) -> dict[str, Any]:
     return out
 
 
-def start_failed_status(name: str, reason: str, message: str, previous: ContainerRun | None) -> dict[str, Any]:
-    """A container the kubelet could not start (its create failed): waiting with the error's reason and message,
-    its previous run, if any, in lastState (a failed create does not count as a restart)."""
+def waiting_status(name: str, waiting: Mapping[str, str], *, image: str = "",
+                   previous: ContainerRun | None = None) -> dict[str, Any]:
+    """A container that does not run yet: waiting (`waiting`: its reason, and message), its previous run, if any,
+    in lastState and restartCount."""
     out: dict[str, Any] = {"name": name, "ready": False, "restartCount": previous.restart_count if previous else 0,
-                           "image": "", "imageID": "", "started": False,
-                           "state": {"waiting": {"reason": reason, "message": message}}}
+                           "image": image, "imageID": "", "started": False, "state": {"waiting": dict(waiting)}}
     if previous is not None and not previous.running:
         out["lastState"] = {"terminated": terminated_state(previous)}
     return out
+
+
+def start_failed_status(name: str, reason: str, message: str, previous: ContainerRun | None, *,
+                        image: str = "") -> dict[str, Any]:
+    """A container the kubelet could not start (its create failed): waiting with the error's reason and message
+    (a failed create does not count as a restart)."""
+    return waiting_status(name, {"reason": reason, "message": message}, image=image, previous=previous)
 
 
 def incomplete_init_containers(pod: Mapping[str, Any], init_runs: Sequence[ContainerRun]) -> list[str]:
@@ -1157,10 +1164,8 @@ class NodeKubelet:
         """The pod Pending before any container started: each container waiting with its entry in `waiting`
         (by container name), ContainerCreating otherwise; `sandbox`: the pod's sandbox, and its pod IP, exist."""
         containers = [c for c in (pod.get("spec") or {}).get("containers") or [] if isinstance(c, Mapping)]
-        statuses = [{"name": c.get("name"), "ready": False, "restartCount": 0, "image": str(c.get("image") or ""),
-                     "imageID": "", "started": False,
-                     "state": {"waiting": waiting.get(str(c.get("name")), {"reason": "ContainerCreating"})}}
-                    for c in containers]
+        statuses = [waiting_status(str(c.get("name")), waiting.get(str(c.get("name")), {"reason": "ContainerCreating"}),
+                                   image=str(c.get("image") or "")) for c in containers]
         ip = self._pod_ip(pod) if sandbox else None
         addresses = {"podIP": ip, "podIPs": [{"ip": ip}]} if ip else {}
         self._publish(record, {"phase": "Pending", **addresses, "containerStatuses": statuses}, sandbox=sandbox)
@@ -1199,11 +1204,9 @@ class NodeKubelet:
             name = str(c.get("name"))
             if name in started:
                 continue
-            if name in errors:
-                out.append({**start_failed_status(name, *errors[name], None), "image": str(c.get("image") or "")})
-            else:
-                out.append({"name": name, "ready": False, "restartCount": 0, "image": str(c.get("image") or ""),
-                            "imageID": "", "started": False, "state": {"waiting": {"reason": pending}}})
+            image = str(c.get("image") or "")
+            out.append(start_failed_status(name, *errors[name], None, image=image) if name in errors
+                       else waiting_status(name, {"reason": pending}, image=image))
         return out
 
     def _check_containers(self, uid: str) -> None:
