@@ -94,6 +94,21 @@ def merge(path: Path, cluster: str, server: str) -> None:
     _write(path, with_context(_read(path), cluster, server))
 
 
+def merge_file(path: Path, source: Path, cluster: str) -> str:
+    """Merge the one context of the kubeconfig `source` (named `gpu-dra-CLUSTER`, with its cluster and user) into
+    `path` and make it current; return the context that was current before ("" if none)."""
+    incoming = _read(source) or {}
+    config = _read(path) or _empty()
+    previous = str(config.get("current-context") or "")
+    name = context_name(cluster)
+    for key in ("clusters", "users", "contexts"):
+        entries = [e for e in incoming.get(key) or [] if isinstance(e, dict) and e.get("name") == name]
+        config[key] = _replace(list(config.get(key) or []), name, entries[0] if entries else None)
+    config["current-context"] = name
+    _write(path, config)
+    return previous
+
+
 def remove(path: Path, cluster: str) -> bool:
     """Remove our entries; True if there were any."""
     config = _read(path)

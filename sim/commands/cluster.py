@@ -35,6 +35,11 @@ def register(parser: argparse.ArgumentParser) -> None:
                         description="Start the embedded control plane (durable store), the controller, one node "
                                     "agent and one kubelet simulator per node, in the background.")
     named(up)
+    up.add_argument("--kubernetes", choices=("embedded", "upstream"), default="embedded",
+                    help="embedded (default): the embedded control plane and kubelet simulators, no Go needed; "
+                         "upstream: real Kubernetes built from its Go modules (etcd, kube-apiserver, "
+                         "kube-controller-manager, kube-scheduler, kube-proxy, kubelets with containerd), the "
+                         "manifests applied with kubectl apply -k (needs root and Go)")
     up.add_argument("--nodes", metavar="NAME=PROFILE[,NAME=PROFILE...]",
                     help="nodes and their simulator profiles (shipped name or file); default: the demo's four nodes "
                          "a100-1=dgx-a100,a100-2=dgx-a100,v100-1=v100-4,h100-1=h100-mig")
@@ -102,7 +107,18 @@ def run(args: argparse.Namespace) -> int:
         if problem:
             _err(problem)
             return 2
+    if args.action in ("down", "status", "fault") and _upstream_state(args.name) is not None:
+        return {"down": _down_upstream, "status": _status_upstream, "fault": _fault_upstream}[args.action](args)
     return {"up": _up, "down": _down, "status": _status, "list": _list, "fault": _fault}[args.action](args)
+
+
+def _upstream_state(name: str) -> Path | None:
+    """The state directory of an upstream cluster of that name, or None."""
+    from sim.cluster.spec import cluster_paths
+    from sim.upstream.commands import read_spec
+
+    root = cluster_paths(name).root
+    return root if read_spec(root) is not None else None
 
 
 # ---- shared -------------------------------------------------------------------------------------------------------
@@ -114,7 +130,7 @@ def _load(name: str) -> tuple[Any, Any, Any, bool] | None:
 
     paths = cluster_paths(name)
     data = read_json(paths.spec)
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or data.get("backend") == "upstream":
         return None
     raw = read_json(paths.status)
     sup = SupervisorStatus.from_json(raw) if isinstance(raw, dict) else None
@@ -135,6 +151,8 @@ def _print(obj: Any, output: str, table: str) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
+    if args.kubernetes == "upstream":
+        return _up_upstream(args)
     from gpudra.privatedir import ensure_private_dir
     from sim.cluster import kubeconfig
     from sim.cluster.spec import (ClusterSpec, SpecError, SupervisorStatus, cluster_paths, default_nodes, gb200_racks,
@@ -238,6 +256,73 @@ def _up(args: argparse.Namespace) -> int:
           f"  {env_hint}kubectl --context {context} get pods,resourceclaims -A -o wide\n"
           f"  gpu-dra cluster status{_name_flag(args.name)}\n"
           f"  gpu-dra cluster fault {node_specs[0].name}{_name_flag(args.name)} --gpu 0 --xid 79\n"
+          f"  gpu-dra cluster down{_name_flag(args.name)}")
+    return 0
+
+
+UPSTREAM_DEFAULT_NODES = "a100-1=dgx-a100,h100-1=h100-mig"
+
+
+def _up_upstream(args: argparse.Namespace) -> int:
+    from sim.cluster import kubeconfig
+    from sim.cluster.spec import SpecError, cluster_paths, gb200_racks, parse_nodes, write_json
+    from sim.nvml.profile import shipped_profiles
+    from sim.upstream import commands as upstream
+
+    try:
+        node_specs = parse_nodes(args.nodes or UPSTREAM_DEFAULT_NODES, shipped_profiles(), device_plugin=True)
+        if args.gb200_racks:
+            node_specs += gb200_racks(args.gb200_racks, device_plugin=True)
+    except SpecError as exc:
+        _err(str(exc))
+        return 2
+    ignored = [flag for flag, given in (("--runtime", args.runtime != "auto"), ("--feature", args.feature),
+                                        ("--runtime-config", args.runtime_config),
+                                        ("--partitionable", args.partitionable)) if given]
+    if ignored:
+        _err(f"{', '.join(ignored)}: not taken with --kubernetes upstream (its components run with 1.37's defaults "
+             "and containerd; edit the overlay or the component flags in sim/upstream/config.py)")
+        return 2
+    paths = cluster_paths(args.name)
+    if upstream.read_spec(paths.root) is not None:
+        if upstream.supervisor_alive(paths.root):
+            _err(f"cluster {args.name!r} is already up; gpu-dra cluster down --name {args.name} first")
+            return 1
+        _progress(f"cluster {args.name}: its supervisor is not running; removing its old state")
+        upstream.stop(paths.root)
+    elif (loaded := _load(args.name)) is not None:
+        if loaded[3]:
+            _err(f"cluster {args.name!r} is already up (embedded); gpu-dra cluster down --name {args.name} first")
+            return 1
+        _remove_state(loaded[0], loaded[1])
+    nodes = [(n.name, n.profile) for n in node_specs]
+    _progress(f"cluster {args.name}: real Kubernetes, {len(nodes)} nodes "
+              f"({', '.join(f'{n}={p}' for n, p in nodes)}); state in {paths.root}")
+    try:
+        server, admin = upstream.up(args.name, paths.root, nodes, args.wait)
+        spec = upstream.read_spec(paths.root)
+        assert spec is not None
+        upstream.deploy(Path(spec.bin_dir), admin, upstream.TESTBED_OVERLAY, args.wait)
+    except upstream.UpstreamError as exc:
+        _err(str(exc))
+        _err(f"logs kept in {paths.root / 'logs'}; gpu-dra cluster down --name {args.name} removes them")
+        return 1
+    target = kubeconfig.target_file(args.kubeconfig)
+    try:
+        previous = kubeconfig.merge_file(target, admin, args.name)
+    except (kubeconfig.KubeconfigError, OSError) as exc:
+        _err(f"cluster {args.name} is up at {server}, but the kubeconfig context was not written: {exc}")
+        return 1
+    write_json(paths.user_kubeconfig, {"path": str(target)})
+    context = kubeconfig.context_name(args.name)
+    env_hint = "" if _kubectl_reads(target) else f"KUBECONFIG={target} "
+    switched = f" (it was {previous})" if previous and previous != context else ""
+    print(f"cluster {args.name} is up on real Kubernetes: {len(nodes)} nodes, server {server}\n"
+          f"kubeconfig context {context} written to {target} and made current{switched}\n\n"
+          f"  {env_hint}kubectl --context {context} version\n"
+          f"  {env_hint}kubectl --context {context} get nodes -o wide\n"
+          f"  {env_hint}kubectl --context {context} get resourceslices\n"
+          f"  gpu-dra cluster status{_name_flag(args.name)}\n"
           f"  gpu-dra cluster down{_name_flag(args.name)}")
     return 0
 
@@ -379,6 +464,44 @@ def _down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _down_upstream(args: argparse.Namespace) -> int:
+    from sim.cluster import kubeconfig
+    from sim.cluster.spec import cluster_paths, read_json
+    from sim.upstream import commands as upstream
+
+    paths = cluster_paths(args.name)
+    recorded = read_json(paths.user_kubeconfig)
+    _progress(f"cluster {args.name}: stopping (nodes first, then the control plane)")
+    stopped = upstream.stop(paths.root)
+    if stopped:
+        _progress(f"  stopped {', '.join(stopped)}")
+    if isinstance(recorded, dict) and recorded.get("path"):
+        try:
+            kubeconfig.remove(Path(recorded["path"]), args.name)
+        except (kubeconfig.KubeconfigError, OSError) as exc:
+            _err(f"context {kubeconfig.context_name(args.name)} not removed from {recorded['path']}: {exc}")
+            return 1
+    print(f"cluster {args.name} deleted")
+    return 0
+
+
+def _status_upstream(args: argparse.Namespace) -> int:
+    from sim.upstream import commands as upstream
+    from sim.upstream import report
+
+    root = _upstream_state(args.name)
+    assert root is not None
+    obj = report.status_object(root)
+    _print(obj, args.output, report.status_table(obj))
+    return 0 if obj["ready"] else 1
+
+
+def _fault_upstream(args: argparse.Namespace) -> int:
+    _err("fault: on the upstream backend the node agent runs in a pod; inject faults with "
+         "`kubectl exec` into the agent, or use the embedded backend")
+    return 2
+
+
 # ---- status, list -------------------------------------------------------------------------------------------------
 
 
@@ -422,6 +545,13 @@ def _list(args: argparse.Namespace) -> int:
     rows = []
     home = state_home()
     for entry in sorted(home.iterdir()) if home.is_dir() else []:
+        if _upstream_state(entry.name) is not None:
+            from sim.upstream import report as upstream_report
+
+            up = upstream_report.status_object(entry)
+            rows.append({"name": entry.name, "state": up["phase"], "nodes": len(up["nodes"]),
+                         "server": up["server"] or None})
+            continue
         loaded = _load(entry.name)
         if loaded is None:
             continue

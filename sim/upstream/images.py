@@ -1,0 +1,271 @@
+"""The images the upstream cluster runs, built here without docker or a registry:
+
+- the product image under the reference the manifests name (`ghcr.io/gpu-dra/gpu-dra:v<version>`): a Debian
+  rootfs (debootstrap, minbase + python3), the locked runtime dependencies installed by pip, and the product
+  packages only, as the Dockerfile builds it;
+- its testbed variant (`...:v<version>-testbed`), which adds the NVML simulator (the `sim` package) so that an
+  agent can run `--nvml sim:...` on a node without GPUs (the kind and upstream overlays name it);
+- the pod sandbox (`pause`, a static C program of ours) under the name containerd asks for;
+- stand-ins for the public workload images that specs name (`ubuntu:22.04`, NVIDIA's CUDA samples, ...): a
+  busybox rootfs, as the embedded runtime runs every image; an image with no stand-in is not imported, so the
+  kubelet reports its real ErrImagePull.
+
+Everything is cached outside the repository (${GPU_DRA_CACHE:-~/.cache/gpu-dra}/images), keyed by what it is
+built from, so a second build is a no-op.
+
+    python -m sim.upstream.images [--out DIR]   # prints one archive path per line
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.upstream.oci import ImageConfig, write_archive
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITE = "bookworm"
+BASE_PACKAGES = ("python3",)
+PRODUCT_PACKAGES = ("gpudra", "driver", "controller", "proto", "cli")
+TESTBED_PACKAGES = (*PRODUCT_PACKAGES, "sim")
+IMAGE_NAME = "ghcr.io/gpu-dra/gpu-dra"
+# containerd 2.x's default sandbox image (its CRI config `pinned_images.sandbox`).
+PAUSE_REFERENCE = "registry.k8s.io/pause:3.10.1"
+# Public images that specs in this repository and NVIDIA's quickstart name; each runs on the busybox stand-in.
+WORKLOAD_STAND_INS = (
+    "docker.io/library/busybox:1.36",
+    "docker.io/library/ubuntu:22.04",
+    "docker.io/library/ubuntu:24.04",
+    "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0",
+    "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+)
+_PAUSE_C = r"""
+/* The pod sandbox's init: holds the pod's namespaces, reaps orphans, exits on SIGINT/SIGTERM. */
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static void stop(int sig) { (void)sig; _exit(0); }
+static void reap(int sig) { (void)sig; while (waitpid(-1, 0, WNOHANG) > 0) {} }
+int main(void) {
+    struct sigaction term = {.sa_handler = stop}, child = {.sa_handler = reap, .sa_flags = SA_NOCLDSTOP};
+    sigaction(SIGINT, &term, 0);
+    sigaction(SIGTERM, &term, 0);
+    sigaction(SIGCHLD, &child, 0);
+    for (;;) pause();
+}
+"""
+
+
+class ImageBuildError(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GPU_DRA_CACHE") or Path.home() / ".cache" / "gpu-dra") / "images"
+
+
+def project_version() -> str:
+    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+
+
+def product_reference(testbed: bool = False) -> str:
+    return f"{IMAGE_NAME}:v{project_version()}{'-testbed' if testbed else ''}"
+
+
+def _digest(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()[:16]
+
+
+def _tree_digest(packages: Sequence[str]) -> bytes:
+    """What the product's source tree holds (names and contents of its .py, .yaml, .json, .proto files)."""
+    h = hashlib.sha256()
+    for package in packages:
+        for path in sorted((ROOT / package).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.digest()
+
+
+def _run(argv: Sequence[str], what: str, **kwargs: object) -> None:
+    result = subprocess.run(list(argv), capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-15:]
+        raise ImageBuildError(f"{what} failed (exit {result.returncode}): {' '.join(argv)}\n" + "\n".join(tail))
+
+
+def _cached(name: str, key: str, build: Callable[[Path], None]) -> Path:
+    """The archive `name-key.tar` in the cache, built by `build(path)` when absent."""
+    target = cache_dir() / f"{name}-{key}.tar"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        print(f"images: building {name} ({key})", file=sys.stderr, flush=True)
+        build(target)
+    return target
+
+
+def base_rootfs() -> Path:
+    """Debian minbase with python3, made once by debootstrap (needs root and Debian's registry)."""
+    key = _digest(SUITE.encode(), " ".join(BASE_PACKAGES).encode())
+    target = cache_dir() / f"rootfs-{SUITE}-{key}"
+    if (target / ".complete").exists():
+        return target
+    if shutil.which("debootstrap") is None:
+        raise ImageBuildError("debootstrap is not installed (apt-get install debootstrap)")
+    shutil.rmtree(target, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    print(f"images: debootstrap {SUITE} into {target}", file=sys.stderr, flush=True)
+    _run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(target)],
+         "debootstrap")
+    # What an image does not need: package lists, caches, documentation.
+    for rel in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/locale"):
+        shutil.rmtree(target / rel, ignore_errors=True)
+    (target / ".complete").write_text(SUITE)
+    return target
+
+
+def _site_packages(rootfs: Path) -> Path:
+    found = sorted((rootfs / "usr" / "lib").glob("python3.*"))
+    found = [p for p in found if p.name[len("python3."):].isdigit()]
+    if not found:
+        raise ImageBuildError(f"{rootfs}: no python3 in the base rootfs")
+    return rootfs / "usr" / "local" / "lib" / found[-1].name / "dist-packages"
+
+
+def _python_version(rootfs: Path) -> str:
+    return _site_packages(rootfs).parent.name.removeprefix("python")
+
+
+def _product_archive(testbed: bool, target: Path) -> None:
+    base = base_rootfs()
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        _run(["cp", "-a", str(base), str(rootfs)], "copying the base rootfs")
+        (rootfs / ".complete").unlink()
+        site = _site_packages(rootfs)
+        site.mkdir(parents=True, exist_ok=True)
+        # The locked dependencies as binary wheels for the image's Python, exactly as the Dockerfile installs them.
+        _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--only-binary=:all:",
+              "--python-version", _python_version(rootfs), "--implementation", "cp", "--platform",
+              "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64",
+              "--platform", "any", "--target", str(site), "-r", str(ROOT / "requirements.lock")],
+             "pip install of requirements.lock")
+        src = Path(tmp) / "src"
+        src.mkdir()
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy2(ROOT / name, src / name)
+        for package in TESTBED_PACKAGES if testbed else PRODUCT_PACKAGES:
+            shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+        _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--no-build-isolation",
+              "--target", str(site), str(src)], "pip install of gpu-dra")
+        # pip --target writes scripts with this machine's interpreter; the image's is /usr/bin/python3.
+        shutil.rmtree(site / "bin", ignore_errors=True)
+        entry = rootfs / "usr" / "local" / "bin" / "gpu-dra"
+        entry.write_text("#!/usr/bin/python3\nimport sys\nfrom cli.main import main\nsys.exit(main())\n")
+        entry.chmod(0o755)
+        _run(["chroot", str(rootfs), "gpu-dra", "--version"], "gpu-dra --version inside the image")
+        write_archive(rootfs, ImageConfig(reference=product_reference(testbed), cmd=("gpu-dra", "--help")), target)
+
+
+def product_image(testbed: bool = False) -> Path:
+    packages = TESTBED_PACKAGES if testbed else PRODUCT_PACKAGES
+    key = _digest(_tree_digest(packages), (ROOT / "requirements.lock").read_bytes(),
+                  (ROOT / "pyproject.toml").read_bytes(), SUITE.encode(), Path(__file__).read_bytes())
+    name = "gpu-dra-testbed" if testbed else "gpu-dra"
+    return _cached(name, key, lambda target: _product_archive(testbed, target))
+
+
+def _busybox_rootfs(rootfs: Path) -> None:
+    busybox = Path("/bin/busybox")
+    if not busybox.exists():
+        raise ImageBuildError("/bin/busybox is missing (apt-get install busybox-static)")
+    for rel in ("bin", "etc", "tmp", "proc", "sys", "dev", "root", "var/tmp"):
+        (rootfs / rel).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(busybox, rootfs / "bin" / "busybox")
+    applets = subprocess.run([str(busybox), "--list"], capture_output=True, text=True, check=True).stdout.split()
+    for applet in applets:
+        if applet != "busybox":
+            (rootfs / "bin" / applet).symlink_to("busybox")
+    # Specs run `bash -c ...` (NVIDIA's quickstart does); busybox has no bash applet, its sh runs those scripts.
+    bash = rootfs / "bin" / "bash"
+    bash.write_text('#!/bin/sh\nexec /bin/sh "$@"\n')
+    bash.chmod(0o755)
+    (rootfs / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n")
+    (rootfs / "etc" / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
+
+
+def workload_image(reference: str) -> Path:
+    """A busybox stand-in imported under `reference` (the specs' public image names)."""
+    busybox = Path("/bin/busybox")
+    key = _digest(reference.encode(), busybox.read_bytes() if busybox.exists() else b"", Path(__file__).read_bytes())
+
+    def build(target: Path) -> None:
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            _busybox_rootfs(Path(tmp))
+            write_archive(Path(tmp), ImageConfig(reference=reference, cmd=("sh",),
+                                                 env=("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",),
+                                                 labels={"gpu-dra.stand-in": "busybox"}), target)
+
+    return _cached("stand-in-" + reference.replace("/", "_").replace(":", "_"), key, build)
+
+
+def pause_image() -> Path:
+    key = _digest(_PAUSE_C.encode(), PAUSE_REFERENCE.encode(), Path(__file__).read_bytes())
+
+    def build(target: Path) -> None:
+        if shutil.which("gcc") is None:
+            raise ImageBuildError("gcc is not installed (apt-get install gcc libc6-dev): it builds the pause binary")
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            rootfs.mkdir()
+            source = Path(tmp) / "pause.c"
+            source.write_text(_PAUSE_C)
+            _run(["gcc", "-static", "-Os", "-s", "-o", str(rootfs / "pause"), str(source)], "compiling pause")
+            write_archive(rootfs, ImageConfig(reference=PAUSE_REFERENCE, entrypoint=("/pause",), env=()), target)
+
+    return _cached("pause", key, build)
+
+
+@dataclass(frozen=True)
+class ImageSet:
+    product: Path
+    testbed: Path
+    pause: Path
+    workloads: tuple[Path, ...]
+
+    def all(self) -> list[Path]:
+        return [self.product, self.testbed, self.pause, *self.workloads]
+
+
+def build_all() -> ImageSet:
+    return ImageSet(product_image(), product_image(testbed=True), pause_image(),
+                    tuple(workload_image(ref) for ref in WORKLOAD_STAND_INS))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sim.upstream.images", description=__doc__.split("\n\n")[0])
+    parser.parse_args(argv)
+    try:
+        images = build_all()
+    except ImageBuildError as exc:
+        print(f"images: {exc}", file=sys.stderr)
+        return 1
+    for path in images.all():
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
