@@ -518,6 +518,10 @@ class Preparer:
                             f"device {p.device_name}: GPU {gpu.uuid} is prepared as a full GPU for ResourceClaim "
                             f"{full_holder.namespace}/{full_holder.name}; a MIG placement on it cannot be created"
                         )
+                    _, placement = p.target.placement
+                    error = self._make_room(p.device_name, gpu, others, placement)
+                    if error:
+                        return error
                     if not current:
                         if others:
                             return (
@@ -527,6 +531,10 @@ class Preparer:
                         miginstances.set_mig_mode(self._nvml, gpu.uuid, True)
                 else:
                     # A full GPU of a partitionable GPU: only without MIG instances, with MIG mode off.
+                    error = self._make_room(p.device_name, gpu, others, None)
+                    if error:
+                        return error
+                    gpu = next((g for g in self._inventory().gpus if g.uuid == gpu.uuid), gpu)
                     if gpu.mig_devices:
                         return (
                             f"device {p.device_name}: GPU {gpu.uuid} has {len(gpu.mig_devices)} MIG device(s); a full GPU "
@@ -541,6 +549,46 @@ class Preparer:
                         miginstances.set_mig_mode(self._nvml, gpu.uuid, False)
             except miginstances.MigError as exc:
                 return f"device {p.device_name}: {exc}"
+        return ""
+
+    def _make_room(self, device_name: str, gpu: Gpu, others: Sequence[ClaimRecord], placement: MigPlacement | None) -> str:
+        """Destroy the MIG instances on `gpu` that overlap `placement` (all of them for the full GPU, None) and that
+        no claim on this node uses; an error text when one that a claim uses is in the way, or "".
+
+        On a partitionable GPU the node owns the layout: the slices publish every placement, an existing instance
+        is only a placement that happens to exist, and the scheduler's memory-slice counters keep the placements
+        of allocated claims apart. An instance made beforehand (mig-parted, a profile, an earlier agent) that no
+        claim holds takes no counters, so the scheduler may allocate a placement overlapping it; creating that
+        placement fails (NVML: insufficient resources) until the idle instance is gone."""
+        in_use = {d.uuid: r for r in others for d in r.devices}
+        overlapping = [
+            m for m in gpu.mig_devices
+            if placement is None or (
+                m.placement.start < placement.start + placement.size and placement.start < m.placement.start + m.placement.size)
+        ]
+        held = [(m, in_use[m.uuid]) for m in overlapping if m.uuid in in_use]
+        if held:
+            mig, owner = held[0]
+            which = (f"MIG device {mig.uuid} ({mig.profile} at memory slice {mig.placement.start}), prepared for "
+                     f"ResourceClaim {owner.namespace}/{owner.name}")
+            if placement is None:
+                return (f"device {device_name}: GPU {gpu.uuid} has {len(held)} MIG device(s) in use ({which}); a full "
+                        "GPU is prepared only when MIG mode is off and no MIG instances exist")
+            return (f"device {device_name}: the placement start={placement.start} size={placement.size} overlaps an "
+                    f"existing MIG instance, {which}")
+        idle = overlapping
+        if not idle:
+            return ""
+        assert self._nvml is not None  # the caller checked
+        try:
+            for mig in idle:
+                miginstances.destroy_by_id(self._nvml, gpu.uuid, mig.gpu_instance_id)
+                log.info("event=mig-idle-destroyed gpu=%s mig=%s profile=%s start=%d for=%s", gpu.uuid, mig.uuid,
+                         mig.profile, mig.placement.start, device_name)
+        except miginstances.MigError as exc:
+            return f"device {device_name}: removing the idle MIG device in its way failed: {exc}"
+        finally:
+            self._inventory_changed()
         return ""
 
     def _create_migs(self, record: ClaimRecord) -> ClaimRecord:
