@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from driver.nvmlapi import NvmlBackend
 from driver.plugin.health import DeviceHealthEntry, HealthBoard
 from driver.plugin.metrics import PluginMetrics
 from driver.plugin.server import KubeletPlugin, PluginPaths
-from driver.prepare import ClaimGetter, ClaimNotFound, FaultHook, Preparer, StartReport
+from driver.prepare import ClaimGetter, ClaimLister, ClaimNotFound, FaultHook, Preparer, StartReport
 from driver.rediscovery import Rediscoverer
 from driver.sharing import NvmlSharing
 from driver.slices import SliceSettings, build_slices, gpu_device_name, mig_device_name, mig_health, mig_mode_switchable
@@ -50,6 +50,17 @@ def crash_hook_from_env(environ: Mapping[str, str] = os.environ) -> FaultHook | 
             os.kill(os.getpid(), signal.SIGKILL)
 
     return hook
+
+
+def kubeapi_claim_lister(api: Any) -> ClaimLister:
+    """Every ResourceClaim, page by page (what rebuilding a damaged checkpoint's lost records reads)."""
+    from driver.allocatedclaims import LIST_PAGE_SIZE
+
+    def list_all() -> Iterator[Mapping[str, Any]]:
+        for page, _ in api.list_pages("ResourceClaim", limit=LIST_PAGE_SIZE):
+            yield from page
+
+    return list_all
 
 
 def kubeapi_claim_getter(api: Any) -> ClaimGetter:
@@ -113,6 +124,7 @@ class NodeAgent:
         fault_hook: FaultHook | None = None,
         monitor_factory: Callable[[Any, Inventory, Callable[[str, Health], None]], Any] | None = None,
         binding_api: Any | None = None,
+        list_claims: ClaimLister | None = None,
     ) -> None:
         self.settings = settings
         self.paths = PluginPaths(settings.kubelet_dir, settings.driver_name, settings.instance)
@@ -145,7 +157,7 @@ class NodeAgent:
             reserved=settings.reserved_uuids, fault_hook=fault_hook,
             partitionable=settings.partitionable, nvml=nvml, on_inventory_change=self.refresh_inventory,
             common_edits=self.driver_files.container_edits(),
-            device_numbers=self.device_numbers,
+            device_numbers=self.device_numbers, list_claims=list_claims,
         )
         self.board = HealthBoard(self._health_entries())
         self.metrics = PluginMetrics()
@@ -363,6 +375,11 @@ class NodeAgent:
         )
         for problem in r.problems:
             log.error("event=start-problem problem=%r", problem)
+        if r.rebuilt or r.promoted or r.cleaned:
+            log.warning("event=checkpoint-recovered rebuilt=%d kept_as_completed=%d cleaned=%d", len(r.rebuilt),
+                        len(r.promoted), len(r.cleaned))
+        if self.preparer.recovery_pending is not None:
+            log.error("event=serving-refused reason=%s", quote(self.preparer.recovery_pending))
         if self.settings.metrics_port is not None:
             self.metrics.serve(self.settings.metrics_port)
         if self._monitor is not None:
