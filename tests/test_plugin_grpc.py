@@ -14,6 +14,8 @@ import pytest
 from driver.inventory import Health
 from sim.kubelet.dra import ClaimInfo, KubeletDialect, KubeletError, KubeletSim, Pod, RegistrationFailed, choose_service
 from driver.plugin.agent import NodeAgent
+from driver.prepare import ClaimRef
+from driver.slices import gpu_device_name
 from proto.pluginregistration.v1 import api_pb2 as reg_pb
 from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from tests.plugin_helpers import DRIVER, NODE, create_allocated_claim, short_tmp, start_agent
@@ -282,3 +284,34 @@ def test_health_stream_resends_unchanged_list() -> None:
     first, second = next(stream), next(stream)  # the second comes with no change on the board
     assert [d.device.device_name for d in second.devices] == [d.device.device_name for d in first.devices] == ["gpu-0"]
     board.close()
+
+
+def test_a_restarted_agent_rebuilds_what_a_damaged_checkpoint_lost_from_the_api(tmp_path: Path, apiserver) -> None:  # type: ignore[no-untyped-def]
+    """Issue 37: the agent lists the node's claims from the API to rebuild the records a damaged snapshot lost,
+    so GPUs held by running pods never look free."""
+    api = apiserver.api
+    first = start_agent(tmp_path, api, publish=False)
+    gpus = [gpu_device_name(g) for g in first.inventory().gpus]
+    claims = [create_allocated_claim(api, f"c{i}", [("gpu", name)]) for i, name in enumerate(gpus)]
+    refs = [ClaimRef(c["metadata"]["uid"], "default", c["metadata"]["name"]) for c in claims]
+    assert all(not r.error for r in first.preparer.prepare(refs).values())
+    with first.checkpoint.locked():
+        first.checkpoint.compact()
+    first.stop()
+    snapshot = first.paths.plugin_dir / "checkpoint.json"
+    raw = bytearray(snapshot.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    snapshot.write_bytes(bytes(raw))
+    second = start_agent(tmp_path, api, publish=False)
+    try:
+        assert second.load_report.corrupt and second.start_report is not None
+        assert sorted(second.start_report.rebuilt) == sorted(r.uid for r in refs)
+        assert second.preparer.recovery_pending is None
+        held = second.preparer.ledger.held()
+        assert sorted(held) == sorted(g.uuid for g in second.inventory().gpus)
+        assert sorted(h for holders in held.values() for h in holders) == sorted(f"dra:{r.uid}" for r in refs)
+        # Prepared again by the kubelet: the same devices, from the rebuilt records.
+        again = second.preparer.prepare(refs[:1])[refs[0].uid]
+        assert not again.error and [d.device_name for d in again.devices] == [gpus[0]]
+    finally:
+        second.stop()
