@@ -481,7 +481,7 @@ class Preparer:
         self.checkpoint.commit([Op("ledger", uuid, sorted(holders) or None) for uuid, holders in sorted(wanted.items())
                                 if sorted(holders) != sorted(state.ledger.get(uuid, []))])
 
-    def _retry_recovery(self) -> str | None:
+    def retry_recovery(self) -> str | None:
         """While recovery is pending, try again; the reason it still is, or None."""
         if self.recovery_pending is None:
             return None
@@ -504,7 +504,7 @@ class Preparer:
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
         out: dict[str, ClaimResult] = {}
-        pending = self._retry_recovery() if claims else None
+        pending = self.retry_recovery() if claims else None
         if pending is not None:
             return {ref.uid: ClaimResult(error=f"{ref}: not prepared: {pending}") for ref in claims}
         for ref in claims:
@@ -937,7 +937,7 @@ class Preparer:
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         out: dict[str, str] = {}
-        pending = self._retry_recovery() if claims else None
+        pending = self.retry_recovery() if claims else None
         for ref in claims:
             if pending is not None and self.checkpoint.claim(ref.uid) is None:
                 # Its record may be one the damage lost: unpreparing "nothing" would leave its MPS daemon and GPU

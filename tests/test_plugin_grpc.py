@@ -315,3 +315,44 @@ def test_a_restarted_agent_rebuilds_what_a_damaged_checkpoint_lost_from_the_api(
         assert not again.error and [d.device_name for d in again.devices] == [gpus[0]]
     finally:
         second.stop()
+
+
+def test_an_agent_that_cannot_rebuild_yet_refuses_and_retries_on_its_own(tmp_path: Path, apiserver,  # type: ignore[no-untyped-def]
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from driver.discovery import discover
+    from driver.nvml import load_backend
+    from driver.plugin import agent as agent_module
+    from driver.plugin.agent import AgentSettings, kubeapi_claim_getter, kubeapi_claim_lister
+
+    api = apiserver.api
+    first = start_agent(tmp_path, api, publish=False)
+    name = gpu_device_name(first.inventory().gpus[0])
+    claim = create_allocated_claim(api, "c0", [("gpu", name)])
+    ref = ClaimRef(claim["metadata"]["uid"], "default", "c0")
+    assert not first.preparer.prepare([ref])[ref.uid].error
+    first.stop()
+    (first.paths.plugin_dir / "checkpoint.json").unlink()
+    (first.paths.plugin_dir / "checkpoint.journal").write_bytes(b"0" * 64 + b" {damaged}\n")
+    api_up = threading.Event()
+    real = kubeapi_claim_lister(api)
+
+    def flaky() -> Iterator[dict]:  # type: ignore[type-arg]
+        if not api_up.is_set():
+            raise ConnectionError("the API server is away")
+        return real()  # type: ignore[return-value]
+
+    monkeypatch.setattr(agent_module, "RECOVERY_RETRY_S", 0.05)
+    nvml = load_backend("sim:dgx-h100", node=NODE)
+    settings = AgentSettings(node_name=NODE, driver_name=DRIVER, kubelet_dir=tmp_path / "kubelet",
+                             cdi_dir=tmp_path / "cdi", watch_seconds=0.05, boot_id_path=tmp_path / "boot_id")
+    second = NodeAgent(settings, nvml=nvml, inventory=discover(nvml, NODE), get_claim=kubeapi_claim_getter(api),
+                       list_claims=flaky)
+    second.start()
+    try:
+        assert second.preparer.recovery_pending is not None and ref.uid in second.preparer.recovery_pending
+        assert second.preparer.ledger.held() == {}
+        api_up.set()
+        _wait(lambda: second.preparer.recovery_pending is None, "the agent to rebuild once the API answers")
+        assert second.preparer.ledger.held() == {first.inventory().gpus[0].uuid: (f"dra:{ref.uid}",)}
+    finally:
+        second.stop()

@@ -35,6 +35,8 @@ log = logging.getLogger("gpu-dra.agent")
 # "Waiting for a kubelet" is reported after 5 s, then at doubling intervals up to every 5 minutes.
 KUBELET_WAIT_FIRST_S = 5.0
 KUBELET_WAIT_MAX_S = 300.0
+# While a damaged checkpoint's lost claims cannot be rebuilt (the API away), try again this often.
+RECOVERY_RETRY_S = 5.0
 # Test-only fault hook: SIGKILL this process right after the named prepare/unprepare step (see tests/test_crash.py).
 CRASH_AFTER_ENV = "GPU_DRA_TEST_CRASH_AFTER"
 
@@ -380,6 +382,7 @@ class NodeAgent:
                         len(r.promoted), len(r.cleaned))
         if self.preparer.recovery_pending is not None:
             log.error("event=serving-refused reason=%s", quote(self.preparer.recovery_pending))
+            threading.Thread(target=self._retry_recovery, name="checkpoint-recovery", daemon=True).start()
         if self.settings.metrics_port is not None:
             self.metrics.serve(self.settings.metrics_port)
         if self._monitor is not None:
@@ -390,6 +393,17 @@ class NodeAgent:
         if self.binder is not None:
             self.binder.start(self._stop)
         threading.Thread(target=self._report_waiting_for_kubelet, name="kubelet-wait", daemon=True).start()
+
+    def _retry_recovery(self) -> None:
+        """Rebuild what the damaged checkpoint lost as soon as the API answers, also when no kubelet request comes
+        (the device plugin shim refuses meanwhile too)."""
+        while not self._stop.wait(RECOVERY_RETRY_S):
+            try:
+                if self.preparer.retry_recovery() is None:
+                    log.warning("event=serving-resumed node=%s", self.settings.node_name)
+                    return
+            except Exception:  # noqa: BLE001 - a long-running agent must not die on one failed attempt
+                log.exception("event=checkpoint-recovery-failed")
 
     def _report_waiting_for_kubelet(self) -> None:
         """Until a kubelet registers the plugin nothing is published; say so, with backoff, so that an agent started
