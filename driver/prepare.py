@@ -390,13 +390,13 @@ class Preparer:
                 self.recovery_pending = (
                     f"the node checkpoint was damaged and {len(lost)} prepared claim(s) it lost (uid "
                     f"{', '.join(lost)}) could not be rebuilt: listing ResourceClaims failed: {exc}; no claim is "
-                    "prepared on this node until they are (retried at every request)"
+                    "prepared on this node until they are (tried again at every request and every few seconds)"
                 )
                 log.error("event=checkpoint-recovery-pending claims=%s error=%r", ",".join(lost), str(exc))
                 return
             for uid in lost:
                 self._rebuild(uid, in_api.get(uid), uid in specs, report)
-        self._rebuild_ledger(report)
+        self._rebuild_ledger(report, cdi.claim_spec_uids(self._cdi_dir))
         self.recovery_pending = None
         log.warning("event=checkpoint-recovered promoted=%s rebuilt=%s cleaned=%s", ",".join(report.promoted),
                     ",".join(report.rebuilt), ",".join(report.cleaned))
@@ -461,10 +461,11 @@ class Preparer:
         cdi.remove_claim_spec(self._cdi_dir, uid)
         return problems
 
-    def _rebuild_ledger(self, report: StartReport) -> None:
-        """Every recorded claim holds its GPUs; a DRA hold whose claim has no record is released."""
+    def _rebuild_ledger(self, report: StartReport, specs: set[str]) -> None:
+        """Every recorded claim holds its GPUs; a DRA hold whose claim has neither a record nor a CDI spec is
+        released."""
         state = self.checkpoint.state
-        stray = recovery.stray_dra_holders(state.ledger, state.claims)
+        stray = recovery.stray_dra_holders(state.ledger, {*state.claims, *specs})
         wanted = {uuid: [h for h in holders if h not in stray.get(uuid, ())] for uuid, holders in state.ledger.items()}
         for uid, record in sorted(state.claims.items()):
             holder = Ledger.dra_holder(uid)

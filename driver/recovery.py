@@ -66,11 +66,12 @@ def spec_gpu_minors(spec: Mapping[str, Any]) -> set[int]:
     return minors
 
 
-def stray_dra_holders(ledger: Mapping[str, list[str]], records: Mapping[str, ClaimRecord]) -> dict[str, list[str]]:
-    """GPU uuid -> the DRA holders on it whose claim has no record (what a lost unprepare left held)."""
+def stray_dra_holders(ledger: Mapping[str, list[str]], known: Iterable[str]) -> dict[str, list[str]]:
+    """GPU uuid -> the DRA holders on it whose claim is not `known` (what a lost unprepare left held)."""
+    keep = set(known)
     out: dict[str, list[str]] = {}
     for uuid, holders in ledger.items():
-        stray = [h for h in holders if h.startswith(DRA_HOLDER_PREFIX) and h[len(DRA_HOLDER_PREFIX):] not in records]
+        stray = [h for h in holders if h.startswith(DRA_HOLDER_PREFIX) and h[len(DRA_HOLDER_PREFIX):] not in keep]
         if stray:
             out[uuid] = stray
     return out
