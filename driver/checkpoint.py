@@ -16,8 +16,8 @@ Met at load, it is not corruption: it is moved aside as `checkpoint.json.nvidia-
 named in `LoadReport.notes` (their CDI specs go as orphans at start; see docs/deployment.md, migrating).
 
 Corruption (bad checksum, unparsable snapshot, a damaged journal line that is not the torn tail of an interrupted
-append) is reported in `LoadReport.problems` and the bad file is kept aside as `<name>.corrupt-<n>`; whatever
-verified data precedes the damage is kept. A torn last journal line is an append that never completed (its
+append) is reported in `LoadReport.problems` and the bad file is kept aside as `<name>.corrupt-<n>`; every verified
+transaction is kept, those after a damaged line too, and what is lost is rebuilt at start (driver.recovery). A torn last journal line is an append that never completed (its
 operation was never acknowledged), so dropping it is correct and only noted.
 
 The boot id (`/proc/sys/kernel/random/boot_id`) is recorded: after a reboot the device plugin's allocations are
@@ -128,6 +128,8 @@ class CheckpointData(BaseModel):
 # Kubernetes UIDs are UUIDs; any single path component of these characters is accepted (tests use short names),
 # which is what matters: a claim's CDI spec, MPS dirs and MIG bookkeeping are named after it.
 _CLAIM_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")
+# Where a journal transaction line may begin: its checksum and the space after it.
+_TXN_START = re.compile(rb"[0-9a-f]{64} ")
 
 
 def claim_record_problem(key: str, record: ClaimRecord) -> str | None:
@@ -167,6 +169,7 @@ class LoadReport:
     notes: list[str] = field(default_factory=list)  # benign: torn tail dropped, missing files
     new_boot: bool = False
     corrupt: bool = False
+    lost_transactions: int = 0  # damaged journal lines nothing could be recovered from
 
 
 class CheckpointCorrupt(Exception):
@@ -365,12 +368,20 @@ class Checkpoint:
         return doc["data"]
 
     def _replay(self, data: dict[str, Any], min_seq: int, report: LoadReport) -> None:
+        """Apply the journal's verified transactions after `min_seq`.
+
+        Every line carries its own checksum and every op writes a whole value, so a damaged line costs only that
+        transaction: the ones after it are verified on their own and applied (each key ends with the value of the
+        last verified write to it). A line whose damage is an interrupted append followed by later appends ends
+        with a whole transaction, which is recovered too. What a lost transaction alone wrote is rebuilt at start
+        (driver.recovery)."""
         try:
             raw = self.journal_path.read_bytes()
         except FileNotFoundError:
             return
         offset = 0
         lines = raw.split(b"\n")
+        damaged: list[str] = []
         for i, line in enumerate(lines):
             is_last = i == len(lines) - 1
             if is_last:
@@ -381,20 +392,32 @@ class Checkpoint:
                 break
             txn = self._parse_line(line)
             if txn is None:
-                kept = self._copy_aside(self.journal_path)
-                report.problems.append(
-                    f"{self.journal_path}: transaction {i + 1} is damaged (checksum or format); kept the journal as {kept} "
-                    "and dropped it and everything after it"
-                )
-                report.corrupt = True
-                self._truncate_journal(offset)
-                break
-            if txn["seq"] > min_seq:
+                txn = self._salvage(line)
+                damaged.append(f"{i + 1}" + (" (a whole transaction after the damage recovered)" if txn else ""))
+                if txn is None:
+                    report.lost_transactions += 1
+            if txn is not None and txn["seq"] > min_seq:
                 _apply(data, txn["ops"])
                 data["seq"] = max(int(data.get("seq", 0)), txn["seq"])
             offset += len(line) + 1
             self._journal_txns += 1
         self._journal_offset = offset
+        if damaged:
+            kept = self._copy_aside(self.journal_path)
+            report.problems.append(
+                f"{self.journal_path}: transaction(s) {', '.join(damaged)} of {len(lines) - 1} damaged (checksum or "
+                f"format); kept the journal as {kept}, applied every verified transaction; what a lost one alone "
+                "wrote is rebuilt from the node's CDI specs, MPS state and the API's allocations"
+            )
+            report.corrupt = True
+
+    def _salvage(self, line: bytes) -> dict[str, Any] | None:
+        """The last whole, verified transaction inside a damaged line (a torn append with more appended after it)."""
+        for match in reversed(list(_TXN_START.finditer(line, 1))):
+            txn = self._parse_line(line[match.start():])
+            if txn is not None:
+                return txn
+        return None
 
     def _copy_aside(self, path: Path) -> Path:
         n = 1

@@ -486,8 +486,12 @@ class DevicePluginShim:
         live_pods: PodSource | None = None,
         allocations: AllocatedClaims | None = None,
         max_workers: int = 8,
+        refusal: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.settings = settings
+        # Why nothing may be allocated now (the DRA side's damaged checkpoint not rebuilt yet: a GPU its lost
+        # records hold would look free); None: allocate.
+        self._refusal = refusal
         self._inventory = inventory
         self.checkpoint = checkpoint
         self.ledger = Ledger(checkpoint)
@@ -703,6 +707,9 @@ class DevicePluginShim:
     def allocate(self, containers: Sequence[Sequence[str]]) -> list[Any]:
         """Hold the GPUs of each container request for a new device plugin allocation; all or nothing."""
         resource = self.settings.resource_name
+        refused = self._refusal()
+        if refused is not None:
+            raise AllocateError(grpc.StatusCode.UNAVAILABLE, f"Allocate {resource}: {refused}")
         gpus = {g.uuid: g for g in self.served()}
         if not containers:
             raise AllocateError(grpc.StatusCode.INVALID_ARGUMENT, f"Allocate {resource}: container_requests is empty")
@@ -803,6 +810,7 @@ def start_device_plugin(
         live_pods=pod_source(api, s.node_name) if api is not None else None,
         allocations=AllocatedClaims(api, s.driver_name, s.node_name, resync_seconds=allocations_resync_seconds)
         if api is not None else None,
+        refusal=lambda: agent.preparer.recovery_pending,
     )
     shim.start()
     return shim

@@ -167,3 +167,17 @@ def destroy(nvml: NvmlBackend, gpu_uuid: str, profile: int, start: int) -> bool:
     except pynvml.NVMLError as exc:
         raise MigError(f"GPU {gpu_uuid}: destroying the MIG instance of profile {profile} at start {start} failed: {exc}") from exc
     return True
+
+
+def destroy_by_id(nvml: NvmlBackend, gpu_uuid: str, gpu_instance_id: int) -> bool:
+    """Destroy the MIG instance (CIs, then the GI) whose GPU-instance id is `gpu_instance_id`; False when none is."""
+    handle = _handle(nvml, gpu_uuid)
+    try:
+        try:
+            gi = nvml.nvmlDeviceGetGpuInstanceById(handle, gpu_instance_id)
+        except pynvml.NVMLError_NotFound:
+            return False
+        _destroy_gi(nvml, gi)
+    except pynvml.NVMLError as exc:
+        raise MigError(f"GPU {gpu_uuid}: destroying MIG GPU instance {gpu_instance_id} failed: {exc}") from exc
+    return True

@@ -32,17 +32,20 @@ Per-claim problems become per-claim errors; nothing here raises for bad input.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from driver import cdi, miginstances, sharing
+from driver import cdi, miginstances, recovery, sharing
+from driver.allocatedclaims import allocated_devices
 from driver.claimlock import ClaimLocks
 from driver.checkpoint import (
-    Checkpoint, ClaimPhase, ClaimRecord, Ledger, LedgerConflict, LoadReport, MigCreation, MpsDaemonRecord, PreparedDevice,
+    Checkpoint, ClaimPhase, ClaimRecord, Ledger, LedgerConflict, LoadReport, MigCreation, MpsDaemonRecord, Op,
+    PreparedDevice,
 )
 from gpudra.deviceconfig import GPU_DEVICE, MIG_DEVICE, Candidate, ConfigError, GpuConfig, parse, select
 from driver.gputools import MpsDirs
@@ -86,6 +89,8 @@ class ClaimNotFound(Exception):
 
 # (namespace, name) -> the ResourceClaim as a v1 dict; raises ClaimNotFound, or anything for API trouble.
 ClaimGetter = Callable[[str, str], Mapping[str, Any]]
+# Every ResourceClaim in the API as v1 dicts (for rebuilding records a damaged checkpoint lost); raises on API trouble.
+ClaimLister = Callable[[], Iterable[Mapping[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -265,6 +270,11 @@ class StartReport:
     reapplied: list[str] = field(default_factory=list)
     mps_restarted: list[str] = field(default_factory=list)  # completed claims whose MPS daemon was found dead
     problems: list[str] = field(default_factory=list)
+    # After a damaged checkpoint (driver.recovery): records rebuilt from the API, PrepareStarted records with a
+    # CDI spec kept as completed, claims gone from the API whose leftovers were cleaned up.
+    rebuilt: list[str] = field(default_factory=list)
+    promoted: list[str] = field(default_factory=list)
+    cleaned: list[str] = field(default_factory=list)
 
 
 class Preparer:
@@ -286,8 +296,12 @@ class Preparer:
         on_inventory_change: Callable[[], None] | None = None,
         common_edits: Mapping[str, Any] | None = None,
         device_numbers: Callable[[], cdi.DeviceNumbers] | None = None,
+        list_claims: ClaimLister | None = None,
     ) -> None:
         self.driver_name = driver_name
+        self._list_claims = list_claims
+        # Why claims are refused: a damaged checkpoint whose lost records could not be rebuilt yet (None: serving).
+        self.recovery_pending: str | None = None
         # Edits every claim spec carries at its top level: the driver's files (driver/driverfiles.py).
         self._common_edits: Mapping[str, Any] = dict(common_edits or {})
         # Device node numbers from the driver's procfs, read per spec (MIG capability minors come and go).
@@ -314,6 +328,8 @@ class Preparer:
     def start(self, load_report: LoadReport) -> StartReport:
         report = StartReport(problems=list(load_report.problems))
         with self.checkpoint.locked():
+            if load_report.corrupt:
+                self._recover(report)
             for uid, record in sorted(self.checkpoint.state.claims.items()):
                 if record.phase is ClaimPhase.PREPARE_STARTED:
                     with self._claim_locks.try_held(uid) as ours:
@@ -325,9 +341,9 @@ class Preparer:
                         else:
                             report.rolled_back.append(uid)
             completed = {u: r for u, r in self.checkpoint.state.claims.items() if r.phase is ClaimPhase.PREPARE_COMPLETED}
-            if load_report.corrupt:
-                # Records may be missing: a spec without one may belong to a running container, keep it.
-                report.problems.append("checkpoint was damaged: orphaned CDI specs are kept until their claims are unprepared")
+            if self.recovery_pending is not None:
+                # Records are missing: a spec without one may belong to a running container, keep it.
+                report.problems.append(self.recovery_pending)
             else:
                 report.orphans_removed = cdi.remove_orphans(self._cdi_dir, completed)
             existing = cdi.claim_spec_uids(self._cdi_dir)
@@ -349,10 +365,149 @@ class Preparer:
                     report.specs_rewritten.append(uid)
         return report
 
+    # ---- recovery from a damaged checkpoint (driver.recovery) ------------------------------------------------
+
+    def _recover(self, report: StartReport) -> None:
+        """Rebuild what a damaged checkpoint lost (call with the node's lock held): PrepareStarted records with a
+        CDI spec become completed, claims with a spec or MPS directories but no record are planned again from the
+        API (or cleaned up when the API no longer allocates them here), and the ledger holds every recorded claim's
+        GPUs. Without the API the lost claims cannot be rebuilt: `recovery_pending` says so and prepare refuses
+        every claim until a later attempt succeeds (each prepare and unprepare tries again)."""
+        specs = cdi.claim_spec_uids(self._cdi_dir)
+        records = self.checkpoint.state.claims
+        promoted = recovery.to_promote(records, specs)
+        if promoted:
+            self.checkpoint.commit([self.checkpoint.put_claim_op(r.model_copy(update={"phase": ClaimPhase.PREPARE_COMPLETED}))
+                                    for r in promoted])
+            report.promoted += [r.uid for r in promoted]
+        lost = recovery.orphans(self.checkpoint.state.claims, specs, recovery.mps_claim_uids(self._mps_root))
+        if lost:
+            try:
+                if self._list_claims is None:
+                    raise RuntimeError("no API access is configured")
+                in_api = recovery.claims_by_uid(self._list_claims())
+            except Exception as exc:  # any API trouble: try again later, serve nothing meanwhile
+                self.recovery_pending = (
+                    f"the node checkpoint was damaged and {len(lost)} prepared claim(s) it lost (uid "
+                    f"{', '.join(lost)}) could not be rebuilt: listing ResourceClaims failed: {exc}; no claim is "
+                    "prepared on this node until they are (tried again at every request and every few seconds)"
+                )
+                log.error("event=checkpoint-recovery-pending claims=%s error=%r", ",".join(lost), str(exc))
+                return
+            for uid in lost:
+                self._rebuild(uid, in_api.get(uid), uid in specs, report)
+        self._rebuild_ledger(report, cdi.claim_spec_uids(self._cdi_dir))
+        self.recovery_pending = None
+        log.warning("event=checkpoint-recovered promoted=%s rebuilt=%s cleaned=%s", ",".join(report.promoted),
+                    ",".join(report.rebuilt), ",".join(report.cleaned))
+
+    def _rebuild(self, uid: str, claim: Mapping[str, Any] | None, has_spec: bool, report: StartReport) -> None:
+        """Record a lost claim again from its API object, or clean up after it when the API no longer has it
+        allocated here (no pod can use it then)."""
+        if claim is None or not allocated_devices(claim, self.driver_name, self.pool_name):
+            report.problems += self._clean_orphan(uid)
+            report.cleaned.append(uid)
+            log.warning("event=checkpoint-orphan-cleaned uid=%s reason=%r", uid,
+                        "not in the API" if claim is None else "no longer allocated on this node")
+            return
+        meta = claim.get("metadata") or {}
+        ref = ClaimRef(uid=uid, namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""))
+        plan = plan_claim(
+            ref, claim, driver_name=self.driver_name, pool_name=self.pool_name,
+            index=device_index(self._inventory(), self._reserved, partitionable=self._partitionable),
+        )
+        if isinstance(plan, str):
+            # Allocated here but not plannable now (a GPU gone): its spec stays for whatever still runs on it.
+            report.problems.append(f"a claim the damaged checkpoint lost cannot be rebuilt: {plan}")
+            return
+        record = self._record(plan, ClaimPhase.PREPARE_COMPLETED if has_spec else ClaimPhase.PREPARE_STARTED, rebuilt=True)
+        self.checkpoint.commit([self.checkpoint.put_claim_op(record)])
+        if not has_spec:
+            # Its prepare stopped before the spec: nothing uses it, undo what was applied (its MPS daemon).
+            error = self._rollback(record)
+            if error:
+                report.problems.append(error)
+            report.cleaned.append(uid)
+            return
+        report.rebuilt.append(uid)
+        log.warning("event=checkpoint-claim-rebuilt claim=%s/%s uid=%s", ref.namespace, ref.name, uid)
+
+    def _clean_orphan(self, uid: str) -> list[str]:
+        """Undo what a claim no record and no API object is left for still holds on the node: its MPS daemons and
+        directories, the compute mode of its GPUs (unless a recorded claim shares them), its CDI spec."""
+        problems: list[str] = []
+        claim_dir = self._mps_root / uid
+        daemons = [sharing.mps_dirs(self._mps_root, uid, i) for i in range(64)]
+        daemons = [d for d in daemons if d.pipe.exists() or d.log.exists()]
+        for dirs in daemons:
+            try:
+                self._sharing.mps_stop(dirs)
+            except sharing.SharingError as exc:
+                problems.append(f"claim uid {uid}: stopping its MPS daemon at {dirs.pipe} failed: {exc}")
+        shutil.rmtree(claim_dir, ignore_errors=True)
+        try:
+            spec = json.loads((self._cdi_dir / cdi.spec_file_name(uid)).read_text())
+        except (OSError, ValueError):
+            spec = {}
+        if daemons:
+            minors = recovery.spec_gpu_minors(spec) if isinstance(spec, dict) else set()
+            shared = {d.gpu_uuid for r in self.checkpoint.state.claims.values() for d in r.devices if _asks_for_sharing(d)}
+            for gpu in self._inventory().gpus:
+                if gpu.minor in minors and gpu.uuid not in shared:
+                    try:
+                        self._sharing.set_compute_mode(gpu.uuid, sharing.COMPUTE_MODE_DEFAULT)
+                    except sharing.SharingError as exc:
+                        problems.append(f"claim uid {uid}: restoring the compute mode of GPU {gpu.uuid} failed: {exc}")
+        cdi.remove_claim_spec(self._cdi_dir, uid)
+        return problems
+
+    def _rebuild_ledger(self, report: StartReport, specs: set[str]) -> None:
+        """Every recorded claim holds its GPUs; a DRA hold whose claim has neither a record nor a CDI spec is
+        released."""
+        state = self.checkpoint.state
+        stray = recovery.stray_dra_holders(state.ledger, {*state.claims, *specs})
+        wanted = {uuid: [h for h in holders if h not in stray.get(uuid, ())] for uuid, holders in state.ledger.items()}
+        for uid, record in sorted(state.claims.items()):
+            holder = Ledger.dra_holder(uid)
+            gpus = {d.gpu_uuid for d in record.devices}
+            conflicts = self.ledger.conflicts(holder, gpus)
+            if conflicts:
+                report.problems.append(f"claim {record.namespace}/{record.name} (uid {uid}): "
+                                       f"{LedgerConflict(holder, conflicts)}")
+                continue
+            for uuid in gpus:
+                wanted.setdefault(uuid, [])
+                if holder not in wanted[uuid]:
+                    wanted[uuid].append(holder)
+        self.checkpoint.commit([Op("ledger", uuid, sorted(holders) or None) for uuid, holders in sorted(wanted.items())
+                                if sorted(holders) != sorted(state.ledger.get(uuid, []))])
+
+    def retry_recovery(self) -> str | None:
+        """While recovery is pending, try again; the reason it still is, or None."""
+        if self.recovery_pending is None:
+            return None
+        with self.checkpoint.locked():
+            if self.recovery_pending is not None:
+                report = StartReport()
+                self._recover(report)
+                for uid in report.rebuilt:
+                    record = self.checkpoint.claim(uid)
+                    if record is not None:
+                        try:
+                            self._write_spec(record, reapply_sharing=False)
+                        except (sharing.SharingError, KeyError, OSError) as exc:
+                            log.error("event=checkpoint-rebuilt-spec-failed uid=%s error=%r", uid, str(exc))
+                for problem in report.problems:
+                    log.error("event=checkpoint-recovery-problem problem=%r", problem)
+        return self.recovery_pending
+
     # ---- prepare -------------------------------------------------------------------------------------------
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
         out: dict[str, ClaimResult] = {}
+        pending = self.retry_recovery() if claims else None
+        if pending is not None:
+            return {ref.uid: ClaimResult(error=f"{ref}: not prepared: {pending}") for ref in claims}
         for ref in claims:
             try:
                 out[ref.uid] = self._prepare_one(ref)
@@ -432,32 +587,43 @@ class Preparer:
                 return str(exc)
         return ""
 
-    def _apply(self, plan: Plan) -> ClaimResult | ClaimRecord:
-        """Record the claim as PrepareStarted and apply it (call with the node's lock held): an error, or the
-        PrepareStarted record once everything is applied but its MPS daemons may still be coming up."""
+    def _record(self, plan: Plan, phase: ClaimPhase, *, rebuilt: bool = False) -> ClaimRecord:
+        """The claim's record for a plan, with its MPS daemons' directories (pure but for reading the inventory).
+
+        `rebuilt`: the claim was prepared before and its record lost (driver.recovery); a MIG device on a
+        partitionable GPU is then recorded as created for it, so that unprepare destroys it as it would have."""
         ref = plan.ref
-        holder = Ledger.dra_holder(ref.uid)
-        devices = [
-            PreparedDevice(
+        devices = []
+        for p in plan.devices:
+            created = None
+            if p.target.placement is not None:
+                profile, pl = p.target.placement
+                created = MigCreation(profile_id=profile.profile_id, profile=profile.name, start=pl.start, size=pl.size)
+            elif rebuilt and p.target.mig is not None and self._partitionable and p.target.gpu.mig_capable:
+                mig = p.target.mig
+                profile_id = next((m.profile_id for m in p.target.gpu.mig_profiles if m.name == mig.profile), None)
+                if profile_id is not None:
+                    created = MigCreation(profile_id=profile_id, profile=mig.profile, start=mig.placement.start,
+                                          size=mig.placement.size, gpu_instance_id=mig.gpu_instance_id,
+                                          compute_instance_id=mig.compute_instance_id)
+            devices.append(PreparedDevice(
                 request_names=[p.request], pool_name=plan.pool, device_name=p.device_name,
                 cdi_device_ids=[cdi.qualified_id(cdi.cdi_device_name(ref.uid, p.device_name))],
                 share_id=p.share_id, uuid=p.target.uuid, gpu_uuid=p.target.gpu.uuid,
                 sharing=dict(p.parameters) if p.parameters is not None else None,
                 consumed_capacity=dict(p.consumed) if p.consumed is not None else None,
-                mig_created=(
-                    MigCreation(
-                        profile_id=p.target.placement[0].profile_id, profile=p.target.placement[0].name,
-                        start=p.target.placement[1].start, size=p.target.placement[1].size,
-                    )
-                    if p.target.placement is not None
-                    else None
-                ),
-                admin_access=p.admin_access,
-            )
-            for p in plan.devices
-        ]
-        started = ClaimRecord(uid=ref.uid, namespace=ref.namespace, name=ref.name, phase=ClaimPhase.PREPARE_STARTED, devices=devices)
-        started = started.model_copy(update={"mps_daemons": self._planned_mps_daemons(started)})
+                mig_created=created, admin_access=p.admin_access,
+            ))
+        record = ClaimRecord(uid=ref.uid, namespace=ref.namespace, name=ref.name, phase=phase, devices=devices)
+        return record.model_copy(update={"mps_daemons": self._planned_mps_daemons(record)})
+
+    def _apply(self, plan: Plan) -> ClaimResult | ClaimRecord:
+        """Record the claim as PrepareStarted and apply it (call with the node's lock held): an error, or the
+        PrepareStarted record once everything is applied but its MPS daemons may still be coming up."""
+        ref = plan.ref
+        holder = Ledger.dra_holder(ref.uid)
+        started = self._record(plan, ClaimPhase.PREPARE_STARTED)
+        devices = started.devices
         try:
             hold = self.ledger.hold_ops(holder, {d.gpu_uuid for d in devices})
         except LedgerConflict as exc:
@@ -518,6 +684,10 @@ class Preparer:
                             f"device {p.device_name}: GPU {gpu.uuid} is prepared as a full GPU for ResourceClaim "
                             f"{full_holder.namespace}/{full_holder.name}; a MIG placement on it cannot be created"
                         )
+                    _, placement = p.target.placement
+                    error = self._make_room(p.device_name, gpu, others, placement)
+                    if error:
+                        return error
                     if not current:
                         if others:
                             return (
@@ -527,6 +697,10 @@ class Preparer:
                         miginstances.set_mig_mode(self._nvml, gpu.uuid, True)
                 else:
                     # A full GPU of a partitionable GPU: only without MIG instances, with MIG mode off.
+                    error = self._make_room(p.device_name, gpu, others, None)
+                    if error:
+                        return error
+                    gpu = next((g for g in self._inventory().gpus if g.uuid == gpu.uuid), gpu)
                     if gpu.mig_devices:
                         return (
                             f"device {p.device_name}: GPU {gpu.uuid} has {len(gpu.mig_devices)} MIG device(s); a full GPU "
@@ -541,6 +715,46 @@ class Preparer:
                         miginstances.set_mig_mode(self._nvml, gpu.uuid, False)
             except miginstances.MigError as exc:
                 return f"device {p.device_name}: {exc}"
+        return ""
+
+    def _make_room(self, device_name: str, gpu: Gpu, others: Sequence[ClaimRecord], placement: MigPlacement | None) -> str:
+        """Destroy the MIG instances on `gpu` that overlap `placement` (all of them for the full GPU, None) and that
+        no claim on this node uses; an error text when one that a claim uses is in the way, or "".
+
+        On a partitionable GPU the node owns the layout: the slices publish every placement, an existing instance
+        is only a placement that happens to exist, and the scheduler's memory-slice counters keep the placements
+        of allocated claims apart. An instance made beforehand (mig-parted, a profile, an earlier agent) that no
+        claim holds takes no counters, so the scheduler may allocate a placement overlapping it; creating that
+        placement fails (NVML: insufficient resources) until the idle instance is gone."""
+        in_use = {d.uuid: r for r in others for d in r.devices}
+        overlapping = [
+            m for m in gpu.mig_devices
+            if placement is None or (
+                m.placement.start < placement.start + placement.size and placement.start < m.placement.start + m.placement.size)
+        ]
+        held = [(m, in_use[m.uuid]) for m in overlapping if m.uuid in in_use]
+        if held:
+            mig, owner = held[0]
+            which = (f"MIG device {mig.uuid} ({mig.profile} at memory slice {mig.placement.start}), prepared for "
+                     f"ResourceClaim {owner.namespace}/{owner.name}")
+            if placement is None:
+                return (f"device {device_name}: GPU {gpu.uuid} has {len(held)} MIG device(s) in use ({which}); a full "
+                        "GPU is prepared only when MIG mode is off and no MIG instances exist")
+            return (f"device {device_name}: the placement start={placement.start} size={placement.size} overlaps an "
+                    f"existing MIG instance, {which}")
+        idle = overlapping
+        if not idle:
+            return ""
+        assert self._nvml is not None  # the caller checked
+        try:
+            for mig in idle:
+                miginstances.destroy_by_id(self._nvml, gpu.uuid, mig.gpu_instance_id)
+                log.info("event=mig-idle-destroyed gpu=%s mig=%s profile=%s start=%d for=%s", gpu.uuid, mig.uuid,
+                         mig.profile, mig.placement.start, device_name)
+        except miginstances.MigError as exc:
+            return f"device {device_name}: removing the idle MIG device in its way failed: {exc}"
+        finally:
+            self._inventory_changed()
         return ""
 
     def _create_migs(self, record: ClaimRecord) -> ClaimRecord:
@@ -724,7 +938,13 @@ class Preparer:
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         out: dict[str, str] = {}
+        pending = self.retry_recovery() if claims else None
         for ref in claims:
+            if pending is not None and self.checkpoint.claim(ref.uid) is None:
+                # Its record may be one the damage lost: unpreparing "nothing" would leave its MPS daemon and GPU
+                # settings behind. The kubelet retries until the record is rebuilt.
+                out[ref.uid] = f"{ref}: not unprepared: {pending}"
+                continue
             try:
                 # The claim's lock first: an unprepare waits for a prepare of the same claim still in flight.
                 with self._claim_locks.held(ref.uid), self.checkpoint.locked():

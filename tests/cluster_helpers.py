@@ -31,8 +31,8 @@ class UpCluster:
 
 
 @contextmanager
-def cluster_up(name: str, nodes: str, runtime: str) -> Iterator[UpCluster]:
-    """`cluster up --nodes NODES --runtime RUNTIME` (asserting it succeeded), then `cluster down`."""
+def cluster_up(name: str, nodes: str, runtime: str, *options: str) -> Iterator[UpCluster]:
+    """`cluster up --nodes NODES --runtime RUNTIME [OPTIONS...]` (asserting it succeeded), then `cluster down`."""
     with short_tmp() as home:
         kubeconfig = home / "kube" / "config"
         env = dict(os.environ, XDG_STATE_HOME=str(home / "state"), KUBECONFIG=str(kubeconfig), PYTHONPATH=str(ROOT))
@@ -41,7 +41,7 @@ def cluster_up(name: str, nodes: str, runtime: str) -> Iterator[UpCluster]:
             return subprocess.run([sys.executable, "-m", "cli.main", "cluster", *args, "--name", name], env=env,
                                   cwd=str(ROOT), capture_output=True, text=True, timeout=300)
 
-        up = cluster("up", "--nodes", nodes, "--runtime", runtime)
+        up = cluster("up", "--nodes", nodes, "--runtime", runtime, *options)
         try:
             assert up.returncode == 0, up.stderr[-3000:]
             yield UpCluster(env, kubeconfig)

@@ -13,7 +13,7 @@ from typing import Any
 
 from driver.discovery import discover
 from driver.nvml import load_backend
-from driver.plugin.agent import AgentSettings, NodeAgent, kubeapi_claim_getter
+from driver.plugin.agent import AgentSettings, NodeAgent, kubeapi_claim_getter, kubeapi_claim_lister
 from driver.publisher import SlicePublisher
 from gpudra.kubeapi import KubeApi
 
@@ -94,6 +94,7 @@ def start_agent(
     agent = NodeAgent(
         settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api),
         publisher=SlicePublisher(api, DRIVER, NODE, backoff_seconds=0.05) if publish else None,
+        list_claims=kubeapi_claim_lister(api),
     )
     agent.start()
     return agent

@@ -13,6 +13,7 @@ from driver.checkpoint import (
     ClaimRecord,
     Ledger,
     LedgerConflict,
+    Op,
     PreparedDevice,
 )
 
@@ -106,7 +107,7 @@ def test_corrupt_snapshot_is_reported_and_kept_aside(tmp_path: Path) -> None:
     assert Checkpoint.open(d, boot_id_path=boot)[1].problems == []
 
 
-def test_damaged_journal_line_keeps_verified_prefix(tmp_path: Path) -> None:
+def test_damaged_journal_line_costs_only_that_transaction(tmp_path: Path) -> None:
     boot = _boot(tmp_path)
     d = tmp_path / "plugin"
     cp = _open(d, boot)
@@ -117,9 +118,47 @@ def test_damaged_journal_line_keeps_verified_prefix(tmp_path: Path) -> None:
     lines[1] = lines[1].replace(b'"b"', b'"x"')
     (d / "checkpoint.journal").write_bytes(b"\n".join(lines))
     again, report = Checkpoint.open(d, boot_id_path=boot)
-    assert report.corrupt and any("transaction 2 is damaged" in p for p in report.problems)
+    assert report.corrupt and any("transaction(s) 2 of 3 damaged" in p for p in report.problems)
+    assert report.lost_transactions == 1
     assert (d / "checkpoint.journal.corrupt-1").exists()
-    assert list(again.state.claims) == ["a"]
+    # Issue 37: every later transaction used to be dropped with it.
+    assert sorted(again.state.claims) == ["a", "c"]
+    assert Checkpoint.open(d, boot_id_path=boot)[1].problems == []  # folded into a verified snapshot
+
+
+def test_one_flipped_byte_early_in_a_long_journal_loses_one_transaction(tmp_path: Path) -> None:
+    boot = _boot(tmp_path)
+    d = tmp_path / "plugin"
+    cp = _open(d, boot)
+    uids = [f"claim-{i:03d}" for i in range(150)]
+    with cp.locked():
+        for uid in uids:
+            cp.commit([cp.put_claim_op(_record(uid)), Op("ledger", f"GPU-{uid}", [f"dra:{uid}"])])
+    raw = bytearray((d / "checkpoint.journal").read_bytes())
+    second = raw.index(b"\n") + 1
+    raw[second + 100] ^= 0x01  # one bit of transaction 2
+    (d / "checkpoint.journal").write_bytes(bytes(raw))
+    again, report = Checkpoint.open(d, boot_id_path=boot)
+    assert report.corrupt and report.lost_transactions == 1
+    assert sorted(again.state.claims) == [u for u in uids if u != "claim-001"]
+    assert len(again.state.ledger) == 149
+
+
+def test_a_torn_append_followed_by_more_appends_recovers_the_whole_transaction_after_it(tmp_path: Path) -> None:
+    boot = _boot(tmp_path)
+    d = tmp_path / "plugin"
+    cp = _open(d, boot)
+    with cp.locked():
+        for uid in ("a", "b"):
+            cp.commit([cp.put_claim_op(_record(uid))])
+    journal = d / "checkpoint.journal"
+    first, second, _ = journal.read_bytes().split(b"\n")
+    # A crash cut the append of "a" short, and the next append ("b") went on right after it.
+    journal.write_bytes(first[:40] + second + b"\n")
+    again, report = Checkpoint.open(d, boot_id_path=boot)
+    assert report.corrupt and report.lost_transactions == 0
+    assert any("whole transaction after the damage recovered" in p for p in report.problems)
+    assert list(again.state.claims) == ["b"]
 
 
 def test_unparsable_snapshot(tmp_path: Path) -> None:

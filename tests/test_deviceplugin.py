@@ -15,6 +15,7 @@ from driver import cdi, kubeletcheckpoint
 from driver.checkpoint import Checkpoint
 from driver.deviceplugin import (
     HEALTHY,
+    AllocateError,
     LEGACY_SPEC_FILE,
     UNHEALTHY,
     DevicePluginSettings,
@@ -413,3 +414,23 @@ def test_unreachable_api_falls_back_to_the_ledger_and_logs_once(caplog: pytest.L
     assert sum("claims-unavailable" in r.getMessage() for r in caplog.records) == 1
     api.fail = False
     assert claims.resync() and claims.reachable and claims.snapshot() == {"gpu-aaa": ("ResourceClaim ns/ours (uid u1)",)}
+
+
+def test_nothing_is_allocated_while_a_damaged_checkpoint_is_not_rebuilt(tmp_path: Path) -> None:
+    """Issue 37: GPUs held by DRA claims a damaged checkpoint lost would look free to the device plugin."""
+    (tmp_path / "boot").write_text("b1\n")
+    checkpoint, _ = Checkpoint.open(tmp_path / "plugin", boot_id_path=tmp_path / "boot")
+    pending: list[str | None] = ["the node checkpoint was damaged and 1 prepared claim(s) it lost could not be rebuilt"]
+    state = inv("dgx-h100")
+    shim = DevicePluginShim(
+        DevicePluginSettings(kubelet_dir=tmp_path / "kubelet", cdi_dir=tmp_path / "cdi", driver_name=DRIVER),
+        inventory=lambda: state, checkpoint=checkpoint, refusal=lambda: pending[0],
+    )
+    gpu = state.gpus[0].uuid
+    with pytest.raises(AllocateError) as err:
+        shim.allocate([[gpu]])
+    assert err.value.code == grpc.StatusCode.UNAVAILABLE and "checkpoint was damaged" in str(err.value)
+    assert checkpoint.state.ledger == {}
+    pending[0] = None
+    assert len(shim.allocate([[gpu]])) == 1
+    checkpoint.close()

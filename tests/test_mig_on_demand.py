@@ -60,9 +60,9 @@ class NoSharing:
 class Node:
     """A simulated node: NVML simulator, rediscovered inventory, claims 'in the API', a preparer over them."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, profile: str = "dgx-h100") -> None:
         self.tmp = tmp
-        self.nvml = load_backend("sim:dgx-h100", node=NODE)
+        self.nvml = load_backend(f"sim:{profile}", node=NODE)
         self.inv = discover(self.nvml, NODE)
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.changes = 0
@@ -377,3 +377,46 @@ def test_after_a_reboot_the_created_mig_device_is_created_again(node: Node) -> N
     assert record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED and record.devices[0].uuid == mig.uuid
     assert node_paths(spec_of(node, "uid-1")["devices"][0])[-2:] == mig_cap_paths(node.gpu(0), mig)
     assert restarted.unprepare([ref]) == {"uid-1": ""} and node.sim_instances(0) == []
+
+
+# ---- MIG instances made beforehand (h100-mig: GPU 0 holds seven 1g.10gb, GPU 1 3g.40gb@0 + 2g.20gb@4 + 1g.10gb@6)
+
+
+@pytest.fixture
+def premade(tmp_path: Path) -> Node:
+    return Node(tmp_path, "h100-mig")
+
+
+def test_idle_instances_in_the_way_of_a_placement_are_destroyed(premade: Node) -> None:
+    """Issue 37: the scheduler's counters know only allocated devices, so it may place a claim over instances no
+    claim holds; creating the placement then failed for ever ("the placement is taken or overlaps ...")."""
+    node = premade
+    assert [m[:2] for m in node.sim_instances(0)] == [("1g.10gb", s) for s in range(7)]
+    ref = node.add_claim("c1", "uid-1", [placement_name(node.gpu(0), "3g.40gb", 0)])
+    result = node.preparer.prepare([ref])["uid-1"]
+    assert result.error == ""
+    # 3g.40gb@0 spans memory slices 0-3: the 1g.10gb instances there gave way, those at 4-6 stay.
+    assert sorted(m[:2] for m in node.sim_instances(0)) == [("1g.10gb", 4), ("1g.10gb", 5), ("1g.10gb", 6),
+                                                          ("3g.40gb", 0)]
+    assert {m.profile for m in node.gpu(0).mig_devices} == {"1g.10gb", "3g.40gb"}
+
+
+def test_an_instance_a_claim_holds_is_never_destroyed_to_make_room(premade: Node) -> None:
+    node = premade
+    held = next(m for m in node.gpu(0).mig_devices if m.placement.start == 1)
+    a = node.add_claim("a", "uid-a", [mig_device_name(node.gpu(0), held)])
+    assert node.preparer.prepare([a])["uid-a"].error == ""
+    b = node.add_claim("b", "uid-b", [placement_name(node.gpu(0), "3g.40gb", 0)])
+    error = node.preparer.prepare([b])["uid-b"].error
+    assert (f"the placement start=0 size=4 overlaps an existing MIG instance, MIG device {held.uuid} (1g.10gb at "
+            "memory slice 1), prepared for ResourceClaim ns/a") in error
+    assert [m[:2] for m in node.sim_instances(0)] == [("1g.10gb", s) for s in range(7)]  # nothing destroyed
+    assert node.preparer.checkpoint.claim("uid-b") is None
+
+
+def test_a_full_gpu_over_idle_instances_gets_them_destroyed_and_mig_off(premade: Node) -> None:
+    node = premade
+    ref = node.add_claim("c1", "uid-1", [gpu_device_name(node.gpu(1))])
+    result = node.preparer.prepare([ref])["uid-1"]
+    assert result.error == ""
+    assert node.sim_instances(1) == [] and node.mig_mode(1) == [0, 0]

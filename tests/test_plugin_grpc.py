@@ -14,6 +14,8 @@ import pytest
 from driver.inventory import Health
 from sim.kubelet.dra import ClaimInfo, KubeletDialect, KubeletError, KubeletSim, Pod, RegistrationFailed, choose_service
 from driver.plugin.agent import NodeAgent
+from driver.prepare import ClaimRef
+from driver.slices import gpu_device_name
 from proto.pluginregistration.v1 import api_pb2 as reg_pb
 from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from tests.plugin_helpers import DRIVER, NODE, create_allocated_claim, short_tmp, start_agent
@@ -282,3 +284,75 @@ def test_health_stream_resends_unchanged_list() -> None:
     first, second = next(stream), next(stream)  # the second comes with no change on the board
     assert [d.device.device_name for d in second.devices] == [d.device.device_name for d in first.devices] == ["gpu-0"]
     board.close()
+
+
+def test_a_restarted_agent_rebuilds_what_a_damaged_checkpoint_lost_from_the_api(tmp_path: Path, apiserver) -> None:  # type: ignore[no-untyped-def]
+    """Issue 37: the agent lists the node's claims from the API to rebuild the records a damaged snapshot lost,
+    so GPUs held by running pods never look free."""
+    api = apiserver.api
+    first = start_agent(tmp_path, api, publish=False)
+    gpus = [gpu_device_name(g) for g in first.inventory().gpus]
+    claims = [create_allocated_claim(api, f"c{i}", [("gpu", name)]) for i, name in enumerate(gpus)]
+    refs = [ClaimRef(c["metadata"]["uid"], "default", c["metadata"]["name"]) for c in claims]
+    assert all(not r.error for r in first.preparer.prepare(refs).values())
+    with first.checkpoint.locked():
+        first.checkpoint.compact()
+    first.stop()
+    snapshot = first.paths.plugin_dir / "checkpoint.json"
+    raw = bytearray(snapshot.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    snapshot.write_bytes(bytes(raw))
+    second = start_agent(tmp_path, api, publish=False)
+    try:
+        assert second.load_report.corrupt and second.start_report is not None
+        assert sorted(second.start_report.rebuilt) == sorted(r.uid for r in refs)
+        assert second.preparer.recovery_pending is None
+        held = second.preparer.ledger.held()
+        assert sorted(held) == sorted(g.uuid for g in second.inventory().gpus)
+        assert sorted(h for holders in held.values() for h in holders) == sorted(f"dra:{r.uid}" for r in refs)
+        # Prepared again by the kubelet: the same devices, from the rebuilt records.
+        again = second.preparer.prepare(refs[:1])[refs[0].uid]
+        assert not again.error and [d.device_name for d in again.devices] == [gpus[0]]
+    finally:
+        second.stop()
+
+
+def test_an_agent_that_cannot_rebuild_yet_refuses_and_retries_on_its_own(tmp_path: Path, apiserver,  # type: ignore[no-untyped-def]
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from driver.discovery import discover
+    from driver.nvml import load_backend
+    from driver.plugin import agent as agent_module
+    from driver.plugin.agent import AgentSettings, kubeapi_claim_getter, kubeapi_claim_lister
+
+    api = apiserver.api
+    first = start_agent(tmp_path, api, publish=False)
+    name = gpu_device_name(first.inventory().gpus[0])
+    claim = create_allocated_claim(api, "c0", [("gpu", name)])
+    ref = ClaimRef(claim["metadata"]["uid"], "default", "c0")
+    assert not first.preparer.prepare([ref])[ref.uid].error
+    first.stop()
+    (first.paths.plugin_dir / "checkpoint.json").unlink()
+    (first.paths.plugin_dir / "checkpoint.journal").write_bytes(b"0" * 64 + b" {damaged}\n")
+    api_up = threading.Event()
+    real = kubeapi_claim_lister(api)
+
+    def flaky() -> Iterator[dict]:  # type: ignore[type-arg]
+        if not api_up.is_set():
+            raise ConnectionError("the API server is away")
+        return real()  # type: ignore[return-value]
+
+    monkeypatch.setattr(agent_module, "RECOVERY_RETRY_S", 0.05)
+    nvml = load_backend("sim:dgx-h100", node=NODE)
+    settings = AgentSettings(node_name=NODE, driver_name=DRIVER, kubelet_dir=tmp_path / "kubelet",
+                             cdi_dir=tmp_path / "cdi", watch_seconds=0.05, boot_id_path=tmp_path / "boot_id")
+    second = NodeAgent(settings, nvml=nvml, inventory=discover(nvml, NODE), get_claim=kubeapi_claim_getter(api),
+                       list_claims=flaky)
+    second.start()
+    try:
+        assert second.preparer.recovery_pending is not None and ref.uid in second.preparer.recovery_pending
+        assert second.preparer.ledger.held() == {}
+        api_up.set()
+        _wait(lambda: second.preparer.recovery_pending is None, "the agent to rebuild once the API answers")
+        assert second.preparer.ledger.held() == {first.inventory().gpus[0].uuid: (f"dra:{ref.uid}",)}
+    finally:
+        second.stop()

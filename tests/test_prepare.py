@@ -105,13 +105,20 @@ class Env:
         self.boot = tmp_path / "boot_id"
         self.boot.write_text("boot-1")
         self.cdi_dir = tmp_path / "cdi"
+        self.api_down = False
         self.preparer = self.new()
+
+    def list_claims(self) -> list[dict[str, Any]]:
+        if self.api_down:
+            raise ConnectionError("connection refused")
+        return list(self.claims.objects.values())
 
     def new(self) -> Preparer:
         cp, report = Checkpoint.open(self.tmp / "plugin", boot_id_path=self.boot)
+        self.load_report = report
         p = Preparer(
             driver_name=DRIVER, node_name=NODE, get_claim=self.claims.get, inventory=lambda: self.inv, checkpoint=cp,
-            cdi_dir=self.cdi_dir, sharing_backend=self.sharing, mps_root=self.tmp / "mps",
+            cdi_dir=self.cdi_dir, sharing_backend=self.sharing, mps_root=self.tmp / "mps", list_claims=self.list_claims,
         )
         self.start_report = p.start(report)
         return p
@@ -476,3 +483,109 @@ def test_multi_user_mps_needs_volta(env: Env) -> None:
     assert (f"sharing.mpsConfig.multiUser: GPU {pascal.uuid} has CUDA compute capability 6.0; a multi-user MPS control "
             "daemon needs Volta (7.0) or newer") in error
     assert env.preparer.checkpoint.claim("uid-2") is None
+
+
+# ---- a damaged checkpoint (issue 37: one flipped byte emptied the ledger while GPUs were in use) ----------------
+
+MANY = [f"uid-{i:02d}" for i in range(40)]
+
+
+def _prepare_many(env: Env) -> None:
+    """A plain claim alone on the T4 first (its ledger hold is written by its PrepareStarted only), then 40 MPS
+    claims sharing GPU 0: 82 transactions."""
+    g0, t4_gpu = env.inv.gpus[0], env.inv.gpus[2]
+    assert _prepare(env, "solo", "uid-solo", [("gpu", gpu_device_name(t4_gpu))]) == ""
+    for uid in MANY:
+        assert _prepare(env, f"mps-{uid}", uid, [("gpu", gpu_device_name(g0))], config=MPS_CONFIG) == ""
+
+
+def _flip(path: Path, line: int) -> None:
+    raw = bytearray(path.read_bytes())
+    start = 0
+    for _ in range(line):
+        start = raw.index(b"\n", start) + 1
+    raw[start + 90] ^= 0x04
+    path.write_bytes(bytes(raw))
+
+
+def _everything_held(env: Env, prepared: Preparer) -> None:
+    g0, t4_gpu = env.inv.gpus[0], env.inv.gpus[2]
+    claims = prepared.checkpoint.state.claims
+    assert sorted(claims) == sorted([*MANY, "uid-solo"])
+    assert all(r.phase is ClaimPhase.PREPARE_COMPLETED for r in claims.values())
+    assert prepared.ledger.held() == {g0.uuid: tuple(f"dra:{u}" for u in MANY), t4_gpu.uuid: ("dra:uid-solo",)}
+
+
+@pytest.mark.parametrize("damaged", [0, 1, 3])
+def test_a_flipped_byte_early_in_the_journal_keeps_every_prepared_claim(env: Env, damaged: int) -> None:
+    """Line 0: the solo claim's PrepareStarted (its only ledger hold); 1: its PrepareCompleted (the record falls
+    back to PrepareStarted, with its spec written); 3: the first MPS claim's PrepareCompleted."""
+    _prepare_many(env)
+    env.preparer.checkpoint.close()
+    _flip(env.tmp / "plugin" / "checkpoint.journal", damaged)
+    again = env.new()
+    assert env.load_report.corrupt and env.load_report.lost_transactions == 1
+    assert again.recovery_pending is None and env.start_report.rolled_back == []
+    _everything_held(env, again)
+    assert sorted(cdi.claim_spec_uids(env.cdi_dir)) == sorted([*MANY, "uid-solo"])
+    assert len(env.sharing.mps) == 40  # no daemon was stopped
+    # Unprepare after the recovery undoes the MPS state: daemon, directories, and (last claim) the compute mode.
+    first = MANY[0]
+    assert (env.tmp / "mps" / first).is_dir()
+    assert again.unprepare([ClaimRef(first, "ns", f"mps-{first}")]) == {first: ""}
+    assert not (env.tmp / "mps" / first).exists() and len(env.sharing.mps) == 39
+
+
+def test_a_damaged_snapshot_is_rebuilt_from_the_cdi_specs_mps_state_and_the_api(env: Env) -> None:
+    g0 = env.inv.gpus[0]
+    _prepare_many(env)
+    cp = env.preparer.checkpoint
+    with cp.locked():
+        cp.compact()  # every claim is in the snapshot now, the journal is empty
+    cp.close()
+    snapshot = env.tmp / "plugin" / "checkpoint.json"
+    snapshot.write_bytes(snapshot.read_bytes().replace(b'"uid-solo"', b'"uid-sol0"', 1))
+    gone = MANY[-1]
+    del env.claims.objects[("ns", f"mps-{gone}")]  # deleted from the API while the agent was down
+    again = env.new()
+    report = env.start_report
+    assert env.load_report.corrupt and again.recovery_pending is None
+    assert sorted(report.rebuilt) == sorted(u for u in [*MANY, "uid-solo"] if u != gone)
+    assert report.cleaned == [gone]
+    assert sorted(again.checkpoint.state.claims) == sorted(u for u in [*MANY, "uid-solo"] if u != gone)
+    assert again.ledger.held()[g0.uuid] == tuple(f"dra:{u}" for u in MANY if u != gone)
+    # The claim the API no longer has: its daemon stopped, its directories and spec gone.
+    assert not (env.tmp / "mps" / gone).exists() and gone not in cdi.claim_spec_uids(env.cdi_dir)
+    assert len(env.sharing.mps) == 39
+    # A rebuilt MPS claim unprepares like any other, down to its directories and the GPU's compute mode.
+    for uid in MANY[:-1]:
+        assert again.unprepare([ClaimRef(uid, "ns", f"mps-{uid}")]) == {uid: ""}
+        assert not (env.tmp / "mps" / uid).exists()
+    assert env.sharing.mps == {} and env.sharing.modes[g0.uuid] == COMPUTE_MODE_DEFAULT
+
+
+def test_without_the_api_a_damaged_node_refuses_to_serve_until_it_can_rebuild(env: Env) -> None:
+    g0, g2 = env.inv.gpus[0], env.inv.gpus[2]
+    assert _prepare(env, "mps", "uid-m", [("gpu", gpu_device_name(g0))], config=MPS_CONFIG) == ""
+    cp = env.preparer.checkpoint
+    with cp.locked():
+        cp.compact()
+    cp.close()
+    (env.tmp / "plugin" / "checkpoint.json").write_text("{damaged")
+    env.api_down = True
+    env.preparer = again = env.new()
+    assert again.recovery_pending is not None and "uid-m" in again.recovery_pending
+    assert any("listing ResourceClaims failed: connection refused" in p for p in env.start_report.problems)
+    assert cdi.claim_spec_uids(env.cdi_dir) == {"uid-m"}  # kept: a container may run on it
+    # Nothing is prepared (the lost claim's GPU would look free) and the lost claim is not "unprepared" as nothing.
+    error = _prepare(env, "other", "uid-o", [("gpu", gpu_device_name(g0))])
+    assert "not prepared: the node checkpoint was damaged and 1 prepared claim(s) it lost (uid uid-m)" in error
+    assert "(uid uid-m): not unprepared: the node checkpoint was damaged" in again.unprepare([ClaimRef("uid-m", "ns", "mps")])["uid-m"]
+    assert (env.tmp / "mps" / "uid-m").is_dir()
+    # The API answers again: the next request rebuilds first, then serves.
+    env.api_down = False
+    assert _prepare(env, "plain", "uid-p", [("gpu", gpu_device_name(g2))]) == ""
+    assert again.recovery_pending is None and again.checkpoint.claim("uid-m") is not None
+    assert again.ledger.held()[g0.uuid] == ("dra:uid-m",)
+    assert again.unprepare([ClaimRef("uid-m", "ns", "mps")]) == {"uid-m": ""}
+    assert not (env.tmp / "mps" / "uid-m").exists()

@@ -276,12 +276,18 @@ def _replace_size(size: float, rest: list[Shape]) -> float:
     return max(size, _ceil(size / max(old.size, 1)) * new.size)
 
 
-def estimate_checked_cost(serialized: bytes, types: MessageTypes) -> CostEstimate:
-    """Worst-case cost of ``Expression.serialize()`` output (a google.protobuf.Any holding a CheckedExpr)."""
+def checked_expr(serialized: bytes, types: MessageTypes) -> Any:
+    """The cel.expr.CheckedExpr in ``Expression.serialize()`` output (a google.protobuf.Any)."""
     wrapper = any_pb2.Any()
     wrapper.ParseFromString(serialized)
     checked = types.CheckedExpr()
     checked.ParseFromString(wrapper.value)
+    return checked
+
+
+def estimate_checked_cost(serialized: bytes, types: MessageTypes) -> CostEstimate:
+    """Worst-case cost of ``Expression.serialize()`` output (a google.protobuf.Any holding a CheckedExpr)."""
+    checked = checked_expr(serialized, types)
     walker = _Walker()
     cost, _ = walker.visit(checked.expr)
     bounded = cost if cost != INF and cost < 2**63 else 2**63 - 1

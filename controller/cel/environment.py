@@ -6,13 +6,15 @@ from typing import Any, NamedTuple
 
 from cel_expr_python import cel
 
-from controller.cel.cost import CostEstimate, estimate_checked_cost
+from controller.cel.cost import CostEstimate, checked_expr, estimate_checked_cost
+from controller.cel.deadline import DEFAULT_EVALUATION_SECONDS, EvaluationDeadline, interrupted_message
 from controller.cel.device import DeviceView
 from controller.cel.errors import CelCompileError, CelRuntimeError, compile_message, runtime_message
 from controller.cel.fold import fold_literals
 from controller.cel.footprint import Footprint, parsed_footprint
 from controller.cel.library import KubernetesLibrary
 from controller.cel.messages import DEVICE_TYPE, STRICT_DEVICE_TYPE, MessageTypes, build_message_types
+from controller.cel.regex import constant_pattern_error
 from controller.cel.values import MessageMemo, quantity_to_message, semver_to_message
 from gpudra.features import Features
 from gpudra.quantity import Quantity
@@ -111,10 +113,17 @@ class Selector:
         activation = cache.get(key)
         if activation is None:
             activation = cache[key] = self._env.activation(device, key.attribute_domains, key.capacity_domains)
+        deadline = self._env.deadline
+        deadline.start()
         try:
             result = self._program.eval(activation)
         except Exception as err:  # cel-expr-python raises for a few conversion failures
+            deadline.finish()
             raise CelRuntimeError(runtime_message(str(err))) from None
+        if deadline.finish():
+            # Past the bound inside one of our functions: whatever `||` or `exists` made of that error, the
+            # evaluation did not complete, so it is an error (and not remembered for other devices).
+            raise CelRuntimeError(interrupted_message(deadline.seconds))
         value = result.value()
         if value is True or value is False:
             if footprint is not None:
@@ -136,8 +145,10 @@ class CelEnvironment:
     """
 
     def __init__(self, strict: bool = False, cost_limit: int = COST_LIMIT, features: Features | None = None,
-                 share_results: bool = True) -> None:
+                 share_results: bool = True, evaluation_seconds: float = DEFAULT_EVALUATION_SECONDS) -> None:
         self.strict = strict
+        # The wall-clock bound of one evaluation (deadline.py), checked by our functions.
+        self.deadline = EvaluationDeadline(evaluation_seconds)
         self.cost_limit = cost_limit
         # Selectors keep results by the device values they read (footprint.py); off, every device is evaluated
         # (what `bench cel` measures: the evaluation itself).
@@ -147,7 +158,7 @@ class CelEnvironment:
         # stored-expressions environment has it whatever the gate, so that objects written with it keep working.
         self.includes = features.list_type_attributes or (not strict and features.at_least("1.37"))
         self._types: MessageTypes = build_message_types()
-        library = KubernetesLibrary(self._types, includes=self.includes)
+        library = KubernetesLibrary(self._types, includes=self.includes, deadline=self.deadline)
         config = cel.NewEnvConfigFromYaml(EXTENSIONS_YAML)
         device_type = STRICT_DEVICE_TYPE if strict else DEVICE_TYPE
         # Type checking uses a message type for `device` so that fields and their types are known; evaluation
@@ -185,7 +196,14 @@ class CelEnvironment:
         result_type = checked.return_type()
         if result_type != cel.Type.BOOL and result_type != cel.Type.DYN:
             raise CelCompileError(f"must evaluate to bool or the unknown type, not {cel_type_name(result_type)}")
-        cost = estimate_checked_cost(checked.serialize(), self._types)
+        serialized = checked.serialize()
+        # Kubernetes compiles a constant matches/find/findAll pattern when it builds the program (cel-go's regex
+        # optimizations), so a pattern Go's regexp refuses (backreferences, lookaround) is a compile error there;
+        # one computed at runtime fails at evaluation.
+        bad_pattern = constant_pattern_error(checked_expr(serialized, self._types).expr)
+        if bad_pattern is not None:
+            raise CelCompileError(f"program instantiation failed: {bad_pattern}")
+        cost = estimate_checked_cost(serialized, self._types)
         try:
             program = self._runtime.compile(expression, disable_check=True)
         except Exception as err:

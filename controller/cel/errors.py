@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
+from controller.cel.regex import go_error_text
+
 
 class CelCompileError(ValueError):
     """The expression does not compile, or its result is not a bool (message is Kubernetes' text)."""
@@ -30,6 +32,8 @@ _MISSING_KEY = re.compile(r'^Key not found in map ?: ?"?(.*?)"?$')
 _NO_FIELD = re.compile(r"^no_such_field ?: ?(.*)$")
 # A comprehension (exists, all, map, ...) over a scalar: cel-cpp names only the internal range overload.
 _NOT_ITERABLE = re.compile(r"^No matching overloads found ?: ?<iter_range>$")
+# cel-cpp's `matches` with a pattern RE2 refuses; cel-go reports Go's regexp error.
+_BAD_MATCHES_PATTERN = re.compile(r"^invalid regular expression: (.*)$", re.DOTALL)
 
 
 def runtime_message(status: str) -> str:
@@ -43,6 +47,9 @@ def runtime_message(status: str) -> str:
         return f"no such key: {no_field.group(1)}"
     if _NOT_ITERABLE.match(text):
         return "got a scalar value (not a list or map), expected iterable type"
+    bad_pattern = _BAD_MATCHES_PATTERN.match(text)
+    if bad_pattern:
+        return go_error_text(bad_pattern.group(1))
     return text
 
 

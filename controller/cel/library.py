@@ -10,14 +10,15 @@ Names, overloads and error texts follow k8s.io/apiserver/pkg/cel/library. Implem
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cel_expr_python import cel
 
+from controller.cel.deadline import EvaluationDeadline
 from controller.cel.messages import QUANTITY_TYPE, SEMVER_TYPE, MessageTypes
+from controller.cel.regex import Regex, RegexCache, RegexError
 from controller.cel.values import (MessageMemo, compare_quantity_messages, quantity_from_message, quantity_to_message,
                                    semver_to_message)
 from gpudra.quantity import Quantity, QuantityError, is_quantity
@@ -55,7 +56,8 @@ def _equal(a: Any, b: Any) -> bool:
 class KubernetesLibrary:
     """Function declarations with their implementations, bound to one set of message classes."""
 
-    def __init__(self, types: MessageTypes, *, includes: bool = False) -> None:
+    def __init__(self, types: MessageTypes, *, includes: bool = False,
+                 deadline: EvaluationDeadline | None = None) -> None:
         self._types = types
         self._with_includes = includes
         self.quantity_type = cel.Type(QUANTITY_TYPE)
@@ -63,6 +65,9 @@ class KubernetesLibrary:
         # Selectors call quantity("40Gi") / semver("550.0.0") with the same literal for every device.
         self._quantity_literals = MessageMemo()
         self._semver_literals = MessageMemo()
+        self._regexes = RegexCache()
+        # The wall-clock bound of the evaluation in progress, checked by every function implemented here.
+        self.deadline = deadline or EvaluationDeadline()
 
     # ---- quantity -----------------------------------------------------------------------------
 
@@ -145,22 +150,17 @@ class KubernetesLibrary:
 
     # ---- regex (Kubernetes' library.Regex) ------------------------------------------------------
 
-    @staticmethod
-    def _compile_regex(pattern: str) -> re.Pattern[str]:
+    def _compile_regex(self, pattern: str) -> Regex:
         try:
-            return re.compile(pattern)
-        except re.error as err:
-            raise ValueError(f"error parsing regexp: {err}") from None
+            return self._regexes.get(pattern)
+        except RegexError as err:
+            raise ValueError(f"Illegal regex: {err}") from None
 
     def _find(self, text: str, pattern: str) -> str:
-        match = self._compile_regex(pattern).search(text)
-        return match.group(0) if match else ""
+        return self._compile_regex(pattern).find(text)
 
     def _find_all(self, text: str, pattern: str, limit: int = -1) -> list[str]:
-        if limit == 0:
-            return []
-        found = [m.group(0) for m in self._compile_regex(pattern).finditer(text)]
-        return found if limit < 0 else found[:limit]
+        return self._compile_regex(pattern).find_all(text, limit)
 
     # ---- lists (Kubernetes' library.Lists) ------------------------------------------------------
 
@@ -276,13 +276,13 @@ class KubernetesLibrary:
                 continue
             if len(fns) == 1:
                 for fn in fns:
-                    by_name.setdefault(name, []).append(
-                        cel.Overload(fn.overload_id, fn.result, list(fn.params), is_member=fn.member, impl=fn.impl))
+                    by_name.setdefault(name, []).append(cel.Overload(
+                        fn.overload_id, fn.result, list(fn.params), is_member=fn.member, impl=self._bounded(fn.impl)))
                 continue
             first = fns[0]
             by_name.setdefault(name, []).append(cel.Overload(
                 f"{first.overload_id}_dispatch", first.result, list(first.params), is_member=member,
-                impl=self._dispatcher(name, fns)))
+                impl=self._bounded(self._dispatcher(name, fns))))
         return [cel.FunctionDecl(name, overloads) for name, overloads in by_name.items()]
 
     def _includes_runtime(self, fn: _Fn) -> list[cel.Overload]:
@@ -291,8 +291,19 @@ class KubernetesLibrary:
         one kind there, so the semver type stands for quantities too)."""
         kinds = [cel.Type.INT, cel.Type.UINT, cel.Type.DOUBLE, cel.Type.STRING, cel.Type.BOOL, cel.Type.BYTES,
                  cel.Type.NULL, cel.Type.List(cel.Type.DYN), cel.Type.Map(cel.Type.DYN, cel.Type.DYN), self.semver_type]
-        return [cel.Overload(f"{fn.overload_id}_{i}_{j}", fn.result, [recv, arg], is_member=True, impl=fn.impl)
+        impl = self._bounded(fn.impl)
+        return [cel.Overload(f"{fn.overload_id}_{i}_{j}", fn.result, [recv, arg], is_member=True, impl=impl)
                 for i, recv in enumerate(kinds) for j, arg in enumerate(kinds)]
+
+    def _bounded(self, impl: Callable[..., Any]) -> Callable[..., Any]:
+        """`impl` that first checks the evaluation's deadline (deadline.py)."""
+        check = self.deadline.check
+
+        def bounded(*args: Any) -> Any:
+            check()
+            return impl(*args)
+
+        return bounded
 
     def _is_message(self, t: cel.Type) -> bool:
         return t == self.quantity_type or t == self.semver_type

@@ -301,7 +301,8 @@ def run(args: argparse.Namespace) -> int:
     from driver.health import HealthMonitor
     from driver.nvml import RealNvml, load_backend
     from driver.nvmlapi import BackendConfigError, NvmlUnavailable
-    from driver.plugin.agent import AgentSettings, NodeAgent, crash_hook_from_env, kubeapi_claim_getter
+    from driver.plugin.agent import (AgentSettings, NodeAgent, crash_hook_from_env, kubeapi_claim_getter,
+                                     kubeapi_claim_lister)
     from driver.publisher import SlicePublisher
     api: Any = None
     if args.nvml == SIM_FROM_NODE_LABEL:  # the profile is on this node's Node: the API first
@@ -370,6 +371,7 @@ def run(args: argparse.Namespace) -> int:
         settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api),
         publisher=SlicePublisher(api, args.driver_name, args.node), fault_hook=crash_hook_from_env(),
         monitor_factory=lambda n, inv, cb: HealthMonitor(n, inv, cb, ignored_xids=args.ignore_xids), binding_api=api,
+        list_claims=kubeapi_claim_lister(api),
     )
     stop = stop_on_signals()
     from driver.nodeguard import GuardSettings, NodeGuard

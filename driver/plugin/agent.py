@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from driver.nvmlapi import NvmlBackend
 from driver.plugin.health import DeviceHealthEntry, HealthBoard
 from driver.plugin.metrics import PluginMetrics
 from driver.plugin.server import KubeletPlugin, PluginPaths
-from driver.prepare import ClaimGetter, ClaimNotFound, FaultHook, Preparer, StartReport
+from driver.prepare import ClaimGetter, ClaimLister, ClaimNotFound, FaultHook, Preparer, StartReport
 from driver.rediscovery import Rediscoverer
 from driver.sharing import NvmlSharing
 from driver.slices import SliceSettings, build_slices, gpu_device_name, mig_device_name, mig_health, mig_mode_switchable
@@ -35,6 +35,8 @@ log = logging.getLogger("gpu-dra.agent")
 # "Waiting for a kubelet" is reported after 5 s, then at doubling intervals up to every 5 minutes.
 KUBELET_WAIT_FIRST_S = 5.0
 KUBELET_WAIT_MAX_S = 300.0
+# While a damaged checkpoint's lost claims cannot be rebuilt (the API away), try again this often.
+RECOVERY_RETRY_S = 5.0
 # Test-only fault hook: SIGKILL this process right after the named prepare/unprepare step (see tests/test_crash.py).
 CRASH_AFTER_ENV = "GPU_DRA_TEST_CRASH_AFTER"
 
@@ -50,6 +52,17 @@ def crash_hook_from_env(environ: Mapping[str, str] = os.environ) -> FaultHook | 
             os.kill(os.getpid(), signal.SIGKILL)
 
     return hook
+
+
+def kubeapi_claim_lister(api: Any) -> ClaimLister:
+    """Every ResourceClaim, page by page (what rebuilding a damaged checkpoint's lost records reads)."""
+    from driver.allocatedclaims import LIST_PAGE_SIZE
+
+    def list_all() -> Iterator[Mapping[str, Any]]:
+        for page, _ in api.list_pages("ResourceClaim", limit=LIST_PAGE_SIZE):
+            yield from page
+
+    return list_all
 
 
 def kubeapi_claim_getter(api: Any) -> ClaimGetter:
@@ -113,6 +126,7 @@ class NodeAgent:
         fault_hook: FaultHook | None = None,
         monitor_factory: Callable[[Any, Inventory, Callable[[str, Health], None]], Any] | None = None,
         binding_api: Any | None = None,
+        list_claims: ClaimLister | None = None,
     ) -> None:
         self.settings = settings
         self.paths = PluginPaths(settings.kubelet_dir, settings.driver_name, settings.instance)
@@ -145,7 +159,7 @@ class NodeAgent:
             reserved=settings.reserved_uuids, fault_hook=fault_hook,
             partitionable=settings.partitionable, nvml=nvml, on_inventory_change=self.refresh_inventory,
             common_edits=self.driver_files.container_edits(),
-            device_numbers=self.device_numbers,
+            device_numbers=self.device_numbers, list_claims=list_claims,
         )
         self.board = HealthBoard(self._health_entries())
         self.metrics = PluginMetrics()
@@ -363,6 +377,12 @@ class NodeAgent:
         )
         for problem in r.problems:
             log.error("event=start-problem problem=%r", problem)
+        if r.rebuilt or r.promoted or r.cleaned:
+            log.warning("event=checkpoint-recovered rebuilt=%d kept_as_completed=%d cleaned=%d", len(r.rebuilt),
+                        len(r.promoted), len(r.cleaned))
+        if self.preparer.recovery_pending is not None:
+            log.error("event=serving-refused reason=%s", quote(self.preparer.recovery_pending))
+            threading.Thread(target=self._retry_recovery, name="checkpoint-recovery", daemon=True).start()
         if self.settings.metrics_port is not None:
             self.metrics.serve(self.settings.metrics_port)
         if self._monitor is not None:
@@ -373,6 +393,17 @@ class NodeAgent:
         if self.binder is not None:
             self.binder.start(self._stop)
         threading.Thread(target=self._report_waiting_for_kubelet, name="kubelet-wait", daemon=True).start()
+
+    def _retry_recovery(self) -> None:
+        """Rebuild what the damaged checkpoint lost as soon as the API answers, also when no kubelet request comes
+        (the device plugin shim refuses meanwhile too)."""
+        while not self._stop.wait(RECOVERY_RETRY_S):
+            try:
+                if self.preparer.retry_recovery() is None:
+                    log.warning("event=serving-resumed node=%s", self.settings.node_name)
+                    return
+            except Exception:  # noqa: BLE001 - a long-running agent must not die on one failed attempt
+                log.exception("event=checkpoint-recovery-failed")
 
     def _report_waiting_for_kubelet(self) -> None:
         """Until a kubelet registers the plugin nothing is published; say so, with backoff, so that an agent started
