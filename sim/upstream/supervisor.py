@@ -202,6 +202,10 @@ class Supervisor:
                      "--clusterrole=system:kubelet-api-admin", f"--user={pki.APISERVER_KUBELET_CLIENT.common_name}")
         self.add("kube-controller-manager", config.controller_manager_argv(self.bin, self.layout))
         self.add("kube-scheduler", config.scheduler_argv(self.bin, self.layout))
+        if not self.layout.nodes:
+            self.step("kube-controller-manager and kube-scheduler started (no nodes: a control plane only)")
+            return
+        # One kube-proxy serves the whole namespace every node shares.
         proxy_config = self.layout.state / "kube-proxy.yaml"
         proxy_config.write_text(yaml.safe_dump(config.kube_proxy_config(self.layout, self.layout.nodes[0])))
         self.add("kube-proxy", config.kube_proxy_argv(self.bin, proxy_config))
