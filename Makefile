@@ -4,10 +4,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 KIND_CLUSTER ?= gpu-dra
 # One fully qualified reference (the manifests' `images:` name); override for your registry.
-IMAGE ?= ghcr.io/gpu-dra/gpu-dra:dev
+IMAGE ?= ghcr.io/gpu-dra/gpu-dra:v0.1.0
 PLATFORMS ?= linux/amd64,linux/arm64
 
-.PHONY: install install-test demo test test-fast lint bench proto lock image image-multiarch kind-up kind-deploy kind-demo kind-down
+.PHONY: install install-test demo test test-fast test-upstream lint bench proto lock upstream image-oci image image-multiarch kind-up kind-deploy kind-demo kind-down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,20 @@ lint: install-test
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# Real Kubernetes on this machine (root, Go): the end-to-end and differential tests of the upstream backend.
+test-upstream: install-test upstream
+	$(BIN)/pytest -q -m upstream
+
+# Kubernetes 1.37 (kube-apiserver, kube-scheduler, kube-controller-manager, kubelet, kube-proxy, kubectl), etcd,
+# containerd and the CNI plugins, built from their Go modules into ~/.cache/gpu-dra/upstream/<version>-<digest>.
+upstream:
+	bash sim/upstream/build.sh
+
+# The product image, its testbed variant (with the NVML simulator), pause and the workload stand-ins, as OCI
+# archives built without docker (debootstrap + pip; root), cached in ~/.cache/gpu-dra/images.
+image-oci: install
+	$(BIN)/python -m sim.upstream.images
+
 bench: install
 	$(BIN)/gpu-dra bench allocate
 	$(BIN)/gpu-dra bench prepare
@@ -64,9 +78,9 @@ image-multiarch:
 kind-up:
 	kind create cluster --name $(KIND_CLUSTER) --config manifests/kind/cluster.yaml
 
-kind-deploy:
-	docker build -t $(IMAGE) .
-	kind load docker-image $(IMAGE) --name $(KIND_CLUSTER)
+# The overlay runs the testbed image (the NVML simulator inside), built without docker and loaded as an archive.
+kind-deploy: install
+	kind load image-archive "$$($(BIN)/python -m sim.upstream.images --only testbed)" --name $(KIND_CLUSTER)
 	kubectl apply -k manifests/kind/overlay
 	kubectl -n gpu-dra-system rollout status daemonset/gpu-dra-node-agent --timeout=120s
 	kubectl -n gpu-dra-system rollout status deployment/gpu-dra-controller --timeout=120s

@@ -147,6 +147,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 SIM_FROM_NODE_LABEL = "sim:node-label"
 PROFILE_LABEL = "gpu-dra.simulated-profile"
+# A fabric profile's NVLink clique (GB200 racks): a label value cannot hold the profile's `?clique=N`.
+CLIQUE_LABEL = "gpu-dra.simulated-clique"
 
 
 def resolve_nvml_spec(spec: str, api: Any, node: str) -> str:
@@ -164,11 +166,15 @@ def resolve_nvml_spec(spec: str, api: Any, node: str) -> str:
         raise ValueError(f"--nvml {spec}: Node {node} does not exist, so its {PROFILE_LABEL} label cannot be read") from exc
     except ApiError as exc:
         raise ValueError(f"--nvml {spec}: reading Node {node} failed: {exc}") from exc
-    profile = ((obj.get("metadata") or {}).get("labels") or {}).get(PROFILE_LABEL, "")
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    profile = labels.get(PROFILE_LABEL, "")
     if not profile:
         raise ValueError(f"--nvml {spec}: Node {node} has no {PROFILE_LABEL} label; set it to one of "
                          f"{', '.join(shipped_profiles())} (e.g. kubectl label node {node} {PROFILE_LABEL}=dgx-a100)")
-    return f"sim:{profile}"
+    clique = labels.get(CLIQUE_LABEL, "")
+    if clique and not clique.isdigit():
+        raise ValueError(f"--nvml {spec}: Node {node} label {CLIQUE_LABEL}={clique!r}: expected a clique id (digits)")
+    return f"sim:{profile}" + (f"?clique={clique}" if clique else "")
 
 
 def _connect(kubeconfig: str | None) -> Any:

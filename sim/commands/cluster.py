@@ -496,12 +496,6 @@ def _status_upstream(args: argparse.Namespace) -> int:
     return 0 if obj["ready"] else 1
 
 
-def _fault_upstream(args: argparse.Namespace) -> int:
-    _err("fault: on the upstream backend the node agent runs in a pod; inject faults with "
-         "`kubectl exec` into the agent, or use the embedded backend")
-    return 2
-
-
 # ---- status, list -------------------------------------------------------------------------------------------------
 
 
@@ -566,8 +560,6 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _fault(args: argparse.Namespace) -> int:
-    from sim.nvml import faults as nvml_faults
-
     loaded = _load(args.name)
     if loaded is None:
         return _not_found(args.name)
@@ -580,18 +572,65 @@ def _fault(args: argparse.Namespace) -> int:
     if not running:
         _err(f"cluster {spec.name} is not running; gpu-dra cluster up --name {spec.name} first")
         return 1
+    code = _write_fault(args, node.name, node.profile, paths.faults(node.name))
+    if code is not None:
+        return code
+    # Health is sticky until the agent restarts (what follows a GPU reset): restart it; the supervisor brings it back.
+    agent = next((p for p in (sup.processes if sup else []) if p.role == "plugin" and p.node == node.name), None)
+    from sim.cluster.spec import pid_is_ours
+
+    if agent is not None and pid_is_ours(agent.pid, str(paths.root)):
+        os.kill(agent.pid, signal.SIGTERM)
+    print(f"node {node.name}: faults cleared (GPU reset); node agent restarting (pid {agent.pid if agent else '-'})")
+    return 0
+
+
+def _fault_upstream(args: argparse.Namespace) -> int:
+    """The same faults, written where the node's agent pod reads them (the testbed overlay's GPU_DRA_SIM_FAULTS, a
+    file under the node's /var/lib/kubelet/plugins); --clear deletes the node's agent pod, as a GPU reset is
+    followed by an agent restart, and its DaemonSet starts a new one."""
+    from sim.upstream import commands as upstream
+
+    root = _upstream_state(args.name)
+    assert root is not None
+    spec = upstream.read_spec(root)
+    assert spec is not None
+    profile = dict(spec.nodes).get(args.node)
+    if profile is None:
+        _err(f"fault: node {args.node!r} is not a node of cluster {spec.name}; its nodes: "
+             f"{', '.join(n for n, _ in spec.nodes)}")
+        return 2
+    if not upstream.supervisor_alive(root):
+        _err(f"cluster {spec.name} is not running; gpu-dra cluster up --kubernetes upstream --name {spec.name} first")
+        return 1
+    code = _write_fault(args, args.node, profile, upstream.faults_file(root, args.node))
+    if code is not None:
+        return code
+    try:
+        upstream.restart_agent(root, args.node)
+    except upstream.UpstreamError as exc:
+        _err(f"fault: faults cleared, but the node agent was not restarted: {exc}")
+        return 1
+    print(f"node {args.node}: faults cleared (GPU reset); its node agent pod deleted, the DaemonSet starts a new one")
+    return 0
+
+
+def _write_fault(args: argparse.Namespace, node: str, profile: str, path: Path) -> int | None:
+    """Inject or clear the fault `args` names in the node's faults file; an exit code, or None after --clear (the
+    caller restarts the node's agent)."""
+    from sim.nvml import faults as nvml_faults
+
     if args.gpu is None and not (args.clear or args.fabric_down):
         _err("fault: --gpu UUID|INDEX is required with --xid and --lost")
         return 2
     uuid = None
     if args.gpu is not None:
-        uuids = _gpu_uuids(node.name, node.profile)
+        uuids = _gpu_uuids(node, profile)
         uuid = _pick_gpu(args.gpu, uuids)
         if uuid is None:
-            _err(f"fault: --gpu {args.gpu}: not a GPU of node {node.name}; its GPUs: "
+            _err(f"fault: --gpu {args.gpu}: not a GPU of node {node}; its GPUs: "
                  + ", ".join(f"{i}={u}" for i, u in enumerate(uuids)))
             return 2
-    path = paths.faults(node.name)
     try:
         current = nvml_faults.read_faults(path)
     except ValueError as exc:
@@ -600,34 +639,26 @@ def _fault(args: argparse.Namespace) -> int:
     if args.xid is not None:
         assert uuid is not None
         nvml_faults.append_xid(path, uuid, args.xid)
-        print(f"node {node.name}: Xid {args.xid} injected on {uuid} (faults file {path})")
+        print(f"node {node}: Xid {args.xid} injected on {uuid} (faults file {path})")
         return 0
     if args.lost:
         assert uuid is not None
         nvml_faults.write_faults(path, xids=[(x.uuid, x.xid) for x in current.xids], lost=current.lost | {uuid},
                                  fail_calls=current.fail_calls)
-        print(f"node {node.name}: {uuid} fell off the bus (faults file {path})")
+        print(f"node {node}: {uuid} fell off the bus (faults file {path})")
         return 0
     if args.fabric_down:
-        down = {uuid} if uuid is not None else set(_gpu_uuids(node.name, node.profile))
+        down = {uuid} if uuid is not None else set(_gpu_uuids(node, profile))
         nvml_faults.write_faults(path, xids=[(x.uuid, x.xid) for x in current.xids], lost=current.lost,
                                  fail_calls=current.fail_calls, fabric_unhealthy=current.fabric_unhealthy | down)
-        print(f"node {node.name}: NVLink fabric down on {', '.join(sorted(down))} (faults file {path})")
+        print(f"node {node}: NVLink fabric down on {', '.join(sorted(down))} (faults file {path})")
         return 0
     keep = (lambda u: u != uuid) if uuid is not None else (lambda u: False)
     nvml_faults.write_faults(path, xids=[(x.uuid, x.xid) for x in current.xids if keep(x.uuid)],
                              lost=frozenset(u for u in current.lost if keep(u)),
                              fail_calls=[c for c in current.fail_calls if c.uuid is not None and keep(c.uuid)],
                              fabric_unhealthy=frozenset(u for u in current.fabric_unhealthy if keep(u)))
-    # Health is sticky until the agent restarts (what follows a GPU reset): restart it; the supervisor brings it back.
-    agent = next((p for p in (sup.processes if sup else []) if p.role == "plugin" and p.node == node.name), None)
-    from sim.cluster.spec import pid_is_ours
-
-    if agent is not None and pid_is_ours(agent.pid, str(paths.root)):
-        os.kill(agent.pid, signal.SIGTERM)
-    print(f"node {node.name}: faults cleared on {uuid or 'every GPU'} (GPU reset); node agent restarting "
-          f"(pid {agent.pid if agent else '-'})")
-    return 0
+    return None
 
 
 def _gpu_uuids(node: str, profile: str) -> list[str]:

@@ -136,6 +136,23 @@ def deploy(bin_dir: Path, kubeconfig: Path, overlay: Path, wait: float) -> None:
         _progress(f"  {what} rolled out")
 
 
+def faults_file(state: Path, node: str) -> Path:
+    """The node's simulated-faults file, as its agent pod sees it at /var/lib/kubelet/plugins/ (manifests/testbed)."""
+    return state / "nodes" / node / "kubelet" / "plugins" / "gpu-dra-sim-faults.json"
+
+
+def restart_agent(state: Path, node: str) -> None:
+    spec = read_spec(state)
+    if spec is None:
+        raise UpstreamError(f"{state}: not an upstream cluster")
+    result = subprocess.run([f"{spec.bin_dir}/kubectl", f"--kubeconfig={state / 'kubeconfig.yaml'}", "-n",
+                             "gpu-dra-system", "delete", "pod", "-l", "app.kubernetes.io/component=node-agent",
+                             f"--field-selector=spec.nodeName={node}", "--wait=false"],
+                            capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise UpstreamError(result.stderr.strip())
+
+
 def stop(state: Path, grace: float = 120.0) -> list[str]:
     """Stop the supervisor (it stops the nodes, then the control plane), then remove whatever a crash may have
     left: processes in the namespace or the nodes' cgroups, the namespace, the cgroups, the state."""

@@ -13,7 +13,7 @@
 Everything is cached outside the repository (${GPU_DRA_CACHE:-~/.cache/gpu-dra}/images), keyed by what it is
 built from, so a second build is a no-op.
 
-    python -m sim.upstream.images [--out DIR]   # prints one archive path per line
+    python -m sim.upstream.images [--only product|testbed]   # prints one archive path per line
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ TESTBED_PACKAGES = (*PRODUCT_PACKAGES, "sim")
 IMAGE_NAME = "ghcr.io/gpu-dra/gpu-dra"
 # containerd 2.x's default sandbox image (its CRI config `pinned_images.sandbox`).
 PAUSE_REFERENCE = "registry.k8s.io/pause:3.10.1"
-# Public images that specs in this repository and NVIDIA's quickstart name; each runs on the busybox stand-in.
+# Public images that NVIDIA's quickstart and samples name; each runs on the busybox stand-in, as do the images
+# manifests/examples names (workload_references()).
 WORKLOAD_STAND_INS = (
     "docker.io/library/busybox:1.36",
     "docker.io/library/ubuntu:22.04",
@@ -48,6 +49,29 @@ WORKLOAD_STAND_INS = (
     "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0",
     "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
 )
+
+
+def workload_references() -> list[str]:
+    """The stand-in list plus every image manifests/examples names, normalised as the kubelet does
+    (`ubuntu:22.04` -> `docker.io/library/ubuntu:22.04`)."""
+    found = set(WORKLOAD_STAND_INS)
+    for path in sorted((ROOT / "manifests" / "examples").glob("*.yaml")):
+        for line in path.read_text().splitlines():
+            key, _, value = line.strip().lstrip("- ").partition(":")
+            if key == "image" and value.strip():
+                found.add(normalise(value.strip().strip("'\"")))
+    return sorted(found)
+
+
+def normalise(reference: str) -> str:
+    """A reference as containerd's CRI stores it: docker.io's implied registry, library/ and :latest made explicit."""
+    name, digest = reference.split("@", 1) if "@" in reference else (reference, "")
+    first = name.split("/", 1)[0]
+    if "/" not in name or ("." not in first and ":" not in first and first != "localhost"):
+        name = f"docker.io/{name if '/' in name else 'library/' + name}"
+    if not digest and ":" not in name.rsplit("/", 1)[-1]:
+        name += ":latest"
+    return name + (f"@{digest}" if digest else "")
 _PAUSE_C = r"""
 /* The pod sandbox's init: holds the pod's namespaces, reaps orphans, exits on SIGINT/SIGTERM. */
 #include <signal.h>
@@ -113,6 +137,9 @@ def _cached(name: str, key: str, build: Callable[[Path], None]) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         print(f"images: building {name} ({key})", file=sys.stderr, flush=True)
         build(target)
+        for stale in target.parent.glob(f"{name}-*.tar"):
+            if stale != target and stale.name[len(name) + 1:-4].isalnum():
+                stale.unlink()  # an older build of the same image
     return target
 
 
@@ -251,18 +278,20 @@ class ImageSet:
 
 def build_all() -> ImageSet:
     return ImageSet(product_image(), product_image(testbed=True), pause_image(),
-                    tuple(workload_image(ref) for ref in WORKLOAD_STAND_INS))
+                    tuple(workload_image(ref) for ref in workload_references()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.upstream.images", description=__doc__.split("\n\n")[0])
-    parser.parse_args(argv)
+    parser.add_argument("--only", choices=("product", "testbed"),
+                        help="build only that image and print its archive (default: all of them, one a line)")
+    args = parser.parse_args(argv)
     try:
-        images = build_all()
+        paths = [product_image(testbed=args.only == "testbed")] if args.only else build_all().all()
     except ImageBuildError as exc:
         print(f"images: {exc}", file=sys.stderr)
         return 1
-    for path in images.all():
+    for path in paths:
         print(path)
     return 0
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from driver.commands.plugin import CLIQUE_LABEL, PROFILE_LABEL
 from gpudra.atomicfile import atomic_write
 from sim.upstream import config, netns, pki
 from sim.upstream.layout import (
@@ -38,7 +39,6 @@ from sim.upstream.layout import (
     plan_nodes,
 )
 
-PROFILE_LABEL = "gpu-dra.simulated-profile"
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,11 @@ class Status:
 def node_labels(node: NodePlan) -> dict[str, str]:
     """What a GPU node carries where the agent's node affinity looks (the GPU Operator's label) and which profile
     its simulator plays (the kind overlay's `--nvml sim:node-label`)."""
-    return {"nvidia.com/gpu.present": "true", PROFILE_LABEL: node.profile.split("?")[0]}
+    profile, _, options = node.profile.partition("?")
+    labels = {"nvidia.com/gpu.present": "true", PROFILE_LABEL: profile}
+    if options.startswith("clique="):
+        labels[CLIQUE_LABEL] = options.removeprefix("clique=")
+    return labels
 
 
 class Component:

@@ -1,0 +1,310 @@
+"""End to end on real Kubernetes 1.37 (the upstream backend): kube-apiserver, kube-scheduler,
+kube-controller-manager, kube-proxy, kubelets and containerd built from their Go modules; our image; the manifests
+applied with `kubectl apply -k`. The only simulated part is the GPUs (the NVML simulator in the agent's pod).
+
+Every workload's container reports what it got (its /dev/nvidia* nodes) in its log, and the claims are allocated
+by the real kube-scheduler, prepared by our agent for the real kubelet, which hands the CDI ids to containerd.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sim.upstream.images import product_reference
+from tests import test_nvidia_quickstart as quickstart
+from tests.upstream_helpers import UpstreamCluster, require_upstream, start, stop, wait_for
+
+pytestmark = [pytest.mark.upstream, pytest.mark.slow, pytest.mark.process]
+
+NODES = "a100-1=dgx-a100,h100-1=h100-mig"
+REPORT = ("ls /dev/nvidia*; echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; "
+          "trap 'exit 0' TERM; sleep 9999 & wait")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpstreamCluster]:
+    require_upstream()
+    tmp = tmp_path_factory.mktemp("upstream")
+    up = start("e2e", tmp, NODES)
+    try:
+        yield up
+    finally:
+        down = stop(up)
+        assert down.returncode == 0, down.stderr
+        # Nothing left behind: the namespace, the nodes' cgroups, the state.
+        assert not Path("/run/netns/gpu-dra-e2e").exists()
+        assert not list(Path("/sys/fs/cgroup/pids").glob("gpu-dra.e2e.*"))
+        assert not up.state.exists()
+
+
+def _with_report(spec: str) -> str:
+    """A spec's pods with a command that reports their devices (NVIDIA's specs run `nvidia-smi -L` the same way)."""
+    docs = [d for d in yaml.safe_load_all(spec) if d]
+    for doc in docs:
+        pod = doc["spec"]["template"]["spec"] if doc["kind"] == "Deployment" else doc["spec"] if doc["kind"] == "Pod" \
+            else None
+        for container in (pod or {}).get("containers", []):
+            container["command"], container["args"] = ["bash", "-c"], [REPORT]
+    return yaml.safe_dump_all(docs)
+
+
+def _running(cluster: UpstreamCluster, namespace: str, count: int) -> list[dict[str, Any]]:
+    def check() -> list[dict[str, Any]] | None:
+        pods = cluster.get("-n", namespace, "pods")["items"]
+        ok = [p for p in pods if p["status"].get("phase") == "Running"
+              and all(c.get("ready") for c in p["status"].get("containerStatuses", []))]
+        return ok if len(ok) == count else None
+
+    return list(wait_for(f"{count} pods Running in {namespace}", check, timeout=240))
+
+
+def _devices_seen(cluster: UpstreamCluster, namespace: str, pod: str, container: str | None = None) -> set[str]:
+    argv = ["-n", namespace, "logs", pod] + (["-c", container] if container else [])
+    return {line.strip() for line in cluster.kubectl(*argv).splitlines()
+            if line.startswith("/dev/nvidia") and line.strip()[len("/dev/nvidia"):].isdigit()}
+
+
+def _allocated(cluster: UpstreamCluster, namespace: str) -> dict[str, list[str]]:
+    claims = cluster.get("-n", namespace, "resourceclaims")["items"]
+    return {c["metadata"]["name"]: [r["device"] for r in c["status"]["allocation"]["devices"]["results"]]
+            for c in claims if c.get("status", {}).get("allocation")}
+
+
+def _apply(cluster: UpstreamCluster, spec: str) -> None:
+    cluster.kubectl("apply", "-f", "-", stdin=spec)
+
+
+def _delete_namespace(cluster: UpstreamCluster, namespace: str) -> None:
+    cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", timeout=240)
+
+
+def test_the_cluster_is_real_kubernetes(cluster: UpstreamCluster) -> None:
+    version = json.loads(cluster.kubectl("version", "-o", "json"))
+    assert version["serverVersion"]["gitVersion"] == "v1.37.2"
+    nodes = cluster.get("nodes")["items"]
+    assert sorted(n["metadata"]["name"] for n in nodes) == ["a100-1", "h100-1"]
+    for node in nodes:
+        info = node["status"]["nodeInfo"]
+        assert info["kubeletVersion"] == "v1.37.2"
+        assert info["containerRuntimeVersion"].startswith("containerd://2.")
+
+
+def test_agents_run_our_image_and_publish_slices(cluster: UpstreamCluster) -> None:
+    pods = cluster.get("-n", "gpu-dra-system", "pods", "-l", "app.kubernetes.io/component=node-agent")["items"]
+    assert sorted(p["spec"]["nodeName"] for p in pods) == ["a100-1", "h100-1"]
+    for pod in pods:
+        assert pod["spec"]["containers"][0]["image"] == product_reference(testbed=True)
+        assert pod["status"]["phase"] == "Running"
+    slices = cluster.get("resourceslices")["items"]
+    devices = {}
+    for s in slices:
+        devices.setdefault(s["spec"]["nodeName"], []).extend(d["name"] for d in s["spec"]["devices"])
+    assert len([d for d in devices["a100-1"] if "-mig-" not in d]) == 8
+    assert any("-mig-" in d for d in devices["h100-1"])
+
+
+def test_exclusive_gpus_per_pod(cluster: UpstreamCluster) -> None:
+    _apply(cluster, _with_report(quickstart.GPU_TEST1))
+    try:
+        pods = _running(cluster, "gpu-test1", 2)
+        seen = [_devices_seen(cluster, "gpu-test1", p["metadata"]["name"]) for p in pods]
+        assert all(len(s) == 1 for s in seen), seen
+        assert seen[0] != seen[1], "two claims were given the same GPU"
+        allocated = _allocated(cluster, "gpu-test1")
+        assert len(allocated) == 2 and len({d for ds in allocated.values() for d in ds}) == 2
+    finally:
+        _delete_namespace(cluster, "gpu-test1")
+
+
+def test_one_claim_shared_by_two_pods(cluster: UpstreamCluster) -> None:
+    _apply(cluster, _with_report(quickstart.GPU_TEST3))
+    try:
+        pods = _running(cluster, "gpu-test3", 2)
+        seen = [_devices_seen(cluster, "gpu-test3", p["metadata"]["name"]) for p in pods]
+        assert len(seen[0]) == 1 and seen[0] == seen[1]
+        claim = cluster.get("-n", "gpu-test3", "resourceclaim", "single-gpu")
+        assert len(claim["status"]["reservedFor"]) == 2
+    finally:
+        _delete_namespace(cluster, "gpu-test3")
+
+
+def test_time_slicing_config_reaches_the_gpu(cluster: UpstreamCluster) -> None:
+    _apply(cluster, _with_report(quickstart.GPU_TEST6))
+    try:
+        pods = _running(cluster, "gpu-test6", 4)
+        assert all(len(_devices_seen(cluster, "gpu-test6", p["metadata"]["name"])) == 1 for p in pods)
+        logs = cluster.kubectl("-n", "gpu-dra-system", "logs", "-l", "app.kubernetes.io/component=node-agent",
+                               "--tail=-1", "--prefix")
+        assert "timeslice" in logs.lower() or "time-slic" in logs.lower(), logs[-2000:]
+    finally:
+        _delete_namespace(cluster, "gpu-test6")
+
+
+MIG_CLAIM = """
+apiVersion: v1
+kind: Namespace
+metadata: {name: mig-test}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {namespace: mig-test, name: mig-1g}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: mig
+        exactly:
+          deviceClassName: mig.nvidia.com
+          selectors:
+          - cel: {expression: "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"}
+---
+apiVersion: v1
+kind: Pod
+metadata: {namespace: mig-test, name: mig-pod}
+spec:
+  containers:
+  - name: ctr
+    image: ubuntu:22.04
+    resources: {claims: [{name: mig}]}
+  resourceClaims:
+  - {name: mig, resourceClaimTemplateName: mig-1g}
+"""
+
+
+def test_a_mig_slice(cluster: UpstreamCluster) -> None:
+    _apply(cluster, _with_report(MIG_CLAIM))
+    try:
+        (pod,) = _running(cluster, "mig-test", 1)
+        assert pod["spec"]["nodeName"] == "h100-1"
+        out = cluster.kubectl("-n", "mig-test", "logs", "mig-pod")
+        assert "/dev/nvidia-caps" in out or any(line.startswith("/dev/nvidia") for line in out.splitlines()), out
+        (devices,) = _allocated(cluster, "mig-test").values()
+        assert "-mig-1g-10gb-" in devices[0]
+    finally:
+        _delete_namespace(cluster, "mig-test")
+
+
+NVLINK_CLAIM = """
+apiVersion: v1
+kind: Namespace
+metadata: {name: nvlink-test}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {namespace: nvlink-test, name: four-nvlink}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpus
+        exactly: {deviceClassName: gpu.nvidia.com, count: 4}
+      constraints:
+      - matchAttribute: gpu.nvidia.com/nvlinkDomain
+---
+apiVersion: v1
+kind: Pod
+metadata: {namespace: nvlink-test, name: trainer}
+spec:
+  containers:
+  - name: ctr
+    image: ubuntu:22.04
+    resources: {claims: [{name: gpus}]}
+  resourceClaims:
+  - {name: gpus, resourceClaimTemplateName: four-nvlink}
+"""
+
+
+def test_four_nvlink_gpus_with_match_attribute(cluster: UpstreamCluster) -> None:
+    _apply(cluster, _with_report(NVLINK_CLAIM))
+    try:
+        (pod,) = _running(cluster, "nvlink-test", 1)
+        assert pod["spec"]["nodeName"] == "a100-1"
+        assert len(_devices_seen(cluster, "nvlink-test", "trainer")) == 4
+    finally:
+        _delete_namespace(cluster, "nvlink-test")
+
+
+LEGACY_POD = """
+apiVersion: v1
+kind: Namespace
+metadata: {name: legacy-test}
+---
+apiVersion: v1
+kind: Pod
+metadata: {namespace: legacy-test, name: legacy}
+spec:
+  nodeSelector: {kubernetes.io/hostname: a100-1}
+  containers:
+  - name: cuda
+    image: nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04
+    resources: {limits: {nvidia.com/gpu: 1}}
+"""
+
+
+def test_a_legacy_nvidia_com_gpu_pod_through_the_shim(cluster: UpstreamCluster) -> None:
+    _apply(cluster, _with_report(LEGACY_POD))
+    try:
+        _running(cluster, "legacy-test", 1)
+        (device,) = _devices_seen(cluster, "legacy-test", "legacy")
+        # The GPU the device plugin handed out is not offered to DRA claims: 8 A100s, one held by the legacy pod,
+        # so a claim for all the others still fits and one for 8 does not.
+        node = cluster.get("node", "a100-1")
+        assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+        assert device.startswith("/dev/nvidia")
+    finally:
+        _delete_namespace(cluster, "legacy-test")
+
+
+def test_a_gpu_fault_taints_the_device(cluster: UpstreamCluster) -> None:
+    cluster.gpu_dra("cluster", "fault", "a100-1", "--name", "e2e", "--gpu", "0", "--xid", "79")
+
+    def tainted() -> list[str]:
+        slices = cluster.get("resourceslices", "--field-selector=spec.nodeName=a100-1")["items"]
+        return [d["name"] for s in slices for d in s["spec"]["devices"] if d.get("taints")]
+
+    names = wait_for("a taint on the faulted GPU", tainted, timeout=90)
+    assert len(names) == 1, names
+    cluster.gpu_dra("cluster", "fault", "a100-1", "--name", "e2e", "--clear")
+    wait_for("the taint cleared after the GPU reset", lambda: not tainted(), timeout=180)
+
+
+def test_agent_restart_and_rolling_update_keep_prepared_claims(cluster: UpstreamCluster) -> None:
+    _apply(cluster, _with_report(quickstart.GPU_TEST1))
+    try:
+        pods = _running(cluster, "gpu-test1", 2)
+        before = _allocated(cluster, "gpu-test1")
+        checkpoint = cluster.node_dir(pods[0]["spec"]["nodeName"]) / "kubelet/plugins/gpu.nvidia.com/checkpoint.json"
+        cluster.kubectl("-n", "gpu-dra-system", "delete", "pod", "-l", "app.kubernetes.io/component=node-agent")
+        cluster.kubectl("-n", "gpu-dra-system", "rollout", "status", "ds/gpu-dra-node-agent", "--timeout=240s",
+                        timeout=300)
+        cluster.kubectl("-n", "gpu-dra-system", "rollout", "restart", "ds/gpu-dra-node-agent")
+        cluster.kubectl("-n", "gpu-dra-system", "rollout", "status", "ds/gpu-dra-node-agent", "--timeout=300s",
+                        timeout=360)
+        assert _allocated(cluster, "gpu-test1") == before
+        assert len(_running(cluster, "gpu-test1", 2)) == 2
+        assert all(uid in checkpoint.read_text() for uid in
+                   (c["metadata"]["uid"] for c in cluster.get("-n", "gpu-test1", "resourceclaims")["items"]))
+    finally:
+        _delete_namespace(cluster, "gpu-test1")
+
+
+def test_uninstall_leaves_no_spec_checkpoint_entry_or_slice(cluster: UpstreamCluster) -> None:
+    # Runs last in this module: it removes the driver.
+    _apply(cluster, _with_report(quickstart.GPU_TEST1))
+    _running(cluster, "gpu-test1", 2)
+    _delete_namespace(cluster, "gpu-test1")
+    cluster.kubectl("delete", "-k", str(Path(__file__).resolve().parent.parent / "manifests" / "testbed"),
+                    "--wait=true", "--timeout=180s", timeout=240)
+    wait_for("no ResourceSlices", lambda: not cluster.get("resourceslices")["items"], timeout=120)
+    for node in ("a100-1", "h100-1"):
+        cdi = cluster.node_dir(node) / "run" / "cdi"
+        assert not [p.name for p in cdi.glob("*gpu*")], list(cdi.iterdir())
+        checkpoint = cluster.node_dir(node) / "kubelet/plugins/gpu.nvidia.com/checkpoint.json"
+        if checkpoint.exists():
+            assert not json.loads(checkpoint.read_text()).get("claims"), checkpoint.read_text()
