@@ -81,7 +81,7 @@ class Diagnoser:
                 return found
         if outcome.reason != "cannot allocate all claims":
             return NodeReason(node, "unschedulable", outcome.reason)
-        needed = sum(_needed(r) for _, r, _ in usable_by_request)
+        needed = sum(_needed(r, len(u)) for _, r, u in usable_by_request)
         return NodeReason(node, "not-enough", f"the claims together need {needed} devices that are usable at the same time"
                           " (requests compete for the same devices)", {"needed": needed})
 
@@ -139,7 +139,11 @@ class Diagnoser:
                             counts["capacity"] += 1
                         continue
                     usable.append(dev)
-        need = _needed(request)
+        if request.mode == "All":
+            # Every device that matches (selectors, node, capacity the device can give) must be allocatable.
+            need = len(usable) + sum(users.values()) + counts["taint"] + counts["counters"]
+        else:
+            need = _needed(request)
         if len(usable) >= max(need, 1):
             return None, usable
         details: dict[str, Any] = {"claim": claim.key, "request": request.full_name, "needed": need, "usable": len(usable)}
@@ -180,7 +184,9 @@ class Diagnoser:
                     parts[-1] += " [" + "; ".join(seen[:3]) + ("; ..." if len(seen) > 3 else "") + "]"
         code = "in-use" if in_use else next((k for k in blocked if counts[k]), "not-enough")
         matching = len(usable) + in_use + sum(counts[k] for k in blocked)
-        msg = f"request {request.full_name} of claim {claim.key} needs {need} device{'s' if need != 1 else ''}; "
+        wanted = f"all {need} matching device{'s' if need != 1 else ''}" if request.mode == "All" and need else \
+            f"{need} device{'s' if need != 1 else ''}"
+        msg = f"request {request.full_name} of claim {claim.key} needs {wanted}; "
         if matching < need:
             # Freeing devices cannot help: the node does not have that many.
             code = "not-enough"
@@ -234,7 +240,7 @@ class Diagnoser:
                 continue
             scoped = [(r, devs) for r, devs in usable if not c.requests or r.name in c.requests or
                       (r.parent is not None and (r.parent in c.requests or r.full_name in c.requests))]
-            need = sum(_needed(r) for r, _ in scoped)
+            need = sum(_needed(r, len(devs)) for r, devs in scoped)
             if need <= 1:
                 continue
             groups: Counter[Any] = Counter()
@@ -265,8 +271,9 @@ def _capacity_never(dev: Device, request: Request, fractional: bool) -> str:
     return "the device's request policy refuses the requested amounts"
 
 
-def _needed(request: Request) -> int:
-    return 1 if request.mode == "All" else max(request.count, 0)
+def _needed(request: Request, usable: int = 0) -> int:
+    """Devices the request takes; with allocationMode All, every usable one (`usable`: how many that is)."""
+    return usable if request.mode == "All" else max(request.count, 0)
 
 
 def summarize(reasons: Iterable[NodeReason], limit: int = 5) -> str:
