@@ -18,6 +18,8 @@ from controller.allocator import capacity as cap
 from controller.allocator.model import Device, Request
 from controller.allocator.nodes import node_matches
 from controller.allocator.pools import Pool, binding_enabled
+from controller.cel.errors import CelCompileError
+from controller.cel.terms import false_terms, top_level_terms
 from controller.taintrules import RULE_KEY
 from gpudra.features import Features
 
@@ -93,6 +95,7 @@ class Diagnoser:
         counts: Counter[str] = Counter()
         class_misses: Counter[str] = Counter()
         request_misses: Counter[str] = Counter()  # devices of the class that a request selector rejects
+        rejected: dict[str, tuple[str, list[Device]]] = {}  # selector label -> (its expression, the devices it rejects)
         never_fits: list[str] = []  # why devices can never give the requested capacity, one per such device
         users: Counter[str] = Counter()
         taints_seen: Counter[str] = Counter()
@@ -108,9 +111,11 @@ class Diagnoser:
                     if not binding and dev.binding_conditions:
                         counts["binding"] += 1
                         continue
-                    miss = self._selector_miss(dev, klass.name, klass.selectors, request, claim)
-                    if miss:
-                        (request_misses if " of request " in miss else class_misses)[miss] += 1
+                    found = self._selector_miss(dev, klass.name, klass.selectors, request, claim)
+                    if found is not None:
+                        miss, expression, of_request = found
+                        (request_misses if of_request else class_misses)[miss] += 1
+                        rejected.setdefault(miss, (expression, []))[1].append(dev)
                         continue
                     if sl.per_device and not node_matches(snap.node(node), dev.node_name, dev.all_nodes, dev.node_selector):
                         counts["elsewhere"] += 1
@@ -166,7 +171,8 @@ class Diagnoser:
             else:
                 top, _ = class_misses.most_common(1)[0]
                 text = f"no device matches {top}"
-            return NodeReason(node, "selector", text, {**details, "selectors": selectors}), usable
+            why = self._why_false(*rejected[top])
+            return NodeReason(node, "selector", f"{text}: {why}" if why else text, {**details, "selectors": selectors}), usable
         parts = []
         if in_use:
             owners = ", ".join(sorted(users)[:3]) + (", ..." if len(users) > 3 else "")
@@ -200,14 +206,28 @@ class Diagnoser:
         return NodeReason(node, code, msg, {**details, "inUseBy": dict(users), **{k: v for k, v in counts.items() if k != "devices"}}), usable
 
     def _selector_miss(self, dev: Device, class_name: str, class_selectors: Sequence[str | None], request: Request,
-                       claim: Claim) -> str:
+                       claim: Claim) -> tuple[str, str, bool] | None:
+        """The first selector (class ones first) that rejects the device: its label, its expression, and whether it
+        is the request's; None when the device matches them all."""
         i = self.allocator.first_selector_miss(dev, class_selectors, f"class {class_name}")
         if i is not None:
-            return f"selector #{i} of class {class_name}"
+            return f"selector #{i} of class {class_name}", str(class_selectors[i]), False
         i = self.allocator.first_selector_miss(dev, request.selectors, f"claim {claim.key}")
         if i is not None:
-            return f"selector #{i} of request {request.full_name} of claim {claim.key}"
-        return ""
+            return f"selector #{i} of request {request.full_name} of claim {claim.key}", str(request.selectors[i]), True
+        return None
+
+    def _why_false(self, expression: str, devices: Sequence[Device]) -> str:
+        """Which top-level term of the selector is false on the devices it rejects, with their values (see
+        controller.cel.terms); empty when the CEL environment cannot tell."""
+        env = self.allocator.cel_env
+        if env is None or not hasattr(env, "parse"):
+            return ""
+        try:
+            terms = top_level_terms(expression, env.parse(expression))
+        except CelCompileError:
+            return ""
+        return false_terms(terms, env.compile, [d.cel_view(keep=False) for d in devices])
 
     def _counters_fit(self, dev: Device, pool: Pool) -> bool:
         avail: dict[tuple[str, str], Any] = {}

@@ -31,13 +31,14 @@ def test_b_a_request_selector_that_rejects_every_device_of_the_class_is_blamed_n
     c = claim(requests=[request(cls="gpu", selectors=[{"cel": {"expression": selector}}])])
     r = Diagnoser(ClusterSnapshot(_gpus_and_migs(), [GPU_CLASS], []), cel_env=CEL).explain_node("n1", [parse_claim(c)])
     assert r.code == "selector"
-    assert r.message == "none of the 4 devices of class gpu matches selector #0 of request req-0 of claim default/claim-0"
+    assert r.message == ("none of the 4 devices of class gpu matches selector #0 of request req-0 of claim default/claim-0: "
+                         'productName "NVIDIA A100-SXM4-80GB" contains "H100" is false on all 4 devices')
 
 
 def test_b_the_class_is_blamed_when_no_device_of_the_node_is_of_the_class() -> None:
     migs_only = [slice_("s", "n1", "p", [device(f"m{i}", {"type": "mig"}) for i in range(3)])]
     r = Diagnoser(ClusterSnapshot(migs_only, [GPU_CLASS], []), cel_env=CEL).explain_node("n1", [parse_claim(claim(requests=[request(cls="gpu")]))])
-    assert r.code == "selector" and r.message == "no device matches selector #0 of class gpu"
+    assert r.code == "selector" and r.message == 'no device matches selector #0 of class gpu: type "mig" == "gpu" is false on all 3 devices'
 
 
 def _shared_gpu(name: str) -> dict[str, Any]:
