@@ -18,7 +18,7 @@ from controller.allocator import capacity as cap
 from controller.allocator.model import Device, Request
 from controller.allocator.nodes import node_matches
 from controller.allocator.pools import Pool, binding_enabled
-from controller.cel.errors import CelCompileError
+from controller.cel.errors import CelCompileError, closest_attribute
 from controller.cel.terms import false_terms, top_level_terms
 from controller.taintrules import RULE_KEY
 from gpudra.features import Features
@@ -255,24 +255,37 @@ class Diagnoser:
         return cap.fits(dev.raw.get("capacity") or {}, request.capacity, consumed, {}, self.features.fractional_capacity_range)
 
     def _constraints(self, node: str, claim: Claim, usable: list[tuple[Request, list[Device]]]) -> NodeReason | None:
-        for c in claim.constraints:
-            if c.kind != "match":
+        for i, c in enumerate(claim.constraints):
+            if c.kind not in ("match", "distinct"):
                 continue
             scoped = [(r, devs) for r, devs in usable if not c.requests or r.name in c.requests or
                       (r.parent is not None and (r.parent in c.requests or r.full_name in c.requests))]
             need = sum(_needed(r, len(devs)) for r, devs in scoped)
-            if need <= 1:
+            devices = {d.uid: d for _, devs in scoped for d in devs}
+            if need < 1 or not devices:
                 continue
             groups: Counter[Any] = Counter()
-            devices = {d.uid: d for _, devs in scoped for d in devs}
             for d in devices.values():
                 value = d.attribute(c.attribute)
                 if value is not None:
                     groups[value] += 1
+            details = {"claim": claim.key, "attribute": c.attribute, "needed": need}
+            if not groups:
+                # A device without the attribute never satisfies the constraint: most often a misspelt name.
+                field_name = "matchAttribute" if c.kind == "match" else "distinctAttribute"
+                best_name = closest_attribute(c.attribute, {n for d in devices.values() for n in d.attribute_names()})
+                return NodeReason(node, "constraint", f"constraint #{i} of claim {claim.key} ({field_name}: {c.attribute}): "
+                                  f"none of the {len(devices)} free device{'s' if len(devices) != 1 else ''} has attribute "
+                                  f"{c.attribute}" + (f"; did you mean {best_name}?" if best_name else ""),
+                                  {**details, "largestGroup": 0, **({"didYouMean": best_name} if best_name else {})})
+            # distinctAttribute compares a device only with the last one of each other request (Kubernetes keys what
+            # it has seen by request), so counting values says nothing about it.
+            if need <= 1 or c.kind != "match":
+                continue
             best = max(groups.values(), default=0)
             if best < need:
                 return NodeReason(node, "constraint", f"only {best} of {need} free devices share {c.attribute}",
-                                  {"claim": claim.key, "attribute": c.attribute, "needed": need, "largestGroup": best})
+                                  {**details, "largestGroup": best})
         return None
 
 
