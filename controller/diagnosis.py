@@ -97,6 +97,7 @@ class Diagnoser:
         request_misses: Counter[str] = Counter()  # devices of the class that a request selector rejects
         rejected: dict[str, tuple[str, list[Device]]] = {}  # selector label -> (its expression, the devices it rejects)
         never_fits: list[str] = []  # why devices can never give the requested capacity, one per such device
+        used_up: dict[str, list[str]] = {}  # "counters"/"capacity" -> what others used up, one per such device
         users: Counter[str] = Counter()
         taints_seen: Counter[str] = Counter()
         usable: list[Device] = []
@@ -132,9 +133,13 @@ class Diagnoser:
                         for t in untolerated:
                             taints_seen[_taint_text(t)] += 1
                         continue
-                    if dev.consumes_counters and (not f.partitionable_devices or not self._counters_fit(dev, pool)):
-                        counts["counters"] += 1
-                        continue
+                    if dev.consumes_counters:
+                        short = self._counters_short(dev, pool) if f.partitionable_devices else \
+                            "shared counters need DRAPartitionableDevices"
+                        if short:
+                            counts["counters"] += 1
+                            used_up.setdefault("counters", []).append(short)
+                            continue
                     if f.consumable_capacity and not self._capacity_fits(dev, request):
                         never = _capacity_never(dev, request, f.fractional_capacity_range)
                         if never:
@@ -142,6 +147,7 @@ class Diagnoser:
                             counts["capacity-never"] += 1
                         else:
                             counts["capacity"] += 1
+                            used_up.setdefault("capacity", []).append(self._capacity_used_up(dev, request))
                         continue
                     usable.append(dev)
         if request.mode == "All":
@@ -177,16 +183,17 @@ class Diagnoser:
         if in_use:
             owners = ", ".join(sorted(users)[:3]) + (", ..." if len(users) > 3 else "")
             parts.append(f"{in_use} in use by {owners}")
-        for key, text in (("taint", "tainted (taint not tolerated)"), ("counters", "without enough shared counters left"),
-                          ("capacity", "without enough capacity left"),
+        for key, text in (("taint", "tainted (taint not tolerated)"),
+                          ("counters", "whose shared counters are used up by allocated devices"),
+                          ("capacity", "whose capacity is used up by other claims"),
                           ("capacity-never", "that can never give the requested capacity")):
             if counts[key]:
                 parts.append(f"{counts[key]} {text}")
                 if key == "taint":
                     parts[-1] += " [" + "; ".join(t for t, _ in taints_seen.most_common(3)) + \
                         ("; ..." if len(taints_seen) > 3 else "") + "]"
-                if key == "capacity-never":
-                    seen = sorted(set(never_fits))
+                if key in ("capacity-never", "capacity", "counters"):
+                    seen = sorted(set(never_fits if key == "capacity-never" else used_up.get(key, [])))
                     parts[-1] += " [" + "; ".join(seen[:3]) + ("; ..." if len(seen) > 3 else "") + "]"
         code = "in-use" if in_use else next((k for k in blocked if counts[k]), "not-enough")
         matching = len(usable) + in_use + sum(counts[k] for k in blocked)
@@ -194,11 +201,9 @@ class Diagnoser:
             f"{need} device{'s' if need != 1 else ''}"
         msg = f"request {request.full_name} of claim {claim.key} needs {wanted}; "
         if matching < need:
-            # Freeing devices cannot help: the node does not have that many.
+            # Freeing devices cannot help: the node does not have that many, so what holds some of them is no reason.
             code = "not-enough"
             msg += f"the node has only {matching} matching device{'s' if matching != 1 else ''} in all"
-            if parts:
-                msg += f" ({', '.join(parts)})"
         else:
             msg += f"usable: {len(usable)} of {matching} matching"
             if parts:
@@ -229,11 +234,14 @@ class Diagnoser:
             return ""
         return false_terms(terms, env.compile, [d.cel_view(keep=False) for d in devices])
 
-    def _counters_fit(self, dev: Device, pool: Pool) -> bool:
-        avail: dict[tuple[str, str], Any] = {}
+    def _counters_short(self, dev: Device, pool: Pool) -> str:
+        """The first shared counter the device needs more of than allocated devices left, as `counter set/name:
+        HAVE of TOTAL left, NEED needed`; empty when all fit."""
+        total: dict[tuple[str, str], Any] = {}
         for set_name, counters in pool.counter_sets.items():
             for n, c in counters.items():
-                avail[(set_name, n)] = cap._q((c or {}).get("value", "0"))
+                total[(set_name, n)] = cap._q((c or {}).get("value", "0"))
+        avail = dict(total)
         for sl in [*pool.slices, *pool.other_slices]:
             for other in sl.devices:
                 if other.id in self.snapshot.allocated:
@@ -244,15 +252,35 @@ class Diagnoser:
         for set_name, counters in dev.consumes_counters:
             for n, c in counters.items():
                 have = avail.get((set_name, n))
-                if have is None or have < cap._q((c or {}).get("value", "0")):
-                    return False
-        return True
+                wanted = cap._q((c or {}).get("value", "0"))
+                if have is None:
+                    return f"{set_name}/{n}: no such counter in pool {pool.id}"
+                if have < wanted:
+                    return f"{set_name}/{n}: {have} of {total[(set_name, n)]} left, {wanted} needed"
+        return ""
 
-    def _capacity_fits(self, dev: Device, request: Request) -> bool:
+    def _consumed(self, dev: Device) -> dict[str, Any]:
         consumed: dict[str, Any] = {}
         for entry in self.snapshot.shared_consumed.get(dev.id, ()):
             cap.add_into(consumed, entry)
-        return cap.fits(dev.raw.get("capacity") or {}, request.capacity, consumed, {}, self.features.fractional_capacity_range)
+        return consumed
+
+    def _capacity_fits(self, dev: Device, request: Request) -> bool:
+        return cap.fits(dev.raw.get("capacity") or {}, request.capacity, self._consumed(dev), {},
+                        self.features.fractional_capacity_range)
+
+    def _capacity_used_up(self, dev: Device, request: Request) -> str:
+        """Which capacity of a device that could give the request its amounts when idle others have used up:
+        `memory: 60Gi of 80Gi in use, 40Gi requested`."""
+        consumed = self._consumed(dev)
+        fractional = self.features.fractional_capacity_range
+        for name, c in sorted((dev.raw.get("capacity") or {}).items()):
+            requested = (request.capacity or {}).get(name)
+            used = {name: consumed[name]} if name in consumed else {}
+            if not cap.fits({name: c}, {name: requested} if requested is not None else None, used, {}, fractional):
+                charged = cap.consumed_amount(cap._q(requested) if requested is not None else None, c, fractional)
+                return f"{name}: {consumed.get(name, 0)} of {(c or {}).get('value', '0')} in use, {charged} requested"
+        return "its capacity is used up"
 
     def _constraints(self, node: str, claim: Claim, usable: list[tuple[Request, list[Device]]]) -> NodeReason | None:
         for i, c in enumerate(claim.constraints):

@@ -64,7 +64,9 @@ def test_c_capacity_used_up_by_others_is_capacity_left() -> None:
         "consumedCapacity": {"memory": "60Gi"}}]}, "nodeSelector": allocation("n1")["nodeSelector"]}}
     snapshot = ClusterSnapshot([slice_("s", "n1", "p", [_shared_gpu("g0")])], [GPU_CLASS], [held])
     r = Diagnoser(snapshot, cel_env=CEL).explain_node("n1", [parse_claim(_capacity_claim("new", "40Gi"))])
-    assert r.code == "capacity" and r.message.endswith("usable: 0 of 1 matching: 1 without enough capacity left")
+    # The capacity is named, and said to be used up, with by how much.
+    assert r.code == "capacity" and r.message.endswith(
+        "usable: 0 of 1 matching: 1 whose capacity is used up by other claims [memory: 60Gi of 80Gi in use, 40Gi requested]")
 
 
 def test_e_more_devices_than_the_node_has_does_not_suggest_freeing_some() -> None:
@@ -74,8 +76,8 @@ def test_e_more_devices_than_the_node_has_does_not_suggest_freeing_some() -> Non
     snapshot = ClusterSnapshot([slice_("s", "n1", "p", devs)], [GPU_CLASS], [held])
     r = Diagnoser(snapshot, cel_env=CEL).explain_node("n1", [parse_claim(claim(requests=[request(cls="gpu", count=12)]))])
     assert r.code == "not-enough"
-    assert r.message == ("request req-0 of claim default/claim-0 needs 12 devices; the node has only 4 matching devices "
-                         "in all (3 in use by default/old)")
+    # Not "3 in use": freeing them would not help, the node has too few in all.
+    assert r.message == "request req-0 of claim default/claim-0 needs 12 devices; the node has only 4 matching devices in all"
     # With enough devices on the node, what is in use is what stands in the way.
     r = Diagnoser(snapshot, cel_env=CEL).explain_node("n1", [parse_claim(claim(requests=[request(cls="gpu", count=2)]))])
     assert r.code == "in-use" and r.message.endswith("usable: 1 of 4 matching: 3 in use by default/old")
