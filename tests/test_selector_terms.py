@@ -11,6 +11,7 @@ from controller.allocator import ClusterSnapshot, parse_claim
 from controller.cel import CelEnvironment, DeviceView
 from controller.cel.terms import describe, false_terms, top_level_terms
 from controller.diagnosis import Diagnoser
+from controller_helpers import DRIVER, create_all, events_for, gpu_class, manager, node, pod, sim_slices
 from tests.alloc_fixtures import claim, device, klass, request, slice_
 
 GPU = "gpu.nvidia.com"
@@ -87,3 +88,21 @@ def test_a_term_that_fails_to_run_is_passed_over() -> None:
     view = DeviceView.from_slice_device(GPU, gpu("gpu-0"))
     assert false_terms(top_level_terms(expression, CEL.parse(expression)), CEL.compile, [view]) == \
         'type "gpu" == "mig" is false on 1 device'
+
+
+def test_the_controllers_event_names_the_false_term(apiserver: Any) -> None:
+    """The embedded scheduler's explanation (Event and claim annotation) on a DGX H100 node, whose GPUs publish
+    81559Mi of memory: a selector asking for 80Gi is false on every one of them."""
+    api = apiserver.api
+    create_all(api, [gpu_class(), node("h100"), *sim_slices("h100", "sim:dgx-h100")])
+    selector = f'device.capacity["{DRIVER}"].memory.compareTo(quantity("80Gi")) >= 0'
+    create_all(api, [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                      "metadata": {"name": "big", "namespace": "default"},
+                      "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                          "deviceClassName": GPU, "selectors": [{"cel": {"expression": selector}}]}}]}}}},
+                     pod("trainer", templates={"gpu": "big"})])
+    ctl = manager(api)
+    for _ in range(2):
+        ctl.step()
+    messages = [e["message"] for e in events_for(api, "trainer") if e["reason"] == "GpuDraUnschedulable"]
+    assert messages and messages[-1].endswith("memory 81559Mi >= 80Gi is false on all 8 devices")
