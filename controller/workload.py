@@ -124,17 +124,20 @@ def build_workload(objects: Iterable[Mapping[str, Any]], extended_resource: bool
     units += [Unit(owner=f"ResourceClaim {claim_key(obj)}", claims=[obj], unreferenced=True) for kind, obj in order
               if kind == "claim" and claim_key(obj) not in referenced and not (obj.get("status") or {}).get("allocation")]
     return Workload(nodes, classes, apply_taint_rules(slices, taint_rules), allocated, units, ignored,
-                    [_with_claim_statuses(p) for p in pods], pod_groups)
+                    [_with_claim_statuses(p, by_key.values()) for p in pods], pod_groups)
 
 
-def _with_claim_statuses(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """The pod as the claim controller leaves it: each template entry's claim name in status.resourceClaimStatuses."""
+def _with_claim_statuses(pod: Mapping[str, Any], claims: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The pod as the claim controller leaves it: each template entry's claim name in status.resourceClaimStatuses
+    (the claim it owns in `claims` when there is one, as _pod_unit resolves it)."""
     name = str((pod.get("metadata") or {}).get("name", ""))
     entries = [e for e in (pod.get("spec") or {}).get("resourceClaims") or [] if e.get("resourceClaimTemplateName")]
     status = dict(pod.get("status") or {})
     recorded = {s.get("name") for s in status.get("resourceClaimStatuses") or []}
+    made = {pc.pod_claim_name: pc.claim_name for pc in resolve_pod_claims(pod, claims)}
     status["resourceClaimStatuses"] = list(status.get("resourceClaimStatuses") or []) + [
-        {"name": e.get("name"), "resourceClaimName": f"{name}-{e.get('name')}"} for e in entries if e.get("name") not in recorded]
+        {"name": e.get("name"), "resourceClaimName": made.get(str(e.get("name"))) or f"{name}-{e.get('name')}"}
+        for e in entries if e.get("name") not in recorded]
     return {**pod, "status": status}
 
 
