@@ -19,7 +19,7 @@ from controller.allocator.model import Device, Request
 from controller.allocator.nodes import node_matches
 from controller.allocator.pools import Pool, binding_enabled
 from controller.cel.errors import CelCompileError, closest_attribute
-from controller.cel.terms import false_terms, top_level_terms
+from controller.cel.terms import Term, false_terms, top_level_terms
 from controller.taintrules import RULE_KEY
 from gpudra.features import Features
 
@@ -49,6 +49,7 @@ class Diagnoser:
         self.snapshot = snapshot
         self.features = features or Features()
         self.allocator = allocator or Allocator(snapshot, self.features, cel_env)
+        self._terms: dict[str, list[Term]] = {}  # a selector's top-level terms, by expression
 
     def explain_node(self, node: str, claims: Sequence[Claim], outcome: Unschedulable | None = None) -> NodeReason:
         if outcome is None:
@@ -228,11 +229,15 @@ class Diagnoser:
         env = self.allocator.cel_env
         if env is None or not hasattr(env, "parse"):
             return ""
-        try:
-            terms = top_level_terms(expression, env.parse(expression))
-        except CelCompileError:
-            return ""
-        return false_terms(terms, env.compile, [d.cel_view(keep=False) for d in devices])
+        terms = self._terms.get(expression)
+        if terms is None:
+            # Parsed once per expression: the scheduler explains a pod on every candidate node.
+            try:
+                terms = top_level_terms(expression, env.parse(expression))
+            except CelCompileError:
+                terms = []
+            self._terms[expression] = terms
+        return false_terms(terms, env.compile, [d.cel_view(keep=False) for d in devices]) if terms else ""
 
     def _counters_short(self, dev: Device, pool: Pool) -> str:
         """The first shared counter the device needs more of than allocated devices left, as `counter set/name:
