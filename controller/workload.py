@@ -4,8 +4,8 @@ Pods reference claims by `resourceClaimName`, or by `resourceClaimTemplateName`.
 one the resourceclaim controller made for the pod when the input has it (named in the pod's
 status.resourceClaimStatuses, or owned by the pod with its pod-claim-name annotation); otherwise the claim
 `<pod>-<entry name>` is generated from the template as that controller would (labels and annotations from the
-template, spec copied). A pod that is bound or has run (spec.nodeName, or a phase past Pending) never gets a claim
-generated: its claims exist in the cluster and hold their devices; a pod that has finished needs none. Claims
+template, spec copied). A pod that runs (a phase past Pending), or is bound with its claims recorded in its status,
+never gets a claim generated: its claims exist in the cluster and hold their devices; a finished pod needs none. Claims
 with `status.allocation` hold their devices. A pod's pending claims are placed together; a pending claim that
 several pods reference is placed with the first of them and shared by the others (which then follow its
 allocation's node selector). Deployments, ReplicaSets, StatefulSets, Jobs and CronJobs are first expanded into
@@ -150,11 +150,12 @@ def _pod_unit(pod: Mapping[str, Any], claims: dict[str, dict[str, Any]], templat
                 node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()})
     if pod_done(pod):
         return unit  # finished: its claims are released, it needs none
-    # Bound or running: what it uses was allocated before it got its node; nothing is made for it any more.
-    settled = pod_scheduled(pod) or (pod.get("status") or {}).get("phase") not in (None, "", "Pending")
     made = {pc.pod_claim_name: pc for pc in resolve_pod_claims(pod, claims.values())}
     recorded = {str(s.get("name")) for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
                 if isinstance(s, Mapping)}
+    # Running, or bound after the claim controller made its claims: what it uses was allocated before it got its
+    # node, and nothing is made for it any more. (A hand-written pod with spec.nodeName only is pinned to that node.)
+    settled = (pod.get("status") or {}).get("phase") not in (None, "", "Pending") or (pod_scheduled(pod) and bool(recorded))
     for i, entry in enumerate(spec.get("resourceClaims") or []):
         entry_name = str(entry.get("name", ""))
         if entry.get("resourceClaimName"):

@@ -123,3 +123,12 @@ def pod_using(claim_name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "user", "namespace": "default"},
             "spec": {"containers": [{"name": "c", "image": "i"}],
                      "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}]}}
+
+
+def test_a_bound_pod_not_yet_running_uses_its_recorded_claim_and_a_hand_pinned_pod_is_still_placed() -> None:
+    # Bound, containers starting (phase Pending), claim recorded but not in the input: it holds it in the cluster.
+    starting = pod("trainer", uid="u-1", node="n1", phase="Pending", claim_name="trainer-gpu-x7k2p")
+    assert explain([*cluster(), template(), starting]) == []
+    # Written by hand with spec.nodeName and no status: its claim is made from the template and placed there.
+    (pinned,) = explain([*cluster(), template(), pod("pinned", node="n1")])
+    assert pinned["claims"] == ["default/pinned-gpu"] and pinned["fits"] == ["n1"]
