@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.allocator.nodes import Node, NodeSelector
-from controller.claims import resolve_pod_claims
+from controller.claims import GeneratedClaims, resolve_pod_claims
 from controller.expand import WORKLOAD_KINDS, expand
 from controller.extended import class_for_resource, dra_extended_requests, extended_resource_claim
 from controller.objects import claim_key, pod_done, pod_scheduled
@@ -106,6 +106,7 @@ def build_workload(objects: Iterable[Mapping[str, Any]], extended_resource: bool
         else:
             ignored.append(f"{kind}/{claim_key(obj)}")
     by_key = {claim_key(c): c for c in claims}
+    owned = GeneratedClaims(claims)  # the input's claims made for pods, by owner and pod claim name (indexed once)
     referenced: set[str] = set()
     units: list[Unit] = []
     generated: list[dict[str, Any]] = []
@@ -114,7 +115,7 @@ def build_workload(objects: Iterable[Mapping[str, Any]], extended_resource: bool
     for kind, obj in order:
         if kind != "pod":
             continue
-        unit = _pod_unit(obj, by_key, templates, referenced, generated, placed_by)
+        unit = _pod_unit(obj, by_key, owned, templates, referenced, generated, placed_by)
         _add_extended_claim(unit, obj, backing, extended_resource)
         obj["_unit"] = unit
     allocated = [c for c in [*claims, *generated] if (c.get("status") or {}).get("allocation")]
@@ -124,24 +125,25 @@ def build_workload(objects: Iterable[Mapping[str, Any]], extended_resource: bool
     units += [Unit(owner=f"ResourceClaim {claim_key(obj)}", claims=[obj], unreferenced=True) for kind, obj in order
               if kind == "claim" and claim_key(obj) not in referenced and not (obj.get("status") or {}).get("allocation")]
     return Workload(nodes, classes, apply_taint_rules(slices, taint_rules), allocated, units, ignored,
-                    [_with_claim_statuses(p, by_key.values()) for p in pods], pod_groups)
+                    [_with_claim_statuses(p, owned) for p in pods], pod_groups)
 
 
-def _with_claim_statuses(pod: Mapping[str, Any], claims: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def _with_claim_statuses(pod: Mapping[str, Any], owned: GeneratedClaims) -> dict[str, Any]:
     """The pod as the claim controller leaves it: each template entry's claim name in status.resourceClaimStatuses
-    (the claim it owns in `claims` when there is one, as _pod_unit resolves it)."""
+    (the claim of the input it owns when there is one, as _pod_unit resolves it)."""
     name = str((pod.get("metadata") or {}).get("name", ""))
     entries = [e for e in (pod.get("spec") or {}).get("resourceClaims") or [] if e.get("resourceClaimTemplateName")]
     status = dict(pod.get("status") or {})
     recorded = {s.get("name") for s in status.get("resourceClaimStatuses") or []}
-    made = {pc.pod_claim_name: pc.claim_name for pc in resolve_pod_claims(pod, claims)}
+    made = {pc.pod_claim_name: pc.claim_name for pc in resolve_pod_claims(pod, owned)}
     status["resourceClaimStatuses"] = list(status.get("resourceClaimStatuses") or []) + [
         {"name": e.get("name"), "resourceClaimName": made.get(str(e.get("name"))) or f"{name}-{e.get('name')}"}
         for e in entries if e.get("name") not in recorded]
     return {**pod, "status": status}
 
 
-def _pod_unit(pod: Mapping[str, Any], claims: dict[str, dict[str, Any]], templates: Mapping[str, Mapping[str, Any]],
+def _pod_unit(pod: Mapping[str, Any], claims: dict[str, dict[str, Any]], owned: GeneratedClaims,
+              templates: Mapping[str, Mapping[str, Any]],
               referenced: set[str], generated: list[dict[str, Any]], placed_by: dict[str, str]) -> Unit:
     meta = pod.get("metadata") or {}
     ns, name = meta.get("namespace") or "default", str(meta.get("name", ""))
@@ -150,7 +152,7 @@ def _pod_unit(pod: Mapping[str, Any], claims: dict[str, dict[str, Any]], templat
                 node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()})
     if pod_done(pod):
         return unit  # finished: its claims are released, it needs none
-    made = {pc.pod_claim_name: pc for pc in resolve_pod_claims(pod, claims.values())}
+    made = {pc.pod_claim_name: pc for pc in resolve_pod_claims(pod, owned)}
     recorded = {str(s.get("name")) for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
                 if isinstance(s, Mapping)}
     # Running, or bound after the claim controller made its claims: what it uses was allocated before it got its
