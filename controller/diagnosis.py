@@ -134,9 +134,11 @@ class Diagnoser:
                         for t in untolerated:
                             taints_seen[_taint_text(t)] += 1
                         continue
+                    if dev.consumes_counters and not f.partitionable_devices:
+                        counts["counters-gate"] += 1
+                        continue
                     if dev.consumes_counters:
-                        short = self._counters_short(dev, pool) if f.partitionable_devices else \
-                            "shared counters need DRAPartitionableDevices"
+                        short = self._counters_short(dev, pool)
                         if short:
                             counts["counters"] += 1
                             used_up.setdefault("counters", []).append(short)
@@ -153,7 +155,7 @@ class Diagnoser:
                     usable.append(dev)
         if request.mode == "All":
             # Every device that matches (selectors, node, capacity the device can give) must be allocatable.
-            need = len(usable) + sum(users.values()) + counts["taint"] + counts["counters"]
+            need = len(usable) + sum(users.values()) + counts["taint"] + counts["counters"] + counts["counters-gate"]
         else:
             need = _needed(request)
         if len(usable) >= max(need, 1):
@@ -167,7 +169,7 @@ class Diagnoser:
                 return NodeReason(node, "pool-invalid", f"resource pool {p.id} is invalid: {p.invalid_reason}", details), usable
             return NodeReason(node, "no-devices", "no devices are published for this node", details), usable
         in_use = sum(users.values())
-        blocked = ("taint", "counters", "capacity", "capacity-never")
+        blocked = ("taint", "counters", "counters-gate", "capacity", "capacity-never")
         if (class_misses or request_misses) and not usable and not in_use and not any(counts[k] for k in blocked):
             selectors = {**class_misses, **request_misses}
             if request_misses:
@@ -186,6 +188,7 @@ class Diagnoser:
             parts.append(f"{in_use} in use by {owners}")
         for key, text in (("taint", "tainted (taint not tolerated)"),
                           ("counters", "whose shared counters are used up by allocated devices"),
+                          ("counters-gate", "that consume shared counters, which need the DRAPartitionableDevices feature"),
                           ("capacity", "whose capacity is used up by other claims"),
                           ("capacity-never", "that can never give the requested capacity")):
             if counts[key]:
@@ -196,7 +199,7 @@ class Diagnoser:
                 if key in ("capacity-never", "capacity", "counters"):
                     seen = sorted(set(never_fits if key == "capacity-never" else used_up.get(key, [])))
                     parts[-1] += " [" + "; ".join(seen[:3]) + ("; ..." if len(seen) > 3 else "") + "]"
-        code = "in-use" if in_use else next((k for k in blocked if counts[k]), "not-enough")
+        code = "in-use" if in_use else next((k.removesuffix("-gate") for k in blocked if counts[k]), "not-enough")
         matching = len(usable) + in_use + sum(counts[k] for k in blocked)
         wanted = f"all {need} matching device{'s' if need != 1 else ''}" if request.mode == "All" and need else \
             f"{need} device{'s' if need != 1 else ''}"

@@ -52,3 +52,17 @@ def test_shared_counters_used_up_are_named_and_said_used_up() -> None:
     assert r.code == "in-use"
     assert r.message.endswith("2 in use by default/old, 1 whose shared counters are used up by allocated devices "
                               "[gpu-0-counters/memorySlices: 0 of 8 left, 4 needed]")
+
+
+def test_counters_with_the_gate_off_are_not_called_used_up() -> None:
+    counters = slice_("counters", "n1", "pool", [], count=2, driver=GPU,
+                      sharedCounters=[{"name": "gpu-0-counters", "counters": {"memorySlices": {"value": "8"}}}])
+    del counters["spec"]["devices"]
+    parts = [device(f"gpu-0-mig-{i}", consumesCounters=[{"counterSet": "gpu-0-counters", "counters": {"memorySlices": {"value": "4"}}}])
+             for i in range(2)]
+    snapshot = ClusterSnapshot([counters, slice_("parts", "n1", "pool", parts, count=2, driver=GPU)], [klass("any")], [])
+    r = Diagnoser(snapshot, Features.parse(["DRAPartitionableDevices=false"]), cel_env=CEL).explain_node(
+        "n1", [parse_claim(claim(requests=[request("gpu", cls="any")]))])
+    assert r.code == "counters"
+    assert r.message.endswith("usable: 0 of 2 matching: 2 that consume shared counters, which need the "
+                              "DRAPartitionableDevices feature")
