@@ -18,6 +18,8 @@ from controller.allocator import capacity as cap
 from controller.allocator.model import Device, Request
 from controller.allocator.nodes import node_matches
 from controller.allocator.pools import Pool, binding_enabled
+from controller.cel.errors import CelCompileError, closest_attribute
+from controller.cel.terms import Term, false_terms, top_level_terms
 from controller.taintrules import RULE_KEY
 from gpudra.features import Features
 
@@ -47,6 +49,7 @@ class Diagnoser:
         self.snapshot = snapshot
         self.features = features or Features()
         self.allocator = allocator or Allocator(snapshot, self.features, cel_env)
+        self._terms: dict[str, list[Term]] = {}  # a selector's top-level terms, by expression
 
     def explain_node(self, node: str, claims: Sequence[Claim], outcome: Unschedulable | None = None) -> NodeReason:
         if outcome is None:
@@ -81,7 +84,7 @@ class Diagnoser:
                 return found
         if outcome.reason != "cannot allocate all claims":
             return NodeReason(node, "unschedulable", outcome.reason)
-        needed = sum(_needed(r) for _, r, _ in usable_by_request)
+        needed = sum(_needed(r, len(u)) for _, r, u in usable_by_request)
         return NodeReason(node, "not-enough", f"the claims together need {needed} devices that are usable at the same time"
                           " (requests compete for the same devices)", {"needed": needed})
 
@@ -93,7 +96,9 @@ class Diagnoser:
         counts: Counter[str] = Counter()
         class_misses: Counter[str] = Counter()
         request_misses: Counter[str] = Counter()  # devices of the class that a request selector rejects
+        rejected: dict[str, tuple[str, list[Device]]] = {}  # selector label -> (its expression, the devices it rejects)
         never_fits: list[str] = []  # why devices can never give the requested capacity, one per such device
+        used_up: dict[str, list[str]] = {}  # "counters"/"capacity" -> what others used up, one per such device
         users: Counter[str] = Counter()
         taints_seen: Counter[str] = Counter()
         usable: list[Device] = []
@@ -108,9 +113,11 @@ class Diagnoser:
                     if not binding and dev.binding_conditions:
                         counts["binding"] += 1
                         continue
-                    miss = self._selector_miss(dev, klass.name, klass.selectors, request, claim)
-                    if miss:
-                        (request_misses if " of request " in miss else class_misses)[miss] += 1
+                    found = self._selector_miss(dev, klass.name, klass.selectors, request, claim)
+                    if found is not None:
+                        miss, expression, of_request = found
+                        (request_misses if of_request else class_misses)[miss] += 1
+                        rejected.setdefault(miss, (expression, []))[1].append(dev)
                         continue
                     if sl.per_device and not node_matches(snap.node(node), dev.node_name, dev.all_nodes, dev.node_selector):
                         counts["elsewhere"] += 1
@@ -127,9 +134,15 @@ class Diagnoser:
                         for t in untolerated:
                             taints_seen[_taint_text(t)] += 1
                         continue
-                    if dev.consumes_counters and (not f.partitionable_devices or not self._counters_fit(dev, pool)):
-                        counts["counters"] += 1
+                    if dev.consumes_counters and not f.partitionable_devices:
+                        counts["counters-gate"] += 1
                         continue
+                    if dev.consumes_counters:
+                        short = self._counters_short(dev, pool)
+                        if short:
+                            counts["counters"] += 1
+                            used_up.setdefault("counters", []).append(short)
+                            continue
                     if f.consumable_capacity and not self._capacity_fits(dev, request):
                         never = _capacity_never(dev, request, f.fractional_capacity_range)
                         if never:
@@ -137,9 +150,14 @@ class Diagnoser:
                             counts["capacity-never"] += 1
                         else:
                             counts["capacity"] += 1
+                            used_up.setdefault("capacity", []).append(self._capacity_used_up(dev, request))
                         continue
                     usable.append(dev)
-        need = _needed(request)
+        if request.mode == "All":
+            # Every device that matches (selectors, node, capacity the device can give) must be allocatable.
+            need = len(usable) + sum(users.values()) + counts["taint"] + counts["counters"] + counts["counters-gate"]
+        else:
+            need = _needed(request)
         if len(usable) >= max(need, 1):
             return None, usable
         details: dict[str, Any] = {"claim": claim.key, "request": request.full_name, "needed": need, "usable": len(usable)}
@@ -151,7 +169,7 @@ class Diagnoser:
                 return NodeReason(node, "pool-invalid", f"resource pool {p.id} is invalid: {p.invalid_reason}", details), usable
             return NodeReason(node, "no-devices", "no devices are published for this node", details), usable
         in_use = sum(users.values())
-        blocked = ("taint", "counters", "capacity", "capacity-never")
+        blocked = ("taint", "counters", "counters-gate", "capacity", "capacity-never")
         if (class_misses or request_misses) and not usable and not in_use and not any(counts[k] for k in blocked):
             selectors = {**class_misses, **request_misses}
             if request_misses:
@@ -162,31 +180,34 @@ class Diagnoser:
             else:
                 top, _ = class_misses.most_common(1)[0]
                 text = f"no device matches {top}"
-            return NodeReason(node, "selector", text, {**details, "selectors": selectors}), usable
+            why = self._why_false(*rejected[top])
+            return NodeReason(node, "selector", f"{text}: {why}" if why else text, {**details, "selectors": selectors}), usable
         parts = []
         if in_use:
             owners = ", ".join(sorted(users)[:3]) + (", ..." if len(users) > 3 else "")
             parts.append(f"{in_use} in use by {owners}")
-        for key, text in (("taint", "tainted (taint not tolerated)"), ("counters", "without enough shared counters left"),
-                          ("capacity", "without enough capacity left"),
+        for key, text in (("taint", "tainted (taint not tolerated)"),
+                          ("counters", "whose shared counters are used up by allocated devices"),
+                          ("counters-gate", "that consume shared counters, which need the DRAPartitionableDevices feature"),
+                          ("capacity", "whose capacity is used up by other claims"),
                           ("capacity-never", "that can never give the requested capacity")):
             if counts[key]:
                 parts.append(f"{counts[key]} {text}")
                 if key == "taint":
                     parts[-1] += " [" + "; ".join(t for t, _ in taints_seen.most_common(3)) + \
                         ("; ..." if len(taints_seen) > 3 else "") + "]"
-                if key == "capacity-never":
-                    seen = sorted(set(never_fits))
+                if key in ("capacity-never", "capacity", "counters"):
+                    seen = sorted(set(never_fits if key == "capacity-never" else used_up.get(key, [])))
                     parts[-1] += " [" + "; ".join(seen[:3]) + ("; ..." if len(seen) > 3 else "") + "]"
-        code = "in-use" if in_use else next((k for k in blocked if counts[k]), "not-enough")
+        code = "in-use" if in_use else next((k.removesuffix("-gate") for k in blocked if counts[k]), "not-enough")
         matching = len(usable) + in_use + sum(counts[k] for k in blocked)
-        msg = f"request {request.full_name} of claim {claim.key} needs {need} device{'s' if need != 1 else ''}; "
+        wanted = f"all {need} matching device{'s' if need != 1 else ''}" if request.mode == "All" and need else \
+            f"{need} device{'s' if need != 1 else ''}"
+        msg = f"request {request.full_name} of claim {claim.key} needs {wanted}; "
         if matching < need:
-            # Freeing devices cannot help: the node does not have that many.
+            # Freeing devices cannot help: the node does not have that many, so what holds some of them is no reason.
             code = "not-enough"
             msg += f"the node has only {matching} matching device{'s' if matching != 1 else ''} in all"
-            if parts:
-                msg += f" ({', '.join(parts)})"
         else:
             msg += f"usable: {len(usable)} of {matching} matching"
             if parts:
@@ -194,20 +215,41 @@ class Diagnoser:
         return NodeReason(node, code, msg, {**details, "inUseBy": dict(users), **{k: v for k, v in counts.items() if k != "devices"}}), usable
 
     def _selector_miss(self, dev: Device, class_name: str, class_selectors: Sequence[str | None], request: Request,
-                       claim: Claim) -> str:
+                       claim: Claim) -> tuple[str, str, bool] | None:
+        """The first selector (class ones first) that rejects the device: its label, its expression, and whether it
+        is the request's; None when the device matches them all."""
         i = self.allocator.first_selector_miss(dev, class_selectors, f"class {class_name}")
         if i is not None:
-            return f"selector #{i} of class {class_name}"
+            return f"selector #{i} of class {class_name}", str(class_selectors[i]), False
         i = self.allocator.first_selector_miss(dev, request.selectors, f"claim {claim.key}")
         if i is not None:
-            return f"selector #{i} of request {request.full_name} of claim {claim.key}"
-        return ""
+            return f"selector #{i} of request {request.full_name} of claim {claim.key}", str(request.selectors[i]), True
+        return None
 
-    def _counters_fit(self, dev: Device, pool: Pool) -> bool:
-        avail: dict[tuple[str, str], Any] = {}
+    def _why_false(self, expression: str, devices: Sequence[Device]) -> str:
+        """Which top-level term of the selector is false on the devices it rejects, with their values (see
+        controller.cel.terms); empty when the CEL environment cannot tell."""
+        env = self.allocator.cel_env
+        if env is None or not hasattr(env, "parse"):
+            return ""
+        terms = self._terms.get(expression)
+        if terms is None:
+            # Parsed once per expression: the scheduler explains a pod on every candidate node.
+            try:
+                terms = top_level_terms(expression, env.parse(expression))
+            except CelCompileError:
+                terms = []
+            self._terms[expression] = terms
+        return false_terms(terms, env.compile, [d.cel_view(keep=False) for d in devices]) if terms else ""
+
+    def _counters_short(self, dev: Device, pool: Pool) -> str:
+        """The first shared counter the device needs more of than allocated devices left, as `counter set/name:
+        HAVE of TOTAL left, NEED needed`; empty when all fit."""
+        total: dict[tuple[str, str], Any] = {}
         for set_name, counters in pool.counter_sets.items():
             for n, c in counters.items():
-                avail[(set_name, n)] = cap._q((c or {}).get("value", "0"))
+                total[(set_name, n)] = cap._q((c or {}).get("value", "0"))
+        avail = dict(total)
         for sl in [*pool.slices, *pool.other_slices]:
             for other in sl.devices:
                 if other.id in self.snapshot.allocated:
@@ -218,35 +260,68 @@ class Diagnoser:
         for set_name, counters in dev.consumes_counters:
             for n, c in counters.items():
                 have = avail.get((set_name, n))
-                if have is None or have < cap._q((c or {}).get("value", "0")):
-                    return False
-        return True
+                wanted = cap._q((c or {}).get("value", "0"))
+                if have is None:
+                    return f"{set_name}/{n}: no such counter in pool {pool.id}"
+                if have < wanted:
+                    return f"{set_name}/{n}: {have} of {total[(set_name, n)]} left, {wanted} needed"
+        return ""
 
-    def _capacity_fits(self, dev: Device, request: Request) -> bool:
+    def _consumed(self, dev: Device) -> dict[str, Any]:
         consumed: dict[str, Any] = {}
         for entry in self.snapshot.shared_consumed.get(dev.id, ()):
             cap.add_into(consumed, entry)
-        return cap.fits(dev.raw.get("capacity") or {}, request.capacity, consumed, {}, self.features.fractional_capacity_range)
+        return consumed
+
+    def _capacity_fits(self, dev: Device, request: Request) -> bool:
+        return cap.fits(dev.raw.get("capacity") or {}, request.capacity, self._consumed(dev), {},
+                        self.features.fractional_capacity_range)
+
+    def _capacity_used_up(self, dev: Device, request: Request) -> str:
+        """Which capacity of a device that could give the request its amounts when idle others have used up:
+        `memory: 60Gi of 80Gi in use, 40Gi requested`."""
+        consumed = self._consumed(dev)
+        fractional = self.features.fractional_capacity_range
+        for name, c in sorted((dev.raw.get("capacity") or {}).items()):
+            requested = (request.capacity or {}).get(name)
+            used = {name: consumed[name]} if name in consumed else {}
+            if not cap.fits({name: c}, {name: requested} if requested is not None else None, used, {}, fractional):
+                charged = cap.consumed_amount(cap._q(requested) if requested is not None else None, c, fractional)
+                return f"{name}: {consumed.get(name, 0)} of {(c or {}).get('value', '0')} in use, {charged} requested"
+        return "its capacity is used up"
 
     def _constraints(self, node: str, claim: Claim, usable: list[tuple[Request, list[Device]]]) -> NodeReason | None:
-        for c in claim.constraints:
-            if c.kind != "match":
+        for i, c in enumerate(claim.constraints):
+            if c.kind not in ("match", "distinct"):
                 continue
             scoped = [(r, devs) for r, devs in usable if not c.requests or r.name in c.requests or
                       (r.parent is not None and (r.parent in c.requests or r.full_name in c.requests))]
-            need = sum(_needed(r) for r, _ in scoped)
-            if need <= 1:
+            need = sum(_needed(r, len(devs)) for r, devs in scoped)
+            devices = {d.uid: d for _, devs in scoped for d in devs}
+            if need < 1 or not devices:
                 continue
             groups: Counter[Any] = Counter()
-            devices = {d.uid: d for _, devs in scoped for d in devs}
             for d in devices.values():
                 value = d.attribute(c.attribute)
                 if value is not None:
                     groups[value] += 1
+            details = {"claim": claim.key, "attribute": c.attribute, "needed": need}
+            if not groups:
+                # A device without the attribute never satisfies the constraint: most often a misspelt name.
+                field_name = "matchAttribute" if c.kind == "match" else "distinctAttribute"
+                best_name = closest_attribute(c.attribute, {n for d in devices.values() for n in d.attribute_names()})
+                return NodeReason(node, "constraint", f"constraint #{i} of claim {claim.key} ({field_name}: {c.attribute}): "
+                                  f"none of the {len(devices)} free device{'s' if len(devices) != 1 else ''} has attribute "
+                                  f"{c.attribute}" + (f"; did you mean {best_name}?" if best_name else ""),
+                                  {**details, "largestGroup": 0, **({"didYouMean": best_name} if best_name else {})})
+            # distinctAttribute compares a device only with the last one of each other request (Kubernetes keys what
+            # it has seen by request), so counting values says nothing about it.
+            if need <= 1 or c.kind != "match":
+                continue
             best = max(groups.values(), default=0)
             if best < need:
                 return NodeReason(node, "constraint", f"only {best} of {need} free devices share {c.attribute}",
-                                  {"claim": claim.key, "attribute": c.attribute, "needed": need, "largestGroup": best})
+                                  {**details, "largestGroup": best})
         return None
 
 
@@ -265,8 +340,9 @@ def _capacity_never(dev: Device, request: Request, fractional: bool) -> str:
     return "the device's request policy refuses the requested amounts"
 
 
-def _needed(request: Request) -> int:
-    return 1 if request.mode == "All" else max(request.count, 0)
+def _needed(request: Request, usable: int = 0) -> int:
+    """Devices the request takes; with allocationMode All, every usable one (`usable`: how many that is)."""
+    return usable if request.mode == "All" else max(request.count, 0)
 
 
 def summarize(reasons: Iterable[NodeReason], limit: int = 5) -> str:

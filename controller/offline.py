@@ -5,7 +5,8 @@ Both commands run the same pass, in the order the cluster would: first every gan
 standalone claims are placed one after another on the best node, each placement holding its devices. A claim
 shared by several pods is allocated with the first and followed by the others. `allocate` reports per claim;
 `explain` reports per unit, with each candidate node's reason at the moment the unit was judged, so that the
-two always agree on what fits.
+two always agree on what fits. Claims no pod references come last: `allocate` places them (its contract),
+`explain` only says whether they would fit, as no scheduler allocates a claim before a pod uses it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from gpudra import DEFAULT_DRIVER_NAME
 from gpudra.features import Features
 
 Outcome = Literal["allocated", "unschedulable", "error"]
+UNREFERENCED = "no pod references this claim, so no scheduler allocates it until one does"
 
 
 @dataclass(frozen=True)
@@ -114,10 +116,15 @@ class Session:
             own = [c for c in unit.claims if claim_key(c) not in gang_keys]
             keys = [claim_key(c) for c in own]
             entry: dict[str, Any] = {"owner": unit.owner, "claims": keys, "errors": [m for _, m in unit.errors]}
-            out.units.append(entry)
             follows = [*unit.shared, *(claim_key(c) for c in unit.claims if claim_key(c) in gang_keys)]
             pins, blocked = self._follow(unit, follows, out)
+            # A pod with nothing left to place (running, or its claims allocated) is not reported; one that follows a
+            # claim another pod places is (with why it cannot start when that failed).
+            if own or entry["errors"] or follows:
+                out.units.append(entry)
             if not own:
+                if blocked:
+                    entry.update(fits=[], summary=blocked, nodes=[])
                 continue
             if blocked:
                 out.add(ClaimResult(k, "unschedulable", None, None, blocked) for k in keys)
@@ -139,6 +146,13 @@ class Session:
             reasons: list[NodeReason] | None = None
             if explain:
                 reasons = self._reasons(candidates, claims)
+                if unit.unreferenced:
+                    # Nothing allocates a claim before a pod uses it: say whether it could fit, place nothing.
+                    fits = [r.node for r in reasons if r.code == "fits"]
+                    entry.update(unreferenced=True, fits=fits, nodes=[r.to_dict() for r in reasons],
+                                 summary=f"{UNREFERENCED}; it would fit on {len(fits)} of {len(candidates)} nodes"
+                                 + (f"; {summarize(reasons)}" if len(fits) < len(candidates) else ""))
+                    continue
             try:
                 placed = self.placer.place(claims, candidates)
             except AllocationError as exc:

@@ -1,13 +1,16 @@
 """Offline inputs for `gpu-dra allocate` / `explain`: what holds devices and what must be placed, in order.
 
-Pods reference claims by `resourceClaimName`, or by `resourceClaimTemplateName`, in which case the
-claim `<pod>-<entry name>` is generated from the template like the resourceclaim controller does
-(labels and annotations from the template, spec copied). Claims with `status.allocation` hold
-their devices. A pod's pending claims are placed together; a pending claim that several pods
-reference is placed with the first of them and shared by the others (which then follow its
-allocation's node selector); claims no pod references are placed on their own. Deployments,
-ReplicaSets, StatefulSets, Jobs and CronJobs are first expanded into their pods
-(controller.expand). Units keep the input order.
+Pods reference claims by `resourceClaimName`, or by `resourceClaimTemplateName`. A template's claim is the
+one the resourceclaim controller made for the pod when the input has it (named in the pod's
+status.resourceClaimStatuses, or owned by the pod with its pod-claim-name annotation); otherwise the claim
+`<pod>-<entry name>` is generated from the template as that controller would (labels and annotations from the
+template, spec copied). A pod that runs (a phase past Pending), or is bound with its claims recorded in its status,
+never gets a claim generated: its claims exist in the cluster and hold their devices; a finished pod needs none. Claims
+with `status.allocation` hold their devices. A pod's pending claims are placed together; a pending claim that
+several pods reference is placed with the first of them and shared by the others (which then follow its
+allocation's node selector). Deployments, ReplicaSets, StatefulSets, Jobs and CronJobs are first expanded into
+their pods (controller.expand). Units keep the input order, except that claims no pod references come last
+(`unreferenced`): no scheduler allocates those until a pod uses them.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.allocator.nodes import Node, NodeSelector
+from controller.claims import GeneratedClaims, resolve_pod_claims
 from controller.expand import WORKLOAD_KINDS, expand
 from controller.extended import class_for_resource, dra_extended_requests, extended_resource_claim
-from controller.objects import claim_key
+from controller.objects import claim_key, pod_done, pod_scheduled
 from controller.taintrules import apply_taint_rules
 
 KINDS = ("Node", "DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "Pod", "DeviceTaintRule",
@@ -41,6 +45,7 @@ class Unit:
     # Pending claims of this pod that an earlier unit places (a claim shared by several pods): this pod follows
     # wherever that allocation lands, and cannot start if it fails.
     shared: list[str] = field(default_factory=list)
+    unreferenced: bool = False  # a standalone claim that no pod of the input references
 
 
 @dataclass
@@ -101,6 +106,7 @@ def build_workload(objects: Iterable[Mapping[str, Any]], extended_resource: bool
         else:
             ignored.append(f"{kind}/{claim_key(obj)}")
     by_key = {claim_key(c): c for c in claims}
+    owned = GeneratedClaims(claims)  # the input's claims made for pods, by owner and pod claim name (indexed once)
     referenced: set[str] = set()
     units: list[Unit] = []
     generated: list[dict[str, Any]] = []
@@ -109,56 +115,75 @@ def build_workload(objects: Iterable[Mapping[str, Any]], extended_resource: bool
     for kind, obj in order:
         if kind != "pod":
             continue
-        unit = _pod_unit(obj, by_key, templates, referenced, generated, placed_by)
+        unit = _pod_unit(obj, by_key, owned, templates, referenced, generated, placed_by)
         _add_extended_claim(unit, obj, backing, extended_resource)
         obj["_unit"] = unit
     allocated = [c for c in [*claims, *generated] if (c.get("status") or {}).get("allocation")]
     for kind, obj in order:
         if kind == "pod":
             units.append(obj.pop("_unit"))
-        elif claim_key(obj) not in referenced and not (obj.get("status") or {}).get("allocation"):
-            units.append(Unit(owner=f"ResourceClaim {claim_key(obj)}", claims=[obj]))
+    units += [Unit(owner=f"ResourceClaim {claim_key(obj)}", claims=[obj], unreferenced=True) for kind, obj in order
+              if kind == "claim" and claim_key(obj) not in referenced and not (obj.get("status") or {}).get("allocation")]
     return Workload(nodes, classes, apply_taint_rules(slices, taint_rules), allocated, units, ignored,
-                    [_with_claim_statuses(p) for p in pods], pod_groups)
+                    [_with_claim_statuses(p, owned) for p in pods], pod_groups)
 
 
-def _with_claim_statuses(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """The pod as the claim controller leaves it: each template entry's claim name in status.resourceClaimStatuses."""
+def _with_claim_statuses(pod: Mapping[str, Any], owned: GeneratedClaims) -> dict[str, Any]:
+    """The pod as the claim controller leaves it: each template entry's claim name in status.resourceClaimStatuses
+    (the claim of the input it owns when there is one, as _pod_unit resolves it)."""
     name = str((pod.get("metadata") or {}).get("name", ""))
     entries = [e for e in (pod.get("spec") or {}).get("resourceClaims") or [] if e.get("resourceClaimTemplateName")]
     status = dict(pod.get("status") or {})
     recorded = {s.get("name") for s in status.get("resourceClaimStatuses") or []}
+    made = {pc.pod_claim_name: pc.claim_name for pc in resolve_pod_claims(pod, owned)}
     status["resourceClaimStatuses"] = list(status.get("resourceClaimStatuses") or []) + [
-        {"name": e.get("name"), "resourceClaimName": f"{name}-{e.get('name')}"} for e in entries if e.get("name") not in recorded]
+        {"name": e.get("name"), "resourceClaimName": made.get(str(e.get("name"))) or f"{name}-{e.get('name')}"}
+        for e in entries if e.get("name") not in recorded]
     return {**pod, "status": status}
 
 
-def _pod_unit(pod: Mapping[str, Any], claims: dict[str, dict[str, Any]], templates: Mapping[str, Mapping[str, Any]],
+def _pod_unit(pod: Mapping[str, Any], claims: dict[str, dict[str, Any]], owned: GeneratedClaims,
+              templates: Mapping[str, Mapping[str, Any]],
               referenced: set[str], generated: list[dict[str, Any]], placed_by: dict[str, str]) -> Unit:
     meta = pod.get("metadata") or {}
     ns, name = meta.get("namespace") or "default", str(meta.get("name", ""))
     spec = pod.get("spec") or {}
     unit = Unit(owner=f"Pod {ns}/{name}", claims=[], node_name=spec.get("nodeName") or None,
                 node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()})
+    if pod_done(pod):
+        return unit  # finished: its claims are released, it needs none
+    made = {pc.pod_claim_name: pc for pc in resolve_pod_claims(pod, owned)}
+    recorded = {str(s.get("name")) for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+                if isinstance(s, Mapping)}
+    # Running, or bound after the claim controller made its claims: what it uses was allocated before it got its
+    # node, and nothing is made for it any more. (A hand-written pod with spec.nodeName only is pinned to that node.)
+    settled = (pod.get("status") or {}).get("phase") not in (None, "", "Pending") or (pod_scheduled(pod) and bool(recorded))
     for i, entry in enumerate(spec.get("resourceClaims") or []):
         entry_name = str(entry.get("name", ""))
         if entry.get("resourceClaimName"):
             key = f"{ns}/{entry['resourceClaimName']}"
             claim = claims.get(key)
             if claim is None:
+                if settled:
+                    continue  # it holds the claim in the cluster; the input does not show it
                 unit.errors.append((key, f"Pod {ns}/{name}: spec.resourceClaims[{i}].resourceClaimName: "
                                          f"ResourceClaim {key} is not in the input; give the claim or use a template"))
                 continue
         elif entry.get("resourceClaimTemplateName"):
-            key = f"{ns}/{name}-{entry_name}"
+            found = made.get(entry_name)
+            if found is not None and found.claim_name is None and entry_name in recorded:
+                continue  # the claim controller recorded that this entry needs no claim
+            key = f"{ns}/{found.claim_name if found is not None and found.claim_name else f'{name}-{entry_name}'}"
             claim = claims.get(key)
+            if claim is None and settled:
+                continue
             if claim is None:
                 template = templates.get(f"{ns}/{entry['resourceClaimTemplateName']}")
                 if template is None:
                     unit.errors.append((key, f"Pod {ns}/{name}: spec.resourceClaims[{i}].resourceClaimTemplateName: "
                                              f"ResourceClaimTemplate {ns}/{entry['resourceClaimTemplateName']} is not in the input"))
                     continue
-                claim = claim_from_template(template, pod, entry_name)
+                claim = claim_from_template(template, pod, entry_name, key.split("/", 1)[1])
                 claims[key] = claim
                 generated.append(claim)
         else:
@@ -193,12 +218,15 @@ def _add_extended_claim(unit: Unit, pod: Mapping[str, Any], backing: Mapping[str
     unit.claims.append(extended_resource_claim(pod, requests, key.split("/", 1)[1]))
 
 
-def claim_from_template(template: Mapping[str, Any], pod: Mapping[str, Any], entry_name: str) -> dict[str, Any]:
+def claim_from_template(template: Mapping[str, Any], pod: Mapping[str, Any], entry_name: str,
+                        claim_name: str | None = None) -> dict[str, Any]:
+    """The claim the resourceclaim controller makes for the pod's entry; `claim_name`: the name it recorded in the
+    pod's status (the controller's names end in a random suffix), else `<pod>-<entry name>`."""
     pmeta = pod.get("metadata") or {}
     tmeta = (template.get("spec") or {}).get("metadata") or {}
     ns = pmeta.get("namespace") or "default"
     meta: dict[str, Any] = {
-        "name": f"{pmeta.get('name', '')}-{entry_name}",
+        "name": claim_name or f"{pmeta.get('name', '')}-{entry_name}",
         "namespace": ns,
         "annotations": {**(tmeta.get("annotations") or {}), "resource.kubernetes.io/pod-claim-name": entry_name},
         "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pmeta.get("name", ""),

@@ -128,3 +128,25 @@ def test_table_output(capsys: pytest.CaptureFixture[str], slice_file: str) -> No
     assert lines[0].split() == ["DEVICE", "RESULT"]
     assert lines[1].split() == ["gpu.nvidia.com/node-a/gpu-0", "no", "match"]
     assert lines[2].split() == ["gpu.nvidia.com/node-a/gpu-1", "match"]
+
+
+def test_options_before_the_expression(capsys: pytest.CaptureFixture[str], slice_file: str, tmp_path: Path) -> None:
+    expr = 'device.attributes["gpu.nvidia.com"].productName == "L4"'
+    assert main(["cel", "-f", slice_file, expr, "-o", "json"]) == 0
+    after = json.loads(capsys.readouterr().out)
+    assert main(["cel", expr, "-f", slice_file, "-o", "json"]) == 0
+    assert after == json.loads(capsys.readouterr().out)
+    assert [r["match"] for r in after["results"]] == [False, True]
+    # Two slice files and the expression last: the files stay files.
+    other = tmp_path / "more.yaml"
+    other.write_text(SLICE)
+    assert main(["cel", "-o", "json", "-f", slice_file, str(other), expr]) == 0
+    assert len(json.loads(capsys.readouterr().out)["results"]) == 4
+
+
+def test_no_expression_is_a_usage_error(capsys: pytest.CaptureFixture[str], slice_file: str) -> None:
+    # The last word of -f is a file that exists: not taken for an expression.
+    assert main(["cel", "-f", slice_file, slice_file]) == 2
+    assert "the following arguments are required: EXPRESSION" in capsys.readouterr().err
+    assert main(["cel", "-f", slice_file]) == 2
+    assert "the following arguments are required: EXPRESSION" in capsys.readouterr().err

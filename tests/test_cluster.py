@@ -134,6 +134,7 @@ def test_cluster_up_fault_restart_down(cli: Cli) -> None:
     up = cli.run("up", "--name", NAME, "--nodes", "small=t4-1,quad=v100-4", "--runtime", "none")
     assert up.returncode == 0, up.stderr
     assert f"kubeconfig context {CONTEXT} written to {cli.kubeconfig}" in up.stdout
+    assert f"gpu-dra cluster: switched the current kubectl context in {cli.kubeconfig} to {CONTEXT} (" in up.stderr
     assert "node quad (v100-4): Ready, agent registered, 4 devices published" in up.stderr  # a progress line
     config = yaml.safe_load(cli.kubeconfig.read_text())
     assert config["current-context"] == CONTEXT
@@ -292,8 +293,8 @@ def test_kubeconfig_merge_keeps_other_entries(tmp_path: Path) -> None:
              "users": [{"name": "prod", "user": {"token": "x"}}],
              "contexts": [{"name": "prod", "context": {"cluster": "prod", "user": "prod"}}]}
     path.write_text(yaml.safe_dump(other))
-    kc.merge(path, "dev", "http://127.0.0.1:1")
-    kc.merge(path, "dev", "http://127.0.0.1:2")  # up again: replaced, not duplicated
+    assert kc.merge(path, "dev", "http://127.0.0.1:1") == "prod"
+    assert kc.merge(path, "dev", "http://127.0.0.1:2") == "gpu-dra-dev"  # up again: replaced, not duplicated
     merged = yaml.safe_load(path.read_text())
     assert [c["name"] for c in merged["contexts"]] == ["prod", "gpu-dra-dev"]
     assert merged["clusters"][1]["cluster"]["server"] == "http://127.0.0.1:2"
@@ -304,6 +305,15 @@ def test_kubeconfig_merge_keeps_other_entries(tmp_path: Path) -> None:
     path.write_text("clusters: [")
     with pytest.raises(kc.KubeconfigError, match="not a valid kubeconfig"):
         kc.merge(path, "dev", "http://x")
+
+
+def test_up_says_it_switched_the_current_context(tmp_path: Path) -> None:
+    path = tmp_path / "config"
+    assert kc.switch_notice("dev", "prod", path) == (
+        f"switched the current kubectl context in {path} to gpu-dra-dev (was prod; "
+        "`kubectl config use-context prod` switches back)")
+    assert kc.switch_notice("dev", "", path) == f"switched the current kubectl context in {path} to gpu-dra-dev (none was set before)"
+    assert kc.switch_notice("dev", "gpu-dra-dev", path) == ""
 
 
 def test_gpu_usage_counts_physical_gpus() -> None:

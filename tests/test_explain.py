@@ -18,7 +18,8 @@ def test_selector_false_names_class_selector() -> None:
     cls = klass(selectors=[f'device.attributes["{DRIVER}"].model == "h100"'])
     ex = explainer([slice_("s", "n1", "p", [device("d0", {"model": "a100"})])], [cls])
     r = ex.explain_node("n1", [parse_claim(claim())])
-    assert r.code == "selector" and r.message == "no device matches selector #0 of class class-a"
+    assert r.code == "selector"
+    assert r.message == 'no device matches selector #0 of class class-a: model "a100" == "h100" is false on 1 device'
 
 
 def test_in_use_names_the_holder() -> None:

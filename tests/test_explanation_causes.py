@@ -31,13 +31,14 @@ def test_b_a_request_selector_that_rejects_every_device_of_the_class_is_blamed_n
     c = claim(requests=[request(cls="gpu", selectors=[{"cel": {"expression": selector}}])])
     r = Diagnoser(ClusterSnapshot(_gpus_and_migs(), [GPU_CLASS], []), cel_env=CEL).explain_node("n1", [parse_claim(c)])
     assert r.code == "selector"
-    assert r.message == "none of the 4 devices of class gpu matches selector #0 of request req-0 of claim default/claim-0"
+    assert r.message == ("none of the 4 devices of class gpu matches selector #0 of request req-0 of claim default/claim-0: "
+                         'productName "NVIDIA A100-SXM4-80GB" contains "H100" is false on all 4 devices')
 
 
 def test_b_the_class_is_blamed_when_no_device_of_the_node_is_of_the_class() -> None:
     migs_only = [slice_("s", "n1", "p", [device(f"m{i}", {"type": "mig"}) for i in range(3)])]
     r = Diagnoser(ClusterSnapshot(migs_only, [GPU_CLASS], []), cel_env=CEL).explain_node("n1", [parse_claim(claim(requests=[request(cls="gpu")]))])
-    assert r.code == "selector" and r.message == "no device matches selector #0 of class gpu"
+    assert r.code == "selector" and r.message == 'no device matches selector #0 of class gpu: type "mig" == "gpu" is false on all 3 devices'
 
 
 def _shared_gpu(name: str) -> dict[str, Any]:
@@ -63,7 +64,9 @@ def test_c_capacity_used_up_by_others_is_capacity_left() -> None:
         "consumedCapacity": {"memory": "60Gi"}}]}, "nodeSelector": allocation("n1")["nodeSelector"]}}
     snapshot = ClusterSnapshot([slice_("s", "n1", "p", [_shared_gpu("g0")])], [GPU_CLASS], [held])
     r = Diagnoser(snapshot, cel_env=CEL).explain_node("n1", [parse_claim(_capacity_claim("new", "40Gi"))])
-    assert r.code == "capacity" and r.message.endswith("usable: 0 of 1 matching: 1 without enough capacity left")
+    # The capacity is named, and said to be used up, with by how much.
+    assert r.code == "capacity" and r.message.endswith(
+        "usable: 0 of 1 matching: 1 whose capacity is used up by other claims [memory: 60Gi of 80Gi in use, 40Gi requested]")
 
 
 def test_e_more_devices_than_the_node_has_does_not_suggest_freeing_some() -> None:
@@ -73,8 +76,8 @@ def test_e_more_devices_than_the_node_has_does_not_suggest_freeing_some() -> Non
     snapshot = ClusterSnapshot([slice_("s", "n1", "p", devs)], [GPU_CLASS], [held])
     r = Diagnoser(snapshot, cel_env=CEL).explain_node("n1", [parse_claim(claim(requests=[request(cls="gpu", count=12)]))])
     assert r.code == "not-enough"
-    assert r.message == ("request req-0 of claim default/claim-0 needs 12 devices; the node has only 4 matching devices "
-                         "in all (3 in use by default/old)")
+    # Not "3 in use": freeing them would not help, the node has too few in all.
+    assert r.message == "request req-0 of claim default/claim-0 needs 12 devices; the node has only 4 matching devices in all"
     # With enough devices on the node, what is in use is what stands in the way.
     r = Diagnoser(snapshot, cel_env=CEL).explain_node("n1", [parse_claim(claim(requests=[request(cls="gpu", count=2)]))])
     assert r.code == "in-use" and r.message.endswith("usable: 1 of 4 matching: 3 in use by default/old")

@@ -77,7 +77,8 @@ def test_two_claims_share_a_gpu_a_third_is_refused_and_mps_limits_each(tmp: Path
     assert (ra["consumedCapacity"], rb["consumedCapacity"]) == (
         {"memory": "8Gi", "computeShare": "50"}, {"memory": "6Gi", "computeShare": "40"},
     )
-    assert c["message"].endswith("usable: 0 of 1 matching: 1 without enough capacity left"), c["message"]
+    assert c["message"].endswith("usable: 0 of 1 matching: 1 whose capacity is used up by other claims "
+                                 "[memory: 14Gi of 15Gi in use, 4Gi requested]"), c["message"]
 
     # Prepare: one MPS daemon for the GPU, each claim's containers limited to its part.
     refs = node.prepare([a, b])

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.allocator import capacity as cap
-from controller.cel.errors import closest, missing_key_hint
+from controller.cel.errors import closest_class, missing_key_hint
 from controller.allocator.errors import CANNOT_ALLOCATE, INVALID_POOLS, AllocationError, Unschedulable
 from controller.allocator.model import (
     LIST_KINDS,
@@ -368,7 +368,7 @@ class _Run:
         klass = self.snap.classes.get(request.class_name)
         if klass is None:
             known = sorted(self.snap.classes)
-            best = closest(request.class_name, known)
+            best = closest_class(request.class_name, known)
             raise AllocationError(
                 f"claim {key}, request {request.name}: could not retrieve device class {request.class_name}: "
                 f'deviceclass.resource.k8s.io "{request.class_name}" not found'

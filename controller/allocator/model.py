@@ -72,6 +72,10 @@ class Device:
         lookup.update(self.attributes)
         self._lookup = lookup
 
+    def attribute_names(self) -> list[str]:
+        """The fully qualified names of the device's attributes (`<driver>/<name>` for those written bare)."""
+        return [name for name in self._lookup if "/" in name]
+
     def attribute(self, qualified: str) -> AttrValue | None:
         """Kubernetes' lookupAttribute: the fully qualified name, or the bare id when the domain is the driver's."""
         return self._lookup.get(qualified)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from cel_expr_python import cel
+from google.protobuf import any_pb2
 
 from controller.cel.cost import CostEstimate, checked_expr, estimate_checked_cost
 from controller.cel.deadline import DEFAULT_EVALUATION_SECONDS, EvaluationDeadline, interrupted_message
@@ -214,6 +215,19 @@ class CelEnvironment:
         if folded is not None:
             program = self._runtime.deserialize(folded)
         return Selector(self, expression, program, cost, footprint)
+
+    def parse(self, expression: str) -> Any:
+        """The parsed expression (cel.expr.ParsedExpr, macros expanded, with source positions); raises
+        CelCompileError with Kubernetes' text."""
+        try:
+            program = self._runtime.compile(expression, disable_check=True)
+        except Exception as err:
+            raise CelCompileError(compile_message(str(err))) from None
+        wrapper = any_pb2.Any()
+        wrapper.ParseFromString(program.serialize())
+        parsed = self._types.ParsedExpr()
+        parsed.ParseFromString(wrapper.value)
+        return parsed
 
     def estimate_cost(self, expression: str) -> int:
         """Kubernetes-style worst-case cost of a compilable expression; raises CelCompileError."""

@@ -73,6 +73,80 @@ def closest(name: str, choices: Iterable[str]) -> str | None:
     return by_lower[found[0]] if found else None
 
 
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+def _words(name: str) -> list[str]:
+    return "".join(ch if ch.isalnum() else " " for ch in name.lower()).split()
+
+
+# What people write for a DeviceClass, by meaning, -> the first label of the class they mean (NVIDIA's classes are
+# `<kind>.nvidia.com`): the device-plugin resource `nvidia.com/gpu`, a GPU model, a MIG profile.
+_CLASS_MEANINGS: dict[str, tuple[str, ...]] = {
+    "gpu": ("gpus", "cuda", "accelerator", "h100", "h200", "a100", "a10", "a30", "a40", "b200", "gb200", "l4", "l40",
+            "l40s", "t4", "v100"),
+    "mig": ("migs", "1g", "2g", "3g", "4g", "7g", "partition", "instance"),
+}
+_CLASS_HINT_DISTANCE = 0.3  # under one edit in three letters
+
+
+def closest_class(name: str, classes: Iterable[str]) -> str | None:
+    """The DeviceClass a wrong class name probably meant, or None. Decided by the better of the edit distance on
+    the whole name and the distance between a word of the name and the class's first label (by spelling, or by
+    meaning: `nvidia.com/gpu` and `h100` mean gpu.nvidia.com, not mig.nvidia.com, which is as close in letters);
+    a tie between two classes offers neither."""
+    typed = name.lower()
+    words = _words(typed)
+    scored: list[tuple[float, float, str]] = []
+    for candidate in sorted(set(classes)):
+        lower = candidate.lower()
+        whole = _edits(typed, lower) / max(len(typed), len(lower), 1)
+        label = lower.split(".")[0]
+        by_label = 1.0
+        for word in words:
+            if word == label or word in _CLASS_MEANINGS.get(label, ()):
+                by_label = 0.0
+            elif len(label) >= 3 and label in word:
+                by_label = min(by_label, 0.2)  # nvidiagpu
+            else:
+                by_label = min(by_label, _edits(word, label) / max(len(word), len(label)))
+        scored.append((min(whole, by_label), whole, candidate))
+    scored.sort()
+    if not scored or scored[0][0] > _CLASS_HINT_DISTANCE:
+        return None
+    if len(scored) > 1 and scored[1][:2] == scored[0][:2]:
+        return None
+    return scored[0][2]
+
+
+def closest_attribute(qualified: str, published: Iterable[str]) -> str | None:
+    """The fully qualified attribute a constraint probably meant (`matchAttribute`, `distinctAttribute`), among
+    those the devices publish: the same name in another domain, a name of the same meaning, else the closest
+    spelling of the name (in the domain closest to the one written)."""
+    domain, _, ident = qualified.rpartition("/")
+    by_id: dict[str, list[str]] = {}
+    for name in sorted(set(published)):
+        by_id.setdefault(name.rpartition("/")[2], []).append(name)
+
+    def in_domain(meant: str) -> str:
+        return closest(f"{domain}/{meant}", by_id[meant]) or by_id[meant][0]
+
+    if ident in by_id:
+        return in_domain(ident)
+    for meant in _SYNONYMS.get(_key(ident), ()):
+        if meant in by_id:
+            return in_domain(meant)
+    best = closest(ident, by_id)
+    return in_domain(best) if best else None
+
+
 # What users call an attribute or capacity, by meaning, -> the names drivers publish (NVIDIA's, ours and the
 # Kubernetes-standard ones). Keys are compared lower-case without `_` and `-`.
 _SYNONYMS: dict[str, tuple[str, ...]] = {

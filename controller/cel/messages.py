@@ -168,9 +168,23 @@ def _cel_expr_file() -> descriptor_pb2.FileDescriptorProto:
         _field(checked, name, number, _F.TYPE_MESSAGE, f".cel.expr.CheckedExpr.{entry_name}", _REP)
     _field(checked, "expr", 4, _F.TYPE_MESSAGE, E)
 
-    # What an unchecked Expression.serialize() holds; source_info (3) is kept as an unknown field.
+    # Where each expression node starts in the source (offsets in code points), for splitting a selector into its
+    # top-level terms. Macro calls (field 5) are left as unknown fields.
+    info = _message(fdp, "SourceInfo")
+    _field(info, "syntax_version", 1, _F.TYPE_STRING)
+    _field(info, "location", 2, _F.TYPE_STRING)
+    _field(info, "line_offsets", 3, _F.TYPE_INT32, label=_REP)
+    positions = info.nested_type.add(name="PositionsEntry")
+    positions.options.map_entry = True
+    _field(positions, "key", 1, _F.TYPE_INT64)
+    _field(positions, "value", 2, _F.TYPE_INT32)
+    _field(info, "positions", 4, _F.TYPE_MESSAGE, ".cel.expr.SourceInfo.PositionsEntry", _REP)
+    _field(checked, "source_info", 5, _F.TYPE_MESSAGE, ".cel.expr.SourceInfo")
+
+    # What an unchecked Expression.serialize() holds.
     parsed = _message(fdp, "ParsedExpr")
     _field(parsed, "expr", 2, _F.TYPE_MESSAGE, E)
+    _field(parsed, "source_info", 3, _F.TYPE_MESSAGE, ".cel.expr.SourceInfo")
     return fdp
 
 

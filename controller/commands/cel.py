@@ -29,7 +29,10 @@ class NamedDevice:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("expression", help="CEL selector expression, e.g. 'device.driver == \"gpu.nvidia.com\"'")
+    # Optional here only so that `-f SLICES... EXPRESSION` works too: -f takes every word after it, and the
+    # expression is then its last one (see split_expression).
+    parser.add_argument("expression", nargs="?",
+                        help="CEL selector expression, e.g. 'device.driver == \"gpu.nvidia.com\"'")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--device", metavar="FILE",
                         help="YAML/JSON device: {driver, attributes, capacity, allowMultipleAllocations} (v1 shapes)")
@@ -119,14 +122,26 @@ def _print_table(report: dict[str, Any]) -> None:
         print(f"{r['device']:<{width}}  {outcome}")
 
 
+def split_expression(expression: str | None, files: list[str] | None) -> tuple[str, list[str] | None]:
+    """The expression and the slice files, for either order on the command line: `cel EXPR -f FILE...` or
+    `cel -f FILE... EXPR` (where -f took the expression as its last word). Raises InputError without one."""
+    if expression is not None:
+        return expression, files
+    if files and len(files) >= 2 and not Path(files[-1]).exists():
+        return files[-1], files[:-1]
+    raise InputError("the following arguments are required: EXPRESSION "
+                     "(gpu-dra cel EXPRESSION (--device FILE | -f SLICES...), or -f SLICES... EXPRESSION)")
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         features = features_from_arguments(args)
-        devices = load_device_file(args.device) if args.device else load_slice_files(args.filename)
+        expression, files = split_expression(args.expression, args.filename)
+        devices = load_device_file(args.device) if args.device else load_slice_files(files or [])
     except (InputError, FeatureGateError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    report = evaluate(args.expression, devices, args.strict, features)
+    report = evaluate(expression, devices, args.strict, features)
     if args.output == "table":
         _print_table(report)
     else:

@@ -44,4 +44,6 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {u['summary']}")
                 for n in u["nodes"]:
                     print(f"    {n['node']}: {n['code']}: {n['message']}")
-    return 0 if all(u.get("fits") or not u["claims"] for u in units) and not any(u["errors"] for u in units) else 1
+    # A unit with no claims of its own may still wait on one another unit failed to place (it then has a summary).
+    return 0 if all(u.get("fits") or (not u["claims"] and "summary" not in u) for u in units) \
+        and not any(u["errors"] for u in units) else 1

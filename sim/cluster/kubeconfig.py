@@ -90,8 +90,22 @@ def _write(path: Path, config: dict[str, Any]) -> None:
     atomic_write(path, yaml.safe_dump(config, sort_keys=False).encode(), mode=0o600)
 
 
-def merge(path: Path, cluster: str, server: str) -> None:
-    _write(path, with_context(_read(path), cluster, server))
+def merge(path: Path, cluster: str, server: str) -> str:
+    """Write our entries and make our context current; the context that was current before ("" for none)."""
+    config = _read(path)
+    previous = str((config or {}).get("current-context") or "")
+    _write(path, with_context(config, cluster, server))
+    return previous
+
+
+def switch_notice(cluster: str, previous: str, path: Path) -> str:
+    """The line `up` prints when it changed kubectl's current context (empty when ours was current already): a
+    person's next `kubectl` goes elsewhere than before, which must not happen silently."""
+    name = context_name(cluster)
+    if previous == name:
+        return ""
+    was = f"was {previous}; `kubectl config use-context {previous}` switches back" if previous else "none was set before"
+    return f"switched the current kubectl context in {path} to {name} ({was})"
 
 
 def merge_file(path: Path, source: Path, cluster: str) -> str:

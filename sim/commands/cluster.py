@@ -242,11 +242,14 @@ def _up(args: argparse.Namespace) -> int:
         return 1
     assert sup is not None and sup.server
     try:
-        kubeconfig.merge(target, args.name, sup.server)
+        previous = kubeconfig.merge(target, args.name, sup.server)
     except (kubeconfig.KubeconfigError, OSError) as exc:
         _err(f"cluster {args.name} is up at {sup.server}, but the kubeconfig context was not written: {exc}")
         return 1
     write_json(paths.user_kubeconfig, {"path": str(target)})
+    notice = kubeconfig.switch_notice(args.name, previous, target)
+    if notice:
+        _err(notice)
     context = kubeconfig.context_name(args.name)
     env_hint = "" if _kubectl_reads(target) else f"KUBECONFIG={target} "
     print(f"cluster {args.name} is up: {len(node_specs)} nodes, server {sup.server}\n"
