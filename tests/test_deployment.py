@@ -84,10 +84,23 @@ def test_kind_overlay_runs_the_simulator_on_unlabelled_nodes() -> None:
     # Each worker simulates the profile its gpu-dra.simulated-profile label names (manifests/kind/cluster.yaml).
     assert env["GPU_DRA_NVML"] == "sim:node-label"
     assert "affinity" not in spec
+    container = spec["containers"][0]
+    # The testbed image carries the simulator (the product image does not); on a node the agent's state is the
+    # kubelet's, not the simulator's private default, or it would never register.
+    assert container["image"] == "ghcr.io/gpu-dra/gpu-dra:v0.1.0-testbed"
+    assert {"--kubelet-dir=/var/lib/kubelet", "--cdi-dir=/var/run/cdi"} <= set(container["args"])
+
+
+@pytest.mark.process
+def test_the_manifests_name_the_image_the_build_produces() -> None:
+    from sim.upstream.images import product_reference
+
+    assert agent_pod(build())["containers"][0]["image"] == product_reference()
+    assert agent_pod(build("testbed"))["containers"][0]["image"] == product_reference(testbed=True)
 
 
 def test_each_kind_worker_gets_the_profile_its_label_names(apiserver: Any) -> None:
-    from driver.commands.plugin import PROFILE_LABEL, resolve_nvml_spec
+    from driver.commands.plugin import CLIQUE_LABEL, PROFILE_LABEL, resolve_nvml_spec
 
     cluster = yaml.safe_load((MANIFESTS / "kind/cluster.yaml").read_text())
     profiles = [n["labels"][PROFILE_LABEL] for n in cluster["nodes"] if n["role"] == "worker"]
@@ -101,6 +114,14 @@ def test_each_kind_worker_gets_the_profile_its_label_names(apiserver: Any) -> No
     with pytest.raises(ValueError, match="Node absent does not exist"):
         resolve_nvml_spec("sim:node-label", apiserver.api, "absent")
     assert resolve_nvml_spec("sim:t4-1", apiserver.api, "absent") == "sim:t4-1"
+    # A fabric profile's clique comes from its own label (a label value cannot hold `?clique=N`).
+    apiserver.api.create("Node", {"metadata": {"name": "gb200", "labels": {PROFILE_LABEL: "gb200-nvl",
+                                                                           CLIQUE_LABEL: "2"}}})
+    assert resolve_nvml_spec("sim:node-label", apiserver.api, "gb200") == "sim:gb200-nvl?clique=2"
+    apiserver.api.create("Node", {"metadata": {"name": "bad", "labels": {PROFILE_LABEL: "gb200-nvl",
+                                                                         CLIQUE_LABEL: "two"}}})
+    with pytest.raises(ValueError, match="gpu-dra.simulated-clique='two': expected a clique id"):
+        resolve_nvml_spec("sim:node-label", apiserver.api, "bad")
 
 
 # ---- RBAC derived from the code ---------------------------------------------------------------------------

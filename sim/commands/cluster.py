@@ -489,7 +489,6 @@ def _down_upstream(args: argparse.Namespace) -> int:
 
 
 def _status_upstream(args: argparse.Namespace) -> int:
-    from sim.upstream import commands as upstream
     from sim.upstream import report
 
     root = _upstream_state(args.name)

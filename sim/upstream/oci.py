@@ -51,28 +51,27 @@ def _walk(root: Path) -> Iterator[Path]:
 
 def _layer(root: Path, out: Path) -> str:
     """Write the tree as a tar to `out`; return its sha256 hex digest."""
-    with out.open("wb") as raw:
-        with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            links: dict[tuple[int, int], str] = {}
-            for path in _walk(root):
-                rel = path.relative_to(root).as_posix()
-                info = tar.gettarinfo(str(path), arcname=rel)
-                info.mtime = 0
-                info.uname = info.gname = ""
-                st = path.lstat()
-                if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-                    key = (st.st_dev, st.st_ino)
-                    if key in links:
-                        info.type, info.linkname, info.size = tarfile.LNKTYPE, links[key], 0
-                        tar.addfile(info)
-                        continue
-                    links[key] = rel
-                if info.isreg():
-                    with path.open("rb") as data:
-                        tar.addfile(info, data)
-                elif info.type in (tarfile.SYMTYPE, tarfile.DIRTYPE, tarfile.CHRTYPE, tarfile.BLKTYPE,
-                                   tarfile.FIFOTYPE):
+    with out.open("wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        links: dict[tuple[int, int], str] = {}
+        for path in _walk(root):
+            rel = path.relative_to(root).as_posix()
+            info = tar.gettarinfo(str(path), arcname=rel)
+            info.mtime = 0
+            info.uname = info.gname = ""
+            st = path.lstat()
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                key = (st.st_dev, st.st_ino)
+                if key in links:
+                    info.type, info.linkname, info.size = tarfile.LNKTYPE, links[key], 0
                     tar.addfile(info)
+                    continue
+                links[key] = rel
+            if info.isreg():
+                with path.open("rb") as data:
+                    tar.addfile(info, data)
+            elif info.type in (tarfile.SYMTYPE, tarfile.DIRTYPE, tarfile.CHRTYPE, tarfile.BLKTYPE,
+                               tarfile.FIFOTYPE):
+                tar.addfile(info)
     digest = hashlib.sha256()
     with out.open("rb") as data:
         while chunk := data.read(1 << 20):
