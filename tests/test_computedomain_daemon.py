@@ -143,10 +143,12 @@ def test_host_process_runtime_applies_cdi_edits_and_routes_our_image(tmp_path: P
             "containerEdits": {"env": ["A=spec"]},
             "devices": [{"name": "u1-daemon-0", "containerEdits": {
                 "env": ["COMPUTE_DOMAIN_UUID=u-1", "A=device"],
-                "mounts": [{"hostPath": "/state/u-1", "containerPath": "/imexd", "options": ["rw", "bind"]}]}}]}
+                "mounts": [{"hostPath": "/state/u-1", "containerPath": "/imexd", "options": ["rw", "bind"]}],
+                "deviceNodes": [{"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}]}}]}
     (tmp_path / "k8s.compute-domain.nvidia.com-claim_u1.json").write_text(json.dumps(spec))
-    env, mounts = cdi_edits(tmp_path, ["k8s.compute-domain.nvidia.com/claim=u1-daemon-0"])
+    env, mounts, nodes = cdi_edits(tmp_path, ["k8s.compute-domain.nvidia.com/claim=u1-daemon-0"])
     assert env == {"A": "device", "COMPUTE_DOMAIN_UUID": "u-1"} and mounts == [("/state/u-1", "/imexd")]
+    assert nodes == [{"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}]
     with pytest.raises(RuntimeError_, match="unresolvable CDI devices k8s.compute-domain.nvidia.com/claim=nope"):
         cdi_edits(tmp_path, ["k8s.compute-domain.nvidia.com/claim=nope"])
     assert is_own_image("ghcr.io/gpu-dra/gpu-dra:v0.1.0") and is_own_image("ghcr.io/gpu-dra/gpu-dra")

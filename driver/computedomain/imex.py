@@ -1,17 +1,22 @@
 """What the node plugin prepares for a domain's IMEX daemon: its config directory `<state>/<domain uid>/` (the
 daemon pod's /imexd) holding NVIDIA's IMEX config template `imexd.cfg.tmpl` (the keys and values of NVIDIA's
 compute-domain-daemon config template, with its two Go template fields, which the daemon fills in:
-driver.computedomain.daemon), and the driver's `nvidia-imex` / `nvidia-imex-ctl` that the daemon's CDI spec
-mounts (the host's install on a GB200 node; the simulator's stand-ins on a simulated one). Nothing here runs
-nvidia-imex: the daemon pod does.
+driver.computedomain.daemon), the driver's `nvidia-imex` / `nvidia-imex-ctl` that the daemon's CDI spec
+mounts (the host's install on a GB200 node; the simulator's stand-ins on a simulated one), and the device nodes
+and driver files nvidia-imex needs beside them (`daemon_edits`). Nothing here runs nvidia-imex: the daemon pod
+does.
 """
 
 from __future__ import annotations
 
 import os
 import posixpath
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from driver.cdi import CapabilityError, DeviceNumbers
+from driver.driverfiles import DriverFiles
 from gpudra.atomicfile import atomic_write
 
 SERVER_PORT = 50000
@@ -19,6 +24,8 @@ CMD_PORT = 50005
 IMEX_BIN = "usr/bin/nvidia-imex"
 IMEX_CTL_BIN = "usr/bin/nvidia-imex-ctl"
 TEMPLATE_NAME = "imexd.cfg.tmpl"
+# The driver's capability the IMEX daemon opens (/proc/driver/nvidia/capabilities/fabric-imex-mgmt).
+FABRIC_IMEX_CAPABILITY = "fabric-imex-mgmt"
 
 
 class ImexError(Exception):
@@ -58,3 +65,17 @@ def binaries(driver_root: Path | None, host_root: str = "/") -> list[tuple[str, 
                             "IMEX daemon (nvidia-imex is part of the driver's nvidia-imex package)")
         out.append((posixpath.join(host_root, rel), "/" + rel))
     return out
+
+
+def daemon_edits(numbers: DeviceNumbers, gpu_minors: Sequence[int], files: DriverFiles) -> dict[str, Any]:
+    """CDI containerEdits for what nvidia-imex needs in the daemon's container beside its config and binaries, as
+    NVIDIA's daemon device gets them (its management-mode `device=all` and the fabric-imex-mgmt node): every GPU's
+    device node, /dev/nvidiactl (and nvidia-uvm's when loaded), the fabric-imex-mgmt capability node it opens, and
+    the driver's files (libraries, tools, firmware, hooks: driver.driverfiles). Raises ImexError when the driver
+    does not say what the capability node is."""
+    try:
+        capability = numbers.capability_node(FABRIC_IMEX_CAPABILITY)
+    except CapabilityError as exc:
+        raise ImexError(str(exc)) from exc
+    nodes = [numbers.gpu_node(minor) for minor in sorted(gpu_minors)]
+    return {**files.container_edits(), "deviceNodes": [*nodes, *numbers.control_nodes(), capability]}
