@@ -44,7 +44,7 @@ class ComputeDomainSettings:
 
 class ComputeDomainAgent:
     def __init__(self, api: KubeApi, settings: ComputeDomainSettings, nvml: Any, inventory: Inventory,
-                 driver_files: DriverFiles = DriverFiles()) -> None:
+                 driver_files: DriverFiles | None = None) -> None:
         self.api = api
         self.settings = settings
         self.nvml = nvml
@@ -58,7 +58,7 @@ class ComputeDomainAgent:
         self._threads: list[threading.Thread] = []
         self._last_reported: dict[str, str] = {}
         # The driver's libraries and tools (the node agent's discovery, driver.driverfiles), for the daemon pods.
-        self.driver_files = driver_files
+        self.driver_files = driver_files or DriverFiles()
         self.preparer = ComputeDomainPreparer(
             NodeContext(settings.node, self.clique, lambda d: imex.write_domain_dir(self.domains_dir, d),
                         self._device_numbers, lambda: imex.binaries(settings.driver_root, settings.host_driver_root),

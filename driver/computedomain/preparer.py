@@ -199,8 +199,8 @@ class ComputeDomainPreparer:
                 for host, path in self.ctx.imex_binaries())]
             env = [f"CLIQUE_ID={self.ctx.clique}", f"COMPUTE_DOMAIN_UUID={domain_uid}",
                    f"COMPUTE_DOMAIN_NAME={meta.get('name')}", f"COMPUTE_DOMAIN_NAMESPACE={meta.get('namespace')}"]
-            edits = {"env": env, "mounts": mounts, **{k: v for k, v in extra.items() if k != "mounts" and v}}
-            spec = self._spec(ref.uid, [(d.device_name, edits) for d in devices])
+            daemon = {"env": env, "mounts": mounts, **{k: v for k, v in extra.items() if k != "mounts" and v}}
+            spec = self._spec(ref.uid, [(d.device_name, daemon) for d in devices])
             self._write_spec(ref.uid, spec)
             self.checkpoint.claims[ref.uid] = PreparedClaim(ref.uid, ref.namespace, ref.name, "daemon", domain_uid,
                                                             devices)

@@ -48,7 +48,7 @@ def expand(text: str, env: Mapping[str, str]) -> str:
         close = text.find(")", i + 2) if after == "(" else -1
         if close >= 0:
             name = text[i + 2:close]
-            out.append(env[name] if name in env else f"$({name})")
+            out.append(env.get(name, f"$({name})"))
             i = close + 1
         else:
             out.append("$" if after == "$" else "$" + after)
