@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,11 @@ def test_the_daemon_spec_has_the_gpu_control_and_imex_nodes_and_the_driver_files
     assert targets["/imexd"] == str(tmp_path / "domains" / "d-1")
     assert targets["/usr/bin/nvidia-imex"] == str(root / "usr/bin/nvidia-imex")
     assert targets["/usr/lib64/libnvidia-ml.so.1"] == str(root / f"usr/lib64/libnvidia-ml.so.{inventory.driver_version}")
+    # The host's IMEX channel nodes, as NVIDIA's management-mode device lists them (none on a simulated node).
+    assert imex.host_channel_nodes(None) == [] and imex.host_channel_nodes(tmp_path / "no-dev") == []
+    channels = [{"path": "/dev/nvidia-caps-imex-channels/channel0", "type": "c", "major": 509, "minor": 0}]
+    with_channels = imex.daemon_edits(numbers, [0], files, channels)["deviceNodes"]
+    assert channels[0] in with_channels and with_channels[-1]["path"].startswith("/dev/nvidia-caps/nvidia-cap")
     # A driver that publishes no fabric-imex-mgmt capability: the node cannot run the daemon, and says why.
     with pytest.raises(imex.ImexError, match="fabric-imex-mgmt"):
         imex.daemon_edits(DeviceNumbers(numbers.majors, None), [0], files)
@@ -123,3 +129,15 @@ def test_nvidia_imex_starts_in_the_daemon_pod_only_with_the_new_spec(tmp_path: P
     # Past its checks, it reads its config: the domain dir holds only the template until the daemon fills it in.
     assert code == 1 and "config file /imexd/imexd.cfg: No such file or directory" in log, log
     assert "failed to open" not in log and "error while loading" not in log
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+def test_host_channel_nodes_are_the_hosts_character_devices_in_channel_order(tmp_path: Path) -> None:
+    directory = tmp_path / "nvidia-caps-imex-channels"
+    directory.mkdir()
+    for n in (10, 2):
+        os.mknod(directory / f"channel{n}", 0o600 | stat.S_IFCHR, os.makedev(509, n))
+    (directory / "channel3").write_text("")  # not a device node
+    (directory / "README").write_text("")
+    assert imex.host_channel_nodes(tmp_path) == [
+        {"path": f"/dev/nvidia-caps-imex-channels/channel{n}", "type": "c", "major": 509, "minor": n} for n in (2, 10)]

@@ -385,7 +385,8 @@ def run(args: argparse.Namespace) -> int:
         compute_domains = ComputeDomainAgent(api, ComputeDomainSettings(
             node=args.node, kubelet_dir=kubelet_dir, cdi_dir=cdi_dir, namespace=args.compute_domain_namespace,
             driver_root=_driver_root(args), proc_root=_compute_domain_proc(args),
-            host_driver_root=args.host_driver_root), nvml, inventory, agent.driver_files)
+            host_driver_root=args.host_driver_root, dev_root=Path("/dev") if args.nvml == "real" else None),
+            nvml, inventory, agent.driver_files)
         compute_domains.start()
     try:
         if args.device_plugin:

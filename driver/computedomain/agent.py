@@ -40,6 +40,7 @@ class ComputeDomainSettings:
     driver_root: Path | None  # the driver install as this process sees it
     proc_root: Path | None = None
     host_driver_root: str = "/"  # the same install's path on the host, which CDI specs name
+    dev_root: Path | None = None  # the host's /dev as this process sees it (None on a simulated node)
 
 
 class ComputeDomainAgent:
@@ -79,7 +80,8 @@ class ComputeDomainAgent:
 
     def _daemon_edits(self) -> dict[str, Any]:
         try:
-            return imex.daemon_edits(self._device_numbers(), [g.minor for g in self.inventory.gpus], self.driver_files)
+            return imex.daemon_edits(self._device_numbers(), [g.minor for g in self.inventory.gpus], self.driver_files,
+                                     imex.host_channel_nodes(self.settings.dev_root))
         except imex.ImexError as exc:
             raise NotReady(f"node {self.settings.node} cannot run an IMEX daemon: {exc}") from exc
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Sequence
+import stat
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from driver.cdi import CapabilityError, DeviceNumbers
 from driver.driverfiles import DriverFiles
 from gpudra.atomicfile import atomic_write
+from gpudra.computedomain import CHANNEL_DEVICE_DIR
 
 SERVER_PORT = 50000
 CMD_PORT = 50005
@@ -67,15 +69,44 @@ def binaries(driver_root: Path | None, host_root: str = "/") -> list[tuple[str, 
     return out
 
 
-def daemon_edits(numbers: DeviceNumbers, gpu_minors: Sequence[int], files: DriverFiles) -> dict[str, Any]:
+def host_channel_nodes(dev_root: Path | None) -> list[dict[str, Any]]:
+    """The IMEX channel device nodes that exist on the host (`<dev_root>/nvidia-caps-imex-channels/channel<N>`,
+    typed with their numbers), in channel order: what NVIDIA's management-mode device gives the daemon beside the
+    GPUs. None (a simulated node, whose host /dev is not its own): none."""
+    if dev_root is None:
+        return []
+    found: list[tuple[int, dict[str, Any]]] = []
+    directory = dev_root / CHANNEL_DEVICE_DIR.removeprefix("/dev/")
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    for name in names:
+        number = name.removeprefix("channel")
+        if not name.startswith("channel") or not number.isdigit():
+            continue
+        try:
+            st = os.stat(directory / name)
+        except OSError:
+            continue
+        if stat.S_ISCHR(st.st_mode):
+            found.append((int(number), {"path": f"{CHANNEL_DEVICE_DIR}/{name}", "type": "c",
+                                        "major": os.major(st.st_rdev), "minor": os.minor(st.st_rdev)}))
+    return [node for _, node in sorted(found, key=lambda f: f[0])]
+
+
+def daemon_edits(numbers: DeviceNumbers, gpu_minors: Sequence[int], files: DriverFiles,
+                 channels: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """CDI containerEdits for what nvidia-imex needs in the daemon's container beside its config and binaries, as
     NVIDIA's daemon device gets them (its management-mode `device=all` and the fabric-imex-mgmt node): every GPU's
-    device node, /dev/nvidiactl (and nvidia-uvm's when loaded), the fabric-imex-mgmt capability node it opens, and
-    the driver's files (libraries, tools, firmware, hooks: driver.driverfiles). Raises ImexError when the driver
-    does not say what the capability node is."""
+    device node, /dev/nvidiactl (and nvidia-uvm's when loaded), the IMEX channel nodes the host has
+    (`host_channel_nodes`), the fabric-imex-mgmt capability node it opens, and the driver's files (libraries,
+    tools, firmware, hooks: driver.driverfiles). Raises ImexError when the driver does not say what the capability
+    node is."""
     try:
         capability = numbers.capability_node(FABRIC_IMEX_CAPABILITY)
     except CapabilityError as exc:
         raise ImexError(str(exc)) from exc
     nodes = [numbers.gpu_node(minor) for minor in sorted(gpu_minors)]
-    return {**files.container_edits(), "deviceNodes": [*nodes, *numbers.control_nodes(), capability]}
+    return {**files.container_edits(),
+            "deviceNodes": [*nodes, *numbers.control_nodes(), *(dict(c) for c in channels), capability]}
