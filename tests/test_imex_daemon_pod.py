@@ -45,11 +45,12 @@ def _tray(tmp_path: Path) -> tuple[Path, Any]:
     return driverinstall.write(tmp_path / "driver", "tray", inventory), inventory
 
 
-def _daemon_spec(tmp_path: Path, root: Path, inventory: Any, edits: Any) -> str:
-    """Prepare the daemon claim; returns its CDI device id."""
+def daemon_spec(tmp_path: Path, root: Path, inventory: Any, edits: Any, binaries: Any = None) -> str:
+    """Prepare the daemon claim (its CDI spec in tmp_path/cdi); returns its CDI device id. `binaries`: the IMEX
+    binaries' mounts (default: imex.binaries of `root`)."""
     preparer = ComputeDomainPreparer(
-        NodeContext("tray", "c.1", lambda d: tmp_path / "domains" / d, lambda: DeviceNumbers(),
-                    lambda: imex.binaries(root, str(root)), edits),
+        NodeContext("tray", "c.1", lambda d: imex.write_domain_dir(tmp_path / "domains", d), lambda: DeviceNumbers(),
+                    binaries or (lambda: imex.binaries(root, str(root))), edits),
         Checkpoint(tmp_path / "checkpoint.json"), tmp_path / "cdi", get_claim=lambda ns, name: CLAIM,
         get_domain=lambda uid: DOMAIN, daemon_ready=lambda uid: (True, ""), label_node=lambda d: None)
     result = preparer.prepare([ClaimRef("u1", "gpu-dra-system", "dm")])["u1"]
@@ -61,7 +62,7 @@ def test_the_daemon_spec_has_the_gpu_control_and_imex_nodes_and_the_driver_files
     root, inventory = _tray(tmp_path)
     numbers = DeviceNumbers.read(root / "proc")
     files = discover_driver_files(root, inventory.driver_version, host_root=str(root))
-    _daemon_spec(tmp_path, root, inventory,
+    daemon_spec(tmp_path, root, inventory,
                  lambda: imex.daemon_edits(numbers, [g.minor for g in inventory.gpus], files))
     spec = json.loads((tmp_path / "cdi" / "k8s.compute-domain.nvidia.com-claim_u1.json").read_text())
     edits = spec["devices"][0]["containerEdits"]
@@ -120,10 +121,10 @@ def test_nvidia_imex_starts_in_the_daemon_pod_only_with_the_new_spec(tmp_path: P
     root, inventory = _tray(tmp_path)
     numbers = DeviceNumbers.read(root / "proc")
     files = discover_driver_files(root, inventory.driver_version, host_root=str(root))
-    old = _daemon_spec(tmp_path / "old", root, inventory, dict)  # config dir, env and binaries only
+    old = daemon_spec(tmp_path / "old", root, inventory, dict)  # config dir, env and binaries only
     code, log = _run(tmp_path / "old", "old", old)
     assert code == LOADER_EXIT and "libnvidia-ml.so.1: cannot open shared object file" in log
-    new = _daemon_spec(tmp_path / "new", root, inventory,
+    new = daemon_spec(tmp_path / "new", root, inventory,
                        lambda: imex.daemon_edits(numbers, [g.minor for g in inventory.gpus], files))
     code, log = _run(tmp_path / "new", "new", new)
     # Past its checks, it reads its config: the domain dir holds only the template until the daemon fills it in.

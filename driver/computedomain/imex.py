@@ -18,6 +18,7 @@ from typing import Any
 
 from driver.cdi import CapabilityError, DeviceNumbers
 from driver.driverfiles import DriverFiles
+from driver.driverroot import DriverRoot, DriverRootError
 from gpudra.atomicfile import atomic_write
 from gpudra.computedomain import CHANNEL_DEVICE_DIR
 
@@ -56,16 +57,20 @@ def write_domain_dir(state_dir: Path, domain: str) -> Path:
 
 def binaries(driver_root: Path | None, host_root: str = "/") -> list[tuple[str, str]]:
     """(host path, container path) of the driver's IMEX binaries, found under `driver_root` (this process's view)
-    and named under `host_root` (the host's, for the runtime); refused when the install has none."""
+    where the driver's other tools are (driver.driverroot: /usr/bin, GKE's bin/, ...) and named under `host_root`
+    (the host's, for the runtime); mounted at /usr/bin. Refused when the install has none."""
     if driver_root is None:
         raise ImexError("no driver root (--driver-root): nvidia-imex cannot be found")
+    root = DriverRoot(driver_root)
     out = []
     for rel in (IMEX_BIN, IMEX_CTL_BIN):
-        path = driver_root / rel
-        if not os.access(path, os.X_OK):
-            raise ImexError(f"{path}: not found or not executable; the NVIDIA driver install on this node has no "
-                            "IMEX daemon (nvidia-imex is part of the driver's nvidia-imex package)")
-        out.append((posixpath.join(host_root, rel), "/" + rel))
+        name = posixpath.basename(rel)
+        try:
+            found = root.find_binary(name)
+        except DriverRootError as exc:
+            raise ImexError(f"{exc}; the NVIDIA driver install on this node has no IMEX daemon (nvidia-imex is part "
+                            "of the driver's nvidia-imex package)") from None
+        out.append((posixpath.join(host_root, found.relative_to(driver_root).as_posix()), "/" + rel))
     return out
 
 
