@@ -7,6 +7,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import pytest
+
 from sim.kubelet.probes import ContainerProber, ProbeSpec, probe_specs
 
 
@@ -108,6 +110,7 @@ def test_exec_probe_commands_expand_the_static_env_as_the_kubelet_does() -> None
     assert container["startupProbe"]["exec"]["command"][2] == "$(LOG_VERBOSITY)"  # the pod spec is left alone
 
 
+@pytest.mark.process  # the hook's exec runs `true`
 def test_exec_lifecycle_hooks_run_their_command_as_written() -> None:
     """The kubelet's lifecycle handler passes Exec.Command unexpanded (pkg/kubelet/lifecycle/handlers.go)."""
     import threading
