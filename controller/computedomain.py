@@ -23,6 +23,8 @@ from gpudra.kubeapi import AlreadyExists, ApiError, Conflict, KubeApi, NotFound
 log = logging.getLogger("gpu-dra.compute-domain-controller")
 
 # The IMEX daemon pods run our own image's `gpu-dra compute-domain-daemon` (NVIDIA's run its compute-domain-daemon).
+# This default serves a controller run outside a Pod; the manifests give it its own Pod's image
+# (--compute-domain-daemon-image-from-pod), which kustomize's `images:` sets.
 DAEMON_IMAGE = "ghcr.io/gpu-dra/gpu-dra:v0.1.0"
 DAEMON_ACCOUNT = "compute-domain-daemon-service-account"
 MAX_NODES_PER_IMEX_DOMAIN = 18  # NVIDIA's chart default: one NVL72 rack's compute trays
@@ -88,11 +90,14 @@ def _field(path: str) -> dict[str, Any]:
     return {"fieldRef": {"fieldPath": path}}
 
 
-def daemon_set(domain: Mapping[str, Any], namespace: str, image: str = DAEMON_IMAGE) -> dict[str, Any]:
+def daemon_set(domain: Mapping[str, Any], namespace: str, image: str = DAEMON_IMAGE,
+               pull_secrets: Sequence[str] = ()) -> dict[str, Any]:
     """One IMEX daemon pod per node the domain's workload landed on, as NVIDIA's template has it: the pod holds
-    the node's daemon claim (whose CDI spec gives it /imexd, the IMEX binaries and the domain's env) and runs
+    the node's daemon claim (whose CDI spec gives it /imexd, the domain's env, the node's GPU, control and
+    fabric-imex-mgmt device nodes and the driver's files with nvidia-imex: driver.computedomain.imex) and runs
     `gpu-dra compute-domain-daemon run` (driver.computedomain.daemon), which runs nvidia-imex; the probes run its
-    `check` (nvidia-imex-ctl -q), the startup probe every second for up to 20 minutes."""
+    `check` (nvidia-imex-ctl -q), the startup probe every second for up to 20 minutes. It tolerates every taint
+    (the node agent's `nvidia.com/gpu` among them) and is pulled with `pull_secrets`."""
     uid = str(_meta(domain).get("uid"))
     name = daemon_name(domain)
     env = [{"name": "LOG_VERBOSITY", "value": "0"},
@@ -113,6 +118,7 @@ def daemon_set(domain: Mapping[str, Any], namespace: str, image: str = DAEMON_IM
                 "metadata": {"labels": _labels(uid)},
                 "spec": {
                     "serviceAccountName": DAEMON_ACCOUNT,
+                    **({"imagePullSecrets": [{"name": n} for n in pull_secrets]} if pull_secrets else {}),
                     "nodeSelector": _labels(uid),
                     "tolerations": list(_DAEMON_TOLERATIONS),
                     "containers": [{
@@ -148,12 +154,13 @@ def domain_status(domain: Mapping[str, Any], cliques: Sequence[Mapping[str, Any]
 
 class ComputeDomainController:
     def __init__(self, api: KubeApi, namespace: str = "gpu-dra-system", *, image: str = DAEMON_IMAGE,
-                 driver: str = DEFAULT_DRIVER_NAME, may_write: Callable[[], bool] = lambda: True,
-                 interval: float = 1.0) -> None:
+                 pull_secrets: Sequence[str] = (), driver: str = DEFAULT_DRIVER_NAME,
+                 may_write: Callable[[], bool] = lambda: True, interval: float = 1.0) -> None:
         self.api = api
         self.driver = driver
         self.namespace = namespace
         self.image = image
+        self.pull_secrets = tuple(pull_secrets)
         self.may_write = may_write
         self.interval = interval
         self._served = True
@@ -211,7 +218,7 @@ class ComputeDomainController:
                                                                                 cd.FINALIZER]}}, namespace=ns)
         self._apply("ResourceClaimTemplate", channel_template(domain, self.driver))
         self._apply("ResourceClaimTemplate", daemon_template(domain, self.namespace))
-        self._apply("DaemonSet", daemon_set(domain, self.namespace, self.image))
+        self._apply("DaemonSet", daemon_set(domain, self.namespace, self.image, self.pull_secrets))
         status = domain_status(domain, cliques)
         if (domain.get("status") or {}) != status:
             self.api.patch("ComputeDomain", name, {"status": status}, namespace=ns, subresource="status")

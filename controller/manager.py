@@ -88,6 +88,7 @@ class ControllerConfig:
     # ComputeDomains (controller.computedomain): the driver's namespace and the IMEX daemon pods' image.
     compute_domain_namespace: str = "gpu-dra-system"
     compute_domain_daemon_image: str = DAEMON_IMAGE
+    compute_domain_daemon_pull_secrets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -392,6 +393,7 @@ class ControllerManager:
         # NVIDIA's ComputeDomains, once their CRDs are installed (controller.computedomain).
         domains = ComputeDomainController(self.api, self.config.compute_domain_namespace,
                                           image=self.config.compute_domain_daemon_image,
+                                          pull_secrets=self.config.compute_domain_daemon_pull_secrets,
                                           driver=self.config.driver_name, may_write=self.may_write)
         self._spawn("compute-domains", lambda: domains.run(self._stop))
         log.info(

@@ -170,6 +170,28 @@ class DeviceNumbers:
         return nodes
 
 
+    def capability_node(self, name: str) -> dict[str, Any]:
+        """The /dev/nvidia-caps node of a driver capability other than MIG's (`fabric-imex-mgmt`: what the IMEX
+        daemon opens), typed with the driver's minor and mode from /proc/driver/nvidia/capabilities/<name>.
+
+        Raises CapabilityError naming what is missing (the capability file, its minor or the nvidia-caps major)."""
+        major = self.majors.get("nvidia-caps")
+        if self.caps_dir is None:
+            raise CapabilityError(f"the driver publishes no capabilities (no /proc/driver/nvidia/capabilities): the "
+                                  f"{name} device node cannot be given")
+        path = self.caps_dir / name
+        try:
+            info = parse_capability_file(path.read_text())
+        except OSError as exc:
+            raise CapabilityError(f"{path}: cannot read the {name} capability: {exc}") from exc
+        if "DeviceFileMinor" not in info:
+            raise CapabilityError(f"{path}: no DeviceFileMinor line")
+        if major is None:
+            raise CapabilityError(f"/proc/devices names no nvidia-caps major: the {name} device node cannot be typed")
+        minor = info["DeviceFileMinor"]
+        return _char_node(f"{NVIDIA_CAPS_DIR}/nvidia-cap{minor}", major, minor, info.get("DeviceFileMode"))
+
+
 class CapabilityError(OSError):
     """A MIG device's capability files could not be read; the message names the file."""
 

@@ -79,6 +79,21 @@ def test_controller_objects_for_a_domain() -> None:
     assert pod["nodeSelector"] == {cd.DOMAIN_LABEL: DOMAIN["metadata"]["uid"]}
     assert pod["resourceClaims"][0]["resourceClaimTemplateName"] == daemon_template(DOMAIN, "gpu-dra-system")[
         "metadata"]["name"]
+    assert "imagePullSecrets" not in pod
+
+
+def test_daemon_pods_get_the_image_pull_secrets_and_tolerate_what_the_agent_does() -> None:
+    from controller.nodefit import tolerates
+
+    pod = daemon_set(DOMAIN, "gpu-dra-system", "registry.example.com/gpu-dra:v2", ("regcred",))["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "registry.example.com/gpu-dra:v2"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    agent = yaml.safe_load((ROOT / "manifests/base/node-agent.yaml").read_text())["spec"]["template"]["spec"]
+    # A taint the agent tolerates (it must run on the node for the daemon's claim to be prepared) is tolerated
+    # by the daemon too, whatever its value (NVIDIA's template: Exists for every effect).
+    for toleration in agent["tolerations"]:
+        taint = {"key": toleration["key"], "value": toleration.get("value", "x"), "effect": toleration["effect"]}
+        assert any(tolerates(t, taint) for t in pod["tolerations"]), taint
 
 
 def test_domain_status_ready_when_num_nodes_daemons_are() -> None:

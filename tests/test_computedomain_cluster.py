@@ -261,6 +261,12 @@ def test_under_runtime_none_the_imex_daemons_run_and_a_domain_becomes_ready() ->
             assert d["status"]["containerStatuses"][0]["containerID"], d["status"]
             assert d["status"]["podIP"] == next(n["ipAddress"] for n in status["nodes"]
                                                 if n["name"] == d["spec"]["nodeName"])
+        # Ready by their probes (NVIDIA's `-v $(LOG_VERBOSITY) check`, expanded by the kubelet), with nvidia-imex
+        # run by the stand-in that refuses a container without the driver's device nodes and NVML.
+        _until("the daemon pods Ready", lambda: all(
+            any(c.get("type") == "Ready" and c.get("status") == "True" for c in (p.get("status") or {}).get(
+                "conditions") or []) and p["status"]["containerStatuses"][0].get("started") is True
+            for p in api.list("Pod", namespace="gpu-dra-system", label_selector=f"{cd.DOMAIN_LABEL}={uid}")[0]))
         log = _until("a daemon's log", lambda: _log(api, daemons[0]["metadata"]["name"], "gpu-dra-system") or None)
         assert log.strip(), log
         kubectl = [str(ROOT / ".venv" / "bin" / "kubectl"), "-n", "gpu-dra-system", "exec",

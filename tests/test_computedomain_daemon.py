@@ -143,10 +143,12 @@ def test_host_process_runtime_applies_cdi_edits_and_routes_our_image(tmp_path: P
             "containerEdits": {"env": ["A=spec"]},
             "devices": [{"name": "u1-daemon-0", "containerEdits": {
                 "env": ["COMPUTE_DOMAIN_UUID=u-1", "A=device"],
-                "mounts": [{"hostPath": "/state/u-1", "containerPath": "/imexd", "options": ["rw", "bind"]}]}}]}
+                "mounts": [{"hostPath": "/state/u-1", "containerPath": "/imexd", "options": ["rw", "bind"]}],
+                "deviceNodes": [{"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}]}}]}
     (tmp_path / "k8s.compute-domain.nvidia.com-claim_u1.json").write_text(json.dumps(spec))
-    env, mounts = cdi_edits(tmp_path, ["k8s.compute-domain.nvidia.com/claim=u1-daemon-0"])
+    env, mounts, nodes = cdi_edits(tmp_path, ["k8s.compute-domain.nvidia.com/claim=u1-daemon-0"])
     assert env == {"A": "device", "COMPUTE_DOMAIN_UUID": "u-1"} and mounts == [("/state/u-1", "/imexd")]
+    assert nodes == [{"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}]
     with pytest.raises(RuntimeError_, match="unresolvable CDI devices k8s.compute-domain.nvidia.com/claim=nope"):
         cdi_edits(tmp_path, ["k8s.compute-domain.nvidia.com/claim=nope"])
     assert is_own_image("ghcr.io/gpu-dra/gpu-dra:v0.1.0") and is_own_image("ghcr.io/gpu-dra/gpu-dra")
@@ -214,7 +216,8 @@ def test_host_process_runtime_runs_stops_and_cleans_up(tmp_path: Path) -> None:
 def test_daemon_claim_mounts_the_drivers_imex_binaries_by_their_host_paths(tmp_path: Path) -> None:
     from driver.computedomain.imex import ImexError, binaries
 
-    with pytest.raises(ImexError, match="usr/bin/nvidia-imex: not found or not executable; the NVIDIA driver install"):
+    with pytest.raises(ImexError, match=r"nvidia-imex was not found under the driver root .*searched: .*usr/bin/nvidia-imex"
+                                         r".*the NVIDIA driver install on this node has no IMEX daemon"):
         binaries(tmp_path)
     for rel in ("usr/bin/nvidia-imex", "usr/bin/nvidia-imex-ctl"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -226,3 +229,12 @@ def test_daemon_claim_mounts_the_drivers_imex_binaries_by_their_host_paths(tmp_p
         ("/run/nvidia/driver/usr/bin/nvidia-imex-ctl", "/usr/bin/nvidia-imex-ctl")]
     with pytest.raises(ImexError, match=r"no driver root \(--driver-root\)"):
         binaries(None)
+    # GKE's installer keeps the driver's tools in bin/ below its root: found there, still mounted at /usr/bin.
+    gke = tmp_path / "gke"
+    for rel in ("bin/nvidia-imex", "bin/nvidia-imex-ctl"):
+        (gke / rel).parent.mkdir(parents=True, exist_ok=True)
+        (gke / rel).write_text("#!/bin/sh\n")
+        (gke / rel).chmod(0o755)
+    assert binaries(gke, "/home/kubernetes/bin/nvidia") == [
+        ("/home/kubernetes/bin/nvidia/bin/nvidia-imex", "/usr/bin/nvidia-imex"),
+        ("/home/kubernetes/bin/nvidia/bin/nvidia-imex-ctl", "/usr/bin/nvidia-imex-ctl")]

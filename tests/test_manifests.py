@@ -115,6 +115,10 @@ def test_one_image_reference_that_kustomize_images_changes_everywhere(tmp_path: 
     agent = next(c for c in containers if c["name"] == "node-agent")
     assert "--mps-daemon-image-from-pod" in agent["args"]
     assert {"POD_NAME", "POD_UID", "POD_NAMESPACE"} <= {e["name"] for e in agent["env"]}
+    # The IMEX daemon pods of ComputeDomains take the controller's own image (and pull secrets) from its Pod.
+    controller = next(c for c in containers if c["name"] == "controller")
+    assert "--compute-domain-daemon-image-from-pod" in controller["args"]
+    assert {"POD_NAME", "POD_NAMESPACE"} <= {e["name"] for e in controller["env"]}
 
 
 @pytest.mark.process

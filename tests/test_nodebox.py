@@ -511,3 +511,45 @@ def test_the_mock_answers_as_the_simulator_for_other_profiles(profile: str, buil
     for gpu in real["gpus"]:
         gpu["pcie_root"] = None
     assert real == _inventory_dict(sim)
+
+
+def test_nvidia_imex_starts_in_the_daemon_pods_container_only_with_its_spec(
+        box: Box, built: Built, sim_inventory: Inventory) -> None:
+    """The IMEX daemon pod's CDI spec (driver.computedomain.imex) on every layout: the box's nvidia-imex (linked
+    against the driver's NVML, checking the driver's device nodes) starts in a podman container of it; with the
+    daemon spec as it was (config dir, env and the IMEX binaries only) glibc's loader refuses to start it."""
+    from driver.computedomain import imex
+    from driver.driverfiles import discover as discover_driver_files
+    from driver.driverroot import DriverRoot
+    from sim.runtime.driverinstall import FABRIC_IMEX_MGMT_MINOR
+    from tests.test_imex_daemon_pod import daemon_spec
+
+    require_podman()
+    proc = box.tmp / "imex-proc"
+    shutil.copytree(box.proc, proc)
+    caps = proc / "driver/nvidia/capabilities"
+    caps.mkdir(parents=True)
+    (caps / "fabric-imex-mgmt").write_text(f"DeviceFileMinor: {FABRIC_IMEX_MGMT_MINOR}\nDeviceFileMode: 256\n")
+    root, version = box.inst.root, sim_inventory.driver_version
+    files = discover_driver_files(root, version, host_root=str(root))
+    numbers = cdi.DeviceNumbers.read(proc)
+    # The box installs nvidia-imex only (its stand-in exits once checked: nothing for nvidia-imex-ctl to ask).
+    binary = [(str(DriverRoot(root).find_binary("nvidia-imex")), "/usr/bin/nvidia-imex")]
+    old = daemon_spec(box.tmp / "imex-old", root, sim_inventory, dict, lambda: binary)
+    new = daemon_spec(box.tmp / "imex-new", root, sim_inventory, lambda: imex.daemon_edits(
+        numbers, [g.minor for g in sim_inventory.gpus], files), lambda: binary)
+    for name, device, want in (("imex-old", old, 127), ("imex-new", new, 0)):
+        runtimes = Runtimes(box.tmp / f"{name}-runtime")
+        add_program(runtimes.rootfs, built.nvidia_imex, "/usr/local/bin/nodebox-imex")  # its loader and libc
+        runtime = runtimes.for_node(NODE, box.tmp / name / "cdi")
+        try:
+            runtime.run(ContainerRequest(name, ("/usr/bin/nvidia-imex", "-c", "/imexd/imexd.cfg"), {}, (device,)))
+            code, out = _exited(runtime, name)
+        finally:
+            runtime.close()
+        assert code == want, out
+        if want:
+            assert ("error while loading shared libraries: libnvidia-ml.so.1: cannot open shared object file: No such "
+                    "file or directory") in out
+        else:
+            assert f"{len(sim_inventory.gpus)} GPUs, /dev/nvidia-caps/nvidia-cap{FABRIC_IMEX_MGMT_MINOR}" in out, out

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import pytest
+
 from sim.kubelet.probes import ContainerProber, ProbeSpec, probe_specs
 
 
@@ -87,3 +89,45 @@ def test_a_startup_probe_that_never_passes_kills_the_container() -> None:
     clock[0] = 1.0
     prober.poll()
     assert prober.poll().kill == "Container main failed startup probe, will be restarted"
+
+
+def test_exec_probe_commands_expand_the_static_env_as_the_kubelet_does() -> None:
+    """kubecontainer.ExpandContainerCommandOnlyStatic: literal `value`s, `valueFrom` entries as "", no envFrom;
+    `$$` escapes, unknown names stay as written (NVIDIA's IMEX daemon probes run `-v $(LOG_VERBOSITY)`)."""
+    container = {
+        "env": [{"name": "LOG_VERBOSITY", "value": "4"}, {"name": "POD_IP", "valueFrom": {"fieldRef": {
+            "fieldPath": "status.podIP"}}}, {"name": "NESTED", "value": "$(LOG_VERBOSITY)"}],
+        "envFrom": [{"configMapRef": {"name": "cm"}}],
+        "startupProbe": {"exec": {"command": ["check", "-v", "$(LOG_VERBOSITY)", "ip=$(POD_IP)", "$$(LOG_VERBOSITY)",
+                                              "$(FROM_CONFIGMAP)", "$(NESTED)", "$$$$", "$(unclosed", "$(A$$B)", "$x", "cost$"]}},
+        "livenessProbe": {"httpGet": {"path": "/$(LOG_VERBOSITY)", "port": 80}},
+    }
+    specs = probe_specs(container)
+    assert specs["startup"].action["command"] == [
+        "check", "-v", "4", "ip=", "$(LOG_VERBOSITY)", "$(FROM_CONFIGMAP)", "$(LOG_VERBOSITY)", "$$", "$(unclosed",
+        "$(A$$B)", "$x", "cost$"]
+    assert specs["liveness"].action["path"] == "/$(LOG_VERBOSITY)"  # only exec commands are expanded
+    assert container["startupProbe"]["exec"]["command"][2] == "$(LOG_VERBOSITY)"  # the pod spec is left alone
+
+
+@pytest.mark.process  # the hook's exec runs `true`
+def test_exec_lifecycle_hooks_run_their_command_as_written() -> None:
+    """The kubelet's lifecycle handler passes Exec.Command unexpanded (pkg/kubelet/lifecycle/handlers.go)."""
+    import threading
+
+    from sim.kubelet import hooks
+
+    seen: list[list[str]] = []
+
+    class Runtime:
+        def exec_argv(self, name: str, command: list[str], *, tty: bool = False) -> list[str]:
+            seen.append(list(command))
+            return ["true"]
+
+        def network_pid(self, name: str) -> None:
+            return None
+
+    container = {"name": "main", "env": [{"name": "X", "value": "1"}]}
+    error = hooks.run(Runtime(), "c1", container, "10.0.0.1", {"exec": {"command": ["echo", "$(X)"]}}, 5.0,
+                      threading.Event())
+    assert error is None and seen == [["echo", "$(X)"]]

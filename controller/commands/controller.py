@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
 
 from controller.computedomain import DAEMON_IMAGE
 from controller.leader import LeaseTimings
@@ -16,6 +20,7 @@ from gpudra.features import add_arguments as add_feature_arguments
 from gpudra.features import from_arguments as features_from_arguments
 from gpudra.kubeapi import KubeApi
 from gpudra.logfmt import configure
+from gpudra.ownpod import own_image, secret_names
 from gpudra.signals import stop_on_signals
 
 log = logging.getLogger("gpudra.controller")
@@ -48,6 +53,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute-domain-daemon-image", default=DAEMON_IMAGE, metavar="IMAGE",
                         help="image of the IMEX daemon pods' container, which runs `gpu-dra compute-domain-daemon "
                              "run`: this project's image (default %(default)s)")
+    parser.add_argument("--compute-domain-daemon-image-from-pod", action="store_true",
+                        help="as --compute-domain-daemon-image, with this controller's own image and (unless "
+                             "--compute-domain-daemon-image-pull-secrets is given) its Pod's image pull secrets, read "
+                             "from its Pod ($POD_NAME in $POD_NAMESPACE; container --container-name), so that one "
+                             "image reference (kustomize `images:`) serves both")
+    parser.add_argument("--compute-domain-daemon-image-pull-secrets", default=None, metavar="NAMES",
+                        help="comma-separated image pull secrets (in --compute-domain-namespace) of the IMEX daemon "
+                             "pods (NVIDIA's --cd-daemon-image-pull-secret-names)")
+    parser.add_argument("--container-name", default="controller",
+                        help="this controller's container in its Pod (default %(default)s)")
     parser.add_argument("--event-repeat", type=float, default=60.0,
                         help="seconds before an unchanged explanation Event is posted again (default %(default)s)")
     add_feature_arguments(parser, "DRA feature gate")
@@ -82,7 +97,19 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         features=features_from_arguments(args),
         compute_domain_namespace=args.compute_domain_namespace,
         compute_domain_daemon_image=args.compute_domain_daemon_image,
+        compute_domain_daemon_pull_secrets=secret_names(args.compute_domain_daemon_image_pull_secrets or ""),
     )
+
+
+def daemon_image_from_pod(api: Any, args: argparse.Namespace, config: ControllerConfig,
+                          environ: Mapping[str, str]) -> ControllerConfig:
+    """`config` with the IMEX daemon pods' image (and, unless given by flag, pull secrets) of this controller's
+    own Pod ($POD_NAME in $POD_NAMESPACE); ValueError saying what is missing."""
+    own = own_image(api, environ.get("POD_NAMESPACE", "gpu-dra-system"), environ.get("POD_NAME", ""),
+                    args.container_name)
+    secrets = config.compute_domain_daemon_pull_secrets \
+        if args.compute_domain_daemon_image_pull_secrets is not None else own.pull_secrets
+    return replace(config, compute_domain_daemon_image=own.image, compute_domain_daemon_pull_secrets=secrets)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,6 +129,13 @@ def run(args: argparse.Namespace) -> int:
         where = f"kubeconfig {source}" if source else "in-cluster configuration"
         print(f"gpu-dra controller: cannot load {where}: {err}", file=sys.stderr)
         return 2
+    if args.compute_domain_daemon_image_from_pod:
+        try:
+            config = daemon_image_from_pod(api, args, config, os.environ)
+        except ValueError as err:
+            print(f"gpu-dra controller: --compute-domain-daemon-image-from-pod: {err}", file=sys.stderr)
+            api.close()
+            return 2
     manager = ControllerManager(api, config)
     stop = stop_on_signals(notify=lambda sig: log.info("signal received; shutting down", extra={"signal": sig.name}))
     manager.start()

@@ -17,6 +17,7 @@ from typing import Any
 
 from gpudra import DEFAULT_DRIVER_NAME, cliopts, logfmt
 from gpudra.privatedir import PrivateDirError, ensure_private_dir
+from gpudra.ownpod import own_image, secret_names
 from gpudra.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
@@ -226,23 +227,6 @@ def _valid_instance(uid: str) -> bool:
     return len(uid) <= 64 and all(c.isascii() and (c.isalnum() or c in "-_") for c in uid)
 
 
-def own_image(api: Any, namespace: str, pod_name: str, container: str) -> str:
-    """The image of `container` in this agent's own Pod (the downward API gives its name)."""
-    if not pod_name:
-        raise ValueError("$POD_NAME is not set (give it from the downward API: fieldRef metadata.name)")
-    try:
-        pod = api.get("Pod", pod_name, namespace=namespace)
-    except Exception as exc:  # noqa: BLE001 - reported with what was asked for
-        raise ValueError(f"cannot read Pod {namespace}/{pod_name}: {exc}") from exc
-    containers = (pod.get("spec") or {}).get("containers") or []
-    image = next((c.get("image") for c in containers if c.get("name") == container), None)
-    if not image:
-        names = ", ".join(str(c.get("name")) for c in containers)
-        raise ValueError(f"Pod {namespace}/{pod_name}: spec.containers has no container {container!r} with an image "
-                         f"(containers: {names or 'none'}; set --container-name)")
-    return str(image)
-
-
 def _serve_healthcheck(agent: Any, nvml: Any, args: argparse.Namespace) -> Any:
     from driver.checkpoint import LOCK_NAME
     from driver.plugin.healthcheck import HealthServicer, lock_probe, nvml_probe, serve, socket_probes
@@ -345,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
     mps_image = args.mps_daemon_image
     if args.mps_daemon_image_from_pod and not mps_image and isinstance(nvml, RealNvml):
         try:
-            mps_image = own_image(api, args.namespace, os.environ.get("POD_NAME", ""), args.container_name)
+            mps_image = own_image(api, args.namespace, os.environ.get("POD_NAME", ""), args.container_name).image
         except ValueError as exc:
             print(f"error: --mps-daemon-image-from-pod: {exc}", file=sys.stderr)
             return 2
@@ -355,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
         nvml.run_mps_daemons_as_pods(MpsDaemonPods(api, MpsPodSettings(
             namespace=args.namespace, node_name=args.node, image=mps_image,
             host_driver_root=args.host_driver_root,
-            image_pull_secrets=tuple(s.strip() for s in args.mps_image_pull_secrets.split(",") if s.strip()),
+            image_pull_secrets=secret_names(args.mps_image_pull_secrets),
         ), nvml.tools))
     try:
         kubelet_dir, cdi_dir, notice = node_dirs(args)
@@ -409,7 +393,8 @@ def run(args: argparse.Namespace) -> int:
         compute_domains = ComputeDomainAgent(api, ComputeDomainSettings(
             node=args.node, kubelet_dir=kubelet_dir, cdi_dir=cdi_dir, namespace=args.compute_domain_namespace,
             driver_root=_driver_root(args), proc_root=_compute_domain_proc(args),
-            host_driver_root=args.host_driver_root), nvml, inventory)
+            host_driver_root=args.host_driver_root, dev_root=Path("/dev") if args.nvml == "real" else None),
+            nvml, inventory, agent.driver_files)
         compute_domains.start()
     try:
         if args.device_plugin:

@@ -15,7 +15,8 @@ from typing import Any
 from driver.cdi import DeviceNumbers
 from driver.computedomain.fabric import fabric_health, node_clique
 from driver.computedomain import imex
-from driver.computedomain.preparer import Checkpoint, ComputeDomainPreparer, NodeContext
+from driver.computedomain.preparer import Checkpoint, ComputeDomainPreparer, NodeContext, NotReady
+from driver.driverfiles import DriverFiles
 from driver.computedomain.slices import build_slice
 from driver.inventory import Inventory
 from driver.plugin.health import HealthBoard
@@ -39,10 +40,12 @@ class ComputeDomainSettings:
     driver_root: Path | None  # the driver install as this process sees it
     proc_root: Path | None = None
     host_driver_root: str = "/"  # the same install's path on the host, which CDI specs name
+    dev_root: Path | None = None  # the host's /dev as this process sees it (None on a simulated node)
 
 
 class ComputeDomainAgent:
-    def __init__(self, api: KubeApi, settings: ComputeDomainSettings, nvml: Any, inventory: Inventory) -> None:
+    def __init__(self, api: KubeApi, settings: ComputeDomainSettings, nvml: Any, inventory: Inventory,
+                 driver_files: DriverFiles | None = None) -> None:
         self.api = api
         self.settings = settings
         self.nvml = nvml
@@ -55,9 +58,12 @@ class ComputeDomainAgent:
         self._changed = threading.Event()
         self._threads: list[threading.Thread] = []
         self._last_reported: dict[str, str] = {}
+        # The driver's libraries and tools (the node agent's discovery, driver.driverfiles), for the daemon pods.
+        self.driver_files = driver_files or DriverFiles()
         self.preparer = ComputeDomainPreparer(
             NodeContext(settings.node, self.clique, lambda d: imex.write_domain_dir(self.domains_dir, d),
-                        self._device_numbers, lambda: imex.binaries(settings.driver_root, settings.host_driver_root)),
+                        self._device_numbers, lambda: imex.binaries(settings.driver_root, settings.host_driver_root),
+                        self._daemon_edits),
             self.checkpoint, settings.cdi_dir, get_claim=self._get_claim, get_domain=self._get_domain,
             daemon_ready=self._daemon_ready, label_node=self._label_domain, on_change=self._changed.set)
         # Published at start and again after every registration (a restarted kubelet wipes the node's slices).
@@ -71,6 +77,13 @@ class ComputeDomainAgent:
     def _device_numbers(self) -> DeviceNumbers:
         root = self.settings.proc_root
         return DeviceNumbers.read(root) if root is not None else DeviceNumbers()
+
+    def _daemon_edits(self) -> dict[str, Any]:
+        try:
+            return imex.daemon_edits(self._device_numbers(), [g.minor for g in self.inventory.gpus], self.driver_files,
+                                     imex.host_channel_nodes(self.settings.dev_root))
+        except imex.ImexError as exc:
+            raise NotReady(f"node {self.settings.node} cannot run an IMEX daemon: {exc}") from exc
 
     def _get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
         try:

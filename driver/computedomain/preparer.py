@@ -6,8 +6,11 @@
   gives the container `/dev/nvidia-caps-imex-channels/channel<N>` (every channel with allocationMode All).
 - A daemon claim (ComputeDomainDaemonConfig) only writes CDI, as NVIDIA's plugin does: the domain's config
   directory (with the IMEX config template, driver.computedomain.imex) mounted at /imexd, the env the daemon pod's
-  `gpu-dra compute-domain-daemon run` reads (CLIQUE_ID, COMPUTE_DOMAIN_UUID/NAME/NAMESPACE), and the driver's
-  `nvidia-imex` and `nvidia-imex-ctl` at /usr/bin. That command, in the pod, runs the IMEX daemon.
+  `gpu-dra compute-domain-daemon run` reads (CLIQUE_ID, COMPUTE_DOMAIN_UUID/NAME/NAMESPACE), and what nvidia-imex
+  needs to run, as NVIDIA's daemon device gives it (its management-mode `device=all` plus the fabric-imex-mgmt
+  node): every GPU's device node, /dev/nvidiactl (and nvidia-uvm's when loaded), the driver's fabric-imex-mgmt
+  capability node, the driver's libraries and tools (driver.driverfiles) and its `nvidia-imex` and
+  `nvidia-imex-ctl` at /usr/bin. That command, in the pod, runs the IMEX daemon.
 
 Prepared claims are kept in a checkpoint (atomic JSON) so a restarted agent unprepares what it prepared.
 """
@@ -91,6 +94,10 @@ class NodeContext:
     device_numbers: Callable[[], DeviceNumbers]
     # The driver's IMEX binaries (host path, container path) the daemon's container gets.
     imex_binaries: Callable[[], list[tuple[str, str]]] = lambda: []
+    # What else the daemon's container needs to run nvidia-imex, as NVIDIA's daemon device gets it: the GPU,
+    # control and fabric-imex-mgmt device nodes and the driver's files (CDI containerEdits; raises NotReady
+    # naming what the node lacks).
+    daemon_edits: Callable[[], dict[str, Any]] = dict
 
 
 class ComputeDomainPreparer:
@@ -186,11 +193,14 @@ class ComputeDomainPreparer:
             meta = domain["metadata"]
             mounts = [{"hostPath": str(self.ctx.domain_dir(domain_uid)), "containerPath": "/imexd",
                        "options": ["rw", "nosuid", "nodev", "bind"]}]
-            mounts += [{"hostPath": host, "containerPath": path, "options": ["ro", "nosuid", "nodev", "bind"]}
-                       for host, path in self.ctx.imex_binaries()]
+            extra = self.ctx.daemon_edits()
+            mounts += [*extra.get("mounts", []), *(
+                {"hostPath": host, "containerPath": path, "options": ["ro", "nosuid", "nodev", "bind"]}
+                for host, path in self.ctx.imex_binaries())]
             env = [f"CLIQUE_ID={self.ctx.clique}", f"COMPUTE_DOMAIN_UUID={domain_uid}",
                    f"COMPUTE_DOMAIN_NAME={meta.get('name')}", f"COMPUTE_DOMAIN_NAMESPACE={meta.get('namespace')}"]
-            spec = self._spec(ref.uid, [(d.device_name, {"env": env, "mounts": mounts}) for d in devices])
+            daemon = {"env": env, "mounts": mounts, **{k: v for k, v in extra.items() if k != "mounts" and v}}
+            spec = self._spec(ref.uid, [(d.device_name, daemon) for d in devices])
             self._write_spec(ref.uid, spec)
             self.checkpoint.claims[ref.uid] = PreparedClaim(ref.uid, ref.namespace, ref.name, "daemon", domain_uid,
                                                             devices)

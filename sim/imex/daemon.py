@@ -7,19 +7,26 @@ resolves to IMEX_CMD_BIND_INTERFACE_IP (this node's own address, the only one of
 SIGUSR1 re-reads the nodes config and re-resolves its names (NVIDIA's daemon sends it when /etc/hosts changed);
 SIGHUP does the same. The node's fabric state is the simulator's NVML faults file (`fabric`: its path and this
 node's GPU UUIDs), which a GB200 node's IMEX daemon learns from the driver.
+
+Like the real one it will not start in a container that lacks the driver (`missing`): the driver's NVML where the
+loader looks (else the loader's error, exit 127), /dev/nvidiactl, every GPU's /dev/nvidia<N> and the
+fabric-imex-mgmt capability node, each a character device with the driver's numbers. The loader's message is
+glibc's; the device message is this stand-in's own wording (NVIDIA publishes none for it).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
+import stat
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-from sim.imex.config import ConfigError, ImexConfig, read_config
+from sim.imex.config import ConfigError, ImexConfig, container_path, read_config
 
 HELLO = b"IMEX-SIM 1\n"
 PROBE_INTERVAL_S = 0.5
@@ -143,10 +150,60 @@ class Daemon:
         return 0
 
 
-def main(argv: list[str], fabric: Fabric | None = None) -> int:
+# Where a loader looks for a library no ld.so.cache names (glibc's built-in paths, both image families).
+LOADER_DIRS = ("/lib64", "/usr/lib64", "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu",
+               "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
+NVML_SONAME = "libnvidia-ml.so.1"
+LOADER_EXIT = 127  # what the dynamic loader exits with when a needed library is missing
+
+
+def _char_device(path: Path, major: int, minor: int) -> str | None:
+    """Why `path` is not the character device major:minor (None when it is)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not stat.S_ISCHR(st.st_mode):
+        return "not a character device"
+    if (os.major(st.st_rdev), os.minor(st.st_rdev)) != (major, minor):
+        return f"device {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}, the driver's is {major}:{minor}"
+    return None
+
+
+def missing(gpus: int, capability: Path) -> tuple[int, str] | None:
+    """(exit code, message) when this container lacks what a real nvidia-imex needs, else None: the driver's NVML
+    where the loader finds it (the loader's own error and exit status), /dev/nvidiactl, each of the node's GPUs'
+    /dev/nvidia<N>, and the fabric-imex-mgmt capability node whose minor the driver publishes in `capability`.
+    Paths are the container's (sim.imex.config.container_path)."""
+    from driver.cdi import NVIDIA_MAJOR, NVIDIACTL_MINOR, NVIDIA_CAPS_DIR, DeviceNumbers, parse_capability_file
+
+    if not any(container_path(f"{d}/{NVML_SONAME}").is_file() for d in LOADER_DIRS):
+        return LOADER_EXIT, (f"nvidia-imex: error while loading shared libraries: {NVML_SONAME}: cannot open shared "
+                             "object file: No such file or directory")
+    wanted = [("/dev/nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR)]
+    wanted += [(f"/dev/nvidia{i}", NVIDIA_MAJOR, i) for i in range(gpus)]
+    try:
+        minor = parse_capability_file(capability.read_text())["DeviceFileMinor"]
+        caps_major = DeviceNumbers.read(capability.parents[3]).majors["nvidia-caps"]
+    except (OSError, KeyError) as exc:
+        return 1, f"nvidia-imex (simulated): the driver's fabric-imex-mgmt capability cannot be read: {exc}"
+    wanted.append((f"{NVIDIA_CAPS_DIR}/nvidia-cap{minor}", caps_major, minor))
+    for path, major, device_minor in wanted:
+        why = _char_device(container_path(path), major, device_minor)
+        if why is not None:
+            return 1, (f"nvidia-imex: failed to open {path}: {why}: the IMEX daemon needs the NVIDIA driver's "
+                       "GPU, control and fabric-imex-mgmt device nodes in its container")
+    return None
+
+
+def main(argv: list[str], fabric: Fabric | None = None, needs: tuple[int, str] | None = None) -> int:
+    """`needs`: (the node's GPU count, its driver's fabric-imex-mgmt capability file), checked before starting."""
     if len(argv) != 2 or argv[0] != "-c":
         print("usage: nvidia-imex -c CONFIG (gpu-dra simulator)", file=sys.stderr)
         return 2
+    if needs is not None and (refused := missing(needs[0], Path(needs[1]))) is not None:
+        print(refused[1], file=sys.stderr, flush=True)
+        return refused[0]
     try:
         return Daemon(argv[1], fabric).run()
     except ConfigError as exc:

@@ -33,17 +33,34 @@ class PodContext:
     node_allocatable: Mapping[str, str]
 
 
-_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
-
-
 def expand(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' $(VAR) expansion: known variables are replaced, $$ escapes a $, unknown references stay."""
-    def sub(m: re.Match[str]) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        return env.get(m.group(1), m.group(0))
+    """Kubernetes' $(VAR) expansion (third_party/forked/golang/expansion): `$(NAME)` becomes NAME's value when
+    `env` has it and stays as written when not (any text up to the first `)` is the name), `$$` is one `$`, and
+    any other `$` (a `$(` never closed, a `$` before another character or at the end) is kept."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text[i] != "$" or i + 1 == len(text):
+            out.append(text[i])
+            i += 1
+            continue
+        after = text[i + 1]
+        close = text.find(")", i + 2) if after == "(" else -1
+        if close >= 0:
+            name = text[i + 2:close]
+            out.append(env.get(name, f"$({name})"))
+            i = close + 1
+        else:
+            out.append("$" if after == "$" else "$" + after)
+            i += 2
+    return "".join(out)
 
-    return _VAR_REF.sub(sub, text)
+
+def static_env(container: Mapping[str, Any]) -> dict[str, str]:
+    """What the kubelet expands an exec probe's command with (kubecontainer.ExpandContainerCommandOnlyStatic):
+    each `env` entry's literal `value` as written, an entry with `valueFrom` as the empty string, no `envFrom`."""
+    return {str(e["name"]): str(e.get("value") or "") for e in container.get("env") or []
+            if isinstance(e, Mapping) and e.get("name")}
 
 
 def field_value(path: str, ctx: PodContext) -> str:

@@ -4,7 +4,9 @@ started, `preStop` before it is sent SIGTERM, within its grace period.
 A handler is an `exec` in the container, an `httpGet` against its port (reached in its network namespace, as probes
 reach it) or a `sleep`; `tcpSocket` is accepted by the API for compatibility only, and the kubelet fails it. A failed
 postStart kills the container, which then restarts as its restartPolicy says; a failed preStop is reported and the
-stop goes on. The kubelet's events leave the hook's output out (it may hold secrets)."""
+stop goes on. The kubelet's events leave the hook's output out (it may hold secrets). An exec hook's command runs
+as written: unlike an exec probe's (sim.kubelet.probes), the kubelet does not expand $(VAR) in it
+(pkg/kubelet/lifecycle/handlers.go passes `Exec.Command` unchanged)."""
 
 from __future__ import annotations
 

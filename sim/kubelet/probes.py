@@ -19,6 +19,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from sim.kubelet.envvars import expand, static_env
+
 KINDS = ("startup", "readiness", "liveness")
 FIELDS = {"startup": "startupProbe", "readiness": "readinessProbe", "liveness": "livenessProbe"}
 TITLES = {"startup": "Startup", "readiness": "Readiness", "liveness": "Liveness"}
@@ -54,8 +56,14 @@ def probe_specs(container: Mapping[str, Any]) -> dict[str, ProbeSpec]:
         if handler is None:
             continue
         delay = probe.get("initialDelaySeconds")
+        action = probe[handler]
+        if handler == "exec":
+            # The kubelet's prober expands $(VAR) in the command from the container's static env (its lifecycle
+            # hooks run their command as written: sim.kubelet.hooks).
+            env = static_env(container)
+            action = {**action, "command": [expand(str(a), env) for a in action.get("command") or []]}
         out[kind] = ProbeSpec(
-            kind=kind, handler=handler, action=probe[handler],
+            kind=kind, handler=handler, action=action,
             initial_delay=float(delay) if isinstance(delay, int) and not isinstance(delay, bool) and delay > 0 else 0.0,
             timeout=float(_number(probe, "timeoutSeconds", 1)), period=float(_number(probe, "periodSeconds", 10)),
             # Liveness and startup probes must have successThreshold 1 (API validation).

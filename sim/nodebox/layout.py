@@ -96,7 +96,7 @@ def install(host: Path, layout: Layout, built: Built, *, profile: str, node: str
         shutil.copy2(built.foreign_libc, root / layout.libc_dir / "libc.so.6")
     if layout.ld_so_conf:
         _ld_so_cache(root, layout.lib_dir)
-    for tool in (built.nvidia_smi, built.mps_control):
+    for tool in (built.nvidia_smi, built.mps_control, built.nvidia_imex):
         shutil.copy2(tool, bin_dir / tool.name)
     write_nvml_config(lib_dir, profile, node)
     return Install(layout, host, root, version)

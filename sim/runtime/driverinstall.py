@@ -23,14 +23,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from driver.cdi import mig_cap_minors
+from driver.cdi import NVIDIA_MAJOR, mig_cap_minors
 from driver.inventory import Inventory
-from sim.nvml.simulator import gpu_instance_id, mig_uuid
+from sim.nvml.simulator import SIM_CAPS_MAJOR, SIM_UVM_MAJOR, gpu_instance_id, mig_uuid
+from sim.runtime.sharedobject import soname_image
 
 NVIDIA_SMI = "usr/bin/nvidia-smi"
 NVIDIA_IMEX = "usr/bin/nvidia-imex"
 NVIDIA_IMEX_CTL = "usr/bin/nvidia-imex-ctl"
 IMEX_CHANNELS_MAJOR = 509  # a simulated driver's dynamic major for nvidia-caps-imex-channels
+# The fabric-imex-mgmt capability's minor under /dev/nvidia-caps (a simulated driver's; past the MIG minors).
+FABRIC_IMEX_MGMT_MINOR = 4094
+NVML_LIBRARY_DIR = "usr/lib64"
+CAPABILITIES_DIR = "proc/driver/nvidia/capabilities"
 
 _SCRIPT = r"""#!/bin/sh
 # nvidia-smi of the gpu-dra simulator's driver install (node NODE, driver DRIVER_VERSION): lists the GPUs and MIG
@@ -106,8 +111,10 @@ def _python_tool(module: str, call: str = "main(sys.argv[1:])") -> str:
 
 def write(root: Path, node: str, inventory: Inventory, faults: Path | None = None) -> Path:
     """Create the install under `root` (the agent's --driver-root and --host-driver-root); returns root. Nodes
-    with NVLink-fabric GPUs also get `nvidia-imex` and `nvidia-imex-ctl` (sim.imex); the daemon learns the
-    node's fabric state from `faults` (the node's simulated NVML faults file), as a real one from the driver."""
+    with NVLink-fabric GPUs also get `nvidia-imex` and `nvidia-imex-ctl` (sim.imex), the driver's NVML library
+    (sim.runtime.sharedobject) and its procfs (device majors, the fabric-imex-mgmt capability); the daemon learns
+    the node's fabric state from `faults` (the node's simulated NVML faults file), as a real one from the driver,
+    and refuses to start without the device nodes and library a real one needs (sim.imex.daemon.Needs)."""
     path = root / NVIDIA_SMI
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(script(node, inventory))
@@ -115,14 +122,27 @@ def write(root: Path, node: str, inventory: Inventory, faults: Path | None = Non
     if any(g.fabric_clique_id is not None for g in inventory.gpus):
         uuids = sorted(g.uuid for g in inventory.gpus)
         fabric = f"({str(faults)!r}, frozenset({uuids!r}))" if faults is not None else "None"
-        tools = ((NVIDIA_IMEX, "sim.imex.daemon", f"main(sys.argv[1:], fabric={fabric})"),
+        needs = f"({len(uuids)}, {str(root / CAPABILITIES_DIR / 'fabric-imex-mgmt')!r})"
+        tools = ((NVIDIA_IMEX, "sim.imex.daemon", f"main(sys.argv[1:], fabric={fabric}, needs={needs})"),
                  (NVIDIA_IMEX_CTL, "sim.imex.ctl", "main(sys.argv[1:])"))
         for rel, module, call in tools:
             tool = root / rel
             tool.write_text(_python_tool(module, call))
             tool.chmod(0o755)
-        # The driver's procfs entry for the IMEX channel devices (their major is dynamic on a real node).
+        # The driver's procfs: the majors of its devices (nvidia-caps and the IMEX channels' are dynamic on a real
+        # node) and the fabric-imex-mgmt capability the IMEX daemon opens.
         proc = root / "proc" / "devices"
         proc.parent.mkdir(parents=True, exist_ok=True)
-        proc.write_text(f"Character devices:\n{IMEX_CHANNELS_MAJOR} nvidia-caps-imex-channels\n\nBlock devices:\n")
+        proc.write_text(f"Character devices:\n{NVIDIA_MAJOR} nvidia-frontend\n{SIM_UVM_MAJOR} nvidia-uvm\n"
+                        f"{SIM_CAPS_MAJOR} nvidia-caps\n{IMEX_CHANNELS_MAJOR} nvidia-caps-imex-channels\n\n"
+                        "Block devices:\n")
+        caps = root / CAPABILITIES_DIR
+        caps.mkdir(parents=True, exist_ok=True)
+        (caps / "fabric-imex-mgmt").write_text(f"DeviceFileMinor: {FABRIC_IMEX_MGMT_MINOR}\nDeviceFileMode: 256\n"
+                                               "DeviceFileModify: 1\n")
+        # The driver's NVML, which nvidia-imex is linked against: found, mounted and looked for by its soname.
+        version = inventory.driver_version or "0"
+        library = root / NVML_LIBRARY_DIR / f"libnvidia-ml.so.{version}"
+        library.parent.mkdir(parents=True, exist_ok=True)
+        library.write_bytes(soname_image("libnvidia-ml.so.1"))
     return root

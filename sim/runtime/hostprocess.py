@@ -17,7 +17,9 @@ a host process of the node, with what the pod would have:
 - `gpu-dra` is this checkout's CLI run by this interpreter (the image's entry point); other commands are looked
   up on the container root's /usr/bin and /bin (where CDI mounts put the driver's binaries), then the host's PATH.
 
-Device nodes a CDI spec names are not created (a host process sees the host's /dev). Logs are written in the CRI
+The device nodes its CDI specs name are made (mknod, as root) under the container root's /dev with the spec's
+numbers, so what reads the container's /dev (the IMEX stand-in) sees what a container would; the process itself
+still opens the host's /dev. Logs are written in the CRI
 format the kubelet's log files have. Stopping sends SIGTERM to the process group and SIGKILL after the grace
 period.
 """
@@ -28,6 +30,7 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -50,12 +53,14 @@ def is_own_image(image: str) -> bool:
     return repo == OWN_IMAGE
 
 
-def cdi_edits(cdi_dir: Path, device_ids: Sequence[str]) -> tuple[dict[str, str], list[tuple[str, str]]]:
-    """The env and (host path, container path) mounts the CDI specs in `cdi_dir` give these device ids
-    (`vendor/class=name`), spec-level edits first; an id no spec defines is refused, as a runtime refuses it."""
+def cdi_edits(cdi_dir: Path, device_ids: Sequence[str]
+              ) -> tuple[dict[str, str], list[tuple[str, str]], list[Mapping[str, Any]]]:
+    """The env, (host path, container path) mounts and device nodes the CDI specs in `cdi_dir` give these device
+    ids (`vendor/class=name`), spec-level edits first; an id no spec defines is refused, as a runtime refuses it."""
     wanted = set(device_ids)
     env: dict[str, str] = {}
     mounts: list[tuple[str, str]] = []
+    nodes: list[Mapping[str, Any]] = []
     found: set[str] = set()
     for path in sorted(cdi_dir.glob("*.json")):
         try:
@@ -73,10 +78,37 @@ def cdi_edits(cdi_dir: Path, device_ids: Sequence[str]) -> tuple[dict[str, str],
                     key, _, value = str(item).partition("=")
                     env[key] = value
                 mounts += [(str(m["hostPath"]), str(m["containerPath"])) for m in edits.get("mounts") or []]
+                nodes += [n for n in edits.get("deviceNodes") or [] if isinstance(n, Mapping)]
     missing = sorted(wanted - found)
     if missing:
         raise RuntimeError_(f"unresolvable CDI devices {', '.join(missing)}")
-    return env, mounts
+    return env, mounts, nodes
+
+
+def _device_node(root: Path, node: Mapping[str, Any]) -> None:
+    """Create a CDI device node in the container root as a runtime creates it in the container: with the spec's
+    type and numbers, else the host node's (which a runtime stats: a missing one fails the container)."""
+    path = str(node.get("path") or "")
+    kind, major, minor = str(node.get("type") or "c"), node.get("major"), node.get("minor")
+    if major is None or minor is None:
+        host = str(node.get("hostPath") or path)
+        try:
+            st = os.stat(host)
+        except OSError:
+            raise RuntimeError_(f'failed to stat CDI host device "{host}"') from None
+        kind = "b" if stat.S_ISBLK(st.st_mode) else "c"
+        major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+    target = root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink() or target.exists():
+        target.unlink()
+    mode = int(node.get("fileMode") or 0o666) & 0o7777
+    try:
+        os.mknod(target, mode | (stat.S_IFBLK if kind == "b" else stat.S_IFCHR), os.makedev(int(major), int(minor)))
+    except PermissionError as exc:
+        raise RuntimeError_(f"creating device node {path} in the container root {root}: {exc.strerror} (the host "
+                            "process runtime makes a container's device nodes with mknod: run the cluster as root)"
+                            ) from None
 
 
 def _link(root: Path, host: str, container: str) -> None:
@@ -123,11 +155,13 @@ class HostProcessRuntime:
         raise RuntimeError_(f'exec: "{command[0]}": executable file not found in $PATH')
 
     def _environment(self, request: ContainerRequest, root: Path) -> dict[str, str]:
-        cdi_env, mounts = cdi_edits(self.cdi_dir, request.cdi_devices)
+        cdi_env, mounts, nodes = cdi_edits(self.cdi_dir, request.cdi_devices)
         for host, container, _ in request.mounts:
             _link(root, host, container)
         for host, container in mounts:
             _link(root, host, container)
+        for node in nodes:
+            _device_node(root, node)
         hosts = root / "etc" / "hosts"
         if not hosts.exists():  # the kubelet-managed hosts file; the pod may edit its own copy
             hosts.write_text("# Kubernetes-managed hosts file (gpu-dra simulator).\n127.0.0.1\tlocalhost\n")
