@@ -181,7 +181,10 @@ def test_specs_name_only_nodes_the_node_has(box: Box) -> None:
         for directory in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64"):
             assert mounts[f"{directory}/libcuda.so.1"] == str(box.inst.lib_dir / f"libcuda.so.{box.inst.version}")
         assert not any("libc.so" in p for p in mounts)
-        assert "hooks" not in spec["containerEdits"]  # no toolkit on the host, none deployed
+        # No toolkit on the host, none deployed: the one hook is the agent's own, installed by it.
+        (hook,) = spec["containerEdits"]["hooks"]
+        assert hook["path"] == str(box.tmp / "kubelet/plugins/gpu.nvidia.com-cdi-hook/gpu-dra-cdi-hook")
+        assert hook["hookName"] == "createContainer" and hook["args"][:2] == ["gpu-dra-cdi-hook", "update-ldcache"]
 
 
 def _run(runtime: Any, name: str, ids: list[str]) -> tuple[int, str]:
@@ -228,6 +231,49 @@ def test_cuda_in_the_container_sees_exactly_its_devices(box: Box, built: Built, 
             code, out = _run(runtime, claim, results[claim]["cdiIds"])
             assert code == 0, out
             assert out.splitlines() == ["libcuda /usr/lib/x86_64-linux-gnu/libcuda.so.1", f"device 0 minor {gpu.minor}", *mps]
+    finally:
+        runtime.close()
+
+
+FRAMEWORK_LOOKUP = r"""
+set -e
+ldconfig -p | grep 'libcuda\.so'
+# Triton's lookup: the directories of the cache's libcuda.so.1 entries, where -lcuda must find libcuda.so.
+for dir in $(ldconfig -p | awk '/libcuda\.so\.1 /{print $NF}' | xargs -n1 dirname | sort -u); do
+  test -e "$dir/libcuda.so" && echo "link-dir $dir"
+done
+/usr/local/bin/cudadev
+/usr/local/bin/cudalink
+"""
+
+
+def test_frameworks_find_libcuda_in_a_glibc_container(box: Box, built: Built) -> None:
+    """What CUDA frameworks that JIT-compile kernels do (Triton, so torch.compile and vLLM), in a glibc container
+    started from the claim's spec by the strict runtime: `ldconfig -p` lists libcuda.so.1 (the agent's hook rebuilt
+    the container's cache with the host's ldconfig), `libcuda.so` is beside it in each such directory (what
+    `-lcuda -L<dir>` links against), a program dlopen()ing `libcuda.so` runs cuInit, and one linked with `-lcuda`
+    against the stand-in starts and sees its GPU."""
+    require_podman()
+    ldconfig = shutil.which("ldconfig") or shutil.which("ldconfig", path="/sbin:/usr/sbin")
+    assert ldconfig is not None, "glibc's ldconfig is needed here (libc-bin)"
+    runtimes = Runtimes(box.tmp / "runtime-frameworks")
+    assert runtimes.rootfs is not None
+    add_program(runtimes.rootfs, built.cuda_dev, "/usr/local/bin/cudadev")
+    add_program(runtimes.rootfs, built.cuda_linked, "/usr/local/bin/cudalink")
+    shutil.copy2(os.path.realpath(ldconfig), runtimes.rootfs / "sbin" / "ldconfig")  # static: the image's own
+    assert not (runtimes.rootfs / "etc" / "ld.so.cache").exists()
+    runtime = runtimes.for_node(NODE, box.tmp / "cdi")
+    try:
+        runtime.run(ContainerRequest("frameworks", ("sh", "-c", FRAMEWORK_LOOKUP), {},
+                                     tuple(box.report["results"]["full"]["cdiIds"])))
+        code, out = _exited(runtime, "frameworks")
+        assert code == 0, out
+        lines = out.splitlines()
+        cached = sorted(line.split()[-1] for line in lines if line.strip().startswith("libcuda.so.1 "))
+        assert cached == ["/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1"], out
+        assert "link-dir /usr/lib/x86_64-linux-gnu" in lines and "link-dir /usr/lib64" in lines, out
+        assert "libcuda.so /usr/lib/x86_64-linux-gnu/libcuda.so" in lines and lines.count("cuInit 0") == 2, out
+        assert lines[-1] == "devices 1", out
     finally:
         runtime.close()
 

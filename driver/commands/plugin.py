@@ -56,6 +56,12 @@ def register(parser: argparse.ArgumentParser) -> None:
              "its enable-cuda-compat and disable-device-node-modification hooks (default: none, specs carry files only)",
     )
     parser.add_argument(
+        "--ldcache-hook", action=argparse.BooleanOptionalAction, default=True,
+        help="install the agent's CDI hook under <kubelet-dir>/plugins/<driver>-cdi-hook and have every claim spec "
+             "rebuild the container's ld.so.cache with the host's ldconfig, so that `ldconfig -p` lists libcuda "
+             "(Triton, torch.compile) (default on; the hook needs /bin/sh and ldconfig on the host)",
+    )
+    parser.add_argument(
         "--mps-daemon-image",
         help="with --nvml real: run each claim's MPS control daemon as a pod of this image on this node (privileged, "
         "hostPID, driver root mounted), so that daemons outlive agent restarts; without it they run in this process",
@@ -363,6 +369,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         driver_root=_driver_root(args), host_driver_root=args.host_driver_root,
         proc_root=Path(args.proc_root) if args.nvml == "real" else None, cdi_hook_path=args.cdi_hook_path,
+        ldcache_hook=args.ldcache_hook,
         binding_conditions=args.binding_conditions, instance=args.pod_uid,
         rediscover_interval_s=args.rediscover_seconds if args.rediscover_seconds > 0 else None,
     )

@@ -103,6 +103,13 @@ class PluginPaths:
         return self.kubelet_dir / "plugins" / self.driver_name
 
     @property
+    def hook_dir(self) -> Path:
+        """Where the agent installs its CDI hook (driver.cdihook): under the kubelet's plugins dir, which the
+        agent sees at its host path, apart from the 0700 plugin dir so that a runtime in a user namespace can
+        still run it."""
+        return self.kubelet_dir / "plugins" / f"{self.driver_name}-cdi-hook"
+
+    @property
     def dra_socket(self) -> Path:
         return self.plugin_dir / (f"dra-{self.instance}.sock" if self.instance else "dra.sock")
 
