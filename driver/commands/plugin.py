@@ -210,6 +210,25 @@ def _driver_root(args: argparse.Namespace) -> Path | None:
     return Path("/") if args.nvml == "real" else None
 
 
+def _load_uvm(root: Path, proc_root: Path, node: str) -> Any:
+    """Load nvidia-uvm through the driver root when it is not loaded; returns what the Node guard checks every
+    resync: None while the module is loaded, else why CUDA lacks /dev/nvidia-uvm (the start's attempt said why)."""
+    from driver.driverroot import DriverRoot
+    from driver.gputools import UVM_MISSING, ensure_uvm_loaded, uvm_missing
+
+    reason = ensure_uvm_loaded(DriverRoot(root), proc_root)
+    if reason is None:
+        log.info("event=nvidia-uvm node=%s msg=loaded", node)
+    else:
+        log.error("event=nvidia-uvm-missing node=%s msg=%s", node, logfmt.quote(reason))
+
+    def check() -> str | None:
+        missing = uvm_missing(proc_root)
+        return None if missing is None else reason or f"{UVM_MISSING}: {missing}"
+
+    return check
+
+
 def xid_list(text: str) -> frozenset[int]:
     out = set()
     for part in (p.strip() for p in text.split(",")):
@@ -327,12 +346,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     inventory = discover(nvml, args.node)
     root = _driver_root(args)
+    uvm_check = None
     if isinstance(nvml, RealNvml) and root is not None:
-        from driver.driverroot import DriverRoot
-        from driver.gputools import ensure_uvm_loaded
-
-        log.info("event=nvidia-uvm node=%s msg=%s", args.node,
-                 logfmt.quote(ensure_uvm_loaded(DriverRoot(root), Path(args.proc_root))))
+        uvm_check = _load_uvm(root, Path(args.proc_root), args.node)
     unknown = sorted(reserved - {g.uuid for g in inventory.gpus})
     if unknown:
         print(f"error: --reserved-gpus: {', '.join(unknown)}: not a GPU of this node", file=sys.stderr)
@@ -384,7 +400,7 @@ def run(args: argparse.Namespace) -> int:
     guard = NodeGuard(api, GuardSettings(
         node_name=args.node, resource=args.device_plugin_resource, shim_enabled=args.device_plugin,
         allow_coexistence=args.allow_device_plugin_coexistence, node_labels=args.node_labels,
-    ), withhold=agent.withhold, inventory=agent.inventory)
+    ), withhold=agent.withhold, inventory=agent.inventory, uvm_missing=uvm_check)
     if not args.device_plugin and not args.allow_device_plugin_coexistence:
         # Fail closed: nothing is published before the Node was seen free of another device plugin.
         agent.withhold(f"node {args.node} not checked yet for another device plugin serving {args.device_plugin_resource}")
