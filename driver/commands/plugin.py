@@ -46,6 +46,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="where that driver install is on the host (default /; e.g. /run/nvidia/driver for a driver container)",
     )
     parser.add_argument(
+        "--dev-root", default="/dev",
+        help="with --nvml real: where the driver's device nodes are (default /dev); the agent waits for nvidiactl there",
+    )
+    parser.add_argument(
         "--proc-root", default="/proc",
         help="with --nvml real: the procfs the driver's device numbers are read from (/proc/devices, "
              "/proc/driver/nvidia/capabilities; default /proc)",
@@ -210,6 +214,44 @@ def _driver_root(args: argparse.Namespace) -> Path | None:
     return Path("/") if args.nvml == "real" else None
 
 
+NVML_RETRY_SECONDS = 10.0
+# How long the liveness probe is answered SERVING while the agent starts after the driver is there (NVML init, the
+# restore of prepared claims): the startup budget NVIDIA's plugin allows, as the manifest's startupProbe had it.
+STARTUP_BUDGET_SECONDS = 600.0
+
+
+def _real_nvml_when_ready(args: argparse.Namespace, stop: Any) -> Any:
+    """Real NVML once the driver is there (driver.driverwait), with --driver-root and --host-driver-root set to where
+    it was found; an exit code instead when stopped while waiting (0), or when the driver root changed after NVML
+    was loaded from the old one (3: one process holds one NVML; the DaemonSet restarts the agent)."""
+    from driver import driverwait
+    from driver.nvml import load_backend
+    from driver.nvmlapi import NvmlUnavailable
+
+    given, host = Path(args.driver_root or "/"), args.host_driver_root
+    tried: Path | None = None
+    while True:
+        where = driverwait.wait(given, host, Path(args.dev_root), stop)
+        if where is None:
+            return 0
+        if tried is not None and where.root != tried:
+            log.error("event=exit-for-driver-change msg=%s", logfmt.quote(
+                f"the driver root moved to {where.describe()} after NVML was loaded from {tried}; exiting so that "
+                "the DaemonSet restarts the agent on it"))
+            return 3
+        args.driver_root, args.host_driver_root = str(where.root), where.host_root
+        tried = where.root
+        try:
+            return load_backend("real", node=args.node, driver_root=where.root)
+        except NvmlUnavailable as exc:
+            # nvmlInit fails while the kernel module is still loading or its version differs from the library's.
+            log.warning("event=waiting-for-driver msg=%s", logfmt.quote(
+                f"waiting for the NVIDIA driver: NVML from {where.describe()} does not start yet: {exc}; retrying "
+                f"in {NVML_RETRY_SECONDS:g} s"))
+        if stop.wait(NVML_RETRY_SECONDS):
+            return 0
+
+
 def _load_uvm(root: Path, proc_root: Path, node: str) -> Any:
     """Load nvidia-uvm through the driver root when it is not loaded; returns what the Node guard checks every
     resync: None while the module is loaded, else why CUDA lacks /dev/nvidia-uvm (the start's attempt said why)."""
@@ -262,13 +304,11 @@ def own_image(api: Any, namespace: str, pod_name: str, container: str) -> str:
     return str(image)
 
 
-def _serve_healthcheck(agent: Any, nvml: Any, args: argparse.Namespace) -> Any:
+def _agent_probes(agent: Any, nvml: Any) -> list[Any]:
     from driver.checkpoint import LOCK_NAME
-    from driver.plugin.healthcheck import HealthServicer, lock_probe, nvml_probe, serve, socket_probes
+    from driver.plugin.healthcheck import lock_probe, nvml_probe, socket_probes
 
-    probes = socket_probes(agent.paths) + [lock_probe(agent.paths.plugin_dir / LOCK_NAME), nvml_probe(nvml)]
-    server, _ = serve(HealthServicer(probes, frozenset({args.driver_name})), args.healthcheck_port)
-    return server
+    return socket_probes(agent.paths) + [lock_probe(agent.paths.plugin_dir / LOCK_NAME), nvml_probe(nvml)]
 
 
 def simulated_state_dir(node: str) -> Path:
@@ -322,12 +362,31 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --reserved-gpus: {', '.join(bad)}: expected GPU UUIDs such as GPU-5f3c...", file=sys.stderr)
         return 2
 
+    stop = stop_on_signals()
+    health: Any = None
+    health_server: Any = None
+    if args.healthcheck_port is not None:
+        # Served from the start: the probes see a live agent while it waits for the driver (driver.plugin.healthcheck).
+        from driver.plugin.healthcheck import HealthServicer, serve
+
+        health = HealthServicer([], frozenset({args.driver_name}))
+        health.pending("waiting for the NVIDIA driver" if args.nvml == "real" else "starting")
+        health_server, _ = serve(health, args.healthcheck_port)
+    try:
+        return _run(args, stop, health, reserved)
+    finally:
+        if health_server is not None:
+            health_server.stop(grace=None)
+
+
+def _run(args: argparse.Namespace, stop: Any, health: Any, reserved: frozenset[str]) -> int:
     from driver.discovery import discover
     from driver.health import HealthMonitor
     from driver.nvml import RealNvml, load_backend
     from driver.nvmlapi import BackendConfigError, NvmlUnavailable
     from driver.plugin.agent import AgentSettings, NodeAgent, crash_hook_from_env, kubeapi_claim_getter
     from driver.publisher import SlicePublisher
+
     api: Any = None
     if args.nvml == SIM_FROM_NODE_LABEL:  # the profile is on this node's Node: the API first
         api = _connect(args.kubeconfig)
@@ -339,11 +398,21 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             api.close()
             return 2
-    try:
-        nvml = load_backend(args.nvml, node=args.node, driver_root=_driver_root(args))
-    except (NvmlUnavailable, BackendConfigError) as exc:
-        print(f"error: --nvml {args.nvml}: {exc}", file=sys.stderr)
-        return 2
+    nvml: Any
+    if args.nvml == "real":
+        # The driver may come after the agent (a driver container still building): wait for it, don't crash-loop.
+        loaded = _real_nvml_when_ready(args, stop)
+        if not isinstance(loaded, RealNvml):
+            return loaded
+        nvml = loaded
+    else:
+        try:
+            nvml = load_backend(args.nvml, node=args.node, driver_root=_driver_root(args))
+        except (NvmlUnavailable, BackendConfigError) as exc:
+            print(f"error: --nvml {args.nvml}: {exc}", file=sys.stderr)
+            return 2
+    if health is not None:
+        health.pending("starting: NVML discovery and the restore of prepared claims", STARTUP_BUDGET_SECONDS)
     inventory = discover(nvml, args.node)
     root = _driver_root(args)
     uvm_check = None
@@ -394,7 +463,6 @@ def run(args: argparse.Namespace) -> int:
         publisher=SlicePublisher(api, args.driver_name, args.node), fault_hook=crash_hook_from_env(),
         monitor_factory=lambda n, inv, cb: HealthMonitor(n, inv, cb, ignored_xids=args.ignore_xids), binding_api=api,
     )
-    stop = stop_on_signals()
     from driver.nodeguard import GuardSettings, NodeGuard
 
     guard = NodeGuard(api, GuardSettings(
@@ -406,7 +474,6 @@ def run(args: argparse.Namespace) -> int:
         agent.withhold(f"node {args.node} not checked yet for another device plugin serving {args.device_plugin_resource}")
     checked = guard.check()
     shim: Any = None
-    health_server: Any = None
     sweeper: Any = None
     agent.start()
     exit_code = 0
@@ -431,8 +498,8 @@ def run(args: argparse.Namespace) -> int:
             from driver.deviceplugin import start_device_plugin
 
             shim = start_device_plugin(agent, resource_name=args.device_plugin_resource, api=api)
-        if args.healthcheck_port is not None:
-            health_server = _serve_healthcheck(agent, nvml, args)
+        if health is not None:
+            health.up(_agent_probes(agent, nvml))
         # A failed check (the Node not registered yet, the API away) is retried sooner than the resync. The loop
         # ticks every second so that a driver change is acted on at once.
         next_check = time.monotonic() + (args.node_resync_seconds if checked else 2.0)
@@ -447,8 +514,6 @@ def run(args: argparse.Namespace) -> int:
         stop.set()
         if sweeper is not None:
             sweeper.join()
-        if health_server is not None:
-            health_server.stop(grace=None)
         if shim is not None:
             shim.stop()
         if compute_domains is not None:
