@@ -12,8 +12,13 @@ agent adds the driver's files to every claim spec's top-level `containerEdits`:
 - each mounted read-only as a file under its versioned name *and* under its soname (read from the ELF, e.g.
   `libcuda.so.1`), into the container's system library directories of both families (`/usr/lib/<triple>` for
   Debian/Ubuntu images, `/usr/lib64` for RHEL/Fedora images): the loader's built-in search path finds them with
-  no ld.so cache entry, no symlink created in the container and no hook binary on the host (docs/containers.md
-  says why: the NVIDIA Container Toolkit is not on GKE nodes, nor on hosts that only have a driver);
+  no symlink created in the container (docs/containers.md says why: the NVIDIA Container Toolkit is not on GKE
+  nodes, nor on hosts that only have a driver);
+- the development names NVIDIA's create-symlinks hook gives a container, mounted as files the same way: the
+  `.so` name where the install has that link beside the library, `libcuda.so` and `libnvidia-opticalflow.so`
+  always, `libGLX_indirect.so.0` for libGLX_nvidia;
+- with the agent's own hook installed on the host (driver.cdihook), a createContainer hook that rebuilds the
+  container's ld.so.cache over those directories (`ldconfig -p` then lists libcuda, as Triton requires);
 - nvidia-smi and friends at /usr/bin, the GSP firmware of this driver version, the persistenced / fabric
   manager sockets;
 - when the deployment provides an `nvidia-cdi-hook` on the host (`--cdi-hook-path`, toolkit 1.18 or later), the
@@ -41,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from driver import ldcache
+from driver import cdihook, ldcache
 from driver.elfsoname import soname
 
 log = logging.getLogger("gpu-dra.driverfiles")
@@ -79,6 +84,10 @@ MOUNT_OPTIONS: tuple[str, ...] = ("ro", "nosuid", "nodev", "bind")
 DATA_MOUNT_OPTIONS: tuple[str, ...] = MOUNT_OPTIONS + ("noexec",)
 HOOK_LIFECYCLE = "createContainer"  # in the container's mount namespace, after the mounts, before pivot_root
 HOOK_ENV: tuple[str, ...] = ("NVIDIA_CTK_DEBUG=false",)  # as nvcdi writes its hooks
+# Development links NVIDIA's toolkit creates whether or not the install has them (its create-symlinks hook):
+# frameworks dlopen `libcuda.so` and link with `-lcuda`.
+ALWAYS_DEV_LINKS: frozenset[str] = frozenset({"libcuda.so", "libnvidia-opticalflow.so"})
+GLX_INDIRECT = "libGLX_indirect.so.0"  # GLVND's indirect GLX library, NVIDIA's for an NVIDIA display
 
 _MAX_LINK_HOPS = 40  # the kernel's own limit on symlinks followed in one lookup
 _MULTIARCH = {"x86_64": "x86_64-linux-gnu", "amd64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu",
@@ -141,6 +150,7 @@ class RootSnapshot:
     executables: frozenset[str] = frozenset()  # regular files with an execute bit
     sockets: tuple[str, ...] = ()  # IPC sockets found, in IPC_SOCKETS order
     sonames: Mapping[str, str] = field(default_factory=dict)  # library path -> its DT_SONAME
+    links: frozenset[str] = frozenset()  # symbolic links named `<name>.so` in the library dirs (development links)
     dirs: tuple[str, ...] = ()  # the library dirs that exist, in search order
     bin_dirs: tuple[str, ...] = ()  # the bin dirs that exist, in search order
     firmware_dirs: tuple[str, ...] = ()  # the firmware dirs of this driver version that exist
@@ -159,18 +169,43 @@ def _host_path(host_root: str, path: str) -> str:
     return posixpath.normpath(posixpath.join(host_root, path.lstrip("/")))
 
 
+def dev_link_name(soname: str) -> str:
+    """The development name of a library: `libcuda.so` for `libcuda.so.1` (extensions dropped down to `.so`)."""
+    name = soname
+    while name and not name.endswith(".so"):
+        stem, dot, _ = name.rpartition(".")
+        if not dot:
+            return soname
+        name = stem
+    return name or soname
+
+
+def extra_link_names(name: str, soname: str, directory: str, snapshot: RootSnapshot, version: str) -> list[str]:
+    """The names NVIDIA's toolkit gives a driver library in a container beyond its soname: the `.so` development
+    link where the install has one beside the library, and always `libcuda.so` and `libnvidia-opticalflow.so`
+    (programs dlopen and link them by those names), and GLVND's `libGLX_indirect.so.0` for libGLX_nvidia."""
+    out: list[str] = []
+    dev = dev_link_name(soname)
+    if dev != soname and (dev in ALWAYS_DEV_LINKS or posixpath.join(directory, dev) in snapshot.links):
+        out.append(dev)
+    if name == f"libGLX_nvidia.so.{version}":
+        out.append(GLX_INDIRECT)
+    return out
+
+
 def _first_executable(snapshot: RootSnapshot, dirs: Iterable[str], name: str) -> str | None:
     return next((p for p in (posixpath.join(d, name) for d in dirs) if p in snapshot.executables), None)
 
 
 def plan(
     snapshot: RootSnapshot, version: str, *, host_root: str = "/", hook_path: str | None = None,
-    container_dirs: tuple[str, ...] | None = None,
+    container_dirs: tuple[str, ...] | None = None, ldcache_hook: str | None = None,
 ) -> DriverFiles:
     """Mounts and hooks for the driver files in `snapshot` of driver `version` (pure).
 
     `hook_path` is an nvidia-cdi-hook (1.18 or later) on the host, or None; `container_dirs` where libraries go
-    in the container (default: `container_library_dirs()`)."""
+    in the container (default: `container_library_dirs()`); `ldcache_hook` the agent's own hook on the host
+    (driver.cdihook), which then rebuilds every container's loader cache, or None."""
     notes: list[str] = list(snapshot.warnings)
     mounts: list[Mount] = []
     libraries: dict[str, str] = {}  # file name -> path in the root; the first library dir holding a name wins
@@ -183,12 +218,16 @@ def plan(
         notes.append(f"no driver {version} libraries (e.g. libcuda.so.{version}) in {', '.join(snapshot.dirs or LIBRARY_DIRS)}"
                      f" (the root's {ldcache.CACHE_PATH} names none)")
     targets: set[str] = set()
+    dirs = container_dirs or container_library_dirs()
     for name, path in sorted(libraries.items()):
         names = [name]
         so = snapshot.sonames.get(path)
         if so and so != name and "/" not in so:
             names.append(so)
-        for directory in container_dirs or container_library_dirs():
+        # Development links as files too: the runtime creates each mount target inside the container's root
+        # (a link made by a hook in an untrusted root before pivot_root could be led to the host).
+        names += extra_link_names(name, names[-1], posixpath.dirname(path), snapshot, version)
+        for directory in dirs:
             for n in names:
                 target = posixpath.join(directory, n)
                 if target not in targets:  # two files of one soname: the first (sorted) wins, as ldconfig picks one
@@ -207,6 +246,8 @@ def plan(
     mounts += [Mount(_host_path(host_root, p), p, DATA_MOUNT_OPTIONS) for p in snapshot.sockets]
 
     hooks: list[Hook] = []
+    if ldcache_hook is not None and libraries:
+        hooks.append(Hook(ldcache_hook, cdihook.update_ldcache_args(dirs), env=(cdihook.HOOK_PATH_ENV,)))
     if hook_path is not None and libraries:
         hooks.append(Hook(hook_path, ("nvidia-cdi-hook", "enable-cuda-compat", f"--host-driver-version={version}")))
         hooks.append(Hook(hook_path, ("nvidia-cdi-hook", "disable-device-node-modification")))
@@ -270,6 +311,7 @@ def scan(root: Path, version: str) -> RootSnapshot:
     executables: set[str] = set()
     sockets: list[str] = []
     sonames: dict[str, str] = {}
+    links: set[str] = set()
     cached, warning = ldcache.read(root)
     lib_dirs = _existing_dirs(root, [*cached_library_dirs(root, cached, version), *LIBRARY_DIRS])
 
@@ -294,6 +336,8 @@ def scan(root: Path, version: str) -> RootSnapshot:
             continue
         for name in names:
             path = posixpath.join(d, name)
+            if name.endswith(".so") and os.path.islink(root / path.lstrip("/")):
+                links.add(path)
             if is_driver_library(name, version) and note_file(path):
                 so = soname(root / path.lstrip("/"))
                 if so is not None:
@@ -316,7 +360,7 @@ def scan(root: Path, version: str) -> RootSnapshot:
             note_file(real)
     return RootSnapshot(
         files=frozenset(files), executables=frozenset(executables), sockets=tuple(sockets), sonames=sonames,
-        dirs=tuple(lib_dirs), bin_dirs=tuple(bin_dirs), firmware_dirs=tuple(firmware_dirs),
+        links=frozenset(links), dirs=tuple(lib_dirs), bin_dirs=tuple(bin_dirs), firmware_dirs=tuple(firmware_dirs),
         warnings=(warning,) if warning else (),
     )
 
@@ -334,8 +378,10 @@ def cached_library_dirs(root: Path, entries: Iterable[ldcache.Entry], version: s
     return out
 
 
-def discover(root: Path, version: str, *, host_root: str = "/", hook_path: str | None = None) -> DriverFiles:
+def discover(
+    root: Path, version: str, *, host_root: str = "/", hook_path: str | None = None, ldcache_hook: str | None = None,
+) -> DriverFiles:
     """The driver files under `root` for driver `version`; nothing when the root does not exist."""
     if not root.is_dir():
         return DriverFiles(notes=(f"driver root {root} is not a directory",))
-    return plan(scan(root, version), version, host_root=host_root, hook_path=hook_path)
+    return plan(scan(root, version), version, host_root=host_root, hook_path=hook_path, ldcache_hook=ldcache_hook)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from driver.cdi import parse_proc_devices
 from driver.driverroot import DriverRoot, DriverRootError
 
 NVIDIA_SMI = "nvidia-smi"
@@ -208,27 +209,44 @@ class NvidiaTools:
 
 
 NVIDIA_MODPROBE = "nvidia-modprobe"
+UVM_MISSING = "CUDA will lack /dev/nvidia-uvm"
+UVM_HOST_HINT = "load it on the host (`nvidia-modprobe -u -c=0`, or `modprobe nvidia-uvm` and create the nodes)"
 
 
-def ensure_uvm_loaded(driver_root: DriverRoot, proc_root: Path, runner: CommandRunner | None = None) -> str:
-    """Load nvidia-uvm (CUDA's unified memory module) with the driver's `nvidia-modprobe -u -c=0` when it is
-    not loaded yet, as NVIDIA's tools do; returns what happened, for the log. Without nvidia-modprobe, or when
-    it fails, the module stays unloaded and claim specs leave /dev/nvidia-uvm* out (driver.cdi)."""
+def uvm_missing(proc_root: Path) -> str | None:
+    """None when nvidia-uvm is loaded (its major is in /proc/devices), else what is wrong."""
     try:
-        loaded = any(line.split()[1:] == ["nvidia-uvm"] for line in (proc_root / "devices").read_text().splitlines())
+        majors = parse_proc_devices((proc_root / "devices").read_text())
     except OSError as exc:
-        return f"cannot read {proc_root / 'devices'}: {exc}"
-    if loaded:
-        return "nvidia-uvm is loaded"
+        return f"cannot read {proc_root / 'devices'}: {exc.strerror or exc}"
+    return None if "nvidia-uvm" in majors else "the nvidia-uvm module is not loaded (no nvidia-uvm in /proc/devices)"
+
+
+def ensure_uvm_loaded(driver_root: DriverRoot, proc_root: Path, runner: CommandRunner | None = None) -> str | None:
+    """Load nvidia-uvm (CUDA's unified memory module) when it is not loaded, the way NVIDIA's tools do it from a
+    container: the driver root's `nvidia-modprobe -u -c=0` run chrooted into the driver root (`chroot ROOT
+    nvidia-modprobe`), so that it finds that root's own `modprobe`, kernel modules and libc, none of which the
+    agent's image has. Returns None when the module is loaded (before or now), else the reason, starting with
+    "CUDA will lack /dev/nvidia-uvm: " (for the log, the Node condition and Event); claim specs then leave
+    /dev/nvidia-uvm* out (driver.cdi) until it is loaded."""
+    missing = uvm_missing(proc_root)
+    if missing is None:
+        return None
+    if missing.startswith("cannot read"):
+        return f"{UVM_MISSING}: {missing}"
     try:
         program = driver_root.find_binary(NVIDIA_MODPROBE)
     except DriverRootError:
-        return f"nvidia-uvm is not loaded and the driver root has no {NVIDIA_MODPROBE}: /dev/nvidia-uvm* left out of specs"
-    argv = [str(program), "-u", "-c=0"]
+        return (f"{UVM_MISSING}: {missing} and the driver root {driver_root.path} has no {NVIDIA_MODPROBE} to load it "
+                f"with; {UVM_HOST_HINT}")
+    argv = ["chroot", str(driver_root.path), "/" + str(program.relative_to(driver_root.path)), "-u", "-c=0"]
     try:
         result = (runner or SubprocessRunner()).run(argv)
     except GpuToolError as exc:
-        return f"{' '.join(argv)} failed: {exc}; /dev/nvidia-uvm* left out of specs"
+        return f"{UVM_MISSING}: {missing}; `{' '.join(argv)}` could not run: {exc}; {UVM_HOST_HINT}"
     if result.returncode != 0:
-        return f"{_describe(argv, result)}; /dev/nvidia-uvm* left out of specs"
-    return f"nvidia-uvm loaded with {' '.join(argv)}"
+        return f"{UVM_MISSING}: {missing}; {_describe(argv, result)}; {UVM_HOST_HINT}"
+    after = uvm_missing(proc_root)
+    if after is not None:
+        return f"{UVM_MISSING}: `{' '.join(argv)}` exited 0 but {after}; {UVM_HOST_HINT}"
+    return None

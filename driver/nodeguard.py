@@ -7,6 +7,10 @@ GPU Feature Discovery's labels.
   so loudly (a Warning Event on the Node and the Node condition `GpuDraDevicePluginConflict=True`), and publishes
   again once the resource is gone. `--allow-device-plugin-coexistence` publishes anyway (for nodes where the
   other plugin serves GPUs kept from DRA, e.g. with `--reserved-gpus`); the condition still reports it.
+- **nvidia-uvm.** On a GPU node whose nvidia-uvm module could not be loaded (driver.gputools.ensure_uvm_loaded),
+  CUDA in every container lacks /dev/nvidia-uvm and fails its first allocation: the Node condition
+  `GpuDraNvidiaUvmMissing=True` says why, with a Warning Event `NvidiaUvmMissing` when it begins; rechecked every
+  resync, so a module loaded later (by a driver container, or by hand) clears it.
 - **Labels.** With `--node-labels`, GFD's labels are written and refreshed when they change (MIG
   reconfiguration, a driver upgrade) unless GFD runs on the node: GFD marks the labels it owns with
   `nvidia.com/gfd.timestamp`, and two writers would flip each other's values.
@@ -21,6 +25,7 @@ from typing import Any
 
 from driver.inventory import Inventory
 from driver.nodelabels import gfd_labels, label_patch
+from gpudra.logfmt import quote
 from gpudra.quantity import Quantity
 from gpudra.timestamps import rfc3339
 
@@ -28,6 +33,8 @@ log = logging.getLogger("gpu-dra.nodeguard")
 
 CONDITION_TYPE = "GpuDraDevicePluginConflict"
 EVENT_REASON = "DevicePluginConflict"
+UVM_CONDITION_TYPE = "GpuDraNvidiaUvmMissing"
+UVM_EVENT_REASON = "NvidiaUvmMissing"
 GFD_MARKER_LABEL = "nvidia.com/gfd.timestamp"
 COMPONENT = "gpu-dra-node-agent"
 
@@ -90,12 +97,15 @@ class NodeGuard:
     the conflict (Event + condition) and refreshes the labels. API failures are logged; the next check retries."""
 
     def __init__(self, api: Any, settings: GuardSettings, *, withhold: Callable[[str | None], None],
-                 inventory: Callable[[], Inventory]) -> None:
+                 inventory: Callable[[], Inventory], uvm_missing: Callable[[], str | None] | None = None) -> None:
         self._api = api
         self.settings = settings
         self._withhold = withhold
         self._inventory = inventory
+        # Why CUDA lacks /dev/nvidia-uvm on this node, None when it does not; None: not checked (simulated GPUs).
+        self._uvm_missing = uvm_missing
         self._reported: Conflict | None = None  # the conflict last announced
+        self._uvm_reported: str | None = None  # the nvidia-uvm problem last announced
         self._gfd_noted = False
 
     def check(self) -> bool:
@@ -111,41 +121,75 @@ class NodeGuard:
             return True
         conflict = decide(node, self.settings)
         self._withhold(conflict.message(self.settings) if conflict is not None and not conflict.allowed else None)
-        self._condition(node, conflict)
+        uvm = self._uvm_missing() if self._uvm_missing is not None else None
+        self._conditions(node, [self._conflict_condition(conflict)]
+                         + ([self._uvm_condition(uvm)] if self._uvm_missing is not None else []))
         if conflict != self._reported:
             self._announce(node, conflict)
+        if uvm != self._uvm_reported:
+            self._announce_uvm(node, uvm)
         if self.settings.node_labels:
             self._labels(node)
         return True
 
-    def _condition(self, node: Mapping[str, Any], conflict: Conflict | None) -> None:
-        """Keep the Node condition as the last check found it: written when it is missing or says otherwise (also
-        after someone replaced the conditions list)."""
+    def _conflict_condition(self, conflict: Conflict | None) -> dict[str, str]:
         s = self.settings
-        wanted = {
+        return {
             "type": CONDITION_TYPE, "status": "True" if conflict is not None else "False",
             "reason": ("CoexistenceAllowed" if conflict.allowed else EVENT_REASON) if conflict is not None else "NoConflict",
             "message": conflict.message(s) if conflict is not None else
             f"no other device plugin advertises {s.resource} on this node",
         }
+
+    @staticmethod
+    def _uvm_condition(missing: str | None) -> dict[str, str]:
+        return {
+            "type": UVM_CONDITION_TYPE, "status": "True" if missing is not None else "False",
+            "reason": "NvidiaUvmNotLoaded" if missing is not None else "NvidiaUvmLoaded",
+            "message": missing if missing is not None else "nvidia-uvm is loaded: containers get /dev/nvidia-uvm",
+        }
+
+    def _conditions(self, node: Mapping[str, Any], wanted: list[dict[str, str]]) -> None:
+        """Keep the agent's Node conditions as the last check found them: written when one is missing or says
+        otherwise (also after someone replaced the conditions list), all in one patch."""
+        s = self.settings
         conditions = [c for c in _map(node.get("status")).get("conditions") or [] if isinstance(c, Mapping)]
-        present = next((c for c in conditions if c.get("type") == CONDITION_TYPE), None)
-        if present is not None and all(present.get(k) == v for k, v in wanted.items()):
+        by_type = {c.get("type"): c for c in conditions}
+        if all(by_type.get(w["type"]) is not None and all(by_type[w["type"]].get(k) == v for k, v in w.items())
+               for w in wanted):
             return
         now = rfc3339()
-        same_status = present is not None and present.get("status") == wanted["status"]
-        condition = {**wanted, "lastHeartbeatTime": now,
-                     "lastTransitionTime": present.get("lastTransitionTime", now) if same_status and present else now}
-        others = [dict(c) for c in conditions if c.get("type") != CONDITION_TYPE]
+        written = []
+        for w in wanted:
+            present = by_type.get(w["type"])
+            same_status = present is not None and present.get("status") == w["status"]
+            written.append({**w, "lastHeartbeatTime": now,
+                            "lastTransitionTime": present.get("lastTransitionTime", now) if same_status and present else now})
+        ours = {w["type"] for w in wanted}
+        others = [dict(c) for c in conditions if c.get("type") not in ours]
         # The whole list, conditional on the version read: a merge patch replaces lists (kube-apiserver merges
         # Node conditions by type only for strategic patches), and the precondition keeps the kubelet's
         # concurrent updates; a conflict is retried at the next check.
         patch = {"metadata": {"resourceVersion": (node.get("metadata") or {}).get("resourceVersion")},
-                 "status": {"conditions": [*others, condition]}}
+                 "status": {"conditions": [*others, *written]}}
         try:
             self._api.patch("Node", s.node_name, patch, subresource="status")
         except Exception as exc:  # noqa: BLE001 - written again at the next check
             log.warning("event=node-condition-failed node=%s error=%r", s.node_name, str(exc))
+
+    def _announce_uvm(self, node: Mapping[str, Any], missing: str | None) -> None:
+        """A change of the nvidia-uvm state: logged, and a Warning Event when the module goes missing."""
+        s = self.settings
+        if missing is not None:
+            log.error("event=nvidia-uvm-missing node=%s msg=%s", s.node_name, quote(missing))
+            try:
+                self._event(node, UVM_EVENT_REASON, missing, rfc3339())
+            except Exception as exc:  # noqa: BLE001 - announced again at the next check
+                log.warning("event=nvidia-uvm-event-failed node=%s error=%r", s.node_name, str(exc))
+                return
+        elif self._uvm_reported is not None:
+            log.info("event=nvidia-uvm-loaded node=%s", s.node_name)
+        self._uvm_reported = missing
 
     def _announce(self, node: Mapping[str, Any], conflict: Conflict | None) -> None:
         """A change of the conflict: logged, and a Warning Event when one begins."""
@@ -154,7 +198,7 @@ class NodeGuard:
             log.error("event=device-plugin-conflict node=%s resource=%s count=%d allowed=%s", s.node_name,
                       s.resource, conflict.count, conflict.allowed)
             try:
-                self._event(node, conflict, rfc3339())
+                self._event(node, EVENT_REASON, conflict.message(s), rfc3339())
             except Exception as exc:  # noqa: BLE001 - announced again at the next check
                 log.warning("event=conflict-event-failed node=%s error=%r", s.node_name, str(exc))
                 return
@@ -162,7 +206,7 @@ class NodeGuard:
             log.info("event=device-plugin-conflict-cleared node=%s resource=%s", s.node_name, s.resource)
         self._reported = conflict
 
-    def _event(self, node: Mapping[str, Any], conflict: Conflict, now: str) -> None:
+    def _event(self, node: Mapping[str, Any], reason: str, message: str, now: str) -> None:
         s = self.settings
         meta = node.get("metadata") or {}
         self._api.create("Event", {
@@ -170,7 +214,7 @@ class NodeGuard:
             # Node events live in "default", as the kubelet's do.
             "metadata": {"generateName": f"{s.node_name}.gpu-dra-", "namespace": "default"},
             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": s.node_name, "uid": meta.get("uid", "")},
-            "reason": EVENT_REASON, "message": conflict.message(s), "type": "Warning",
+            "reason": reason, "message": message, "type": "Warning",
             "source": {"component": COMPONENT, "host": s.node_name},
             "reportingComponent": COMPONENT, "reportingInstance": s.node_name,
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,

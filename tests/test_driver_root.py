@@ -88,19 +88,6 @@ def test_real_backend_loads_nvml_by_path_from_the_driver_root(tmp_path: Path) ->
     assert version == "550.54.15-fake"
 
 
-@pytest.mark.process
-def test_plugin_exits_2_naming_the_paths_when_the_root_has_no_nvml(tmp_path: Path) -> None:
-    root = tmp_path / "no-driver"
-    root.mkdir()
-    done = subprocess.run(
-        [sys.executable, "-m", "cli.main", "plugin", "--node", "n1", "--nvml", "real", "--driver-root", str(root)],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert done.returncode == 2
-    assert f"{root}/usr/lib64/libnvidia-ml.so.1" in done.stderr
-    assert "sim:" in done.stderr
-
-
 class _Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[list[str], dict[str, str]]] = []
@@ -139,7 +126,7 @@ def test_a_tool_missing_from_the_root_names_the_paths(tmp_path: Path) -> None:
         tools.set_timeslice("GPU-1", 0)
 
 
-def test_nvidia_uvm_is_loaded_with_the_drivers_modprobe_or_left_out(tmp_path: Path) -> None:
+def test_nvidia_uvm_is_loaded_chrooted_into_the_driver_root_or_said_missing(tmp_path: Path) -> None:
     from driver.gputools import ensure_uvm_loaded
 
     proc = tmp_path / "proc"
@@ -148,11 +135,58 @@ def test_nvidia_uvm_is_loaded_with_the_drivers_modprobe_or_left_out(tmp_path: Pa
     root = tmp_path / "root"
     (root / "usr/bin").mkdir(parents=True)
     runner = _Recorder()
-    assert "has no nvidia-modprobe" in ensure_uvm_loaded(DriverRoot(root), proc, runner) and runner.calls == []
+    reason = ensure_uvm_loaded(DriverRoot(root), proc, runner)
+    assert reason is not None and runner.calls == []
+    assert reason.startswith("CUDA will lack /dev/nvidia-uvm: the nvidia-uvm module is not loaded")
+    assert f"the driver root {root} has no nvidia-modprobe" in reason and "load it on the host" in reason
     modprobe = root / "usr/bin/nvidia-modprobe"
     modprobe.write_text("#!/bin/sh\n")
     modprobe.chmod(0o755)
-    assert ensure_uvm_loaded(DriverRoot(root), proc, runner) == f"nvidia-uvm loaded with {modprobe} -u -c=0"
-    assert runner.calls[0][0] == [str(modprobe), "-u", "-c=0"]
-    (proc / "devices").write_text("Character devices:\n195 nvidia-frontend\n511 nvidia-uvm\n")
-    assert ensure_uvm_loaded(DriverRoot(root), proc, runner) == "nvidia-uvm is loaded" and len(runner.calls) == 1
+    # It exits 0 but the module does not appear (no modprobe, no modules where it ran): said, not assumed.
+    reason = ensure_uvm_loaded(DriverRoot(root), proc, runner)
+    assert runner.calls[0][0] == ["chroot", str(root), "/usr/bin/nvidia-modprobe", "-u", "-c=0"]
+    assert reason is not None and "exited 0 but the nvidia-uvm module is not loaded" in reason
+
+    class Loads(_Recorder):
+        def run(self, argv, *, env=None, stdin=None) -> CommandResult:  # noqa: ANN001 - CommandRunner protocol
+            (proc / "devices").write_text("Character devices:\n195 nvidia-frontend\n511 nvidia-uvm\n")
+            return super().run(argv, env=env, stdin=stdin)
+
+    assert ensure_uvm_loaded(DriverRoot(root), proc, Loads()) is None
+    assert ensure_uvm_loaded(DriverRoot(root), proc, runner) is None and len(runner.calls) == 1  # loaded: nothing run
+    (proc / "devices").unlink()
+    assert "CUDA will lack /dev/nvidia-uvm: cannot read" in (ensure_uvm_loaded(DriverRoot(root), proc, runner) or "")
+
+
+@pytest.mark.process
+def test_nvidia_modprobe_runs_inside_the_driver_root_with_its_modprobe(tmp_path: Path) -> None:
+    """The driver root's nvidia-modprobe, really run chrooted into the root: it finds the root's own
+    /sbin/modprobe (the agent's image has none) and the module appears; a failing one is reported with its
+    stderr and the hint to load it on the host."""
+    from driver.gputools import ensure_uvm_loaded
+    from sim.runtime.rootfs import find_busybox
+
+    busybox = find_busybox()
+    if busybox is None or os.geteuid() != 0:
+        pytest.skip("needs root (chroot) and a static busybox (busybox-static)")
+    root = tmp_path / "root"
+    for d in ("bin", "sbin", "usr/bin", "proc-box"):
+        (root / d).mkdir(parents=True)
+    shutil.copy2(busybox, root / "bin/busybox")
+    os.symlink("busybox", root / "bin/sh")
+    (root / "proc-box/devices").write_text("Character devices:\n195 nvidia-frontend\n")
+    # The root's modprobe "loads" the module: the box's procfs gains its major.
+    (root / "sbin/modprobe").write_text(
+        '#!/bin/sh\n[ "$1" = nvidia-uvm ] || exit 1\nprintf "511 nvidia-uvm\\n" >> /proc-box/devices\n')
+    (root / "usr/bin/nvidia-modprobe").write_text(
+        '#!/bin/sh\n[ "$1 $2" = "-u -c=0" ] || { echo "bad args $*" >&2; exit 2; }\nexec /sbin/modprobe nvidia-uvm\n')
+    for tool in ("sbin/modprobe", "usr/bin/nvidia-modprobe"):
+        (root / tool).chmod(0o755)
+    assert ensure_uvm_loaded(DriverRoot(root), root / "proc-box") is None
+    assert "511 nvidia-uvm" in (root / "proc-box/devices").read_text()
+
+    (root / "proc-box/devices").write_text("Character devices:\n195 nvidia-frontend\n")
+    (root / "sbin/modprobe").write_text('#!/bin/sh\necho "modprobe: FATAL: Module nvidia-uvm not found" >&2\nexit 1\n')
+    reason = ensure_uvm_loaded(DriverRoot(root), root / "proc-box")
+    assert reason is not None and reason.startswith("CUDA will lack /dev/nvidia-uvm: ")
+    assert "exited with status 1: modprobe: FATAL: Module nvidia-uvm not found" in reason, reason

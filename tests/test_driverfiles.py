@@ -104,6 +104,44 @@ def test_resolve_in_root_follows_links_inside_the_root(tmp_path: Path, elf_libs:
 
 
 @pytest.mark.process
+def test_development_links_follow_the_install_and_the_ldcache_hook_scans_both_families(
+    tmp_path: Path, elf_libs: dict[str, Path],
+) -> None:
+    """A `.so` development link the install has beside a library is given to containers (as a file mount of the
+    library); one it lacks is not, except libcuda.so and libnvidia-opticalflow.so, which NVIDIA's toolkit always
+    creates. With the agent's own hook, every spec rebuilds the container's loader cache over both families'
+    library directories."""
+    root = fake_root(tmp_path / "root", elf_libs)
+    lib = root / LIBDIR.lstrip("/")
+    os.unlink(lib / "libcuda.so")  # an install without the link: containers get it all the same
+    os.symlink("libnvidia-ml.so.1", lib / "libnvidia-ml.so")
+    shutil.copy(elf_libs["libcuda"], lib / f"libnvidia-opticalflow.so.{VERSION}")  # soname libcuda.so.1 aside
+    files = discover(root, VERSION, ldcache_hook="/var/lib/kubelet/plugins/gpu.nvidia.com-cdi-hook/gpu-dra-cdi-hook")
+    mounts = {m.container_path: m.host_path for m in files.mounts}
+    for directory in CONTAINER_DIRS:
+        assert mounts[f"{directory}/libcuda.so"] == f"{LIBDIR}/libcuda.so.{VERSION}"
+        assert mounts[f"{directory}/libnvidia-ml.so"] == f"{LIBDIR}/libnvidia-ml.so.{VERSION}"
+        assert f"{directory}/libnvidia-nvvm.so" not in mounts and f"{directory}/libnvidia-ptxjitcompiler.so" not in mounts
+    (hook,) = [h.cdi() for h in files.hooks]
+    assert hook == {
+        "hookName": "createContainer", "path": "/var/lib/kubelet/plugins/gpu.nvidia.com-cdi-hook/gpu-dra-cdi-hook",
+        "args": ["gpu-dra-cdi-hook", "update-ldcache", "--folder", CONTAINER_DIRS[0], "--folder", CONTAINER_DIRS[1]],
+        "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+    }
+    # No library of this driver, nothing to cache: no hook.
+    assert discover(root, "1.2.3", ldcache_hook="/x/gpu-dra-cdi-hook").hooks == ()
+
+
+def test_dev_link_names() -> None:
+    from driver.driverfiles import dev_link_name
+
+    assert dev_link_name("libcuda.so.1") == "libcuda.so"
+    assert dev_link_name("libnvidia-ml.so.580.95.05") == "libnvidia-ml.so"
+    assert dev_link_name("libcuda.so") == "libcuda.so"
+    assert dev_link_name("ld-linux") == "ld-linux"
+
+
+@pytest.mark.process
 def test_soname_is_read_from_the_elf(elf_libs: dict[str, Path], tmp_path: Path) -> None:
     assert soname(elf_libs["libcuda"]) == "libcuda.so.1"
     assert soname(elf_libs["libGLX_nvidia"]) == "libGLX_nvidia.so.0"
@@ -124,8 +162,12 @@ def test_every_library_of_the_driver_version_is_mounted_under_its_soname_in_both
         libs = sorted(p for p in mounts if p.startswith(directory + "/"))
         expected = [f"{directory}/{n}.so.{VERSION}" for n in LIBS]
         expected += [f"{directory}/{n}.so.0" if n == "libGLX_nvidia" else f"{directory}/{n}.so.1" for n in LIBS]
+        # The development links NVIDIA's toolkit creates: libcuda.so always, GLVND's indirect GLX library.
+        expected += [f"{directory}/libcuda.so", f"{directory}/libGLX_indirect.so.0"]
         # Found once although /lib/x86_64-linux-gnu is the same dir; other versions and the host's libc left out.
         assert libs == sorted(expected)
+        assert mounts[f"{directory}/libcuda.so"].host_path == f"{LIBDIR}/libcuda.so.{VERSION}"
+        assert mounts[f"{directory}/libGLX_indirect.so.0"].host_path == f"{LIBDIR}/libGLX_nvidia.so.{VERSION}"
         # The soname is the versioned file itself, mounted as a file: no link and no ld.so cache needed.
         assert mounts[f"{directory}/libcuda.so.1"].host_path == f"{LIBDIR}/libcuda.so.{VERSION}"
     assert {p for p in mounts if "/bin/" in p} == {"/usr/bin/nvidia-smi", "/usr/bin/nvidia-debugdump", "/usr/bin/nvidia-cuda-mps-control"}
@@ -193,6 +235,7 @@ def test_plan_is_pure_and_needs_no_files() -> None:
     assert [(m.host_path, m.container_path) for m in files.mounts] == [
         (f"/usr/lib64/libcuda.so.{VERSION}", f"/usr/lib64/libcuda.so.{VERSION}"),
         (f"/usr/lib64/libcuda.so.{VERSION}", "/usr/lib64/libcuda.so.1"),
+        (f"/usr/lib64/libcuda.so.{VERSION}", "/usr/lib64/libcuda.so"),
     ]
     assert plan(snapshot, VERSION, container_dirs=("/usr/lib64",)) == files
 

@@ -130,8 +130,16 @@ def test_node_agent_rolls_surge_first_with_grpc_probes() -> None:
     assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     (agent,) = ds["spec"]["template"]["spec"]["containers"]
     port = next(int(a.split("=", 1)[1]) for a in agent["args"] if a.startswith("--healthcheck-port="))
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert agent[probe]["grpc"] == {"port": port}, probe
+    # Startup and liveness ask the `liveness` service, alive while the agent waits for the driver; readiness the
+    # whole agent (driver.plugin.healthcheck).
+    for probe in ("startupProbe", "livenessProbe"):
+        assert agent[probe]["grpc"] == {"port": port, "service": "liveness"}, probe
+    assert agent["readinessProbe"]["grpc"] == {"port": port}
+    # The driver root is the host's /, the parent of the GPU Operator's /run/nvidia/driver, with propagation.
+    volume = next(v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "driver-root")
+    mount = next(m for m in agent["volumeMounts"] if m["name"] == "driver-root")
+    assert volume["hostPath"]["path"] == "/" and mount["mountPropagation"] == "HostToContainer"
+    assert f"--driver-root={mount['mountPath']}" in agent["args"]
     startup = agent["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
     uid = next(e for e in agent["env"] if e["name"] == "POD_UID")

@@ -79,6 +79,15 @@ def _proc(box: Path, uvm: bool) -> Path:
     return proc
 
 
+def _dev(box: Path) -> Path:
+    """The box's /dev as the agent waits for it: the driver's control node (a stand-in file; only its presence is
+    looked at, the specs type every node)."""
+    dev = box / "dev"
+    dev.mkdir(exist_ok=True)
+    (dev / "nvidiactl").touch()
+    return dev
+
+
 @dataclasses.dataclass
 class Box:
     tmp: Path
@@ -181,7 +190,10 @@ def test_specs_name_only_nodes_the_node_has(box: Box) -> None:
         for directory in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64"):
             assert mounts[f"{directory}/libcuda.so.1"] == str(box.inst.lib_dir / f"libcuda.so.{box.inst.version}")
         assert not any("libc.so" in p for p in mounts)
-        assert "hooks" not in spec["containerEdits"]  # no toolkit on the host, none deployed
+        # No toolkit on the host, none deployed: the one hook is the agent's own, installed by it.
+        (hook,) = spec["containerEdits"]["hooks"]
+        assert hook["path"] == str(box.tmp / "kubelet/plugins/gpu.nvidia.com-cdi-hook/gpu-dra-cdi-hook")
+        assert hook["hookName"] == "createContainer" and hook["args"][:2] == ["gpu-dra-cdi-hook", "update-ldcache"]
 
 
 def _run(runtime: Any, name: str, ids: list[str]) -> tuple[int, str]:
@@ -228,6 +240,49 @@ def test_cuda_in_the_container_sees_exactly_its_devices(box: Box, built: Built, 
             code, out = _run(runtime, claim, results[claim]["cdiIds"])
             assert code == 0, out
             assert out.splitlines() == ["libcuda /usr/lib/x86_64-linux-gnu/libcuda.so.1", f"device 0 minor {gpu.minor}", *mps]
+    finally:
+        runtime.close()
+
+
+FRAMEWORK_LOOKUP = r"""
+set -e
+ldconfig -p | grep 'libcuda\.so'
+# Triton's lookup: the directories of the cache's libcuda.so.1 entries, where -lcuda must find libcuda.so.
+for dir in $(ldconfig -p | awk '/libcuda\.so\.1 /{print $NF}' | xargs -n1 dirname | sort -u); do
+  test -e "$dir/libcuda.so" && echo "link-dir $dir"
+done
+/usr/local/bin/cudadev
+/usr/local/bin/cudalink
+"""
+
+
+def test_frameworks_find_libcuda_in_a_glibc_container(box: Box, built: Built) -> None:
+    """What CUDA frameworks that JIT-compile kernels do (Triton, so torch.compile and vLLM), in a glibc container
+    started from the claim's spec by the strict runtime: `ldconfig -p` lists libcuda.so.1 (the agent's hook rebuilt
+    the container's cache with the host's ldconfig), `libcuda.so` is beside it in each such directory (what
+    `-lcuda -L<dir>` links against), a program dlopen()ing `libcuda.so` runs cuInit, and one linked with `-lcuda`
+    against the stand-in starts and sees its GPU."""
+    require_podman()
+    ldconfig = shutil.which("ldconfig") or shutil.which("ldconfig", path="/sbin:/usr/sbin")
+    assert ldconfig is not None, "glibc's ldconfig is needed here (libc-bin)"
+    runtimes = Runtimes(box.tmp / "runtime-frameworks")
+    assert runtimes.rootfs is not None
+    add_program(runtimes.rootfs, built.cuda_dev, "/usr/local/bin/cudadev")
+    add_program(runtimes.rootfs, built.cuda_linked, "/usr/local/bin/cudalink")
+    shutil.copy2(os.path.realpath(ldconfig), runtimes.rootfs / "sbin" / "ldconfig")  # static: the image's own
+    assert not (runtimes.rootfs / "etc" / "ld.so.cache").exists()
+    runtime = runtimes.for_node(NODE, box.tmp / "cdi")
+    try:
+        runtime.run(ContainerRequest("frameworks", ("sh", "-c", FRAMEWORK_LOOKUP), {},
+                                     tuple(box.report["results"]["full"]["cdiIds"])))
+        code, out = _exited(runtime, "frameworks")
+        assert code == 0, out
+        lines = out.splitlines()
+        cached = sorted(line.split()[-1] for line in lines if line.strip().startswith("libcuda.so.1 "))
+        assert cached == ["/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1"], out
+        assert "link-dir /usr/lib/x86_64-linux-gnu" in lines and "link-dir /usr/lib64" in lines, out
+        assert "libcuda.so /usr/lib/x86_64-linux-gnu/libcuda.so" in lines and lines.count("cuInit 0") == 2, out
+        assert lines[-1] == "devices 1", out
     finally:
         runtime.close()
 
@@ -311,7 +366,8 @@ def test_plugin_process_with_real_nvml_publishes_and_prepares(layout: str, built
                 [sys.executable, "-m", "cli.main", "plugin", "--node", POOL, "--nvml", "real",
                  "--driver-root", str(inst.root), "--host-driver-root", str(inst.root), "--proc-root", str(proc),
                  "--kubeconfig", str(apiserver.kubeconfig), "--kubelet-dir", str(tmp / "kubelet"),
-                 "--cdi-dir", str(tmp / "cdi"), "--log-level", "WARNING", "--rediscover-seconds", "0.5"],
+                 "--cdi-dir", str(tmp / "cdi"), "--log-level", "WARNING", "--rediscover-seconds", "0.5",
+                 "--dev-root", str(_dev(tmp))],
                 env=env, stdout=subprocess.DEVNULL, stderr=log,
             )
         kubelet = KubeletSim(tmp / "kubelet")
@@ -344,6 +400,85 @@ def test_plugin_process_with_real_nvml_publishes_and_prepares(layout: str, built
             link.symlink_to("libnvidia-ml.so.590.10.01")
             assert plugin.wait(timeout=DEADLINE) == 3, (tmp / "plugin.log").read_text()
             assert "event=exit-for-driver-change" in (tmp / "plugin.log").read_text()
+        finally:
+            kubelet.close()
+            stop_process(plugin)
+
+
+def test_an_agent_started_before_the_operators_driver_waits_for_it_and_follows_its_restart(
+    built: Built, apiserver: Any,
+) -> None:
+    """The GPU Operator's node: the agent (driver root = the host's /, as the manifest mounts it) starts before the
+    driver container. It waits, naming what it waits for, instead of exiting; once the driver container's root is
+    mounted at /run/nvidia/driver and its kernel module made /dev/nvidiactl, it registers, publishes and prepares
+    with specs naming /run/nvidia/driver on the host. The driver container restarts (its root unmounted): the agent
+    exits for the DaemonSet to restart it, and the restarted agent waits for the new root and comes back."""
+    from sim.kubelet.dra import ClaimInfo, KubeletSim
+    from tests.plugin_helpers import DRIVER, NODE as POOL, create_allocated_claim, stop_process
+
+    inventory = discover(load_backend(f"sim:{PROFILE}", node=POOL), POOL)
+    with short_tmp() as tmp:
+        host, dev = tmp / "host", tmp / "dev"
+        host.mkdir()
+        dev.mkdir()
+        proc = _proc(tmp, uvm=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
+        log_path = tmp / "plugin.log"
+
+        def start() -> subprocess.Popen[bytes]:
+            with open(log_path, "ab") as log:
+                return subprocess.Popen(
+                    [sys.executable, "-m", "cli.main", "plugin", "--node", POOL, "--nvml", "real",
+                     "--driver-root", str(host), "--dev-root", str(dev), "--proc-root", str(proc),
+                     "--kubeconfig", str(apiserver.kubeconfig), "--kubelet-dir", str(tmp / "kubelet"),
+                     "--cdi-dir", str(tmp / "cdi"), "--rediscover-seconds", "0.5"],
+                    env=env, stdout=subprocess.DEVNULL, stderr=log,
+                )
+
+        def log_text() -> str:
+            return log_path.read_text()
+
+        kubelet = KubeletSim(tmp / "kubelet")
+        plugin = start()
+        try:
+            _until(lambda: "event=waiting-for-driver" in log_text(), log_text)
+            assert f"libnvidia-ml.so.1 under the driver root {host} (host /)" in log_text()
+            time.sleep(1.0)
+            assert plugin.poll() is None, log_text()  # waiting, not crash-looping
+
+            # The driver container mounts its root, then its kernel module creates the control node.
+            inst = install(host, LAYOUTS["operator"], built, profile=PROFILE, node=POOL,
+                           version=inventory.driver_version)
+            time.sleep(2.5)
+            assert plugin.poll() is None and "event=driver-found" not in log_text(), log_text()
+            (dev / "nvidiactl").touch()
+            registered = kubelet.wait_for_plugin(DRIVER, timeout=DEADLINE)
+            assert f"event=driver-found root={inst.root} host_root=/run/nvidia/driver" in log_text()
+            full = inventory.gpus[1]
+            claim = create_allocated_claim(apiserver.api, "full", [("gpu", gpu_device_name(full))])
+            uid = claim["metadata"]["uid"]
+            assert [d.device_name for d in registered.prepare([ClaimInfo("default", uid, "full")])[uid]] == [
+                gpu_device_name(full)]
+            spec = json.loads((tmp / "cdi" / f"k8s.gpu.nvidia.com-claim_{uid}.json").read_text())
+            mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+            assert mounts["/usr/lib64/libcuda.so.1"] == f"/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.{inst.version}"
+
+            # The driver container restarts: its root is unmounted (an empty mount point is left).
+            inst.root.rename(tmp / "old-driver-root")
+            inst.root.mkdir()
+            assert plugin.wait(timeout=DEADLINE) == 3, log_text()
+            assert "the driver root no longer holds NVML" in log_text()
+            plugin = start()  # the DaemonSet's restart
+            _until(lambda: log_text().count("event=waiting-for-driver") >= 2, log_text)
+            assert f"under the driver root {inst.root} (host /run/nvidia/driver)" in log_text().split("exit-for-driver-change")[-1]
+            inst.root.rmdir()
+            install(host, LAYOUTS["operator"], built, profile=PROFILE, node=POOL, version=inventory.driver_version)
+            _until(lambda: log_text().count("event=driver-found") >= 2, log_text)
+            # The restarted agent serves the node again: the claim prepared before is answered from the checkpoint.
+            kubelet.sync()
+            again = kubelet.wait_for_plugin(DRIVER, timeout=DEADLINE)
+            assert [d.device_name for d in again.prepare([ClaimInfo("default", uid, "full")])[uid]] == [
+                gpu_device_name(full)]
         finally:
             kubelet.close()
             stop_process(plugin)
@@ -385,7 +520,8 @@ def test_a_mig_relayout_by_another_process_is_republished(built: Built, apiserve
                 [sys.executable, "-m", "cli.main", "plugin", "--node", POOL, "--nvml", "real",
                  "--driver-root", str(inst.root), "--host-driver-root", str(inst.root), "--proc-root", str(proc),
                  "--kubeconfig", str(apiserver.kubeconfig), "--kubelet-dir", str(tmp / "kubelet"),
-                 "--cdi-dir", str(tmp / "cdi"), "--log-level", "WARNING", "--rediscover-seconds", "0.5"],
+                 "--cdi-dir", str(tmp / "cdi"), "--log-level", "WARNING", "--rediscover-seconds", "0.5",
+                 "--dev-root", str(_dev(tmp))],
                 env=env, stdout=subprocess.DEVNULL, stderr=log,
             )
         kubelet = KubeletSim(tmp / "kubelet")

@@ -142,3 +142,41 @@ def test_labels_off_by_default(running) -> None:  # type: ignore[no-untyped-def]
     api.create("Node", _node())
     NodeGuard(api, GuardSettings(node_name=NODE), withhold=agent.withhold, inventory=agent.inventory).check()
     assert not any(k.startswith("nvidia.com/") for k in api.get("Node", NODE)["metadata"]["labels"])
+
+
+def test_missing_nvidia_uvm_is_a_node_condition_and_an_event(apiserver) -> None:  # type: ignore[no-untyped-def]
+    """CUDA lacks /dev/nvidia-uvm on a node whose module could not be loaded: the Node condition
+    GpuDraNvidiaUvmMissing says why, a Warning Event when it begins (once), both beside the conflict condition in
+    one status write; a module loaded later clears it at the next check."""
+    from driver.nodeguard import UVM_CONDITION_TYPE, UVM_EVENT_REASON
+
+    api = apiserver.api
+    api.create("Node", _node())
+    why: list[str | None] = ["CUDA will lack /dev/nvidia-uvm: the nvidia-uvm module is not loaded (no nvidia-uvm in "
+                             "/proc/devices); `chroot /driver-root /usr/bin/nvidia-modprobe -u -c=0` exited with status 1"]
+    withheld: list[str | None] = []
+    guard = NodeGuard(api, GuardSettings(node_name=NODE), withhold=withheld.append, inventory=lambda: None,  # type: ignore[arg-type, return-value]
+                      uvm_missing=lambda: why[0])
+
+    def uvm() -> dict[str, Any] | None:
+        conditions = api.get("Node", NODE)["status"]["conditions"]
+        return next((c for c in conditions if c["type"] == UVM_CONDITION_TYPE), None)
+
+    def events() -> list[dict[str, Any]]:
+        return [e for e in api.list("Event", namespace="default")[0] if e["reason"] == UVM_EVENT_REASON]
+
+    assert guard.check()
+    cond = uvm()
+    assert cond is not None and cond["status"] == "True" and cond["reason"] == "NvidiaUvmNotLoaded"
+    assert cond["message"] == why[0] and _condition(api)["status"] == "False"  # type: ignore[index]
+    (event,) = events()
+    assert event["type"] == "Warning" and event["message"].startswith("CUDA will lack /dev/nvidia-uvm: ")
+    assert event["involvedObject"]["name"] == NODE
+    guard.check()
+    assert len(events()) == 1  # no new Event while nothing changes
+    why[0] = None  # loaded by someone else (a driver container, the admin)
+    guard.check()
+    cond = uvm()
+    assert cond is not None and cond["status"] == "False" and cond["reason"] == "NvidiaUvmLoaded"
+    assert any(c["type"] == "Ready" for c in api.get("Node", NODE)["status"]["conditions"])
+    assert withheld[-1] is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,3 +98,44 @@ def test_stale_sockets_of_dead_instances_are_removed(tmp_path: Path, apiserver) 
         assert unrelated.exists() and agent.paths.dra_socket.is_socket()
     finally:
         agent.stop()
+
+
+
+def _bound(path: Path, *, listening: bool) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(path))
+    if listening:
+        s.listen()
+    return s
+
+
+def test_sockets_of_a_pod_killed_after_this_one_started_are_swept(tmp_path: Path, apiserver) -> None:  # type: ignore[no-untyped-def]
+    """The surge of a rolling update: the new pod starts while the old one serves, then the old one is killed
+    (its grace period ran out) and leaves its sockets. The new pod's periodic sweep removes them once they were
+    dead at two sweeps in a row; a pod that listens is kept, and so are the new pod's own sockets."""
+    agent = start_agent(tmp_path, apiserver.api, publish=False, instance=UID_NEW)
+    old = PluginPaths(tmp_path / "kubelet", DRIVER, UID_OLD)
+    live = PluginPaths(tmp_path / "kubelet", DRIVER, "0b6d3f7e-3333-4c1e-9a51-000000000003")
+    held = [_bound(p, listening=False) for p in (old.registration_socket, old.dra_socket)]  # killed: nobody accepts
+    held += [_bound(p, listening=True) for p in (live.registration_socket, live.dra_socket)]
+    try:
+        plugin = agent.plugin
+        assert plugin.sweep_stale_sockets() == []  # seen dead once: a socket between bind and listen looks the same
+        assert old.registration_socket.exists()
+        assert sorted(plugin.sweep_stale_sockets()) == sorted([old.registration_socket, old.dra_socket])
+        assert not old.registration_socket.exists() and not old.dra_socket.exists()
+        assert live.registration_socket.is_socket() and live.dra_socket.is_socket()
+        assert agent.paths.registration_socket.is_socket() and agent.paths.dra_socket.is_socket()
+        # The agent's own watch loop does it unasked (every 30 registration checks).
+        for s in held[:2]:
+            s.close()
+        held[:2] = [_bound(p, listening=False) for p in (old.registration_socket, old.dra_socket)]
+        deadline = time.monotonic() + 30
+        while old.registration_socket.exists() or old.dra_socket.exists():
+            assert time.monotonic() < deadline, "the watch loop did not sweep the dead pod's sockets"
+            time.sleep(0.05)
+        assert live.registration_socket.is_socket() and agent.paths.registration_socket.is_socket()
+    finally:
+        agent.stop()
+        for s in held:
+            s.close()

@@ -47,6 +47,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="where that driver install is on the host (default /; e.g. /run/nvidia/driver for a driver container)",
     )
     parser.add_argument(
+        "--dev-root", default="/dev",
+        help="with --nvml real: where the driver's device nodes are (default /dev); the agent waits for nvidiactl there",
+    )
+    parser.add_argument(
         "--proc-root", default="/proc",
         help="with --nvml real: the procfs the driver's device numbers are read from (/proc/devices, "
              "/proc/driver/nvidia/capabilities; default /proc)",
@@ -55,6 +59,12 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--cdi-hook-path",
         help="an nvidia-cdi-hook (NVIDIA Container Toolkit 1.18 or later) on the host: claim specs then also carry "
              "its enable-cuda-compat and disable-device-node-modification hooks (default: none, specs carry files only)",
+    )
+    parser.add_argument(
+        "--ldcache-hook", action=argparse.BooleanOptionalAction, default=True,
+        help="install the agent's CDI hook under <kubelet-dir>/plugins/<driver>-cdi-hook and have every claim spec "
+             "rebuild the container's ld.so.cache with the host's ldconfig, so that `ldconfig -p` lists libcuda "
+             "(Triton, torch.compile) (default on; the hook needs /bin/sh and ldconfig on the host)",
     )
     parser.add_argument(
         "--mps-daemon-image",
@@ -211,6 +221,63 @@ def _driver_root(args: argparse.Namespace) -> Path | None:
     return Path("/") if args.nvml == "real" else None
 
 
+NVML_RETRY_SECONDS = 10.0
+# How long the liveness probe is answered SERVING while the agent starts after the driver is there (NVML init, the
+# restore of prepared claims): the startup budget NVIDIA's plugin allows, as the manifest's startupProbe had it.
+STARTUP_BUDGET_SECONDS = 600.0
+
+
+def _real_nvml_when_ready(args: argparse.Namespace, stop: Any) -> Any:
+    """Real NVML once the driver is there (driver.driverwait), with --driver-root and --host-driver-root set to where
+    it was found; an exit code instead when stopped while waiting (0), or when the driver root changed after NVML
+    was loaded from the old one (3: one process holds one NVML; the DaemonSet restarts the agent)."""
+    from driver import driverwait
+    from driver.nvml import load_backend
+    from driver.nvmlapi import NvmlUnavailable
+
+    given, host = Path(args.driver_root or "/"), args.host_driver_root
+    tried: Path | None = None
+    while True:
+        where = driverwait.wait(given, host, Path(args.dev_root), stop)
+        if where is None:
+            return 0
+        if tried is not None and where.root != tried:
+            log.error("event=exit-for-driver-change msg=%s", logfmt.quote(
+                f"the driver root moved to {where.describe()} after NVML was loaded from {tried}; exiting so that "
+                "the DaemonSet restarts the agent on it"))
+            return 3
+        args.driver_root, args.host_driver_root = str(where.root), where.host_root
+        tried = where.root
+        try:
+            return load_backend("real", node=args.node, driver_root=where.root)
+        except NvmlUnavailable as exc:
+            # nvmlInit fails while the kernel module is still loading or its version differs from the library's.
+            log.warning("event=waiting-for-driver msg=%s", logfmt.quote(
+                f"waiting for the NVIDIA driver: NVML from {where.describe()} does not start yet: {exc}; retrying "
+                f"in {NVML_RETRY_SECONDS:g} s"))
+        if stop.wait(NVML_RETRY_SECONDS):
+            return 0
+
+
+def _load_uvm(root: Path, proc_root: Path, node: str) -> Any:
+    """Load nvidia-uvm through the driver root when it is not loaded; returns what the Node guard checks every
+    resync: None while the module is loaded, else why CUDA lacks /dev/nvidia-uvm (the start's attempt said why)."""
+    from driver.driverroot import DriverRoot
+    from driver.gputools import UVM_MISSING, ensure_uvm_loaded, uvm_missing
+
+    reason = ensure_uvm_loaded(DriverRoot(root), proc_root)
+    if reason is None:
+        log.info("event=nvidia-uvm node=%s msg=loaded", node)
+    else:
+        log.error("event=nvidia-uvm-missing node=%s msg=%s", node, logfmt.quote(reason))
+
+    def check() -> str | None:
+        missing = uvm_missing(proc_root)
+        return None if missing is None else reason or f"{UVM_MISSING}: {missing}"
+
+    return check
+
+
 def xid_list(text: str) -> frozenset[int]:
     out = set()
     for part in (p.strip() for p in text.split(",")):
@@ -227,13 +294,11 @@ def _valid_instance(uid: str) -> bool:
     return len(uid) <= 64 and all(c.isascii() and (c.isalnum() or c in "-_") for c in uid)
 
 
-def _serve_healthcheck(agent: Any, nvml: Any, args: argparse.Namespace) -> Any:
+def _agent_probes(agent: Any, nvml: Any) -> list[Any]:
     from driver.checkpoint import LOCK_NAME
-    from driver.plugin.healthcheck import HealthServicer, lock_probe, nvml_probe, serve, socket_probes
+    from driver.plugin.healthcheck import lock_probe, nvml_probe, socket_probes
 
-    probes = socket_probes(agent.paths) + [lock_probe(agent.paths.plugin_dir / LOCK_NAME), nvml_probe(nvml)]
-    server, _ = serve(HealthServicer(probes, frozenset({args.driver_name})), args.healthcheck_port)
-    return server
+    return socket_probes(agent.paths) + [lock_probe(agent.paths.plugin_dir / LOCK_NAME), nvml_probe(nvml)]
 
 
 def simulated_state_dir(node: str) -> Path:
@@ -287,6 +352,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --reserved-gpus: {', '.join(bad)}: expected GPU UUIDs such as GPU-5f3c...", file=sys.stderr)
         return 2
 
+    stop = stop_on_signals()
+    health: Any = None
+    health_server: Any = None
+    if args.healthcheck_port is not None:
+        # Served from the start: the probes see a live agent while it waits for the driver (driver.plugin.healthcheck).
+        from driver.plugin.healthcheck import HealthServicer, serve
+
+        health = HealthServicer([], frozenset({args.driver_name}))
+        health.pending("waiting for the NVIDIA driver" if args.nvml == "real" else "starting")
+        health_server, _ = serve(health, args.healthcheck_port)
+    try:
+        return _run(args, stop, health, reserved)
+    finally:
+        if health_server is not None:
+            health_server.stop(grace=None)
+
+
+def _run(args: argparse.Namespace, stop: Any, health: Any, reserved: frozenset[str]) -> int:
     from driver.discovery import discover
     from driver.health import HealthMonitor
     from driver.nvml import RealNvml, load_backend
@@ -294,6 +377,7 @@ def run(args: argparse.Namespace) -> int:
     from driver.plugin.agent import (AgentSettings, NodeAgent, crash_hook_from_env, kubeapi_claim_getter,
                                      kubeapi_claim_lister)
     from driver.publisher import SlicePublisher
+
     api: Any = None
     if args.nvml == SIM_FROM_NODE_LABEL:  # the profile is on this node's Node: the API first
         api = _connect(args.kubeconfig)
@@ -305,19 +389,26 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             api.close()
             return 2
-    try:
-        nvml = load_backend(args.nvml, node=args.node, driver_root=_driver_root(args))
-    except (NvmlUnavailable, BackendConfigError) as exc:
-        print(f"error: --nvml {args.nvml}: {exc}", file=sys.stderr)
-        return 2
+    nvml: Any
+    if args.nvml == "real":
+        # The driver may come after the agent (a driver container still building): wait for it, don't crash-loop.
+        loaded = _real_nvml_when_ready(args, stop)
+        if not isinstance(loaded, RealNvml):
+            return loaded
+        nvml = loaded
+    else:
+        try:
+            nvml = load_backend(args.nvml, node=args.node, driver_root=_driver_root(args))
+        except (NvmlUnavailable, BackendConfigError) as exc:
+            print(f"error: --nvml {args.nvml}: {exc}", file=sys.stderr)
+            return 2
+    if health is not None:
+        health.pending("starting: NVML discovery and the restore of prepared claims", STARTUP_BUDGET_SECONDS)
     inventory = discover(nvml, args.node)
     root = _driver_root(args)
+    uvm_check = None
     if isinstance(nvml, RealNvml) and root is not None:
-        from driver.driverroot import DriverRoot
-        from driver.gputools import ensure_uvm_loaded
-
-        log.info("event=nvidia-uvm node=%s msg=%s", args.node,
-                 logfmt.quote(ensure_uvm_loaded(DriverRoot(root), Path(args.proc_root))))
+        uvm_check = _load_uvm(root, Path(args.proc_root), args.node)
     unknown = sorted(reserved - {g.uuid for g in inventory.gpus})
     if unknown:
         print(f"error: --reserved-gpus: {', '.join(unknown)}: not a GPU of this node", file=sys.stderr)
@@ -354,6 +445,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         driver_root=_driver_root(args), host_driver_root=args.host_driver_root,
         proc_root=Path(args.proc_root) if args.nvml == "real" else None, cdi_hook_path=args.cdi_hook_path,
+        ldcache_hook=args.ldcache_hook,
         binding_conditions=args.binding_conditions, instance=args.pod_uid,
         rediscover_interval_s=args.rediscover_seconds if args.rediscover_seconds > 0 else None,
     )
@@ -363,19 +455,17 @@ def run(args: argparse.Namespace) -> int:
         monitor_factory=lambda n, inv, cb: HealthMonitor(n, inv, cb, ignored_xids=args.ignore_xids), binding_api=api,
         list_claims=kubeapi_claim_lister(api),
     )
-    stop = stop_on_signals()
     from driver.nodeguard import GuardSettings, NodeGuard
 
     guard = NodeGuard(api, GuardSettings(
         node_name=args.node, resource=args.device_plugin_resource, shim_enabled=args.device_plugin,
         allow_coexistence=args.allow_device_plugin_coexistence, node_labels=args.node_labels,
-    ), withhold=agent.withhold, inventory=agent.inventory)
+    ), withhold=agent.withhold, inventory=agent.inventory, uvm_missing=uvm_check)
     if not args.device_plugin and not args.allow_device_plugin_coexistence:
         # Fail closed: nothing is published before the Node was seen free of another device plugin.
         agent.withhold(f"node {args.node} not checked yet for another device plugin serving {args.device_plugin_resource}")
     checked = guard.check()
     shim: Any = None
-    health_server: Any = None
     sweeper: Any = None
     agent.start()
     exit_code = 0
@@ -401,8 +491,8 @@ def run(args: argparse.Namespace) -> int:
             from driver.deviceplugin import start_device_plugin
 
             shim = start_device_plugin(agent, resource_name=args.device_plugin_resource, api=api)
-        if args.healthcheck_port is not None:
-            health_server = _serve_healthcheck(agent, nvml, args)
+        if health is not None:
+            health.up(_agent_probes(agent, nvml))
         # A failed check (the Node not registered yet, the API away) is retried sooner than the resync. The loop
         # ticks every second so that a driver change is acted on at once.
         next_check = time.monotonic() + (args.node_resync_seconds if checked else 2.0)
@@ -417,8 +507,6 @@ def run(args: argparse.Namespace) -> int:
         stop.set()
         if sweeper is not None:
             sweeper.join()
-        if health_server is not None:
-            health_server.stop(grace=None)
         if shim is not None:
             shim.stop()
         if compute_domains is not None:

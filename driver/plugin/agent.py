@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from driver import cdihook
 from driver.binder import MigBinder
 from driver.cdi import DeviceNumbers
 from driver.checkpoint import Checkpoint
@@ -98,6 +99,8 @@ class AgentSettings:
     proc_root: Path | None = None
     # An nvidia-cdi-hook (1.18+) on the host, for the forward-compat and device-node hooks (driver.driverfiles).
     cdi_hook_path: str | None = None
+    # Install the agent's own CDI hook (driver.cdihook) and have every spec rebuild the container's ld.so.cache.
+    ldcache_hook: bool = True
     # Rediscover every this many seconds and on health events (driver.rediscovery); None: never.
     rediscover_interval_s: float | None = None
     # With `partitionable`: MIG placements carry KEP-5007 binding conditions and the agent creates the instance
@@ -244,9 +247,10 @@ class NodeAgent:
         root = self.settings.driver_root
         if root is None:
             return DriverFiles()
+        ldcache_hook = self._install_ldcache_hook()
         try:
             files = discover_driver_files(root, inventory.driver_version, host_root=self.settings.host_driver_root,
-                                          hook_path=self.settings.cdi_hook_path)
+                                          hook_path=self.settings.cdi_hook_path, ldcache_hook=ldcache_hook)
         except Exception:  # noqa: BLE001 - an unreadable driver root must not stop the agent; specs stay minimal
             log.exception("event=driver-files-failed root=%s", root)
             return DriverFiles()
@@ -257,6 +261,21 @@ class NodeAgent:
             root, self.settings.host_driver_root, inventory.driver_version, len(files.mounts), len(files.hooks),
         )
         return files
+
+    def _install_ldcache_hook(self) -> str | None:
+        """The installed hook's path (the same on the host: the kubelet dir is mounted at its host path), or None
+        after saying why containers will get no loader-cache update."""
+        if not self.settings.ldcache_hook:
+            return None
+        try:
+            path = cdihook.install(self.paths.hook_dir)
+        except cdihook.HookInstallError as exc:
+            log.warning("event=cdi-hook-not-installed msg=%s", quote(
+                f"{exc}; containers get the driver's libraries but no ld.so.cache listing them (`ldconfig -p` "
+                "finds no libcuda, Triton and torch.compile fail)"))
+            return None
+        log.info("event=cdi-hook-installed path=%s", path)
+        return str(path)
 
     def inventory(self) -> Inventory:
         """The discovered inventory with the monitor's health folded in, per GPU and per MIG device (by UUID)."""

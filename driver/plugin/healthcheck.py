@@ -5,6 +5,12 @@ would have stuck: the registration socket answers GetInfo, the DRA socket answer
 (through the real server, its worker pool and the preparer), the node lock (the checkpoint's flock, held by
 every prepare) can be taken, and NVML answers a device count. Each part has a deadline; a Check that misses one
 answers NOT_SERVING and names the part in the log.
+
+Before the agent is up (waiting for the NVIDIA driver, then NVML init and the restore of prepared claims) there
+is nothing to check yet: the service `liveness` (what the startup and liveness probes ask) answers SERVING, for at
+most the startup budget once the driver is there, so that an agent waiting for a driver that comes late is not
+restarted into a crash loop; every other name (the readiness probe's) answers NOT_SERVING until the probes are
+installed (`HealthServicer.up`).
 """
 
 from __future__ import annotations
@@ -106,17 +112,38 @@ def nvml_probe(nvml: Any) -> Probe:
     return Probe("nvml", run)
 
 
+LIVENESS_SERVICE = "liveness"
+
+
 class HealthServicer:
-    """grpc.health.v1.Health: the empty service name and the driver's name both mean the whole agent."""
+    """grpc.health.v1.Health: the empty service name, `liveness` and the driver's name all mean the whole agent once
+    it is up; before, see the module's docstring."""
 
     def __init__(self, probes: list[Probe], service_names: frozenset[str], timeout: float = CHECK_TIMEOUT_SECONDS) -> None:
         self._probes = probes
-        self._names = service_names | {""}
+        self._names = service_names | {"", LIVENESS_SERVICE}
         self._timeout = timeout
         self._lock = threading.Lock()  # one check at a time: probes of several kubelet probe kinds queue here
+        self._pending: tuple[str, float | None] | None = None  # (why not up, liveness deadline on time.monotonic)
 
-    def status(self) -> tuple[Any, str]:
+    def pending(self, why: str, budget_s: float | None = None) -> None:
+        """The agent is not up yet (`why`): `liveness` answers SERVING for `budget_s` from now (None: as long as it
+        waits), everything else NOT_SERVING."""
+        self._pending = (why, None if budget_s is None else time.monotonic() + budget_s)
+
+    def up(self, probes: list[Probe]) -> None:
+        """The agent is up: every Check runs `probes`."""
+        self._probes = probes
+        self._pending = None
+
+    def status(self, service: str = "") -> tuple[Any, str]:
         """(a HealthCheckResponse.ServingStatus, the failed part and why, or "")."""
+        pending = self._pending
+        if pending is not None:
+            why, deadline = pending
+            if service == LIVENESS_SERVICE and (deadline is None or time.monotonic() < deadline):
+                return health_pb.HealthCheckResponse.SERVING, ""
+            return health_pb.HealthCheckResponse.NOT_SERVING, f"not up: {why}"
         with self._lock:
             for probe in self._probes:
                 try:
@@ -129,7 +156,7 @@ class HealthServicer:
     def Check(self, request: Any, context: grpc.ServicerContext) -> Any:
         if request.service not in self._names:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
-        status, _ = self.status()
+        status, _ = self.status(request.service)
         return health_pb.HealthCheckResponse(status=status)
 
     def Watch(self, request: Any, context: grpc.ServicerContext) -> Any:

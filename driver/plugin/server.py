@@ -59,6 +59,9 @@ _STREAM_POLL_SECONDS = 1.0
 # The kubelet stamps each reported device with the time it received the report and treats it as Unknown 30 s
 # later (healthInfoCache.getHealthInfo): the full list is sent again at least this often even when nothing changed.
 HEALTH_RESEND_SECONDS = 10.0
+# Other instances' dead sockets are looked for at start and every this many registration checks (30 s with the
+# agent's 1 s check).
+STALE_SWEEP_TICKS = 30
 
 
 def _b64_hash(data: bytes, size: int) -> str:
@@ -101,6 +104,13 @@ class PluginPaths:
     @property
     def plugin_dir(self) -> Path:
         return self.kubelet_dir / "plugins" / self.driver_name
+
+    @property
+    def hook_dir(self) -> Path:
+        """Where the agent installs its CDI hook (driver.cdihook): under the kubelet's plugins dir, which the
+        agent sees at its host path, apart from the 0700 plugin dir so that a runtime in a user namespace can
+        still run it."""
+        return self.kubelet_dir / "plugins" / f"{self.driver_name}-cdi-hook"
 
     @property
     def dra_socket(self) -> Path:
@@ -270,6 +280,7 @@ class KubeletPlugin:
         self._reg_identity: SocketIdentity | None = None
         self._dra_identity: SocketIdentity | None = None
         self._watcher: threading.Thread | None = None
+        self._suspects: dict[Path, SocketIdentity] = {}  # other instances' sockets found dead at the last sweep
         self.registered = threading.Event()
         self.registration_status: tuple[bool, str] | None = None
         self.registrations = 0
@@ -344,8 +355,27 @@ class KubeletPlugin:
         return identity is not None and identity == self._reg_identity
 
     def _watch(self) -> None:
+        ticks = 0
         while not self._stopping.wait(self._watch_seconds):
             self.check_registration_socket()
+            ticks += 1
+            if ticks % STALE_SWEEP_TICKS == 0:
+                self.sweep_stale_sockets()
+
+    def sweep_stale_sockets(self) -> list[Path]:
+        """Remove other instances' sockets that nobody listened on at this sweep and the one before, unchanged
+        (same identity): an old pod killed after this one started (the surge of a rolling update) leaves its
+        sockets behind, which the kubelet would keep registered. Two sweeps, not one, so that a newer pod's
+        socket caught between its bind and its listen is never taken for a dead one. Returns what was removed."""
+        seen = {p: socket_identity(p) for p in self.paths.stale_sockets()}
+        removed = []
+        for path, identity in seen.items():
+            if identity is not None and self._suspects.get(path) == identity == socket_identity(path):
+                log.warning("event=stale-socket-removed socket=%s", path)
+                path.unlink(missing_ok=True)
+                removed.append(path)
+        self._suspects = {p: i for p, i in seen.items() if i is not None and p not in removed}
+        return removed
 
     def check_registration_socket(self) -> bool:
         """Serve the registration socket again if it vanished or was replaced; True when it did."""
