@@ -233,8 +233,12 @@ def test_four_nvlink_gpus_with_match_attribute(cluster: UpstreamCluster) -> None
     _apply(cluster, _with_report(NVLINK_CLAIM))
     try:
         (pod,) = _running(cluster, "nvlink-test", 1)
-        assert pod["spec"]["nodeName"] == "a100-1"
         assert len(_devices_seen(cluster, "nvlink-test", "trainer")) == 4
+        (devices,) = _allocated(cluster, "nvlink-test").values()
+        slices = cluster.get("resourceslices", f"--field-selector=spec.nodeName={pod['spec']['nodeName']}")["items"]
+        domains = {d["name"]: d["attributes"].get("nvlinkDomain", {}).get("string")
+                   for s in slices for d in s["spec"]["devices"]}
+        assert len(devices) == 4 and len({domains[d] for d in devices}) == 1 and domains[devices[0]]
     finally:
         _delete_namespace(cluster, "nvlink-test")
 
