@@ -114,6 +114,9 @@ class ClaimRecord(BaseModel):
     # Prepared by the binder (KEP-5007 binding conditions) before the kubelet asked: released by the binder if
     # the binding fails, also after an agent restart.
     prepared_ahead: bool = False
+    # Its MPS daemons did not come up within their timeout: the claim is not prepared (no CDI spec) but the daemons'
+    # Deployments, directories and the ledger holds are kept for the kubelet's retry (driver.prepare).
+    mps_kept: bool = False
 
 
 class CheckpointData(BaseModel):

@@ -71,6 +71,12 @@ def register(parser: argparse.ArgumentParser) -> None:
              "in --namespace; container --container-name), so that one image reference (kustomize `images:`) "
              "serves both",
     )
+    parser.add_argument(
+        "--mps-ready-timeout", type=_mps_ready_timeout, default=None, metavar="SECONDS",
+        help="with --mps-daemon-image(-from-pod): how long a claim's MPS daemon pod gets from its Deployment's creation "
+             "to a listening daemon (default 30, at most 40 of the kubelet's 45 s prepare timeout); a claim that "
+             "times out keeps the Deployment and the kubelet's retry waits for the same pod",
+    )
     parser.add_argument("--container-name", default="node-agent",
                         help="this agent's container in its Pod (default %(default)s)")
     parser.add_argument(
@@ -215,6 +221,15 @@ def xid_list(text: str) -> frozenset[int]:
     return frozenset(out)
 
 
+def _mps_ready_timeout(text: str) -> float:
+    from driver.mpsdaemon import ready_timeout
+
+    try:
+        return ready_timeout(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _valid_instance(uid: str) -> bool:
     # It becomes part of socket file names.
     return len(uid) <= 64 and all(c.isascii() and (c.isalnum() or c in "-_") for c in uid)
@@ -343,10 +358,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: --mps-daemon-image-from-pod: {exc}", file=sys.stderr)
             return 2
     if mps_image and isinstance(nvml, RealNvml):
-        from driver.mpsdaemon import MpsDaemonPods, MpsPodSettings
+        from driver.mpsdaemon import DEFAULT_READY_TIMEOUT_S, MpsDaemonPods, MpsPodSettings
 
         nvml.run_mps_daemons_as_pods(MpsDaemonPods(api, MpsPodSettings(
             namespace=args.namespace, node_name=args.node, image=mps_image,
+            ready_timeout_s=args.mps_ready_timeout or DEFAULT_READY_TIMEOUT_S,
             host_driver_root=args.host_driver_root,
             image_pull_secrets=tuple(s.strip() for s in args.mps_image_pull_secrets.split(",") if s.strip()),
         ), nvml.tools))
