@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from driver.nvmlapi import NvmlBackend
 from driver.plugin.health import DeviceHealthEntry, HealthBoard
 from driver.plugin.metrics import PluginMetrics
 from driver.plugin.server import KubeletPlugin, PluginPaths
+from driver.publisherseat import Holder, PublisherSeat
 from driver.prepare import ClaimGetter, ClaimNotFound, FaultHook, Preparer, StartReport
 from driver.rediscovery import Rediscoverer
 from driver.sharing import NvmlSharing
@@ -146,6 +148,11 @@ class NodeAgent:
             partitionable=settings.partitionable, nvml=nvml, on_inventory_change=self.refresh_inventory,
             common_edits=self.driver_files.container_edits(),
             device_numbers=self.device_numbers,
+        )
+        # One publisher per node across overlapping instances (rolling update): the newest registered one.
+        self.seat = PublisherSeat(
+            self.paths.plugin_dir, Holder(settings.instance, time.time_ns()),
+            lambda other: PluginPaths(settings.kubelet_dir, settings.driver_name, other).serving(),
         )
         self.board = HealthBoard(self._health_entries())
         self.metrics = PluginMetrics()
@@ -346,7 +353,7 @@ class NodeAgent:
         if self._publisher_thread is None:
             self._publisher_thread = threading.Thread(
                 target=self._publisher.run, args=(self.desired_slices, self._publish_changed, self._stop),
-                name="slice-publisher", daemon=True,
+                kwargs={"gate": self.seat.publishing}, name="slice-publisher", daemon=True,
             )
             self._publisher_thread.start()
         else:
