@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from driver import stickyhealth
 from driver.binder import MigBinder
 from driver.cdi import DeviceNumbers
 from driver.checkpoint import Checkpoint
@@ -139,6 +140,7 @@ class NodeAgent:
             log.error("event=checkpoint-corrupt problem=%r", problem)
         for note in self.load_report.notes:
             log.info("event=checkpoint-note note=%r", note)
+        self._restore_health()
         self.driver_files = self._discover_driver_files(inventory)
         self.preparer = Preparer(
             driver_name=settings.driver_name, node_name=settings.node_name, get_claim=get_claim,
@@ -176,6 +178,33 @@ class NodeAgent:
                 interval_s=settings.rediscover_interval_s, library_changed=self._nvml_library_changed(),
                 lock=self._walk_lock,
             )
+
+    def _restore_health(self) -> None:
+        """Before anything is published: the sticky health the checkpoint kept (driver.stickyhealth), and the lost
+        GPUs it describes that discovery cannot see, so that a tainted GPU stays tainted across restarts."""
+        records = self.checkpoint.state.health
+        self._restored = {uuid: stickyhealth.from_record(r) for uuid, r in records.items()}
+        self._health.update(self._restored)
+        gpus, notes = stickyhealth.lost_gpus(records, self._inventory)
+        for note in notes:
+            log.error("event=health-restore-problem note=%r", note)
+        if gpus:
+            self._inventory = replace(
+                self._inventory, gpus=tuple(sorted([*self._inventory.gpus, *gpus], key=lambda g: g.index)))
+        if records:
+            log.warning("event=health-restored node=%s devices=%s", self.settings.node_name, ",".join(
+                f"{uuid}(xids={'/'.join(map(str, r.xids))} lost={r.lost} unmonitored={r.unmonitored})"
+                for uuid, r in sorted(records.items())))
+
+    def _persist_health(self, uuid: str, health: Health) -> None:
+        gpu = next((g for g in self._inventory.gpus if g.uuid == uuid), None)
+        record = stickyhealth.to_record(health, gpu)
+        try:
+            with self.checkpoint.locked():
+                if self.checkpoint.state.health.get(uuid) != record:
+                    self.checkpoint.commit([self.checkpoint.put_health_op(uuid, record)])
+        except Exception:  # noqa: BLE001 - the health is applied in memory all the same; only its survival is lost
+            log.exception("event=health-persist-failed uuid=%s", uuid)
 
     def _walk(self) -> Inventory:
         from driver.discovery import discover
@@ -299,9 +328,11 @@ class NodeAgent:
                 entries.append(_health_entry(pool, mig_device_name(gpu, mig), mig_health(gpu, mig)))
         return entries
 
-    def _on_health(self, uuid: str, health: Health) -> None:
+    def _on_health(self, uuid: str, live: Health) -> None:
+        health = stickyhealth.merged(self._restored.get(uuid), live)
         with self._lock:
             self._health[uuid] = health
+        self._persist_health(uuid, health)
         log.warning("event=health-change uuid=%s healthy=%s xids=%s lost=%s", uuid, health.healthy, list(health.xids), health.lost)
         self.board.update(self._health_entries())
         self._publish_changed.set()

@@ -489,7 +489,19 @@ def _fault(args: argparse.Namespace) -> int:
                              lost=frozenset(u for u in current.lost if keep(u)),
                              fail_calls=[c for c in current.fail_calls if c.uuid is not None and keep(c.uuid)],
                              fabric_unhealthy=frozenset(u for u in current.fabric_unhealthy if keep(u)))
-    # Health is sticky until the agent restarts (what follows a GPU reset): restart it; the supervisor brings it back.
+    # Health is sticky, and kept in the agent's checkpoint across restarts: the operator's step after a GPU reset
+    # (`gpu-dra node-health --forget`) drops it there, then the agent restarts; the supervisor brings it back.
+    from driver.checkpoint import Checkpoint
+    from gpudra import DEFAULT_DRIVER_NAME
+    from sim.demo.cluster import NodeDirs
+
+    plugin_dir = NodeDirs(paths.node(node.name)).plugin_dir(DEFAULT_DRIVER_NAME)
+    if plugin_dir.is_dir():
+        checkpoint, _ = Checkpoint.open(plugin_dir)
+        try:
+            checkpoint.forget_health(None if uuid is None else [uuid])
+        finally:
+            checkpoint.close()
     agent = next((p for p in (sup.processes if sup else []) if p.role == "plugin" and p.node == node.name), None)
     from sim.cluster.spec import pid_is_ours
 
