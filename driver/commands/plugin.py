@@ -148,6 +148,18 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--node-resync-seconds", type=float, default=30.0,
         help="how often the Node is checked for another device plugin and its labels refreshed (default %(default)s)",
     )
+    parser.add_argument(
+        "--driver-upgrade-label", default="nvidia.com/gpu.deploy.gpu-dra", metavar="KEY",
+        help="a node label the GPU Operator's driver manager pauses while it replaces the driver (give it as "
+             "NODE_LABEL_FOR_GPU_POD_EVICTION in the ClusterPolicy's driver.manager.env): the agent sets it to \"true\" "
+             "when absent and releases NVML while it says paused-for-driver-upgrade, as it does while "
+             "nvidia.com/gpu-driver-upgrade-state is pod-restart-required (default %(default)s; empty: only the latter)",
+    )
+    parser.add_argument(
+        "--driver-upgrade-poll-seconds", type=float, default=5.0, metavar="SECONDS",
+        help="how often the Node's driver-upgrade labels are read (default %(default)s; 0: never, NVML is never "
+             "released)",
+    )
     cliopts.add_log_level(parser)
 
 
@@ -252,11 +264,22 @@ def own_image(api: Any, namespace: str, pod_name: str, container: str) -> str:
     return str(image)
 
 
+def _driver_upgrade_watch(api: Any, agent: Any, args: argparse.Namespace) -> Any:
+    """What releases NVML through a GPU Operator driver upgrade (driver.driverupgrade); None when turned off."""
+    if args.driver_upgrade_poll_seconds <= 0:
+        return None
+    from driver.driverupgrade import NodeUpgradeWatch, UpgradeGate
+
+    gate = UpgradeGate(release=agent.release_nvml, resume=agent.restart_on_new_driver, driver_ready=agent.driver_ready)
+    return NodeUpgradeWatch(api, args.node, args.driver_upgrade_label, gate)
+
+
 def _serve_healthcheck(agent: Any, nvml: Any, args: argparse.Namespace) -> Any:
     from driver.checkpoint import LOCK_NAME
     from driver.plugin.healthcheck import HealthServicer, lock_probe, nvml_probe, serve, socket_probes
 
-    probes = socket_probes(agent.paths) + [lock_probe(agent.paths.plugin_dir / LOCK_NAME), nvml_probe(nvml)]
+    probes = socket_probes(agent.paths) + [lock_probe(agent.paths.plugin_dir / LOCK_NAME),
+                                           nvml_probe(nvml, lambda: agent.nvml_released)]
     server, _ = serve(HealthServicer(probes, frozenset({args.driver_name})), args.healthcheck_port)
     return server
 
@@ -429,6 +452,8 @@ def run(args: argparse.Namespace) -> int:
         # A failed check (the Node not registered yet, the API away) is retried sooner than the resync. The loop
         # ticks every second so that a driver change is acted on at once.
         next_check = time.monotonic() + (args.node_resync_seconds if checked else 2.0)
+        upgrades = _driver_upgrade_watch(api, agent, args)
+        next_upgrade_check = time.monotonic()
         while not stop.wait(1.0):
             if agent.exit_requested.is_set():
                 exit_code = 3  # the driver changed under the agent: the DaemonSet restarts it on the new one
@@ -436,6 +461,9 @@ def run(args: argparse.Namespace) -> int:
             if time.monotonic() >= next_check:
                 checked = guard.check()
                 next_check = time.monotonic() + (args.node_resync_seconds if checked else 2.0)
+            if upgrades is not None and time.monotonic() >= next_upgrade_check:
+                upgrades.check()
+                next_upgrade_check = time.monotonic() + args.driver_upgrade_poll_seconds
     finally:
         stop.set()
         if sweeper is not None:

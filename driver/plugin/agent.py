@@ -170,6 +170,7 @@ class NodeAgent:
         self.start_report: StartReport | None = None
         # ---- rediscovery (driver.rediscovery): set once the driver changed under the agent; the caller exits.
         self.exit_requested = threading.Event()
+        self._nvml_released: str | None = None
         self._walk_lock = threading.Lock()
         self.rediscoverer: Rediscoverer | None = None
         if settings.rediscover_interval_s is not None:
@@ -245,6 +246,57 @@ class NodeAgent:
             return None if now == loaded else f"libnvidia-ml.so.1 now resolves to {now}, the agent loaded {loaded}"
 
         return changed
+
+    # ---- GPU Operator driver upgrades (driver.driverupgrade)
+
+    @property
+    def nvml_released(self) -> str | None:
+        """Why NVML is released (a driver upgrade), or None while the agent holds it."""
+        return self._nvml_released
+
+    def release_nvml(self, reason: str) -> None:
+        """Let the driver's modules be unloaded: stop everything that holds NVML (the health monitor's event set,
+        rediscovery), then shut NVML down, which closes its /dev/nvidia* descriptors. The plugin keeps serving
+        from the last inventory; claims that need NVML (MIG, sharing) fail until the agent is back."""
+        if self._nvml_released is not None:
+            return
+        self._nvml_released = reason
+        if self._monitor is not None:
+            self._monitor.stop()
+        if self.rediscoverer is not None:
+            self.rediscoverer.stop()
+        with self._walk_lock:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception as exc:  # noqa: BLE001 - already shut down or the driver already gone: nothing held
+                log.warning("event=nvml-shutdown-failed error=%r", str(exc))
+        log.warning("event=nvml-released node=%s reason=%s", self.settings.node_name, quote(reason))
+
+    def driver_ready(self) -> str | None:
+        """None when a driver is there to come back to; else what is still missing."""
+        root = self.settings.driver_root
+        if root is None:
+            # No driver root to look at (a simulator): ask the backend itself.
+            try:
+                self._nvml.nvmlInit()
+            except Exception as exc:  # noqa: BLE001 - any failure means not there yet
+                return f"nvmlInit failed: {exc}"
+            self._nvml.nvmlShutdown()
+            return None
+        from driver.driverroot import DriverRoot, DriverRootError
+
+        try:
+            DriverRoot(root).find_library()
+        except DriverRootError as exc:
+            return str(exc)
+        proc = self.settings.proc_root
+        if proc is not None and not (proc / "driver" / "nvidia" / "version").is_file():
+            return f"{proc}/driver/nvidia/version is missing: the NVIDIA kernel module is not loaded"
+        return None
+
+    def restart_on_new_driver(self) -> None:
+        """The caller exits (code 3) and the DaemonSet starts the agent again, which loads the new driver's NVML."""
+        self.exit_requested.set()
 
     def _on_driver_change(self, reason: str) -> None:
         log.error("event=exit-for-driver-change node=%s reason=%r msg=%s", self.settings.node_name, reason,
