@@ -44,10 +44,10 @@ class FirstPublish(SlicePublisher):
         return super().publish(desired)
 
 
-def _agent(work: Path, api: Any, faults: Path) -> tuple[NodeAgent, FirstPublish]:
+def _agent(work: Path, api: Any, faults: Path, instance: str = "") -> tuple[NodeAgent, FirstPublish]:
     nvml = load_backend(f"sim:{PROFILE}?faults={faults}", node=NODE)
     settings = AgentSettings(node_name=NODE, driver_name=DRIVER, kubelet_dir=work / "kubelet", cdi_dir=work / "cdi",
-                             watch_seconds=0.05, boot_id_path=work / "boot_id")
+                             watch_seconds=0.05, boot_id_path=work / "boot_id", instance=instance)
     publisher = FirstPublish(api, DRIVER, NODE, backoff_seconds=0.05)
     agent = NodeAgent(settings, nvml=nvml, inventory=discover(nvml, NODE), get_claim=kubeapi_claim_getter(api),
                       publisher=publisher, monitor_factory=lambda n, inv, cb: HealthMonitor(n, inv, cb, wait_timeout_ms=50))
@@ -123,6 +123,45 @@ def test_a_tainted_gpu_stays_tainted_from_the_first_publish_after_a_restart(work
         assert _taints(publisher.writes[0]) == {}
     finally:
         agent.stop()
+        kubelet.close()
+
+
+@pytest.mark.slow
+def test_a_rolling_update_keeps_the_taint_from_first_publish_to_last(work: Path, apiserver: Any) -> None:
+    """maxSurge: the new agent pod starts beside the old one, which saw the fault; every slice the new one writes
+    carries the taint, and the old one, replaced as publisher, never writes the pool clean."""
+    api = apiserver.api
+    faults = work / "faults.json"
+    write_faults(faults)
+    (work / "boot_id").write_text("boot-1\n")
+    kubelet = KubeletSim(work / "kubelet")
+    old, old_publisher = _agent(work, api, faults, instance="uid-old")
+    new = None
+    try:
+        kubelet.wait_for_plugin(DRIVER, timeout=30)
+        gpu = sorted(discover(load_backend(f"sim:{PROFILE}", node=NODE), NODE).gpus, key=lambda g: g.index)[0]
+        taint = (f"{DRIVER}/xid", "48", "NoSchedule")
+        append_xid(faults, gpu.uuid, 48)
+
+        def pool_taint() -> bool:
+            items, _ = api.list("ResourceSlice")
+            return taint in _taints([s for s in items if s["spec"]["driver"] == DRIVER]).get(gpu_device_name(gpu), set())
+
+        _wait(pool_taint, "the old agent's taint")
+        new, new_publisher = _agent(work, api, faults, instance="uid-new")
+        kubelet.sync()
+        _wait(lambda: new.seat.holder() == new.seat.me and new_publisher.writes, "the new agent publishing")
+        old_writes = len(old_publisher.writes)
+        old.request_publish()
+        time.sleep(1.0)
+        assert all(taint in _taints(w).get(gpu_device_name(gpu), set()) for w in new_publisher.writes)
+        assert pool_taint()
+        # The old one still runs its loop, but no longer writes (its rounds end at the seat).
+        assert len(old_publisher.writes) == old_writes
+    finally:
+        if new is not None:
+            new.stop()
+        old.stop()
         kubelet.close()
 
 
