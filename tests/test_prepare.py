@@ -467,6 +467,24 @@ def test_a_kept_mps_daemon_goes_with_its_claims_unprepare(env: Env) -> None:
     assert not (env.tmp / "mps" / "uid-m").exists()
 
 
+def test_a_kept_mps_daemon_of_a_deleted_claim_is_swept(env: Env) -> None:
+    """The kubelet never unprepares a claim whose prepare failed: the stale-claim sweep removes what was kept."""
+    from driver.staleclaims import StaleClaimSweeper
+
+    env.sharing = slow = SlowDaemons()
+    slow.fail = "the daemon did not start within 30s"
+    slow.release.set()
+    env.preparer = env.new()
+    g0 = env.inv.gpus[0]
+    assert "did not start" in _prepare(env, "mps", "uid-m", [("gpu", gpu_device_name(g0))], config=MPS_CONFIG)
+    del env.claims.objects[("ns", "mps")]  # its pod and claim were deleted meanwhile
+    sweeper = StaleClaimSweeper(lambda ns, name: env.claims.objects.get((ns, name)), env.preparer, DRIVER, NODE)
+    assert sweeper.sweep_once().suspected == ["ns/mps"]
+    assert sweeper.sweep_once().unprepared == ["ns/mps"]
+    assert env.preparer.checkpoint.claim("uid-m") is None and slow.mps == {}
+    assert env.preparer.ledger.holders_of(g0.uuid) == ()
+
+
 class _Crash(BaseException):
     """The agent process dying at a step (nothing after it runs)."""
 
