@@ -312,6 +312,8 @@ def test_an_outage_of_the_shipped_webhook_stops_only_what_names_gpu_dra() -> Non
                                 "metadata": {"name": "shared.gpu.nvidia.com"},
                                 "spec": {"config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {"x": 1}}}]}},
                 namespace=None)
+        refused("DeviceClass", {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                                "metadata": {"name": "vfio.gpu.nvidia.com"}, "spec": {}}, namespace=None)
     finally:
         api.close()
         server.stop()
