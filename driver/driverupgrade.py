@@ -94,6 +94,7 @@ class NodeUpgradeWatch:
         self._label = eviction_label or None
         self._gate = gate
         self._offered = False
+        self._offer_error = ""
 
     def check(self) -> bool:
         """True when the Node was read (and acted on)."""
@@ -116,7 +117,9 @@ class NodeUpgradeWatch:
         try:
             self._api.patch("Node", self._node, {"metadata": {"labels": {self._label: "true"}}})
         except Exception as exc:  # noqa: BLE001 - retried at the next check
-            log.warning("event=eviction-label-failed node=%s label=%s error=%r", self._node, self._label, str(exc))
+            if str(exc) != self._offer_error:  # once per distinct error: the check runs every few seconds
+                log.warning("event=eviction-label-failed node=%s label=%s error=%r", self._node, self._label, str(exc))
+            self._offer_error = str(exc)
             return False
         log.info("event=eviction-label-set node=%s label=%s", self._node, self._label)
         return True
