@@ -317,3 +317,50 @@ def test_an_outage_of_the_shipped_webhook_stops_only_what_names_gpu_dra() -> Non
     finally:
         api.close()
         server.stop()
+
+
+def test_match_condition_errors_are_handled_as_kube_apiserver_does() -> None:
+    """A false condition skips the webhook even when another errs; an error alone rejects the request under
+    failurePolicy Fail without calling the webhook, and skips the webhook under Ignore."""
+    import socket
+
+    from controller.cel.policyenv import PolicyEnvironment
+    from controlplane import EmbeddedApiServer
+    from gpudra.kubeapi import ApiError, KubeApi
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        down = s.getsockname()[1]
+    server = EmbeddedApiServer(expressions=PolicyEnvironment())
+    server.start()
+    server.service_endpoints[("hooks", "hook")] = ("127.0.0.1", down)
+    api = KubeApi.connect(url=server.url)
+    api.retries = 0
+
+    def config(name: str, policy: str, conditions: list[str]) -> dict[str, Any]:
+        return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+                "metadata": {"name": name}, "webhooks": [{
+                    "name": f"{name}.example.com", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                    "failurePolicy": policy, "clientConfig": {"service": {"name": "hook", "namespace": "hooks"}},
+                    "objectSelector": {"matchLabels": {"hook": name}},
+                    "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                               "resources": ["configmaps"]}],
+                    "matchConditions": [{"name": f"c{i}", "expression": e} for i, e in enumerate(conditions)]}]}
+
+    def configmap(name: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": {"hook": name}}}
+
+    erring = "object.data.missing == 'x'"  # no such key: an evaluation error
+    try:
+        api.create("ValidatingWebhookConfiguration", config("false-wins", "Fail", [erring, "false"]))
+        api.create("ValidatingWebhookConfiguration", config("fails", "Fail", [erring]))
+        api.create("ValidatingWebhookConfiguration", config("ignores", "Ignore", [erring]))
+        assert api.create("ConfigMap", configmap("false-wins"), namespace="default")
+        with pytest.raises(ApiError) as err:
+            api.create("ConfigMap", configmap("fails"), namespace="default")
+        assert err.value.status == 500
+        assert 'failed calling webhook "fails.example.com": failed evaluating match conditions: c0: ' in str(err.value)
+        assert api.create("ConfigMap", configmap("ignores"), namespace="default")
+    finally:
+        api.close()
+        server.stop()
