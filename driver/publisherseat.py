@@ -7,9 +7,10 @@ older one stops as soon as a newer one is registered.
 
 The instances know of each other through the plugin directory they share on the host (the checkpoint's): the file
 `publisher.json` names the seat's holder (`{"instance": <pod UID>, "startedNs": <its start, wall clock>}`), written
-atomically, and `publisher.lock` is flock'ed around taking the seat and around every publish, so an instance that
-has lost the seat is never halfway through a write when the new holder starts its own. A registered instance takes
-the seat unless a holder that started later is alive; a holder is alive while its DRA socket (per pod:
+atomically, and `publisher.lock` is flock'ed around every publish (which takes the seat when it may), so an
+instance that has lost the seat is never halfway through a write when the new holder starts its own. An instance
+publishes only once the kubelet registered it, and then takes the seat unless a holder that started later is alive
+(a restarted container counts as started then); a holder is alive while its DRA socket (per pod:
 driver.plugin.server.PluginPaths) accepts connections, so a newer pod that is deleted or crashes (a rollout rolled
 back) hands the seat back to the older one at its next resync. A kubelet restart registers both instances again:
 the start times keep the newer one in the seat.
@@ -97,8 +98,3 @@ class PublisherSeat:
                          (current.instance or "-") if current else "none")
             self._yielded_to = None
             yield True
-
-    def take(self) -> bool:
-        """On registration: hold the seat unless a newer live instance does. True when this instance holds it."""
-        with self.publishing() as ours:
-            return ours

@@ -11,13 +11,18 @@ def _seat(tmp_path: Path, instance: str, started: int, alive: set[str]) -> Publi
     return PublisherSeat(tmp_path, Holder(instance, started), lambda other: other in alive)
 
 
+def _take(seat: PublisherSeat) -> bool:
+    with seat.publishing() as ours:
+        return ours
+
+
 def test_the_newest_live_instance_holds_the_seat(tmp_path: Path) -> None:
     alive = {"old", "new"}
     old, new = _seat(tmp_path, "old", 100, alive), _seat(tmp_path, "new", 200, alive)
-    assert old.take() and old.holder() == Holder("old", 100)
-    assert new.take() and old.holder() == Holder("new", 200)
+    assert _take(old) and old.holder() == Holder("old", 100)
+    assert _take(new) and old.holder() == Holder("new", 200)
     # A kubelet restart registers both again: the older one does not take the seat back while the newer one serves.
-    assert not old.take()
+    assert not _take(old)
     with old.publishing() as ours:
         assert not ours
     with new.publishing() as ours:
@@ -32,4 +37,4 @@ def test_the_newest_live_instance_holds_the_seat(tmp_path: Path) -> None:
 def test_an_unreadable_seat_is_taken_anew(tmp_path: Path) -> None:
     (tmp_path / SEAT_NAME).write_text("{not json")
     seat = _seat(tmp_path, "a", 1, set())
-    assert seat.holder() is None and seat.take() and seat.holder() == Holder("a", 1)
+    assert seat.holder() is None and _take(seat) and seat.holder() == Holder("a", 1)
