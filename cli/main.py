@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inventory": ("driver.commands.inventory", "discover GPUs through NVML (real or simulated) and print the inventory"),
     "slices": ("driver.commands.slices", "print the ResourceSlices a node would publish"),
     "plugin": ("driver.commands.plugin", "run the node agent: kubelet DRA plugin (and optional device plugin shim)"),
+    "node-health": ("driver.commands.nodehealth", "show or forget (after a GPU reset) the device health a node agent keeps"),
     "cel": ("controller.commands.cel", "evaluate a CEL device selector against devices"),
     "allocate": ("controller.commands.allocate", "allocate claims offline with Kubernetes' structured-parameters semantics"),
     "explain": ("controller.commands.explain", "explain, per claim and node, why claims cannot be allocated"),

@@ -23,6 +23,16 @@ operation was never acknowledged), so dropping it is correct and only noted.
 The boot id (`/proc/sys/kernel/random/boot_id`) is recorded: after a reboot the device plugin's allocations are
 gone (the kubelet re-allocates), so its ledger holds are dropped, and `LoadReport.new_boot` tells the preparer to
 re-apply sharing settings, which the GPU forgot when it reset.
+
+Sticky device health (`health`: critical Xids, GPU lost, unmonitored, per GPU or MIG UUID) is kept too, so that a
+tainted GPU stays tainted across agent restarts and upgrades; a reboot resets every GPU and drops it, and
+`forget_health` drops it after a GPU reset (`gpu-dra node-health --forget`).
+
+Versions: `version` is the envelope's (checksum + data; every agent release reads version 1, so it stays 1 and
+an older agent overlapping a newer one in a rolling update keeps reading the file); `data.schema_version` is the
+content's. Content of an older schema is migrated when it is loaded (1 -> 2: no health known); sections of a
+newer one that this agent does not know are kept as they are (an older agent ignores them: pydantic drops unknown
+fields on validation but the raw data, which is what is written back, keeps them).
 """
 
 from __future__ import annotations
@@ -45,6 +55,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gpudra.atomicfile import atomic_write, fsync_dir
 
 CHECKPOINT_VERSION = 1
+# The content's schema: 1 claims + ledger; 2 adds `health`.
+SCHEMA_VERSION = 2
 SNAPSHOT_NAME = "checkpoint.json"
 JOURNAL_NAME = "checkpoint.journal"
 LOCK_NAME = "serialize.lock"
@@ -114,15 +126,49 @@ class ClaimRecord(BaseModel):
     # Prepared by the binder (KEP-5007 binding conditions) before the kubelet asked: released by the binder if
     # the binding fails, also after an agent restart.
     prepared_ahead: bool = False
+    # Its MPS daemons did not come up within their timeout: the claim is not prepared (no CDI spec) but the daemons'
+    # Deployments, directories and the ledger holds are kept for the kubelet's retry (driver.prepare).
+    mps_kept: bool = False
+
+
+class HealthRecord(BaseModel):
+    """What must survive of one device's health (driver.health): the faults that make it unhealthy or unwatched."""
+
+    model_config = ConfigDict(frozen=True)
+    xids: list[int] = Field(default_factory=list)  # critical Xids, most recent last
+    lost: bool = False
+    unmonitored: bool = False
+    # A lost GPU's inventory entry (driver.inventory.Gpu as JSON): discovery cannot see a GPU that is still off the
+    # bus, and it stays published, tainted, from this description.
+    gpu: dict[str, Any] | None = None
 
 
 class CheckpointData(BaseModel):
     model_config = ConfigDict(frozen=True)
+    schema_version: int = SCHEMA_VERSION
     seq: int = 0  # the last journal transaction folded into this snapshot
     boot_id: str = ""
     claims: dict[str, ClaimRecord] = Field(default_factory=dict)
     # GPU uuid -> holders ("dra:<claimUID>" / "deviceplugin:<allocation id>"), sorted.
     ledger: dict[str, list[str]] = Field(default_factory=dict)
+    # GPU or MIG device uuid -> its sticky health (schema 2).
+    health: dict[str, HealthRecord] = Field(default_factory=dict)
+
+
+def migrate(data: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """Raw checkpoint content of any schema, as this agent's schema (`notes` says what was done)."""
+    version = data.get("schema_version", 1)
+    if not isinstance(version, int) or version < 1:
+        return data  # the schema check in _set_data reports it
+    if version > SCHEMA_VERSION:
+        notes.append(f"checkpoint content of schema {version}, written by a newer agent (this one knows "
+                     f"{SCHEMA_VERSION}); what this agent does not know is kept as it is")
+        return data
+    out = dict(data)
+    if version < 2:
+        out.setdefault("health", {})  # schema 1 kept no health: nothing is known to be unhealthy
+    out["schema_version"] = SCHEMA_VERSION
+    return out
 
 
 # Kubernetes UIDs are UUIDs; any single path component of these characters is accepted (tests use short names),
@@ -155,7 +201,7 @@ def invalid_claim_records(data: CheckpointData) -> dict[str, str]:
 class Op:
     """One change in a transaction: put (value) or delete (value None) one key of one section."""
 
-    section: str  # "claims" | "ledger"
+    section: str  # "claims" | "ledger" | "health"
     key: str
     value: Any | None
 
@@ -335,7 +381,7 @@ class Checkpoint:
         # With a corrupt snapshot the journal's sequence numbers cannot be trusted to skip anything: apply all.
         min_seq = int(data.get("seq", 0)) if snapshot_ok else -1
         self._replay(data, min_seq, report)
-        self._set_data(data, report)
+        self._set_data(migrate(data, report.notes), report)
         return report
 
     def _set_aside_nvidia(self, report: LoadReport) -> bool:
@@ -539,8 +585,10 @@ class Checkpoint:
                 if op.value is not None and not (isinstance(op.value, list) and all(isinstance(h, str) for h in op.value)):
                     raise ValueError(f"ledger entry {op.key}: holders must be a list of strings, got {op.value!r}")
                 checked.append((op, None if op.value is None else list(op.value)))
+            elif op.section == "health":
+                checked.append((op, None if op.value is None else HealthRecord.model_validate(op.value)))
             else:
-                raise ValueError(f"checkpoint section {op.section!r}: accepted sections: claims, ledger")
+                raise ValueError(f"checkpoint section {op.section!r}: accepted sections: claims, ledger, health")
         seq = int(self._data.get("seq", 0)) + 1
         body = canonical_json({"seq": seq, "ops": [op.as_json() for op in ops]})
         line = sha256_hex(body).encode() + b" " + body + b"\n"
@@ -553,7 +601,10 @@ class Checkpoint:
         _apply(self._data, [op.as_json() for op in ops])
         self._data["seq"] = seq
         for op, value in checked:
-            table: dict[str, Any] = self._state.claims if op.section == "claims" else self._state.ledger
+            tables: dict[str, dict[str, Any]] = {
+                "claims": self._state.claims, "ledger": self._state.ledger, "health": self._state.health,
+            }
+            table = tables[op.section]
             if value is None:
                 table.pop(op.key, None)
             else:
@@ -594,7 +645,8 @@ class Checkpoint:
         self._close_journal()
 
     def _on_new_boot(self, boot_id: str) -> None:
-        ops: list[Op] = []
+        # A reboot resets every GPU: the faults recorded before it are gone with it.
+        ops: list[Op] = [Op("health", uuid, None) for uuid in sorted(self._state.health)]
         for uuid, holders in self._state.ledger.items():
             kept = [h for h in holders if not h.startswith(DEVICE_PLUGIN_HOLDER_PREFIX)]
             if kept != holders:
@@ -613,6 +665,18 @@ class Checkpoint:
 
     def claim(self, uid: str) -> ClaimRecord | None:
         return self._state.claims.get(uid)
+
+    def put_health_op(self, uuid: str, record: HealthRecord | None) -> Op:
+        return Op("health", uuid, None if record is None else record.model_dump(mode="json"))
+
+    def forget_health(self, uuids: Iterable[str] | None = None) -> list[str]:
+        """Drop the recorded health of `uuids` (None: of every device), e.g. after a GPU reset; the UUIDs dropped.
+        A running agent keeps what it saw in memory: restart it afterwards."""
+        with self.locked():
+            known = set(self._state.health)
+            dropped = sorted(known if uuids is None else known & set(uuids))
+            self.commit([Op("health", uuid, None) for uuid in dropped])
+        return dropped
 
     def put_claim_op(self, record: ClaimRecord) -> Op:
         return Op("claims", record.uid, record.model_dump(mode="json"))

@@ -17,9 +17,12 @@ driver runs one daemon per claim in a Deployment of its own; so does this backen
   library directory on the loader's path: it may hold the host's libc); then it gives the daemon the claim's
   limits itself (`GPU_DRA_MPS_COMMANDS`, one command a line), so a restarted daemon has them again without the
   agent, and only then marks itself started in its state directory, which no tenant container mounts;
-- `start` only creates the Deployment; `wait` then polls for that mark and the listening control socket for at
-  most `ready_timeout_s` (10 s of the 45 s the kubelet gives a whole NodePrepareResources call), without the
-  node's lock (driver.prepare), and fails the claim with the pod's state, and the kubelet retries;
+- `start` only creates the Deployment (or reuses the one a timed-out attempt left, see below); `wait` then polls
+  for that mark and the listening control socket for at most `ready_timeout_s` (30 s by default, of the 45 s the
+  kubelet gives a whole NodePrepareResources call: an image pull and a pod start on a busy node take that long;
+  `--mps-ready-timeout`), without the node's lock (driver.prepare), and fails the claim with the pod's state;
+- a claim whose daemon did not come up in time keeps its Deployment (driver.prepare): the kubelet's retry finds
+  it and waits for the same pod again, instead of deleting it and starting a new one that can never win the race;
 - stop sends `quit`, deletes the Deployment (its pod goes with it) and unmounts the shm;
 - the per-claim shm is a tmpfs the agent mounts at `<claim dir>/shm` (the plugins dir is mounted with
   Bidirectional propagation, so the host and the daemon's and the clients' containers see the mount); clients
@@ -93,6 +96,25 @@ wait
 """
 
 
+# What a daemon pod gets from its Deployment's creation to a listening daemon: 30 s of the kubelet's 45 s
+# NodePrepareResources timeout (the rest is the claim's other steps); at most READY_TIMEOUT_MAX_S.
+DEFAULT_READY_TIMEOUT_S = 30.0
+READY_TIMEOUT_MAX_S = 40.0
+
+
+def ready_timeout(value: str) -> float:
+    """`--mps-ready-timeout`: seconds, more than 0 and at most READY_TIMEOUT_MAX_S."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds <= READY_TIMEOUT_MAX_S:
+        raise ValueError(
+            f"{value!r}: expected seconds, more than 0 and at most {READY_TIMEOUT_MAX_S:g} (the kubelet gives a whole "
+            "NodePrepareResources call 45 s, and the claim's other steps need the rest)")
+    return seconds
+
+
 @dataclass(frozen=True)
 class MpsPodSettings:
     namespace: str
@@ -100,7 +122,7 @@ class MpsPodSettings:
     image: str
     host_driver_root: str = "/"  # the driver root's path on the host (the pod mounts it from there)
     shm_size: str = DEFAULT_SHM_SIZE
-    ready_timeout_s: float = 10.0
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     image_pull_secrets: tuple[str, ...] = ()  # the agent's own (its pod's imagePullSecrets): same image
 
 
@@ -236,12 +258,23 @@ class MpsDaemonPods:
     def start(
         self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), *, multi_user: bool = False,
     ) -> None:
-        """Create the daemon's Deployment (its directories exist: driver.sharing.start_mps); returns at once."""
+        """Create the daemon's Deployment (its directories exist: driver.sharing.start_mps); returns at once.
+
+        A Deployment already there (an earlier attempt that timed out, a restart of this agent) is reused as it is:
+        its pod may be about to mark itself started, so the mark is left alone."""
         make_mps_dir(state_dir(dirs))
-        (state_dir(dirs) / STARTED_MARK).unlink(missing_ok=True)
         self._mount_shm(dirs)
         body = deployment_manifest(self.settings, dirs, device_uuids, commands, multi_user=multi_user)
         name = body["metadata"]["name"]
+        try:
+            existing = self._api.try_get("Deployment", name, namespace=self.settings.namespace)
+        except ApiError as exc:
+            raise GpuToolError(f"reading the MPS control daemon Deployment {self.settings.namespace}/{name} failed: {exc}") from exc
+        if existing is not None:
+            log.info("event=mps-daemon-reused deployment=%s/%s pipe_dir=%s", self.settings.namespace, name, dirs.pipe)
+            return
+        # A mark left by an earlier daemon of these directories must not pass for this one's.
+        (state_dir(dirs) / STARTED_MARK).unlink(missing_ok=True)
         try:
             self._api.create("Deployment", body, namespace=self.settings.namespace)
             log.info("event=mps-daemon-created deployment=%s/%s pipe_dir=%s", self.settings.namespace, name, dirs.pipe)

@@ -541,7 +541,7 @@ class Preparer:
             existing = self.checkpoint.claim(ref.uid)
             if existing is not None and existing.phase is ClaimPhase.PREPARE_COMPLETED:
                 return self._result(existing)
-            if existing is not None:
+            if existing is not None and not existing.mps_kept:
                 error = self._rollback(existing)
                 if error:
                     return ClaimResult(error=error)
@@ -562,12 +562,19 @@ class Preparer:
             existing = self.checkpoint.claim(ref.uid)
             if existing is not None and existing.phase is ClaimPhase.PREPARE_COMPLETED:
                 return self._result(existing)  # another instance finished it meanwhile
+            if existing is not None and existing.mps_kept and _layout(existing) != _layout(plan):
+                error = self._rollback(existing)  # allocated anew since: the kept daemons serve other devices
+                if error:
+                    return ClaimResult(error=error)
             started = self._apply(plan)
         if isinstance(started, ClaimResult):
             return started
         # Outside the node's lock: other claims are prepared while this one's MPS daemons come up.
         wait_error = self._wait_mps(started)
         with self.checkpoint.locked():
+            if wait_error and self._keep_for_retry(started):
+                return ClaimResult(error=f"{ref}: {wait_error}; its MPS daemon Deployment is kept, so the kubelet's "
+                                         "retry waits for the same pod")
             if wait_error:
                 rollback_error = self._rollback(started)
                 return ClaimResult(error=f"{ref}: {wait_error}" + (f"; {rollback_error}" if rollback_error else ""))
@@ -577,6 +584,21 @@ class Preparer:
         log.info("event=prepared claim=%s/%s uid=%s devices=%s", ref.namespace, ref.name, ref.uid,
                  ",".join(d.device_name for d in completed.devices))
         return self._result(completed)
+
+    def _keep_for_retry(self, record: ClaimRecord) -> bool:
+        """After its MPS daemons did not come up in time: unprepare the claim for the kubelet (no CDI spec) but keep
+        its daemons, their directories and its holds, recorded as PrepareStarted with `mps_kept`, so that the
+        kubelet's retry reuses the Deployments instead of deleting and recreating them in a loop on a busy node. An
+        unprepare, the stale-claim sweep or an agent restart roll such a record back in full. Claims with on-demand
+        MIG devices are rolled back in full at once (their instances are destroyed, a daemon kept on them would
+        serve nothing). Call with the node's lock held; False when the claim is to be rolled back instead."""
+        if not record.mps_daemons or any(d.mig_created is not None for d in record.devices):
+            return False
+        cdi.remove_claim_spec(self._cdi_dir, record.uid)
+        self.checkpoint.commit([self.checkpoint.put_claim_op(record.model_copy(update={"mps_kept": True}))])
+        log.warning("event=mps-daemon-kept claim=%s/%s uid=%s daemons=%s", record.namespace, record.name, record.uid,
+                    ",".join(d.pipe_dir for d in record.mps_daemons))
+        return True
 
     def _wait_mps(self, record: ClaimRecord) -> str:
         """Wait for each MPS daemon the record's prepare launched; the first error text or ""."""
@@ -993,6 +1015,15 @@ class Preparer:
         )
         self._fault("unprepare-committed")
         return ""
+
+
+def _layout(claim: ClaimRecord | Plan) -> list[tuple[str, str]]:
+    """The devices and sharing settings a record holds or a plan asks for: a kept record is reused only for the same."""
+    if isinstance(claim, ClaimRecord):
+        pairs = [(d.device_name, d.sharing) for d in claim.devices]
+    else:
+        pairs = [(p.device_name, dict(p.parameters) if p.parameters is not None else None) for p in claim.devices]
+    return sorted((name, json.dumps(config, sort_keys=True)) for name, config in pairs)
 
 
 def _by_capacity(devices: Sequence[PreparedDevice]) -> bool:

@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -343,11 +344,14 @@ class SlicePublisher:
         stop: threading.Event,
         *,
         poll_seconds: float = 0.2,
+        gate: Callable[[], AbstractContextManager[bool]] | None = None,
     ) -> None:
         """Publish now, then whenever `changed` is set, and every `resync_seconds` (re-verify), until `stop`.
 
         Never raises: failures are logged and retried with exponential backoff. With `watch`, a thread watches
-        our slices meanwhile and sets `changed` when one is deleted or altered by someone else.
+        our slices meanwhile and sets `changed` when one is deleted or altered by someone else. With `gate`
+        (driver.publisherseat), each round publishes only when the gate says so, inside it: an agent instance that
+        a newer one on the node replaced writes nothing, and so never answers the newer one's writes with its own.
         """
         watcher: threading.Thread | None = None
         if self.watch:
@@ -359,7 +363,12 @@ class SlicePublisher:
         while not stop.is_set():
             changed.clear()  # cleared before reading, so a change during publish triggers another round
             try:
-                self.publish(get_desired())
+                if gate is None:
+                    self.publish(get_desired())
+                else:
+                    with gate() as ours:
+                        if ours:
+                            self.publish(get_desired())
                 failures = 0
                 wait = self.resync_seconds
             except Exception as err:  # noqa: BLE001 - the loop must survive any failure and retry

@@ -66,8 +66,10 @@ class StaleClaimSweeper:
 
     def sweep_once(self) -> SweepReport:
         report = SweepReport()
-        # Half-prepared records are the start-up recovery's (rolled back or finished there), not ours.
-        records = [r for r in self.preparer.checkpoint.state.claims.values() if r.phase is ClaimPhase.PREPARE_COMPLETED]
+        # Half-prepared records are the start-up recovery's (rolled back or finished there), not ours; those kept
+        # for the kubelet's retry (their MPS daemon was late) are: a kubelet whose prepare failed never unprepares.
+        records = [r for r in self.preparer.checkpoint.state.claims.values()
+                   if r.phase is ClaimPhase.PREPARE_COMPLETED or r.mps_kept]
         suspects: dict[str, str] = {}
         for record in records:
             label = f"{record.namespace}/{record.name}"

@@ -3,7 +3,8 @@ followed by the kubelet simulator and device taints on the ResourceSlices in the
 
 Xid 48 (double-bit ECC) makes the device UNHEALTHY and taints it NoSchedule; Xid 13 (an application error) leaves
 it HEALTHY with an informational taint (effect None); a lost GPU gets the gpu-lost taint. Health is sticky as in
-NVIDIA's drivers: clearing the faults changes nothing until the agent restarts, which is what follows a GPU reset.
+NVIDIA's drivers, and kept across agent restarts (the checkpoint): clearing the faults changes nothing until the
+operator's reset step (`gpu-dra node-health --forget`) and an agent restart, which is what follows a GPU reset.
 """
 
 from __future__ import annotations
@@ -156,6 +157,10 @@ def test_faults_reach_health_stream_and_slice_taints(work: Path, apiserver: Any)
         # Restart after the reset: taints gone, a new generation, everything HEALTHY on the new stream.
         write_faults(faults)
         plugin.stop()
+        forgot = subprocess.run([sys.executable, "-m", "cli.main", "node-health", "--kubelet-dir", str(work / "kubelet"),
+                                 "--forget", "all"], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                capture_output=True, text=True, timeout=60)
+        assert forgot.returncode == 0 and "forgot GPU-" in forgot.stderr, forgot.stderr
         kubelet.restart()
         plugin.start()
         registered = kubelet.wait_for_plugin(DRIVER, timeout=DEADLINE_S)

@@ -20,7 +20,8 @@ import pytest
 from driver import sharing
 from driver.gputools import CommandResult, GpuToolError, MpsDirs, NvidiaTools, make_mps_dirs
 from driver.mpsdaemon import (
-    COMMANDS_ENV, DAEMON_ARGS_ENV, STARTED_MARK, MpsDaemonPods, MpsPodSettings, deployment_manifest, pod_name, state_dir,
+    COMMANDS_ENV, DAEMON_ARGS_ENV, STARTED_MARK, MpsDaemonPods, MpsPodSettings, deployment_manifest, pod_name,
+    ready_timeout, state_dir,
 )
 from gpudra.deviceconfig import parse
 from tests.plugin_helpers import short_tmp
@@ -228,3 +229,36 @@ def test_links_planted_in_the_daemon_dirs_are_never_followed(tmp: Path) -> None:
             pods.start(MpsDirs(tmp / "claim" / "pipe", tmp / "claim" / "log"), ["GPU-a"])
     finally:
         listener.close()
+
+
+def test_a_retry_after_a_timeout_reuses_the_daemons_deployment(api: Any, tmp: Path) -> None:
+    settings = MpsPodSettings(namespace="gpu-dra-system", node_name=NODE, image="gpu-dra:dev", ready_timeout_s=0.2)
+    pods = MpsDaemonPods(api, settings, NvidiaTools(_Recorder()), runner=_Recorder(), poll_s=0.05,
+                         is_mount=lambda p: True)
+    dirs = sharing.mps_dirs(tmp / "mps", "uid-1")
+    make_mps_dirs(dirs)
+    pods.start(dirs, ["GPU-a"])
+    with pytest.raises(GpuToolError, match="within 0.2s"):
+        pods.wait(dirs)
+    first = api.get("Deployment", pod_name(NODE, dirs), settings.namespace)["metadata"]["uid"]
+    # The slow pod comes up meanwhile and marks itself started; the retry's start finds its Deployment and leaves
+    # the mark alone (a new Deployment would start a new pod, which a busy node again fails to start in time).
+    Path(state_dir(dirs), STARTED_MARK).write_text("")
+    pods.start(dirs, ["GPU-a"])
+    assert api.get("Deployment", pod_name(NODE, dirs), settings.namespace)["metadata"]["uid"] == first
+    assert Path(state_dir(dirs), STARTED_MARK).exists()
+
+
+def test_the_daemon_gets_30s_by_default_and_the_flag_is_checked() -> None:
+    from driver.commands import plugin
+    import argparse
+
+    assert MpsPodSettings(namespace="n", node_name=NODE, image="i").ready_timeout_s == 30
+    parser = argparse.ArgumentParser()
+    plugin.register(parser)
+    assert parser.parse_args(["--node", "n", "--nvml", "real", "--mps-ready-timeout", "12.5"]).mps_ready_timeout == 12.5
+    for bad in ("0", "45", "soon"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--node", "n", "--nvml", "real", "--mps-ready-timeout", bad])
+    with pytest.raises(ValueError, match="'45': expected seconds, more than 0 and at most 40"):
+        ready_timeout("45")

@@ -432,17 +432,64 @@ def test_a_slow_mps_daemon_does_not_hold_up_other_claims(env: Env) -> None:
         assert second.checkpoint.claim("uid-m") is None and slow.mps == {}
 
 
-def test_an_mps_daemon_that_never_comes_up_rolls_the_claim_back(env: Env) -> None:
+def test_an_mps_daemon_that_times_out_is_kept_for_the_kubelets_retry(env: Env) -> None:
     env.sharing = slow = SlowDaemons()
-    slow.fail = "the daemon did not start within 10s"
+    slow.fail = "the daemon did not start within 30s"
     slow.release.set()
+    starts: list[Path] = []
+    launch = slow.mps_start
+    slow.mps_start = lambda dirs, *a, **k: (starts.append(dirs.pipe), launch(dirs, *a, **k))[1]  # type: ignore[method-assign]
     env.preparer = env.new()
     g0 = env.inv.gpus[0]
     error = _prepare(env, "mps", "uid-m", [("gpu", gpu_device_name(g0))], config=MPS_CONFIG)
-    assert error.startswith("ResourceClaim ns/mps (uid uid-m): ") and "did not start within 10s" in error
+    assert error.startswith("ResourceClaim ns/mps (uid uid-m): ") and "did not start within 30s" in error
+    assert "Deployment is kept" in error
+    # Not prepared for the kubelet (no CDI spec), but the daemon and the claim's holds stay for the retry.
+    assert not (env.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-m.json").exists()
+    record = env.preparer.checkpoint.claim("uid-m")
+    assert record is not None and record.mps_kept and record.phase is ClaimPhase.PREPARE_STARTED
+    assert list(slow.mps) == starts and env.preparer.ledger.holders_of(g0.uuid) == ("dra:uid-m",)
+
+    # The kubelet retries once the daemon is up: the same daemon is waited for, none is started again.
+    slow.fail = ""
+    assert _prepare(env, "mps", "uid-m", [("gpu", gpu_device_name(g0))], config=MPS_CONFIG) == ""
+    assert len(starts) == 1 and list(slow.mps) == starts
+    record = env.preparer.checkpoint.claim("uid-m")
+    assert record is not None and record.phase is ClaimPhase.PREPARE_COMPLETED and not record.mps_kept
+    assert (env.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-m.json").exists()
+
+
+def test_a_kept_mps_daemon_goes_with_its_claims_unprepare(env: Env) -> None:
+    env.sharing = slow = SlowDaemons()
+    slow.fail = "the daemon did not start within 30s"
+    slow.release.set()
+    env.preparer = env.new()
+    g0 = env.inv.gpus[0]
+    assert "did not start" in _prepare(env, "mps", "uid-m", [("gpu", gpu_device_name(g0))], config=MPS_CONFIG)
+    assert slow.mps  # kept
+    # The pod that needed it was deleted: the kubelet unprepares, and the kept daemon goes with the record.
+    assert env.preparer.unprepare([ClaimRef("uid-m", "ns", "mps")]) == {"uid-m": ""}
     assert env.preparer.checkpoint.claim("uid-m") is None and env.preparer.ledger.holders_of(g0.uuid) == ()
     assert slow.mps == {} and slow.modes[g0.uuid] == COMPUTE_MODE_DEFAULT
-    assert not (env.cdi_dir / "k8s.gpu.nvidia.com-claim_uid-m.json").exists()
+    assert not (env.tmp / "mps" / "uid-m").exists()
+
+
+def test_a_kept_mps_daemon_of_a_deleted_claim_is_swept(env: Env) -> None:
+    """The kubelet never unprepares a claim whose prepare failed: the stale-claim sweep removes what was kept."""
+    from driver.staleclaims import StaleClaimSweeper
+
+    env.sharing = slow = SlowDaemons()
+    slow.fail = "the daemon did not start within 30s"
+    slow.release.set()
+    env.preparer = env.new()
+    g0 = env.inv.gpus[0]
+    assert "did not start" in _prepare(env, "mps", "uid-m", [("gpu", gpu_device_name(g0))], config=MPS_CONFIG)
+    del env.claims.objects[("ns", "mps")]  # its pod and claim were deleted meanwhile
+    sweeper = StaleClaimSweeper(lambda ns, name: env.claims.objects.get((ns, name)), env.preparer, DRIVER, NODE)
+    assert sweeper.sweep_once().suspected == ["ns/mps"]
+    assert sweeper.sweep_once().unprepared == ["ns/mps"]
+    assert env.preparer.checkpoint.claim("uid-m") is None and slow.mps == {}
+    assert env.preparer.ledger.holders_of(g0.uuid) == ()
 
 
 class _Crash(BaseException):

@@ -139,3 +139,55 @@ def test_sockets_of_a_pod_killed_after_this_one_started_are_swept(tmp_path: Path
         agent.stop()
         for s in held:
             s.close()
+
+
+def _pool(api) -> tuple[set[int], set[str]]:  # type: ignore[no-untyped-def]
+    """The pool's generations and the taint keys on its devices."""
+    items, _ = api.list("ResourceSlice")
+    ours = [s for s in items if s["spec"]["driver"] == DRIVER]
+    return ({int(s["spec"]["pool"]["generation"]) for s in ours},
+            {t["key"] for s in ours for d in s["spec"]["devices"] for t in d.get("taints") or ()})
+
+
+def _until(what: str, check, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_only_the_newest_registered_agent_publishes(tmp_path: Path, apiserver) -> None:  # type: ignore[no-untyped-def]
+    api = apiserver.api
+    kubelet = KubeletSim(tmp_path / "kubelet")
+    old = start_agent(tmp_path, api, instance=UID_OLD)
+    new = None
+    try:
+        # The old release publishes other content than the new one (a release adds or changes attributes): here a
+        # taint only the old one sets, so each one's writes are told apart.
+        device = old.desired_slices()[0]["spec"]["devices"][0]["name"]
+        old.extra_taints = lambda: {device: [{"key": "example.com/old-release", "effect": "NoSchedule"}]}
+        kubelet.wait_for_plugin(DRIVER, timeout=60)
+        _until("the old agent's pool", lambda: _pool(api)[1] == {"example.com/old-release"})
+
+        # Surge: the new pod registers and publishes; the old one stops writing at once, and never answers the
+        # new one's writes with its own (before, each republished when it saw the other's: a new generation a round).
+        new = start_agent(tmp_path, api, instance=UID_NEW)
+        kubelet.sync()
+        _until("the new agent's pool", lambda: _pool(api)[1] == set())
+        settled = _pool(api)[0]
+        assert len(settled) == 1
+        old.request_publish()  # what its slice watch does on every write of the other
+        time.sleep(1.5)  # many rounds of both publishers (watch_seconds 0.05)
+        assert _pool(api) == (settled, set())
+        assert new.seat.holder() == new.seat.me
+
+        # The newer pod goes away (a rollout rolled back): the old one publishes again.
+        new.stop()
+        old.request_publish()
+        _until("the old agent publishing again", lambda: _pool(api)[1] == {"example.com/old-release"})
+    finally:
+        if new is not None:
+            new.stop()
+        old.stop()
+        kubelet.close()

@@ -238,3 +238,129 @@ def test_the_shipped_configuration_refuses_bad_configs_through_the_control_plane
     finally:
         api.close()
         server.stop()
+
+
+def test_an_outage_of_the_shipped_webhook_stops_only_what_names_gpu_dra() -> None:
+    """manifests/webhook's configuration with no replica answering: another driver's claims, templates and classes
+    are created and updated untouched, and so is every claim's update (the scheduler's and controller-manager's
+    finalizers); only objects the webhook judges (gpu-dra's opaque configs, NVIDIA's refused classes) are refused,
+    per failurePolicy Fail."""
+    import socket
+
+    import yaml
+
+    from controller.cel.policyenv import PolicyEnvironment
+    from controlplane import EmbeddedApiServer
+    from gpudra.kubeapi import ApiError, KubeApi
+
+    config = next(d for d in yaml.safe_load_all((Path(__file__).parent.parent / "manifests/webhook/webhook.yaml")
+                                                .read_text()) if d and d["kind"] == "ValidatingWebhookConfiguration")
+    assert config["webhooks"][0]["failurePolicy"] == "Fail"
+    service = config["webhooks"][0]["clientConfig"]["service"]
+    with socket.socket() as s:  # a port nobody listens on: the webhook is down
+        s.bind(("127.0.0.1", 0))
+        down = s.getsockname()[1]
+    server = EmbeddedApiServer(expressions=PolicyEnvironment())  # matchConditions are CEL, as `gpu-dra apiserver` runs
+    server.start()
+    server.service_endpoints[(service["namespace"], service["name"])] = ("127.0.0.1", down)
+    api = KubeApi.connect(url=server.url)
+    api.retries = 0  # a refusal is the answer here, not a hiccup to retry
+
+    def claim(name: str, class_name: str, driver: str | None = None, first_available: bool = False) -> dict[str, Any]:
+        request: dict[str, Any] = (
+            {"name": "r", "firstAvailable": [{"name": "a", "deviceClassName": class_name}]} if first_available
+            else {"name": "r", "exactly": {"deviceClassName": class_name}})
+        spec: dict[str, Any] = {"devices": {"requests": [request]}}
+        if driver is not None:
+            spec["devices"]["config"] = [{"opaque": {"driver": driver, "parameters": {"x": 1}}}]
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": "team-a"}, "spec": spec}
+
+    def refused(kind: str, obj: dict[str, Any], namespace: str | None = "team-a") -> str:
+        with pytest.raises(ApiError) as err:
+            api.create(kind, obj, namespace=namespace)
+        assert err.value.status == 500 and "failed calling webhook" in str(err.value), err.value
+        return str(err.value)
+
+    try:
+        api.create("Namespace", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})
+        api.create("ValidatingWebhookConfiguration", config)
+        # Another driver: its class, its claims (with its own opaque config), its templates, created and updated.
+        other_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "fpga.example.com"},
+                       "spec": {"config": [{"opaque": {"driver": "fpga.example.com", "parameters": {"x": 1}}}]}}
+        api.create("DeviceClass", other_class)
+        api.patch("DeviceClass", "fpga.example.com", {"metadata": {"labels": {"tier": "a"}}})
+        other = api.create("ResourceClaim", claim("fpga", "fpga.example.com", "fpga.example.com"), namespace="team-a")
+        other["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
+        assert api.replace("ResourceClaim", other)["metadata"]["finalizers"] == ["resource.kubernetes.io/delete-protection"]
+        template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                    "metadata": {"name": "fpga", "namespace": "team-a"}, "spec": {"spec": claim("t", "fpga.example.com")["spec"]}}
+        api.create("ResourceClaimTemplate", template, namespace="team-a")
+        # A gpu-dra claim without opaque config has nothing for the webhook to judge: created, and updated.
+        plain = api.create("ResourceClaim", claim("plain", "gpu.nvidia.com"), namespace="team-a")
+        plain["metadata"]["labels"] = {"team": "a"}
+        api.replace("ResourceClaim", plain)
+
+        # What the webhook judges is refused while it is down (failurePolicy Fail).
+        assert 'failed calling webhook "validate.resource.gpu.nvidia.com"' in refused(
+            "ResourceClaim", claim("ours", "gpu.nvidia.com", "gpu.nvidia.com"))
+        refused("ResourceClaim", claim("cd", "compute-domain-default-channel.nvidia.com", "compute-domain.nvidia.com"))
+        refused("ResourceClaim", claim("vfio", "vfio.gpu.nvidia.com", first_available=True))
+        refused("ResourceClaimTemplate", {**template, "metadata": {"name": "ours", "namespace": "team-a"},
+                                          "spec": {"spec": claim("t", "imex.nvidia.com")["spec"]}})
+        refused("DeviceClass", {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                                "metadata": {"name": "shared.gpu.nvidia.com"},
+                                "spec": {"config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {"x": 1}}}]}},
+                namespace=None)
+        refused("DeviceClass", {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                                "metadata": {"name": "vfio.gpu.nvidia.com"}, "spec": {}}, namespace=None)
+    finally:
+        api.close()
+        server.stop()
+
+
+def test_match_condition_errors_are_handled_as_kube_apiserver_does() -> None:
+    """A false condition skips the webhook even when another errs; an error alone rejects the request under
+    failurePolicy Fail without calling the webhook, and skips the webhook under Ignore."""
+    import socket
+
+    from controller.cel.policyenv import PolicyEnvironment
+    from controlplane import EmbeddedApiServer
+    from gpudra.kubeapi import ApiError, KubeApi
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        down = s.getsockname()[1]
+    server = EmbeddedApiServer(expressions=PolicyEnvironment())
+    server.start()
+    server.service_endpoints[("hooks", "hook")] = ("127.0.0.1", down)
+    api = KubeApi.connect(url=server.url)
+    api.retries = 0
+
+    def config(name: str, policy: str, conditions: list[str]) -> dict[str, Any]:
+        return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+                "metadata": {"name": name}, "webhooks": [{
+                    "name": f"{name}.example.com", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                    "failurePolicy": policy, "clientConfig": {"service": {"name": "hook", "namespace": "hooks"}},
+                    "objectSelector": {"matchLabels": {"hook": name}},
+                    "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                               "resources": ["configmaps"]}],
+                    "matchConditions": [{"name": f"c{i}", "expression": e} for i, e in enumerate(conditions)]}]}
+
+    def configmap(name: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": {"hook": name}}}
+
+    erring = "object.data.missing == 'x'"  # no such key: an evaluation error
+    try:
+        api.create("ValidatingWebhookConfiguration", config("false-wins", "Fail", [erring, "false"]))
+        api.create("ValidatingWebhookConfiguration", config("fails", "Fail", [erring]))
+        api.create("ValidatingWebhookConfiguration", config("ignores", "Ignore", [erring]))
+        assert api.create("ConfigMap", configmap("false-wins"), namespace="default")
+        with pytest.raises(ApiError) as err:
+            api.create("ConfigMap", configmap("fails"), namespace="default")
+        assert err.value.status == 500
+        assert 'failed calling webhook "fails.example.com": failed evaluating match conditions: c0: ' in str(err.value)
+        assert api.create("ConfigMap", configmap("ignores"), namespace="default")
+    finally:
+        api.close()
+        server.stop()

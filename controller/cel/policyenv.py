@@ -25,6 +25,8 @@ class PolicyProgram:
             result = self._program.eval(self._env.Activation(activation))
         except Exception as err:
             raise ValueError(runtime_message(str(err))) from None
+        if result.type() == cel.Type.ERROR:  # cel-expr-python returns most runtime errors as a value
+            raise ValueError(runtime_message(str(result.value())))
         value = result.plain_value() if hasattr(result, "plain_value") else result.value()
         if hasattr(value, "value") and not isinstance(value, (bool, int, float, str, list, dict)):
             value = value.value()

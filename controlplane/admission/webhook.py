@@ -146,13 +146,25 @@ class _Webhooks:
             return True
         activation = {"object": obj, "oldObject": old, "request": request_view(req), "params": None,
                       "namespaceObject": None, "variables": {}}
+        errors: list[str] = []
         for cond in conditions:
             try:
-                if self._cel.compile(cond.get("expression", "")).evaluate(activation) is not True:
-                    return False
-            except ValueError:
-                return (hook.get("failurePolicy") or "Fail") == "Fail"
-        return True
+                value = self._cel.compile(cond.get("expression", "")).evaluate(activation)
+            except ValueError as exc:
+                errors.append(f"{cond.get('name', '')}: {exc}")
+                continue
+            if not isinstance(value, bool):
+                errors.append(f"{cond.get('name', '')}: must evaluate to bool")
+            elif not value:
+                return False  # a false condition skips the webhook whatever the others' errors
+        if not errors:
+            return True
+        # As kube-apiserver: the webhook is not called; Fail rejects the request, Ignore skips the webhook.
+        if (hook.get("failurePolicy") or "Fail") == "Fail":
+            raise st.StatusError(500, "InternalError", f'Internal error occurred: failed calling webhook '
+                                                       f'"{hook.get("name", "")}": failed evaluating match '
+                                                       f'conditions: {"; ".join(errors)}')
+        return False
 
     def _call(self, hook: dict[str, Any], req: AdmissionRequest, obj: dict[str, Any] | None,
               old: dict[str, Any] | None, warnings: list[str], failed_open: str,

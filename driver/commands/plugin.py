@@ -82,6 +82,12 @@ def register(parser: argparse.ArgumentParser) -> None:
              "in --namespace; container --container-name), so that one image reference (kustomize `images:`) "
              "serves both",
     )
+    parser.add_argument(
+        "--mps-ready-timeout", type=_mps_ready_timeout, default=None, metavar="SECONDS",
+        help="with --mps-daemon-image(-from-pod): how long a claim's MPS daemon pod gets from its Deployment's creation "
+             "to a listening daemon (default 30, at most 40 of the kubelet's 45 s prepare timeout); a claim that "
+             "times out keeps the Deployment and the kubelet's retry waits for the same pod",
+    )
     parser.add_argument("--container-name", default="node-agent",
                         help="this agent's container in its Pod (default %(default)s)")
     parser.add_argument(
@@ -152,6 +158,18 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--node-resync-seconds", type=float, default=30.0,
         help="how often the Node is checked for another device plugin and its labels refreshed (default %(default)s)",
+    )
+    parser.add_argument(
+        "--driver-upgrade-label", default="nvidia.com/gpu.deploy.gpu-dra", metavar="KEY",
+        help="a node label the GPU Operator's driver manager pauses while it replaces the driver (give it as "
+             "NODE_LABEL_FOR_GPU_POD_EVICTION in the ClusterPolicy's driver.manager.env): the agent sets it to \"true\" "
+             "when absent and releases NVML while it says paused-for-driver-upgrade, as it does while "
+             "nvidia.com/gpu-driver-upgrade-state is pod-restart-required (default %(default)s; empty: only the latter)",
+    )
+    parser.add_argument(
+        "--driver-upgrade-poll-seconds", type=float, default=5.0, metavar="SECONDS",
+        help="how often the Node's driver-upgrade labels are read (default %(default)s; 0: never, NVML is never "
+             "released)",
     )
     cliopts.add_log_level(parser)
 
@@ -289,16 +307,36 @@ def xid_list(text: str) -> frozenset[int]:
     return frozenset(out)
 
 
+def _mps_ready_timeout(text: str) -> float:
+    from driver.mpsdaemon import ready_timeout
+
+    try:
+        return ready_timeout(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _valid_instance(uid: str) -> bool:
     # It becomes part of socket file names.
     return len(uid) <= 64 and all(c.isascii() and (c.isalnum() or c in "-_") for c in uid)
+
+
+def _driver_upgrade_watch(api: Any, agent: Any, args: argparse.Namespace) -> Any:
+    """What releases NVML through a GPU Operator driver upgrade (driver.driverupgrade); None when turned off."""
+    if args.driver_upgrade_poll_seconds <= 0:
+        return None
+    from driver.driverupgrade import NodeUpgradeWatch, UpgradeGate
+
+    gate = UpgradeGate(release=agent.release_nvml, resume=agent.restart_on_new_driver, driver_ready=agent.driver_ready)
+    return NodeUpgradeWatch(api, args.node, args.driver_upgrade_label, gate)
 
 
 def _agent_probes(agent: Any, nvml: Any) -> list[Any]:
     from driver.checkpoint import LOCK_NAME
     from driver.plugin.healthcheck import lock_probe, nvml_probe, socket_probes
 
-    return socket_probes(agent.paths) + [lock_probe(agent.paths.plugin_dir / LOCK_NAME), nvml_probe(nvml)]
+    return socket_probes(agent.paths) + [lock_probe(agent.paths.plugin_dir / LOCK_NAME),
+                                         nvml_probe(nvml, lambda: agent.nvml_released)]
 
 
 def simulated_state_dir(node: str) -> Path:
@@ -425,10 +463,11 @@ def _run(args: argparse.Namespace, stop: Any, health: Any, reserved: frozenset[s
             print(f"error: --mps-daemon-image-from-pod: {exc}", file=sys.stderr)
             return 2
     if mps_image and isinstance(nvml, RealNvml):
-        from driver.mpsdaemon import MpsDaemonPods, MpsPodSettings
+        from driver.mpsdaemon import DEFAULT_READY_TIMEOUT_S, MpsDaemonPods, MpsPodSettings
 
         nvml.run_mps_daemons_as_pods(MpsDaemonPods(api, MpsPodSettings(
             namespace=args.namespace, node_name=args.node, image=mps_image,
+            ready_timeout_s=args.mps_ready_timeout or DEFAULT_READY_TIMEOUT_S,
             host_driver_root=args.host_driver_root,
             image_pull_secrets=secret_names(args.mps_image_pull_secrets),
         ), nvml.tools))
@@ -496,6 +535,8 @@ def _run(args: argparse.Namespace, stop: Any, health: Any, reserved: frozenset[s
         # A failed check (the Node not registered yet, the API away) is retried sooner than the resync. The loop
         # ticks every second so that a driver change is acted on at once.
         next_check = time.monotonic() + (args.node_resync_seconds if checked else 2.0)
+        upgrades = _driver_upgrade_watch(api, agent, args)
+        next_upgrade_check = time.monotonic()
         while not stop.wait(1.0):
             if agent.exit_requested.is_set():
                 exit_code = 3  # the driver changed under the agent: the DaemonSet restarts it on the new one
@@ -503,6 +544,9 @@ def _run(args: argparse.Namespace, stop: Any, health: Any, reserved: frozenset[s
             if time.monotonic() >= next_check:
                 checked = guard.check()
                 next_check = time.monotonic() + (args.node_resync_seconds if checked else 2.0)
+            if upgrades is not None and time.monotonic() >= next_upgrade_check:
+                upgrades.check()
+                next_upgrade_check = time.monotonic() + args.driver_upgrade_poll_seconds
     finally:
         stop.set()
         if sweeper is not None:

@@ -9,12 +9,13 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from driver import cdihook
+from driver import cdihook, stickyhealth
 from driver.binder import MigBinder
 from driver.cdi import DeviceNumbers
 from driver.checkpoint import Checkpoint
@@ -26,6 +27,7 @@ from driver.plugin.health import DeviceHealthEntry, HealthBoard
 from driver.plugin.metrics import PluginMetrics
 from driver.plugin.server import KubeletPlugin, PluginPaths
 from driver.prepare import ClaimGetter, ClaimLister, ClaimNotFound, FaultHook, Preparer, StartReport
+from driver.publisherseat import Holder, PublisherSeat
 from driver.rediscovery import Rediscoverer
 from driver.sharing import NvmlSharing
 from driver.slices import SliceSettings, build_slices, gpu_device_name, mig_device_name, mig_health, mig_mode_switchable
@@ -154,6 +156,7 @@ class NodeAgent:
             log.error("event=checkpoint-corrupt problem=%r", problem)
         for note in self.load_report.notes:
             log.info("event=checkpoint-note note=%r", note)
+        self._restore_health()
         self.driver_files = self._discover_driver_files(inventory)
         self.preparer = Preparer(
             driver_name=settings.driver_name, node_name=settings.node_name, get_claim=get_claim,
@@ -163,6 +166,11 @@ class NodeAgent:
             partitionable=settings.partitionable, nvml=nvml, on_inventory_change=self.refresh_inventory,
             common_edits=self.driver_files.container_edits(),
             device_numbers=self.device_numbers, list_claims=list_claims,
+        )
+        # One publisher per node across overlapping instances (rolling update): the newest registered one.
+        self.seat = PublisherSeat(
+            self.paths.plugin_dir, Holder(settings.instance, time.time_ns()),
+            lambda other: PluginPaths(settings.kubelet_dir, settings.driver_name, other).serving(),
         )
         self.board = HealthBoard(self._health_entries())
         self.metrics = PluginMetrics()
@@ -178,6 +186,7 @@ class NodeAgent:
         self.start_report: StartReport | None = None
         # ---- rediscovery (driver.rediscovery): set once the driver changed under the agent; the caller exits.
         self.exit_requested = threading.Event()
+        self._nvml_released: str | None = None
         self._walk_lock = threading.Lock()
         self.rediscoverer: Rediscoverer | None = None
         if settings.rediscover_interval_s is not None:
@@ -186,6 +195,33 @@ class NodeAgent:
                 interval_s=settings.rediscover_interval_s, library_changed=self._nvml_library_changed(),
                 lock=self._walk_lock,
             )
+
+    def _restore_health(self) -> None:
+        """Before anything is published: the sticky health the checkpoint kept (driver.stickyhealth), and the lost
+        GPUs it describes that discovery cannot see, so that a tainted GPU stays tainted across restarts."""
+        records = self.checkpoint.state.health
+        self._restored = {uuid: stickyhealth.from_record(r) for uuid, r in records.items()}
+        self._health.update(self._restored)
+        gpus, notes = stickyhealth.lost_gpus(records, self._inventory)
+        for note in notes:
+            log.error("event=health-restore-problem note=%r", note)
+        if gpus:
+            self._inventory = replace(
+                self._inventory, gpus=tuple(sorted([*self._inventory.gpus, *gpus], key=lambda g: g.index)))
+        if records:
+            log.warning("event=health-restored node=%s devices=%s", self.settings.node_name, ",".join(
+                f"{uuid}(xids={'/'.join(map(str, r.xids))} lost={r.lost} unmonitored={r.unmonitored})"
+                for uuid, r in sorted(records.items())))
+
+    def _persist_health(self, uuid: str, health: Health) -> None:
+        gpu = next((g for g in self._inventory.gpus if g.uuid == uuid), None)
+        record = stickyhealth.to_record(health, gpu)
+        try:
+            with self.checkpoint.locked():
+                if self.checkpoint.state.health.get(uuid) != record:
+                    self.checkpoint.commit([self.checkpoint.put_health_op(uuid, record)])
+        except Exception:  # noqa: BLE001 - the health is applied in memory all the same; only its survival is lost
+            log.exception("event=health-persist-failed uuid=%s", uuid)
 
     def _walk(self) -> Inventory:
         from driver.discovery import discover
@@ -226,6 +262,57 @@ class NodeAgent:
             return None if now == loaded else f"libnvidia-ml.so.1 now resolves to {now}, the agent loaded {loaded}"
 
         return changed
+
+    # ---- GPU Operator driver upgrades (driver.driverupgrade)
+
+    @property
+    def nvml_released(self) -> str | None:
+        """Why NVML is released (a driver upgrade), or None while the agent holds it."""
+        return self._nvml_released
+
+    def release_nvml(self, reason: str) -> None:
+        """Let the driver's modules be unloaded: stop everything that holds NVML (the health monitor's event set,
+        rediscovery), then shut NVML down, which closes its /dev/nvidia* descriptors. The plugin keeps serving
+        from the last inventory; claims that need NVML (MIG, sharing) fail until the agent is back."""
+        if self._nvml_released is not None:
+            return
+        self._nvml_released = reason
+        if self._monitor is not None:
+            self._monitor.stop()
+        if self.rediscoverer is not None:
+            self.rediscoverer.stop()
+        with self._walk_lock:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception as exc:  # noqa: BLE001 - already shut down or the driver already gone: nothing held
+                log.warning("event=nvml-shutdown-failed error=%r", str(exc))
+        log.warning("event=nvml-released node=%s reason=%s", self.settings.node_name, quote(reason))
+
+    def driver_ready(self) -> str | None:
+        """None when a driver is there to come back to; else what is still missing."""
+        root = self.settings.driver_root
+        if root is None:
+            # No driver root to look at (a simulator): ask the backend itself.
+            try:
+                self._nvml.nvmlInit()
+            except Exception as exc:  # noqa: BLE001 - any failure means not there yet
+                return f"nvmlInit failed: {exc}"
+            self._nvml.nvmlShutdown()
+            return None
+        from driver.driverroot import DriverRoot, DriverRootError
+
+        try:
+            DriverRoot(root).find_library()
+        except DriverRootError as exc:
+            return str(exc)
+        proc = self.settings.proc_root
+        if proc is not None and not (proc / "driver" / "nvidia" / "version").is_file():
+            return f"{proc}/driver/nvidia/version is missing: the NVIDIA kernel module is not loaded"
+        return None
+
+    def restart_on_new_driver(self) -> None:
+        """The caller exits (code 3) and the DaemonSet starts the agent again, which loads the new driver's NVML."""
+        self.exit_requested.set()
 
     def _on_driver_change(self, reason: str) -> None:
         log.error("event=exit-for-driver-change node=%s reason=%r msg=%s", self.settings.node_name, reason,
@@ -325,9 +412,11 @@ class NodeAgent:
                 entries.append(_health_entry(pool, mig_device_name(gpu, mig), mig_health(gpu, mig)))
         return entries
 
-    def _on_health(self, uuid: str, health: Health) -> None:
+    def _on_health(self, uuid: str, live: Health) -> None:
+        health = stickyhealth.merged(self._restored.get(uuid), live)
         with self._lock:
             self._health[uuid] = health
+        self._persist_health(uuid, health)
         log.warning("event=health-change uuid=%s healthy=%s xids=%s lost=%s", uuid, health.healthy, list(health.xids), health.lost)
         self.board.update(self._health_entries())
         self._publish_changed.set()
@@ -379,7 +468,7 @@ class NodeAgent:
         if self._publisher_thread is None:
             self._publisher_thread = threading.Thread(
                 target=self._publisher.run, args=(self.desired_slices, self._publish_changed, self._stop),
-                name="slice-publisher", daemon=True,
+                kwargs={"gate": self.seat.publishing}, name="slice-publisher", daemon=True,
             )
             self._publisher_thread.start()
         else:

@@ -105,8 +105,13 @@ def lock_probe(lock_path: Path) -> Probe:
     return Probe("node-lock", run)
 
 
-def nvml_probe(nvml: Any) -> Probe:
+def nvml_probe(nvml: Any, released: Callable[[], str | None] = lambda: None) -> Probe:
+    """NVML answers a device count; skipped while the agent released NVML on purpose (a driver upgrade,
+    driver.driverupgrade): failing then would have the kubelet restart the agent into the driver being unloaded."""
+
     def run(timeout: float) -> None:
+        if released() is not None:
+            return
         _call_with_deadline(nvml.nvmlDeviceGetCount, timeout, "NVML nvmlDeviceGetCount")
 
     return Probe("nvml", run)

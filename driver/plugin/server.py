@@ -116,6 +116,10 @@ class PluginPaths:
     def dra_socket(self) -> Path:
         return self.plugin_dir / (f"dra-{self.instance}.sock" if self.instance else "dra.sock")
 
+    def serving(self) -> bool:
+        """Whether this instance's DRA socket accepts connections (its agent runs)."""
+        return socket_identity(self.dra_socket) is not None and _listening(self.dra_socket)
+
     def stale_sockets(self) -> list[Path]:
         """Sockets of this driver's other instances that nobody listens on any more (a pod killed before it could
         clean up): the kubelet would keep trying to register them. Live ones (an overlapping pod) are kept."""

@@ -574,7 +574,11 @@ def _fault(args: argparse.Namespace) -> int:
     if not running:
         _err(f"cluster {spec.name} is not running; gpu-dra cluster up --name {spec.name} first")
         return 1
-    code = _write_fault(args, node.name, node.profile, paths.faults(node.name))
+    from gpudra import DEFAULT_DRIVER_NAME
+    from sim.demo.cluster import NodeDirs
+
+    code = _write_fault(args, node.name, node.profile, paths.faults(node.name),
+                        NodeDirs(paths.node(node.name)).plugin_dir(DEFAULT_DRIVER_NAME))
     if code is not None:
         return code
     # Health is sticky until the agent restarts (what follows a GPU reset): restart it; the supervisor brings it back.
@@ -605,7 +609,8 @@ def _fault_upstream(args: argparse.Namespace) -> int:
     if not upstream.supervisor_alive(root):
         _err(f"cluster {spec.name} is not running; gpu-dra cluster up --kubernetes upstream --name {spec.name} first")
         return 1
-    code = _write_fault(args, args.node, profile, upstream.faults_file(root, args.node))
+    code = _write_fault(args, args.node, profile, upstream.faults_file(root, args.node),
+                        upstream.plugin_dir(root, args.node))
     if code is not None:
         return code
     try:
@@ -617,9 +622,9 @@ def _fault_upstream(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_fault(args: argparse.Namespace, node: str, profile: str, path: Path) -> int | None:
-    """Inject or clear the fault `args` names in the node's faults file; an exit code, or None after --clear (the
-    caller restarts the node's agent)."""
+def _write_fault(args: argparse.Namespace, node: str, profile: str, path: Path, plugin_dir: Path) -> int | None:
+    """Inject or clear the fault `args` names in the node's faults file; an exit code, or None after --clear (its
+    health forgotten in the agent's checkpoint in `plugin_dir`; the caller restarts the node's agent)."""
     from sim.nvml import faults as nvml_faults
 
     if args.gpu is None and not (args.clear or args.fabric_down):
@@ -660,7 +665,21 @@ def _write_fault(args: argparse.Namespace, node: str, profile: str, path: Path) 
                              lost=frozenset(u for u in current.lost if keep(u)),
                              fail_calls=[c for c in current.fail_calls if c.uuid is not None and keep(c.uuid)],
                              fabric_unhealthy=frozenset(u for u in current.fabric_unhealthy if keep(u)))
+    _forget_health(plugin_dir, uuid)
     return None
+
+
+def _forget_health(plugin_dir: Path, uuid: str | None) -> None:
+    """Health is sticky, kept in the agent's checkpoint across restarts: the operator's step after a GPU reset
+    (`gpu-dra node-health --forget`) drops it there before the agent restarts."""
+    from driver.checkpoint import Checkpoint
+
+    if plugin_dir.is_dir():
+        checkpoint, _ = Checkpoint.open(plugin_dir)
+        try:
+            checkpoint.forget_health(None if uuid is None else [uuid])
+        finally:
+            checkpoint.close()
 
 
 def _gpu_uuids(node: str, profile: str) -> list[str]:

@@ -141,6 +141,13 @@ def faults_file(state: Path, node: str) -> Path:
     return state / "nodes" / node / "kubelet" / "plugins" / "gpu-dra-sim-faults.json"
 
 
+def plugin_dir(state: Path, node: str) -> Path:
+    """The agent's plugin directory (its checkpoint) on the node, as the host sees it."""
+    from gpudra import DEFAULT_DRIVER_NAME
+
+    return state / "nodes" / node / "kubelet" / "plugins" / DEFAULT_DRIVER_NAME
+
+
 def restart_agent(state: Path, node: str) -> None:
     spec = read_spec(state)
     if spec is None:
