@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import secrets
 import threading
@@ -257,15 +258,22 @@ def preferred_allocation(
     return best_set
 
 
-def container_allocate_response(gpus: Sequence[Gpu], numbers: cdi.DeviceNumbers | None = None) -> Any:
+def container_allocate_response(gpus: Sequence[Gpu], numbers: cdi.DeviceNumbers | None = None,
+                                 node_exists: Callable[[str], bool] = os.path.exists) -> Any:
     """What the container gets: CDI devices for CDI-enabled runtimes, and env + device nodes for the others
-    (the control nodes that exist: /dev/nvidia-uvm* only with nvidia-uvm loaded)."""
+    (the control nodes that exist: /dev/nvidia-uvm* only with nvidia-uvm loaded).
+
+    A device node is named as a DeviceSpec only where it exists on the host: containerd and CRI-O stat every
+    DeviceSpec's host path and refuse the container when one is missing (`lstat /dev/nvidia0: no such file or
+    directory`), which a node without device nodes of its own (a simulated one) meets on its first legacy pod. The
+    CDI devices carry the same nodes typed (type, major, minor), which the runtime creates without a stat."""
     numbers = numbers or cdi.DeviceNumbers()
     resp = pb.ContainerAllocateResponse()
     resp.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in gpus)
     for node in [numbers.gpu_node(g.minor) for g in gpus] + numbers.control_nodes():
         path = node["path"]
-        resp.devices.append(pb.DeviceSpec(container_path=path, host_path=path, permissions="rw"))
+        if node_exists(path):
+            resp.devices.append(pb.DeviceSpec(container_path=path, host_path=path, permissions="rw"))
     resp.cdi_devices.extend(pb.CDIDevice(name=legacy_cdi_id(g.uuid)) for g in gpus)
     return resp
 

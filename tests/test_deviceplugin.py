@@ -128,12 +128,16 @@ def test_allocate_response_and_cdi_spec() -> None:
     spec = legacy_cdi_spec(gpus)
     assert cdi.validate_spec(spec) == []
     assert spec["kind"] == "k8s.gpu.nvidia.com/gpu" and [d["name"] for d in spec["devices"]] == [g.uuid for g in gpus]
-    resp = container_allocate_response(gpus)
+    resp = container_allocate_response(gpus, node_exists=lambda path: True)
     assert [c.name for c in resp.cdi_devices] == [f"k8s.gpu.nvidia.com/gpu={g.uuid}" for g in gpus]
     assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(g.uuid for g in gpus)
     paths = [d.host_path for d in resp.devices]
     assert paths[:2] == [f"/dev/nvidia{g.minor}" for g in gpus] and "/dev/nvidiactl" in paths
     assert all(set(d.permissions) <= set("rwm") for d in resp.devices)
+    # On a node without device nodes (a simulated one) only the CDI devices: containerd refuses a DeviceSpec whose
+    # host path it cannot stat, as the upstream backend showed on the first legacy pod.
+    bare = container_allocate_response(gpus, node_exists=lambda path: False)
+    assert list(bare.devices) == [] and [c.name for c in bare.cdi_devices] == [c.name for c in resp.cdi_devices]
 
 
 def test_legacy_cdi_spec_carries_the_driver_files() -> None:
@@ -153,7 +157,7 @@ def test_legacy_cdi_spec_carries_the_driver_files() -> None:
     typed = legacy_cdi_spec(gpus, common, loaded)["containerEdits"]["deviceNodes"]
     assert [(n["path"], n["major"]) for n in typed] == [("/dev/nvidiactl", 195), ("/dev/nvidia-uvm", 234),
                                                          ("/dev/nvidia-uvm-tools", 234)]
-    assert [d.host_path for d in container_allocate_response(gpus, loaded).devices][1:] == [
+    assert [d.host_path for d in container_allocate_response(gpus, loaded, lambda p: True).devices][1:] == [
         "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
 
 

@@ -9,6 +9,8 @@ by the real kube-scheduler, prepared by our agent for the real kubelet, which ha
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from tests.upstream_helpers import UpstreamCluster, require_upstream, start, sto
 pytestmark = [pytest.mark.upstream, pytest.mark.slow, pytest.mark.process]
 
 NODES = "a100-1=dgx-a100,h100-1=h100-mig"
-REPORT = ("ls /dev/nvidia*; echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; "
+REPORT = ("ls /dev/nvidia*; nvidia-smi -L; echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; "
           "trap 'exit 0' TERM; sleep 9999 & wait")
 
 
@@ -36,12 +38,24 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpstreamCluste
     try:
         yield up
     finally:
+        # The harder way down: the supervisor dies (SIGKILL) with every node, container and shim still running,
+        # and `cluster down` must still leave nothing behind.
+        status = json.loads((up.state / "status.json").read_text())
+        os.kill(status["pid"], signal.SIGKILL)
         down = stop(up)
         assert down.returncode == 0, down.stderr
-        # Nothing left behind: the namespace, the nodes' cgroups, the state.
         assert not Path("/run/netns/gpu-dra-e2e").exists()
         assert not list(Path("/sys/fs/cgroup/pids").glob("gpu-dra.e2e.*"))
         assert not up.state.exists()
+        left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _mentions(p, str(up.state))]
+        assert left == [], [(p.name, (p / "cmdline").read_bytes()) for p in left]
+
+
+def _mentions(proc: Path, text: str) -> bool:
+    try:
+        return text.encode() in (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _with_report(spec: str) -> str:
@@ -69,6 +83,11 @@ def _devices_seen(cluster: UpstreamCluster, namespace: str, pod: str, container:
     argv = ["-n", namespace, "logs", pod] + (["-c", container] if container else [])
     return {line.strip() for line in cluster.kubectl(*argv).splitlines()
             if line.startswith("/dev/nvidia") and line.strip()[len("/dev/nvidia"):].isdigit()}
+
+
+def _gpus_listed(cluster: UpstreamCluster, namespace: str, pod: str) -> list[str]:
+    """The `nvidia-smi -L` lines a container printed (the driver install's nvidia-smi, mounted by the CDI spec)."""
+    return [line for line in cluster.kubectl("-n", namespace, "logs", pod).splitlines() if line.startswith("GPU ")]
 
 
 def _allocated(cluster: UpstreamCluster, namespace: str) -> dict[str, list[str]]:
@@ -123,6 +142,9 @@ def test_exclusive_gpus_per_pod(cluster: UpstreamCluster) -> None:
         seen = [_devices_seen(cluster, "gpu-test1", p["metadata"]["name"]) for p in pods]
         assert all(len(s) == 1 for s in seen), seen
         assert seen[0] != seen[1], "two claims were given the same GPU"
+        # The driver's files reach the container through the claim's CDI spec: its nvidia-smi lists its one GPU.
+        listed = [_gpus_listed(cluster, "gpu-test1", p["metadata"]["name"]) for p in pods]
+        assert [len(lines) for lines in listed] == [1, 1] and listed[0] != listed[1], listed
         allocated = _allocated(cluster, "gpu-test1")
         assert len(allocated) == 2 and len({d for ds in allocated.values() for d in ds}) == 2
     finally:

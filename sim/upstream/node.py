@@ -74,6 +74,18 @@ def mount_node_dirs(node_dir: Path) -> None:
         Path("/run", sub).mkdir(parents=True, exist_ok=True)
 
 
+def write_driver_install(node: NodePlan) -> None:
+    """The node's simulated driver install where the GPU Operator's driver container puts the real one
+    (/run/nvidia/driver, node-private here): the agent finds it under its driver root and puts its files
+    (`nvidia-smi`, which lists what the container was given) into every claim's CDI spec, as on a GPU node."""
+    from driver.discovery import discover
+    from driver.nvml import load_backend
+    from sim.runtime import driverinstall
+
+    inventory = discover(load_backend(f"sim:{node.profile}", node=node.name), node.name)
+    driverinstall.write(Path("/run/nvidia/driver"), node.name, inventory)
+
+
 def cgroup_dirs(root: str) -> list[Path]:
     """The node's cgroup root in every mounted hierarchy (v1 controllers and the unified one)."""
     return [d / root.lstrip("/") for d in sorted(_CGROUP_ROOT.iterdir()) if d.is_dir()]
@@ -204,6 +216,7 @@ def run(job: NodeJob) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     mount_node_dirs(node_dir)
+    write_driver_install(node)
     root = config.cgroup_root(layout, node)
     make_cgroups(root)
     etc = node_dir / "etc"
