@@ -39,18 +39,31 @@ def _replace(entries: list[dict[str, Any]], name: str, entry: dict[str, Any] | N
     return kept + ([entry] if entry is not None else [])
 
 
-def with_context(config: dict[str, Any] | None, cluster: str, server: str) -> dict[str, Any]:
-    """`config` with our cluster, user and context set and made current (pure)."""
+def with_context(config: dict[str, Any] | None, cluster: str, server: dict[str, Any],
+                 user: dict[str, Any]) -> dict[str, Any]:
+    """`config` with our cluster (`server`: a kubeconfig cluster entry, the URL and its CA) and user (its
+    credential) set, and our context made current (pure)."""
     out = dict(config or _empty())
     name = context_name(cluster)
-    out["clusters"] = _replace(list(out.get("clusters") or []), name, {"name": name, "cluster": {"server": server}})
-    out["users"] = _replace(list(out.get("users") or []), name, {"name": name, "user": {}})
+    out["clusters"] = _replace(list(out.get("clusters") or []), name, {"name": name, "cluster": dict(server)})
+    out["users"] = _replace(list(out.get("users") or []), name, {"name": name, "user": dict(user)})
     out["contexts"] = _replace(list(out.get("contexts") or []), name,
                                {"name": name, "context": {"cluster": name, "user": name, "namespace": "default"}})
     out["current-context"] = name
     out.setdefault("apiVersion", "v1")
     out.setdefault("kind", "Config")
     return out
+
+
+def admin_access(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The cluster entry (HTTPS URL and CA) and the user entry (the admin's token) of the kubeconfig the
+    control plane wrote."""
+    config = _read(path) or {}
+    clusters = [c.get("cluster") for c in config.get("clusters") or [] if isinstance(c, dict)]
+    users = [u.get("user") for u in config.get("users") or [] if isinstance(u, dict)]
+    if not clusters or not isinstance(clusters[0], dict) or not users or not isinstance(users[0], dict):
+        raise KubeconfigError(f"{path}: the control plane's kubeconfig has no cluster or no user")
+    return clusters[0], users[0]
 
 
 def without_context(config: dict[str, Any], cluster: str) -> dict[str, Any]:
@@ -90,8 +103,10 @@ def _write(path: Path, config: dict[str, Any]) -> None:
     atomic_write(path, yaml.safe_dump(config, sort_keys=False).encode(), mode=0o600)
 
 
-def merge(path: Path, cluster: str, server: str) -> None:
-    _write(path, with_context(_read(path), cluster, server))
+def merge(path: Path, cluster: str, admin_kubeconfig: Path) -> None:
+    """Add our context to `path` with the control plane's URL, CA and admin credential from `admin_kubeconfig`."""
+    server, user = admin_access(admin_kubeconfig)
+    _write(path, with_context(_read(path), cluster, server, user))
 
 
 def remove(path: Path, cluster: str) -> bool:

@@ -152,6 +152,11 @@ class ClusterPaths:
         return self.root / "store.db"
 
     @property
+    def tls(self) -> Path:
+        """The control plane's CA and serving certificate, kept so kubeconfigs trust it across its restarts."""
+        return self.root / "tls"
+
+    @property
     def kubeconfig(self) -> Path:
         """The cluster's own kubeconfig, used by its processes (users get a merged context instead)."""
         return self.root / "kubeconfig"

@@ -121,7 +121,8 @@ class Supervisor:
     def _start_apiserver(self) -> Child:
         child, url = nodes.start_apiserver(self.children, self.paths.kubeconfig, timeout=STEP_TIMEOUT_S,
                                            state=self.paths.store, port=self.port, pod_logs_dir=self.paths.pod_logs,
-                                           runtime_config=self.spec.runtime_config, features=self.spec.features)
+                                           runtime_config=self.spec.runtime_config, features=self.spec.features,
+                                           tls_dir=self.paths.tls)
         self.port = int(url.rsplit(":", 1)[1].split("/")[0])
         self.status.server = url
         return child

@@ -224,7 +224,7 @@ def _up(args: argparse.Namespace) -> int:
         return 1
     assert sup is not None and sup.server
     try:
-        kubeconfig.merge(target, args.name, sup.server)
+        kubeconfig.merge(target, args.name, paths.kubeconfig)
     except (kubeconfig.KubeconfigError, OSError) as exc:
         _err(f"cluster {args.name} is up at {sup.server}, but the kubeconfig context was not written: {exc}")
         return 1
