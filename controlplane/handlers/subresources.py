@@ -32,11 +32,12 @@ def serve(h: RequestHandler, method: str, r: Route, query: dict[str, str]) -> bo
         host, port, container = execproxy.target(store, r.rt, h.ctx.registry.by_kind("Node"), r.namespace,
                                                  r.name or "", query.get("container"), r.subresource)
         h.close_connection = True
+        credential = h.ctx.security.authenticator.kubelet_client_token()
         if r.subresource == "portforward" and portforwardtunnel.is_websocket(h.headers):
-            portforwardtunnel.serve(h.connection, h.headers, host, port, r.namespace, r.name or "")
+            portforwardtunnel.serve(h.connection, h.headers, host, port, r.namespace, r.name or "", credential)
         else:
             execproxy.relay(h.connection, h.headers, host, port, r.subresource, r.namespace, r.name or "",
-                            container, urlsplit(h.path).query)
+                            container, urlsplit(h.path).query, credential)
         return True
     if r.subresource == "scale" and r.rt.custom is not None:  # a CRD's scale subresource (its paths)
         h._send_json(200, crd_serving.serve_scale(store, r.rt, r.namespace, r.name or "", method, query,

@@ -450,6 +450,10 @@ def will_restart(restart_policy: str, run: ContainerRun) -> bool:
     return True  # Always (the default)
 
 
+def _nobody(_authorization: str | None) -> bool:
+    return False
+
+
 class NodeKubelet:
     """A node's kubelet for the demo: one watch thread, one worker thread, one KubeletSim."""
 
@@ -467,7 +471,10 @@ class NodeKubelet:
         pod_logs_dir: Path | None = None,
         restart_backoff: RestartBackoff | None = None,
         clock: Callable[[], float] = time.monotonic,
+        stream_client: Callable[[str | None], bool] | None = None,
     ) -> None:
+        """`stream_client` tells the streaming server's caller (an Authorization header) is the API server (its
+        kubelet client credential); without it the streaming server serves nobody."""
         self.api = api
         self.runtime = runtime
         self.node_address = node_address  # the pod IP of pods that share the node's network
@@ -504,7 +511,8 @@ class NodeKubelet:
         self._gone: set[str] = set()  # terminating pods the API server no longer has
         self._pod_ips = PodIPs(node_name)
         # The streaming server listens on the node's InternalIP, where the control plane dials it.
-        self.exec_server = ExecServer(_NodeStreams(self), self.host_ip) if runtime is not None else None
+        self.exec_server = (ExecServer(_NodeStreams(self), stream_client or _nobody, self.host_ip)
+                            if runtime is not None else None)
         self._allocatable: dict[str, str] | None = None  # the Node's status.allocatable, read once
         # Probe workers per pod uid and container run (sim.kubelet.probes), and the threads that run the probes.
         self._probers: dict[str, dict[str, ContainerProber]] = {}
