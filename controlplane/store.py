@@ -27,7 +27,7 @@ from gpudra.validation import schema
 from controlplane import status as st
 from controlplane import patchmeta
 from controlplane.gatedfields import GatedFields
-from controlplane.patch import PatchError, json_patch, merge_patch
+from controlplane.patch import CopyLimitExceeded, PatchError, TooManyOperations, json_patch, merge_patch
 from controlplane.strategicmerge import strategic_merge
 from controlplane.backend import MAX_RESOURCE_VERSION, Backend, Change, HistoryLimits, StorageError
 from controlplane.persistence import SqliteLog
@@ -783,6 +783,12 @@ class Store:
                     patched = strategic_merge(view, body, patchmeta.load(), type_name)
                 else:
                     patched = merge_patch(view, body)
+            except TooManyOperations as exc:
+                raise st.StatusError(413, "RequestEntityTooLarge", f"Request entity too large: {exc}") from exc
+            except CopyLimitExceeded as exc:
+                # kube-apiserver answers json-patch's error as a generic 422, the text in its cause.
+                raise st.StatusError(422, "Invalid", "the server rejected our request due to an error in our request",
+                                     {"causes": [{"reason": "UnexpectedServerResponse", "message": str(exc)}]}) from exc
             except PatchError as exc:
                 raise st.StatusError(422, "Invalid", f'{rt.qualified_kind} "{name}" is invalid: {exc}') from exc
             if not isinstance(patched, dict):

@@ -182,6 +182,28 @@ def test_patch_kinds_and_generation(apiserver: Any) -> None:
         api.patch("DeviceClass", "dc", {"metadata": {"resourceVersion": "1", "labels": {"c": "3"}}})
 
 
+def test_json_patch_limits_are_kube_apiservers(apiserver: Any) -> None:
+    """A patch of copies each doubling a value cannot grow an object without bound: the operations and what copies add
+    are capped as kube-apiserver caps them, before the object grows."""
+    apiserver.api.create("ConfigMap", {"metadata": {"name": "cm"}, "data": {"a": "x" * 1000}}, namespace="default")
+    url = f"{apiserver.url}/api/v1/namespaces/default/configmaps/cm"
+    code, status = _raw(url, "PATCH", [{"op": "add", "path": "/data/b", "value": {"k": "x" * 1000}}] +
+                        [{"op": "copy", "from": "/data/b", "path": f"/data/b/k{i}"} for i in range(40)],
+                        "application/json-patch+json")
+    assert code == 422 and status["reason"] == "Invalid"
+    assert status["message"] == "the server rejected our request due to an error in our request"
+    (cause,) = status["details"]["causes"]
+    assert cause["reason"] == "UnexpectedServerResponse"
+    assert cause["message"].startswith("Unable to complete the copy, the accumulated size increase of copy is ")
+    assert cause["message"].endswith(", exceeding the limit 3145728")
+    code, status = _raw(url, "PATCH", [{"op": "test", "path": "/data/a", "value": "x"}] * 10001,
+                        "application/json-patch+json")
+    assert (code, status["reason"], status["message"]) == (
+        413, "RequestEntityTooLarge",
+        "Request entity too large: The allowed maximum operations in a JSON patch is 10000, got 10001")
+    assert apiserver.api.get("ConfigMap", "cm", namespace="default")["data"] == {"a": "x" * 1000}
+
+
 def test_list_pagination(apiserver: Any) -> None:
     for i in range(5):
         apiserver.api.create("ResourceSlice", _slice(f"s{i}", "n"))
