@@ -17,6 +17,7 @@ those numbers are never handed out again.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.backend import MAX_RESOURCE_VERSION, Change, HistoryLimits, LoadedState, StorageError
+
+_log = logging.getLogger("gpu-dra.apiserver")
 
 MAX_IN_FLIGHT = 4096  # changes submitted and not yet committed; writers wait beyond this (back-pressure)
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -288,9 +291,13 @@ class SqliteLog:
             try:
                 self._write_batch(batch)
             except Exception as exc:  # noqa: BLE001 - whatever failed, the thread must record it, never die
+                # Clients are told why without the database's path (a host path is the operator's to know,
+                # and the server's log names it).
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                _log.error("event=state-commit-failed path=%s error=%r", self.path, str(exc))
                 with self._mu:
-                    self._failed = (f"state database {self.path}: commit failed: {exc}; the last writes are not "
-                                    "durable and the server accepts no more writes; restart it")
+                    self._failed = (f"the state database cannot be written: commit failed: {reason}; the last writes "
+                                    "are not durable and the server accepts no more writes; restart it")
                     self._mu.notify_all()
                 return
             newest = batch[-1].rv

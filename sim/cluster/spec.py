@@ -233,15 +233,18 @@ class SupervisorStatus:
     error: str | None = None
     steps: list[str] = field(default_factory=list)
     processes: list[ProcessInfo] = field(default_factory=list)
+    # What does not work now: [{component, message}] (Supervisor.failing).
+    failing: list[dict[str, str]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "phase": self.phase, "server": self.server, "error": self.error, "steps": self.steps,
-                "processes": [asdict(p) for p in self.processes]}
+                "processes": [asdict(p) for p in self.processes], "failing": self.failing}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SupervisorStatus:
         return cls(int(data["pid"]), str(data.get("phase")), data.get("server"), data.get("error"),
-                   list(data.get("steps") or []), [ProcessInfo(**p) for p in data.get("processes") or []])
+                   list(data.get("steps") or []), [ProcessInfo(**p) for p in data.get("processes") or []],
+                   [dict(f) for f in data.get("failing") or [] if isinstance(f, dict)])
 
 
 def pid_is_ours(pid: int, marker: str) -> bool:
