@@ -40,6 +40,19 @@ class StateFileError(ValueError):
     """The state database cannot be used; the message names the file, the problem and what to do."""
 
 
+def _make_private(path: Path) -> None:
+    """The database (every Secret is in it) and its WAL and shared-memory files readable by this user only:
+    created 0600 before SQLite opens it (SQLite gives its -wal and -shm files the database's mode), and an
+    existing one made so."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            if file.exists():
+                os.chmod(file, 0o600)
+    except OSError as exc:
+        raise StateFileError(f"state database {path}: cannot create it or make it private: {exc.strerror}") from None
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=0.5)
@@ -200,6 +213,7 @@ class SqliteLog:
             raise StateFileError(f"state database {self.path}: cannot read: {exc.strerror}") from None
         if head is not None and head != _SQLITE_MAGIC and head:
             migrated = _migrate_legacy(self.path, self.path.read_bytes())
+        _make_private(self.path)
         conn = _connect(self.path)
         self._conn = conn
         try:

@@ -142,6 +142,11 @@ def test_cluster_up_fault_restart_down(cli: Cli) -> None:
     assert config["current-context"] == CONTEXT
     state = cli.home / "state" / "gpu-dra" / "clusters" / NAME
     assert (state / "store.db").exists() and not str(state).startswith(str(ROOT))
+    # the store (every Secret) and the logs are the user's alone
+    assert {p.name: p.stat().st_mode & 0o777 for p in (state, state / "logs", state / "store.db")} == {
+        state.name: 0o700, "logs": 0o700, "store.db": 0o600}
+    assert {p.name: p.stat().st_mode & 0o777 for p in (state / "logs").iterdir()} == {
+        p.name: 0o600 for p in (state / "logs").iterdir()}
 
     # a second `up` of the same name is refused; status and list show the cluster
     again = cli.run("up", "--name", NAME, "--nodes", "x=t4-1")

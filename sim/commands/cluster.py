@@ -182,10 +182,12 @@ def _up(args: argparse.Namespace) -> int:
         _err(f"cluster {args.name}: node link directory: {exc}; or set XDG_RUNTIME_DIR to a directory of your own")
         return 1
     spec = ClusterSpec(args.name, node_specs, runtime, features, args.partitionable, str(links), runtime_config)
-    paths.root.mkdir(parents=True, exist_ok=True)
+    # The state (the store holds every Secret) and the logs are the user's alone.
+    paths.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    paths.root.chmod(0o700)
     write_json(paths.spec, spec.to_json())
-    paths.logs.mkdir(parents=True, exist_ok=True)
-    with open(paths.logs / "supervisor.log", "ab") as log:
+    paths.logs.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with os.fdopen(os.open(paths.logs / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "sim.cluster.keeper", str(paths.root)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=child_env(),
                                 cwd=str(PROJECT_ROOT), start_new_session=True)
