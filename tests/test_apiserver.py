@@ -356,3 +356,13 @@ def test_stop_ends_an_idle_watch(apiserver: Any) -> None:
     stop.set()
     t.join(timeout=30)
     assert not t.is_alive() and seen == []
+
+
+def test_a_body_is_decoded_only_as_a_served_media_type(apiserver: Any) -> None:
+    url = f"{apiserver.url}/api/v1/namespaces/default/configmaps"
+    code, status = _raw(url, "POST", {"metadata": {"name": "plain"}}, "text/plain")
+    assert (code, status["reason"], status["message"]) == (
+        415, "UnsupportedMediaType", "the body of the request was in an unknown format - accepted media types "
+        "include: application/json, application/vnd.kubernetes.protobuf")
+    assert _raw(url, "POST", {"metadata": {"name": "json"}}, "application/json; charset=utf-8")[0] == 201
+    assert apiserver.api.try_get("ConfigMap", "plain", namespace="default") is None
