@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from controlplane import eviction, execproxy, portforwardtunnel, reviews, scale
+from controlplane.admission import noderestriction
 from controlplane import status as st
 from controlplane.authn import UserInfo
 from controlplane.crds import serving as crd_serving
@@ -87,6 +88,10 @@ def review(h: RequestHandler, method: str, r: Route, user: UserInfo) -> None:
                 return store.get(rt, ns, name) if rt is not None else None
             except st.StatusError:
                 return None
+        node = user.node_name
+        if node is not None:  # NodeRestriction: kubelets mint only their pods' tokens
+            noderestriction.check_token_request(node, r.rt, r.name or "", body,
+                                                lambda pod: get("Pod", r.namespace, pod))
         answer = reviews.token_request(r.namespace, r.name or "", account, body,
                                        h.ctx.security.authenticator, get)
     h._send_json(201, answer)
