@@ -334,6 +334,20 @@ def test_parse_nodes() -> None:
     assert ClusterSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
 
 
+def test_a_node_file_that_is_not_a_profile_is_refused_at_once(tmp_path: Path) -> None:
+    shipped = shipped_profiles()
+    manifest, binary = tmp_path / "pod.yaml", tmp_path / "blob"
+    manifest.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n")
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(SpecError) as caught:
+        parse_nodes(f"a={manifest}", shipped, device_plugin=False)
+    message = str(caught.value)
+    assert message.startswith(f"--nodes: 'a={manifest}': not a simulator profile: {manifest}: ")
+    assert "apiVersion: Extra inputs are not permitted" in message
+    with pytest.raises(SpecError, match="not a simulator profile: .*blob: not a text file"):
+        parse_nodes(f"b={binary}", shipped, device_plugin=False)
+
+
 def test_kubeconfig_merge_keeps_other_entries(tmp_path: Path) -> None:
     path = tmp_path / "config"
     other = {"apiVersion": "v1", "kind": "Config", "current-context": "prod",

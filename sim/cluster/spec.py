@@ -59,10 +59,24 @@ def parse_nodes(text: str, shipped: list[str], *, device_plugin: bool) -> tuple[
         if any(n.name == name for n in nodes):
             raise SpecError(f"--nodes: node {name!r} is given twice")
         full = str(Path(profile).absolute()) if profile not in shipped else profile
+        if profile not in shipped:
+            _check_profile_file(item, full)
         nodes.append(NodeSpec(name, full + (f"?{options}" if options else ""), device_plugin))
     if not nodes:
         raise SpecError("--nodes: expected at least one NAME=PROFILE")
     return tuple(nodes)
+
+
+def _check_profile_file(item: str, path: str) -> None:
+    """A profile file is loaded now, so that one that is not a simulator profile fails `up` at once with the
+    loader's message (the file and the field), not the supervisor later."""
+    from sim.nvml.profile import ProfileError, load_profile
+
+    try:
+        load_profile(path)
+    except (ProfileError, ValueError) as exc:
+        detail = str(exc) if isinstance(exc, ProfileError) else f"{path}: not a text file ({exc})"
+        raise SpecError(f"--nodes: {item!r}: not a simulator profile: {detail}") from None
 
 
 def gb200_racks(text: str, *, device_plugin: bool) -> tuple[NodeSpec, ...]:
