@@ -11,8 +11,8 @@ import json
 import logging
 import os
 import ssl
-import time
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
