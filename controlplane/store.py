@@ -360,7 +360,8 @@ class Store:
                 raise st.StatusError(500, "InternalError",
                                      f'{rt.qualified_kind} "{name}": admission failed: {type(exc).__name__}: {exc}') from exc
         if errors:
-            raise st.invalid(rt, name, errors)
+            # A rule both the generic metadata checks and a kind's validation apply (annotation size) counts once.
+            raise st.invalid(rt, name, list(dict.fromkeys(str(e) for e in errors)))
         if request_admission is not None:
             request_admission(rt, name, obj, old)
 

@@ -366,3 +366,16 @@ def test_a_body_is_decoded_only_as_a_served_media_type(apiserver: Any) -> None:
         "include: application/json, application/vnd.kubernetes.protobuf")
     assert _raw(url, "POST", {"metadata": {"name": "json"}}, "application/json; charset=utf-8")[0] == 201
     assert apiserver.api.try_get("ConfigMap", "plain", namespace="default") is None
+
+
+def test_annotations_over_256_kib_are_refused_on_every_kind(apiserver: Any) -> None:
+    big = {"metadata": {"name": "big", "annotations": {"a": "x" * (256 * 1024)}}}
+    code, status = _raw(f"{apiserver.url}/api/v1/namespaces/default/configmaps", "POST", big)
+    assert (code, status["reason"], status["message"]) == (
+        422, "Invalid", 'ConfigMap "big" is invalid: metadata.annotations: Too long: may not be more than 262144 bytes')
+    fits = {"metadata": {"name": "fits", "annotations": {"a": "x" * (256 * 1024 - 1)}}}
+    assert _raw(f"{apiserver.url}/api/v1/namespaces/default/configmaps", "POST", fits)[0] == 201
+    claim = {"metadata": {"name": "big", "annotations": {"a": "x" * (256 * 1024)}},
+             "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+    code, status = _raw(f"{apiserver.url}/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", "POST", claim)
+    assert code == 422 and status["message"].count("metadata.annotations: Too long") == 1, status
