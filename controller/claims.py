@@ -221,8 +221,8 @@ def claims_to_delete(claims: Iterable[Mapping[str, Any]], pods: Mapping[str, Map
 CREATE_BACKOFF_FIRST_S = 0.005
 CREATE_BACKOFF_MAX_S = 1000.0
 FAILED_CREATION = "FailedResourceClaimCreation"
-# Reports a refused creation on the pod: (pod, reason, message).
-Report = Callable[[Mapping[str, Any], str, str], None]
+# Reports a refused creation on the pod: (pod, reason, message); what it returns is not used.
+Report = Callable[[Mapping[str, Any], str, str], object]
 
 
 @dataclass
