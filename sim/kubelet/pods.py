@@ -1112,6 +1112,17 @@ class NodeKubelet:
             return self.node_address
         return self._pod_ips.get(str((pod.get("metadata") or {}).get("uid")))
 
+    def _cluster_ca(self) -> str | None:
+        """The CA the kubelet trusts the API server with (its kubeconfig's), as the cluster's kube-root-ca.crt
+        gives pods; None over plain HTTP."""
+        path = self.api.client.configuration.ssl_ca_cert
+        if not self.api.host.startswith("https://") or not path:
+            return None
+        try:
+            return Path(path).read_text()
+        except OSError:
+            return None
+
     def _service_account(self, pod: Mapping[str, Any]) -> tuple[dict[str, str], list[tuple[str, str, bool]]]:
         """The env and mount of the pod's ServiceAccount token (a TokenRequest bound to the pod, as the kubelet
         asks for its projected token volume); none for a pod that does not name its account."""
@@ -1125,7 +1136,7 @@ class NodeKubelet:
         except ApiError as exc:
             raise KubeletError(f'MountVolume.SetUp failed for volume "kube-api-access" : failed to fetch token: '
                                f"{exc.message}") from exc
-        directory = volumes.write_token(self.kubelet_dir, pod, token)
+        directory = volumes.write_token(self.kubelet_dir, pod, token, self._cluster_ca())
         host, _, port = self.api.host.split("://", 1)[-1].rpartition(":")
         return ({"KUBERNETES_SERVICE_HOST": host.strip("[]"), "KUBERNETES_SERVICE_PORT": port},
                 [(str(directory), volumes.TOKEN_MOUNT, True)])

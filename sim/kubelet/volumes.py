@@ -197,12 +197,16 @@ def wants_token(pod: Mapping[str, Any]) -> bool:
     return bool(spec.get("serviceAccountName")) and spec.get("automountServiceAccountToken") is not False
 
 
-def write_token(kubelet_dir: Path, pod: Mapping[str, Any], token: str) -> Path:
-    """The projected token volume's files (token, namespace); returns its directory."""
+def write_token(kubelet_dir: Path, pod: Mapping[str, Any], token: str, ca: str | None = None) -> Path:
+    """The projected token volume's files (token, namespace, and ca.crt when the API server serves TLS: the
+    cluster CA, which in-cluster clients verify it with); returns its directory."""
     meta = pod.get("metadata") or {}
     target = pod_dir(kubelet_dir, str(meta.get("uid") or "")) / "volumes" / "kubernetes.io~projected" / "kube-api-access"
     target.mkdir(parents=True, exist_ok=True)
-    for name, text in (("token", token), ("namespace", str(meta.get("namespace") or "default"))):
+    files = [("token", token), ("namespace", str(meta.get("namespace") or "default"))]
+    if ca is not None:
+        files.append(("ca.crt", ca))
+    for name, text in files:
         tmp = target / f".{name}.tmp"
         tmp.write_text(text)
         tmp.chmod(0o644)

@@ -1,4 +1,5 @@
-"""A volumeMount's subPath as the kubelet prepares it: resolved inside the volume, never a way out of it."""
+"""Volumes as the kubelet prepares them: a volumeMount's subPath resolved inside the volume, never a way out of it;
+the projected ServiceAccount volume with the cluster CA when the API server serves TLS."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.kubelet.volumes import Mount, VolumeError, container_mounts
+from sim.kubelet.volumes import Mount, VolumeError, container_mounts, write_token
 
 
 def _mounts(volume: Path, sub: str) -> list[Mount]:
@@ -41,3 +42,11 @@ def test_a_subpath_inside_the_volume_is_mounted_from_there(tmp_path: Path) -> No
     assert _mounts(volume, "alias")[0].host == (volume / "real").resolve()
     made = _mounts(volume, "new/dir")[0]  # a missing subPath is created inside the volume
     assert made.host == (volume / "new" / "dir").resolve() and made.host.is_dir()
+
+
+def test_the_token_volume_carries_the_cluster_ca_over_tls(tmp_path: Path) -> None:
+    pod = {"metadata": {"uid": "1234-abcd", "namespace": "team-a"}}
+    plain = write_token(tmp_path, pod, "tok")
+    assert sorted(p.name for p in plain.iterdir()) == ["namespace", "token"]
+    tls = write_token(tmp_path, pod, "tok", "-----BEGIN CERTIFICATE-----\n")
+    assert (tls / "ca.crt").read_text() == "-----BEGIN CERTIFICATE-----\n" and (tls / "namespace").read_text() == "team-a"
