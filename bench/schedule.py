@@ -93,7 +93,9 @@ class ServerProcess:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli", "apiserver", "--port", "0", "--driver-name", DRIVER],
+            # The bench's clients connect by URL without credentials, as the admin on the plain port.
+            [sys.executable, "-m", "cli", "apiserver", "--port", "0", "--driver-name", DRIVER,
+             "--unauthenticated-as-admin"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(Path(__file__).resolve().parents[1]))
         line = self.proc.stdout.readline().strip() if self.proc.stdout is not None else ""
         if not line.startswith("http"):

@@ -59,11 +59,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--audit-policy-file", metavar="FILE",
                         help="the audit.k8s.io/v1 Policy (YAML or JSON) that gives each request its audit level; "
                              "without it nothing is audited, as on kube-apiserver")
-    parser.add_argument("--unauthenticated-as-admin", action=argparse.BooleanOptionalAction, default=True,
-                        help="serve a request without credentials as the admin, as kube-apiserver's old insecure "
-                             "localhost port did (default: on, because kubectl sends no credentials over plain HTTP); "
-                             "--no-unauthenticated-as-admin makes it system:anonymous. Presented tokens are always "
-                             "authenticated and authorized")
+    parser.add_argument("--unauthenticated-as-admin", action=argparse.BooleanOptionalAction, default=False,
+                        help="on the plain HTTP port, serve a request without credentials as the admin, as "
+                             "kube-apiserver's old insecure localhost port did: any local user is then the admin "
+                             "there, so it is off by default and a request without credentials is system:anonymous "
+                             "(kubectl uses the HTTPS URL of the --kubeconfig-out kubeconfig). Presented tokens "
+                             "are always authenticated and authorized")
     parser.add_argument("--kubernetes-version", default=DEFAULT_VERSION, metavar="VERSION",
                         help=f"Kubernetes release the server behaves as: /version, served API versions, validation "
                              f"({SUPPORTED_VERSIONS[0]}..{SUPPORTED_VERSIONS[-1]}, default %(default)s)")

@@ -7,6 +7,9 @@
   dropped; when that empties the list of a claim that carries the delete-protection finalizer, the allocation
   is cleared ("was being used" -> "is not used anymore"; a claim allocated ahead of its consumers, like a gang
   claim, is not deallocated just because nobody reserved it yet), then the finalizer is removed.
+- A claim the API server refuses to create (a ResourceQuota, an admission plugin) is reported on its pod as
+  `Warning FailedResourceClaimCreation` (`PodResourceClaim <name>: create ResourceClaim : <error>`) and the pod
+  is retried with the controller work queue's back-off (5 ms doubling to 1000 s), not on every pass.
 - Generated claims follow their pod: deleted when the pod is gone (what the garbage collector does through the
   owner reference) or done.
 
@@ -16,7 +19,8 @@ The planning functions are pure; `ClaimLifecycle` applies their results through 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,12 +217,30 @@ def claims_to_delete(claims: Iterable[Mapping[str, Any]], pods: Mapping[str, Map
     return out
 
 
+# kube-controller-manager's per-item work queue back-off (DefaultControllerRateLimiter's exponential part).
+CREATE_BACKOFF_FIRST_S = 0.005
+CREATE_BACKOFF_MAX_S = 1000.0
+FAILED_CREATION = "FailedResourceClaimCreation"
+# Reports a refused creation on the pod: (pod, reason, message); what it returns is not used.
+Report = Callable[[Mapping[str, Any], str, str], object]
+
+
+@dataclass
+class _Backoff:
+    retry_at: float
+    delay: float
+
+
 class ClaimLifecycle:
     """Applies template expansion, reservation cleanup and deallocation through the API."""
 
-    def __init__(self, writer: Writer, metrics: ControllerMetrics) -> None:
+    def __init__(self, writer: Writer, metrics: ControllerMetrics, *, report: Report | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._writer = writer
         self._metrics = metrics
+        self._report = report
+        self._clock = clock
+        self._backoff: dict[str, _Backoff] = {}  # pod uid -> when its refused expansion is tried again
 
     # -- template expansion ------------------------------------------------------------------------
 
@@ -252,9 +274,13 @@ class ClaimLifecycle:
         problems: list[str] = []
         created_claims: list[Obj] = []
         if o.pod_done(pod) or o.deleting(pod):
+            self._backoff.pop(o.uid(pod), None)
             return created_claims, problems
         resolved = resolve_pod_claims(pod, index)
         if not any(pc.template for pc in resolved):
+            return created_claims, problems
+        held = self._backoff.get(o.uid(pod))
+        if held is not None and self._clock() < held.retry_at:
             return created_claims, problems
         statuses: list[dict[str, Any]] = []
         for pc in resolved:
@@ -269,8 +295,15 @@ class ClaimLifecycle:
                         f"ResourceClaimTemplate {o.namespace(pod)}/{pc.template} not found"
                     )
                     continue
+                refusals: list[ApiError] = []
                 created = self._writer.create("ResourceClaim", claim_from_template(pod, pc.pod_claim_name, template,
-                                                                                  protected=protected))
+                                                                                  protected=protected),
+                                              refused=refusals.append)
+                if refusals:
+                    # As the resourceclaim controller: the pod's sync stops at the first refused claim, reports it
+                    # and is requeued with back-off.
+                    self._refused(pod, pc.pod_claim_name, refusals[0])
+                    return created_claims, problems
                 if created is None:
                     continue
                 claim_name = o.name(created)
@@ -282,8 +315,21 @@ class ClaimLifecycle:
                     extra={"pod": o.key(pod), "podClaim": pc.pod_claim_name, "claim": claim_name, "template": pc.template},
                 )
             statuses.append({"name": pc.pod_claim_name, "resourceClaimName": claim_name})
+        self._backoff.pop(o.uid(pod), None)
         self._record_statuses(pod, statuses)
         return created_claims, problems
+
+    def _refused(self, pod: Mapping[str, Any], pod_claim_name: str, err: ApiError) -> None:
+        now = self._clock()
+        previous = self._backoff.get(o.uid(pod))
+        delay = min(previous.delay * 2, CREATE_BACKOFF_MAX_S) if previous is not None else CREATE_BACKOFF_FIRST_S
+        if len(self._backoff) > 4096:  # pods gone meanwhile are never looked at again: drop what is long over
+            self._backoff = {k: b for k, b in self._backoff.items() if b.retry_at > now - CREATE_BACKOFF_MAX_S}
+        self._backoff[o.uid(pod)] = _Backoff(now + delay, delay)
+        if self._report is not None:
+            # The generated claim has no name yet (generateName): upstream's message shows it empty.
+            self._report(pod, FAILED_CREATION, f"PodResourceClaim {pod_claim_name}: create ResourceClaim : "
+                                               f"{err.message}")
 
     def _record_statuses(self, pod: Mapping[str, Any], statuses: list[dict[str, Any]]) -> None:
         current = {

@@ -156,7 +156,8 @@ class ControllerManager:
             wall=wall,
             repeat_interval=config.event_repeat_interval,
         )
-        self.claims = ClaimLifecycle(self.writer, self.metrics)
+        self.claims = ClaimLifecycle(self.writer, self.metrics, clock=clock, report=lambda pod, reason, message:
+                                     self.explainer.event(pod, reason, message, component="resource_claim"))
         self.pod_group_claims = PodGroupClaims(self.writer)
         self.gangs = GangController(
             self.writer,

@@ -12,6 +12,7 @@ import logging
 import os
 import ssl
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -28,6 +29,9 @@ REVIEW_API_VERSION = "admission.k8s.io/v1"
 VALIDATE_PATH = "/validate"
 # kube-apiserver caps a webhook request body at 3 MiB worth of object; refuse anything far larger unread.
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# What is read and dropped of a refused body, at most, so that its client reads the 413.
+DISCARD_MAX_BYTES = 128 * 1024 * 1024
+DISCARD_S = 10.0
 CHECKED_KINDS = frozenset({"DeviceClass", "ResourceClaim", "ResourceClaimTemplate"})
 
 
@@ -122,6 +126,21 @@ def _handler(admit: Admission) -> type[BaseHTTPRequestHandler]:
             log.warning("event=bad-request path=%s status=%d message=%r", self.path, status, message)
             self._send(status, {"error": message})
 
+        def _discard(self, length: int) -> None:
+            """Read and drop (bounded in bytes and time) the body a client still sends after its refusal: closing
+            with it unread resets the connection, and a client that sends all before reading loses the answer."""
+            deadline = time.monotonic() + DISCARD_S
+            left = min(length, DISCARD_MAX_BYTES)
+            try:
+                self.connection.settimeout(DISCARD_S)
+                while left > 0 and time.monotonic() < deadline:
+                    chunk = self.rfile.read1(min(left, 1 << 16))
+                    if not chunk:
+                        return
+                    left -= len(chunk)
+            except OSError:
+                return
+
         def do_GET(self) -> None:
             if self.path in ("/healthz", "/readyz"):
                 self._send(HTTPStatus.OK, {"status": "ok"})
@@ -142,6 +161,8 @@ def _handler(admit: Admission) -> type[BaseHTTPRequestHandler]:
                 return
             if not 0 <= length <= MAX_BODY_BYTES:
                 self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {length} bytes; at most {MAX_BODY_BYTES}")
+                self.close_connection = True
+                self._discard(length)
                 return
             try:
                 review = loads(self.rfile.read(length).decode("utf-8"))

@@ -61,7 +61,8 @@ class Writer:
         self._observe(kind, fresh)
         return fresh
 
-    def create(self, kind: str, body: Obj) -> Obj | None:
+    def create(self, kind: str, body: Obj, *, refused: Callable[[ApiError], None] | None = None) -> Obj | None:
+        """The created object, or None (it exists, or the server refused it: `refused` is told why)."""
         self.check()
         try:
             created = self.api.create(kind, body, namespace=o.namespace(body) or None)
@@ -69,6 +70,8 @@ class Writer:
             return None
         except ApiError as err:
             log.warning("create failed", extra={"kind": kind, "object": o.key(body) or o.meta(body).get("generateName"), "error": str(err)})
+            if refused is not None:
+                refused(err)
             return None
         self._observe(kind, created)
         return created

@@ -35,6 +35,7 @@ AUTHENTICATED = "system:authenticated"
 UNAUTHENTICATED = "system:unauthenticated"
 ANONYMOUS_USER = "system:anonymous"
 ADMIN_USER = "kubernetes-admin"
+KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"
 # userInfo.extra keys of bound ServiceAccount tokens (k8s.io/apiserver/pkg/authentication/serviceaccount).
 EXTRA_POD_NAME = "authentication.kubernetes.io/pod-name"
 EXTRA_POD_UID = "authentication.kubernetes.io/pod-uid"
@@ -99,12 +100,15 @@ AccountLookup = Callable[[str, str], "str | None"]
 
 
 class TokenAuthenticator:
-    """Issues and checks the server's tokens. `key` signs them; keep it to keep tokens valid across restarts."""
+    """Issues and checks the server's tokens. `key` signs them; keep it to keep tokens valid across restarts.
+    The admin's token is derived from the key too (unless given), so the person's kubeconfig and every
+    component holding the admin credential stay valid when the server restarts with the same key."""
 
     def __init__(self, key: bytes | None = None, admin_token: str | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self._key = key or secrets.token_bytes(32)
-        self.admin_token = admin_token or secrets.token_urlsafe(32)
+        self.admin_token = admin_token or _b64(hmac.new(self._key, b"admin-token:" + ADMIN_USER.encode(),
+                                                        hashlib.sha256).digest())
         self._clock = clock
         # Verified tokens (signature and claims checked once); the account is still looked up every request.
         self._verified: dict[str, tuple[UserInfo, float, tuple[str, str, str] | None]] = {}
@@ -140,6 +144,18 @@ class TokenAuthenticator:
     def node_token(self, node: str) -> str:
         """The credential a kubelet simulator presents: `system:node:<node>` in `system:nodes`."""
         return self._sign({"iss": ISSUER, "sub": NODE_PREFIX + node, "gpu-dra/kind": "node"})
+
+    def kubelet_client_token(self) -> str:
+        """What the server presents to kubelets when it relays pods/exec, attach and portforward (kube-apiserver's
+        --kubelet-client-certificate, `kube-apiserver-kubelet-client` on kubeadm clusters). It authenticates
+        nothing on the server itself."""
+        return self._sign({"iss": ISSUER, "sub": KUBELET_CLIENT_USER, "gpu-dra/kind": "kubelet-client"})
+
+    def is_kubelet_client(self, authorization: str | None) -> bool:
+        """Whether an Authorization header carries this server's kubelet client credential (a kubelet's check,
+        with the key as its trust anchor, as a kubelet checks client certificates against its --client-ca-file)."""
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), self.kubelet_client_token())
 
     # ----- checking ------------------------------------------------------------------------------------------
 

@@ -59,9 +59,12 @@ def kubelet_path(subresource: str, namespace: str, pod: str, container: str, que
     return f"/{subresource}/{ns}/{name}/{quote(container, safe='')}?{query}"
 
 
-def open_upstream(host: str, port: int, method: str, path: str, headers: dict[str, str]) -> tuple[socket.socket, bytes]:
-    """Send the upgrade request to the kubelet; (its socket, its 101 response head and any bytes after it).
+def open_upstream(host: str, port: int, method: str, path: str, headers: dict[str, str],
+                  credential: str) -> tuple[socket.socket, bytes]:
+    """Send the upgrade request to the kubelet with the server's kubelet client `credential` (a bearer token:
+    the kubelet serves only the API server); (its socket, its 101 response head and any bytes after it).
     A refusal is raised as kube-apiserver relays it."""
+    headers = {**headers, "Authorization": f"Bearer {credential}"}
     try:
         upstream = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
     except OSError as exc:
@@ -86,11 +89,12 @@ def open_upstream(host: str, port: int, method: str, path: str, headers: dict[st
 
 
 def relay(client: socket.socket, headers: Any, host: str, port: int, subresource: str, namespace: str, pod: str,
-          container: str, query: str) -> None:
+          container: str, query: str, credential: str) -> None:
     """Open the kubelet's stream and relay it to `client` (whose request head has been read)."""
     path = kubelet_path(subresource, namespace, pod, container, query)
     hop = {h: str(headers.get(h)) for h in _HOP_HEADERS if headers.get(h)}
-    upstream, head = open_upstream(host, port, "GET" if subresource != "portforward" else "POST", path, hop)
+    upstream, head = open_upstream(host, port, "GET" if subresource != "portforward" else "POST", path, hop,
+                                   credential)
     client.sendall(head)
     upstream.settimeout(None)
     client.settimeout(None)

@@ -250,8 +250,14 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._duplicates: list[str] = []
         if not raw:
             return None
-        if (self.headers.get("Content-Type") or "").split(";")[0].strip() == protobuf.MEDIA_TYPE:
+        media_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if media_type == protobuf.MEDIA_TYPE:
             return protobuf_request(raw)
+        if self.command != "PATCH" and media_type not in ("", "application/json"):
+            # As kube-apiserver's input negotiation: a body is decoded only as a media type the server serves (none
+            # given is JSON); the patch handler checks the patch media types itself.
+            raise st.StatusError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
+                                 f"accepted media types include: application/json, {protobuf.MEDIA_TYPE}")
         try:
             value, self._duplicates = strictjson.decode(raw)
             return value

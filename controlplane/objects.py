@@ -14,6 +14,8 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Kubernetes' generateName suffix alphabet: no vowels (no words) and no easily confused characters.
 GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
+# apimachinery's TotalAnnotationSizeLimitB: keys and values of an object's annotations together.
+ANNOTATIONS_MAX_BYTES = 256 * 1024
 # Resources whose status is reset on create, as Kubernetes' create strategies do.
 _STATUS_CLEARED_ON_CREATE = frozenset({"ResourceClaim", "ResourceQuota"})
 
@@ -60,6 +62,9 @@ def metadata_errors(obj: dict[str, Any]) -> list[str]:
             continue
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             errors.append(f"metadata.{key}: Invalid value: must be a map of string keys to string values")
+        elif key == "annotations" and sum(len(k.encode()) + len(v.encode()) for k, v in value.items()) > \
+                ANNOTATIONS_MAX_BYTES:
+            errors.append(f"metadata.annotations: Too long: may not be more than {ANNOTATIONS_MAX_BYTES} bytes")
     finalizers = m.get("finalizers")
     if finalizers is not None and (not isinstance(finalizers, list) or not all(isinstance(f, str) for f in finalizers)):
         errors.append("metadata.finalizers: Invalid value: must be a list of strings")

@@ -4,11 +4,28 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
+
+
+# kube-apiserver's limits on a JSON patch: its operations (the patch handler's maxJSONPatchOperations, 413) and
+# what its `copy` operations may add in all (the server's JSONPatchMaxCopyBytes, 3 MiB: json-patch's
+# AccumulatedCopySizeLimit, each copy counted as its value's JSON size), so one request cannot grow an object
+# exponentially by copying it into itself.
+MAX_OPERATIONS = 10000
+MAX_COPY_BYTES = 3 * 1024 * 1024
 
 
 class PatchError(ValueError):
     """A patch that cannot be applied; the message names the operation and path."""
+
+
+class TooManyOperations(PatchError):
+    """More operations than kube-apiserver applies in one JSON patch (its 413)."""
+
+
+class CopyLimitExceeded(PatchError):
+    """The patch's copies add more than kube-apiserver allows (json-patch's error, answered 422)."""
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -110,7 +127,11 @@ def _remove(doc: Any, path: str) -> Any:
 def json_patch(target: Any, operations: Any) -> Any:
     if not isinstance(operations, list):
         raise PatchError("json patch: the body must be a JSON array of operations")
+    if len(operations) > MAX_OPERATIONS:
+        raise TooManyOperations(f"The allowed maximum operations in a JSON patch is {MAX_OPERATIONS}, "
+                                f"got {len(operations)}")
     doc = copy.deepcopy(target)
+    copied = 0
     for i, op in enumerate(operations):
         if not isinstance(op, dict) or "op" not in op or "path" not in op:
             raise PatchError(f"json patch: operation {i} must be an object with 'op' and 'path'")
@@ -130,7 +151,13 @@ def json_patch(target: Any, operations: Any) -> Any:
             doc = _remove(doc, op.get("from", ""))
             doc = _add(doc, path, value)
         elif kind == "copy":
-            doc = _add(doc, path, copy.deepcopy(_get(doc, op.get("from", ""))))
+            value = _get(doc, op.get("from", ""))
+            # Bounded: what copies made the document grow by is bounded by the limit itself.
+            copied += len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+            if copied > MAX_COPY_BYTES:
+                raise CopyLimitExceeded(f"Unable to complete the copy, the accumulated size increase of copy is "
+                                        f"{copied}, exceeding the limit {MAX_COPY_BYTES}")
+            doc = _add(doc, path, copy.deepcopy(value))
         elif kind == "test":
             if _get(doc, path) != op.get("value"):
                 raise PatchError(f"json patch: test operation {i} failed at path {path!r}")
@@ -139,3 +166,4 @@ def json_patch(target: Any, operations: Any) -> Any:
                 f"json patch: operation {i}: unsupported op {kind!r}; accepted: add, remove, replace, move, copy, test"
             )
     return doc
+

@@ -17,6 +17,7 @@ those numbers are never handed out again.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -27,6 +28,8 @@ from typing import Any
 
 from controlplane.backend import MAX_RESOURCE_VERSION, Change, HistoryLimits, LoadedState, StorageError
 
+_log = logging.getLogger("gpu-dra.apiserver")
+
 MAX_IN_FLIGHT = 4096  # changes submitted and not yet committed; writers wait beyond this (back-pressure)
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 # 2: event_times (when each commit's events were written, so that the history is also cut by age).
@@ -35,6 +38,19 @@ _SCHEMA_VERSION = "2"
 
 class StateFileError(ValueError):
     """The state database cannot be used; the message names the file, the problem and what to do."""
+
+
+def _make_private(path: Path) -> None:
+    """The database (every Secret is in it) and its WAL and shared-memory files readable by this user only:
+    created 0600 before SQLite opens it (SQLite gives its -wal and -shm files the database's mode), and an
+    existing one made so."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            if file.exists():
+                os.chmod(file, 0o600)
+    except OSError as exc:
+        raise StateFileError(f"state database {path}: cannot create it or make it private: {exc.strerror}") from None
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -197,6 +213,7 @@ class SqliteLog:
             raise StateFileError(f"state database {self.path}: cannot read: {exc.strerror}") from None
         if head is not None and head != _SQLITE_MAGIC and head:
             migrated = _migrate_legacy(self.path, self.path.read_bytes())
+        _make_private(self.path)
         conn = _connect(self.path)
         self._conn = conn
         try:
@@ -288,9 +305,13 @@ class SqliteLog:
             try:
                 self._write_batch(batch)
             except Exception as exc:  # noqa: BLE001 - whatever failed, the thread must record it, never die
+                # Clients are told why without the database's path (a host path is the operator's to know,
+                # and the server's log names it).
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                _log.error("event=state-commit-failed path=%s error=%r", self.path, str(exc))
                 with self._mu:
-                    self._failed = (f"state database {self.path}: commit failed: {exc}; the last writes are not "
-                                    "durable and the server accepts no more writes; restart it")
+                    self._failed = (f"the state database cannot be written: commit failed: {reason}; the last writes "
+                                    "are not durable and the server accepts no more writes; restart it")
                     self._mu.notify_all()
                 return
             newest = batch[-1].rv

@@ -21,14 +21,15 @@ def is_websocket(headers: Any) -> bool:
     return str(headers.get("Upgrade") or "").lower() == "websocket"
 
 
-def serve(client: socket.socket, headers: Any, host: str, port: int, namespace: str, pod: str) -> None:
+def serve(client: socket.socket, headers: Any, host: str, port: int, namespace: str, pod: str,
+          credential: str) -> None:
     offered = [p.strip() for p in str(headers.get("Sec-WebSocket-Protocol") or "").split(",") if p.strip()]
     if TUNNEL_PROTOCOL not in offered:
         raise st.bad_request(f"unable to upgrade: port-forward over WebSocket needs subprotocol {TUNNEL_PROTOCOL} "
                              f"(offered: {', '.join(offered) or 'none'})")
     upstream, head = execproxy.open_upstream(
         host, port, "POST", execproxy.kubelet_path("portforward", namespace, pod, "", ""),
-        {"Connection": "Upgrade", "Upgrade": "SPDY/3.1", "X-Stream-Protocol-Version": KUBELET_PROTOCOL})
+        {"Connection": "Upgrade", "Upgrade": "SPDY/3.1", "X-Stream-Protocol-Version": KUBELET_PROTOCOL}, credential)
     early = head.split(b"\r\n\r\n", 1)[1]
     send_lock = threading.Lock()
 

@@ -27,7 +27,7 @@ from gpudra.validation import schema
 from controlplane import status as st
 from controlplane import patchmeta
 from controlplane.gatedfields import GatedFields
-from controlplane.patch import PatchError, json_patch, merge_patch
+from controlplane.patch import CopyLimitExceeded, PatchError, TooManyOperations, json_patch, merge_patch
 from controlplane.strategicmerge import strategic_merge
 from controlplane.backend import MAX_RESOURCE_VERSION, Backend, Change, HistoryLimits, StorageError
 from controlplane.persistence import SqliteLog
@@ -360,7 +360,8 @@ class Store:
                 raise st.StatusError(500, "InternalError",
                                      f'{rt.qualified_kind} "{name}": admission failed: {type(exc).__name__}: {exc}') from exc
         if errors:
-            raise st.invalid(rt, name, errors)
+            # A rule both the generic metadata checks and a kind's validation apply (annotation size) counts once.
+            raise st.invalid(rt, name, list(dict.fromkeys(str(e) for e in errors)))
         if request_admission is not None:
             request_admission(rt, name, obj, old)
 
@@ -783,6 +784,12 @@ class Store:
                     patched = strategic_merge(view, body, patchmeta.load(), type_name)
                 else:
                     patched = merge_patch(view, body)
+            except TooManyOperations as exc:
+                raise st.StatusError(413, "RequestEntityTooLarge", f"Request entity too large: {exc}") from exc
+            except CopyLimitExceeded as exc:
+                # kube-apiserver answers json-patch's error as a generic 422, the text in its cause.
+                raise st.StatusError(422, "Invalid", "the server rejected our request due to an error in our request",
+                                     {"causes": [{"reason": "UnexpectedServerResponse", "message": str(exc)}]}) from exc
             except PatchError as exc:
                 raise st.StatusError(422, "Invalid", f'{rt.qualified_kind} "{name}" is invalid: {exc}') from exc
             if not isinstance(patched, dict):

@@ -182,6 +182,28 @@ def test_patch_kinds_and_generation(apiserver: Any) -> None:
         api.patch("DeviceClass", "dc", {"metadata": {"resourceVersion": "1", "labels": {"c": "3"}}})
 
 
+def test_json_patch_limits_are_kube_apiservers(apiserver: Any) -> None:
+    """A patch of copies each doubling a value cannot grow an object without bound: the operations and what copies add
+    are capped as kube-apiserver caps them, before the object grows."""
+    apiserver.api.create("ConfigMap", {"metadata": {"name": "cm"}, "data": {"a": "x" * 1000}}, namespace="default")
+    url = f"{apiserver.url}/api/v1/namespaces/default/configmaps/cm"
+    code, status = _raw(url, "PATCH", [{"op": "add", "path": "/data/b", "value": {"k": "x" * 1000}}] +
+                        [{"op": "copy", "from": "/data/b", "path": f"/data/b/k{i}"} for i in range(40)],
+                        "application/json-patch+json")
+    assert code == 422 and status["reason"] == "Invalid"
+    assert status["message"] == "the server rejected our request due to an error in our request"
+    (cause,) = status["details"]["causes"]
+    assert cause["reason"] == "UnexpectedServerResponse"
+    assert cause["message"].startswith("Unable to complete the copy, the accumulated size increase of copy is ")
+    assert cause["message"].endswith(", exceeding the limit 3145728")
+    code, status = _raw(url, "PATCH", [{"op": "test", "path": "/data/a", "value": "x"}] * 10001,
+                        "application/json-patch+json")
+    assert (code, status["reason"], status["message"]) == (
+        413, "RequestEntityTooLarge",
+        "Request entity too large: The allowed maximum operations in a JSON patch is 10000, got 10001")
+    assert apiserver.api.get("ConfigMap", "cm", namespace="default")["data"] == {"a": "x" * 1000}
+
+
 def test_list_pagination(apiserver: Any) -> None:
     for i in range(5):
         apiserver.api.create("ResourceSlice", _slice(f"s{i}", "n"))
@@ -334,3 +356,26 @@ def test_stop_ends_an_idle_watch(apiserver: Any) -> None:
     stop.set()
     t.join(timeout=30)
     assert not t.is_alive() and seen == []
+
+
+def test_a_body_is_decoded_only_as_a_served_media_type(apiserver: Any) -> None:
+    url = f"{apiserver.url}/api/v1/namespaces/default/configmaps"
+    code, status = _raw(url, "POST", {"metadata": {"name": "plain"}}, "text/plain")
+    assert (code, status["reason"], status["message"]) == (
+        415, "UnsupportedMediaType", "the body of the request was in an unknown format - accepted media types "
+        "include: application/json, application/vnd.kubernetes.protobuf")
+    assert _raw(url, "POST", {"metadata": {"name": "json"}}, "application/json; charset=utf-8")[0] == 201
+    assert apiserver.api.try_get("ConfigMap", "plain", namespace="default") is None
+
+
+def test_annotations_over_256_kib_are_refused_on_every_kind(apiserver: Any) -> None:
+    big = {"metadata": {"name": "big", "annotations": {"a": "x" * (256 * 1024)}}}
+    code, status = _raw(f"{apiserver.url}/api/v1/namespaces/default/configmaps", "POST", big)
+    assert (code, status["reason"], status["message"]) == (
+        422, "Invalid", 'ConfigMap "big" is invalid: metadata.annotations: Too long: may not be more than 262144 bytes')
+    fits = {"metadata": {"name": "fits", "annotations": {"a": "x" * (256 * 1024 - 1)}}}
+    assert _raw(f"{apiserver.url}/api/v1/namespaces/default/configmaps", "POST", fits)[0] == 201
+    claim = {"metadata": {"name": "big", "annotations": {"a": "x" * (256 * 1024)}},
+             "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+    code, status = _raw(f"{apiserver.url}/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", "POST", claim)
+    assert code == 422 and status["message"].count("metadata.annotations: Too long") == 1, status

@@ -251,6 +251,49 @@ def test_kubelet_identity_is_scoped_to_its_node(srv: EmbeddedApiServer) -> None:
     assert kubelet.call("POST", "/apis/resource.k8s.io/v1/resourceslices", _slice("n2", "other"))[0] == 403
 
 
+def test_node_restriction_keeps_labels_and_tokens_to_what_a_kubelet_sets(srv: EmbeddedApiServer) -> None:
+    c = admin(srv)
+    _apply(c, [_node("n1"), _node("n2")])
+    kubelet = Client(srv.url, srv.node_token("n1"))
+    merge = "application/merge-patch+json"
+    for label in ("node-restriction.kubernetes.io/gpu-tenant", "team.node-restriction.kubernetes.io/x",
+                  "node-role.kubernetes.io/control-plane", "k8s.io/other"):
+        code, body = kubelet.call("PATCH", "/api/v1/nodes/n1", {"metadata": {"labels": {label: "y"}}}, merge)
+        assert (code, body["message"]) == (403, f'nodes "n1" is forbidden: is not allowed to modify labels: {label}')
+    for label in ("node.kubernetes.io/instance-type", "kubelet.kubernetes.io/x", "topology.kubernetes.io/zone",
+                  "example.com/rack"):
+        assert kubelet.call("PATCH", "/api/v1/nodes/n1", {"metadata": {"labels": {label: "y"}}}, merge)[0] == 200
+    code, body = Client(srv.url, srv.node_token("n3")).call("POST", "/api/v1/nodes", {
+        "metadata": {"name": "n3", "labels": {"node-restriction.kubernetes.io/a": "1", "kubernetes.io/os": "linux"}}})
+    assert (code, body["message"]) == (403, 'nodes "n3" is forbidden: node "n3" is not allowed to set the following '
+                                            "labels: node-restriction.kubernetes.io/a")
+    # tokens: only bound to a pod (name and uid) that runs on the node
+    _account(c, "default", "runner")
+    pods = {}
+    for name, node in (("here", "n1"), ("there", "n2")):
+        code, pod = c.call("POST", "/api/v1/namespaces/default/pods", {"metadata": {"name": name}, "spec": {
+            "nodeName": node, "serviceAccountName": "runner", "containers": [{"name": "c", "image": "busybox"}]}})
+        assert code == 201, pod
+        pods[name] = pod
+    url = "/api/v1/namespaces/default/serviceaccounts/runner/token"
+
+    def bound(pod: str, uid: str | None = None) -> dict[str, Any]:
+        return {"spec": {"boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod,
+                                            "uid": pods[pod]["metadata"]["uid"] if uid is None else uid}}}
+
+    for body_, message in (({"spec": {}}, "node requested token not bound to a pod"),
+                           ({"spec": {"boundObjectRef": {"apiVersion": "v1", "kind": "Node", "name": "n1"}}},
+                            "node requested token not bound to a pod"),
+                           (bound("here", ""), "node requested token with a pod binding without a uid"),
+                           (bound("here", "0000"), "the UID in the bound object reference (0000) does not match the "
+                                                   "UID in record. The object might have been deleted and then recreated"),
+                           (bound("there"), "node requested token bound to a pod scheduled on a different node")):
+        code, answer = kubelet.call("POST", url, body_)
+        assert (code, answer["message"]) == (403, f'serviceaccounts "runner" is forbidden: {message}'), answer
+    code, answer = kubelet.call("POST", url, bound("here"))
+    assert code == 201 and answer["status"]["token"]
+
+
 def _exec_accounts(c: Client, verbs: dict[str, list[str]]) -> dict[str, Client]:
     clients = {}
     for name, granted in verbs.items():

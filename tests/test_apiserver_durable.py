@@ -25,7 +25,8 @@ LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
 
 def _start(state: Path) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "apiserver", "--state", str(state)],
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "apiserver", "--state", str(state),
+                             "--unauthenticated-as-admin"],  # durability, not authentication, is tested here
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()

@@ -232,3 +232,15 @@ def test_odd_opaque_kinds_are_field_errors_not_crashes(kind: Any) -> None:
             api.close()
         assert err.value.status == 422, str(err.value)
         assert "Internal error" not in str(err.value) and "kind" in str(err.value)
+
+
+def test_the_store_is_readable_by_its_user_only(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    with EmbeddedApiServer(state_file=path) as server:
+        KubeApi.connect(url=server.url).create("Secret", {"metadata": {"name": "s"}, "data": {"k": "dg=="}}, "default")
+        files = [p for p in tmp_path.iterdir() if p.name.startswith("state.db")]
+        assert {p.name for p in files} >= {"state.db", "state.db-wal"}
+        assert {p.name: p.stat().st_mode & 0o777 for p in files} == {p.name: 0o600 for p in files}
+    path.chmod(0o644)  # one an earlier version left readable is made private when opened
+    with EmbeddedApiServer(state_file=path):
+        assert path.stat().st_mode & 0o777 == 0o600

@@ -12,8 +12,11 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -140,12 +143,17 @@ def test_cluster_up_fault_restart_down(cli: Cli) -> None:
     assert config["current-context"] == CONTEXT
     state = cli.home / "state" / "gpu-dra" / "clusters" / NAME
     assert (state / "store.db").exists() and not str(state).startswith(str(ROOT))
+    # the store (every Secret) and the logs are the user's alone
+    assert {p.name: p.stat().st_mode & 0o777 for p in (state, state / "logs", state / "store.db")} == {
+        state.name: 0o700, "logs": 0o700, "store.db": 0o600}
+    assert {p.name: p.stat().st_mode & 0o777 for p in (state / "logs").iterdir()} == {
+        p.name: 0o600 for p in (state / "logs").iterdir()}
 
     # a second `up` of the same name is refused; status and list show the cluster
     again = cli.run("up", "--name", NAME, "--nodes", "x=t4-1")
     assert again.returncode == 1 and "already up" in again.stderr
     status = cli.status()
-    assert status["name"] == NAME and status["server"].startswith("http://127.0.0.1:")
+    assert status["name"] == NAME and status["server"].startswith("https://127.0.0.1:")
     assert status["kubeconfig"] == str(cli.kubeconfig)
     assert {n["name"]: (n["profile"], n["ready"], n["gpusInUse"], n["gpusTotal"]) for n in status["nodes"]} == {
         "small": ("t4-1", True, 0, 1), "quad": ("v100-4", True, 0, 4)}
@@ -159,6 +167,7 @@ def test_cluster_up_fault_restart_down(cli: Cli) -> None:
     try:
         nodes = {n.metadata.name for n in k8s_client.CoreV1Api(api).list_node().items}
         assert nodes == {"small", "quad"}
+        _check_credentials(cli, api, state)
         _create_pod(api, "first", "quad")
         _until("pod first Running", lambda: _pod_phase(api, "first") == "Running")
         assert {n["name"]: n["gpusInUse"] for n in cli.status()["nodes"]}["quad"] == 1
@@ -173,18 +182,7 @@ def test_cluster_up_fault_restart_down(cli: Cli) -> None:
 
         # workload controllers: a Deployment's pods come from the ReplicaSet the offline tools name (the API server
         # picks each pod's 5-character suffix, as on a cluster), and go with it
-        deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "default"},
-                      "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
-                               "template": {"metadata": {"labels": {"app": "web"}},
-                                            "spec": pod_spec("quad")}}}
-        k8s_client.AppsV1Api(api).create_namespaced_deployment("default", deployment)
-        offline = sorted(p["metadata"]["name"][:-5] for p in expand([deployment]))
-        _until("the Deployment's pods Running", lambda: sorted(
-            p.metadata.name[:-5] for p in k8s_client.CoreV1Api(api).list_namespaced_pod("default").items
-            if p.metadata.name.startswith("web-") and p.status.phase == "Running") == offline)
-        k8s_client.AppsV1Api(api).delete_namespaced_deployment("web", "default")
-        _until("the Deployment's pods to go", lambda: not [
-            p for p in k8s_client.CoreV1Api(api).list_namespaced_pod("default").items if p.metadata.name.startswith("web-")])
+        _check_deployment(api, "web", pod_spec("quad"))
 
         # a fault through the node's faults file: the taint appears on the slice
         assert not _taints(api, "quad")
@@ -220,6 +218,9 @@ def test_cluster_up_fault_restart_down(cli: Cli) -> None:
         _until("restarted apiserver", lambda: cli.pid("apiserver") != apiserver)
         assert cli.status()["server"] == status["server"]
         _until("pods after the control plane restart", lambda: _pod_phase(api, "second") == "Running")
+        # the workload controllers and PodGC kept valid credentials: a new Deployment still gets its pods
+        _check_deployment(api, "after", {"nodeSelector": {"kubernetes.io/hostname": "small"},
+                                         "containers": [{"name": "main", "image": "busybox"}]})
 
         # clear = GPU reset: the recorded faults are forgotten, the agent restarts and the taints go
         cleared = cli.run("fault", "quad", "--name", NAME, "--clear")
@@ -261,6 +262,54 @@ def test_cluster_up_fault_restart_down(cli: Cli) -> None:
     assert cli.run("status", "--name", NAME).returncode == 1
 
 
+def _check_deployment(api: k8s_client.ApiClient, name: str, spec: dict[str, Any]) -> None:
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "default"},
+                  "spec": {"replicas": 2, "selector": {"matchLabels": {"app": name}},
+                           "template": {"metadata": {"labels": {"app": name}}, "spec": spec}}}
+    k8s_client.AppsV1Api(api).create_namespaced_deployment("default", deployment)
+    offline = sorted(p["metadata"]["name"][:-5] for p in expand([deployment]))
+    _until(f"the Deployment {name}'s pods Running", lambda: sorted(
+        p.metadata.name[:-5] for p in k8s_client.CoreV1Api(api).list_namespaced_pod("default").items
+        if p.metadata.name.startswith(f"{name}-") and p.status.phase == "Running") == offline)
+    k8s_client.AppsV1Api(api).delete_namespaced_deployment(name, "default")
+    _until(f"the Deployment {name}'s pods to go", lambda: not [
+        p for p in k8s_client.CoreV1Api(api).list_namespaced_pod("default").items
+        if p.metadata.name.startswith(f"{name}-")])
+
+
+def _anonymous_get(url: str, path: str) -> tuple[int, dict[str, Any]]:
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url + path, timeout=30, context=context) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _check_credentials(cli: Cli, api: k8s_client.ApiClient, state: Path) -> None:
+    """The context is HTTPS with its CA and the admin's token; a request without credentials is anonymous on every
+    port the control plane listens on, and a ServiceAccount's token is that account, for kubectl too."""
+    context = next(c for c in yaml.safe_load(cli.kubeconfig.read_text())["clusters"] if c["name"] == CONTEXT)
+    assert context["cluster"]["server"].startswith("https://") and context["cluster"]["certificate-authority-data"]
+    log = (state / "logs" / "apiserver.log").read_text()
+    plain = log.split("msg=serving url=", 1)[1].split()[0]
+    for url in (plain, context["cluster"]["server"]):
+        code, body = _anonymous_get(url, "/api/v1/secrets")
+        assert code == 403 and 'User "system:anonymous" cannot list resource "secrets"' in body["message"], (url, body)
+    core = k8s_client.CoreV1Api(api)
+    core.create_namespaced_service_account("default", {"metadata": {"name": "ci-runner"}})
+    token = core.create_namespaced_service_account_token("ci-runner", "default", {"spec": {}}).status.token
+    if shutil.which("kubectl"):
+        whoami = subprocess.run(["kubectl", "--context", CONTEXT, "--token", token, "auth", "whoami", "-o", "json"],
+                                env=cli.env, capture_output=True, text=True, timeout=60)
+        assert whoami.returncode == 0, whoami.stderr
+        assert json.loads(whoami.stdout)["status"]["userInfo"]["username"] == "system:serviceaccount:default:ci-runner"
+        denied = subprocess.run(["kubectl", "--context", CONTEXT, "--token", token, "get", "secrets", "-A"],
+                                env=cli.env, capture_output=True, text=True, timeout=60)
+        assert denied.returncode == 1 and "system:serviceaccount:default:ci-runner" in denied.stderr
+
+
 @pytest.mark.process
 def test_fault_errors_name_what_is_accepted(cli: Cli) -> None:
     assert cli.run("fault", "n1", "--name", NAME, "--gpu", "0", "--xid", "79").returncode == 1  # no such cluster
@@ -289,6 +338,20 @@ def test_parse_nodes() -> None:
     assert ClusterSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
 
 
+def test_a_node_file_that_is_not_a_profile_is_refused_at_once(tmp_path: Path) -> None:
+    shipped = shipped_profiles()
+    manifest, binary = tmp_path / "pod.yaml", tmp_path / "blob"
+    manifest.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n")
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(SpecError) as caught:
+        parse_nodes(f"a={manifest}", shipped, device_plugin=False)
+    message = str(caught.value)
+    assert message.startswith(f"--nodes: 'a={manifest}': not a simulator profile: {manifest}: ")
+    assert "apiVersion: Extra inputs are not permitted" in message
+    with pytest.raises(SpecError, match="not a simulator profile: .*blob: not a text file"):
+        parse_nodes(f"b={binary}", shipped, device_plugin=False)
+
+
 def test_kubeconfig_merge_keeps_other_entries(tmp_path: Path) -> None:
     path = tmp_path / "config"
     other = {"apiVersion": "v1", "kind": "Config", "current-context": "prod",
@@ -296,18 +359,26 @@ def test_kubeconfig_merge_keeps_other_entries(tmp_path: Path) -> None:
              "users": [{"name": "prod", "user": {"token": "x"}}],
              "contexts": [{"name": "prod", "context": {"cluster": "prod", "user": "prod"}}]}
     path.write_text(yaml.safe_dump(other))
-    assert kc.merge(path, "dev", "http://127.0.0.1:1") == "prod"
-    assert kc.merge(path, "dev", "http://127.0.0.1:2") == "gpu-dra-dev"  # up again: replaced, not duplicated
+    admin = tmp_path / "admin"
+    previous = []
+    for port in (1, 2):  # up again: replaced, not duplicated
+        admin.write_text(yaml.safe_dump({"clusters": [{"name": "gpu-dra", "cluster": {
+            "server": f"https://127.0.0.1:{port}", "certificate-authority-data": "Q0E="}}],
+            "users": [{"name": "gpu-dra", "user": {"token": "secret"}}]}))
+        previous.append(kc.merge(path, "dev", admin))
+    assert previous == ["prod", "gpu-dra-dev"]
     merged = yaml.safe_load(path.read_text())
     assert [c["name"] for c in merged["contexts"]] == ["prod", "gpu-dra-dev"]
-    assert merged["clusters"][1]["cluster"]["server"] == "http://127.0.0.1:2"
+    assert merged["clusters"][1]["cluster"] == {"server": "https://127.0.0.1:2", "certificate-authority-data": "Q0E="}
+    assert merged["users"][1]["user"] == {"token": "secret"}
+    assert path.stat().st_mode & 0o777 == 0o600
     assert merged["current-context"] == "gpu-dra-dev"
     assert kc.remove(path, "dev") is True
     assert yaml.safe_load(path.read_text()) | {"preferences": None} == other | {"current-context": "", "preferences": None}
     assert kc.target_file(None, {"KUBECONFIG": f"/a/one{os.pathsep}/b/two"}) == Path("/a/one")
     path.write_text("clusters: [")
     with pytest.raises(kc.KubeconfigError, match="not a valid kubeconfig"):
-        kc.merge(path, "dev", "http://x")
+        kc.merge(path, "dev", admin)
 
 
 def test_up_says_it_switched_the_current_context(tmp_path: Path) -> None:

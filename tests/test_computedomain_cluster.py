@@ -11,6 +11,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import ssl
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,8 +89,10 @@ def _domain(api: KubeApi, name: str) -> dict[str, Any]:
 
 
 def _log(api: KubeApi, pod: str, namespace: str = "default") -> str:
-    req = urllib.request.Request(f"{api.host}/api/v1/namespaces/{namespace}/pods/{pod}/log")
-    with urllib.request.urlopen(req, timeout=10) as resp:
+    cfg = api.client.configuration  # the cluster's HTTPS URL, its CA and the admin's token
+    req = urllib.request.Request(f"{api.host}/api/v1/namespaces/{namespace}/pods/{pod}/log",
+                                 headers={"Authorization": cfg.api_key["BearerToken"]})
+    with urllib.request.urlopen(req, timeout=10, context=ssl.create_default_context(cafile=cfg.ssl_ca_cert)) as resp:
         return resp.read().decode()
 
 

@@ -362,3 +362,41 @@ def test_a_generated_claim_is_an_orphan_once_its_pod_is_gone_done_or_replaced_by
     assert claims_to_delete([claim], {"default/p": pod_obj("u1", "Succeeded")}) == [claim]
     assert claims_to_delete([claim], {"default/p": pod_obj("u2")}) == [claim]  # a new pod of the same name
     assert claims_to_delete([claim], {}) == [claim]
+
+
+def test_a_refused_claim_creation_is_reported_on_the_pod_and_retried_with_back_off(apiserver: Any) -> None:
+    from controller.claims import ClaimLifecycle, GeneratedClaims
+    from controller.metrics import ControllerMetrics
+    from gpudra.kubeapi import ApiError
+
+    api = apiserver.api
+    _cluster(api)
+    api.create("ResourceQuota", {"metadata": {"name": "no-claims"}, "spec": {"hard": {
+        "count/resourceclaims.resource.k8s.io": "0"}}}, namespace="default")
+    create_all(api, [template("one", 1), pod("p", templates={"gpu": "one"})])
+    manager(api).step()
+    assert claims_of(api) == {}
+    (event,) = [e for e in events_for(api, "p") if e["reason"] == "FailedResourceClaimCreation"]
+    assert event["type"] == "Warning" and event["source"] == {"component": "resource_claim"}
+    assert event["message"].startswith("PodResourceClaim gpu: create ResourceClaim : resourceclaims.resource.k8s.io ")
+    assert "is forbidden: exceeded quota: no-claims" in event["message"]
+
+    # the pod is tried again with the work queue's back-off (5 ms doubling), not on every pass
+    attempts: list[float] = []
+    now = [0.0]
+
+    class Refusing:
+        def create(self, kind: str, body: Any, *, refused: Any = None) -> None:
+            attempts.append(now[0])
+            refused(ApiError(403, "Forbidden", "exceeded quota"))
+
+    reported: list[str] = []
+    lifecycle = ClaimLifecycle(Refusing(), ControllerMetrics(), clock=lambda: now[0],  # type: ignore[arg-type]
+                               report=lambda p, reason, message: reported.append(message))
+    refused_pod = api.get("Pod", "p", "default")
+    templates = {"default/one": api.get("ResourceClaimTemplate", "one", "default")}
+    for step in range(200):
+        now[0] = step * 0.01
+        lifecycle.expand_pod(refused_pod, GeneratedClaims(), templates)
+    assert [round(t, 2) for t in attempts] == [0.0, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28]
+    assert reported[0] == "PodResourceClaim gpu: create ResourceClaim : exceeded quota"

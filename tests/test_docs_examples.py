@@ -27,6 +27,7 @@ import yaml
 
 from cli.main import build_parser
 from tests.plugin_helpers import short_tmp
+from tests.upstream_helpers import require_upstream
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -115,6 +116,8 @@ def test_shell_examples_run_as_written(page: Page, block: Block) -> None:
         pytest.skip("only build commands (make)")
     if any(c.startswith("kubectl ") for c in script) and shutil.which("kubectl") is None:
         pytest.skip("kubectl is not installed")
+    if any("--kubernetes upstream" in c for c in script):
+        require_upstream()
     with short_tmp() as tmp:
         work = tmp / "w"
         work.mkdir()

@@ -5,6 +5,7 @@ shortens the period; a pod that never ran or has finished goes at once; other ki
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -108,3 +109,20 @@ def test_the_kubelet_stops_containers_with_the_probes_else_the_deletions_else_th
     assert kill_grace_seconds({**pod, "metadata": {"deletionGracePeriodSeconds": 0}}) == 2  # --force
     assert kill_grace_seconds(pod, probe_grace=5) == 5
     assert kill_grace_seconds(_pod()) == 30
+
+
+def test_delete_options_given_as_query_parameters_are_honoured(apiserver: RunningApiServer) -> None:
+    """A force delete by URL (`DELETE .../pods/web?gracePeriodSeconds=0`, no body), as kube-apiserver decodes it."""
+    api = apiserver.api
+    api.create("Pod", {"metadata": {"name": "web", "namespace": "default"}, "spec": {
+        "nodeName": "n1", "containers": [{"name": "c", "image": "busybox"}]}}, namespace="default")
+    url = f"{apiserver.url}/api/v1/namespaces/default/pods/web"
+    request = urllib.request.Request(url + "?gracePeriodSeconds=abc", method="DELETE")
+    try:
+        urllib.request.urlopen(request)
+        raise AssertionError("a gracePeriodSeconds that is not a number was accepted")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 400 and 'parsing "abc": invalid syntax' in json.loads(exc.read())["message"]
+    with urllib.request.urlopen(urllib.request.Request(url + "?gracePeriodSeconds=0", method="DELETE")) as resp:
+        assert resp.status == 200
+    assert api.try_get("Pod", "web", namespace="default") is None

@@ -32,6 +32,8 @@ def test_failed_pods_are_replaced_up_to_the_backoff_limit_then_the_job_fails() -
     job = _job(backoffLimit=1)
     first = plan_job(job, [], NOW)
     (pod,) = first.create
+    # named by the API server, as the Job controller's pods are: a re-applied Job never waits for old names
+    assert "name" not in pod["metadata"] and pod["metadata"]["generateName"] == "train-"
     assert pod["metadata"]["labels"]["batch.kubernetes.io/job-name"] == "train"
     assert pod["metadata"]["labels"]["batch.kubernetes.io/controller-uid"] == "job-uid"
     job["status"] = first.status
@@ -41,7 +43,7 @@ def test_failed_pods_are_replaced_up_to_the_backoff_limit_then_the_job_fails() -
     assert waiting.create == [] and waiting.status["failed"] == 1 and _conditions(waiting.status) == []
     again = plan_job(job, [failed1], NOW + timedelta(seconds=11))
     (replacement,) = again.create
-    assert replacement["metadata"]["name"] != pod["metadata"]["name"]
+    assert replacement["metadata"]["generateName"] == "train-"
     job["status"] = again.status
     failed2 = _finish(replacement, "Failed", NOW + timedelta(seconds=12))
     done = plan_job(job, [failed1, failed2], NOW + timedelta(seconds=13))
@@ -70,8 +72,11 @@ def test_completions_and_parallelism() -> None:
 def test_indexed_job_pods_carry_their_completion_index() -> None:
     job = _job(completions=3, parallelism=3, completionMode="Indexed")
     first = plan_job(job, [], NOW)
-    names = [p["metadata"]["name"] for p in first.create]
-    assert [n.rsplit("-", 1)[0] for n in names] == ["train-0", "train-1", "train-2"]
+    assert [p["metadata"]["generateName"] for p in first.create] == ["train-0-", "train-1-", "train-2-"]
+    long_name = "j" * 60
+    (cut,) = plan_job({**_job(completionMode="Indexed"), "metadata": {"name": long_name, "namespace": "default",
+                                                                       "uid": "u"}}, [], NOW).create
+    assert cut["metadata"]["generateName"] == "j" * 55 + "-0-"
     for i, pod in enumerate(first.create):
         assert pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == str(i)
         assert pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == str(i)

@@ -8,6 +8,7 @@ returns. Gated like tests/test_runtime.py: run in CI, skipped elsewhere when pod
 from __future__ import annotations
 
 import functools
+import http.client
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from controlplane.podlogs import PodLogsDir
 from gpudra.kubeapi import KubeApi
@@ -82,7 +84,8 @@ def cluster(apiserver: RunningApiServer) -> Iterator[Cluster]:
         apiserver.api.create("Node", {"metadata": {"name": NODE}})  # the kubelet publishes its exec port on it
         agent = start_agent(tmp, apiserver.api, profile="v100-4")
         runtime = Runtimes(tmp / "runtime").for_node(NODE, tmp / "cdi")
-        kubelet = NodeKubelet(apiserver.api, NODE, tmp / "kubelet", DRIVER, runtime=runtime, pod_logs_dir=tmp / "pod-logs")
+        kubelet = NodeKubelet(apiserver.api, NODE, tmp / "kubelet", DRIVER, runtime=runtime, pod_logs_dir=tmp / "pod-logs",
+                              stream_client=apiserver.server.security.authenticator.is_kubelet_client)
         try:
             kubelet.register_plugin(timeout=DEADLINE)
             kubelet.start()
@@ -431,6 +434,22 @@ def test_kubectl_exec_runs_in_the_container_over_websocket(cluster: Cluster) -> 
     assert piped.returncode == 0 and piped.stdout == "SHOUT\n", piped.stderr
     missing = run("exec", "shell", "-c", "nope", "--", "true")
     assert missing.returncode != 0 and "container nope is not valid for pod shell" in missing.stderr
+
+    # the kubelet's streaming server itself serves only the API server: without its credential (none, the admin's
+    # token, a forged one) a direct exec is 401 and runs nothing
+    port = cluster.api.get("Node", NODE)["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+    for authorization in (None, "Bearer " + yaml.safe_load(cluster.kubeconfig.read_text())["users"][0]["user"]["token"],
+                          "Bearer not-a-token"):
+        conn = http.client.HTTPConnection(cluster.kubelet.host_ip, port, timeout=30)
+        headers = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                   "Sec-WebSocket-Version": "13", "Sec-WebSocket-Protocol": "v5.channel.k8s.io"}
+        if authorization:
+            headers["Authorization"] = authorization
+        conn.request("GET", "/exec/default/shell/main?command=touch&command=/tmp/pwned&stdout=true", headers=headers)
+        resp = conn.getresponse()
+        assert (resp.status, resp.read()) == (401, b"Unauthorized")
+        conn.close()
+    assert run("exec", "shell", "--", "test", "-e", "/tmp/pwned").returncode == 1
 
 
 def _hooked_pod(name: str, command: str, post_start: list[str], pre_stop: list[str] | None = None,

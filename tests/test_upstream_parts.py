@@ -101,7 +101,7 @@ def test_certificates_name_kubeadms_identities_and_the_user_context_is_merged(tm
     target.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "current-context": "other",
                                       "contexts": [{"name": "other", "context": {"cluster": "o", "user": "o"}}],
                                       "clusters": [], "users": []}))
-    assert kubeconfig.merge_file(target, ours, "c") == "other"
+    assert kubeconfig.merge(target, "c", ours) == "other"
     merged = yaml.safe_load(target.read_text())
     assert merged["current-context"] == "gpu-dra-c"
     assert {c["name"] for c in merged["contexts"]} == {"other", "gpu-dra-c"}

@@ -153,6 +153,15 @@ def test_bad_requests_are_400_with_a_reason(webhook) -> None:  # type: ignore[no
 
 
 @pytest.mark.process
+def test_an_oversized_review_is_answered_413(webhook) -> None:  # type: ignore[no-untyped-def]
+    # The client sends all of it before reading (as http.client does): the answer must still reach it.
+    status, body = _post(webhook, b" " * (50 * 1024 * 1024))
+    assert status == 413 and body["error"] == f"body of {50 * 1024 * 1024} bytes; at most {8 * 1024 * 1024}"
+    status, _ = _post(webhook, _review(_claim(GOOD)))  # and the server goes on
+    assert status == 200
+
+
+@pytest.mark.process
 def test_untrusted_client_sees_a_certificate_error(webhook) -> None:  # type: ignore[no-untyped-def]
     host, port, _, _, _ = webhook
     conn = http.client.HTTPSConnection(host, port, context=ssl.create_default_context(), timeout=30)

@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from controlplane import eviction, execproxy, portforwardtunnel, reviews, scale
+from controlplane.admission import noderestriction
 from controlplane import status as st
 from controlplane.authn import UserInfo
 from controlplane.crds import serving as crd_serving
@@ -32,11 +33,12 @@ def serve(h: RequestHandler, method: str, r: Route, query: dict[str, str]) -> bo
         host, port, container = execproxy.target(store, r.rt, h.ctx.registry.by_kind("Node"), r.namespace,
                                                  r.name or "", query.get("container"), r.subresource)
         h.close_connection = True
+        credential = h.ctx.security.authenticator.kubelet_client_token()
         if r.subresource == "portforward" and portforwardtunnel.is_websocket(h.headers):
-            portforwardtunnel.serve(h.connection, h.headers, host, port, r.namespace, r.name or "")
+            portforwardtunnel.serve(h.connection, h.headers, host, port, r.namespace, r.name or "", credential)
         else:
             execproxy.relay(h.connection, h.headers, host, port, r.subresource, r.namespace, r.name or "",
-                            container, urlsplit(h.path).query)
+                            container, urlsplit(h.path).query, credential)
         return True
     if r.subresource == "scale" and r.rt.custom is not None:  # a CRD's scale subresource (its paths)
         h._send_json(200, crd_serving.serve_scale(store, r.rt, r.namespace, r.name or "", method, query,
@@ -86,6 +88,10 @@ def review(h: RequestHandler, method: str, r: Route, user: UserInfo) -> None:
                 return store.get(rt, ns, name) if rt is not None else None
             except st.StatusError:
                 return None
+        node = user.node_name
+        if node is not None:  # NodeRestriction: kubelets mint only their pods' tokens
+            noderestriction.check_token_request(node, r.rt, r.name or "", body,
+                                                lambda pod: get("Pod", r.namespace, pod))
         answer = reviews.token_request(r.namespace, r.name or "", account, body,
                                        h.ctx.security.authenticator, get)
     h._send_json(201, answer)

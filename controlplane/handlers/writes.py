@@ -95,7 +95,9 @@ def delete(h: RequestHandler, r: Route, query: dict[str, str]) -> None:
     body = h._body()
     if body is not None and not isinstance(body, dict):
         raise st.bad_request("the body of a delete must be a DeleteOptions object")
-    options = body or {}
+    # As kube-apiserver's delete handler: DeleteOptions come from the body, or without one from the query
+    # (`?gracePeriodSeconds=0`, what a force delete by URL sends).
+    options = body if body is not None else _query_delete_options(query)
     report = schema.check_fields("V1DeleteOptions", options)
     if report.type_errors:
         raise st.bad_request(f"DeleteOptions in version \"v1\" cannot be handled as a DeleteOptions: json: "
@@ -109,3 +111,21 @@ def delete(h: RequestHandler, r: Route, query: dict[str, str]) -> None:
     h._admit(r.rt, r.name, None, store.get(r.rt, r.namespace, r.name))
     deleted = store.delete(r.rt, r.namespace, r.name, options)
     h._send_json(200, r.shown(deleted) if deleted.get("kind") == r.rt.kind else deleted)
+
+
+def _query_delete_options(query: dict[str, str]) -> dict[str, Any]:
+    """DeleteOptions from query parameters (metav1's parameter codec): gracePeriodSeconds, orphanDependents and
+    propagationPolicy; a value that does not parse is 400."""
+    options: dict[str, Any] = {}
+    if "gracePeriodSeconds" in query:
+        text = query["gracePeriodSeconds"]
+        try:
+            options["gracePeriodSeconds"] = int(text)
+        except ValueError:
+            raise st.bad_request(f'strconv.ParseInt: parsing "{text}": invalid syntax') from None
+    if "orphanDependents" in query:
+        text = query["orphanDependents"]
+        if text.lower() not in ("true", "false", "1", "0", "t", "f"):
+            raise st.bad_request(f'strconv.ParseBool: parsing "{text}": invalid syntax')
+        options["orphanDependents"] = text.lower() in ("true", "1", "t")
+    return options

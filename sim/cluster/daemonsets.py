@@ -276,6 +276,11 @@ class DaemonSetController:
         for name in history.delete:
             self.api.delete("ControllerRevision", name, namespace=ns)
 
+    @property
+    def failure(self) -> str | None:
+        """Why its last pass failed, None once one succeeds."""
+        return self._loop.failure
+
     def start(self) -> None:
         self._loop.start()
 

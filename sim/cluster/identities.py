@@ -8,6 +8,7 @@ component that needs it, as on a cluster."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +104,11 @@ def node_kubeconfig(token_key: Path, admin_kubeconfig: Path, node: str, target: 
 
     token = TokenAuthenticator(token_key.read_bytes()).node_token(node)
     return kubeconfig_with_token(admin_kubeconfig, token, target)
+
+
+def kubelet_client_check(token_key: Path) -> Callable[[str | None], bool]:
+    """The kubelet's check of who may use its streaming server: the control plane's kubelet client credential,
+    verified with the signing key as kubeadm's kubelets verify the API server's client certificate with the CA."""
+    from controlplane.authn import TokenAuthenticator
+
+    return TokenAuthenticator(token_key.read_bytes()).is_kubelet_client

@@ -25,6 +25,8 @@ from sim.cluster import podstate
 DEFAULT_BACKOFF_LIMIT = 6
 POD_FAILURE_BACKOFF_S = 10.0
 MAX_POD_FAILURE_BACKOFF_S = 360.0
+# apiserver's names.MaxGeneratedNameLength: a generateName longer than this is cut by the server.
+MAX_GENERATED_NAME_LENGTH = 58
 
 
 @dataclass
@@ -146,17 +148,16 @@ def plan_job(job: Mapping[str, Any], pods: list[dict[str, Any]], now: datetime) 
     last_failure = max((t for p in failed_pods if (t := _finished_at(p)) is not None), default=None)
     if failed and last_failure is not None and now < last_failure + timedelta(seconds=pod_failure_backoff(failed)):
         return out
-    taken = {str(p["metadata"]["name"]) for p in pods}
-    position = len(pods)
-
     def fresh(index: int | None) -> dict[str, Any]:
-        nonlocal position
-        while True:
-            pod = job_pod({**job, "kind": "Job"}, position, index)
-            position += 1
-            if pod["metadata"]["name"] not in taken:
-                taken.add(pod["metadata"]["name"])
-                return pod
+        """A new pod named by the API server from generateName, as the Job controller creates them: `<job>-`, or
+        `<job>-<index>-` (the job name cut to fit 58 characters) for an Indexed Job; so a Job deleted and applied
+        again never waits for its old pods' names, and no two pods ever share one."""
+        pod = job_pod({**job, "kind": "Job"}, 0, index)
+        meta = {k: v for k, v in pod["metadata"].items() if k != "name"}
+        job_name = str((job.get("metadata") or {}).get("name") or "")
+        suffix = f"-{index}-" if index is not None else "-"
+        meta["generateName"] = job_name[:MAX_GENERATED_NAME_LENGTH - len(suffix)] + suffix
+        return {**pod, "metadata": meta}
 
     if indexed:
         total = completions if isinstance(completions, int) else parallelism

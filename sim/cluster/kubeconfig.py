@@ -39,18 +39,31 @@ def _replace(entries: list[dict[str, Any]], name: str, entry: dict[str, Any] | N
     return kept + ([entry] if entry is not None else [])
 
 
-def with_context(config: dict[str, Any] | None, cluster: str, server: str) -> dict[str, Any]:
-    """`config` with our cluster, user and context set and made current (pure)."""
+def with_context(config: dict[str, Any] | None, cluster: str, server: dict[str, Any],
+                 user: dict[str, Any]) -> dict[str, Any]:
+    """`config` with our cluster (`server`: a kubeconfig cluster entry, the URL and its CA) and user (its
+    credential) set, and our context made current (pure)."""
     out = dict(config or _empty())
     name = context_name(cluster)
-    out["clusters"] = _replace(list(out.get("clusters") or []), name, {"name": name, "cluster": {"server": server}})
-    out["users"] = _replace(list(out.get("users") or []), name, {"name": name, "user": {}})
+    out["clusters"] = _replace(list(out.get("clusters") or []), name, {"name": name, "cluster": dict(server)})
+    out["users"] = _replace(list(out.get("users") or []), name, {"name": name, "user": dict(user)})
     out["contexts"] = _replace(list(out.get("contexts") or []), name,
                                {"name": name, "context": {"cluster": name, "user": name, "namespace": "default"}})
     out["current-context"] = name
     out.setdefault("apiVersion", "v1")
     out.setdefault("kind", "Config")
     return out
+
+
+def admin_access(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The cluster entry (HTTPS URL and CA) and the user entry (the admin's token) of the kubeconfig the
+    control plane wrote."""
+    config = _read(path) or {}
+    clusters = [c.get("cluster") for c in config.get("clusters") or [] if isinstance(c, dict)]
+    users = [u.get("user") for u in config.get("users") or [] if isinstance(u, dict)]
+    if not clusters or not isinstance(clusters[0], dict) or not users or not isinstance(users[0], dict):
+        raise KubeconfigError(f"{path}: the control plane's kubeconfig has no cluster or no user")
+    return clusters[0], users[0]
 
 
 def without_context(config: dict[str, Any], cluster: str) -> dict[str, Any]:
@@ -90,11 +103,13 @@ def _write(path: Path, config: dict[str, Any]) -> None:
     atomic_write(path, yaml.safe_dump(config, sort_keys=False).encode(), mode=0o600)
 
 
-def merge(path: Path, cluster: str, server: str) -> str:
-    """Write our entries and make our context current; the context that was current before ("" for none)."""
+def merge(path: Path, cluster: str, admin_kubeconfig: Path) -> str:
+    """Add our context to `path` with the control plane's URL, CA and admin credential from `admin_kubeconfig`,
+    made current; return the context that was current before ("" for none)."""
+    server, user = admin_access(admin_kubeconfig)
     config = _read(path)
     previous = str((config or {}).get("current-context") or "")
-    _write(path, with_context(config, cluster, server))
+    _write(path, with_context(config, cluster, server, user))
     return previous
 
 
@@ -106,21 +121,6 @@ def switch_notice(cluster: str, previous: str, path: Path) -> str:
         return ""
     was = f"was {previous}; `kubectl config use-context {previous}` switches back" if previous else "none was set before"
     return f"switched the current kubectl context in {path} to {name} ({was})"
-
-
-def merge_file(path: Path, source: Path, cluster: str) -> str:
-    """Merge the one context of the kubeconfig `source` (named `gpu-dra-CLUSTER`, with its cluster and user) into
-    `path` and make it current; return the context that was current before ("" if none)."""
-    incoming = _read(source) or {}
-    config = _read(path) or _empty()
-    previous = str(config.get("current-context") or "")
-    name = context_name(cluster)
-    for key in ("clusters", "users", "contexts"):
-        entries = [e for e in incoming.get(key) or [] if isinstance(e, dict) and e.get("name") == name]
-        config[key] = _replace(list(config.get(key) or []), name, entries[0] if entries else None)
-    config["current-context"] = name
-    _write(path, config)
-    return previous
 
 
 def remove(path: Path, cluster: str) -> bool:

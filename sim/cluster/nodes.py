@@ -18,6 +18,7 @@ from driver.discovery import discover
 from driver.nvml import load_backend
 from gpudra.kubeapi import KubeApi
 from sim.cluster import identities
+from sim.cluster.kubeconfig import admin_access
 from sim.runtime import driverinstall
 from sim.demo.cluster import NodeDirs, NodeSpec, node_object, register_node
 from sim.demo.processes import Child, ChildFailed, ChildGroup, gpu_dra_command
@@ -32,11 +33,18 @@ def token_key_path(kubeconfig: Path) -> Path:
 
 def apiserver_argv(kubeconfig: Path, *, state: Path | None = None, port: int = 0,
                    pod_logs_dir: Path | None = None, runtime_config: Sequence[str] = (),
-                   features: Sequence[str] = ()) -> list[str]:
-    # Plain HTTP only: components carry tokens (the official client sends them over HTTP) and the person's
-    # kubectl is the admin there (see docs/apiserver.md); the simulated cluster's restarts keep one URL.
-    argv = ["apiserver", "--kubeconfig-out", str(kubeconfig), "--port", str(port),
-            "--token-key", str(token_key_path(kubeconfig)), "--no-tls"]
+                   features: Sequence[str] = (), tls_dir: Path | None = None) -> list[str]:
+    """A request without credentials is never the admin: every component carries its own token. With `tls_dir`
+    (the cluster a person points kubectl at) the server serves HTTPS on `port` with the CA kept in `tls_dir`, and
+    the kubeconfig it writes is that URL, the CA and the admin's token, because kubectl sends a bearer token only
+    over TLS; its plain HTTP port then takes a free port and is used by nobody. Without it (the demo, whose
+    clients are the official Python client, which sends tokens over HTTP) the server is plain HTTP on `port`."""
+    argv = ["apiserver", "--kubeconfig-out", str(kubeconfig), "--token-key", str(token_key_path(kubeconfig)),
+            "--no-unauthenticated-as-admin"]
+    if tls_dir is not None:
+        argv += ["--tls", "--tls-dir", str(tls_dir), "--tls-port", str(port), "--port", "0"]
+    else:
+        argv += ["--no-tls", "--port", str(port)]
     for entry in runtime_config:
         argv += ["--runtime-config", entry]
     for gate in features:
@@ -50,10 +58,12 @@ def apiserver_argv(kubeconfig: Path, *, state: Path | None = None, port: int = 0
 
 def start_apiserver(children: ChildGroup, kubeconfig: Path, *, timeout: float, state: Path | None = None,
                     port: int = 0, pod_logs_dir: Path | None = None, name: str = "apiserver",
-                    runtime_config: Sequence[str] = (), features: Sequence[str] = ()) -> tuple[Child, str]:
-    """Start `gpu-dra apiserver` and return it with the URL it prints on its first stdout line."""
+                    runtime_config: Sequence[str] = (), features: Sequence[str] = (),
+                    tls_dir: Path | None = None) -> tuple[Child, str]:
+    """Start `gpu-dra apiserver` and return it with the URL its clients use: the one in the kubeconfig it wrote
+    before printing its (plain) URL on its first stdout line, which is the HTTPS one with `tls_dir`."""
     argv = apiserver_argv(kubeconfig, state=state, port=port, pod_logs_dir=pod_logs_dir,
-                          runtime_config=runtime_config, features=features)
+                          runtime_config=runtime_config, features=features, tls_dir=tls_dir)
     child = children.start(name, argv, stdout_pipe=True, tier=0)
     assert child.process.stdout is not None
     fd = child.process.stdout.fileno()
@@ -65,7 +75,9 @@ def start_apiserver(children: ChildGroup, kubeconfig: Path, *, timeout: float, s
         if not chunk:
             raise child.failure("did not print its URL")
         line += chunk
-    return child, line.decode().splitlines()[0].strip()
+    if tls_dir is None:
+        return child, line.decode().splitlines()[0].strip()
+    return child, str(admin_access(kubeconfig)[0].get("server") or "")
 
 
 def controller_argv(kubeconfig: Path, *, features: Sequence[str] = (), leader_elect: bool = True) -> list[str]:
@@ -119,10 +131,12 @@ def start_node_side(api: KubeApi, spec: NodeSpec, dirs: NodeDirs, driver_name: s
     dirs.cdi.mkdir(parents=True, exist_ok=True)
     inventory = discover(load_backend(f"sim:{spec.profile}", node=spec.name), spec.name)
     driver_root = driverinstall.write(dirs.root / "driver", spec.name, inventory, faults)
+    stream_client = None
     if admin_kubeconfig is not None:
         kubelet_config = identities.node_kubeconfig(token_key_path(admin_kubeconfig), admin_kubeconfig, spec.name,
                                                     dirs.root / "kubelet.kubeconfig")
         api = KubeApi.connect(kubeconfig=str(kubelet_config))
+        stream_client = identities.kubelet_client_check(token_key_path(admin_kubeconfig))
     register_node(api, node_object(spec.name, gpu_allocatable=0 if spec.device_plugin else None, address=spec.address))
     dm: DeviceManagerSim | None = None
     if spec.device_plugin:
@@ -130,7 +144,7 @@ def start_node_side(api: KubeApi, spec: NodeSpec, dirs: NodeDirs, driver_name: s
         dm = DeviceManagerSim(dirs.kubelet)
         dm.start()
     kubelet = NodeKubelet(api, spec.name, dirs.kubelet, driver_name, device_manager=dm, runtime=runtime,
-                          node_address=spec.address, pod_logs_dir=pod_logs_dir)
+                          node_address=spec.address, pod_logs_dir=pod_logs_dir, stream_client=stream_client)
     return NodeSide(kubelet, dm, driver_root)
 
 

@@ -19,13 +19,21 @@ class Periodic:
         self._log = log
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Why the last pass failed, until one succeeds: what `cluster status` reports of this controller.
+        self.failure: str | None = None
+
+    def run_once(self) -> None:
+        try:
+            self._reconcile()
+        except (ApiError, OSError) as exc:
+            self._log.warning("event=%s-pass-failed error=%r", self.name, str(exc))
+            self.failure = str(exc) or type(exc).__name__
+        else:
+            self.failure = None
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            try:
-                self._reconcile()
-            except (ApiError, OSError) as exc:
-                self._log.warning("event=%s-pass-failed error=%r", self.name, str(exc))
+            self.run_once()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)

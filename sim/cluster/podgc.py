@@ -112,6 +112,11 @@ class PodGC:
                 continue  # gone meanwhile, or replaced by a pod of the same name
             log.info("event=pod-collected reason=%s pod=%s/%s", item.why, item.namespace, item.name)
 
+    @property
+    def failure(self) -> str | None:
+        """Why its last pass failed, None once one succeeds."""
+        return self._loop.failure
+
     def start(self) -> None:
         self._loop.start()
 

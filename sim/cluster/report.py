@@ -62,7 +62,7 @@ def status_object(spec: ClusterSpec, sup: SupervisorStatus | None, running: bool
              for p in (sup.processes if sup is not None and running else [])]
     return {"name": spec.name, "state": (sup.phase if sup is not None and running else "stopped"),
             "server": sup.server if sup is not None else None, "kubeconfig": kubeconfig, "context": context,
-            "nodes": rows, "processes": procs}
+            "nodes": rows, "processes": procs, "failing": list(sup.failing) if sup is not None and running else []}
 
 
 def status_table(obj: Mapping[str, Any]) -> str:
@@ -76,6 +76,9 @@ def status_table(obj: Mapping[str, Any]) -> str:
         lines.append("")
         lines += _columns(["PROCESS", "NODE", "PID", "RESTARTS"],
                           [[p["role"], p["node"] or "-", str(p["pid"]), str(p["restarts"])] for p in obj["processes"]])
+    if obj.get("failing"):
+        lines.append("")
+        lines += [f"FAILING: {f['component']}: {f['message']}" for f in obj["failing"]]
     return "\n".join(lines)
 
 

@@ -59,10 +59,24 @@ def parse_nodes(text: str, shipped: list[str], *, device_plugin: bool) -> tuple[
         if any(n.name == name for n in nodes):
             raise SpecError(f"--nodes: node {name!r} is given twice")
         full = str(Path(profile).absolute()) if profile not in shipped else profile
+        if profile not in shipped:
+            _check_profile_file(item, full)
         nodes.append(NodeSpec(name, full + (f"?{options}" if options else ""), device_plugin))
     if not nodes:
         raise SpecError("--nodes: expected at least one NAME=PROFILE")
     return tuple(nodes)
+
+
+def _check_profile_file(item: str, path: str) -> None:
+    """A profile file is loaded now, so that one that is not a simulator profile fails `up` at once with the
+    loader's message (the file and the field), not the supervisor later."""
+    from sim.nvml.profile import ProfileError, load_profile
+
+    try:
+        load_profile(path)
+    except (ProfileError, ValueError) as exc:
+        detail = str(exc) if isinstance(exc, ProfileError) else f"{path}: not a text file ({exc})"
+        raise SpecError(f"--nodes: {item!r}: not a simulator profile: {detail}") from None
 
 
 def gb200_racks(text: str, *, device_plugin: bool) -> tuple[NodeSpec, ...]:
@@ -152,6 +166,11 @@ class ClusterPaths:
         return self.root / "store.db"
 
     @property
+    def tls(self) -> Path:
+        """The control plane's CA and serving certificate, kept so kubeconfigs trust it across its restarts."""
+        return self.root / "tls"
+
+    @property
     def kubeconfig(self) -> Path:
         """The cluster's own kubeconfig, used by its processes (users get a merged context instead)."""
         return self.root / "kubeconfig"
@@ -228,15 +247,18 @@ class SupervisorStatus:
     error: str | None = None
     steps: list[str] = field(default_factory=list)
     processes: list[ProcessInfo] = field(default_factory=list)
+    # What does not work now: [{component, message}] (Supervisor.failing).
+    failing: list[dict[str, str]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "phase": self.phase, "server": self.server, "error": self.error, "steps": self.steps,
-                "processes": [asdict(p) for p in self.processes]}
+                "processes": [asdict(p) for p in self.processes], "failing": self.failing}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SupervisorStatus:
         return cls(int(data["pid"]), str(data.get("phase")), data.get("server"), data.get("error"),
-                   list(data.get("steps") or []), [ProcessInfo(**p) for p in data.get("processes") or []])
+                   list(data.get("steps") or []), [ProcessInfo(**p) for p in data.get("processes") or []],
+                   [dict(f) for f in data.get("failing") or [] if isinstance(f, dict)])
 
 
 def pid_is_ours(pid: int, marker: str) -> bool:

@@ -8,6 +8,7 @@ a restarted node agent with its kubelet. Everything it knows is published in STA
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import sys
@@ -21,7 +22,8 @@ from gpudra import DEFAULT_DRIVER_NAME, logfmt
 from gpudra.kubeapi import KubeApi
 from gpudra.privatedir import ensure_private_dir
 from gpudra.signals import stop_on_signals
-from sim.cluster import identities, nodes
+from sim.cluster import identities, kubeconfig, nodes
+from sim.cluster.liveness import Liveness, livez
 from sim.cluster.daemonsets import DaemonSetController
 from sim.cluster.podgc import PodGC
 from sim.cluster.leftovers import stop_children, stop_runtimes
@@ -73,6 +75,7 @@ class Supervisor:
         # One container runtime per node (sim.runtime); none: only our image's pods run, the rest Run once prepared.
         self.runtimes = Runtimes(paths.root / "runtime", "podman" if spec.runtime == "podman" else "none")
         self.node_runtimes: list[Any] = []
+        self.liveness = Liveness()
 
     def recover(self, previous: Any) -> None:
         """A supervisor of this cluster died (the keeper restarts us): stop what it left (its children, the node
@@ -121,7 +124,8 @@ class Supervisor:
     def _start_apiserver(self) -> Child:
         child, url = nodes.start_apiserver(self.children, self.paths.kubeconfig, timeout=STEP_TIMEOUT_S,
                                            state=self.paths.store, port=self.port, pod_logs_dir=self.paths.pod_logs,
-                                           runtime_config=self.spec.runtime_config, features=self.spec.features)
+                                           runtime_config=self.spec.runtime_config, features=self.spec.features,
+                                           tls_dir=self.paths.tls)
         self.port = int(url.rsplit(":", 1)[1].split("/")[0])
         self.status.server = url
         return child
@@ -202,10 +206,12 @@ class Supervisor:
 
     def _restart(self, slot: _Slot) -> None:
         old = slot.child
-        self.children.children.remove(old)
+        if old in self.children.children:  # not after a restart that failed to start its successor
+            self.children.children.remove(old)
         old.stop(0.1)  # reaps it and closes its log
         if slot.role == "apiserver":
             slot.child = self._start_apiserver()
+            self.liveness.restarted(time.monotonic())
         elif slot.role == "controller":
             slot.child = self._start_controller()
         else:
@@ -227,25 +233,68 @@ class Supervisor:
         else:
             log.error("event=reregister-failed node=%s timeout_s=%.0f", slot.node, STEP_TIMEOUT_S)
 
+    def _apiserver_live(self, slot: _Slot, now: float) -> bool:
+        """The liveness probe (sim.cluster.liveness): False when the running API server is to be restarted."""
+        if slot.role != "apiserver" or not self.liveness.due(now) or not self.status.server:
+            return True
+        try:
+            ca_data = kubeconfig.admin_access(self.paths.kubeconfig)[0].get("certificate-authority-data")
+        except (kubeconfig.KubeconfigError, OSError):
+            ca_data = None
+        failure = livez(self.status.server, base64.b64decode(ca_data).decode() if ca_data else None)
+        if not self.liveness.record(now, failure):
+            return True
+        log.error("event=apiserver-unhealthy failures=%d error=%r; restarting it", self.liveness.threshold, failure)
+        return False
+
+    def failing(self) -> list[dict[str, str]]:
+        """What does not work now, for `cluster status`: children down, the API server's failing probe, the
+        in-process controllers whose last pass failed."""
+        out = [{"component": s.role + (f" {s.node}" if s.node else ""),
+                "message": f"exited with code {s.child.process.returncode}; restarting (restarts: {s.restarts})"}
+               for s in self.slots if not s.child.alive()]
+        if self.liveness.last is not None:
+            out.append({"component": "apiserver", "message": f"/livez failed {self.liveness.failures} times in a row: "
+                                                             f"{self.liveness.last}"})
+        for name, controller in (("workload controllers", self.workloads), ("daemonset controller", self.daemonsets),
+                                 ("pod garbage collector", self.podgc)):
+            if controller is not None and controller.failure:
+                out.append({"component": name, "message": controller.failure})
+        return out
+
     def watch(self) -> None:
         while not self.stop_event.wait(POLL_S):
-            now = time.monotonic()
-            for slot in self.slots:
-                if slot.child.alive():
-                    if now - slot.started > STABLE_S:
-                        slot.backoff = RESTART_FIRST_S
-                    continue
-                if slot.restart_at is None:
-                    slot.restart_at = now + (slot.backoff if now - slot.started < STABLE_S else 0.0)
-                    log.warning("event=child-exited role=%s node=%s code=%s restart_in_s=%.1f", slot.role,
-                                slot.node or "-", slot.child.process.returncode, max(0.0, slot.restart_at - now))
-                    slot.backoff = min(slot.backoff * 2, RESTART_MAX_S)
-                if now >= slot.restart_at:
-                    try:
-                        self._restart(slot)
-                    except (OSError, ChildFailed) as exc:
-                        log.error("event=restart-failed role=%s node=%s error=%r", slot.role, slot.node or "-", str(exc))
-                        slot.restart_at = now + slot.backoff
+            self.watch_once(time.monotonic())
+
+    def watch_once(self, now: float) -> None:
+        """One look at everything supervised: publish what fails, restart what exited or is not live."""
+        failing = self.failing()
+        if failing != self.status.failing:
+            self.status.failing = failing
+            self.publish()
+        for slot in self.slots:
+            if slot.child.alive() and not self._apiserver_live(slot, now):
+                try:
+                    self._restart(slot)
+                except (OSError, ChildFailed) as exc:
+                    log.error("event=restart-failed role=%s error=%r", slot.role, str(exc))
+                    slot.restart_at = now + slot.backoff
+                continue
+            if slot.child.alive():
+                if now - slot.started > STABLE_S:
+                    slot.backoff = RESTART_FIRST_S
+                continue
+            if slot.restart_at is None:
+                slot.restart_at = now + (slot.backoff if now - slot.started < STABLE_S else 0.0)
+                log.warning("event=child-exited role=%s node=%s code=%s restart_in_s=%.1f", slot.role,
+                            slot.node or "-", slot.child.process.returncode, max(0.0, slot.restart_at - now))
+                slot.backoff = min(slot.backoff * 2, RESTART_MAX_S)
+            if now >= slot.restart_at:
+                try:
+                    self._restart(slot)
+                except (OSError, ChildFailed) as exc:
+                    log.error("event=restart-failed role=%s node=%s error=%r", slot.role, slot.node or "-", str(exc))
+                    slot.restart_at = now + slot.backoff
 
     def close(self) -> None:
         self.status.phase = "stopping"

@@ -366,6 +366,11 @@ class WorkloadController:
             except (Conflict, NotFound):
                 pass  # an eviction (or a deletion) came first: the next pass reads it
 
+    @property
+    def failure(self) -> str | None:
+        """Why its last pass failed, None once one succeeds."""
+        return self._loop.failure
+
     def start(self) -> None:
         self._loop.start()
 

@@ -200,10 +200,12 @@ def _up(args: argparse.Namespace) -> int:
         _err(f"cluster {args.name}: node link directory: {exc}; or set XDG_RUNTIME_DIR to a directory of your own")
         return 1
     spec = ClusterSpec(args.name, node_specs, runtime, features, args.partitionable, str(links), runtime_config)
-    paths.root.mkdir(parents=True, exist_ok=True)
+    # The state (the store holds every Secret) and the logs are the user's alone.
+    paths.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    paths.root.chmod(0o700)
     write_json(paths.spec, spec.to_json())
-    paths.logs.mkdir(parents=True, exist_ok=True)
-    with open(paths.logs / "supervisor.log", "ab") as log:
+    paths.logs.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with os.fdopen(os.open(paths.logs / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "sim.cluster.keeper", str(paths.root)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=child_env(),
                                 cwd=str(PROJECT_ROOT), start_new_session=True)
@@ -242,7 +244,7 @@ def _up(args: argparse.Namespace) -> int:
         return 1
     assert sup is not None and sup.server
     try:
-        previous = kubeconfig.merge(target, args.name, sup.server)
+        previous = kubeconfig.merge(target, args.name, paths.kubeconfig)
     except (kubeconfig.KubeconfigError, OSError) as exc:
         _err(f"cluster {args.name} is up at {sup.server}, but the kubeconfig context was not written: {exc}")
         return 1
@@ -312,16 +314,18 @@ def _up_upstream(args: argparse.Namespace) -> int:
         return 1
     target = kubeconfig.target_file(args.kubeconfig)
     try:
-        previous = kubeconfig.merge_file(target, admin, args.name)
+        previous = kubeconfig.merge(target, args.name, admin)
     except (kubeconfig.KubeconfigError, OSError) as exc:
         _err(f"cluster {args.name} is up at {server}, but the kubeconfig context was not written: {exc}")
         return 1
     write_json(paths.user_kubeconfig, {"path": str(target)})
+    notice = kubeconfig.switch_notice(args.name, previous, target)
+    if notice:
+        _err(notice)
     context = kubeconfig.context_name(args.name)
     env_hint = "" if _kubectl_reads(target) else f"KUBECONFIG={target} "
-    switched = f" (it was {previous})" if previous and previous != context else ""
     print(f"cluster {args.name} is up on real Kubernetes: {len(nodes)} nodes, server {server}\n"
-          f"kubeconfig context {context} written to {target} and made current{switched}\n\n"
+          f"kubeconfig context {context} written to {target} and made current\n\n"
           f"  {env_hint}kubectl --context {context} version\n"
           f"  {env_hint}kubectl --context {context} get nodes -o wide\n"
           f"  {env_hint}kubectl --context {context} get resourceslices\n"

@@ -109,9 +109,11 @@ class ChildGroup:
 
     def start(self, name: str, argv: Sequence[str], *, stdout_pipe: bool = False,
               env: dict[str, str] | None = None, tier: int = 1) -> Child:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
-        log = open(log_path, "wb")  # noqa: SIM115 (the Child below owns it and closes it)
+        # Logs are the user's alone: a component's log may quote objects (Secrets) or tokens.
+        log = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
+        os.chmod(log_path, 0o600)  # one left by an earlier run
         try:
             process = subprocess.Popen(
                 list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if stdout_pipe else log, stderr=log,

@@ -7,6 +7,10 @@ pods/portforward (the port is the Node's status.daemonEndpoints.kubeletEndpoint)
   sim.kubelet.procstream: TTY, resize and stdin as kubectl sends them, the exit on channel 3.
 - GET|POST /portForward/<namespace>/<pod>, upgraded to SPDY/3.1 (X-Stream-Protocol-Version portforward.k8s.io)
   and served by sim.kubelet.portforward, dialing the pod's ports inside its network namespace.
+
+Only the API server may use it, as a kubelet with --anonymous-auth=false and the API server's client credential
+authorized: a request whose Authorization the `authenticate` check refuses (none, a user's token, a node's) is
+401 Unauthorized, as the kubelet's authentication filter answers, before anything is looked up.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -65,8 +69,11 @@ def _attach_result(code: int) -> bytes:
 
 
 class ExecServer:
-    def __init__(self, targets: StreamTargets, host: str = "127.0.0.1") -> None:
+    def __init__(self, targets: StreamTargets, authenticate: Callable[[str | None], bool],
+                 host: str = "127.0.0.1") -> None:
+        """`authenticate` says whether a request's Authorization header is the API server's credential."""
         self.targets = targets
+        self.authenticate = authenticate
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -104,6 +111,11 @@ class ExecServer:
         h.wfile.write(body)
 
     def handle(self, h: BaseHTTPRequestHandler) -> None:
+        if not self.authenticate(h.headers.get("Authorization")):
+            log.warning("event=stream-refused reason=unauthenticated client=%s path=%s", h.client_address[0],
+                        urlsplit(h.path).path)
+            self._refuse(h, 401, "Unauthorized")
+            return
         url = urlsplit(h.path)
         parts = [unquote(p) for p in url.path.strip("/").split("/")]
         query = parse_qs(url.query)

@@ -450,6 +450,10 @@ def will_restart(restart_policy: str, run: ContainerRun) -> bool:
     return True  # Always (the default)
 
 
+def _nobody(_authorization: str | None) -> bool:
+    return False
+
+
 class NodeKubelet:
     """A node's kubelet for the demo: one watch thread, one worker thread, one KubeletSim."""
 
@@ -467,7 +471,10 @@ class NodeKubelet:
         pod_logs_dir: Path | None = None,
         restart_backoff: RestartBackoff | None = None,
         clock: Callable[[], float] = time.monotonic,
+        stream_client: Callable[[str | None], bool] | None = None,
     ) -> None:
+        """`stream_client` tells the streaming server's caller (an Authorization header) is the API server (its
+        kubelet client credential); without it the streaming server serves nobody."""
         self.api = api
         self.runtime = runtime
         self.node_address = node_address  # the pod IP of pods that share the node's network
@@ -504,7 +511,8 @@ class NodeKubelet:
         self._gone: set[str] = set()  # terminating pods the API server no longer has
         self._pod_ips = PodIPs(node_name)
         # The streaming server listens on the node's InternalIP, where the control plane dials it.
-        self.exec_server = ExecServer(_NodeStreams(self), self.host_ip) if runtime is not None else None
+        self.exec_server = (ExecServer(_NodeStreams(self), stream_client or _nobody, self.host_ip)
+                            if runtime is not None else None)
         self._allocatable: dict[str, str] | None = None  # the Node's status.allocatable, read once
         # Probe workers per pod uid and container run (sim.kubelet.probes), and the threads that run the probes.
         self._probers: dict[str, dict[str, ContainerProber]] = {}
@@ -1104,6 +1112,17 @@ class NodeKubelet:
             return self.node_address
         return self._pod_ips.get(str((pod.get("metadata") or {}).get("uid")))
 
+    def _cluster_ca(self) -> str | None:
+        """The CA the kubelet trusts the API server with (its kubeconfig's), as the cluster's kube-root-ca.crt
+        gives pods; None over plain HTTP."""
+        path = self.api.client.configuration.ssl_ca_cert
+        if not self.api.host.startswith("https://") or not path:
+            return None
+        try:
+            return Path(path).read_text()
+        except OSError:
+            return None
+
     def _service_account(self, pod: Mapping[str, Any]) -> tuple[dict[str, str], list[tuple[str, str, bool]]]:
         """The env and mount of the pod's ServiceAccount token (a TokenRequest bound to the pod, as the kubelet
         asks for its projected token volume); none for a pod that does not name its account."""
@@ -1117,7 +1136,7 @@ class NodeKubelet:
         except ApiError as exc:
             raise KubeletError(f'MountVolume.SetUp failed for volume "kube-api-access" : failed to fetch token: '
                                f"{exc.message}") from exc
-        directory = volumes.write_token(self.kubelet_dir, pod, token)
+        directory = volumes.write_token(self.kubelet_dir, pod, token, self._cluster_ca())
         host, _, port = self.api.host.split("://", 1)[-1].rpartition(":")
         return ({"KUBERNETES_SERVICE_HOST": host.strip("[]"), "KUBERNETES_SERVICE_PORT": port},
                 [(str(directory), volumes.TOKEN_MOUNT, True)])

@@ -10,6 +10,7 @@ import base64
 import os
 import re
 import shutil
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,11 +126,52 @@ def container_mounts(container: Mapping[str, Any], volumes: Mapping[str, Path],
         if sub:
             if not _safe_relative(sub):
                 raise VolumeError(f"subPath {sub!r}: must be a relative path without '..'")
-            host = host / sub
-            if not host.exists():
-                host.mkdir(parents=True)
+            host = subpath(host, sub, str(vm.get("name") or ""), str(container.get("name") or ""))
         out.append(Mount(host, str(vm.get("mountPath") or ""), bool(vm.get("readOnly")) or vm.get("name") in read_only_volumes))
     return out
+
+
+def _within(path: Path, base: Path) -> bool:
+    return path == base or base in path.parents
+
+
+def _no_links(base: Path, path: Path) -> bool:
+    """Every component of `path` below `base` opens without following a link (what the runtime will mount now)."""
+    fd = os.open(base, os.O_PATH | os.O_DIRECTORY)
+    try:
+        for part in path.relative_to(base).parts:
+            child = os.open(part, os.O_PATH | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = child
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                return False
+        return True
+    finally:
+        os.close(fd)
+
+
+def subpath(volume: Path, sub: str, mount: str, container: str) -> Path:
+    """The host path of a volumeMount's subPath, as the kubelet prepares it: symlinks in it are resolved and the
+    result must stay inside the volume (a tenant's link to a host path is refused, not followed by the runtime);
+    a missing subPath is created inside the volume. The errors are the kubelet's, which keep host paths from the
+    pod's status."""
+    base = Path(os.path.realpath(volume))
+    resolved = Path(os.path.realpath(volume / sub))
+    if not os.path.exists(volume / sub):
+        if not _within(resolved, base):
+            raise VolumeError(f'failed to create subPath directory for volumeMount "{mount}" of container "{container}"')
+        try:
+            resolved.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise VolumeError(f'failed to create subPath directory for volumeMount "{mount}" of container '
+                              f'"{container}"') from exc
+    try:
+        safe = _within(resolved, base) and _no_links(base, resolved)
+    except OSError:
+        safe = False
+    if not safe:
+        raise VolumeError(f'failed to prepare subPath for volumeMount "{mount}" of container "{container}"')
+    return resolved
 
 
 def read_only_volumes(pod: Mapping[str, Any]) -> set[str]:
@@ -155,12 +197,16 @@ def wants_token(pod: Mapping[str, Any]) -> bool:
     return bool(spec.get("serviceAccountName")) and spec.get("automountServiceAccountToken") is not False
 
 
-def write_token(kubelet_dir: Path, pod: Mapping[str, Any], token: str) -> Path:
-    """The projected token volume's files (token, namespace); returns its directory."""
+def write_token(kubelet_dir: Path, pod: Mapping[str, Any], token: str, ca: str | None = None) -> Path:
+    """The projected token volume's files (token, namespace, and ca.crt when the API server serves TLS: the
+    cluster CA, which in-cluster clients verify it with); returns its directory."""
     meta = pod.get("metadata") or {}
     target = pod_dir(kubelet_dir, str(meta.get("uid") or "")) / "volumes" / "kubernetes.io~projected" / "kube-api-access"
     target.mkdir(parents=True, exist_ok=True)
-    for name, text in (("token", token), ("namespace", str(meta.get("namespace") or "default"))):
+    files = [("token", token), ("namespace", str(meta.get("namespace") or "default"))]
+    if ca is not None:
+        files.append(("ca.crt", ca))
+    for name, text in files:
         tmp = target / f".{name}.tmp"
         tmp.write_text(text)
         tmp.chmod(0o644)
