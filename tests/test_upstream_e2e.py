@@ -26,6 +26,7 @@ from tests.upstream_helpers import UpstreamCluster, require_upstream, start, sto
 pytestmark = [pytest.mark.upstream, pytest.mark.slow, pytest.mark.process]
 
 NODES = "a100-1=dgx-a100,h100-1=h100-mig"
+NODE_NAMES = ("a100-1", "h100-1")
 REPORT = ("ls /dev/nvidia*; nvidia-smi -L; echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; "
           "trap 'exit 0' TERM; sleep 9999 & wait")
 
@@ -96,10 +97,14 @@ def _allocated(cluster: UpstreamCluster, namespace: str) -> dict[str, list[str]]
             for c in claims if c.get("status", {}).get("allocation")}
 
 
-def _checkpoint_text(cluster: UpstreamCluster, node: str) -> str:
-    """The agent's checkpoint files on the node (snapshot and journal), as text."""
-    directory = cluster.node_dir(node) / "kubelet" / "plugins" / "gpu.nvidia.com"
-    return "\n".join(p.read_text(errors="replace") for p in sorted(directory.glob("checkpoint*")) if p.is_file())
+def _plugin_dir(cluster: UpstreamCluster, node: str) -> Path:
+    return cluster.node_dir(node) / "kubelet" / "plugins" / "gpu.nvidia.com"
+
+
+def _checkpoint_text(cluster: UpstreamCluster) -> str:
+    """The agents' checkpoint files on every node (snapshot and journal), as text."""
+    return "\n".join(p.read_text(errors="replace") for node in NODE_NAMES
+                     for p in sorted(_plugin_dir(cluster, node).glob("checkpoint*")) if p.is_file())
 
 
 def _apply(cluster: UpstreamCluster, spec: str) -> None:
@@ -114,7 +119,7 @@ def test_the_cluster_is_real_kubernetes(cluster: UpstreamCluster) -> None:
     version = json.loads(cluster.kubectl("version", "-o", "json"))
     assert version["serverVersion"]["gitVersion"] == "v1.37.2"
     nodes = cluster.get("nodes")["items"]
-    assert sorted(n["metadata"]["name"] for n in nodes) == ["a100-1", "h100-1"]
+    assert sorted(n["metadata"]["name"] for n in nodes) == list(NODE_NAMES)
     for node in nodes:
         info = node["status"]["nodeInfo"]
         assert info["kubeletVersion"] == "v1.37.2"
@@ -123,7 +128,7 @@ def test_the_cluster_is_real_kubernetes(cluster: UpstreamCluster) -> None:
 
 def test_agents_run_our_image_and_publish_slices(cluster: UpstreamCluster) -> None:
     pods = cluster.get("-n", "gpu-dra-system", "pods", "-l", "app.kubernetes.io/component=node-agent")["items"]
-    assert sorted(p["spec"]["nodeName"] for p in pods) == ["a100-1", "h100-1"]
+    assert sorted(p["spec"]["nodeName"] for p in pods) == list(NODE_NAMES)
     for pod in pods:
         assert pod["spec"]["containers"][0]["image"] == product_reference(testbed=True)
         assert pod["status"]["phase"] == "Running"
@@ -169,7 +174,7 @@ def test_time_slicing_config_reaches_the_gpu(cluster: UpstreamCluster) -> None:
         pods = _running(cluster, "gpu-test6", 4)
         assert all(len(_devices_seen(cluster, "gpu-test6", p["metadata"]["name"])) == 1 for p in pods)
         # The applied setting is in the node's checkpoint, by claim (the simulator keeps the interval itself).
-        state = _checkpoint_text(cluster, "a100-1")
+        state = _checkpoint_text(cluster)
         for claim in cluster.get("-n", "gpu-test6", "resourceclaims")["items"]:
             assert claim["metadata"]["uid"] in state
         assert '"TimeSlicing"' in state and '"Long"' in state, state[-2000:]
@@ -312,7 +317,7 @@ def test_a_gpu_fault_taints_the_device(cluster: UpstreamCluster) -> None:
 def test_agent_restart_and_rolling_update_keep_prepared_claims(cluster: UpstreamCluster) -> None:
     _apply(cluster, _with_report(quickstart.GPU_TEST1))
     try:
-        pods = _running(cluster, "gpu-test1", 2)
+        _running(cluster, "gpu-test1", 2)
         before = _allocated(cluster, "gpu-test1")
         cluster.kubectl("-n", "gpu-dra-system", "delete", "pod", "-l", "app.kubernetes.io/component=node-agent")
         cluster.kubectl("-n", "gpu-dra-system", "rollout", "status", "ds/gpu-dra-node-agent", "--timeout=240s",
@@ -322,7 +327,7 @@ def test_agent_restart_and_rolling_update_keep_prepared_claims(cluster: Upstream
                         timeout=360)
         assert _allocated(cluster, "gpu-test1") == before
         assert len(_running(cluster, "gpu-test1", 2)) == 2
-        state = _checkpoint_text(cluster, pods[0]["spec"]["nodeName"])
+        state = _checkpoint_text(cluster)
         assert all(c["metadata"]["uid"] in state for c in cluster.get("-n", "gpu-test1", "resourceclaims")["items"])
     finally:
         _delete_namespace(cluster, "gpu-test1")
@@ -333,14 +338,13 @@ def test_uninstall_leaves_no_spec_checkpoint_entry_or_slice(cluster: UpstreamClu
     _apply(cluster, _with_report(quickstart.GPU_TEST1))
     pods = _running(cluster, "gpu-test1", 2)
     uids = [c["metadata"]["uid"] for c in cluster.get("-n", "gpu-test1", "resourceclaims")["items"]]
-    node = pods[0]["spec"]["nodeName"]
-    assert all(uid in _checkpoint_text(cluster, node) for uid in uids)
+    assert len(pods) == 2 and all(uid in _checkpoint_text(cluster) for uid in uids)
     _delete_namespace(cluster, "gpu-test1")
     cluster.kubectl("delete", "-k", str(Path(__file__).resolve().parent.parent / "manifests" / "testbed"),
                     "--wait=true", "--timeout=180s", timeout=240)
     wait_for("no ResourceSlices", lambda: not cluster.get("resourceslices")["items"], timeout=120)
-    for name in ("a100-1", "h100-1"):
+    for name in NODE_NAMES:
         cdi = cluster.node_dir(name) / "run" / "cdi"
-        assert not [p.name for p in cdi.glob("*")] if cdi.exists() else True, list(cdi.iterdir())
-    checkpoint, _ = Checkpoint.open(cluster.node_dir(node) / "kubelet" / "plugins" / "gpu.nvidia.com")
-    assert [uid for uid in uids if checkpoint.claim(uid) is not None] == []
+        assert not (list(cdi.iterdir()) if cdi.exists() else []), list(cdi.iterdir())
+        checkpoint, _ = Checkpoint.open(_plugin_dir(cluster, name))
+        assert [uid for uid in uids if checkpoint.claim(uid) is not None] == []

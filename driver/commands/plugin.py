@@ -435,6 +435,13 @@ def _run(args: argparse.Namespace, stop: Any, health: Any, reserved: frozenset[s
             return loaded
         nvml = loaded
     else:
+        if args.driver_root:
+            # A simulated node's driver install is found where a real one is (the GPU Operator's driver container
+            # root under the host's /), without waiting: the simulator needs no driver to start.
+            from driver import driverwait
+
+            where = driverwait.candidate(Path(args.driver_root), args.host_driver_root)
+            args.driver_root, args.host_driver_root = str(where.root), where.host_root
         try:
             nvml = load_backend(args.nvml, node=args.node, driver_root=_driver_root(args))
         except (NvmlUnavailable, BackendConfigError) as exc:
