@@ -243,15 +243,8 @@ def _up(args: argparse.Namespace) -> int:
         _err(f"logs kept in {paths.logs}; gpu-dra cluster down --name {args.name} removes them")
         return 1
     assert sup is not None and sup.server
-    try:
-        previous = kubeconfig.merge(target, args.name, paths.kubeconfig)
-    except (kubeconfig.KubeconfigError, OSError) as exc:
-        _err(f"cluster {args.name} is up at {sup.server}, but the kubeconfig context was not written: {exc}")
+    if not _write_context(args.name, target, paths, paths.kubeconfig, sup.server):
         return 1
-    write_json(paths.user_kubeconfig, {"path": str(target)})
-    notice = kubeconfig.switch_notice(args.name, previous, target)
-    if notice:
-        _err(notice)
     context = kubeconfig.context_name(args.name)
     env_hint = "" if _kubectl_reads(target) else f"KUBECONFIG={target} "
     print(f"cluster {args.name} is up: {len(node_specs)} nodes, server {sup.server}\n"
@@ -270,7 +263,7 @@ UPSTREAM_DEFAULT_NODES = "a100-1=dgx-a100,h100-1=h100-mig"
 
 def _up_upstream(args: argparse.Namespace) -> int:
     from sim.cluster import kubeconfig
-    from sim.cluster.spec import SpecError, cluster_paths, gb200_racks, parse_nodes, write_json
+    from sim.cluster.spec import SpecError, cluster_paths, gb200_racks, parse_nodes
     from sim.nvml.profile import shipped_profiles
     from sim.upstream import commands as upstream
 
@@ -313,15 +306,8 @@ def _up_upstream(args: argparse.Namespace) -> int:
         _err(f"logs kept in {paths.root / 'logs'}; gpu-dra cluster down --name {args.name} removes them")
         return 1
     target = kubeconfig.target_file(args.kubeconfig)
-    try:
-        previous = kubeconfig.merge(target, args.name, admin)
-    except (kubeconfig.KubeconfigError, OSError) as exc:
-        _err(f"cluster {args.name} is up at {server}, but the kubeconfig context was not written: {exc}")
+    if not _write_context(args.name, target, paths, admin, server):
         return 1
-    write_json(paths.user_kubeconfig, {"path": str(target)})
-    notice = kubeconfig.switch_notice(args.name, previous, target)
-    if notice:
-        _err(notice)
     context = kubeconfig.context_name(args.name)
     env_hint = "" if _kubectl_reads(target) else f"KUBECONFIG={target} "
     print(f"cluster {args.name} is up on real Kubernetes: {len(nodes)} nodes, server {server}\n"
@@ -332,6 +318,24 @@ def _up_upstream(args: argparse.Namespace) -> int:
           f"  gpu-dra cluster status{_name_flag(args.name)}\n"
           f"  gpu-dra cluster down{_name_flag(args.name)}")
     return 0
+
+
+def _write_context(name: str, target: Path, paths: Any, admin_kubeconfig: Path, server: str) -> bool:
+    """Merge the cluster's context into the user's kubeconfig (recorded for `down`), saying so when it changed the
+    current context; False after saying why it could not."""
+    from sim.cluster import kubeconfig
+    from sim.cluster.spec import write_json
+
+    try:
+        previous = kubeconfig.merge(target, name, admin_kubeconfig)
+    except (kubeconfig.KubeconfigError, OSError) as exc:
+        _err(f"cluster {name} is up at {server}, but the kubeconfig context was not written: {exc}")
+        return False
+    write_json(paths.user_kubeconfig, {"path": str(target)})
+    notice = kubeconfig.switch_notice(name, previous, target)
+    if notice:
+        _err(notice)
+    return True
 
 
 def _name_flag(name: str) -> str:

@@ -28,6 +28,7 @@ import yaml
 
 from sim.upstream import config
 from sim.upstream.layout import NODE_MOUNTS, ClusterLayout, NodePlan
+from sim.upstream.process import Component
 
 _PR_SET_CHILD_SUBREAPER = 36
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -111,37 +112,6 @@ def _rmdir(path: Path) -> None:
         path.rmdir()
     except OSError:
         pass
-
-
-class Child:
-    """A restarted-on-exit process with its log file."""
-
-    def __init__(self, name: str, argv: list[str], log_file: Path) -> None:
-        self.name, self.argv, self.log_file = name, argv, log_file
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.restarts = 0
-
-    def start(self) -> None:
-        with self.log_file.open("ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        log(f"started {self.name} pid={self.proc.pid}")
-
-    def poll(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            self.restarts += 1
-            log(f"{self.name} exited with {self.proc.returncode}; restart {self.restarts}")
-            time.sleep(min(10.0, 0.5 * self.restarts))
-            self.start()
-
-    def stop(self, timeout: float = 20.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def _ctr(job: NodeJob, *argv: str) -> subprocess.CompletedProcess[str]:
@@ -229,9 +199,9 @@ def run(job: NodeJob) -> int:
                                         pki / f"kubelet-serving-{node.name}.key")
     kubelet_cfg["resolvConf"] = str(etc / "resolv.conf")
     (etc / "kubelet.yaml").write_text(yaml.safe_dump(kubelet_cfg))
-    containerd = Child("containerd", [str(Path(job.bin_dir) / "containerd"), "--config", str(etc / "containerd.toml")],
+    containerd = Component("containerd", [str(Path(job.bin_dir) / "containerd"), "--config", str(etc / "containerd.toml")],
                        logs / f"containerd-{node.name}.log")
-    kubelet = Child("kubelet", config.kubelet_argv(Path(job.bin_dir), layout, node, etc / "kubelet.yaml", job.labels),
+    kubelet = Component("kubelet", config.kubelet_argv(Path(job.bin_dir), layout, node, etc / "kubelet.yaml", job.labels),
                     logs / f"kubelet-{node.name}.log")
     env_path = f"{job.bin_dir}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
     os.environ["PATH"] = env_path  # containerd finds its shim, the kubelet finds nothing else it needs
@@ -242,13 +212,13 @@ def run(job: NodeJob) -> int:
         kubelet.start()
         log("ready")
         while not stop.wait(1.0):
-            containerd.poll()
-            kubelet.poll()
+            containerd.check()
+            kubelet.check()
     finally:
         log("stopping")
-        kubelet.stop()
+        kubelet.stop(grace=20)
         stop_containers(job)
-        containerd.stop()
+        containerd.stop(grace=20)
         kill_descendants()
         remove_cgroups(root)
         log("stopped")
