@@ -57,7 +57,7 @@ from gpudra.atomicfile import atomic_write
 from driver.checkpoint import DEVICE_PLUGIN_HOLDER_PREFIX, DRA_HOLDER_PREFIX, Checkpoint, Ledger, Op
 from driver.inventory import Gpu, Inventory
 from driver.slices import gpu_device_name, mig_device_name
-from driver.unixsocket import SocketIdentity, listen, socket_identity
+from driver.unixsocket import listening, SocketIdentity, listen, socket_identity
 from proto.deviceplugin.v1beta1 import api_pb2 as pb
 from proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
@@ -531,7 +531,9 @@ class DevicePluginShim:
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def _write_spec(self) -> None:
+        """The static CDI spec of the GPUs served, written whenever this instance (re)binds the socket: an older
+        instance that went away may have removed it while nobody served."""
         gpus = self.served()
         if gpus:
             self.settings.cdi_dir.mkdir(parents=True, exist_ok=True)
@@ -542,6 +544,8 @@ class DevicePluginShim:
             )
         else:
             log.warning("event=no-gpus resource=%s reserved=%s", self.settings.resource_name, sorted(self.settings.reserved_uuids))
+
+    def start(self) -> None:
         if self._allocations is not None:
             # List once before the first device list, so a restarted shim never offers an allocated GPU.
             self._allocations.resync()
@@ -568,8 +572,14 @@ class DevicePluginShim:
             if self._server is not None:
                 self._server.stop(grace=grace).wait(grace + 1)
                 self._server = None
-            if self._own_identity is not None and socket_identity(self.settings.socket) == self._own_identity:
+            ours = self._own_identity is not None and socket_identity(self.settings.socket) == self._own_identity
+            if ours:
                 self.settings.socket.unlink(missing_ok=True)
+            if ours or not listening(self.settings.socket):
+                # No other instance serves the resource (a rolling update's newer pod rebinds the socket and
+                # rewrites the spec, and keeps both): the shim is going away, and its static CDI spec with it, so
+                # an uninstall leaves none behind; a restarted shim writes it again before it registers.
+                (self.settings.cdi_dir / LEGACY_SPEC_FILE).unlink(missing_ok=True)
         if self._thread is not None:
             self._thread.join(timeout=self.settings.watch_seconds + 2)
 
@@ -578,6 +588,7 @@ class DevicePluginShim:
     def _serve(self) -> None:
         if self._server is not None:
             self._server.stop(grace=None)
+        self._write_spec()
         path = self.settings.socket
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="devplugin"))
         pb_grpc.add_DevicePluginServicer_to_server(DevicePluginServicer(self), server)
@@ -594,7 +605,13 @@ class DevicePluginShim:
         with self._lock:
             if self._stop.is_set():
                 return False
-            if self._server is None or socket_identity(self.settings.socket) != self._own_identity:
+            current = socket_identity(self.settings.socket)
+            if self._server is None or current != self._own_identity:
+                if current is not None and current != self._own_identity and listening(self.settings.socket):
+                    # Another instance serves the resource on this node now: a rolling update's newer pod, which
+                    # bound the socket after us. Leave it to that one (re-serving would take the socket back and
+                    # each would then take it from the other); serve again only once its socket is gone or dead.
+                    return self._yield_socket()
                 if self._server is not None:
                     log.warning("event=socket-lost socket=%s action=re-serve", self.settings.socket)
                 self._serve()
@@ -615,6 +632,15 @@ class DevicePluginShim:
             self.registrations += 1
             log.info("event=registered resource=%s endpoint=%s", self.settings.resource_name, self.settings.socket.name)
             return True
+
+    def _yield_socket(self) -> bool:
+        if self._server is not None:
+            log.info("event=device-plugin-yielded socket=%s msg=%r", self.settings.socket,
+                     "a newer agent instance on this node serves the resource; this one stops serving it")
+            self._server.stop(grace=None)
+            self._server = None
+            self._registered = False
+        return False
 
     def _register(self) -> None:
         with grpc.insecure_channel(f"unix://{self.settings.kubelet_socket}") as channel:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -41,3 +43,14 @@ def listen(server: grpc.Server, path: Path) -> None:
         path.unlink()
     if server.add_insecure_port(f"unix://{path}") == 0:
         raise RuntimeError(f"could not listen on unix socket {path}")
+
+
+def listening(path: Path) -> bool:
+    """Whether a process accepts connections on the unix socket at `path` (a file left by a dead one refuses)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError as exc:
+            return exc.errno not in (errno.ECONNREFUSED, errno.ENOENT)
+    return True

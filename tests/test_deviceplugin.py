@@ -3,6 +3,7 @@ simulator) and its pure parts: preferred allocation, CDI spec, kubelet checkpoin
 
 from __future__ import annotations
 
+import time
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -36,6 +37,7 @@ from driver.kubeletcheckpoint import KubeletCheckpoint, PodDeviceEntry
 from driver.nvml import load_backend
 from proto.deviceplugin.v1beta1 import api_pb2 as pb
 from proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from driver.unixsocket import listening
 from tests.plugin_helpers import short_tmp
 
 RESOURCE = "nvidia.com/gpu"
@@ -251,6 +253,30 @@ def test_register_and_list_and_watch(node: Node) -> None:
     assert {d.id: d.numa_nodes for d in devices.values()} == {g.uuid: (g.numa_node,) for g in gpus}
     assert all(d.health == HEALTHY for d in devices.values())
     assert (node.tmp / "cdi" / LEGACY_SPEC_FILE).exists()
+
+
+def test_the_static_cdi_spec_goes_with_the_shim_unless_a_newer_one_took_over(node: Node) -> None:
+    spec = node.tmp / "cdi" / LEGACY_SPEC_FILE
+    assert spec.exists()
+    # A surge: a newer shim binds the socket and writes the spec; the old one's stop leaves both to it.
+    newer = DevicePluginShim(
+        DevicePluginSettings(kubelet_dir=node.tmp / "kubelet", cdi_dir=node.tmp / "cdi", driver_name=DRIVER,
+                             watch_seconds=0.05),
+        inventory=lambda: node.inventory[0], checkpoint=node.checkpoint,
+    )
+    newer.start()
+    try:
+        node.shim.stop()
+        # gRPC unlinks the path it bound when the old server stops; the newer shim serves it again at its next tick.
+        deadline = time.monotonic() + 10
+        while not listening(newer.settings.socket):
+            assert time.monotonic() < deadline, "the newer shim did not serve its socket again"
+            time.sleep(0.05)
+        assert spec.exists()
+    finally:
+        newer.stop()
+    # The last one going (uninstall) removes what it wrote: no spec is left behind on the node.
+    assert not spec.exists() and not listening(newer.settings.socket)
 
 
 def test_health_change_sends_a_new_full_list(node: Node) -> None:

@@ -301,6 +301,51 @@ def test_a_legacy_nvidia_com_gpu_pod_through_the_shim(cluster: UpstreamCluster) 
         _delete_namespace(cluster, "legacy-test")
 
 
+def _gang(size: int, count: int) -> str:
+    """A gang of `size` pods, each with its own claim of `count` NVLink-connected GPUs, the pods gated until the
+    controller has allocated the whole gang (the gate kube-scheduler waits for; docs/controller.md)."""
+    docs: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gang-test"}}]
+    for i in range(size):
+        docs.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                     "metadata": {"namespace": "gang-test", "name": f"worker-{i}-gpus",
+                                  "labels": {"gpu.nvidia.com/gang": "train", "gpu.nvidia.com/gang-size": str(size)}},
+                     "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                         "deviceClassName": "gpu.nvidia.com", "count": count}}],
+                         "constraints": [{"matchAttribute": "gpu.nvidia.com/nvlinkDomain"}]}}})
+        docs.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": "gang-test", "name": f"worker-{i}"},
+                     "spec": {"schedulingGates": [{"name": "gpu.nvidia.com/gang"}],
+                              "containers": [{"name": "ctr", "image": "ubuntu:22.04",
+                                              "resources": {"claims": [{"name": "gpus"}]}}],
+                              "resourceClaims": [{"name": "gpus", "resourceClaimName": f"worker-{i}-gpus"}]}})
+    return yaml.safe_dump_all(docs)
+
+
+def test_a_gang_is_allocated_all_or_nothing_beside_kube_scheduler(cluster: UpstreamCluster) -> None:
+    # 2 x 8 GPUs in one NVLink domain each: only a100-1 has 8, so the gang cannot fit, and neither claim may hold
+    # GPUs (kube-scheduler alone would allocate the first and leave it waiting for the second).
+    _apply(cluster, _with_report(_gang(2, 8)))
+    try:
+        def explained() -> bool:
+            claims = cluster.get("-n", "gang-test", "resourceclaims")["items"]
+            return len(claims) == 2 and any("gpu.nvidia.com/explanation" in c["metadata"].get("annotations", {})
+                                            for c in claims)
+
+        wait_for("the controller's explanation on the gang", explained, timeout=120)
+        assert _allocated(cluster, "gang-test") == {}
+        assert all(p["spec"].get("schedulingGates") for p in cluster.get("-n", "gang-test", "pods")["items"])
+    finally:
+        _delete_namespace(cluster, "gang-test")
+    # 2 x 4 GPUs fits (on one node, one domain): both allocated by the controller, then placed by kube-scheduler.
+    _apply(cluster, _with_report(_gang(2, 4)))
+    try:
+        pods = _running(cluster, "gang-test", 2)
+        allocated = _allocated(cluster, "gang-test")
+        assert len(allocated) == 2 and len({d for ds in allocated.values() for d in ds}) == 8
+        assert all(len(_devices_seen(cluster, "gang-test", p["metadata"]["name"])) == 4 for p in pods)
+    finally:
+        _delete_namespace(cluster, "gang-test")
+
+
 def test_a_gpu_fault_taints_the_device(cluster: UpstreamCluster) -> None:
     cluster.gpu_dra("cluster", "fault", "a100-1", "--name", "e2e", "--gpu", "0", "--xid", "79")
 

@@ -18,11 +18,9 @@ kubelet finds and registers the plugin anew.
 from __future__ import annotations
 
 import base64
-import errno
 import hashlib
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -36,7 +34,7 @@ import grpc
 from driver.plugin.health import DeviceHealthEntry, HealthBoard, truncate_message
 from driver.plugin.metrics import PluginMetrics
 from driver.prepare import ClaimRef, ClaimResult
-from driver.unixsocket import MAX_UNIX_SOCKET_PATH, SocketIdentity, listen, socket_identity
+from driver.unixsocket import MAX_UNIX_SOCKET_PATH, SocketIdentity, listen, listening, socket_identity
 from proto.dra.v1 import api_pb2 as dra_v1
 from proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
@@ -118,24 +116,14 @@ class PluginPaths:
 
     def serving(self) -> bool:
         """Whether this instance's DRA socket accepts connections (its agent runs)."""
-        return socket_identity(self.dra_socket) is not None and _listening(self.dra_socket)
+        return socket_identity(self.dra_socket) is not None and listening(self.dra_socket)
 
     def stale_sockets(self) -> list[Path]:
         """Sockets of this driver's other instances that nobody listens on any more (a pod killed before it could
         clean up): the kubelet would keep trying to register them. Live ones (an overlapping pod) are kept."""
         found = [*self.registry_dir.glob(f"{self.driver_name}-*reg.sock"), *self.plugin_dir.glob("dra*.sock")]
         own = {self.registration_socket, self.dra_socket}
-        return [p for p in sorted(found) if p not in own and socket_identity(p) is not None and not _listening(p)]
-
-
-def _listening(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(str(path))
-        except OSError as exc:
-            return exc.errno not in (errno.ECONNREFUSED, errno.ENOENT)
-    return True
+        return [p for p in sorted(found) if p not in own and socket_identity(p) is not None and not listening(p)]
 
 
 def _claims(request: Any) -> list[ClaimRef]:
