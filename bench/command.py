@@ -40,6 +40,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "differential: scenarios (30), "
                              "cel: devices (10000), kubeapi: calls per shape (300), store: writes (1200), "
                              "serving: requests (2000)")
+    parser.add_argument("--kubernetes", choices=("embedded", "upstream"), default="embedded",
+                        help="schedule only: upstream also places the same pods with the real kube-scheduler 1.37.2 "
+                             "(needs Go and root) and prints both and their ratio")
     parser.add_argument("--keep", default=None, metavar="DIR",
                         help="differential only: write each disagreeing case there as `gpu-dra allocate -f` input")
     parser.add_argument("--audit-level", choices=("None", "Metadata", "Request", "RequestResponse"), default=None,

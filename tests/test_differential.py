@@ -84,3 +84,25 @@ def test_our_allocator_agrees_with_kube_scheduler_on_30_seeded_scenarios() -> No
     assert all(d["kube"] == "error" and d["known"] for d in doc["disagreements"]), doc["disagreements"]
     assert doc["kubeOutcomes"].get("allocated", 0) >= 20 and doc["kubeOutcomes"].get("unschedulable", 0) >= 10
     assert doc["devicesCompared"] == doc["kubeOutcomes"]["allocated"]
+
+
+@pytest.mark.upstream
+@pytest.mark.slow
+@pytest.mark.process
+def test_bench_schedule_places_the_same_pods_with_kube_scheduler_and_ours_and_prints_the_ratio() -> None:
+    missing = _upstream_missing()
+    if missing:
+        pytest.skip(missing)
+    from bench.schedule import Shape
+    from bench.schedule_upstream import side_by_side
+    from sim.upstream import commands
+
+    try:
+        doc = side_by_side(1, Shape(nodes=3, pods=6, timeout=120.0))
+    except commands.UpstreamError as err:
+        pytest.skip(f"the upstream control plane cannot start here: {err}")
+    # Both sides bound all six pods (verify() raises otherwise) and measured themselves.
+    assert doc["kubeScheduler"]["podsPerSecond"] > 0 and doc["embedded"]["podsPerSecond"] > 0
+    assert doc["kubeScheduler"]["schedulerCpuMsPerPod"] > 0
+    assert doc["ratio"]["podsPerSecond"] == round(doc["embedded"]["podsPerSecond"]
+                                                  / doc["kubeScheduler"]["podsPerSecond"], 2)
