@@ -1,4 +1,4 @@
-"""`gpu-dra bench allocate|cel|kubeapi|memory|prepare|schedule|serving|store`: dispatch to one benchmark module of this package."""
+"""`gpu-dra bench allocate|cel|differential|kubeapi|memory|prepare|schedule|serving|store`: dispatch to one benchmark module of this package."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from bench.report import OUTPUTS
 BENCHMARKS: dict[str, str] = {
     "allocate": "bench.allocate",
     "cel": "bench.cel",
+    "differential": "bench.differential",
     "kubeapi": "bench.kubeapi",
     "memory": "bench.memory",
     "prepare": "bench.prepare",
@@ -36,8 +37,14 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="schedule only: create pods at this many per second instead of back to back")
     parser.add_argument("--size", type=positive_int, default=None,
                         help="the workload of the benchmarks without a shape of their own: prepare: claims (1000), "
+                             "differential: scenarios (30), "
                              "cel: devices (10000), kubeapi: calls per shape (300), store: writes (1200), "
                              "serving: requests (2000)")
+    parser.add_argument("--kubernetes", choices=("embedded", "upstream"), default="embedded",
+                        help="schedule only: upstream also places the same pods with the real kube-scheduler 1.37.2 "
+                             "(needs Go and root) and prints both and their ratio")
+    parser.add_argument("--keep", default=None, metavar="DIR",
+                        help="differential only: write each disagreeing case there as `gpu-dra allocate -f` input")
     parser.add_argument("--audit-level", choices=("None", "Metadata", "Request", "RequestResponse"), default=None,
                         help="serving only: run the server with an audit log (a temporary file) whose policy gives "
                              "every request this level (default: no audit log)")

@@ -1,4 +1,4 @@
-"""`python -m bench.podload URL SEED PODS RATE TIMEOUT`: the pods of `bench schedule`, created from a process of
+"""`python -m bench.podload URL|KUBECONFIG SEED PODS RATE TIMEOUT`: the pods of `bench schedule`, created from a process of
 their own (as a cluster's users and workload controllers are), and when each one was bound.
 
 The controller under test then shares its process with nobody: pod creation and the watch do not wait for its
@@ -69,8 +69,14 @@ class BindWatch:
 def main(argv: list[str]) -> int:
     url, seed, pods, rate, timeout = argv[0], int(argv[1]), int(argv[2]), float(argv[3]), float(argv[4])
     sizes = {f"pod-{i:04d}": g for i, g in enumerate(pod_sizes(seed, pods))}
-    api = KubeApi.connect(url=url)
-    watcher = BindWatch(KubeApi.connect(url=url), expected=len(sizes))
+    # The embedded server's plain URL, or the kubeconfig of a real cluster (TLS and client certificates).
+    plain = url.startswith(("http://", "https://"))
+
+    def connect() -> KubeApi:
+        return KubeApi.connect(url=url) if plain else KubeApi.connect(kubeconfig=url)
+
+    api = connect()
+    watcher = BindWatch(connect(), expected=len(sizes))
     _, rv = api.list("Pod", namespace=NAMESPACE)
     threading.Thread(target=watcher.run, args=(str(rv),), name="bind-watch", daemon=True).start()
     print("ready", flush=True)

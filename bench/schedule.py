@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -41,7 +40,7 @@ from driver.discovery import discover
 from driver.nvml import load_backend
 from driver.slices import SliceSettings, build_slices
 from gpudra import DEFAULT_DRIVER_NAME
-from bench.stats import peak_rss_mib, percentile, placement_digest
+from bench.stats import peak_rss_mib, percentile, placement_digest, process_cpu_seconds
 from gpudra.kubeapi import KubeApi
 from gpudra.manifests import load_objects
 
@@ -105,8 +104,7 @@ class ServerProcess:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the server process so far (Linux /proc)."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_seconds(self.proc.pid)
 
     def peak_rss_mib(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -231,12 +229,19 @@ class LoadProcess:
             self.proc.wait(10)
 
 
-def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
+def pod_plan(seed: int, shape: Shape) -> dict[str, int]:
+    """GPUs per pod, by pod name; BenchFailed when they do not fit the cluster (every pod must be bound)."""
     sizes = {f"pod-{i:04d}": g for i, g in enumerate(pod_sizes(seed, shape.pods))}
     capacity = shape.nodes * GPUS_PER_NODE
     if sum(sizes.values()) > capacity:
         raise BenchFailed(f"--seed {seed}: the pods ask for {sum(sizes.values())} GPUs, more than the {capacity} "
-                          "the cluster has; choose another seed")
+                          "the cluster has; choose another seed, fewer pods or more nodes")
+    return sizes
+
+
+def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
+    sizes = pod_plan(seed, shape)
+    capacity = shape.nodes * GPUS_PER_NODE
     server = ServerProcess()
     url = server.url
     api = KubeApi.connect(url=url)
@@ -326,7 +331,16 @@ def run(args: argparse.Namespace) -> int:
         print("--nodes and --pods must be at least 1, --rate above 0", file=sys.stderr)
         return 2
     try:
-        doc = measure(seed, Shape(nodes=nodes, pods=pods, rate=rate))
+        if getattr(args, "kubernetes", "embedded") == "upstream":
+            from bench.schedule_upstream import side_by_side
+            from sim.upstream.commands import UpstreamError
+
+            try:
+                doc = side_by_side(seed, Shape(nodes=nodes, pods=pods, rate=rate))
+            except UpstreamError as err:
+                raise BenchFailed(str(err)) from None
+        else:
+            doc = measure(seed, Shape(nodes=nodes, pods=pods, rate=rate))
     except BenchFailed as err:
         print(f"bench schedule FAILED: {err}", file=sys.stderr)
         return 1

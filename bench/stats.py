@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import resource
+from pathlib import Path
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -21,6 +23,12 @@ def percentile(values: Sequence[float], p: float) -> float:
 def peak_rss_mib() -> float:
     """Peak resident memory of this process so far, in MiB (Linux reports ru_maxrss in KiB)."""
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of another process so far (Linux /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def placement_digest(placements: Iterable[tuple[str, str | None, Sequence[Mapping[str, Any]]]]) -> str:

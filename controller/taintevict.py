@@ -76,6 +76,10 @@ def _eviction_time(taint: Mapping[str, Any], tolerations: list[Mapping[str, Any]
     model = Taint(str(taint.get("key", "")), str(taint.get("value", "") or ""), "NoExecute", taint)
     seconds: list[int] = []
     for tol in tolerations:
+        # As kube-controller-manager 1.37's device-taint-eviction controller: only a toleration that names the
+        # NoExecute effect keeps the pod (one without an effect let the allocator pick the device, nothing more).
+        if tol.get("effect") != "NoExecute":
+            continue
         parsed = Toleration(str(tol.get("key", "") or ""), str(tol.get("operator", "") or "Equal"),
                             str(tol.get("value", "") or ""), str(tol.get("effect", "") or ""))
         if not parsed.tolerates(model):

@@ -4,6 +4,8 @@ can rot unnoticed between the runs that measure them (their figures are in docs/
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from typing import Any
 
 import pytest
@@ -25,6 +27,11 @@ def _allocate(doc: dict[str, Any]) -> None:
 def _cel(doc: dict[str, Any]) -> None:
     _positive(doc, "evalsPerSecond", "evalsPerSecondShared", "p99Ms", "peakRssMiB")
     assert doc["devices"] == 20 and doc["evaluations"] == 20 * doc["selectors"] and 0 < doc["matches"] < doc["evaluations"]
+
+
+def _differential(doc: dict[str, Any]) -> None:
+    assert doc["scenarios"] == 2 and doc["pods"] >= 4 and doc["unexplained"] == 0
+    assert doc["agreed"] + doc["knownDifferences"] == doc["pods"]
 
 
 def _kubeapi(doc: dict[str, Any]) -> None:
@@ -76,6 +83,11 @@ def _store(doc: dict[str, Any]) -> None:
 CASES = {
     "allocate": (["--scenario", "a", "--nodes", "2", "--devices", "2"], _allocate, ()),
     "cel": (["--size", "20"], _cel, ()),
+    # Real Kubernetes (sim/upstream) in a network namespace of its own: root and Go.
+    "differential": (["--size", "2"], _differential, (
+        pytest.mark.upstream, pytest.mark.slow, pytest.mark.process,
+        pytest.mark.skipif(os.geteuid() != 0 or shutil.which("go") is None,
+                           reason="the upstream control plane needs root and Go to build Kubernetes"))),
     "kubeapi": (["--size", "5"], _kubeapi, (pytest.mark.process,)),  # the API server runs in a child process
     "memory": (["--nodes", "3", "--pods", "6"], _memory, (pytest.mark.process,)),
     "prepare": (["--size", "12"], _prepare, (pytest.mark.slow,)),

@@ -205,8 +205,8 @@ def test_plan_honours_toleration_seconds() -> None:
         {"name": "x", "taints": [{"key": "k", "effect": "NoExecute", "timeAdded": "2026-01-01T00:00:00Z"}]}]}}]
     running = {"metadata": {"name": "p1", "namespace": "ns", "uid": "u1"}, "status": {"phase": "Running"}}
 
-    def claim(seconds: int | None) -> dict[str, Any]:
-        tol = {"key": "k", "operator": "Exists"}
+    def claim(seconds: int | None, effect: str = "NoExecute") -> dict[str, Any]:
+        tol = {"key": "k", "operator": "Exists", "effect": effect}
         if seconds is not None:
             tol["tolerationSeconds"] = seconds  # type: ignore[assignment]
         return {"status": {"reservedFor": [{"resource": "pods", "name": "p1", "uid": "u1"}], "allocation": {
@@ -217,6 +217,8 @@ def test_plan_honours_toleration_seconds() -> None:
     assert not later.evict_now and later.later[0].when == datetime(2026, 1, 1, 0, 5, 0, tzinfo=timezone.utc)
     forever = plan([running], [claim(None)], slices, now)
     assert not forever.evict_now and not forever.later
+    # kube-controller-manager 1.37 evicts unless the toleration names NoExecute (found by bench differential).
+    assert plan([running], [claim(None, effect="")], slices, now).evict_now
 
 
 def test_a_no_execute_taint_published_on_a_slice_later_evicts_the_pod_using_the_device(apiserver: Any) -> None:

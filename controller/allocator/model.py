@@ -105,7 +105,7 @@ class Slice:
     per_device: bool
     shared_counters: tuple[tuple[str, Mapping[str, Any]], ...]  # (set name, {counter: {value}})
     devices: list[Device]
-    order: int  # position in the input: slices are searched in input order
+    order: int  # position in the input (a pool's slices are searched sorted by name, as 1.37 does)
 
     @property
     def has_binding_conditions(self) -> bool:

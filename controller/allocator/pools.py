@@ -109,6 +109,9 @@ def _check_pool(all_slices: Sequence[Slice], generation: int) -> tuple[bool, lis
 
 def _build(key: tuple[str, str], slices: list[Slice], features: Features, all_slices: list[Slice] | None) -> Pool:
     driver, name = key
+    # 1.37's allocator searches a pool's slices sorted by name (before it, Go's map order: any order), so that a
+    # driver can steer the first-fit search by how it names its slices.
+    slices = sorted(slices, key=lambda s: s.name)
     if features.partitionable_devices:
         device_slices = [s for s in slices if not s.shared_counters]
         counter_slices = [s for s in slices if s.shared_counters]

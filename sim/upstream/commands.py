@@ -83,13 +83,15 @@ def up(name: str, state: Path, nodes: list[tuple[str, str]], wait: float) -> tup
         if shutil.which(tool) is None:
             raise UpstreamError(f"{tool} is not installed (Debian: util-linux, iproute2, runc, nftables)")
     bin_dir = build_binaries()
-    _progress("images: building (or reusing) the product, testbed, pause and stand-in images")
-    try:
-        archives = images.build_all()
-    except images.ImageBuildError as exc:
-        raise UpstreamError(str(exc)) from None
+    image_paths: tuple[str, ...] = ()
+    if nodes:  # a control plane only runs no containers: no images to build
+        _progress("images: building (or reusing) the product, testbed, pause and stand-in images")
+        try:
+            image_paths = tuple(str(p) for p in images.build_all().all())
+        except images.ImageBuildError as exc:
+            raise UpstreamError(str(exc)) from None
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
-    spec = UpstreamSpec(name, tuple(nodes), str(bin_dir), tuple(str(p) for p in archives.all()))
+    spec = UpstreamSpec(name, tuple(nodes), str(bin_dir), image_paths)
     (state / "spec.json").write_text(json.dumps(spec.to_json(), indent=2))
     (state / "logs").mkdir(exist_ok=True, mode=0o700)
     with open(state / "logs" / "supervisor.log", "ab") as log:
