@@ -401,6 +401,9 @@ def test_gpu_usage_counts_physical_gpus() -> None:
         {"driver": "d", "pool": "n", "device": "m0"}, {"driver": "d", "pool": "n", "device": "m1"}]}}}}]
     assert gpu_usage("n", slices, claims, "d") == (1, 2)
     assert gpu_usage("other", slices, claims, "d") == (0, 0)
+    # A GPU the device plugin shim gave a legacy nvidia.com/gpu pod is in use as well (the shim's slice taint).
+    slices[0]["spec"]["devices"][0]["taints"] = [{"key": "d/device-plugin", "effect": "NoSchedule"}]
+    assert gpu_usage("n", slices, claims, "d") == (2, 2)
 
 
 def test_workload_controllers_plan_owners_then_pods() -> None:
@@ -443,3 +446,15 @@ def test_workload_controllers_plan_owners_then_pods() -> None:
     assert sorted(n for _, (_, n) in orphans.delete) == sorted(p["metadata"]["name"] for p in pods)
     bad = plan({"StatefulSet": [{"metadata": {"name": "db"}, "spec": {"replicas": -1, "template": template}}]})
     assert bad.problems == ["StatefulSet/default/db: spec.replicas: -1: expected a non-negative integer"]
+
+
+def test_node_socket_paths_fit_under_a_long_runtime_dir(tmp_path: Path) -> None:
+    """An 18-character directory under /run/user used to push the node sockets past the 105-byte limit."""
+    from sim.cluster.spec import cluster_paths, default_nodes, links_home
+
+    runtime = tmp_path / ("x" * 18)
+    runtime.mkdir()
+    links = Path(f"/run/user/{'x' * 18}") / "gd" / ("x" * 8)  # mkdtemp's 8 characters
+    assert cluster_paths("gpu-dra", {"XDG_STATE_HOME": str(tmp_path)}).socket_problem(
+        links, default_nodes(device_plugin=False)) is None
+    assert links_home({"XDG_RUNTIME_DIR": str(runtime)}) == runtime / "gd"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from driver.deviceplugin import taint_key as device_plugin_taint_key
 from sim.cluster.spec import ClusterSpec, SupervisorStatus
 
 
@@ -22,8 +23,11 @@ def _gpu_of(device: Mapping[str, Any], driver: str) -> str | None:
 
 def gpu_usage(node: str, slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]],
               driver: str) -> tuple[int, int]:
-    """(GPUs with at least one allocated device, GPUs published) on `node`."""
+    """(GPUs with at least one allocated device, GPUs published) on `node`. A GPU the device plugin shim handed to
+    a legacy `nvidia.com/gpu` pod is in use too: its devices carry the shim's taint in the slice."""
+    held_by_shim = device_plugin_taint_key(driver)
     gpu_by_device: dict[tuple[str, str], str] = {}
+    used = set()
     for sl in slices:
         spec = sl.get("spec") or {}
         if spec.get("nodeName") != node or spec.get("driver") != driver:
@@ -33,7 +37,8 @@ def gpu_usage(node: str, slices: Iterable[Mapping[str, Any]], claims: Iterable[M
             gpu = _gpu_of(dev, driver)
             if gpu:
                 gpu_by_device[(pool, str(dev.get("name")))] = gpu
-    used = set()
+                if any(t.get("key") == held_by_shim for t in dev.get("taints") or []):
+                    used.add(gpu)
     for claim in claims:
         allocation = (claim.get("status") or {}).get("allocation") or {}
         for result in (allocation.get("devices") or {}).get("results") or []:

@@ -131,11 +131,12 @@ class ClusterSpec:
 
 
 def links_home(environ: dict[str, str] | os._Environ[str] = os.environ) -> Path:
-    """Where node links live: $XDG_RUNTIME_DIR/gpu-dra (the place for a user's sockets), else /tmp/gpu-dra-UID."""
+    """Where node links live: $XDG_RUNTIME_DIR/gd (the place for a user's sockets), else /tmp/gd-UID. Short, as
+    every byte here is one less for the node's socket paths below it (105 at most)."""
     base = environ.get("XDG_RUNTIME_DIR") or ""
     if base and Path(base).is_absolute() and Path(base).is_dir():
-        return Path(base) / "gpu-dra"
-    return Path("/tmp") / f"gpu-dra-{os.getuid()}"
+        return Path(base) / "gd"
+    return Path("/tmp") / f"gd-{os.getuid()}"
 
 
 def state_home(environ: dict[str, str] | os._Environ[str] = os.environ) -> Path:

@@ -185,7 +185,7 @@ def _up(args: argparse.Namespace) -> int:
              f"gpu-dra cluster down --name {args.name} first, or choose another --name")
         return 1
     paths = cluster_paths(args.name)
-    problem = paths.socket_problem(links_root / f"{args.name}-{'x' * 8}", node_specs)
+    problem = paths.socket_problem(links_root / ("x" * 8), node_specs)
     if problem:
         _err(problem)
         return 2
@@ -195,7 +195,7 @@ def _up(args: argparse.Namespace) -> int:
         _remove_state(existing[0], existing[1])
     try:
         ensure_private_dir(links_root)
-        links = Path(tempfile.mkdtemp(prefix=f"{args.name}-", dir=links_root))
+        links = Path(tempfile.mkdtemp(prefix="", dir=links_root))
     except OSError as exc:  # PrivateDirError included
         _err(f"cluster {args.name}: node link directory: {exc}; or set XDG_RUNTIME_DIR to a directory of your own")
         return 1
