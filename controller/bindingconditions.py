@@ -29,11 +29,15 @@ DEFAULT_BINDING_TIMEOUT_SECONDS = bc.DEFAULT_BINDING_TIMEOUT_SECONDS
 
 
 def stamp(allocation: Mapping[str, Any], now: str | None = None) -> dict[str, Any]:
-    """The allocation with `allocationTimestamp` (the base of the binding timeout) when a result needs binding
-    conditions; unchanged otherwise."""
+    """The allocation with `allocationTimestamp` (the base of the binding timeout) when it has none.
+
+    kube-scheduler 1.36+ (DRADeviceBindingConditions and DRAResourceClaimDeviceStatus on) stamps every allocation
+    it writes, and in PreBind stamps an allocated claim that has none, in the same status update that adds its pod
+    to reservedFor. An allocation is immutable, so that update is refused (`status.allocation: ... field cannot be
+    modified once set`) and the pod never binds when another allocator (a gang's) wrote one without the stamp: every
+    allocation is written stamped. An API server with the gates off drops the field."""
     out = dict(allocation)
-    results = ((out.get("devices") or {}).get("results")) or []
-    if any(r.get("bindingConditions") for r in results) and not out.get("allocationTimestamp"):
+    if not out.get("allocationTimestamp"):
         out["allocationTimestamp"] = now or rfc3339()
     return out
 

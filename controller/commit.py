@@ -13,6 +13,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from controller import bindingconditions
 from controller import objects as o
 from controller.objects import DELETE_PROTECTION_FINALIZER, Obj
 from controller.writes import Writer
@@ -94,7 +95,7 @@ class AllocationCommitter:
                 taken = True
                 return None
             status = dict(fresh.get("status") or {})
-            status["allocation"] = dict(allocation)
+            status["allocation"] = bindingconditions.stamp(allocation)
             if consumer is not None:
                 status["reservedFor"] = [*o.reserved_for(fresh), pod_reference(consumer)]
             fresh["status"] = status

@@ -630,7 +630,7 @@ class EmbeddedScheduler:
 
         consumers = iter(binding.consumers)
         for claim, alloc in zip(binding.pending, binding.allocations):
-            stored = self._committer.allocate(claim, bindingconditions.stamp(alloc), next(consumers))
+            stored = self._committer.allocate(claim, alloc, next(consumers))
             if stored is None:
                 return undo()
             done.append((stored, True))

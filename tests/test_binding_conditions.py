@@ -67,11 +67,15 @@ def test_scheduler_verdict_wait_bind_retry_and_timeout() -> None:
     assert late.action == cbc.RETRY and "within 10 s" in late.message
 
 
-def test_stamp_only_allocations_that_wait() -> None:
+def test_every_allocation_is_stamped_as_kube_scheduler_does() -> None:
+    # kube-scheduler 1.37 stamps an allocated claim that has no timestamp in PreBind, which an API server refuses
+    # (the allocation is immutable): an allocation written without one never lets its pod bind on a real cluster.
     waiting = cbc.stamp(_claim()["status"]["allocation"], "2026-08-01T12:00:00Z")
     assert waiting["allocationTimestamp"] == "2026-08-01T12:00:00Z"
     plain = {"devices": {"results": [{"driver": DRIVER, "pool": NODE, "device": "d"}]}}
-    assert cbc.stamp(plain) == plain
+    assert cbc.stamp(plain, "2026-08-01T12:00:00Z") == {**plain, "allocationTimestamp": "2026-08-01T12:00:00Z"}
+    kept = {**plain, "allocationTimestamp": "2026-07-01T00:00:00Z"}
+    assert cbc.stamp(kept, "2026-08-01T12:00:00Z") == kept
 
 
 @pytest.fixture
