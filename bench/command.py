@@ -70,5 +70,8 @@ def node_sizes(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    module, _, func = BENCHMARKS[args.benchmark].partition(":")
+    target = BENCHMARKS[args.benchmark]
+    if args.benchmark == "schedule" and getattr(args, "kubernetes", "embedded") == "upstream":
+        target = "bench.schedule_upstream:run"
+    module, _, func = target.partition(":")
     return int(getattr(importlib.import_module(module), func or "run")(args) or 0)

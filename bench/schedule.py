@@ -315,13 +315,14 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
     }
 
 
-def run(args: argparse.Namespace) -> int:
+def shape_from_args(args: argparse.Namespace) -> tuple[int, Shape] | None:
+    """(seed, shape) from `bench schedule`'s flags; None after saying on stderr what is wrong."""
     seed = int(getattr(args, "seed", 1) or 1)
     nodes = getattr(args, "nodes", None)
     if isinstance(nodes, list):
         if len(nodes) > 1:
             print(f"--nodes {','.join(map(str, nodes))}: schedule takes one cluster size", file=sys.stderr)
-            return 2
+            return None
         nodes = nodes[0]
     nodes = 100 if nodes is None else nodes
     pods = getattr(args, "pods", None)
@@ -329,18 +330,16 @@ def run(args: argparse.Namespace) -> int:
     rate = getattr(args, "rate", None)
     if nodes < 1 or pods < 1 or (rate is not None and rate <= 0):
         print("--nodes and --pods must be at least 1, --rate above 0", file=sys.stderr)
+        return None
+    return seed, Shape(nodes=nodes, pods=pods, rate=rate)
+
+
+def run(args: argparse.Namespace) -> int:
+    parsed = shape_from_args(args)
+    if parsed is None:
         return 2
     try:
-        if getattr(args, "kubernetes", "embedded") == "upstream":
-            from bench.schedule_upstream import side_by_side
-            from sim.upstream.commands import UpstreamError
-
-            try:
-                doc = side_by_side(seed, Shape(nodes=nodes, pods=pods, rate=rate))
-            except UpstreamError as err:
-                raise BenchFailed(str(err)) from None
-        else:
-            doc = measure(seed, Shape(nodes=nodes, pods=pods, rate=rate))
+        doc = measure(*parsed)
     except BenchFailed as err:
         print(f"bench schedule FAILED: {err}", file=sys.stderr)
         return 1

@@ -14,14 +14,18 @@ allocated on its node with the requested count, no device twice).
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
 from typing import Any
 
 from bench.differential import ControlPlane
 from bench.podload import NAMESPACE
-from bench.schedule import BenchFailed, LoadProcess, Shape, measure, pod_plan, populate, verify
+from bench.report import emit
+from bench.schedule import BenchFailed, LoadProcess, Shape, measure, pod_plan, populate, shape_from_args, verify
 from bench.stats import percentile, process_cpu_seconds
 from gpudra.kubeapi import KubeApi
+from sim.upstream.commands import UpstreamError
 
 
 def _pids(plane: ControlPlane) -> dict[str, int]:
@@ -124,3 +128,17 @@ def side_by_side(seed: int, shape: Shape) -> dict[str, Any]:
         "nodes": shape.nodes,
         "seed": seed,
     }
+
+
+def run(args: argparse.Namespace) -> int:
+    """`bench schedule --kubernetes upstream`: the same pods placed by kube-scheduler and by our controller."""
+    parsed = shape_from_args(args)
+    if parsed is None:
+        return 2
+    try:
+        doc = side_by_side(*parsed)
+    except (BenchFailed, UpstreamError) as err:
+        print(f"bench schedule FAILED: {err}", file=sys.stderr)
+        return 1
+    emit("schedule", doc, getattr(args, "output", "table"))
+    return 0

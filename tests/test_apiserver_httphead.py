@@ -157,8 +157,8 @@ def test_malformed_header_on_the_wire_is_400_status_and_closes(server: EmbeddedA
 
 def test_pipelined_requests_with_folded_and_duplicate_headers(server: EmbeddedApiServer) -> None:
     lease = json.dumps({"metadata": {"name": "piped"}, "spec": {}}).encode()
-    request = (b"POST " + LEASES.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json,\r\n"
-               b"  text/plain\r\nX-Dup: 1\r\nX-Dup: 2\r\nContent-Length: %d\r\n\r\n%b" % (len(lease), lease))
+    request = (b"POST " + LEASES.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json;\r\n"
+               b"  charset=utf-8\r\nX-Dup: 1\r\nX-Dup: 2\r\nContent-Length: %d\r\n\r\n%b" % (len(lease), lease))
     get = b"GET " + LEASES.encode() + b"/piped HTTP/1.1\r\nhost: x\r\nCONNECTION: close\r\n\r\n"
     answers = _answers(_raw(server, request + get))
     assert [a[0] for a in answers] == [201, 200]

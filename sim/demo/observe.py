@@ -151,7 +151,10 @@ def _latest_event(state: ApiState, pod_name: str) -> tuple[str, str]:
     events = [e for e in state.events_for(pod_name) if e.get("type") == "Warning"]
     if not events:
         return "", ""
-    last = max(events, key=lambda e: (str(e.get("lastTimestamp") or ""), int(e.get("count") or 0)))
+    # Event times are whole seconds: of the events of the latest second, the controller's explanation (GpuDra*)
+    # is shown over the scheduler's FailedScheduling of the same attempt, whichever was counted more often.
+    last = max(events, key=lambda e: (str(e.get("lastTimestamp") or ""), str(e.get("reason") or "").startswith("GpuDra"),
+                                      int(e.get("count") or 0)))
     return str(last.get("reason") or ""), str(last.get("message") or "")
 
 
