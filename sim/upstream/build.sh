@@ -47,5 +47,9 @@ for p in main/bridge main/loopback ipam/host-local meta/portmap; do
   (cd "$mods/cni" && step "go build CNI ${p#*/}" && go build -ldflags "-s -w" -o "$out/cni/${p#*/}" "github.com/containernetworking/plugins/plugins/$p")
 done
 echo "$k8s_version" > "$out/complete"
+# Older builds of this version (other module files or toolchain) are replaced by this one: ~630 MiB each.
+for stale in "${out%-*}"-*; do
+  [ "$stale" = "$out" ] || rm -rf "$stale"
+done
 step "done: $(du -sh "$out" | cut -f1) in $out"
 echo "$bin"

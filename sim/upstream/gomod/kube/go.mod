@@ -1,5 +1,5 @@
 // Builds upstream Kubernetes' commands from the k8s.io/kubernetes module: each staging module is replaced by
-// its published v0.37.x, as out-of-tree builds of kube-scheduler do. Versions: sim/upstream/versions.py.
+// its published v0.37.x, as out-of-tree builds of kube-scheduler do. Built by sim/upstream/build.sh.
 module gpu-dra.local/upstream/kube
 
 go 1.26.0
