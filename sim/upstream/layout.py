@@ -61,10 +61,6 @@ class NodePlan:
     def bridge(self) -> str:
         return f"gdcni{self.index}"
 
-    @property
-    def cgroup_root(self) -> str:
-        return f"/gpu-dra.{self.name}"
-
 
 @dataclass(frozen=True)
 class ClusterLayout:
