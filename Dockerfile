@@ -15,7 +15,6 @@ COPY pyproject.toml README.md ./
 COPY gpudra ./gpudra
 COPY driver ./driver
 COPY controller ./controller
-COPY proto ./proto
 COPY cli ./cli
 RUN pip install --no-cache-dir --no-deps . && rm -rf /src && gpu-dra --version
 WORKDIR /

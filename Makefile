@@ -59,7 +59,7 @@ bench: install
 	$(BIN)/gpu-dra bench cel
 
 proto: install-test
-	$(BIN)/python -m proto.generate
+	$(BIN)/python proto/generate.py
 
 # requirements.lock: the runtime dependencies the image installs, pinned from this environment.
 lock: install

@@ -11,7 +11,7 @@ from typing import Any
 
 from controlplane import execproxy
 from controlplane import status as st
-from gpudra import wsstream as ws
+from controlplane import wsstream as ws
 
 TUNNEL_PROTOCOL = "SPDY/3.1+portforward.k8s.io"
 KUBELET_PROTOCOL = "portforward.k8s.io"

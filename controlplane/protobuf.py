@@ -1,5 +1,5 @@
 """`application/vnd.kubernetes.protobuf` bodies: kube-apiserver's protobuf serializer, transcoding to and from the
-JSON objects the server keeps, driven by upstream's message descriptors (proto/k8s, see proto.k8sapi).
+JSON objects the server keeps, driven by upstream's message descriptors (controlplane/k8sproto, see controlplane.k8sapi).
 
 A body is the 4-byte magic `k8s\\x00` and a `runtime.Unknown` whose typeMeta names the object and whose raw
 bytes are the object's message. Messages map onto JSON field by field (k8s.io's proto field names are the JSON
@@ -19,7 +19,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from proto.k8sapi import DESCRIPTORS, GO_FIELDS
+from controlplane.k8sapi import DESCRIPTORS, GO_FIELDS
 
 MEDIA_TYPE = "application/vnd.kubernetes.protobuf"
 MAGIC = b"k8s\x00"

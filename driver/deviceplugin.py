@@ -58,8 +58,8 @@ from driver.checkpoint import DEVICE_PLUGIN_HOLDER_PREFIX, DRA_HOLDER_PREFIX, Ch
 from driver.inventory import Gpu, Inventory
 from driver.slices import gpu_device_name, mig_device_name
 from driver.unixsocket import listening, SocketIdentity, listen, socket_identity
-from proto.deviceplugin.v1beta1 import api_pb2 as pb
-from proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from gpudra.kubeletapi.deviceplugin.v1beta1 import api_pb2 as pb
+from gpudra.kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
 log = logging.getLogger("gpu-dra.deviceplugin")
 

@@ -1,31 +1,38 @@
 """Regenerate the committed Python stubs of the kubelet wire protocols, or check that they are current.
 
-    python -m proto.generate           # rewrite api_pb2.py, api_pb2_grpc.py, api_pb2.pyi beside each .proto
-    python -m proto.generate --check   # exit 1 and name the stale files if the committed stubs differ
+    python proto/generate.py           # rewrite api_pb2.py, api_pb2_grpc.py, api_pb2.pyi under gpudra/kubeletapi/
+    python proto/generate.py --check   # exit 1 and name the stale files if the committed stubs differ
 
-protoc runs from the repository root with `-I .`, so each descriptor is registered under its own path
-(proto/dra/v1/api.proto, proto/dra/v1beta1/api.proto, ...) and several `api.proto` files can share one
-process's descriptor pool without colliding.
+The .proto sources stay here, in proto/; the stubs live in the package gpudra.kubeletapi, so that the installed
+distribution claims no top-level module named `proto` (proto-plus, which Google's client libraries install, owns
+it). protoc names a stub's imports and its descriptor after the path it is given the .proto at, so each source is
+staged at the stubs' package path first: the descriptors register as gpudra/kubeletapi/dra/v1/api.proto, ...,
+distinct, and several `api.proto` files share one process's descriptor pool without colliding.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.resources
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+SOURCE_DIR = REPO_ROOT / "proto"
+PACKAGE = "gpudra/kubeletapi"
 
+# Relative to proto/ (the sources) and to gpudra/kubeletapi/ (the stubs).
 PROTO_FILES: tuple[str, ...] = (
-    "proto/dra/v1/api.proto",
-    "proto/dra/v1beta1/api.proto",
-    "proto/pluginregistration/v1/api.proto",
-    "proto/deviceplugin/v1beta1/api.proto",
-    "proto/drahealth/v1alpha1/api.proto",
-    "proto/drahealth/v1/api.proto",
-    "proto/grpchealth/v1/api.proto",
+    "dra/v1/api.proto",
+    "dra/v1beta1/api.proto",
+    "pluginregistration/v1/api.proto",
+    "deviceplugin/v1beta1/api.proto",
+    "drahealth/v1alpha1/api.proto",
+    "drahealth/v1/api.proto",
+    "grpchealth/v1/api.proto",
 )
 
 GENERATED_SUFFIXES: tuple[str, ...] = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi")
@@ -41,34 +48,35 @@ class Difference:
 
 
 def _generated_names(proto: str) -> list[str]:
-    stem = proto[: -len(".proto")]
+    stem = f"{PACKAGE}/{proto[: -len('.proto')]}"
     return [stem + suffix for suffix in GENERATED_SUFFIXES]
 
 
 def generate_into(out_dir: Path) -> None:
-    """Run protoc for every proto file, writing the stubs under out_dir (mirroring the repo layout)."""
+    """Run protoc for every proto file, writing the stubs under out_dir/gpudra/kubeletapi/."""
     try:
         from grpc_tools import protoc
     except ImportError as exc:
         raise RuntimeError("grpcio-tools is not installed: pip install grpcio-tools (needed only to regenerate stubs)") from exc
-    import importlib.resources
-
     well_known = str(importlib.resources.files("grpc_tools") / "_proto")
-    for proto in PROTO_FILES:
-        args = [
-            "grpc_tools.protoc",
-            "-I",
-            str(REPO_ROOT),
-            "-I",
-            well_known,
-            f"--python_out={out_dir}",
-            f"--pyi_out={out_dir}",
-            f"--grpc_python_out={out_dir}",
-            str(REPO_ROOT / proto),
-        ]
-        rc = protoc.main(args)
-        if rc != 0:
-            raise RuntimeError(f"protoc failed for {proto} (exit code {rc})")
+    with tempfile.TemporaryDirectory() as staging:
+        for proto in PROTO_FILES:
+            staged = Path(staging) / PACKAGE / proto
+            staged.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(SOURCE_DIR / proto, staged)
+        for proto in PROTO_FILES:
+            args = [
+                "grpc_tools.protoc",
+                "-I", staging,
+                "-I", well_known,
+                f"--python_out={out_dir}",
+                f"--pyi_out={out_dir}",
+                f"--grpc_python_out={out_dir}",
+                f"{staging}/{PACKAGE}/{proto}",
+            ]
+            rc = protoc.main(args)
+            if rc != 0:
+                raise RuntimeError(f"protoc failed for proto/{proto} (exit code {rc})")
 
 
 def check() -> list[Difference]:
@@ -81,9 +89,9 @@ def check() -> list[Difference]:
                 fresh = (Path(tmp) / name).read_bytes()
                 committed_path = REPO_ROOT / name
                 if not committed_path.exists():
-                    differences.append(Difference(name, "missing; run python -m proto.generate"))
+                    differences.append(Difference(name, "missing; run python proto/generate.py"))
                 elif committed_path.read_bytes() != fresh:
-                    differences.append(Difference(name, "stale; run python -m proto.generate"))
+                    differences.append(Difference(name, "stale; run python proto/generate.py"))
     return differences
 
 
@@ -93,10 +101,11 @@ def write() -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         generate_into(Path(tmp))
         for proto in PROTO_FILES:
-            package_dir = REPO_ROOT / Path(proto).parent
+            package_dir = REPO_ROOT / PACKAGE / Path(proto).parent
+            package_dir.mkdir(parents=True, exist_ok=True)
             init = package_dir / "__init__.py"
             if not init.exists():
-                init.write_text(f'"""Generated stubs of {proto} (see proto/generate.py)."""\n')
+                init.write_text(f'"""Generated stubs of proto/{proto} (see proto/generate.py)."""\n')
             for name in _generated_names(proto):
                 target = REPO_ROOT / name
                 fresh = (Path(tmp) / name).read_bytes()
@@ -107,7 +116,7 @@ def write() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m proto.generate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python proto/generate.py", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only check that the committed stubs are current")
     args = parser.parse_args(argv)
     try:

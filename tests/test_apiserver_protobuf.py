@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from controlplane import protobuf
-from proto import k8sapi
+from controlplane import k8sapi
 from tests.test_kubectl import KUBECTL, kubectl
 
 
 def test_the_descriptor_set_is_current() -> None:
     pytest.importorskip("grpc_tools")
     assert k8sapi.DESCRIPTORS.read_bytes() == k8sapi.compile_descriptors(), \
-        "proto/k8s/descriptors.binpb is stale: run python -m proto.k8sapi"
+        "controlplane/k8sproto/descriptors.binpb is stale: run python -m controlplane.k8sapi"
 
 
 def test_round_trips_keep_every_field_and_their_types() -> None:

@@ -35,8 +35,8 @@ from driver.discovery import discover
 from driver.inventory import Health, Inventory
 from driver.kubeletcheckpoint import KubeletCheckpoint, PodDeviceEntry
 from driver.nvml import load_backend
-from proto.deviceplugin.v1beta1 import api_pb2 as pb
-from proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from gpudra.kubeletapi.deviceplugin.v1beta1 import api_pb2 as pb
+from gpudra.kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from driver.unixsocket import listening
 from tests.plugin_helpers import short_tmp
 

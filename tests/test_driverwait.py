@@ -18,7 +18,7 @@ import pytest
 
 from driver import driverwait
 from driver.plugin.healthcheck import LIVENESS_SERVICE, HealthServicer, Probe
-from proto.grpchealth.v1 import api_pb2 as health_pb
+from gpudra.kubeletapi.grpchealth.v1 import api_pb2 as health_pb
 
 SERVING, NOT_SERVING = health_pb.HealthCheckResponse.SERVING, health_pb.HealthCheckResponse.NOT_SERVING
 

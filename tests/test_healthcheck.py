@@ -14,8 +14,8 @@ import pytest
 from driver.checkpoint import LOCK_NAME
 from driver.plugin.agent import NodeAgent
 from driver.plugin.healthcheck import HealthServicer, lock_probe, nvml_probe, serve, socket_probes
-from proto.grpchealth.v1 import api_pb2 as health_pb
-from proto.grpchealth.v1 import api_pb2_grpc as health_grpc
+from gpudra.kubeletapi.grpchealth.v1 import api_pb2 as health_pb
+from gpudra.kubeletapi.grpchealth.v1 import api_pb2_grpc as health_grpc
 from tests.plugin_helpers import DRIVER, short_tmp, start_agent
 
 SERVING = health_pb.HealthCheckResponse.SERVING

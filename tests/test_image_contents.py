@@ -16,7 +16,7 @@ from cli.main import NOT_SHIPPED
 from tests.test_webhook import make_certs
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = ("gpudra", "driver", "controller", "proto", "cli")
+SHIPPED = ("gpudra", "driver", "controller", "cli")
 
 # Runs the CLI with the testbed's packages made unimportable, as in the image (the editable install would
 # otherwise find them in the checkout).
@@ -40,6 +40,19 @@ def _run(body: str, *args: str, timeout: float = 120, **kw: object) -> subproces
 
 
 CLI = "from cli.main import main; sys.exit(main(sys.argv[1:]))"
+
+
+def test_the_distribution_claims_no_module_name_other_packages_own() -> None:
+    """`proto` is proto-plus's top-level package (Google's client libraries install it); the kubelet stubs live in
+    gpudra.kubeletapi and proto/ holds only their sources."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    top_level = {name.split(".")[0] for name in find_packages(str(ROOT), include=include)}
+    assert top_level == {"gpudra", "driver", "controller", "cli", "controlplane", "sim", "bench"}
+    assert not (ROOT / "proto" / "__init__.py").exists()
 
 
 @pytest.mark.process

@@ -16,8 +16,8 @@ from sim.kubelet.dra import ClaimInfo, KubeletDialect, KubeletError, KubeletSim,
 from driver.plugin.agent import NodeAgent
 from driver.prepare import ClaimRef
 from driver.slices import gpu_device_name
-from proto.pluginregistration.v1 import api_pb2 as reg_pb
-from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from gpudra.kubeletapi.pluginregistration.v1 import api_pb2 as reg_pb
+from gpudra.kubeletapi.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from tests.plugin_helpers import DRIVER, NODE, create_allocated_claim, short_tmp, start_agent
 
 
@@ -251,8 +251,8 @@ def test_health_stream_per_kubelet_release(agent: NodeAgent, tmp_path: Path, ver
 
 
 def test_both_health_versions_stream_the_same_devices(agent: NodeAgent) -> None:
-    from proto.drahealth.v1 import api_pb2 as v1, api_pb2_grpc as v1_grpc
-    from proto.drahealth.v1alpha1 import api_pb2 as v1alpha1, api_pb2_grpc as v1alpha1_grpc
+    from gpudra.kubeletapi.drahealth.v1 import api_pb2 as v1, api_pb2_grpc as v1_grpc
+    from gpudra.kubeletapi.drahealth.v1alpha1 import api_pb2 as v1alpha1, api_pb2_grpc as v1alpha1_grpc
 
     channel = grpc.insecure_channel(f"unix://{agent.paths.dra_socket}")
     try:

@@ -17,8 +17,8 @@ import grpc
 import pytest
 
 from driver.nodeguard import CONDITION_TYPE
-from proto.grpchealth.v1 import api_pb2 as health_pb
-from proto.grpchealth.v1 import api_pb2_grpc as health_grpc
+from gpudra.kubeletapi.grpchealth.v1 import api_pb2 as health_pb
+from gpudra.kubeletapi.grpchealth.v1 import api_pb2_grpc as health_grpc
 from sim.kubelet.dra import KubeletSim
 from tests.plugin_helpers import DRIVER, NODE, short_tmp, stop_process
 

@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 import pytest
 
-from proto.grpchealth.v1 import api_pb2 as health_pb
-from proto.grpchealth.v1 import api_pb2_grpc as health_grpc
+from gpudra.kubeletapi.grpchealth.v1 import api_pb2 as health_pb
+from gpudra.kubeletapi.grpchealth.v1 import api_pb2_grpc as health_grpc
 from sim.kubelet.proberun import run_probe
 from sim.kubelet.probes import probe_specs
 

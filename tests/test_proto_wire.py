@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor, FileDescriptor
 
-from proto.deviceplugin.v1beta1 import api_pb2 as dp
-from proto.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
-from proto.dra.v1 import api_pb2 as dra_v1
-from proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
-from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
-from proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
-from proto.drahealth.v1 import api_pb2 as health_v1
-from proto.drahealth.v1 import api_pb2_grpc as health_v1_grpc
-from proto.drahealth.v1alpha1 import api_pb2 as health
-from proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
-from proto.pluginregistration.v1 import api_pb2 as reg
-from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from gpudra.kubeletapi.deviceplugin.v1beta1 import api_pb2 as dp
+from gpudra.kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from gpudra.kubeletapi.dra.v1 import api_pb2 as dra_v1
+from gpudra.kubeletapi.dra.v1 import api_pb2_grpc as dra_v1_grpc
+from gpudra.kubeletapi.dra.v1beta1 import api_pb2 as dra_v1beta1
+from gpudra.kubeletapi.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from gpudra.kubeletapi.drahealth.v1 import api_pb2 as health_v1
+from gpudra.kubeletapi.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from gpudra.kubeletapi.drahealth.v1alpha1 import api_pb2 as health
+from gpudra.kubeletapi.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
+from gpudra.kubeletapi.pluginregistration.v1 import api_pb2 as reg
+from gpudra.kubeletapi.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 T = FieldDescriptor
 STRING, BOOL, INT64, INT32, MSG, ENUM = T.TYPE_STRING, T.TYPE_BOOL, T.TYPE_INT64, T.TYPE_INT32, T.TYPE_MESSAGE, T.TYPE_ENUM
@@ -234,17 +237,28 @@ def test_grpc_stub_modules_expose_services() -> None:
 def test_descriptor_file_names_are_distinct() -> None:
     names = {m.DESCRIPTOR.name for m in (dra_v1, dra_v1beta1, reg, dp, health, health_v1)}
     assert names == {
-        "proto/dra/v1/api.proto",
-        "proto/dra/v1beta1/api.proto",
-        "proto/pluginregistration/v1/api.proto",
-        "proto/deviceplugin/v1beta1/api.proto",
-        "proto/drahealth/v1alpha1/api.proto",
-        "proto/drahealth/v1/api.proto",
+        "gpudra/kubeletapi/dra/v1/api.proto",
+        "gpudra/kubeletapi/dra/v1beta1/api.proto",
+        "gpudra/kubeletapi/pluginregistration/v1/api.proto",
+        "gpudra/kubeletapi/deviceplugin/v1beta1/api.proto",
+        "gpudra/kubeletapi/drahealth/v1alpha1/api.proto",
+        "gpudra/kubeletapi/drahealth/v1/api.proto",
     }
+
+
+def _load_generator() -> ModuleType:
+    """proto/generate.py is a script beside the .proto sources, not an installed module."""
+    path = Path(__file__).resolve().parent.parent / "proto" / "generate.py"
+    spec = importlib.util.spec_from_file_location("gpu_dra_proto_generate", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.skipif(importlib.util.find_spec("grpc_tools") is None, reason="grpcio-tools not installed")
 def test_committed_stubs_are_current() -> None:
-    from proto import generate
+    generate = _load_generator()
 
     assert [str(d) for d in generate.check()] == []

@@ -32,8 +32,8 @@ from driver.plugin.agent import AgentSettings, NodeAgent, kubeapi_claim_getter
 from driver.prepare import ClaimNotFound, ClaimRef
 from driver.publisher import SlicePublisher
 from driver.slices import gpu_device_name
-from proto.deviceplugin.v1beta1 import api_pb2 as pb
-from proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from gpudra.kubeletapi.deviceplugin.v1beta1 import api_pb2 as pb
+from gpudra.kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from tests.plugin_helpers import DRIVER, NODE, create_allocated_claim, short_tmp, stop_process
 
 RESOURCE = "nvidia.com/gpu"

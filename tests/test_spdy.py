@@ -1,4 +1,4 @@
-"""gpudra.spdy: frames written by one side read back by the other with one zlib context per direction, as a
+"""controlplane.spdy: frames written by one side read back by the other with one zlib context per direction, as a
 SPDY/3.1 session runs (many header blocks on one stream of compression), and malformed input refused."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from gpudra import spdy
+from controlplane import spdy
 
 
 def _reader(data: bytes) -> spdy.Reader:

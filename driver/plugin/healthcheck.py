@@ -29,12 +29,12 @@ from typing import Any
 import grpc
 
 from driver.plugin.server import PluginPaths
-from proto.dra.v1 import api_pb2 as dra_v1
-from proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
-from proto.grpchealth.v1 import api_pb2 as health_pb
-from proto.grpchealth.v1 import api_pb2_grpc as health_grpc
-from proto.pluginregistration.v1 import api_pb2 as reg_pb
-from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from gpudra.kubeletapi.dra.v1 import api_pb2 as dra_v1
+from gpudra.kubeletapi.dra.v1 import api_pb2_grpc as dra_v1_grpc
+from gpudra.kubeletapi.grpchealth.v1 import api_pb2 as health_pb
+from gpudra.kubeletapi.grpchealth.v1 import api_pb2_grpc as health_grpc
+from gpudra.kubeletapi.pluginregistration.v1 import api_pb2 as reg_pb
+from gpudra.kubeletapi.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 log = logging.getLogger("gpu-dra.healthcheck")
 

@@ -35,16 +35,16 @@ from driver.plugin.health import DeviceHealthEntry, HealthBoard, truncate_messag
 from driver.plugin.metrics import PluginMetrics
 from driver.prepare import ClaimRef, ClaimResult
 from driver.unixsocket import MAX_UNIX_SOCKET_PATH, SocketIdentity, listen, listening, socket_identity
-from proto.dra.v1 import api_pb2 as dra_v1
-from proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
-from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
-from proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
-from proto.drahealth.v1 import api_pb2 as health_v1
-from proto.drahealth.v1 import api_pb2_grpc as health_v1_grpc
-from proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
-from proto.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
-from proto.pluginregistration.v1 import api_pb2 as reg_pb
-from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from gpudra.kubeletapi.dra.v1 import api_pb2 as dra_v1
+from gpudra.kubeletapi.dra.v1 import api_pb2_grpc as dra_v1_grpc
+from gpudra.kubeletapi.dra.v1beta1 import api_pb2 as dra_v1beta1
+from gpudra.kubeletapi.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from gpudra.kubeletapi.drahealth.v1 import api_pb2 as health_v1
+from gpudra.kubeletapi.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from gpudra.kubeletapi.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from gpudra.kubeletapi.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
+from gpudra.kubeletapi.pluginregistration.v1 import api_pb2 as reg_pb
+from gpudra.kubeletapi.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 log = logging.getLogger("gpu-dra.plugin")
 

@@ -27,8 +27,8 @@ import grpc
 from driver import kubeletcheckpoint
 from driver.deviceplugin import API_VERSION, DEVICE_PLUGIN_DIR, HEALTHY, KUBELET_SOCKET, extended_resource_name_error
 from driver.kubeletcheckpoint import NO_TOPOLOGY_NUMA, PodDeviceEntry
-from proto.deviceplugin.v1beta1 import api_pb2 as pb
-from proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from gpudra.kubeletapi.deviceplugin.v1beta1 import api_pb2 as pb
+from gpudra.kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
 DIAL_TIMEOUT_SECONDS = 10.0
 SUPPORTED_VERSIONS: tuple[str, ...] = (API_VERSION,)

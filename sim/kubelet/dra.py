@@ -25,16 +25,16 @@ from typing import Any
 import grpc
 
 from driver.unixsocket import SocketIdentity, socket_identity
-from proto.dra.v1 import api_pb2 as dra_v1
-from proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
-from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
-from proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
-from proto.drahealth.v1 import api_pb2 as health_v1
-from proto.drahealth.v1 import api_pb2_grpc as health_v1_grpc
-from proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
-from proto.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
-from proto.pluginregistration.v1 import api_pb2 as reg_pb
-from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from gpudra.kubeletapi.dra.v1 import api_pb2 as dra_v1
+from gpudra.kubeletapi.dra.v1 import api_pb2_grpc as dra_v1_grpc
+from gpudra.kubeletapi.dra.v1beta1 import api_pb2 as dra_v1beta1
+from gpudra.kubeletapi.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from gpudra.kubeletapi.drahealth.v1 import api_pb2 as health_v1
+from gpudra.kubeletapi.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from gpudra.kubeletapi.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from gpudra.kubeletapi.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
+from gpudra.kubeletapi.pluginregistration.v1 import api_pb2 as reg_pb
+from gpudra.kubeletapi.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 # Newest first, as the kubelet's servicesSupportedByKubelet (the same in 1.34 to 1.37).
 KUBELET_SERVICES: tuple[str, ...] = ("v1.DRAPlugin", "v1beta1.DRAPlugin")

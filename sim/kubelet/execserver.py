@@ -2,7 +2,7 @@
 pods/portforward (the port is the Node's status.daemonEndpoints.kubeletEndpoint):
 
 - GET /exec/<namespace>/<pod>/<container>?command=...&stdin=&stdout=&stderr=&tty= and
-  GET /attach/<namespace>/<pod>/<container>?stdin=&stdout=&stderr=&tty=, upgraded to WebSocket (gpudra.wsstream,
+  GET /attach/<namespace>/<pod>/<container>?stdin=&stdout=&stderr=&tty=, upgraded to WebSocket (controlplane.wsstream,
   subprotocols v5/v4.channel.k8s.io) and run through the runtime (`podman exec`, `podman attach`) by
   sim.kubelet.procstream: TTY, resize and stdin as kubectl sends them, the exit on channel 3.
 - GET|POST /portForward/<namespace>/<pod>, upgraded to SPDY/3.1 (X-Stream-Protocol-Version portforward.k8s.io)
@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from gpudra import wsstream as ws
+from controlplane import wsstream as ws
 from sim.kubelet import procstream
 from sim.kubelet.portforward import PortForwardSession
 

@@ -1,4 +1,4 @@
-"""The kubelet's port-forward protocol (portforward.k8s.io over SPDY/3.1, gpudra.spdy), server side: for each
+"""The kubelet's port-forward protocol (portforward.k8s.io over SPDY/3.1, controlplane.spdy), server side: for each
 forwarded connection the client opens an error stream and a data stream, both with headers `streamtype`
 (error|data), `port` and `requestid`; every stream is answered with a SYN_REPLY. Once a request's two streams are
 there, the port is dialed in the pod's network namespace and bytes are copied both ways; a dial failure is
@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpudra import spdy
+from controlplane import spdy
 
 log = logging.getLogger("sim.kubelet.portforward")
 

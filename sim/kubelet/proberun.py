@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import grpc
 
-from proto.grpchealth.v1 import api_pb2 as health_pb
-from proto.grpchealth.v1 import api_pb2_grpc as health_grpc
+from gpudra.kubeletapi.grpchealth.v1 import api_pb2 as health_pb
+from gpudra.kubeletapi.grpchealth.v1 import api_pb2_grpc as health_grpc
 from sim.kubelet import netns
 from sim.kubelet.probes import ProbeSpec
 

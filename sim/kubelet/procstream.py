@@ -1,5 +1,5 @@
 """A runtime process (`podman exec` or `podman attach`) bridged to the kubelet's WebSocket channel protocol
-(gpudra.wsstream): stdin from channel 0, stdout and stderr to channels 1 and 2, resize messages from channel 4,
+(controlplane.wsstream): stdin from channel 0, stdout and stderr to channels 1 and 2, resize messages from channel 4,
 and the final metav1.Status on channel 3.
 
 With a TTY the process runs on a pseudo-terminal of ours, in raw mode so that the container's own terminal is
@@ -23,7 +23,7 @@ import tty as ttymode
 from collections.abc import Callable
 from typing import IO
 
-from gpudra import wsstream as ws
+from controlplane import wsstream as ws
 
 log = logging.getLogger("sim.kubelet.stream")
 

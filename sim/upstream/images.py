@@ -35,7 +35,7 @@ from sim.upstream.oci import ImageConfig, write_archive
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = "bookworm"
 BASE_PACKAGES = ("python3",)
-PRODUCT_PACKAGES = ("gpudra", "driver", "controller", "proto", "cli")
+PRODUCT_PACKAGES = ("gpudra", "driver", "controller", "cli")
 TESTBED_PACKAGES = (*PRODUCT_PACKAGES, "sim")
 IMAGE_NAME = "ghcr.io/gpu-dra/gpu-dra"
 # containerd 2.x's default sandbox image (its CRI config `pinned_images.sandbox`).

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from proto.drahealth.v1alpha1 import api_pb2 as proto_dot_drahealth_dot_v1alpha1_dot_api__pb2
+from gpudra.kubeletapi.drahealth.v1 import api_pb2 as gpudra_dot_kubeletapi_dot_drahealth_dot_v1_dot_api__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in proto/drahealth/v1alpha1/api_pb2_grpc.py depends on'
+        + ' but the generated code in gpudra/kubeletapi/drahealth/v1/api_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -35,9 +35,9 @@ class DRAResourceHealthStub:
             channel: A grpc.Channel.
         """
         self.NodeWatchResources = channel.unary_stream(
-                '/v1alpha1.DRAResourceHealth/NodeWatchResources',
-                request_serializer=proto_dot_drahealth_dot_v1alpha1_dot_api__pb2.NodeWatchResourcesRequest.SerializeToString,
-                response_deserializer=proto_dot_drahealth_dot_v1alpha1_dot_api__pb2.NodeWatchResourcesResponse.FromString,
+                '/v1.DRAResourceHealth/NodeWatchResources',
+                request_serializer=gpudra_dot_kubeletapi_dot_drahealth_dot_v1_dot_api__pb2.NodeWatchResourcesRequest.SerializeToString,
+                response_deserializer=gpudra_dot_kubeletapi_dot_drahealth_dot_v1_dot_api__pb2.NodeWatchResourcesResponse.FromString,
                 _registered_method=True)
 
 
@@ -56,14 +56,14 @@ def add_DRAResourceHealthServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'NodeWatchResources': grpc.unary_stream_rpc_method_handler(
                     servicer.NodeWatchResources,
-                    request_deserializer=proto_dot_drahealth_dot_v1alpha1_dot_api__pb2.NodeWatchResourcesRequest.FromString,
-                    response_serializer=proto_dot_drahealth_dot_v1alpha1_dot_api__pb2.NodeWatchResourcesResponse.SerializeToString,
+                    request_deserializer=gpudra_dot_kubeletapi_dot_drahealth_dot_v1_dot_api__pb2.NodeWatchResourcesRequest.FromString,
+                    response_serializer=gpudra_dot_kubeletapi_dot_drahealth_dot_v1_dot_api__pb2.NodeWatchResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'v1alpha1.DRAResourceHealth', rpc_method_handlers)
+            'v1.DRAResourceHealth', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('v1alpha1.DRAResourceHealth', rpc_method_handlers)
+    server.add_registered_method_handlers('v1.DRAResourceHealth', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
@@ -84,9 +84,9 @@ class DRAResourceHealth:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/v1alpha1.DRAResourceHealth/NodeWatchResources',
-            proto_dot_drahealth_dot_v1alpha1_dot_api__pb2.NodeWatchResourcesRequest.SerializeToString,
-            proto_dot_drahealth_dot_v1alpha1_dot_api__pb2.NodeWatchResourcesResponse.FromString,
+            '/v1.DRAResourceHealth/NodeWatchResources',
+            gpudra_dot_kubeletapi_dot_drahealth_dot_v1_dot_api__pb2.NodeWatchResourcesRequest.SerializeToString,
+            gpudra_dot_kubeletapi_dot_drahealth_dot_v1_dot_api__pb2.NodeWatchResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from proto.dra.v1 import api_pb2 as proto_dot_dra_dot_v1_dot_api__pb2
+from gpudra.kubeletapi.dra.v1 import api_pb2 as gpudra_dot_kubeletapi_dot_dra_dot_v1_dot_api__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in proto/dra/v1/api_pb2_grpc.py depends on'
+        + ' but the generated code in gpudra/kubeletapi/dra/v1/api_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,13 +36,13 @@ class DRAPluginStub:
         """
         self.NodePrepareResources = channel.unary_unary(
                 '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources',
-                request_serializer=proto_dot_dra_dot_v1_dot_api__pb2.NodePrepareResourcesRequest.SerializeToString,
-                response_deserializer=proto_dot_dra_dot_v1_dot_api__pb2.NodePrepareResourcesResponse.FromString,
+                request_serializer=gpudra_dot_kubeletapi_dot_dra_dot_v1_dot_api__pb2.NodePrepareResourcesRequest.SerializeToString,
+                response_deserializer=gpudra_dot_kubeletapi_dot_dra_dot_v1_dot_api__pb2.NodePrepareResourcesResponse.FromString,
                 _registered_method=True)
         self.NodeUnprepareResources = channel.unary_unary(
                 '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources',
-                request_serializer=proto_dot_dra_dot_v1_dot_api__pb2.NodeUnprepareResourcesRequest.SerializeToString,
-                response_deserializer=proto_dot_dra_dot_v1_dot_api__pb2.NodeUnprepareResourcesResponse.FromString,
+                request_serializer=gpudra_dot_kubeletapi_dot_dra_dot_v1_dot_api__pb2.NodeUnprepareResourcesRequest.SerializeToString,
+                response_deserializer=gpudra_dot_kubeletapi_dot_dra_dot_v1_dot_api__pb2.NodeUnprepareResourcesResponse.FromString,
                 _registered_method=True)
 
 
@@ -69,13 +69,13 @@ def add_DRAPluginServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'NodePrepareResources': grpc.unary_unary_rpc_method_handler(
                     servicer.NodePrepareResources,
-                    request_deserializer=proto_dot_dra_dot_v1_dot_api__pb2.NodePrepareResourcesRequest.FromString,
-                    response_serializer=proto_dot_dra_dot_v1_dot_api__pb2.NodePrepareResourcesResponse.SerializeToString,
+                    request_deserializer=gpudra_dot_kubeletapi_dot_dra_dot_v1_dot_api__pb2.NodePrepareResourcesRequest.FromString,
+                    response_serializer=gpudra_dot_kubeletapi_dot_dra_dot_v1_dot_api__pb2.NodePrepareResourcesResponse.SerializeToString,
             ),
             'NodeUnprepareResources': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeUnprepareResources,
-                    request_deserializer=proto_dot_dra_dot_v1_dot_api__pb2.NodeUnprepareResourcesRequest.FromString,
-                    response_serializer=proto_dot_dra_dot_v1_dot_api__pb2.NodeUnprepareResourcesResponse.SerializeToString,
+                    request_deserializer=gpudra_dot_kubeletapi_dot_dra_dot_v1_dot_api__pb2.NodeUnprepareResourcesRequest.FromString,
+                    response_serializer=gpudra_dot_kubeletapi_dot_dra_dot_v1_dot_api__pb2.NodeUnprepareResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -103,8 +103,8 @@ class DRAPlugin:
             request,
             target,
             '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources',
-            proto_dot_dra_dot_v1_dot_api__pb2.NodePrepareResourcesRequest.SerializeToString,
-            proto_dot_dra_dot_v1_dot_api__pb2.NodePrepareResourcesResponse.FromString,
+            gpudra_dot_kubeletapi_dot_dra_dot_v1_dot_api__pb2.NodePrepareResourcesRequest.SerializeToString,
+            gpudra_dot_kubeletapi_dot_dra_dot_v1_dot_api__pb2.NodePrepareResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -130,8 +130,8 @@ class DRAPlugin:
             request,
             target,
             '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources',
-            proto_dot_dra_dot_v1_dot_api__pb2.NodeUnprepareResourcesRequest.SerializeToString,
-            proto_dot_dra_dot_v1_dot_api__pb2.NodeUnprepareResourcesResponse.FromString,
+            gpudra_dot_kubeletapi_dot_dra_dot_v1_dot_api__pb2.NodeUnprepareResourcesRequest.SerializeToString,
+            gpudra_dot_kubeletapi_dot_dra_dot_v1_dot_api__pb2.NodeUnprepareResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,

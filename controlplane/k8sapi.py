@@ -2,10 +2,10 @@
 compiled descriptor set the embedded control plane decodes and encodes `application/vnd.kubernetes.protobuf`
 bodies with.
 
-    python -m proto.k8sapi --api GITDIR --apimachinery GITDIR [--ref REF]   # refresh the .proto copies, recompile
-    python -m proto.k8sapi --check                                          # exit 1 if descriptors.binpb is stale
+    python -m controlplane.k8sapi --api GITDIR --apimachinery GITDIR [--ref REF]   # refresh the .proto copies, recompile
+    python -m controlplane.k8sapi --check                                          # exit 1 if descriptors.binpb is stale
 
-The .proto files under proto/k8s/ are upstream's, at the tag named in SOURCE_REF, with comments removed (field
+The .proto files under controlplane/k8sproto/ are upstream's, at the tag named in SOURCE_REF, with comments removed (field
 numbers and types are all the wire needs); `descriptors.binpb` is what protoc compiles from them (a
 FileDescriptorSet without source info), loaded at runtime with no protoc needed.
 """
@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent / "k8s"
+ROOT = Path(__file__).resolve().parent / "k8sproto"
 DESCRIPTORS = ROOT / "descriptors.binpb"
 # What the Go structs say that the .proto files do not, per message: `omitZero`, the fields Go declares non-pointer
 # `omitempty` (a zero value there means "not set": Go always writes such fields in protobuf, never in JSON);
@@ -119,19 +119,19 @@ def refresh(api: Path, apimachinery: Path, ref: str) -> None:
 
 
 def compile_descriptors() -> bytes:
-    from grpc_tools import protoc  # noqa: PLC0415 - only regeneration and its check need protoc
+    from grpc_tools import protoc  # type: ignore[import-untyped]  # noqa: PLC0415 - only regeneration and its check need protoc
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "set.binpb"
         code = protoc.main(["grpc_tools.protoc", "-I", str(ROOT), "--include_imports",
                             f"--descriptor_set_out={out}", *proto_paths()])
         if code != 0:
-            raise RuntimeError(f"protoc failed ({code}) on proto/k8s")
+            raise RuntimeError(f"protoc failed ({code}) on controlplane/k8sproto")
         return out.read_bytes()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m proto.k8sapi", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m controlplane.k8sapi", description=__doc__.split("\n\n")[0])
     parser.add_argument("--api", type=Path, help="a git directory of kubernetes/api")
     parser.add_argument("--apimachinery", type=Path, help="a git directory of kubernetes/apimachinery")
     parser.add_argument("--ref", default=SOURCE_REF, help="the tag or commit to read (default %(default)s)")
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.check:
         if not DESCRIPTORS.exists() or DESCRIPTORS.read_bytes() != compile_descriptors():
-            print(f"{DESCRIPTORS} is stale: run python -m proto.k8sapi", file=sys.stderr)
+            print(f"{DESCRIPTORS} is stale: run python -m controlplane.k8sapi", file=sys.stderr)
             return 1
         return 0
     if args.api and args.apimachinery:

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from proto.grpchealth.v1 import api_pb2 as proto_dot_grpchealth_dot_v1_dot_api__pb2
+from gpudra.kubeletapi.pluginregistration.v1 import api_pb2 as gpudra_dot_kubeletapi_dot_pluginregistration_dot_v1_dot_api__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in proto/grpchealth/v1/api_pb2_grpc.py depends on'
+        + ' but the generated code in gpudra/kubeletapi/pluginregistration/v1/api_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class HealthStub:
+class RegistrationStub:
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -34,59 +34,59 @@ class HealthStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Check = channel.unary_unary(
-                '/grpc.health.v1.Health/Check',
-                request_serializer=proto_dot_grpchealth_dot_v1_dot_api__pb2.HealthCheckRequest.SerializeToString,
-                response_deserializer=proto_dot_grpchealth_dot_v1_dot_api__pb2.HealthCheckResponse.FromString,
+        self.GetInfo = channel.unary_unary(
+                '/pluginregistration.Registration/GetInfo',
+                request_serializer=gpudra_dot_kubeletapi_dot_pluginregistration_dot_v1_dot_api__pb2.InfoRequest.SerializeToString,
+                response_deserializer=gpudra_dot_kubeletapi_dot_pluginregistration_dot_v1_dot_api__pb2.PluginInfo.FromString,
                 _registered_method=True)
-        self.Watch = channel.unary_stream(
-                '/grpc.health.v1.Health/Watch',
-                request_serializer=proto_dot_grpchealth_dot_v1_dot_api__pb2.HealthCheckRequest.SerializeToString,
-                response_deserializer=proto_dot_grpchealth_dot_v1_dot_api__pb2.HealthCheckResponse.FromString,
+        self.NotifyRegistrationStatus = channel.unary_unary(
+                '/pluginregistration.Registration/NotifyRegistrationStatus',
+                request_serializer=gpudra_dot_kubeletapi_dot_pluginregistration_dot_v1_dot_api__pb2.RegistrationStatus.SerializeToString,
+                response_deserializer=gpudra_dot_kubeletapi_dot_pluginregistration_dot_v1_dot_api__pb2.RegistrationStatusResponse.FromString,
                 _registered_method=True)
 
 
-class HealthServicer:
+class RegistrationServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Check(self, request, context):
+    def GetInfo(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Watch(self, request, context):
+    def NotifyRegistrationStatus(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
 
-def add_HealthServicer_to_server(servicer, server):
+def add_RegistrationServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Check': grpc.unary_unary_rpc_method_handler(
-                    servicer.Check,
-                    request_deserializer=proto_dot_grpchealth_dot_v1_dot_api__pb2.HealthCheckRequest.FromString,
-                    response_serializer=proto_dot_grpchealth_dot_v1_dot_api__pb2.HealthCheckResponse.SerializeToString,
+            'GetInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetInfo,
+                    request_deserializer=gpudra_dot_kubeletapi_dot_pluginregistration_dot_v1_dot_api__pb2.InfoRequest.FromString,
+                    response_serializer=gpudra_dot_kubeletapi_dot_pluginregistration_dot_v1_dot_api__pb2.PluginInfo.SerializeToString,
             ),
-            'Watch': grpc.unary_stream_rpc_method_handler(
-                    servicer.Watch,
-                    request_deserializer=proto_dot_grpchealth_dot_v1_dot_api__pb2.HealthCheckRequest.FromString,
-                    response_serializer=proto_dot_grpchealth_dot_v1_dot_api__pb2.HealthCheckResponse.SerializeToString,
+            'NotifyRegistrationStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.NotifyRegistrationStatus,
+                    request_deserializer=gpudra_dot_kubeletapi_dot_pluginregistration_dot_v1_dot_api__pb2.RegistrationStatus.FromString,
+                    response_serializer=gpudra_dot_kubeletapi_dot_pluginregistration_dot_v1_dot_api__pb2.RegistrationStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'grpc.health.v1.Health', rpc_method_handlers)
+            'pluginregistration.Registration', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('grpc.health.v1.Health', rpc_method_handlers)
+    server.add_registered_method_handlers('pluginregistration.Registration', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class Health:
+class Registration:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def Check(request,
+    def GetInfo(request,
             target,
             options=(),
             channel_credentials=None,
@@ -99,9 +99,9 @@ class Health:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/grpc.health.v1.Health/Check',
-            proto_dot_grpchealth_dot_v1_dot_api__pb2.HealthCheckRequest.SerializeToString,
-            proto_dot_grpchealth_dot_v1_dot_api__pb2.HealthCheckResponse.FromString,
+            '/pluginregistration.Registration/GetInfo',
+            gpudra_dot_kubeletapi_dot_pluginregistration_dot_v1_dot_api__pb2.InfoRequest.SerializeToString,
+            gpudra_dot_kubeletapi_dot_pluginregistration_dot_v1_dot_api__pb2.PluginInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -113,7 +113,7 @@ class Health:
             _registered_method=True)
 
     @staticmethod
-    def Watch(request,
+    def NotifyRegistrationStatus(request,
             target,
             options=(),
             channel_credentials=None,
@@ -123,12 +123,12 @@ class Health:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_stream(
+        return grpc.experimental.unary_unary(
             request,
             target,
-            '/grpc.health.v1.Health/Watch',
-            proto_dot_grpchealth_dot_v1_dot_api__pb2.HealthCheckRequest.SerializeToString,
-            proto_dot_grpchealth_dot_v1_dot_api__pb2.HealthCheckResponse.FromString,
+            '/pluginregistration.Registration/NotifyRegistrationStatus',
+            gpudra_dot_kubeletapi_dot_pluginregistration_dot_v1_dot_api__pb2.RegistrationStatus.SerializeToString,
+            gpudra_dot_kubeletapi_dot_pluginregistration_dot_v1_dot_api__pb2.RegistrationStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

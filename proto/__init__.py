@@ -1,1 +1,0 @@
-"""Kubelet wire protocols (.proto sources) and their generated Python stubs."""
