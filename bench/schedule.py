@@ -36,6 +36,7 @@ from bench.podload import NAMESPACE, POD_SHAPES, pod_sizes
 from bench.report import emit
 from controller import objects as o
 from controller.manager import ControllerConfig, ControllerManager
+from sim.roles.embedded import EmbeddedRoles
 from driver.discovery import discover
 from driver.nvml import load_backend
 from driver.slices import SliceSettings, build_slices
@@ -245,10 +246,10 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
     server = ServerProcess()
     url = server.url
     api = KubeApi.connect(url=url)
-    config = ControllerConfig(driver_name=DRIVER, embedded=True, leader_elect=False, identity="bench-schedule",
+    config = ControllerConfig(driver_name=DRIVER, leader_elect=False, identity="bench-schedule",
                               tick=1.0, resync_period=600.0)
     controller_api = CountingKubeApi.connect(url=url)
-    manager = ControllerManager(controller_api, config)
+    manager = ControllerManager(controller_api, config, roles=EmbeddedRoles)
     load: LoadProcess | None = None
     try:
         populate(api, shape.nodes)
@@ -274,7 +275,8 @@ def measure(seed: int, shape: Shape = Shape()) -> dict[str, Any]:
         passes = _passes(manager) - passes_before
         calls = Counter(controller_api.calls)
         calls.subtract(calls_before)
-        rebuilds = manager.live.rebuilds
+        assert isinstance(manager.roles, EmbeddedRoles)
+        rebuilds = manager.roles.live.rebuilds
         digest = verify(api, sizes)
         server_rss = server.peak_rss_mib()
     finally:

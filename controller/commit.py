@@ -24,7 +24,7 @@ MAX_RESERVED_FOR = 256  # resourceapi.ResourceClaimReservedForMaxSize
 
 
 def pod_reference(pod: Mapping[str, Any]) -> dict[str, str]:
-    """The reservedFor entry of a consumer: a pod, or a PodGroup sharing the claim (controller.podgroupclaims)."""
+    """The reservedFor entry of a consumer: a pod, or a PodGroup sharing the claim (sim.roles.podgroupclaims)."""
     if pod.get("kind") == "PodGroup":
         return {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": o.name(pod), "uid": o.uid(pod)}
     return {"resource": "pods", "name": o.name(pod), "uid": o.uid(pod)}

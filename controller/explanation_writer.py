@@ -87,7 +87,7 @@ class ExplanationWriter:
         self._wall = wall
         self._repeat = repeat_interval
         self._posted: dict[tuple[str, str], _Posted] = {}
-        # The scheduler posts Scheduled events from its write threads (controller.inflight).
+        # The scheduler posts Scheduled events from its write threads (sim.roles.inflight).
         self._posted_lock = threading.Lock()
         self._read_denied_logged = False
 

@@ -1,7 +1,7 @@
 """Pods that ask for an extended resource such as `nvidia.com/gpu`, without DRA claims.
 
 Two paths, as in Kubernetes:
-- the device plugin path: NodeResourcesFit (controller.nodefit) fits the request against the node's
+- the device plugin path: NodeResourcesFit (sim.roles.nodefit) fits the request against the node's
   `status.allocatable["nvidia.com/gpu"]` (what its node agent's device plugin reports) less what pods already
   bound to it request;
 - DRAExtendedResource (KEP-5004): a DeviceClass with `spec.extendedResourceName` (and every class under its

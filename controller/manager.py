@@ -16,25 +16,20 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Protocol
 
 from controller import objects as o
-from controller.cel import CelEnvironment
-from controller.claims import ClaimLifecycle, GeneratedClaims
 from controller.explanation_writer import ExplanationWriter
 from controller.gang import GangController, GangSummary
-from controller.ganggroups import gang_label
-from controller.podgroupclaims import PodGroupClaims
 from controller.informer import Informer, Store
 from controller.leader import LeaderElector, LeaseTimings
 from controller.metrics import ControllerMetrics, MetricsServer
-from controller.scheduler import EmbeddedScheduler, PendingExplainer, is_pending
-from controller.snapshots import LiveSnapshot
+from controller.pending import PendingExplainer
 from controller.computedomain import DAEMON_IMAGE, ComputeDomainController
-from controller.taintevict import TaintEvictor
-from controller.watchlist import ClaimWatchlist
 from controller.view import View
 from controller.writes import NotLeader, Writer
 from gpudra import DEFAULT_DRIVER_NAME
@@ -43,21 +38,8 @@ from gpudra.kubeapi import ApiError, KubeApi
 
 log = logging.getLogger("gpudra.controller.manager")
 
-# Kinds every mode watches, and the extra ones embedded mode (the scheduler/controller-manager role) needs.
+# Kinds every mode watches; the cluster roles (embedded mode) add theirs.
 CLUSTER_KINDS: tuple[str, ...] = ("Pod", "ResourceClaim", "ResourceSlice", "DeviceClass", "Node")
-# DeviceTaintRule and PodGroup are watched in embedded mode only: a real cluster's kube-scheduler applies
-# taint rules and schedules pod groups itself.
-EMBEDDED_KINDS: tuple[str, ...] = ("ResourceClaimTemplate", "PriorityClass", "ResourceQuota", "DeviceTaintRule", "PodGroup",
-                                   "PodDisruptionBudget")
-
-
-# Kinds a kube-apiserver serves only with a feature gate on (its REST storage is installed only then).
-_GATED_KINDS: dict[str, str] = {"PodGroup": "generic_workload", "DeviceTaintRule": "device_taint_rules"}
-
-
-def _served(kind: str, features: Features) -> bool:
-    gate = _GATED_KINDS.get(kind)
-    return gate is None or bool(getattr(features, gate))
 
 
 def default_identity() -> str:
@@ -67,7 +49,6 @@ def default_identity() -> str:
 @dataclass(frozen=True)
 class ControllerConfig:
     driver_name: str = DEFAULT_DRIVER_NAME
-    embedded: bool = False
     gang_timeout: float = 300.0
     # KEP-5007: how long the embedded scheduler waits for device binding conditions (DynamicResourcesArgs).
     binding_timeout: float = 600.0
@@ -92,6 +73,57 @@ class ControllerConfig:
 
 
 @dataclass(frozen=True)
+class RoleOutcome:
+    """What the cluster roles did in one of their steps."""
+
+    claims_created: int = 0
+    claims_released: int = 0
+    claims_deleted: int = 0
+    pods_bound: int = 0
+    pods_unschedulable: int = 0
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RoleContext:
+    """What the manager shares with the cluster roles: its caches, the writer that keeps them current, how it
+    explains and counts, and its clocks."""
+
+    stores: dict[str, Store]
+    writer: Writer
+    explainer: ExplanationWriter
+    metrics: ControllerMetrics
+    features: Features
+    driver_name: str
+    binding_timeout: float
+    resync_period: float
+    clock: Callable[[], float]
+    wall: Callable[[], datetime]
+    timed: Callable[[str], AbstractContextManager[None]]
+
+
+class ClusterRoles(Protocol):
+    """kube-controller-manager's claim work (before the gang controller) and kube-scheduler's and device taint
+    eviction (after it), where no real component does them: the embedded testbed's sim.roles plays them
+    (`gpu-dra controller --embedded`). Beside a real kube-scheduler there are none, and pending pods are explained
+    instead."""
+
+    def claims_pass(self) -> RoleOutcome: ...
+
+    def schedule_pass(self) -> RoleOutcome: ...
+
+    def close(self) -> None: ...
+
+
+class ClusterRolesFactory(Protocol):
+    def kinds(self, features: Features) -> tuple[str, ...]:
+        """The kinds the roles read beyond CLUSTER_KINDS."""
+        ...
+
+    def __call__(self, context: RoleContext) -> ClusterRoles: ...
+
+
+@dataclass(frozen=True)
 class PassReport:
     """What one pass did (for logs and tests)."""
 
@@ -113,6 +145,7 @@ class ControllerManager:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        roles: ClusterRolesFactory | None = None,
     ) -> None:
         self.api = api
         self.config = config
@@ -127,8 +160,7 @@ class ControllerManager:
         self._pass_lock = threading.Lock()
         self._release_on_stop = True
         self._metrics_server: MetricsServer | None = None
-        kinds = CLUSTER_KINDS + (tuple(k for k in EMBEDDED_KINDS if _served(k, config.features))
-                                 if config.embedded else ())
+        kinds = CLUSTER_KINDS + (roles.kinds(config.features) if roles is not None else ())
         self.stores: dict[str, Store] = {kind: Store(kind) for kind in kinds}
         self.informers: dict[str, Informer] = {
             kind: Informer(api, store, self._notify)
@@ -156,9 +188,6 @@ class ControllerManager:
             wall=wall,
             repeat_interval=config.event_repeat_interval,
         )
-        self.claims = ClaimLifecycle(self.writer, self.metrics, clock=clock, report=lambda pod, reason, message:
-                                     self.explainer.event(pod, reason, message, component="resource_claim"))
-        self.pod_group_claims = PodGroupClaims(self.writer)
         self.gangs = GangController(
             self.writer,
             self.explainer,
@@ -169,34 +198,15 @@ class ControllerManager:
             wall=wall,
             fresh_claims=self._fresh_claims,
         )
-        self.live = LiveSnapshot(self.stores, config.features, CelEnvironment(features=config.features))
-        self.scheduler = EmbeddedScheduler(
-            self.writer,
-            self.explainer,
-            self.metrics,
-            features=config.features,
-            live=self.live,
-            driver_name=config.driver_name,
-            expand=self._expand_pod,
-            pods=self.stores["Pod"],
-            claim_index=self._claim_index,
-            binding_timeout=config.binding_timeout,
-        )
-        # Kept across passes from the caches' change sets (embedded mode): the generated-claims index, and the pods
-        # whose template expansion the pass must look at again.
-        self._generated = GeneratedClaims()
-        self._index_changes: set[str] = self.stores["ResourceClaim"].track()
-        self._expansion_changes: set[str] = self.stores["Pod"].track()
         self._pods_gone: set[str] = self.stores["Pod"].track()
-        self._taint_inputs = {k: self.stores[k].track() for k in ("ResourceSlice", "DeviceTaintRule") if k in self.stores}
-        self._template_changes: set[str] = (self.stores["ResourceClaimTemplate"].track()
-                                            if "ResourceClaimTemplate" in self.stores else set())
-        self._last_full_expansion = float("-inf")
-        self._held: set[str] = set()  # pods whose PodGroup shares their claims, as of this pass
-        self._watchlist = ClaimWatchlist(self.stores["Pod"], self.stores["ResourceClaim"],
-                                         full_every=config.resync_period, clock=clock)
         self.pending = PendingExplainer(self.explainer, self.metrics, features=config.features, driver_name=config.driver_name)
-        self.taint_evictor = TaintEvictor(self.writer, self.explainer)
+        self.roles: ClusterRoles | None = None if roles is None else roles(RoleContext(
+            self.stores, self.writer, self.explainer, self.metrics, config.features, config.driver_name,
+            config.binding_timeout, config.resync_period, clock, wall, self._timed))
+
+    @property
+    def embedded(self) -> bool:
+        return self.roles is not None
 
     # -- leadership --------------------------------------------------------------------------------
 
@@ -225,53 +235,6 @@ class ControllerManager:
         store = self.stores.get(kind)
         if store is not None:
             store.remove(obj)
-
-    def _expand_pod(self, pod: o.Obj, index: GeneratedClaims, templates: Mapping[str, o.Obj]) -> list[o.Obj]:
-        if o.key(pod) in self._held:
-            return []  # its PodGroup shares its claims (DRAWorkloadResourceClaims): no per-pod claims
-        # The scheduler allocates these claims next: they are created protected.
-        created, problems = self.claims.expand_pod(pod, index, templates, protected=True)
-        for problem in problems:
-            log.debug("reconcile problem", extra={"problem": problem})
-        return created
-
-    def _claim_index(self) -> GeneratedClaims:
-        """The generated-claims index, brought up to date with the claims changed since the last call."""
-        store = self.stores["ResourceClaim"]
-        for key in store.drain(self._index_changes):
-            self._generated.discard(key)
-            claim = store.get(key)
-            if claim is not None:
-                self._generated.add(claim)
-        return self._generated
-
-    def _expansion_candidates(self, view: View) -> list[o.Obj]:
-        """Pods the pass expands up front. Expansion only acts on a pod whose status does not name its claims yet,
-        which only a new or changed pod (or a template created later) can be; all pods are looked at again every
-        resync period in case a create failed."""
-        changed = self.stores["Pod"].drain(self._expansion_changes)
-        templates_changed = bool(self.stores["ResourceClaimTemplate"].drain(self._template_changes)) \
-            if "ResourceClaimTemplate" in self.stores else False
-        now = self._clock()
-        if templates_changed or now - self._last_full_expansion >= self.config.resync_period:
-            self._last_full_expansion = now
-            pods = list(view.pods.values())
-        else:
-            pods = [view.pods[k] for k in changed if k in view.pods]
-        return [p for p in pods if self._expanded_before_scheduling(p, view.templates)]
-
-    def _expanded_before_scheduling(self, pod: o.Obj, templates: Mapping[str, o.Obj]) -> bool:
-        """Pods whose claims the pass expands up front: those the scheduler will not take pod by pod (bound, or
-        for another scheduler) and those with gang templates, whose claims the gang controller places together."""
-        if not is_pending(pod):
-            return True
-        label = gang_label(self.config.driver_name)
-        for entry in o.list_field(o.section(pod, "spec"), "resourceClaims"):
-            name = entry.get("resourceClaimTemplateName") if isinstance(entry, Mapping) else None
-            template = templates.get(f"{o.namespace(pod)}/{name}") if name else None
-            if template is not None and label in (o.section(o.section(template, "spec"), "metadata").get("labels") or {}):
-                return True
-        return False
 
     def _fresh_claims(self) -> list[o.Obj]:
         """All claims straight from the API server (the re-check before writing an allocation)."""
@@ -302,56 +265,21 @@ class ControllerManager:
                 log.warning("leadership lost during a pass; stopped writing", extra={"identity": self.config.identity})
                 return PassReport(ran=False)
 
-    def _timed(self, concern: str) -> "_Timer":
+    def _timed(self, concern: str) -> AbstractContextManager[None]:
         return _Timer(self.metrics, concern)
 
     def _pass(self) -> PassReport:
-        problems: list[str] = []
-        created = released = deleted = 0
-        if self.config.embedded:
-            with self._timed("claims"):
-                view = self.view()
-                held: set[str] = set()
-                if self.config.features.workload_resource_claims:
-                    # Claims a PodGroup shares first, so member pods never get per-pod claims for them.
-                    created, held = self.pod_group_claims.sync(view)
-                    view = self.view()
-                self._held = held
-                # Pending pods are expanded one by one by the scheduler, right before each is placed.
-                upfront = [p for p in self._expansion_candidates(view) if o.key(p) not in held]
-                made, missing = self.claims.expand_templates(upfront, view.claims.values(), view.templates,
-                                                             index=self._claim_index())
-                created += made
-                problems += missing
-                view = self.view()
-                # Only the claims that changed, or whose pods did, since the last pass (all once a resync period);
-                # reservations by PodGroups are not tracked, so with them every claim is looked at.
-                to_check = self._watchlist.claims_to_check(view.claims)
-                check = set(view.claims) if self.config.features.workload_resource_claims else {o.key(c) for c in to_check}
-                released = self.claims.release([c for k, c in view.claims.items() if k in check], view.pods,
-                                               view.pod_groups if self.config.features.workload_resource_claims else None)
-                # Each step sees the previous step's writes: the writer updates the caches it reads from.
-                view = self.view()
-                deleted = self.claims.delete_orphans([c for k, c in view.claims.items() if k in check], view.pods)
+        before = self.roles.claims_pass() if self.roles is not None else RoleOutcome()
         with self._timed("gang"):
             gangs = self.gangs.reconcile(self.view())
         self.metrics.set_gang_states(gangs.states)
-        bound = unschedulable = 0
-        if self.config.embedded:
-            with self._timed("scheduler"):
-                outcome = self.scheduler.reconcile(self.view())
-            bound, unschedulable = outcome.bound, outcome.unschedulable
-            created += outcome.claims_created
-            with self._timed("taint-eviction"):
-                view = self.view()
-                # Slices as the taint rules change them: any slice or rule change, and any rule (its status ages).
-                changed = [bool(self.stores[k].drain(t)) for k, t in self._taint_inputs.items()]
-                self.taint_evictor.reconcile(view.pods.values(), view.claims.values(), view.sorted_slices,
-                                             view.taint_rules.values(), self._wall(),
-                                             slices_changed=any(changed) or bool(view.taint_rules))
+        if self.roles is not None:
+            after = self.roles.schedule_pass()
         else:
             with self._timed("explain"):
-                unschedulable = self.pending.reconcile(self.view())
+                after = RoleOutcome(pods_unschedulable=self.pending.reconcile(self.view()))
+        unschedulable = after.pods_unschedulable
+        problems = before.problems + after.problems
         self.metrics.pending_pods.set(unschedulable)
         pods = self.stores["Pod"]
         if any(pods.get(key) is None for key in pods.drain(self._pods_gone)):
@@ -362,13 +290,13 @@ class ControllerManager:
             log.debug("reconcile problem", extra={"problem": problem})
         return PassReport(
             ran=True,
-            claims_created=created,
-            claims_released=released,
-            claims_deleted=deleted,
+            claims_created=before.claims_created + after.claims_created,
+            claims_released=before.claims_released,
+            claims_deleted=before.claims_deleted,
             gangs=gangs,
-            pods_bound=bound,
+            pods_bound=after.pods_bound,
             pods_unschedulable=unschedulable,
-            problems=tuple(problems),
+            problems=problems,
         )
 
     def step(self) -> PassReport:
@@ -401,7 +329,7 @@ class ControllerManager:
             "controller started",
             extra={
                 "identity": self.config.identity,
-                "embedded": self.config.embedded,
+                "embedded": self.embedded,
                 "driver": self.config.driver_name,
                 "leaderElect": self.config.leader_elect,
             },
@@ -470,7 +398,8 @@ class ControllerManager:
         for thread in self._threads:
             thread.join(timeout)
         self._threads.clear()
-        self.scheduler.close()
+        if self.roles is not None:
+            self.roles.close()
         if self._metrics_server is not None:
             self._metrics_server.stop()
             self._metrics_server = None

@@ -8,6 +8,7 @@ from typing import Any
 
 from controller.leader import LeaseTimings
 from controller.manager import ControllerConfig, ControllerManager
+from sim.roles.embedded import EmbeddedRoles
 from driver.discovery import discover
 from driver.nvml import load_backend
 from driver.slices import SliceSettings, build_slices
@@ -36,11 +37,17 @@ def manager(api: KubeApi, *, embedded: bool = True, leader_elect: bool = False, 
             wall: FakeWall | None = None, gang_timeout: float = 60.0, metrics_port: int | None = None,
             features: Features | None = None) -> ControllerManager:
     config = ControllerConfig(
-        driver_name=DRIVER, embedded=embedded, gang_timeout=gang_timeout, leader_elect=leader_elect,
+        driver_name=DRIVER, gang_timeout=gang_timeout, leader_elect=leader_elect,
         identity=identity, timings=FAST, tick=0.05, resync_period=5.0, metrics_port=metrics_port,
         metrics_host="127.0.0.1", features=features or Features(),
     )
-    return ControllerManager(api, config, wall=wall or FakeWall())
+    return ControllerManager(api, config, wall=wall or FakeWall(), roles=EmbeddedRoles if embedded else None)
+
+
+def roles(m: ControllerManager) -> EmbeddedRoles:
+    """The testbed's scheduler and controller-manager roles of an embedded manager, for tests that look inside."""
+    assert isinstance(m.roles, EmbeddedRoles)
+    return m.roles
 
 
 def gpu_class(name: str = GPU_CLASS) -> dict[str, Any]:

@@ -83,7 +83,7 @@ def test_controller_objects_for_a_domain() -> None:
 
 
 def test_daemon_pods_get_the_image_pull_secrets_and_tolerate_what_the_agent_does() -> None:
-    from controller.nodefit import tolerates
+    from sim.roles.nodefit import tolerates
 
     pod = daemon_set(DOMAIN, "gpu-dra-system", "registry.example.com/gpu-dra:v2", ("regcred",))["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == "registry.example.com/gpu-dra:v2"

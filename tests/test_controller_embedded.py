@@ -288,9 +288,9 @@ def test_cel_runtime_error_and_missing_class_are_in_the_claim_explanation(apiser
 def test_a_failed_binding_gives_its_devices_back_and_the_pod_is_placed_on_the_next_pass(
     apiserver: Any, monkeypatch: Any
 ) -> None:
-    """Bindings run beside placement (controller.inflight): one that fails after its claim was allocated is undone
+    """Bindings run beside placement (sim.roles.inflight): one that fails after its claim was allocated is undone
     through the API and in the pass's snapshot, so no device stays held for a pod that is not bound."""
-    import controller.scheduler as scheduler_module
+    import sim.roles.scheduler as scheduler_module
 
     api = apiserver.api
     _cluster(api)
@@ -349,7 +349,7 @@ def test_event_memory_of_a_pod_goes_with_the_pod(apiserver: Any) -> None:
 
 
 def test_a_generated_claim_is_an_orphan_once_its_pod_is_gone_done_or_replaced_by_a_namesake() -> None:
-    from controller.claims import claims_to_delete
+    from sim.roles.claimlifecycle import claims_to_delete
 
     claim = {"metadata": {"name": "p-gpu-abcde", "namespace": "default",
                           "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
@@ -365,7 +365,8 @@ def test_a_generated_claim_is_an_orphan_once_its_pod_is_gone_done_or_replaced_by
 
 
 def test_a_refused_claim_creation_is_reported_on_the_pod_and_retried_with_back_off(apiserver: Any) -> None:
-    from controller.claims import ClaimLifecycle, GeneratedClaims
+    from controller.claims import GeneratedClaims
+    from sim.roles.claimlifecycle import ClaimLifecycle
     from controller.metrics import ControllerMetrics
     from gpudra.kubeapi import ApiError
 

@@ -12,7 +12,7 @@ import pytest
 from controller.leader import LeaderElector, LeaseTimings
 from controller.metrics import ControllerMetrics
 from controller.writes import NotLeader, Writer
-from controller_helpers import claims_of, create_all, devices_of, gpu_class, gpu_slice, manager, node, node_of, pod, template
+from controller_helpers import claims_of, create_all, devices_of, gpu_class, gpu_slice, manager, node, node_of, pod, roles, template
 
 
 class FakeClock:
@@ -166,7 +166,7 @@ def test_allocation_never_overwrites_a_concurrent_allocation(apiserver: Any) -> 
     fresh["status"] = {"allocation": other}
     api.replace_status("ResourceClaim", fresh)
     ours = {"devices": {"results": [{"request": "gpus", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "g0"}]}}
-    assert m.scheduler._committer.allocate(stale, ours, None) is None
+    assert roles(m).scheduler._committer.allocate(stale, ours, None) is None
     assert devices_of(api.get("ResourceClaim", "c", "default")) == ["g1"]
 
 

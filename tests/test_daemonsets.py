@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.nodefit import as_allocator_node, required_affinity, static_rejects
+from sim.roles.nodefit import as_allocator_node, required_affinity, static_rejects
 from sim.cluster.daemonhistory import plan_history, revision_name, snapshot
 from sim.cluster.daemonsets import REVISION_LABEL, daemon_pod, plan
 

@@ -140,21 +140,8 @@ WRITER_VERBS: dict[str, list[tuple[str, str]]] = {
 }
 API_RECEIVERS = {"api", "_api"}
 WRITER_RECEIVERS = {"writer", "_writer"}
-# Run only with `gpu-dra controller --embedded` (the embedded control plane, no RBAC): the kube-scheduler's and
-# kube-controller-manager's work (placement and binding, claims from templates and for pod groups, device taint
-# eviction). The deployed controller runs in cluster mode; test_embedded_only_modules_run_only_in_embedded_mode
-# checks the list.
-EMBEDDED_ONLY = {"controller/scheduler.py", "controller/claims.py", "controller/taintevict.py",
-                 # claims shared by a PodGroup (kube-controller-manager's part of KEP-5729)
-                 "controller/podgroupclaims.py",
-                 # kube-scheduler's PodScheduled condition, written by the embedded scheduler only
-                 "controller/podconditions.py"}
 # Code of the driver package that runs in the ComputeDomain IMEX daemon pods, under their own ServiceAccount.
 IMEX_DAEMON = {"driver/computedomain/daemon.py", "driver/commands/computedomaindaemon.py"}
-# Helpers in that list that the manager does not drive itself: only embedded-only modules may import them.
-EMBEDDED_ONLY_HELPERS = {"controller/podconditions.py"}
-
-
 @dataclass(frozen=True)
 class Need:
     group: str
@@ -205,7 +192,7 @@ def needs_of(path: Path) -> Iterator[Need]:
             yield Need(info.group, f"{info.plural}/{subresource}" if subresource else info.plural, verb, where)
 
 
-def code_needs(package: str, excluded: set[str] = EMBEDDED_ONLY | IMEX_DAEMON) -> list[Need]:
+def code_needs(package: str, excluded: set[str] = IMEX_DAEMON) -> list[Need]:
     out: list[Need] = []
     for path in sorted((ROOT / package).rglob("*.py")):
         if str(path.relative_to(ROOT)) in excluded:
@@ -272,39 +259,20 @@ def test_imex_daemon_rbac_grants_every_call_the_daemon_makes() -> None:
     assert _missing(needs, granted(build(), "compute-domain-daemon-service-account")) == []
 
 
-def test_embedded_only_modules_run_only_in_embedded_mode() -> None:
-    """The excluded modules' objects are driven only inside `if self.config.embedded:` of the manager's pass (the
-    scheduler module's cluster-mode PendingExplainer writes only through the explainer, which is counted)."""
-    tree = ast.parse((ROOT / "controller/manager.py").read_text())
-    driven_in_embedded: set[str] = set()
-    driven_anywhere: set[str] = set()
-    for fn in ast.walk(tree):
-        if not (isinstance(fn, ast.FunctionDef) and fn.name == "_pass"):
-            continue
-        for node in ast.walk(fn):
-            if isinstance(node, ast.If) and "embedded" in ast.unparse(node.test):
-                for inner in ast.walk(ast.Module(body=node.body, type_ignores=[])):
-                    if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Attribute):
-                        driven_in_embedded.add(inner.value.attr)
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
-                driven_anywhere.add(node.value.attr)
-    # self.claims (ClaimLifecycle), self.scheduler (EmbeddedScheduler), self.taint_evictor (TaintEvictor),
-    # self.pod_group_claims (PodGroupClaims)
-    embedded_only = {"claims", "scheduler", "taint_evictor", "pod_group_claims"}
-    assert embedded_only <= driven_in_embedded
-    assert not embedded_only & (driven_anywhere - driven_in_embedded)
-
-
-@pytest.mark.slow
-def test_embedded_only_helpers_are_imported_only_by_embedded_only_modules() -> None:
-    for helper in EMBEDDED_ONLY_HELPERS:
-        module = helper.removesuffix(".py").replace("/", ".")
-        importers = set()
-        for path in sorted((ROOT / "controller").rglob("*.py")):
-            tree = ast.parse(path.read_text())
-            for node in ast.walk(tree):
-                if isinstance(node, ast.ImportFrom) and node.module == module:
-                    importers.add(str(path.relative_to(ROOT)))
-                if isinstance(node, ast.Import) and any(a.name == module for a in node.names):
-                    importers.add(str(path.relative_to(ROOT)))
-        assert importers and importers <= EMBEDDED_ONLY, (helper, importers)
+def test_the_controller_reaches_the_testbed_roles_only_through_embedded_mode() -> None:
+    """kube-scheduler's and kube-controller-manager's work (placement, binding, claims from templates, taint
+    eviction) is the testbed's (sim.roles), so none of it is in the controller package the image ships
+    and none of its API calls needs the deployed controller's RBAC: the one import of the testbed is the
+    `--embedded` flag's, inside the function that loads it."""
+    testbed = {"controlplane", "sim", "bench"}
+    found: list[tuple[str, int]] = []
+    for path in sorted((ROOT / "controller").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(name.split(".")[0] in testbed for name in names):
+                found.append((str(path.relative_to(ROOT)), node.lineno))
+    assert len(found) == 1 and found[0][0] == "controller/commands/controller.py", found
+    tree = ast.parse((ROOT / "controller/commands/controller.py").read_text())
+    loader = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "embedded_roles")
+    assert loader.lineno <= found[0][1] <= (loader.end_lineno or 0)

@@ -11,7 +11,7 @@ import pytest
 from conftest import RESOURCE_BETAS
 
 from controller.explanation_writer import REASON_UNSCHEDULABLE
-from controller.podconditions import unschedulable_conditions
+from sim.roles.podconditions import unschedulable_conditions
 from controller_helpers import (FakeWall, create_all, events_for, gpu_class, manager, node, pod, sim_slices, template,
                                 terminating)
 from sim.demo.cluster import node_object, register_node
@@ -198,7 +198,7 @@ def test_effect_none_reports_what_no_execute_would_do(apiserver: Any) -> None:
 def test_plan_honours_toleration_seconds() -> None:
     from datetime import datetime, timezone
 
-    from controller.taintevict import plan
+    from sim.roles.taintevict import plan
 
     now = datetime(2026, 1, 1, 0, 1, 0, tzinfo=timezone.utc)
     slices = [{"spec": {"driver": "d", "pool": {"name": "p", "generation": 1}, "devices": [

@@ -8,7 +8,7 @@ from typing import Any
 from controller.allocator import ClusterSnapshot, parse_claim
 from controller.cel import CelEnvironment
 from controller.diagnosis import Diagnoser, explain
-from controller.scheduler import unavailable_message
+from controller.pending import unavailable_message
 from gpudra.features import Features
 from tests.alloc_fixtures import allocation, claim, device, klass, request, slice_
 

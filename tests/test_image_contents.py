@@ -84,6 +84,11 @@ def test_in_cluster_commands_start_and_testbed_commands_say_why_not(tmp_path: Pa
     # The node agent on a simulator names the missing package through its seam.
     proc = _run(CLI, "plugin", "--node", "n1", "--nvml", "sim:dgx-a100")
     assert proc.returncode == 2 and "not part of this installation" in proc.stderr, proc.stderr
+    # So does the controller asked to play kube-scheduler: those roles are the testbed's.
+    proc = _run(CLI, "controller", "--embedded", "--kubeconfig", str(tmp_path / "absent"))
+    assert proc.returncode == 2 and "package `sim`, the testbed) are not part of this installation" in proc.stderr, \
+        proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.process

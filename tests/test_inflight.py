@@ -1,4 +1,4 @@
-"""controller.inflight: the scheduler's bindings in flight, bounded, and ordered by the claims they write."""
+"""sim.roles.inflight: the scheduler's bindings in flight, bounded, and ordered by the claims they write."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from controller.inflight import InFlight
+from sim.roles.inflight import InFlight
 
 
 def test_jobs_are_bounded_and_a_shared_claim_waits_for_its_writer() -> None:

@@ -16,7 +16,7 @@ from controller.informer import Store
 from controller.scoring import Placement, Placer
 from controller.snapshots import LiveSnapshot, build_snapshot
 from controller.view import View
-from controller_helpers import claims_of, create_all, gpu_class, gpu_slice, manager, node, pod, template
+from controller_helpers import claims_of, create_all, gpu_class, gpu_slice, manager, node, pod, roles, template
 from gpudra.features import Features
 
 DRIVER = "gpu.nvidia.com"
@@ -136,7 +136,7 @@ def test_scheduler_expands_and_binds_pod_by_pod_without_rebuilding(apiserver: An
     # The next pass must not place the bound pods again, even before the cache shows them bound.
     again = m.reconcile_once()
     assert again.pods_bound == 0 and again.claims_created == 0
-    assert m.live.rebuilds == 1
+    assert roles(m).live.rebuilds == 1
 
 
 def test_generated_claims_index_follows_adds_and_discards() -> None:
@@ -165,14 +165,14 @@ def test_bound_pods_are_not_rescanned_for_expansion_every_pass(apiserver: Any) -
     create_all(api, [pod("p0", templates={"gpu": "one"})])
     assert m.step().pods_bound == 1
     seen: list[int] = []
-    expand = m.claims.expand_templates
+    expand = roles(m).claims.expand_templates
 
     def spy(pods: Any, *args: Any, **kwargs: Any) -> Any:
         pods = list(pods)
         seen.append(len(pods))
         return expand(pods, *args, **kwargs)
 
-    m.claims.expand_templates = spy  # type: ignore[method-assign]
+    roles(m).claims.expand_templates = spy  # type: ignore[method-assign]
     m.resync()
     m.reconcile_once()  # the bound pod changed (nodeName): looked at once
     m.reconcile_once()  # nothing changed: nobody to look at
@@ -211,4 +211,4 @@ def test_a_device_taint_rule_added_later_rebuilds_the_snapshot(apiserver: Any) -
     create_all(api, [pod("p", templates={"gpu": "two"})])
     m.step()
     assert api.get("Pod", "p", "default")["spec"].get("nodeName") == "n2"  # binpack would pick n1 without the rule
-    assert m.live.rebuilds == 2
+    assert roles(m).live.rebuilds == 2

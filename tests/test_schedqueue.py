@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.schedqueue import SchedulingQueue
-from controller_helpers import create_all, gpu_class, gpu_slice, manager, node, pod, template
+from sim.roles.schedqueue import SchedulingQueue
+from controller_helpers import create_all, gpu_class, gpu_slice, manager, node, pod, roles, template
 
 
 def _pod(name: str, created: str, priority_class: str | None = None) -> dict[str, Any]:
@@ -38,7 +38,7 @@ def test_a_pod_created_during_a_pass_is_placed_in_its_rank_in_that_pass(apiserve
                      {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "high"}, "value": 1000},
                      pod("first", templates={"gpu": "one"}), pod("second", templates={"gpu": "one"})])
     m = manager(api)
-    expand = m.scheduler._expand
+    expand = roles(m).scheduler._expand
     arrived: list[str] = []
 
     def expand_and_receive(p: Any, index: Any, templates: Any) -> Any:
@@ -50,7 +50,7 @@ def test_a_pod_created_during_a_pass_is_placed_in_its_rank_in_that_pass(apiserve
             arrived.append(p["metadata"]["name"])
         return expand(p, index, templates)  # type: ignore[misc]
 
-    m.scheduler._expand = expand_and_receive
+    roles(m).scheduler._expand = expand_and_receive
     report = m.step()
     assert arrived == ["first"] and report.pods_bound == 2
     assert api.get("Pod", "vip", "default")["spec"].get("nodeName") == "n1"

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from controller.fiterror import NodeStatus, fit_error
-from controller.nodefit import REASON_TAINT, dynamic_rejects
-from controller.nodeusage import NodeUsage
-from controller.podresources import host_ports, pod_demand
+from sim.roles.fiterror import NodeStatus, fit_error
+from sim.roles.nodefit import REASON_TAINT, dynamic_rejects
+from sim.roles.nodeusage import NodeUsage
+from sim.roles.podresources import host_ports, pod_demand
 from controller_helpers import create_all, events_for, manager, node
 
 

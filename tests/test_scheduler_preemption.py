@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller import preemption
-from controller.nodeusage import NodeLoad
-from controller.podresources import Demand
+from sim.roles import preemption
+from sim.roles.nodeusage import NodeLoad
+from sim.roles.podresources import Demand
 from controller_helpers import (create_all, events_for, gpu_class, kubelet_finishes_terminating_pods, manager, node, pod,
                                 sim_slices, template, terminating)
 

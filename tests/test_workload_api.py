@@ -208,12 +208,13 @@ def _shared_pod(name: str) -> dict[str, Any]:
 
 def _manager_with(api: Any, *gates: str) -> Any:
     from controller.manager import ControllerConfig, ControllerManager
+    from sim.roles.embedded import EmbeddedRoles
     from controller_helpers import DRIVER, FAST, FakeWall
     from gpudra.features import Features
 
-    config = ControllerConfig(driver_name=DRIVER, embedded=True, gang_timeout=60.0, leader_elect=False, identity="test",
+    config = ControllerConfig(driver_name=DRIVER, gang_timeout=60.0, leader_elect=False, identity="test",
                               timings=FAST, tick=0.05, resync_period=5.0, features=Features.parse(list(gates)))
-    return ControllerManager(api, config, wall=FakeWall())
+    return ControllerManager(api, config, wall=FakeWall(), roles=EmbeddedRoles)
 
 
 @pytest.mark.slow

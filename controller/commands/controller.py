@@ -13,7 +13,7 @@ from typing import Any
 
 from controller.computedomain import DAEMON_IMAGE
 from controller.leader import LeaseTimings
-from controller.manager import ControllerConfig, ControllerManager, default_identity
+from controller.manager import ClusterRolesFactory, ControllerConfig, ControllerManager, default_identity
 from gpudra import DEFAULT_DRIVER_NAME, cliopts
 from gpudra.features import FeatureGateError
 from gpudra.features import add_arguments as add_feature_arguments
@@ -29,7 +29,8 @@ log = logging.getLogger("gpudra.controller")
 def register(parser: argparse.ArgumentParser) -> None:
     cliopts.add_kubeconfig(parser)
     parser.add_argument("--embedded", action="store_true",
-                        help="also act as kube-scheduler and the resourceclaim controller (for `gpu-dra apiserver`)")
+                        help="also play kube-scheduler and kube-controller-manager, for the embedded control plane "
+                             "(`gpu-dra apiserver`; a source install: the roles are the testbed's, not in the image)")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help="DRA driver name (default %(default)s)")
     parser.add_argument("--metrics-port", type=cliopts.port, default=None, help="serve Prometheus metrics on this port")
     parser.add_argument("--metrics-host", default="0.0.0.0", help="address for the metrics server (default %(default)s)")
@@ -82,7 +83,6 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         raise ValueError(f"--resync-period ({args.resync_period}) must be greater than 0 seconds")
     return ControllerConfig(
         driver_name=args.driver_name,
-        embedded=args.embedded,
         gang_timeout=args.gang_timeout,
         binding_timeout=args.binding_timeout,
         leader_elect=args.leader_elect,
@@ -112,11 +112,31 @@ def daemon_image_from_pod(api: Any, args: argparse.Namespace, config: Controller
     return replace(config, compute_domain_daemon_image=own.image, compute_domain_daemon_pull_secrets=secrets)
 
 
+class MissingRoles(Exception):
+    """--embedded where the testbed is not installed."""
+
+
+def embedded_roles() -> ClusterRolesFactory:
+    """The testbed's kube-scheduler and kube-controller-manager roles; MissingRoles where the testbed is not
+    installed (the image)."""
+    try:
+        from sim.roles.embedded import EmbeddedRoles  # noqa: PLC0415 - the testbed, only for --embedded
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "sim":
+            raise
+        raise MissingRoles("--embedded: the embedded control plane's scheduler and "
+                          "controller-manager roles (package `sim`, the testbed) are not part of this installation (the "
+                          "image runs beside a real kube-scheduler); install gpu-dra from a source checkout "
+                          "(pip install .) to run it") from exc
+    return EmbeddedRoles
+
+
 def run(args: argparse.Namespace) -> int:
     configure(cliopts.log_level(args))
     try:
         config = config_from_args(args)
-    except (ValueError, FeatureGateError) as err:
+        roles = embedded_roles() if args.embedded else None
+    except (ValueError, FeatureGateError, MissingRoles) as err:
         print(f"gpu-dra controller: {err}", file=sys.stderr)
         return 2
     try:
@@ -136,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"gpu-dra controller: --compute-domain-daemon-image-from-pod: {err}", file=sys.stderr)
             api.close()
             return 2
-    manager = ControllerManager(api, config)
+    manager = ControllerManager(api, config, roles=roles)
     stop = stop_on_signals(notify=lambda sig: log.info("signal received; shutting down", extra={"signal": sig.name}))
     manager.start()
     try:

@@ -19,7 +19,7 @@ from typing import Any
 
 from controller.expand import pod_template_hash
 from controller.allocator import AllocationError
-from controller.nodefit import as_allocator_node, required_affinity, static_rejects
+from sim.roles.nodefit import as_allocator_node, required_affinity, static_rejects
 from gpudra.kubeapi import AlreadyExists, ApiError, KubeApi
 from sim.cluster.periodic import Periodic
 from sim.cluster.daemonhistory import REVISION_LABEL, HistoryPlan, plan_history

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller import objects as o
-from controller.podresources import Demand, HostPort, host_ports, pod_demand
+from sim.roles.podresources import Demand, HostPort, host_ports, pod_demand
 
 
 @dataclass

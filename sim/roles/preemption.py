@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from controller import objects as o
-from controller.nodeusage import NodeLoad
-from controller.podresources import Demand, HostPort
+from sim.roles.nodeusage import NodeLoad
+from sim.roles.podresources import Demand, HostPort
 from gpudra.labelselector import selects
 
 EVENT_REASON = "Preempted"

@@ -11,14 +11,14 @@ Pods with `spec.nodeName` never reach a scheduler, so the NodeName plugin has no
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from controller import objects as o
 from controller.allocator import AllocationError, Node, NodeSelector
-from controller.nodeusage import NodeLoad
-from controller.podresources import CPU, EPHEMERAL, MEMORY, PODS, Demand, HostPort
+from sim.roles.nodeusage import NodeLoad
+from sim.roles.podresources import CPU, EPHEMERAL, MEMORY, PODS, Demand, HostPort
 
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 
@@ -145,18 +145,3 @@ def dynamic_rejects(demand: Demand, ports: tuple[HostPort, ...], allocatable: Ma
 
 def as_allocator_node(node: Mapping[str, Any]) -> Node:
     return Node(name=o.name(node), labels={str(k): str(v) for k, v in o.labels(node).items()})
-
-
-def allocation_rejects(claims: Iterable[Mapping[str, Any]], node: Node) -> str | None:
-    """An allocated claim pins its pod to the nodes its allocation's nodeSelector matches."""
-    for claim in claims:
-        alloc = o.allocation(claim)
-        if alloc is None or alloc.get("nodeSelector") is None:
-            continue
-        try:
-            selector = NodeSelector.parse(alloc["nodeSelector"], f"ResourceClaim {o.key(claim)}: status.allocation.nodeSelector")
-        except AllocationError as err:
-            return str(err)
-        if not selector.matches(node):
-            return f"claim {o.key(claim)} is allocated on devices that this node cannot reach"
-    return None

@@ -1,8 +1,8 @@
-"""Embedded mode's kube-scheduler role for DRA, and cluster mode's explanations for pending pods.
+"""Embedded mode's kube-scheduler role for DRA (the testbed's; on a real cluster kube-scheduler does this).
 
 EmbeddedScheduler, per pass, pod by pod:
 - pending pods (no nodeName, not done, not bound by us already) in a bounded queue (`max_pods`) ordered by
-  PriorityClass value, then creation time (controller.schedqueue); pods created during the pass join the
+  PriorityClass value, then creation time (sim.roles.schedqueue); pods created during the pass join the
   queue in their rank before the next pod is taken; a pass stops after `budget` seconds so that the other
   concerns run, and the next pass starts at once;
 - per pod: its template claims are created (the `expand` hook, ahead of its placement), then its claims must
@@ -14,13 +14,13 @@ EmbeddedScheduler, per pass, pod by pod:
 - the snapshot the Placer searches is a LiveSnapshot: kept current from the informer caches' deltas and
   from this scheduler's own allocations at commit, never rebuilt by a relist;
 - placement happens on the scheduling thread, one pod at a time in queue order; the API writes around it run
-  on a small pool (controller.inflight): the template claims of the next pods are created while this one is
+  on a small pool (sim.roles.inflight): the template claims of the next pods are created while this one is
   placed, and a placed pod is *assumed* (devices taken, claims allocated, pod bound, for the rest of the pass)
   while its writes run: finalizer (when the claim lacks it) + allocation + reservedFor per claim, then
   pods/binding and the Scheduled Event. A failed step undoes the earlier ones of that pod and gives its devices
   back; its pod is tried on the next pass. A pass ends with no write in flight. A bound pod is assumed bound
   until the watch shows it (no re-read after binding);
-- a pod that cannot be placed may preempt pods of lower priority (controller.preemption: victims deleted, the
+- a pod that cannot be placed may preempt pods of lower priority (sim.roles.preemption: victims deleted, the
   pod nominated to their node), and is reported through `_unschedulable` (an Event, rate-limited, and the
   explanation annotation on its pending claims); it is retried on the next pass, which runs whenever
   something changes.
@@ -39,56 +39,37 @@ from typing import Any
 
 from controller import bindingconditions
 from controller import objects as o
-from controller import podgroupclaims, podgroups, preemption
+from controller import podgroups
+from sim.roles import podgroupclaims, preemption
 from controller.allocator import AllocationError, ClusterSnapshot, Node, parse_claim
-from controller.cel import CelEnvironment
-from controller.claims import GeneratedClaims, resolve_pod_claims
+from controller.claims import GeneratedClaims
 from controller.commit import AllocationCommitter
-from controller.diagnosis import NodeReason, explain, summarize
+from controller.diagnosis import NodeReason, explain
 from controller.explanation_writer import REASON_GANG_WAITING, REASON_QUOTA, REASON_SCHEDULED, REASON_UNSCHEDULABLE, ExplanationWriter
 from controller.extended import class_for_resource, dra_extended_requests, extended_resource_claim
-from controller.fiterror import EVENT_REASON as FAILED_SCHEDULING, SCHEDULER_NAME, NodeStatus, fit_error
-from controller.ganggroups import gang_label, gang_size_label, is_gang_claim
+from sim.roles.fiterror import EVENT_REASON as FAILED_SCHEDULING, SCHEDULER_NAME, NodeStatus, fit_error
 from controller.metrics import ControllerMetrics
-from controller.nodefit import (
-    REASON_CANNOT_ALLOCATE, REASON_CLAIM_ELSEWHERE, allocation_rejects, as_allocator_node, dynamic_rejects,
+from sim.roles.nodefit import (
+    REASON_CANNOT_ALLOCATE, REASON_CLAIM_ELSEWHERE, as_allocator_node, dynamic_rejects,
     preferred_nodes, required_affinity, static_rejects,
 )
-from controller.nodeusage import NodeLoad, NodeUsage
-from controller.podresources import Demand, HostPort, host_ports, is_extended, node_allocatable, pod_demand
+from sim.roles.nodeusage import NodeLoad, NodeUsage
+from sim.roles.podresources import Demand, HostPort, host_ports, is_extended, node_allocatable, pod_demand
 from controller.objects import Obj
-from controller.inflight import InFlight
+from controller.pending import allocation_rejects, gather_pod_claims, is_pending, unavailable_message
+from sim.roles.inflight import InFlight
 from controller.informer import Store
-from controller.podconditions import mark_disrupted, mark_unschedulable
-from controller.priority import pod_priority, priority_values
-from controller.schedqueue import SchedulingQueue, SortKey
-from controller.quota import check_quota, devices_by_class
+from sim.roles.podconditions import mark_disrupted, mark_unschedulable
+from sim.roles.priority import pod_priority, priority_values
+from sim.roles.schedqueue import SchedulingQueue, SortKey
+from sim.roles.quota import check_quota, devices_by_class
 from controller.scoring import NoPlacement, Placer
-from controller.snapshots import LiveSnapshot, build_snapshot
+from controller.snapshots import LiveSnapshot
 from controller.view import View
 from controller.writes import NotLeader, Writer, bind_pod
 from gpudra.features import Features
 
-log = logging.getLogger("gpudra.controller.scheduler")
-
-# Pods for other schedulers are left alone; in embedded mode we are the default scheduler.
-OUR_SCHEDULERS = ("", "default-scheduler")
-
-
-def is_pending(pod: Mapping[str, Any]) -> bool:
-    spec = o.section(pod, "spec")
-    return (
-        not spec.get("nodeName")
-        and not o.pod_done(pod)
-        and not o.deleting(pod)
-        and str(spec.get("schedulerName") or "") in OUR_SCHEDULERS
-    )
-
-
-def unavailable_message(total_nodes: int, reasons: Iterable[NodeReason]) -> str:
-    """kube-scheduler's shape: `0/N nodes are available: <why, grouped>`."""
-    return f"0/{total_nodes} nodes are available: {summarize(list(reasons))}"
-
+log = logging.getLogger("gpudra.sim.roles.scheduler")
 
 def _pod_shape(pod: Mapping[str, Any]) -> str:
     """What static_rejects reads from a pod, as a key: pods alike in it get the same verdict on every node."""
@@ -102,64 +83,6 @@ def _scheduler_status(reason: NodeReason) -> NodeStatus:
     """How kube-scheduler's Filter would have reported this node: our node-level rejections carry its reasons; a
     device explanation is the DynamicResources plugin's `cannot allocate all claims`."""
     return NodeStatus(reason.scheduler or (REASON_CANNOT_ALLOCATE,), reason.resolvable)
-
-
-@dataclass(frozen=True)
-class PodClaims:
-    """A pod's claims in spec order, or why the pod must wait before placement is even tried."""
-
-    claims: list[Obj]
-    wait_reason: str = ""
-    wait_event: str = REASON_UNSCHEDULABLE
-    silent: bool = False  # waiting for something this pass itself is creating: no event
-    warning: bool = True  # False while a gang is still forming: progress, not a failure
-
-
-def gather_pod_claims(
-    pod: Mapping[str, Any],
-    claims_by_key: Mapping[str, Obj],
-    driver: str,
-    templates: Mapping[str, Obj] | None = None,
-    generated: GeneratedClaims | None = None,
-    verdict_annotation: str | None = None,
-) -> PodClaims:
-    """`verdict_annotation`: the claims' explanation annotation, where the gang controller says why a complete
-    gang was not allocated; that is then the pod's reason."""
-    ns = o.namespace(pod)
-    out: list[Obj] = []
-    for pc in resolve_pod_claims(pod, generated if generated is not None else claims_by_key.values()):
-        if pc.claim_name is None:
-            if templates is not None and f"{ns}/{pc.template}" not in templates:
-                return PodClaims(
-                    [],
-                    f"spec.resourceClaims[{pc.pod_claim_name}].resourceClaimTemplateName: "
-                    f'resourceclaimtemplate "{pc.template}" not found in namespace {ns}',
-                )
-            return PodClaims([], f"waiting for the ResourceClaim of pod claim {pc.pod_claim_name} to be created", silent=True)
-        claim = claims_by_key.get(f"{ns}/{pc.claim_name}")
-        if claim is None:
-            return PodClaims([], f'resourceclaim "{pc.claim_name}" not found')
-        if o.deleting(claim):
-            return PodClaims([], f'resourceclaim "{pc.claim_name}" is being deleted')
-        if o.allocation(claim) is None and is_gang_claim(claim, driver):
-            return _gang_wait(claim, claims_by_key, driver, verdict_annotation)
-        out.append(claim)
-    return PodClaims(out)
-
-
-def _gang_wait(claim: Obj, claims_by_key: Mapping[str, Obj], driver: str, verdict_annotation: str | None) -> PodClaims:
-    """A pod whose claim belongs to a label gang that is not allocated: still forming (Normal), or the gang
-    controller's reason why the complete gang does not fit (Warning). One event either way, whose type and
-    message follow the gang."""
-    ns, labels = o.namespace(claim), o.labels(claim)
-    gang, size = labels.get(gang_label(driver)), str(labels.get(gang_size_label(driver)))
-    members = sum(1 for c in claims_by_key.values()
-                  if o.namespace(c) == ns and o.labels(c).get(gang_label(driver)) == gang)
-    verdict = o.annotations(claim).get(verdict_annotation) if verdict_annotation else None
-    if size.isdigit() and members >= int(size) and verdict:
-        return PodClaims([], f"claim {o.key(claim)} belongs to gang {ns}/{gang}: {verdict}", REASON_GANG_WAITING)
-    return PodClaims([], f"claim {o.key(claim)} belongs to gang {ns}/{gang} ({members} of {size} claims exist), which is "
-                         "allocated all-or-nothing once all its claims exist and fit", REASON_GANG_WAITING, warning=False)
 
 
 @dataclass(frozen=True)
@@ -270,7 +193,7 @@ class EmbeddedScheduler:
         self.binding_timeout = binding_timeout
         self.bindings_in_flight = bindings_in_flight
         self.expansions_ahead = expansions_ahead
-        # Threads for the writes beside placement (controller.inflight), started with the first pass that writes.
+        # Threads for the writes beside placement (sim.roles.inflight), started with the first pass that writes.
         self._pool_instance: ThreadPoolExecutor | None = None
         self._writer = writer
         self._explainer = explainer
@@ -759,7 +682,7 @@ class EmbeddedScheduler:
             self._explainer.event(pod, FAILED_SCHEDULING, condition, component=SCHEDULER_NAME, action="Scheduling")
         mark_unschedulable(self._writer, pod, condition, nominated_node=preempted.nominate)
 
-    # -- preemption (controller.preemption) -----------------------------------------------------------------------
+    # -- preemption (sim.roles.preemption) -----------------------------------------------------------------------
 
     def _preempt(self, pod: Obj, state: _PassState, claims: list[Obj], pending: list[Obj], demand: Demand,
                  ports: tuple[HostPort, ...], skip: frozenset[str]) -> _Preempted:
@@ -854,49 +777,3 @@ class EmbeddedScheduler:
                                                host_ports(resident)))
         state.residents[node] = found
         return found
-
-
-class PendingExplainer:
-    """Cluster mode: kube-scheduler allocates; we explain pods that wait on claims that cannot fit."""
-
-    def __init__(self, explainer: ExplanationWriter, metrics: ControllerMetrics, *, features: Features, driver_name: str) -> None:
-        self._explainer = explainer
-        self._metrics = metrics
-        self._features = features
-        self.driver = driver_name
-        self._cel = CelEnvironment(features=features)
-
-    def reconcile(self, view: View) -> int:
-        waiting = 0
-        state: tuple[ClusterSnapshot, Placer] | None = None
-        claims_by_key = dict(view.claims)
-        for pod in sorted((p for p in view.pods.values() if is_pending(p)), key=o.key):
-            if not o.list_field(o.section(pod, "spec"), "resourceClaims"):
-                continue
-            gathered = gather_pod_claims(pod, claims_by_key, self.driver, verdict_annotation=self._explainer.annotation)
-            if gathered.wait_reason:
-                if not gathered.silent:
-                    waiting += 1
-                    self._explainer.event(pod, gathered.wait_event, gathered.wait_reason, warning=gathered.warning)
-                continue
-            pending = [c for c in gathered.claims if o.allocation(c) is None]
-            if not pending:
-                continue
-            if state is None:
-                snapshot, _ = build_snapshot(view, view.allocated_claims())
-                state = (snapshot, Placer(snapshot, self._features, self._cel))
-            snapshot, placer = state
-            nodes = [n for n in snapshot.node_names if allocation_rejects(gathered.claims, snapshot.node(n)) is None]
-            try:
-                parsed = [parse_claim(c) for c in pending]
-                result = placer.place(parsed, nodes)
-                if not isinstance(result, NoPlacement):
-                    continue  # it fits somewhere: kube-scheduler will place it
-                message = unavailable_message(len(snapshot.node_names), explain(snapshot, parsed, nodes, self._features, self._cel))
-            except AllocationError as err:
-                message = str(err)
-            waiting += 1
-            self._metrics.failures.labels(reason="unschedulable").inc()
-            self._explainer.event(pod, REASON_UNSCHEDULABLE, message)
-            self._explainer.annotate(pending, message)
-        return waiting

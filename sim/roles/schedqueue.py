@@ -1,6 +1,6 @@
 """The embedded scheduler's queue: pending pods ordered by priority, bounded.
 
-Order: priority (`controller.priority.pod_priority`, highest first), then creation time, then namespace/name.
+Order: priority (`sim.roles.priority.pod_priority`, highest first), then creation time, then namespace/name.
 At most `capacity` pods are held; a pod that ranks above the last one held takes its place (the one pushed out
 is still pending in the caches and comes back on the next pass), a pod that ranks below is left for the next
 pass.
@@ -14,7 +14,7 @@ from typing import Any
 
 from controller import objects as o
 from controller.objects import Obj
-from controller.priority import pod_priority
+from sim.roles.priority import pod_priority
 
 SortKey = tuple[int, str, str]
 

@@ -1,4 +1,4 @@
-"""Pod priority as the embedded scheduler orders pending pods by it (controller.schedqueue): the PriorityClass
+"""Pod priority as the embedded scheduler orders pending pods by it (sim.roles.schedqueue): the PriorityClass
 values, and a pod's priority from them."""
 
 from __future__ import annotations

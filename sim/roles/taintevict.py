@@ -19,7 +19,7 @@ from typing import Any
 from controller import objects as o
 from controller.allocator.model import Taint, Toleration
 from controller.explanation_writer import ExplanationWriter
-from controller.podconditions import mark_disrupted
+from sim.roles.podconditions import mark_disrupted
 from controller.taintrules import RULE_KEY
 from controller.writes import Writer
 from gpudra.timestamps import parse_rfc3339, rfc3339

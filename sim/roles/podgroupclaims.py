@@ -27,7 +27,7 @@ from controller.podgroups import pod_group_name
 from controller.view import View
 from controller.writes import Writer
 
-log = logging.getLogger("gpudra.controller.podgroupclaims")
+log = logging.getLogger("gpudra.sim.roles.podgroupclaims")
 
 GROUP = "scheduling.k8s.io"
 _SOURCES = ("resourceClaimName", "resourceClaimTemplateName")
