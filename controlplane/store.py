@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -1027,19 +1027,23 @@ class Store:
 
     def _events_after(self, rt: ResourceType, pos: int) -> tuple[builtins.list[Event], int] | None:
         """Visible events of `rt` after `pos` and the new position; None when `pos` was compacted (lock held)."""
-        if pos < self._floor:
+        if pos < self._floor or rt not in self._rt_visible:
+            # A type no longer served (its CRD was deleted) ends its watches as a compaction does: 410, and the
+            # client's relist then gets the 404.
             return None
         visible = self._visible
         if self._rt_visible[rt] <= pos:
             return [], max(pos, visible)
         lo = bisect.bisect_right(self._history_rvs, pos)
         hi = bisect.bisect_right(self._history_rvs, visible, lo)
-        return [ev for ev in self._history[lo:hi] if ev.rt is rt], max(pos, visible)
+        # By route, not identity: a watch started before its CRD changed (new columns or schema) still gets the
+        # events written under the type that replaced it.
+        return [ev for ev in self._history[lo:hi] if ev.rt is rt or ev.rt == rt], max(pos, visible)
 
     def wait_events(self, rt: ResourceType, pos: int, timeout: float) -> tuple[builtins.list[Event], int] | None:
         """Events of `rt` after `pos`, waiting up to `timeout` for one; only `rt`'s events wake the wait."""
         with self._lock:
-            if self._rt_visible[rt] <= pos and not self._closed:
+            if self._rt_visible.get(rt, pos + 1) <= pos and not self._closed:
                 cond = self._rt_conds[rt]
                 cond.waiting += 1
                 try:
@@ -1073,6 +1077,10 @@ class Store:
             self._serve_type_locked(rt)
 
     def _serve_type_locked(self, rt: ResourceType) -> None:
+        current = self.registry.by_route(rt.group, rt.version, rt.plural)
+        if current is not None and _same_definition(current, rt):
+            # The CRD controller re-establishes every definition on each pass: an unchanged one keeps its type.
+            return
         old = self.registry.serve(rt)
         if old is not None and old in self._objects:
             objects = self._objects.pop(old)
@@ -1159,6 +1167,11 @@ class Store:
                 for counter in counters:
                     counter.value += 1  # everything was just loaded
         return problems
+
+
+def _same_definition(a: ResourceType, b: ResourceType) -> bool:
+    """Whether two types are the same in every field (ResourceType's own equality compares the route only)."""
+    return all(getattr(a, f.name) == getattr(b, f.name) for f in fields(ResourceType))
 
 
 def _is_definition(obj: Any) -> bool:

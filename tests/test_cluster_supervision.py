@@ -33,6 +33,7 @@ def _child(tmp_path: Path, argv: list[str]) -> Child:
     return Child("apiserver", proc, tmp_path / "child.log", 0, log)
 
 
+@pytest.mark.process  # the supervised child is a real process
 def test_an_api_server_that_cannot_write_is_restarted(tmp_path: Path) -> None:
     paths = ClusterPaths(tmp_path / "state")
     sup = Supervisor(paths, ClusterSpec("t", (NodeSpec("n1", "t4-1"),), "none"))

@@ -11,9 +11,10 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 import ssl
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -94,6 +95,24 @@ def _log(api: KubeApi, pod: str, namespace: str = "default") -> str:
                                  headers={"Authorization": cfg.api_key["BearerToken"]})
     with urllib.request.urlopen(req, timeout=10, context=ssl.create_default_context(cafile=cfg.ssl_ca_cert)) as resp:
         return resp.read().decode()
+
+
+def _seen_since(api: KubeApi, name: str, resource_version: str, what: str,
+                check: Callable[[dict[str, Any]], bool], timeout: float = 90) -> None:
+    """Wait until some state of ComputeDomain `name` after `resource_version` had a status passing `check`,
+    however briefly (its watch from that version replays every change since)."""
+    stop = threading.Event()
+    timer = threading.Timer(timeout, stop.set)
+    timer.start()
+    try:
+        for _, obj in api.watch("ComputeDomain", namespace="default", field_selector=f"metadata.name={name}",
+                                resource_version=resource_version, stop=stop, server_timeout=5):
+            if check(obj.get("status") or {}):
+                return
+    finally:
+        timer.cancel()
+        stop.set()
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def _clique(api: KubeApi, node: str) -> str:
@@ -194,10 +213,12 @@ def test_a_deleted_imex_daemon_pod_is_recreated_and_the_domain_recovers(cluster:
     node = victim["spec"]["nodeName"]
     assert before[node]["ipAddress"] == victim["status"]["podIP"]
 
+    since = _domain(api, "pair")["metadata"]["resourceVersion"]
     api.delete("Pod", victim["metadata"]["name"], namespace="gpu-dra-system")
-    _until("the deleted daemon's entry gone (SIGTERM: it leaves its clique) and the domain NotReady",
-           lambda: (lambda s: s.get("status") == "NotReady" and node not in {n["name"] for n in s.get("nodes") or []})(
-               _domain(api, "pair").get("status") or {}))
+    # The DaemonSet's new pod can rejoin before a poll would see the gap, so the domain's history is read back.
+    _seen_since(api, "pair", since, "the deleted daemon's entry gone (SIGTERM: it leaves its clique) and the "
+                "domain NotReady", lambda s: s.get("status") == "NotReady" and node not in {
+                    n["name"] for n in s.get("nodes") or []})
     fresh = _until("the DaemonSet's new pod on that node", lambda: [
         p for p in api.list("Pod", namespace="gpu-dra-system", label_selector=selector)[0]
         if p["spec"].get("nodeName") == node and p["metadata"]["uid"] != victim["metadata"]["uid"]])

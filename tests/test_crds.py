@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -306,6 +307,56 @@ def test_custom_resources_list_and_watch(crd_server: str) -> None:
     with urllib.request.urlopen(f"{crd_server}{CD_URL}?watch=true&resourceVersion={rv}&timeoutSeconds=1") as resp:
         events = [json.loads(line) for line in resp.read().splitlines() if line.strip()]
     assert [(e["type"], e["object"]["status"]["status"]) for e in events] == [("MODIFIED", "Ready")]
+
+
+def _watch_in_background(url: str, seconds: int) -> tuple[threading.Thread, list[dict[str, Any]]]:
+    events: list[dict[str, Any]] = []
+
+    def read() -> None:
+        with urllib.request.urlopen(f"{url}&timeoutSeconds={seconds}") as resp:
+            events.extend(json.loads(line) for line in resp if line.strip())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader, events
+
+
+def test_a_watch_keeps_its_events_when_its_crd_changes(crd_server: str) -> None:
+    """A watch opened before its CRD changed (here: a printer column added) still gets the objects' events: the
+    store serves the changed type under the same route, and the watch matches events by route."""
+    assert _req("POST", f"{crd_server}{CD_URL}", _domain("w1"))[0] == 201
+    rv = _req("GET", f"{crd_server}{CD_URL}")[1]["metadata"]["resourceVersion"]
+    reader, events = _watch_in_background(f"{crd_server}{CD_URL}?watch=true&resourceVersion={rv}", 3)
+    crd_url = f"{crd_server}/apis/apiextensions.k8s.io/v1/customresourcedefinitions/computedomains.resource.nvidia.com"
+    crd = _req("GET", crd_url)[1]
+    for version in crd["spec"]["versions"]:
+        version["additionalPrinterColumns"] = [{"name": "Mode", "type": "string",
+                                                "jsonPath": ".spec.channel.allocationMode"}]
+    assert _req("PUT", crd_url, crd)[0] == 200
+    for _ in range(200):
+        columns = _req("GET", f"{crd_server}{CD_URL}", accept=TABLE)[1]["columnDefinitions"]
+        if "Mode" in [c["name"] for c in columns]:
+            break
+        time.sleep(0.02)
+    assert "Mode" in [c["name"] for c in columns]
+    assert _req("PATCH", f"{crd_server}{CD_URL}/w1/status", {"status": {"status": "Ready"}},
+                "application/merge-patch+json")[0] == 200
+    reader.join(10)
+    assert [(e["type"], e["object"]["status"]["status"]) for e in events] == [("MODIFIED", "Ready")]
+
+
+def test_a_watch_of_a_deleted_crds_resources_ends_with_410(crd_server: str) -> None:
+    """Deleting the CRD ends its resources' open watches with kube-apiserver's Expired (410) error event; the
+    client's relist then gets 404, rather than a watch that stays open on a type no longer served."""
+    rv = _req("GET", f"{crd_server}{CD_URL}")[1]["metadata"]["resourceVersion"]
+    reader, events = _watch_in_background(f"{crd_server}{CD_URL}?watch=true&resourceVersion={rv}", 20)
+    time.sleep(0.2)
+    assert _req("DELETE", f"{crd_server}/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                          "computedomains.resource.nvidia.com")[0] == 200
+    reader.join(15)
+    assert not reader.is_alive()
+    assert [(e["type"], e["object"]["code"]) for e in events] == [("ERROR", 410)]
+    assert _req("GET", f"{crd_server}{CD_URL}")[0] == 404
 
 
 @pytest.mark.process
