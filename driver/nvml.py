@@ -71,15 +71,10 @@ class RealNvml:
         self._module = module
         self._devices_dir = devices_dir
         self._tools = tools or NvidiaTools()
-        self._mps_pods: Any = None
 
     @property
     def tools(self) -> NvidiaTools:
         return self._tools
-
-    def run_mps_daemons_as_pods(self, pods: Any) -> None:
-        """From now on MPS control daemons run as pods (driver.mpsdaemon.MpsDaemonPods), not in this process."""
-        self._mps_pods = pods
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("nvml"):
@@ -95,27 +90,18 @@ class RealNvml:
     def mps_start(
         self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), *, multi_user: bool = False,
     ) -> None:
-        if self._mps_pods is not None:
-            self._mps_pods.start(dirs, device_uuids, commands, multi_user=multi_user)
-        else:
-            self._tools.mps_start(dirs, device_uuids, commands, multi_user=multi_user)
+        self._tools.mps_start(dirs, device_uuids, commands, multi_user=multi_user)
 
     def mps_wait(self, dirs: MpsDirs) -> None:
-        if self._mps_pods is not None:
-            self._mps_pods.wait(dirs)
+        """`nvidia-cuda-mps-control -d` returns once its daemon listens: nothing to wait for."""
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
         return self._tools.mps_command(dirs, command)
 
     def mps_stop(self, dirs: MpsDirs) -> None:
-        if self._mps_pods is not None:
-            self._mps_pods.stop(dirs)
-        else:
-            self._tools.mps_stop(dirs)
+        self._tools.mps_stop(dirs)
 
     def mps_running(self, dirs: MpsDirs) -> bool:
-        if self._mps_pods is not None:
-            return bool(self._mps_pods.running(dirs))
         return self._tools.mps_running(dirs)
 
 

@@ -66,11 +66,29 @@ class SharingBackend(Protocol):
     def mps_running(self, dirs: MpsDirs) -> bool: ...
 
 
-class NvmlSharing:
-    """Sharing through an NVML backend (driver.nvml.load_backend's object, real or simulated)."""
+class MpsDaemons(Protocol):
+    """Where MPS control daemons run when not in the agent's process (driver.mpsdaemon.MpsDaemonPods)."""
 
-    def __init__(self, nvml: NvmlBackend) -> None:
+    def start(
+        self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), *, multi_user: bool = False,
+    ) -> None: ...
+
+    def wait(self, dirs: MpsDirs) -> None: ...
+
+    def command(self, dirs: MpsDirs, command: str) -> str: ...
+
+    def stop(self, dirs: MpsDirs) -> None: ...
+
+    def running(self, dirs: MpsDirs) -> bool: ...
+
+
+class NvmlSharing:
+    """Sharing through an NVML backend (driver.nvml.load_backend's object, real or simulated); MPS control
+    daemons through `daemons` when given (in pods of their own), else through the backend."""
+
+    def __init__(self, nvml: NvmlBackend, daemons: MpsDaemons | None = None) -> None:
         self._nvml = nvml
+        self._daemons = daemons
 
     def set_compute_mode(self, gpu_uuid: str, mode: int) -> None:
         try:
@@ -90,7 +108,10 @@ class NvmlSharing:
         self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), *, multi_user: bool = False,
     ) -> None:
         try:
-            self._nvml.mps_start(dirs, device_uuids, commands, multi_user=multi_user)
+            if self._daemons is not None:
+                self._daemons.start(dirs, device_uuids, commands, multi_user=multi_user)
+            else:
+                self._nvml.mps_start(dirs, device_uuids, commands, multi_user=multi_user)
         except GpuToolError as exc:
             raise SharingError(
                 f"GPU(s) {', '.join(device_uuids)}: starting the MPS control daemon (pipe directory {dirs.pipe}) failed: {exc}"
@@ -98,23 +119,33 @@ class NvmlSharing:
 
     def mps_wait(self, dirs: MpsDirs) -> None:
         try:
-            self._nvml.mps_wait(dirs)
+            if self._daemons is not None:
+                self._daemons.wait(dirs)
+            else:
+                self._nvml.mps_wait(dirs)
         except GpuToolError as exc:
             raise SharingError(f"MPS control daemon (pipe directory {dirs.pipe}): {exc}") from exc
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
         try:
+            if self._daemons is not None:
+                return self._daemons.command(dirs, command)
             return str(self._nvml.mps_command(dirs, command))
         except GpuToolError as exc:
             raise SharingError(f"MPS control daemon (pipe directory {dirs.pipe}): {command!r} failed: {exc}") from exc
 
     def mps_stop(self, dirs: MpsDirs) -> None:
         try:
-            self._nvml.mps_stop(dirs)
+            if self._daemons is not None:
+                self._daemons.stop(dirs)
+            else:
+                self._nvml.mps_stop(dirs)
         except GpuToolError as exc:
             raise SharingError(f"MPS control daemon (pipe directory {dirs.pipe}): stopping it failed: {exc}") from exc
 
     def mps_running(self, dirs: MpsDirs) -> bool:
+        if self._daemons is not None:
+            return self._daemons.running(dirs)
         return bool(self._nvml.mps_running(dirs))
 
 

@@ -276,3 +276,39 @@ def test_preparer_waits_for_the_daemon_then_injects_channels(tmp_path: Path) -> 
     assert set(again.claims) == {"u1", "u2", "u3"}
     preparer.unprepare([ClaimRef("u1", "ml", "ch"), ClaimRef("u2", "ml", "all")])
     assert labels[-1] is None and not (tmp_path / "cdi" / "k8s.compute-domain.nvidia.com-claim_u1.json").exists()
+
+
+def test_a_channel_prepare_waits_for_its_daemon_without_blocking_the_daemons_own_claim(tmp_path: Path) -> None:
+    """The kubelet retries a failed prepare only after its backoff: a channel's prepare waits (up to its budget)
+    for the IMEX daemon, and meanwhile the daemon pod's own claim, prepared by the same plugin, goes through."""
+    import threading
+
+    from driver.cdi import DeviceNumbers
+    from driver.computedomain.preparer import Checkpoint, ComputeDomainPreparer, NodeContext
+    from driver.prepare import ClaimRef
+
+    claims = {"ch": _claim(cd.CHANNEL_CONFIG_KIND, "channel-3"), "dm": _claim(cd.DAEMON_CONFIG_KIND, "daemon-0")}
+    daemon_prepared = threading.Event()
+    preparer = ComputeDomainPreparer(
+        NodeContext("tray-1", "c.1", lambda d: tmp_path / "domains" / d,
+                    lambda: DeviceNumbers(majors={cd.CHANNEL_MAJOR_NAME: 234})),
+        Checkpoint(tmp_path / "checkpoint.json"), tmp_path / "cdi",
+        get_claim=lambda ns, name: claims[name], get_domain=lambda uid: DOMAIN,
+        daemon_ready=lambda uid: (daemon_prepared.is_set(), "nvidia-imex-ctl -q: NOT_READY"),
+        label_node=lambda domain: None, daemon_wait_s=30.0, poll_s=0.01)
+    results: dict[str, Any] = {}
+    channel = threading.Thread(target=lambda: results.update(preparer.prepare([ClaimRef("u1", "ml", "ch")])))
+    channel.start()
+    daemon = preparer.prepare([ClaimRef("u3", "ml", "dm")])["u3"]  # not held up by the waiting channel
+    assert not daemon.error and channel.is_alive()
+    daemon_prepared.set()  # the daemon is up: the waiting channel is prepared in the same call
+    channel.join(10)
+    assert not results["u1"].error
+    assert results["u1"].devices[0].cdi_device_ids == ("k8s.compute-domain.nvidia.com/claim=u1-channel-3",)
+
+    # A daemon that stays down: the channel fails once its budget is spent, naming what it waited for.
+    claims["late"] = _claim(cd.CHANNEL_CONFIG_KIND, "channel-4")
+    daemon_prepared.clear()
+    preparer.daemon_wait_s = 0.05
+    late = preparer.prepare([ClaimRef("u4", "ml", "late")])["u4"]
+    assert "waiting for the IMEX daemon of ComputeDomain ml/train on node tray-1 to be ready" in late.error

@@ -262,3 +262,46 @@ def test_the_daemon_gets_30s_by_default_and_the_flag_is_checked() -> None:
             parser.parse_args(["--node", "n", "--nvml", "real", "--mps-ready-timeout", bad])
     with pytest.raises(ValueError, match="'45': expected seconds, more than 0 and at most 40"):
         ready_timeout("45")
+
+
+class _Daemons:
+    """Records what NvmlSharing asks of the daemons' home."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def start(self, dirs: MpsDirs, device_uuids: Any, commands: Any = (), *, multi_user: bool = False) -> None:
+        self.calls.append(("start", str(dirs.pipe), *device_uuids, *commands))
+
+    def wait(self, dirs: MpsDirs) -> None:
+        self.calls.append(("wait", str(dirs.pipe)))
+
+    def command(self, dirs: MpsDirs, command: str) -> str:
+        self.calls.append(("command", command))
+        return "50.0\n"
+
+    def stop(self, dirs: MpsDirs) -> None:
+        self.calls.append(("stop", str(dirs.pipe)))
+
+    def running(self, dirs: MpsDirs) -> bool:
+        return True
+
+
+def test_sharing_sends_every_mps_step_to_the_daemons_home_and_none_to_nvml(tmp_path: Path) -> None:
+    """With daemons in pods, the backend (real NVML or the simulator, whose own daemons live in its process) is
+    never asked to start, talk to or stop one."""
+    from driver.nvml import load_backend
+
+    nvml = load_backend("sim:t4-1", node="n")
+    daemons = _Daemons()
+    backend = sharing.NvmlSharing(nvml, daemons)
+    dirs = sharing.mps_dirs(tmp_path / "mps", "uid-1")
+    backend.mps_start(dirs, ["GPU-1"], ["set_default_active_thread_percentage 50"])
+    backend.mps_wait(dirs)
+    assert backend.mps_command(dirs, "get_default_active_thread_percentage") == "50.0\n"
+    assert backend.mps_running(dirs)
+    backend.mps_stop(dirs)
+    assert daemons.calls == [("start", str(dirs.pipe), "GPU-1", "set_default_active_thread_percentage 50"),
+                             ("wait", str(dirs.pipe)), ("command", "get_default_active_thread_percentage"),
+                             ("stop", str(dirs.pipe))]
+    assert nvml.mps_daemon(dirs) is None  # the simulator started none

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ import yaml
 from driver.checkpoint import Checkpoint
 from sim.upstream.images import product_reference
 from tests import test_nvidia_quickstart as quickstart
-from tests.upstream_helpers import UpstreamCluster, require_upstream, start, stop, wait_for
+from tests.upstream_helpers import UpstreamCluster, running, wait_for
 
 pytestmark = [pytest.mark.upstream, pytest.mark.slow, pytest.mark.process]
 
@@ -33,40 +33,18 @@ REPORT = ("ls /dev/nvidia*; nvidia-smi -L; echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_V
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpstreamCluster]:
-    require_upstream()
-    tmp = tmp_path_factory.mktemp("upstream")
-    up = start("e2e", tmp, NODES)
-    try:
+    with running(f"e2e-{os.getpid()}", tmp_path_factory.mktemp("upstream"), NODES) as up:
         yield up
-    finally:
-        # The harder way down: the supervisor dies (SIGKILL) with every node, container and shim still running,
-        # and `cluster down` must still leave nothing behind.
-        status = json.loads((up.state / "status.json").read_text())
-        os.kill(status["pid"], signal.SIGKILL)
-        down = stop(up)
-        assert down.returncode == 0, down.stderr
-        assert not Path("/run/netns/gpu-dra-e2e").exists()
-        assert not list(Path("/sys/fs/cgroup/pids").glob("gpu-dra.e2e.*"))
-        assert not up.state.exists()
-        left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _mentions(p, str(up.state))]
-        assert left == [], [(p.name, (p / "cmdline").read_bytes()) for p in left]
 
 
-def _mentions(proc: Path, text: str) -> bool:
-    try:
-        return text.encode() in (proc / "cmdline").read_bytes()
-    except OSError:
-        return False
-
-
-def _with_report(spec: str) -> str:
+def _with_report(spec: str, report: str = REPORT) -> str:
     """A spec's pods with a command that reports their devices (NVIDIA's specs run `nvidia-smi -L` the same way)."""
     docs = [d for d in yaml.safe_load_all(spec) if d]
     for doc in docs:
         pod = doc["spec"]["template"]["spec"] if doc["kind"] == "Deployment" else doc["spec"] if doc["kind"] == "Pod" \
             else None
         for container in (pod or {}).get("containers", []):
-            container["command"], container["args"] = ["bash", "-c"], [REPORT]
+            container["command"], container["args"] = ["bash", "-c"], [report]
     return yaml.safe_dump_all(docs)
 
 
@@ -180,6 +158,37 @@ def test_time_slicing_config_reaches_the_gpu(cluster: UpstreamCluster) -> None:
         assert '"TimeSlicing"' in state and '"Long"' in state, state[-2000:]
     finally:
         _delete_namespace(cluster, "gpu-test6")
+
+
+# Each MPS client container asks its claim's daemon, through the pipe directory its CDI spec mounts, for the
+# limit the claim's config set (nvidia-cuda-mps-control comes from the driver install, also by the spec).
+MPS_REPORT = ("echo CUDA_MPS_PIPE_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY; ls /dev/nvidia*; "
+              "echo THREADS=$(echo get_default_active_thread_percentage | nvidia-cuda-mps-control); "
+              "trap 'exit 0' TERM; sleep 9999 & wait")
+MPS_DAEMONS = "app.kubernetes.io/component=mps-control-daemon"
+
+
+def test_mps_daemon_pod_serves_the_claims_containers(cluster: UpstreamCluster) -> None:
+    """NVIDIA's MPS quickstart: the agent runs the claim's MPS control daemon as a pod of our image (a Deployment
+    on the claim's node, the driver install's nvidia-cuda-mps-control), given the claim's limits by its pod, and
+    both containers of the workload reach it."""
+    _apply(cluster, _with_report(quickstart.GPU_TEST_MPS, MPS_REPORT))
+    try:
+        (pod,) = _running(cluster, "gpu-test-mps", 1)
+        (daemon,) = cluster.get("-n", "gpu-dra-system", "pods", "-l", MPS_DAEMONS)["items"]
+        assert daemon["spec"]["nodeName"] == pod["spec"]["nodeName"] and daemon["status"]["phase"] == "Running"
+        assert daemon["spec"]["containers"][0]["image"] == product_reference(testbed=True)
+        seen = []
+        for container in ("mps-ctr0", "mps-ctr1"):
+            log = cluster.kubectl("-n", "gpu-test-mps", "logs", "test-pod", "-c", container)
+            assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in log and re.search(r"^THREADS=50(\.0)?$", log, re.M), log
+            seen.append(_devices_seen(cluster, "gpu-test-mps", "test-pod", container))
+        assert len(seen[0]) == 1 and seen[0] == seen[1], seen
+    finally:
+        _delete_namespace(cluster, "gpu-test-mps")
+    # Unprepared with its claim: the daemon's Deployment (and its pod) go.
+    wait_for("the MPS daemon's Deployment deleted", lambda: not cluster.get(
+        "-n", "gpu-dra-system", "deployments", "-l", MPS_DAEMONS)["items"], timeout=120)
 
 
 MIG_CLAIM = """
@@ -347,7 +356,7 @@ def test_a_gang_is_allocated_all_or_nothing_beside_kube_scheduler(cluster: Upstr
 
 
 def test_a_gpu_fault_taints_the_device(cluster: UpstreamCluster) -> None:
-    cluster.gpu_dra("cluster", "fault", "a100-1", "--name", "e2e", "--gpu", "0", "--xid", "79")
+    cluster.gpu_dra("cluster", "fault", "a100-1", "--name", cluster.name, "--gpu", "0", "--xid", "79")
 
     def tainted() -> list[str]:
         slices = cluster.get("resourceslices", "--field-selector=spec.nodeName=a100-1")["items"]
@@ -355,7 +364,7 @@ def test_a_gpu_fault_taints_the_device(cluster: UpstreamCluster) -> None:
 
     names = wait_for("a taint on the faulted GPU", tainted, timeout=90)
     assert len(names) == 1, names
-    cluster.gpu_dra("cluster", "fault", "a100-1", "--name", "e2e", "--clear")
+    cluster.gpu_dra("cluster", "fault", "a100-1", "--name", cluster.name, "--clear")
     wait_for("the taint cleared after the GPU reset", lambda: not tainted(), timeout=180)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 import tarfile
 from pathlib import Path
 
@@ -107,3 +108,64 @@ def test_certificates_name_kubeadms_identities_and_the_user_context_is_merged(tm
     assert {c["name"] for c in merged["contexts"]} == {"other", "gpu-dra-c"}
     (user,) = [u for u in merged["users"] if u["name"] == "gpu-dra-c"]
     assert user["user"]["client-certificate-data"]
+
+
+@pytest.mark.process  # gcc
+def test_a_simulated_driver_install_runs_its_tools_in_our_images_pods(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Upstream nodes' driver installs: the IMEX stand-ins run with the testbed image's python and are given the
+    fabric-imex-mgmt numbers (a container's procfs has no simulated driver), and nvidia-cuda-mps-control is a
+    static program (it runs in the MPS daemon pod whatever libc the image has), compiled once."""
+    import subprocess
+
+    from driver.discovery import discover
+    from driver.nvml import load_backend
+    from sim.runtime import driverinstall
+    from sim.runtime.driverinstall import FABRIC_IMEX_MGMT_MINOR
+    from sim.nvml.simulator import SIM_CAPS_MAJOR
+    from sim.upstream import drivertools
+    from sim.upstream.images import IMAGE_PYTHON
+
+    monkeypatch.setenv("GPU_DRA_CACHE", str(tmp_path / "cache"))
+    inventory = discover(load_backend("sim:gb200-nvl", node="gb-1"), "gb-1")
+    root = driverinstall.write(tmp_path / "driver", "gb-1", inventory, container_python=IMAGE_PYTHON)
+    imex = (root / "usr" / "bin" / "nvidia-imex").read_text()
+    assert imex.startswith(f"#!{IMAGE_PYTHON}\n")
+    assert f"needs=({len(inventory.gpus)}, ({FABRIC_IMEX_MGMT_MINOR}, {SIM_CAPS_MAJOR}))" in imex
+    drivertools.install(root)
+    mps = root / "usr" / "bin" / "nvidia-cuda-mps-control"
+    assert _program_header_types(mps.read_bytes()) and 3 not in _program_header_types(mps.read_bytes())  # PT_INTERP
+    built = drivertools.mps_control()
+    assert built.stat().st_mtime_ns == drivertools.mps_control().stat().st_mtime_ns  # cached, not rebuilt
+    # A client with no daemon answers as NVIDIA's does.
+    done = subprocess.run([str(mps)], input="get_default_active_thread_percentage\n", capture_output=True, text=True,
+                          env={"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "no-daemon")}, timeout=10)
+    assert done.returncode != 0 and "Cannot find MPS control daemon process" in done.stdout + done.stderr
+
+
+def _program_header_types(elf: bytes) -> list[int]:
+    """The p_type of each program header of an ELF64 little-endian file."""
+    assert elf[:4] == b"\x7fELF" and elf[4] == 2 and elf[5] == 1
+    phoff, = struct.unpack_from("<Q", elf, 0x20)
+    size, count = struct.unpack_from("<HH", elf, 0x36)
+    return [struct.unpack_from("<I", elf, phoff + i * size)[0] for i in range(count)]
+
+
+def test_the_agent_runs_mps_daemons_in_pods_where_the_driver_install_has_the_tool(tmp_path: Path) -> None:
+    """A simulated node whose driver install has nvidia-cuda-mps-control (the upstream testbed's) runs MPS daemons
+    in pods with NVIDIA's tools from that install; other simulated nodes keep the simulator's in-process ones."""
+    from driver.commands.plugin import _mps_daemon_tools
+    from driver.gputools import NvidiaTools
+    from driver.nvml import load_backend
+
+    nvml = load_backend("sim:t4-1", node="n")
+    assert _mps_daemon_tools(nvml, None) is None
+    assert _mps_daemon_tools(nvml, tmp_path) is None
+    tool = tmp_path / "usr" / "bin" / "nvidia-cuda-mps-control"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    tools = _mps_daemon_tools(nvml, tmp_path)
+    assert isinstance(tools, NvidiaTools)
+    argv, _ = tools.command(["nvidia-cuda-mps-control", "-d"])
+    assert argv == [str(tool), "-d"]

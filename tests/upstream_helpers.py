@@ -7,13 +7,15 @@ kubectl built beside it. Where the backend cannot run (not root, no Go), tests s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,3 +118,30 @@ def start(name: str, tmp: Path, nodes: str, wait: float = 600) -> UpstreamCluste
 def stop(cluster: UpstreamCluster) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "cli", "cluster", "down", "--name", cluster.name], cwd=str(ROOT),
                           env=cluster.env, capture_output=True, text=True, timeout=300)
+
+
+@contextlib.contextmanager
+def running(name: str, tmp: Path, nodes: str) -> Iterator[UpstreamCluster]:
+    """A cluster for a test module, taken down the hard way: the supervisor dies (SIGKILL) with every node,
+    container and shim still running, and `cluster down` must still leave nothing behind."""
+    require_upstream()
+    up = start(name, tmp, nodes)
+    try:
+        yield up
+    finally:
+        status = json.loads((up.state / "status.json").read_text())
+        os.kill(status["pid"], signal.SIGKILL)
+        down = stop(up)
+        assert down.returncode == 0, down.stderr
+        assert not Path(f"/run/netns/gpu-dra-{name}").exists()
+        assert not list(Path("/sys/fs/cgroup/pids").glob(f"gpu-dra.{name}.*"))
+        assert not up.state.exists()
+        left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _mentions(p, str(up.state))]
+        assert left == [], [(p.name, (p / "cmdline").read_bytes()) for p in left]
+
+
+def _mentions(proc: Path, text: str) -> bool:
+    try:
+        return text.encode() in (proc / "cmdline").read_bytes()
+    except OSError:
+        return False

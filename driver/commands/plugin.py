@@ -68,8 +68,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--mps-daemon-image",
-        help="with --nvml real: run each claim's MPS control daemon as a pod of this image on this node (privileged, "
-        "hostPID, driver root mounted), so that daemons outlive agent restarts; without it they run in this process",
+        help="with --nvml real (or a simulated node whose driver install has nvidia-cuda-mps-control): run each "
+        "claim's MPS control daemon as a pod of this image on this node (privileged, hostPID, driver root mounted), "
+        "so that daemons outlive agent restarts; without it they run in this process",
     )
     parser.add_argument(
         "--mps-image-pull-secrets", default="",
@@ -78,7 +79,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--mps-daemon-image-from-pod", action="store_true",
-        help="with --nvml real: as --mps-daemon-image, with this agent pod's own image, read from its Pod ($POD_NAME "
+        help="as --mps-daemon-image, with this agent pod's own image, read from its Pod ($POD_NAME "
              "in --namespace; container --container-name), so that one image reference (kustomize `images:`) "
              "serves both",
     )
@@ -237,6 +238,27 @@ def _driver_root(args: argparse.Namespace) -> Path | None:
     if args.driver_root:
         return Path(args.driver_root)
     return Path("/") if args.nvml == "real" else None
+
+
+def _mps_daemon_tools(nvml: Any, driver_root: Path | None) -> Any:
+    """NVIDIA's tools that talk to MPS daemons running in pods, or None where daemons cannot run in pods: the
+    real driver's, or a simulated node's whose driver install has `nvidia-cuda-mps-control` (the upstream
+    testbed's); other simulated nodes keep the simulator's daemons, which exist only in this process."""
+    from driver.driverroot import DriverRoot, DriverRootError
+    from driver.gputools import NvidiaTools
+    from driver.nvml import RealNvml
+
+    if isinstance(nvml, RealNvml):
+        return nvml.tools
+    if driver_root is None:
+        return None
+
+    root = DriverRoot(driver_root)
+    try:
+        root.find_binary("nvidia-cuda-mps-control")
+    except DriverRootError:
+        return None
+    return NvidiaTools(driver_root=root)
 
 
 NVML_RETRY_SECONDS = 10.0
@@ -462,22 +484,24 @@ def _run(args: argparse.Namespace, stop: Any, health: Any, reserved: frozenset[s
         api = _connect(args.kubeconfig)
         if api is None:
             return 2
+    mps_tools = _mps_daemon_tools(nvml, _driver_root(args))
     mps_image = args.mps_daemon_image
-    if args.mps_daemon_image_from_pod and not mps_image and isinstance(nvml, RealNvml):
+    if args.mps_daemon_image_from_pod and not mps_image and mps_tools is not None:
         try:
             mps_image = own_image(api, args.namespace, os.environ.get("POD_NAME", ""), args.container_name).image
         except ValueError as exc:
             print(f"error: --mps-daemon-image-from-pod: {exc}", file=sys.stderr)
             return 2
-    if mps_image and isinstance(nvml, RealNvml):
+    mps_daemons: Any = None
+    if mps_image and mps_tools is not None:
         from driver.mpsdaemon import DEFAULT_READY_TIMEOUT_S, MpsDaemonPods, MpsPodSettings
 
-        nvml.run_mps_daemons_as_pods(MpsDaemonPods(api, MpsPodSettings(
+        mps_daemons = MpsDaemonPods(api, MpsPodSettings(
             namespace=args.namespace, node_name=args.node, image=mps_image,
             ready_timeout_s=args.mps_ready_timeout or DEFAULT_READY_TIMEOUT_S,
             host_driver_root=args.host_driver_root,
             image_pull_secrets=secret_names(args.mps_image_pull_secrets),
-        ), nvml.tools))
+        ), mps_tools)
     try:
         kubelet_dir, cdi_dir, notice = node_dirs(args)
     except PrivateDirError as exc:
@@ -499,7 +523,7 @@ def _run(args: argparse.Namespace, stop: Any, health: Any, reserved: frozenset[s
         settings, nvml=nvml, inventory=inventory, get_claim=kubeapi_claim_getter(api),
         publisher=SlicePublisher(api, args.driver_name, args.node), fault_hook=crash_hook_from_env(),
         monitor_factory=lambda n, inv, cb: HealthMonitor(n, inv, cb, ignored_xids=args.ignore_xids), binding_api=api,
-        list_claims=kubeapi_claim_lister(api),
+        list_claims=kubeapi_claim_lister(api), mps_daemons=mps_daemons,
     )
     from driver.nodeguard import GuardSettings, NodeGuard
 

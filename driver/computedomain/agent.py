@@ -15,7 +15,7 @@ from typing import Any
 from driver.cdi import DeviceNumbers
 from driver.computedomain.fabric import fabric_health, node_clique
 from driver.computedomain import imex
-from driver.computedomain.preparer import Checkpoint, ComputeDomainPreparer, NodeContext, NotReady
+from driver.computedomain.preparer import DAEMON_WAIT_S, Checkpoint, ComputeDomainPreparer, NodeContext, NotReady
 from driver.driverfiles import DriverFiles
 from driver.computedomain.slices import build_slice
 from driver.inventory import Inventory
@@ -65,7 +65,8 @@ class ComputeDomainAgent:
                         self._device_numbers, lambda: imex.binaries(settings.driver_root, settings.host_driver_root),
                         self._daemon_edits),
             self.checkpoint, settings.cdi_dir, get_claim=self._get_claim, get_domain=self._get_domain,
-            daemon_ready=self._daemon_ready, label_node=self._label_domain, on_change=self._changed.set)
+            daemon_ready=self._daemon_ready, label_node=self._label_domain, on_change=self._changed.set,
+            daemon_wait_s=DAEMON_WAIT_S)
         # Published at start and again after every registration (a restarted kubelet wipes the node's slices).
         self._publish = threading.Event()
         self._publish.set()

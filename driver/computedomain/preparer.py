@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,20 @@ class NotReady(Exception):
     """The claim cannot be prepared yet (the kubelet retries)."""
 
 
+class DaemonNotReady(NotReady):
+    """A channel waits for its domain's IMEX daemon on this node."""
+
+    def __init__(self, message: str, domain: str) -> None:
+        super().__init__(message)
+        self.domain = domain
+
+
+# How long a channel's prepare waits for its IMEX daemon before failing: the kubelet gives the whole call 45 s and
+# retries a failed one only after its backoff (about 90 s), so a daemon that starts a few seconds after the
+# workers (the usual case: the channel's prepare is what places it on the node) would cost every worker that long.
+DAEMON_WAIT_S = 25.0
+
+
 # (namespace, name) -> the claim; (domain uid) -> ComputeDomain or None; clique object or None.
 Lookup = Callable[[str], "Mapping[str, Any] | None"]
 
@@ -104,7 +119,8 @@ class ComputeDomainPreparer:
     def __init__(self, ctx: NodeContext, checkpoint: Checkpoint, cdi_dir: Path, *,
                  get_claim: Callable[[str, str], Mapping[str, Any]], get_domain: Lookup,
                  daemon_ready: Callable[[str], tuple[bool, str]], label_node: Callable[[str | None], None],
-                 on_change: Callable[[], None] = lambda: None) -> None:
+                 on_change: Callable[[], None] = lambda: None, daemon_wait_s: float = 0.0,
+                 poll_s: float = 0.5) -> None:
         self.ctx = ctx
         self.checkpoint = checkpoint
         self.cdi_dir = cdi_dir
@@ -113,29 +129,50 @@ class ComputeDomainPreparer:
         self.daemon_ready = daemon_ready
         self.label_node = label_node
         self.on_change = on_change
+        self.daemon_wait_s = daemon_wait_s
+        self.poll_s = poll_s
         self._lock = threading.Lock()
 
     # ----- kubelet calls -------------------------------------------------------------------------------------
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
         out: dict[str, ClaimResult] = {}
+        waiting: dict[str, list[ClaimRef]] = {}
         with self._lock:
             for ref in claims:
-                done = self.checkpoint.claims.get(ref.uid)
-                if done is not None and done.kind == "daemon":
-                    out[ref.uid] = ClaimResult(done.devices)
-                    continue
-                try:
-                    out[ref.uid] = ClaimResult(self._prepare(ref, done))
-                except NotReady as exc:
-                    out[ref.uid] = ClaimResult(error=str(exc))
-                except ClaimNotFound:
-                    out[ref.uid] = ClaimResult(error=f"{ref}: not found")
-                except Exception as exc:  # noqa: BLE001 - one bad claim must not fail the others or the agent
-                    log.exception("event=prepare-failed claim=%s", ref)
-                    out[ref.uid] = ClaimResult(error=f"{ref}: {type(exc).__name__}: {exc}")
+                domain = self._prepare_one(ref, out)
+                if domain is not None:
+                    waiting.setdefault(domain, []).append(ref)
+        # The daemon's own pod has a claim this preparer prepares, so the wait holds no lock.
+        deadline = time.monotonic() + self.daemon_wait_s
+        for domain, refs in waiting.items():
+            while not self.daemon_ready(domain)[0] and time.monotonic() < deadline:
+                time.sleep(self.poll_s)
+            with self._lock:
+                for ref in refs:
+                    self._prepare_one(ref, out)
         self.on_change()
         return out
+
+    def _prepare_one(self, ref: ClaimRef, out: dict[str, ClaimResult]) -> str | None:
+        """Prepare `ref` into `out` (lock held); the domain whose IMEX daemon it waits for, if that is why not."""
+        done = self.checkpoint.claims.get(ref.uid)
+        if done is not None and done.kind == "daemon":
+            out[ref.uid] = ClaimResult(done.devices)
+            return None
+        try:
+            out[ref.uid] = ClaimResult(self._prepare(ref, done))
+        except DaemonNotReady as exc:
+            out[ref.uid] = ClaimResult(error=str(exc))
+            return exc.domain
+        except NotReady as exc:
+            out[ref.uid] = ClaimResult(error=str(exc))
+        except ClaimNotFound:
+            out[ref.uid] = ClaimResult(error=f"{ref}: not found")
+        except Exception as exc:  # noqa: BLE001 - one bad claim must not fail the others or the agent
+            log.exception("event=prepare-failed claim=%s", ref)
+            out[ref.uid] = ClaimResult(error=f"{ref}: {type(exc).__name__}: {exc}")
+        return None
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -218,8 +255,8 @@ class ComputeDomainPreparer:
         self._relabel()
         ready, why = self.daemon_ready(domain_uid)
         if not ready:
-            raise NotReady(f"{ref}: waiting for the IMEX daemon of {where} on node {self.ctx.node} to be ready "
-                           f"({why})")
+            raise DaemonNotReady(f"{ref}: waiting for the IMEX daemon of {where} on node {self.ctx.node} to be "
+                                 f"ready ({why})", domain_uid)
         mode = params.get("allocationMode") or "Single"
         devices = tuple(self._device(ref, r) for r in results)
         numbers = self.ctx.device_numbers()

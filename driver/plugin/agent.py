@@ -29,7 +29,7 @@ from driver.plugin.server import KubeletPlugin, PluginPaths
 from driver.prepare import ClaimGetter, ClaimLister, ClaimNotFound, FaultHook, Preparer, StartReport
 from driver.publisherseat import Holder, PublisherSeat
 from driver.rediscovery import Rediscoverer
-from driver.sharing import NvmlSharing
+from driver.sharing import MpsDaemons, NvmlSharing
 from driver.slices import SliceSettings, build_slices, gpu_device_name, mig_device_name, mig_health, mig_mode_switchable
 from gpudra.logfmt import quote
 
@@ -132,6 +132,7 @@ class NodeAgent:
         monitor_factory: Callable[[Any, Inventory, Callable[[str, Health], None]], Any] | None = None,
         binding_api: Any | None = None,
         list_claims: ClaimLister | None = None,
+        mps_daemons: MpsDaemons | None = None,
     ) -> None:
         self.settings = settings
         self.paths = PluginPaths(settings.kubelet_dir, settings.driver_name, settings.instance)
@@ -161,7 +162,7 @@ class NodeAgent:
         self.preparer = Preparer(
             driver_name=settings.driver_name, node_name=settings.node_name, get_claim=get_claim,
             inventory=self.inventory, checkpoint=self.checkpoint, cdi_dir=settings.cdi_dir,
-            sharing_backend=NvmlSharing(nvml), mps_root=self.paths.plugin_dir / "mps",
+            sharing_backend=NvmlSharing(nvml, mps_daemons), mps_root=self.paths.plugin_dir / "mps",
             reserved=settings.reserved_uuids, fault_hook=fault_hook,
             partitionable=settings.partitionable, nvml=nvml, on_inventory_change=self.refresh_inventory,
             common_edits=self.driver_files.container_edits(),

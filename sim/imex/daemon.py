@@ -170,11 +170,12 @@ def _char_device(path: Path, major: int, minor: int) -> str | None:
     return None
 
 
-def missing(gpus: int, capability: Path) -> tuple[int, str] | None:
+def missing(gpus: int, capability: Path | tuple[int, int]) -> tuple[int, str] | None:
     """(exit code, message) when this container lacks what a real nvidia-imex needs, else None: the driver's NVML
     where the loader finds it (the loader's own error and exit status), /dev/nvidiactl, each of the node's GPUs'
-    /dev/nvidia<N>, and the fabric-imex-mgmt capability node whose minor the driver publishes in `capability`.
-    Paths are the container's (sim.imex.config.container_path)."""
+    /dev/nvidia<N>, and the fabric-imex-mgmt capability node whose minor the driver publishes in `capability`
+    (its procfs file on the host; in a container, whose procfs is the host kernel's without the simulated driver,
+    the (minor, nvidia-caps major) that file publishes). Paths are the container's (sim.imex.config.container_path)."""
     from driver.cdi import NVIDIA_MAJOR, NVIDIACTL_MINOR, NVIDIA_CAPS_DIR, DeviceNumbers, parse_capability_file
 
     if not any(container_path(f"{d}/{NVML_SONAME}").is_file() for d in LOADER_DIRS):
@@ -182,11 +183,14 @@ def missing(gpus: int, capability: Path) -> tuple[int, str] | None:
                              "object file: No such file or directory")
     wanted = [("/dev/nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR)]
     wanted += [(f"/dev/nvidia{i}", NVIDIA_MAJOR, i) for i in range(gpus)]
-    try:
-        minor = parse_capability_file(capability.read_text())["DeviceFileMinor"]
-        caps_major = DeviceNumbers.read(capability.parents[3]).majors["nvidia-caps"]
-    except (OSError, KeyError) as exc:
-        return 1, f"nvidia-imex (simulated): the driver's fabric-imex-mgmt capability cannot be read: {exc}"
+    if isinstance(capability, tuple):
+        minor, caps_major = capability
+    else:
+        try:
+            minor = parse_capability_file(capability.read_text())["DeviceFileMinor"]
+            caps_major = DeviceNumbers.read(capability.parents[3]).majors["nvidia-caps"]
+        except (OSError, KeyError) as exc:
+            return 1, f"nvidia-imex (simulated): the driver's fabric-imex-mgmt capability cannot be read: {exc}"
     wanted.append((f"{NVIDIA_CAPS_DIR}/nvidia-cap{minor}", caps_major, minor))
     for path, major, device_minor in wanted:
         why = _char_device(container_path(path), major, device_minor)
@@ -196,12 +200,15 @@ def missing(gpus: int, capability: Path) -> tuple[int, str] | None:
     return None
 
 
-def main(argv: list[str], fabric: Fabric | None = None, needs: tuple[int, str] | None = None) -> int:
-    """`needs`: (the node's GPU count, its driver's fabric-imex-mgmt capability file), checked before starting."""
+def main(argv: list[str], fabric: Fabric | None = None,
+         needs: tuple[int, str] | tuple[int, tuple[int, int]] | None = None) -> int:
+    """`needs`: (the node's GPU count, its driver's fabric-imex-mgmt capability file or what it publishes), checked
+    before starting."""
     if len(argv) != 2 or argv[0] != "-c":
         print("usage: nvidia-imex -c CONFIG (gpu-dra simulator)", file=sys.stderr)
         return 2
-    if needs is not None and (refused := missing(needs[0], Path(needs[1]))) is not None:
+    if needs is not None and (refused := missing(
+            needs[0], needs[1] if isinstance(needs[1], tuple) else Path(needs[1]))) is not None:
         print(refused[1], file=sys.stderr, flush=True)
         return refused[0]
     try:

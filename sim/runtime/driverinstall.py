@@ -101,20 +101,24 @@ def script(node: str, inventory: Inventory) -> str:
             .replace("ROWS", "\n".join(rows)))
 
 
-def _python_tool(module: str, call: str = "main(sys.argv[1:])") -> str:
-    """A host program running one of the simulator's tools with this interpreter (the IMEX stand-ins run where the
-    daemon pod's command runs, on the host: sim.runtime.hostprocess)."""
+def _python_tool(module: str, call: str, interpreter: str) -> str:
+    """A program running one of the simulator's tools with `interpreter`: this one where the daemon pod's command
+    runs on the host (the embedded runtime: sim.runtime.hostprocess), the testbed image's where it runs in a
+    container (the upstream backend: the image has the `sim` package; the repository path is then absent)."""
     repo = Path(__file__).resolve().parents[2]
-    return (f"#!{sys.executable}\n# {module}: gpu-dra simulator stand-in\nimport sys\nsys.path.insert(0, {str(repo)!r})\n"
+    return (f"#!{interpreter}\n# {module}: gpu-dra simulator stand-in\nimport sys\nsys.path.insert(0, {str(repo)!r})\n"
             f"from {module} import main\nsys.exit({call})\n")
 
 
-def write(root: Path, node: str, inventory: Inventory, faults: Path | None = None) -> Path:
+def write(root: Path, node: str, inventory: Inventory, faults: Path | None = None, *,
+          container_python: str | None = None) -> Path:
     """Create the install under `root` (the agent's --driver-root and --host-driver-root); returns root. Nodes
     with NVLink-fabric GPUs also get `nvidia-imex` and `nvidia-imex-ctl` (sim.imex), the driver's NVML library
     (sim.runtime.sharedobject) and its procfs (device majors, the fabric-imex-mgmt capability); the daemon learns
     the node's fabric state from `faults` (the node's simulated NVML faults file), as a real one from the driver,
-    and refuses to start without the device nodes and library a real one needs (sim.imex.daemon.Needs)."""
+    and refuses to start without the device nodes and library a real one needs (sim.imex.daemon.missing).
+    `container_python`: the tools run in containers (the upstream backend) with this interpreter of the testbed
+    image, not on the host with this one (the embedded runtime's sim.runtime.hostprocess)."""
     path = root / NVIDIA_SMI
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(script(node, inventory))
@@ -122,12 +126,16 @@ def write(root: Path, node: str, inventory: Inventory, faults: Path | None = Non
     if any(g.fabric_clique_id is not None for g in inventory.gpus):
         uuids = sorted(g.uuid for g in inventory.gpus)
         fabric = f"({str(faults)!r}, frozenset({uuids!r}))" if faults is not None else "None"
-        needs = f"({len(uuids)}, {str(root / CAPABILITIES_DIR / 'fabric-imex-mgmt')!r})"
+        # Run on the host, the daemon reads the capability from the driver's procfs here; in a container (whose
+        # procfs is the host kernel's, without this driver) it is given what that file publishes.
+        capability = (FABRIC_IMEX_MGMT_MINOR, SIM_CAPS_MAJOR) if container_python else str(
+            root / CAPABILITIES_DIR / "fabric-imex-mgmt")
+        needs = f"({len(uuids)}, {capability!r})"
         tools = ((NVIDIA_IMEX, "sim.imex.daemon", f"main(sys.argv[1:], fabric={fabric}, needs={needs})"),
                  (NVIDIA_IMEX_CTL, "sim.imex.ctl", "main(sys.argv[1:])"))
         for rel, module, call in tools:
             tool = root / rel
-            tool.write_text(_python_tool(module, call))
+            tool.write_text(_python_tool(module, call, container_python or sys.executable))
             tool.chmod(0o755)
         # The driver's procfs: the majors of its devices (nvidia-caps and the IMEX channels' are dynamic on a real
         # node) and the fabric-imex-mgmt capability the IMEX daemon opens.

@@ -35,6 +35,7 @@ from sim.upstream.oci import ImageConfig, write_archive
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = "bookworm"
 BASE_PACKAGES = ("python3",)
+IMAGE_PYTHON = "/usr/bin/python3"  # Debian's, which the image's packages are installed for
 PRODUCT_PACKAGES = ("gpudra", "driver", "controller", "cli")
 TESTBED_PACKAGES = (*PRODUCT_PACKAGES, "sim")
 IMAGE_NAME = "ghcr.io/gpu-dra/gpu-dra"
@@ -197,10 +198,10 @@ def _product_archive(testbed: bool, target: Path) -> None:
             shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
         _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--no-build-isolation",
               "--target", str(site), str(src)], "pip install of gpu-dra")
-        # pip --target writes scripts with this machine's interpreter; the image's is /usr/bin/python3.
+        # pip --target writes scripts with this machine's interpreter, not the image's.
         shutil.rmtree(site / "bin", ignore_errors=True)
         entry = rootfs / "usr" / "local" / "bin" / "gpu-dra"
-        entry.write_text("#!/usr/bin/python3\nimport sys\nfrom cli.main import main\nsys.exit(main())\n")
+        entry.write_text(f"#!{IMAGE_PYTHON}\nimport sys\nfrom cli.main import main\nsys.exit(main())\n")
         entry.chmod(0o755)
         _run(["chroot", str(rootfs), "gpu-dra", "--version"], "gpu-dra --version inside the image")
         write_archive(rootfs, ImageConfig(reference=product_reference(testbed), cmd=("gpu-dra", "--help")), target)

@@ -78,13 +78,18 @@ def mount_node_dirs(node_dir: Path) -> None:
 def write_driver_install(node: NodePlan) -> None:
     """The node's simulated driver install where the GPU Operator's driver container puts the real one
     (/run/nvidia/driver, node-private here): the agent finds it under its driver root and puts its files
-    (`nvidia-smi`, which lists what the container was given) into every claim's CDI spec, as on a GPU node."""
+    (`nvidia-smi`, which lists what the container was given) into every claim's CDI spec, as on a GPU node, and
+    runs its `nvidia-cuda-mps-control` in MPS daemon pods."""
     from driver.discovery import discover
     from driver.nvml import load_backend
     from sim.runtime import driverinstall
+    from sim.upstream import drivertools
+    from sim.upstream.images import IMAGE_PYTHON
 
     inventory = discover(load_backend(f"sim:{node.profile}", node=node.name), node.name)
-    driverinstall.write(Path("/run/nvidia/driver"), node.name, inventory)
+    root = driverinstall.write(Path("/run/nvidia/driver"), node.name, inventory, container_python=IMAGE_PYTHON)
+    # The agent then runs each MPS claim's control daemon in a pod of our image, as on a GPU node (driver.mpsdaemon).
+    drivertools.install(root)
 
 
 def cgroup_dirs(root: str) -> list[Path]:
