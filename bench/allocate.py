@@ -47,7 +47,16 @@ class Size:
     devices: int | None = None
 
 
-def scenario_a(seed: int, size: Size = Size()) -> tuple[ClusterSnapshot, list[dict[str, Any]]]:
+@dataclass(frozen=True)
+class Scenario:
+    """A scenario's objects as the API holds them (our bench parses them; kube-scheduler's allocator decodes them)."""
+
+    slices: list[dict[str, Any]]
+    classes: list[dict[str, Any]]
+    claims: list[dict[str, Any]]
+
+
+def scenario_a(seed: int, size: Size = Size()) -> Scenario:
     driver = "test-driver.cdi.k8s.io"
     nodes, devices = size.nodes or 500, size.devices or 10
     slices = [_slice(f"node-{n:03d}", driver, [{"name": f"device-{d}"} for d in range(devices)]) for n in range(nodes)]
@@ -57,10 +66,10 @@ def scenario_a(seed: int, size: Size = Size()) -> tuple[ClusterSnapshot, list[di
                 "spec": {"spec": {"devices": {"requests": [{"name": "req-0", "exactly": {"deviceClassName": "test-class"}}]}}}}
     claims = [claim_from_template(template, {"metadata": {"name": f"pod-{i:04d}", "namespace": "default"}}, "resource")
               for i in range(nodes * devices)]
-    return ClusterSnapshot(slices, [cls]), claims
+    return Scenario(slices, [cls], claims)
 
 
-def scenario_b(seed: int, size: Size = Size()) -> tuple[ClusterSnapshot, list[dict[str, Any]]]:
+def scenario_b(seed: int, size: Size = Size()) -> Scenario:
     rng = random.Random(seed)
     driver = DEFAULT_DRIVER_NAME
     nodes, gpus = size.nodes or 1000, size.devices or 8
@@ -88,18 +97,27 @@ def scenario_b(seed: int, size: Size = Size()) -> tuple[ClusterSnapshot, list[di
                 {"cel": {"expression": f'device.attributes["{driver}"].productName.startsWith("NVIDIA H100") && '
                                        f'device.capacity["{driver}"].memory.compareTo(quantity("40Gi")) >= 0'}}]}}],
             "constraints": [{"requests": ["gpus"], "matchAttribute": f"{driver}/nvlinkDomain"}]}}})
-    return ClusterSnapshot(slices, [cls]), claims
+    return Scenario(slices, [cls], claims)
 
 
-SCENARIOS: dict[str, Callable[[int, Size], tuple[ClusterSnapshot, list[dict[str, Any]]]]] = {
+SCENARIOS: dict[str, Callable[[int, Size], Scenario]] = {
     "a": scenario_a, "b": scenario_b}
 
 
+# (claim key, node or None, the claim's allocation results), in placement order.
+Placements = list[tuple[str, str | None, list[dict[str, Any]]]]
+
+
 def measure(name: str, seed: int, cel_env: Any, size: Size = Size()) -> dict[str, Any]:
-    snapshot, claim_dicts = SCENARIOS[name](seed, size)
+    return place(SCENARIOS[name](seed, size), cel_env)[0]
+
+
+def place(scenario: Scenario, cel_env: Any) -> tuple[dict[str, Any], Placements]:
+    """Place the scenario's claims one after another; its figures and the placements."""
+    snapshot, claim_dicts = ClusterSnapshot(scenario.slices, scenario.classes), scenario.claims
     placer = Placer(snapshot, Features(), cel_env)
     latencies: list[float] = []
-    placements: list[tuple[str, str | None, list[dict[str, Any]]]] = []
+    placements: Placements = []
     allocated = 0
     gc.collect()
     start = time.perf_counter()
@@ -125,7 +143,7 @@ def measure(name: str, seed: int, cel_env: Any, size: Size = Size()) -> dict[str
             "cpuClaimsPerSecond": round(len(claim_dicts) / cpu, 1) if cpu > 0 else 0.0,
             "p50Ms": round(percentile(latencies, 50), 3),
             "p99Ms": round(percentile(latencies, 99), 3), "maxMs": round(latencies[-1], 3) if latencies else 0.0,
-            "placementDigest": placement_digest(placements)}
+            "placementDigest": placement_digest(placements)}, placements
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,6 +19,9 @@ BENCHMARKS: dict[str, str] = {
     "store": "bench.apiserver:run_store",
 }
 
+# The benchmarks that also run against upstream Kubernetes (--kubernetes upstream).
+UPSTREAM: dict[str, str] = {"allocate": "bench.allocate_upstream", "schedule": "bench.schedule_upstream"}
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("benchmark", choices=sorted(BENCHMARKS), help="which benchmark to run")
@@ -41,8 +44,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "cel: devices (10000), kubeapi: calls per shape (300), store: writes (1200), "
                              "serving: requests (2000)")
     parser.add_argument("--kubernetes", choices=("embedded", "upstream"), default="embedded",
-                        help="schedule only: upstream also places the same pods with the real kube-scheduler 1.37.2 "
-                             "(needs Go and root) and prints both and their ratio")
+                        help="schedule: upstream also places the same pods with the real kube-scheduler 1.37.2 "
+                             "(needs Go and root) and prints both and their ratio; allocate: upstream also allocates "
+                             "each claim with kube-scheduler 1.37's DRA allocator (needs Go) and prints both figures "
+                             "and their agreement")
     parser.add_argument("--keep", default=None, metavar="DIR",
                         help="differential only: write each disagreeing case there as `gpu-dra allocate -f` input")
     parser.add_argument("--audit-level", choices=("None", "Metadata", "Request", "RequestResponse"), default=None,
@@ -71,7 +76,7 @@ def node_sizes(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     target = BENCHMARKS[args.benchmark]
-    if args.benchmark == "schedule" and getattr(args, "kubernetes", "embedded") == "upstream":
-        target = "bench.schedule_upstream:run"
+    if getattr(args, "kubernetes", "embedded") == "upstream" and args.benchmark in UPSTREAM:
+        target = UPSTREAM[args.benchmark]
     module, _, func = target.partition(":")
     return int(getattr(importlib.import_module(module), func or "run")(args) or 0)
