@@ -13,12 +13,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudra import DEFAULT_DRIVER_NAME, cliopts, logfmt
 from gpudra.privatedir import PrivateDirError, ensure_private_dir
 from gpudra.ownpod import own_image, secret_names
 from gpudra.signals import stop_on_signals
+
+if TYPE_CHECKING:
+    from driver.gputools import NvidiaTools
+    from driver.mpsdaemon import MpsDaemonPods
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +244,7 @@ def _driver_root(args: argparse.Namespace) -> Path | None:
     return Path("/") if args.nvml == "real" else None
 
 
-def _mps_daemon_tools(nvml: Any, driver_root: Path | None) -> Any:
+def _mps_daemon_tools(nvml: Any, driver_root: Path | None) -> NvidiaTools | None:
     """NVIDIA's tools that talk to MPS daemons running in pods, or None where daemons cannot run in pods: the
     real driver's, or a simulated node's whose driver install has `nvidia-cuda-mps-control` (the upstream
     testbed's); other simulated nodes keep the simulator's daemons, which exist only in this process."""
@@ -252,7 +256,6 @@ def _mps_daemon_tools(nvml: Any, driver_root: Path | None) -> Any:
         return nvml.tools
     if driver_root is None:
         return None
-
     root = DriverRoot(driver_root)
     try:
         root.find_binary("nvidia-cuda-mps-control")
@@ -492,7 +495,7 @@ def _run(args: argparse.Namespace, stop: Any, health: Any, reserved: frozenset[s
         except ValueError as exc:
             print(f"error: --mps-daemon-image-from-pod: {exc}", file=sys.stderr)
             return 2
-    mps_daemons: Any = None
+    mps_daemons: MpsDaemonPods | None = None
     if mps_image and mps_tools is not None:
         from driver.mpsdaemon import DEFAULT_READY_TIMEOUT_S, MpsDaemonPods, MpsPodSettings
 

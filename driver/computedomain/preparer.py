@@ -91,8 +91,9 @@ class DaemonNotReady(NotReady):
 
 
 # How long a channel's prepare waits for its IMEX daemon before failing: the kubelet gives the whole call 45 s and
-# retries a failed one only after its backoff (about 90 s), so a daemon that starts a few seconds after the
-# workers (the usual case: the channel's prepare is what places it on the node) would cost every worker that long.
+# retries the pod only after its back-off (more than a minute on the upstream testbed), so a daemon that starts a
+# few seconds after the workers (the usual case: the channel's prepare is what places it on the node) would cost
+# every worker that long.
 DAEMON_WAIT_S = 25.0
 
 
