@@ -44,9 +44,11 @@ test-upstream: install-test upstream
 	$(BIN)/pytest -q -m upstream
 
 # Kubernetes 1.37 (kube-apiserver, kube-scheduler, kube-controller-manager, kubelet, kube-proxy, kubectl), etcd,
-# containerd and the CNI plugins, built from their Go modules into ~/.cache/gpu-dra/upstream/<version>-<digest>.
+# containerd and the CNI plugins, built from their Go modules into ~/.cache/gpu-dra/upstream/<version>-<digest>;
+# and drabench (kube-scheduler's DRA allocator for `bench allocate --kubernetes upstream`) beside them.
 upstream:
-	bash sim/upstream/build.sh
+	bash sim/upstream/build.sh cluster
+	bash sim/upstream/build.sh drabench
 
 # The product image, its testbed variant (with the NVML simulator), pause and the workload stand-ins, as OCI
 # archives built without docker (debootstrap + pip; root), cached in ~/.cache/gpu-dra/images.
