@@ -1,10 +1,11 @@
 // drabench drives kube-scheduler's DRA allocator (k8s.io/dynamic-resource-allocation/structured, the code its
 // dynamicresources plugin calls) directly on the objects `gpu-dra bench allocate --kubernetes upstream` sends on
-// stdin, as that plugin does for each pod: PreFilter builds an allocator over every slice and the devices already
-// allocated, Filter calls Allocate for the pod's claims on a node. Each step names the node to try (the one our
-// placer chose) or none (ours found no node: every node is tried, in name order). What was allocated is committed
-// to the allocated state before the next step, as the scheduler's assume cache does. Prints the results and the
-// process CPU time of the steps as JSON.
+// stdin (or in the file named by its one argument), as that plugin does for each pod: PreFilter builds an allocator
+// over every slice and the devices already allocated, Filter calls Allocate for the pod's claims on a node. Each
+// step names the node to try (the one our placer chose) or none: then the nodes are tried in name order and the
+// first that fits takes the claim. What was allocated is committed to the allocated state before the next step, as
+// the scheduler's assume cache does. Prints the results, the Allocate calls and the process CPU time (getrusage)
+// and wall time of the steps as JSON.
 package main
 
 import (
@@ -25,7 +26,7 @@ import (
 )
 
 type input struct {
-	Features structured.Features         `json:"features"`
+	Features structured.Features          `json:"features"`
 	Classes  []*resourceapi.DeviceClass   `json:"classes"`
 	Slices   []*resourceapi.ResourceSlice `json:"slices"`
 	Steps    []step                       `json:"steps"`
@@ -47,6 +48,7 @@ type output struct {
 	CPUSeconds      float64  `json:"cpuSeconds"`
 	WallSeconds     float64  `json:"wallSeconds"`
 	NewAllocatorCPU float64  `json:"newAllocatorCpuSeconds"`
+	AllocateCalls   int      `json:"allocateCalls"` // Filter calls: one per node tried
 	Allocator       string   `json:"allocatorFeatures"`
 }
 
@@ -76,9 +78,23 @@ func cpuSeconds() float64 {
 }
 
 func main() {
+	source, name := os.Stdin, "stdin"
+	switch {
+	case len(os.Args) > 2:
+		fmt.Fprintln(os.Stderr, "usage: drabench [FILE] (the objects as JSON; without FILE or with -, from stdin)")
+		os.Exit(2)
+	case len(os.Args) == 2 && os.Args[1] != "-":
+		file, err := os.Open(os.Args[1])
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "drabench: %v\n", err)
+			os.Exit(2)
+		}
+		defer file.Close()
+		source, name = file, os.Args[1]
+	}
 	var in input
-	if err := json.NewDecoder(os.Stdin).Decode(&in); err != nil {
-		fmt.Fprintf(os.Stderr, "drabench: reading the objects from stdin: %v\n", err)
+	if err := json.NewDecoder(source).Decode(&in); err != nil {
+		fmt.Fprintf(os.Stderr, "drabench: reading the objects from %s: %v\n", name, err)
 		os.Exit(2)
 	}
 	lister := classes{}
@@ -125,6 +141,7 @@ func main() {
 			if !ok {
 				node = &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
 			}
+			out.AllocateCalls++
 			allocations, err := allocator.Allocate(ctx, node, []*resourceapi.ResourceClaim{s.Claim})
 			if err != nil {
 				r.Error = err.Error()
