@@ -301,10 +301,20 @@ def test_a_legacy_nvidia_com_gpu_pod_through_the_shim(cluster: UpstreamCluster) 
     try:
         _running(cluster, "legacy-test", 1)
         (device,) = _devices_seen(cluster, "legacy-test", "legacy")
-        # The GPU the device plugin handed out is not offered to DRA claims: 8 A100s, one held by the legacy pod,
-        # so a claim for all the others still fits and one for 8 does not.
-        node = cluster.get("node", "a100-1")
-        assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+        # The GPU the device plugin handed out is not offered to DRA claims: its slice entry carries the shim's
+        # NoSchedule taint (with its MIG devices), and no other GPU's does.
+        def shim_tainted() -> list[str]:
+            slices = cluster.get("resourceslices", "--field-selector=spec.nodeName=a100-1")["items"]
+            return [d["name"] for s in slices for d in s["spec"]["devices"]
+                    if d["attributes"]["type"]["string"] == "gpu"
+                    and any(t["key"] == "gpu.nvidia.com/device-plugin" and t["effect"] == "NoSchedule"
+                            for t in d.get("taints", []))]
+        assert len(wait_for("the legacy pod's GPU tainted in a100-1's slice", shim_tainted, timeout=60)) == 1
+        # The kubelet counts every healthy GPU into allocatable, the legacy pod's included, on its next node status
+        # update; GPUs the NVLink test's claims held (Unhealthy to it until unprepared) come back with that delay.
+        wait_for("a100-1 to advertise all 8 GPUs, none held by a DRA claim",
+                 lambda: cluster.get("node", "a100-1")["status"]["allocatable"].get("nvidia.com/gpu") == "8",
+                 timeout=60)
         assert device.startswith("/dev/nvidia")
     finally:
         _delete_namespace(cluster, "legacy-test")
