@@ -75,7 +75,7 @@ def test_bash_completion_completes_commands_subcommands_and_flags(tmp_path: Path
         return subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout.split()
 
     assert complete("clu") == ["cluster"]
-    assert complete("cluster", "") == ["--help", "down", "fault", "list", "status", "up"]
+    assert complete("cluster", "") == ["--help", "down", "fault", "list", "stand-in", "status", "up"]
     assert complete("cluster", "up", "--no") == ["--nodes"]
     assert "--log-level" in complete("controller", "--")
     zsh = gpu_dra("completion", "zsh").stdout

@@ -311,10 +311,22 @@ def _check_credentials(cli: Cli, api: k8s_client.ApiClient, state: Path) -> None
 
 
 @pytest.mark.process
-def test_fault_errors_name_what_is_accepted(cli: Cli) -> None:
+def test_fault_and_stand_in_errors_name_what_is_accepted(cli: Cli, tmp_path: Path) -> None:
     assert cli.run("fault", "n1", "--name", NAME, "--gpu", "0", "--xid", "79").returncode == 1  # no such cluster
+    missing = cli.run("stand-in", "--name", NAME, "busybox")
+    assert missing.returncode == 1 and f"no cluster named {NAME!r}" in missing.stderr
+    nothing = cli.run("stand-in", "--name", NAME)
+    assert nothing.returncode == 2 and "no image" in nothing.stderr
+    no_file = cli.run("stand-in", "--name", NAME, "-f", str(tmp_path / "absent.yaml"))
+    assert no_file.returncode == 2 and "absent.yaml: No such file or directory" in no_file.stderr
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("kind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: 'Bad Name'}]}\n")
+    bad = cli.run("stand-in", "--name", NAME, "-f", str(spec))
+    assert bad.returncode == 2 and "Pod p.spec.containers[0].image: 'Bad Name' is not an image reference" in bad.stderr
     up = cli.run("up", "--name", NAME, "--nodes", "n1=t4-1")
     assert up.returncode == 0, up.stderr
+    embedded = cli.run("stand-in", "--name", NAME, "nvcr.io/nvidia/cuda:12.9.0-base-ubuntu24.04")
+    assert embedded.returncode == 0 and "runs every image on the busybox stand-in already" in embedded.stderr
     bad_gpu = cli.run("fault", "n1", "--name", NAME, "--gpu", "7", "--xid", "79")
     assert bad_gpu.returncode == 2 and "--gpu 7: not a GPU of node n1; its GPUs: 0=GPU-" in bad_gpu.stderr
     bad_node = cli.run("fault", "nope", "--name", NAME, "--gpu", "0", "--lost")

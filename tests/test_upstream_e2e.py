@@ -397,6 +397,70 @@ def test_agent_restart_and_rolling_update_keep_prepared_claims(cluster: Upstream
         _delete_namespace(cluster, "gpu-test1")
 
 
+OWN_IMAGES = """
+apiVersion: v1
+kind: Namespace
+metadata: {name: own-images}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {namespace: own-images, name: one-gpu}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {deviceClassName: gpu.nvidia.com}
+---
+apiVersion: v1
+kind: Pod
+metadata: {namespace: own-images, name: trainer}
+spec:
+  initContainers:
+  - name: fetch
+    image: python:3.12-slim
+    command: [sh, -c, "true"]
+  containers:
+  - name: train
+    image: registry.example.com/team/trainer:v3
+    command: [bash, -c]
+    args: ["ls /dev/nvidia*; trap 'exit 0' TERM; sleep 9999 & wait"]
+    resources: {claims: [{name: gpu}]}
+  resourceClaims:
+  - {name: gpu, resourceClaimTemplateName: one-gpu}
+"""
+
+
+def test_images_a_spec_names_run_once_given_stand_ins(cluster: UpstreamCluster, tmp_path: Path) -> None:
+    spec = tmp_path / "own-images.yaml"
+    spec.write_text(OWN_IMAGES)
+    _apply(cluster, OWN_IMAGES)
+    try:
+        # No registry is reachable and no stand-in has these names yet: the real kubelet's pull error.
+        def pull_failed() -> str | None:
+            pod = cluster.get("-n", "own-images", "pod", "trainer")
+            waiting = [s.get("state", {}).get("waiting", {}) for s in pod["status"].get("initContainerStatuses", [])]
+            return next((w["reason"] for w in waiting if w.get("reason") in ("ErrImagePull", "ImagePullBackOff")),
+                        None)
+        wait_for("the init container's image pull to fail", pull_failed, timeout=120)
+        events = cluster.get("-n", "own-images", "events", "--field-selector=involvedObject.name=trainer")["items"]
+        assert any("python:3.12-slim" in e.get("message", "") for e in events
+                   if e.get("reason") == "Failed"), [e.get("message") for e in events]
+
+        imported = cluster.gpu_dra("cluster", "stand-in", "--name", cluster.name, "-f", str(spec)).stdout.split()
+        assert imported == ["docker.io/library/python:3.12-slim", "registry.example.com/team/trainer:v3"]
+        _running(cluster, "own-images", 1)
+        assert len(_devices_seen(cluster, "own-images", "trainer")) == 1
+        # Our own image stays the one built from this tree; a digest-pinned reference has no stand-in.
+        refused = cluster.gpu_dra("cluster", "stand-in", "--name", cluster.name, product_reference(), check=False)
+        assert refused.returncode == 1 and "runs this image as built" in refused.stderr
+        pinned = cluster.gpu_dra("cluster", "stand-in", "--name", cluster.name, "ubuntu@sha256:" + "0" * 64,
+                                 check=False)
+        assert pinned.returncode == 1 and "pinned by digest" in pinned.stderr
+    finally:
+        _delete_namespace(cluster, "own-images")
+
+
 def test_uninstall_leaves_no_spec_checkpoint_entry_or_slice(cluster: UpstreamCluster) -> None:
     # Runs last in this module: it removes the driver.
     _apply(cluster, _with_report(quickstart.GPU_TEST1))

@@ -12,7 +12,7 @@ import yaml
 
 from sim.cluster import kubeconfig
 from sim.upstream import config, pki
-from sim.upstream.images import normalise
+from sim.upstream.images import SpecImagesError, normalise, references_in
 from sim.upstream.layout import ClusterLayout, plan_nodes
 from sim.upstream.oci import ImageConfig, read_index, write_archive
 from sim.upstream.supervisor import node_labels
@@ -67,6 +67,51 @@ def test_the_same_tree_gives_the_same_digest(tmp_path: Path) -> None:
 ])
 def test_references_are_normalised_as_the_kubelet_asks_for_them(given: str, stored: str) -> None:
     assert normalise(given) == stored
+
+
+SPEC = """
+apiVersion: v1
+kind: Pod
+metadata: {name: a}
+spec:
+  initContainers: [{name: init, image: busybox}]
+  containers: [{name: main, image: "nvcr.io/nvidia/cuda:12.9.0-base-ubuntu24.04"}, {name: side, image: busybox}]
+---
+apiVersion: batch/v1
+kind: CronJob
+metadata: {name: nightly}
+spec:
+  jobTemplate:
+    spec:
+      template:
+        spec:
+          containers: [{name: job, image: "localhost:5000/team/eval:v2"}]
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: gpu}
+spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}}
+"""
+
+
+def test_the_images_a_spec_names_are_found_in_pods_and_templates_at_any_depth() -> None:
+    assert references_in(SPEC, "spec.yaml") == ["docker.io/library/busybox:latest",
+                                                "nvcr.io/nvidia/cuda:12.9.0-base-ubuntu24.04",
+                                                "localhost:5000/team/eval:v2"]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("kind: Pod\nspec: {containers: [{name: c, image: Ubuntu}]}",
+     "spec.yaml: Pod #1.spec.containers[0].image: 'Ubuntu' is not an image reference"),
+    ("kind: Deployment\nmetadata: {name: web}\nspec: {template: {spec: {containers: [{name: c, image: 7}]}}}",
+     "spec.yaml: Deployment web.spec.template.spec.containers[0].image: 7 is not an image reference"),
+    ("kind: Pod\nspec: [", "spec.yaml: not YAML"),
+    ("- just\n- a list", "spec.yaml: document 1 is not an object"),
+])
+def test_a_spec_with_a_wrong_image_is_refused_naming_object_and_field(text: str, message: str) -> None:
+    with pytest.raises(SpecImagesError) as error:
+        references_in(text, "spec.yaml")
+    assert str(error.value).startswith(message)
 
 
 def test_kubelets_are_configured_for_this_sandbox_and_apart_from_each_other(tmp_path: Path) -> None:

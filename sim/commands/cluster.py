@@ -22,7 +22,7 @@ from typing import Any
 from gpudra import cliopts
 from sim.cluster.spec import DEFAULT_NAME, RUNTIMES
 
-ACTIONS = ("up", "down", "status", "list", "fault")
+ACTIONS = ("up", "down", "status", "list", "fault", "stand-in")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +79,18 @@ def register(parser: argparse.ArgumentParser) -> None:
                       help="the NVLink fabric link of the GPU (without --gpu: of the whole tray) fails: its route is "
                            "unhealthy in NVML's fabric info, and the node's IMEX daemons report it")
     what.add_argument("--clear", action="store_true", help="clear the faults (GPU reset) and restart the node agent")
+    stand_in = sub.add_parser(
+        "stand-in", help="run the images a spec names on the busybox stand-in (upstream clusters pull nothing)",
+        description="Import the busybox stand-in under each image reference into every node's containerd of an "
+                    "upstream cluster, as `cluster up` does for the images NVIDIA's quickstart and "
+                    "manifests/examples name: this machine reaches no registry, so a pod naming any other image "
+                    "gets the kubelet's ErrImagePull until then. An embedded cluster runs every image on it "
+                    "already.")
+    named(stand_in)
+    stand_in.add_argument("images", nargs="*", metavar="IMAGE", help="image reference, e.g. nvcr.io/nvidia/cuda:12.9.0-base-ubuntu24.04")
+    stand_in.add_argument("-f", "--filename", action="append", default=[], metavar="FILE",
+                          help="a spec (YAML, '-' for stdin): every image its pods and pod templates name "
+                               "(repeatable)")
 
 
 def _xid(text: str) -> int:
@@ -107,9 +119,11 @@ def run(args: argparse.Namespace) -> int:
         if problem:
             _err(problem)
             return 2
-    if args.action in ("down", "status", "fault") and _upstream_state(args.name) is not None:
-        return {"down": _down_upstream, "status": _status_upstream, "fault": _fault_upstream}[args.action](args)
-    return {"up": _up, "down": _down, "status": _status, "list": _list, "fault": _fault}[args.action](args)
+    if args.action in ("down", "status", "fault", "stand-in") and _upstream_state(args.name) is not None:
+        return {"down": _down_upstream, "status": _status_upstream, "fault": _fault_upstream,
+                "stand-in": _stand_in_upstream}[args.action](args)
+    return {"up": _up, "down": _down, "status": _status, "list": _list, "fault": _fault,
+            "stand-in": _stand_in}[args.action](args)
 
 
 def _upstream_state(name: str) -> Path | None:
@@ -504,6 +518,55 @@ def _status_upstream(args: argparse.Namespace) -> int:
     obj = report.status_object(root)
     _print(obj, args.output, report.status_table(obj))
     return 0 if obj["ready"] else 1
+
+
+def _stand_in_references(args: argparse.Namespace) -> list[str] | None:
+    """The images named on the command line and in the -f specs, or None after saying what is wrong."""
+    from sim.upstream.images import SpecImagesError, references_in
+
+    found = list(args.images)
+    try:
+        for name in args.filename:
+            text = sys.stdin.read() if name == "-" else Path(name).read_text()
+            found += references_in(text, "stdin" if name == "-" else name)
+    except OSError as exc:
+        _err(f"stand-in: -f {exc.filename}: {exc.strerror}")
+        return None
+    except SpecImagesError as exc:
+        _err(f"stand-in: {exc}")
+        return None
+    if not found:
+        _err("stand-in: no image: name images, or specs with -f whose pods name some")
+        return None
+    return found
+
+
+def _stand_in_upstream(args: argparse.Namespace) -> int:
+    from sim.upstream import commands as upstream
+
+    references = _stand_in_references(args)
+    if references is None:
+        return 2
+    root = _upstream_state(args.name)
+    assert root is not None
+    try:
+        imported = upstream.import_stand_ins(root, references)
+    except upstream.UpstreamError as exc:
+        _err(f"stand-in: {exc}")
+        return 1
+    print("\n".join(imported))
+    return 0
+
+
+def _stand_in(args: argparse.Namespace) -> int:
+    """An embedded cluster's runtime runs every image on the busybox rootfs: nothing to import, and said so."""
+    references = _stand_in_references(args)
+    if references is None:
+        return 2
+    if _load(args.name) is None:
+        return _not_found(args.name)
+    _progress(f"cluster {args.name} is embedded: its runtime runs every image on the busybox stand-in already")
+    return 0
 
 
 # ---- status, list -------------------------------------------------------------------------------------------------

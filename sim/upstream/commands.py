@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,54 @@ def restart_agent(state: Path, node: str) -> None:
                             capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         raise UpstreamError(result.stderr.strip())
+
+
+def import_stand_ins(state: Path, references: list[str]) -> list[str]:
+    """Import the busybox stand-in under each image reference into every node's containerd (what `cluster up`
+    does for the images the quickstart and examples name), so that a spec naming other public images runs here;
+    returns the references, normalised as the kubelet asks containerd for them. The images the cluster runs as
+    they are (ours, pause) and references pinned by digest (no stand-in has that digest) are refused."""
+    spec = read_spec(state)
+    if spec is None:
+        raise UpstreamError(f"{state}: not an upstream cluster")
+    if not supervisor_alive(state):
+        raise UpstreamError(f"cluster {spec.name} is not running; gpu-dra cluster up --kubernetes upstream "
+                            f"--name {spec.name} first")
+    real = {images.product_reference(), images.product_reference(testbed=True), images.PAUSE_REFERENCE}
+    wanted: list[str] = []
+    for given in references:
+        try:
+            reference = images.check_reference(given)
+        except images.SpecImagesError as exc:
+            raise UpstreamError(str(exc)) from None
+        if reference in real:
+            raise UpstreamError(f"{given}: the cluster runs this image as built, not a stand-in")
+        if "@" in reference:
+            raise UpstreamError(f"{given}: pinned by digest, which no stand-in has (name it by tag)")
+        if reference not in wanted:
+            wanted.append(reference)
+    layout = ClusterLayout(spec.name, state, plan_nodes(list(spec.nodes)))
+    archives = []
+    for reference in wanted:
+        try:
+            archives.append(images.workload_image(reference))
+        except images.ImageBuildError as exc:
+            raise UpstreamError(str(exc)) from None
+    # The node's /run is a directory of the state on the host, and ctr streams each archive to containerd over its
+    # socket; a link under /tmp keeps that path within a unix socket's 108 bytes wherever the state lives.
+    with tempfile.TemporaryDirectory(prefix="gd-") as links:
+        for node in layout.nodes:
+            socket = Path(links) / node.name
+            socket.symlink_to(layout.node_dir(node) / "run" / "containerd" / "containerd.sock")
+            for reference, archive in zip(wanted, archives, strict=True):
+                result = subprocess.run([f"{spec.bin_dir}/ctr", "--address", str(socket), "--namespace", "k8s.io",
+                                         "images", "import", "--all-platforms", str(archive)],
+                                        capture_output=True, text=True, timeout=300)
+                if result.returncode != 0:
+                    raise UpstreamError(f"importing {reference} into {node.name}'s containerd: "
+                                        f"{result.stderr.strip()}")
+            _progress(f"  {node.name}: {len(wanted)} stand-in image(s) imported")
+    return wanted
 
 
 def stop(state: Path, grace: float = 120.0) -> list[str]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +30,8 @@ import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from sim.upstream.oci import ImageConfig, write_archive
 
@@ -57,11 +60,63 @@ def workload_references() -> list[str]:
     (`ubuntu:22.04` -> `docker.io/library/ubuntu:22.04`)."""
     found = set(WORKLOAD_STAND_INS)
     for path in sorted((ROOT / "manifests" / "examples").glob("*.yaml")):
-        for line in path.read_text().splitlines():
-            key, _, value = line.strip().lstrip("- ").partition(":")
-            if key == "image" and value.strip():
-                found.add(normalise(value.strip().strip("'\"")))
+        found.update(references_in(path.read_text(), str(path.relative_to(ROOT))))
     return sorted(found)
+
+
+# Where a Kubernetes object holds containers: a pod's spec, and every workload's pod template below its spec.
+_CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+# [registry[:port]/]path[:tag][@algorithm:hex], the path lowercase: what the kubelet's parser accepts, loosely.
+_REFERENCE = re.compile(r"^(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._/-]+[a-z0-9]+)*(?::[\w][\w.-]{0,127})?"
+                        r"(?:@[a-z0-9]+:[a-f0-9]{32,})?$")
+
+
+class SpecImagesError(ValueError):
+    pass
+
+
+def references_in(text: str, source: str) -> list[str]:
+    """Every image the containers of a YAML stream's objects name (pods, pod templates at any depth), normalised,
+    in order of first appearance. Raises SpecImagesError naming the source, object and field of what is wrong."""
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise SpecImagesError(f"{source}: not YAML: {exc}") from None
+    found: dict[str, None] = {}
+
+    def walk(node: object, where: str) -> None:
+        if isinstance(node, list):
+            for i, item in enumerate(node):
+                walk(item, f"{where}[{i}]")
+            return
+        if not isinstance(node, dict):
+            return
+        for key, value in node.items():
+            if key in _CONTAINER_LISTS and isinstance(value, list):
+                for i, container in enumerate(value):
+                    image = container.get("image") if isinstance(container, dict) else None
+                    if image is None:
+                        continue
+                    try:
+                        found[check_reference(image)] = None
+                    except SpecImagesError as exc:
+                        raise SpecImagesError(f"{source}: {where}.{key}[{i}].image: {exc}") from None
+            walk(value, f"{where}.{key}")
+
+    for i, document in enumerate(documents):
+        if not isinstance(document, dict):
+            raise SpecImagesError(f"{source}: document {i + 1} is not an object")
+        meta = document.get("metadata") if isinstance(document.get("metadata"), dict) else {}
+        walk(document, f"{document.get('kind', 'object')} {meta.get('name', f'#{i + 1}')}")
+    return list(found)
+
+
+def check_reference(image: object) -> str:
+    """`image` normalised, or SpecImagesError saying what a reference looks like."""
+    if not isinstance(image, str) or not _REFERENCE.match(image):
+        raise SpecImagesError(f"{image!r} is not an image reference ([registry/]name[:tag][@digest], the name "
+                              "lowercase)")
+    return normalise(image)
 
 
 def normalise(reference: str) -> str:
