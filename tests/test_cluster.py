@@ -323,6 +323,8 @@ def test_fault_and_stand_in_errors_name_what_is_accepted(cli: Cli, tmp_path: Pat
     spec.write_text("kind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: 'Bad Name'}]}\n")
     bad = cli.run("stand-in", "--name", NAME, "-f", str(spec))
     assert bad.returncode == 2 and "Pod p.spec.containers[0].image: 'Bad Name' is not an image reference" in bad.stderr
+    bad_image = cli.run("stand-in", "--name", NAME, "Ubuntu:22.04")
+    assert bad_image.returncode == 2 and "'Ubuntu:22.04' is not an image reference" in bad_image.stderr
     up = cli.run("up", "--name", NAME, "--nodes", "n1=t4-1")
     assert up.returncode == 0, up.stderr
     embedded = cli.run("stand-in", "--name", NAME, "nvcr.io/nvidia/cuda:12.9.0-base-ubuntu24.04")

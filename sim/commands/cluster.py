@@ -87,7 +87,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                     "gets the kubelet's ErrImagePull until then. An embedded cluster runs every image on it "
                     "already.")
     named(stand_in)
-    stand_in.add_argument("images", nargs="*", metavar="IMAGE", help="image reference, e.g. nvcr.io/nvidia/cuda:12.9.0-base-ubuntu24.04")
+    stand_in.add_argument("images", nargs="*", metavar="IMAGE",
+                          help="image reference, e.g. nvcr.io/nvidia/cuda:12.9.0-base-ubuntu24.04")
     stand_in.add_argument("-f", "--filename", action="append", default=[], metavar="FILE",
                           help="a spec (YAML, '-' for stdin): every image its pods and pod templates name "
                                "(repeatable)")
@@ -522,10 +523,10 @@ def _status_upstream(args: argparse.Namespace) -> int:
 
 def _stand_in_references(args: argparse.Namespace) -> list[str] | None:
     """The images named on the command line and in the -f specs, or None after saying what is wrong."""
-    from sim.upstream.images import SpecImagesError, references_in
+    from sim.upstream.images import SpecImagesError, check_reference, references_in
 
-    found = list(args.images)
     try:
+        found = [check_reference(image) for image in args.images]
         for name in args.filename:
             text = sys.stdin.read() if name == "-" else Path(name).read_text()
             found += references_in(text, "stdin" if name == "-" else name)
