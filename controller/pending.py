@@ -2,8 +2,10 @@
 
 kube-scheduler allocates; a pod it cannot place gets only its terse FailedScheduling. PendingExplainer finds the
 pods that wait on ResourceClaims (a claim missing or being deleted, a gang still forming or not fitting, devices
-no node can give) and says which, as an Event and the explanation annotation on the pending claims. The
-testbed's embedded scheduler (sim.roles.scheduler) reads pods' claims the same way.
+no node can give) and says which, as an Event and the explanation annotation on the pending claims; a pod that
+asks for an extended resource a DeviceClass backs (`nvidia.com/gpu` under KEP-5004) is explained through the claim
+kube-scheduler would make for it. The testbed's embedded scheduler (sim.roles.scheduler) reads pods' claims the
+same way.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from controller.allocator import AllocationError, ClusterSnapshot, Node, NodeSel
 from controller.cel import CelEnvironment
 from controller.claims import GeneratedClaims, resolve_pod_claims
 from controller.diagnosis import NodeReason, explain, summarize
+from controller.extended import class_for_resource, dra_extended_requests, extended_resource_claim
 from controller.explanation_writer import REASON_GANG_WAITING, REASON_UNSCHEDULABLE, ExplanationWriter
 from controller.ganggroups import gang_label, gang_size_label, is_gang_claim
 from controller.metrics import ControllerMetrics
@@ -132,23 +135,35 @@ class PendingExplainer:
         waiting = 0
         state: tuple[ClusterSnapshot, Placer] | None = None
         claims_by_key = dict(view.claims)
+        backing: dict[str, str] | None = None
         for pod in sorted((p for p in view.pods.values() if is_pending(p)), key=o.key):
-            if not o.list_field(o.section(pod, "spec"), "resourceClaims"):
-                continue
-            gathered = gather_pod_claims(pod, claims_by_key, self.driver, verdict_annotation=self._explainer.annotation)
-            if gathered.wait_reason:
-                if not gathered.silent:
-                    waiting += 1
-                    self._explainer.event(pod, gathered.wait_event, gathered.wait_reason, warning=gathered.warning)
-                continue
-            pending = [c for c in gathered.claims if o.allocation(c) is None]
+            if o.list_field(o.section(pod, "spec"), "resourceClaims"):
+                gathered = gather_pod_claims(pod, claims_by_key, self.driver,
+                                             verdict_annotation=self._explainer.annotation)
+                if gathered.wait_reason:
+                    if not gathered.silent:
+                        waiting += 1
+                        self._explainer.event(pod, gathered.wait_event, gathered.wait_reason, warning=gathered.warning)
+                    continue
+                claims = gathered.claims
+                pending = [c for c in claims if o.allocation(c) is None]
+                exists, preface = True, ""
+            else:
+                if backing is None:
+                    backing = class_for_resource(view.classes.values()) if self._features.extended_resource else {}
+                found = _extended_claim(pod, backing, view.nodes.values())
+                if found is None:
+                    continue
+                extended, preface = found
+                claims = pending = [extended]
+                exists = False  # kube-scheduler makes it when the pod fits: nothing to annotate until then
             if not pending:
                 continue
             if state is None:
                 snapshot, _ = build_snapshot(view, view.allocated_claims())
                 state = (snapshot, Placer(snapshot, self._features, self._cel))
             snapshot, placer = state
-            nodes = [n for n in snapshot.node_names if allocation_rejects(gathered.claims, snapshot.node(n)) is None]
+            nodes = [n for n in snapshot.node_names if allocation_rejects(claims, snapshot.node(n)) is None]
             try:
                 parsed = [parse_claim(c) for c in pending]
                 result = placer.place(parsed, nodes)
@@ -159,6 +174,27 @@ class PendingExplainer:
                 message = str(err)
             waiting += 1
             self._metrics.failures.labels(reason="unschedulable").inc()
-            self._explainer.event(pod, REASON_UNSCHEDULABLE, message)
-            self._explainer.annotate(pending, message)
+            self._explainer.event(pod, REASON_UNSCHEDULABLE, preface + message)
+            if exists:
+                self._explainer.annotate(pending, message)
         return waiting
+
+
+def _extended_claim(pod: Mapping[str, Any], backing: Mapping[str, str],
+                    nodes: Iterable[Mapping[str, Any]]) -> tuple[Obj, str] | None:
+    """The claim kube-scheduler would make for a pod's DRA-backed extended resources (KEP-5004), to explain why it
+    cannot fit, and what the explanation says first (the claim does not exist yet); None when the pod asks for
+    none, when its claim exists already, or when a node advertises one of the resources (a device plugin serves it
+    there, and kube-scheduler's own fit message covers it)."""
+    if o.section(o.section(pod, "status"), "extendedResourceClaimStatus"):
+        return None
+    requests, mappings = dra_extended_requests(pod, backing)
+    if not requests:
+        return None
+    if any(m["resourceName"] in o.section(o.section(n, "status"), "allocatable") for n in nodes for m in mappings):
+        return None
+    name = f"{o.name(pod)}-extended-resources"
+    asked = "; ".join(f"{m['resourceName']}: {r['exactly']['count']} (container {m['containerName']}) is served by "
+                      f"DeviceClass {r['exactly']['deviceClassName']}" for m, r in zip(mappings, requests, strict=True))
+    return (extended_resource_claim(pod, requests, name),
+            f"{asked}, through the claim kube-scheduler makes for the pod ({name}-...): ")

@@ -339,6 +339,14 @@ def test_fault_and_stand_in_errors_name_what_is_accepted(cli: Cli, tmp_path: Pat
     assert bad_xid.returncode == 2 and "expected an Xid number" in bad_xid.stderr and "Traceback" not in bad_xid.stderr
 
 
+@pytest.mark.process
+def test_manifests_is_an_upstream_flag_naming_a_kustomization(cli: Cli, tmp_path: Path) -> None:
+    embedded = cli.run("up", "--name", NAME, "--manifests", "manifests/testbed")
+    assert embedded.returncode == 2 and "--manifests: only with --kubernetes upstream" in embedded.stderr
+    missing = cli.run("up", "--name", NAME, "--kubernetes", "upstream", "--manifests", str(tmp_path))
+    assert missing.returncode == 2 and f"--manifests {tmp_path}: not a kustomization directory" in missing.stderr
+
+
 def test_parse_nodes() -> None:
     shipped = shipped_profiles()
     assert [(n.name, n.profile, n.device_plugin) for n in parse_nodes("a=t4-1, b=v100-4", shipped, device_plugin=True)] \

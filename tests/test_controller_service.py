@@ -63,6 +63,30 @@ def test_cluster_mode_explains_pending_pods_without_allocating(apiserver: Any) -
     assert not api.get("Pod", "ok", "default")["spec"].get("nodeName")
 
 
+def test_cluster_mode_explains_extended_resource_pods_through_the_claim_kube_scheduler_would_make(apiserver: Any) -> None:
+    api = apiserver.api
+    backed = {**gpu_class(), "spec": {**gpu_class()["spec"], "extendedResourceName": "nvidia.com/gpu"}}
+    create_all(api, [backed, node("node-a"), gpu_slice("node-a", [("g0", "nvl"), ("g1", "nvl")]),
+                     pod("fits", gpus=2), pod("too-many", gpus=3)])
+    assert manager(api, embedded=False).step().pods_unschedulable == 1
+    (event,) = [e for e in events_for(api, "too-many") if e["reason"] == REASON_UNSCHEDULABLE]
+    assert event["message"] == (
+        "nvidia.com/gpu: 3 (container main) is served by DeviceClass gpu.nvidia.com, through the claim "
+        "kube-scheduler makes for the pod (too-many-extended-resources-...): 0/1 nodes are available: 1 node: request "
+        "container-0-request-0 of claim default/too-many-extended-resources needs 3 devices; the node has only 2 "
+        "matching devices in all")
+    assert not events_for(api, "fits") and not claims_of(api)  # kube-scheduler makes the claim, not us
+
+
+def test_an_extended_resource_a_device_plugin_serves_is_left_to_kube_schedulers_fit(apiserver: Any) -> None:
+    api = apiserver.api
+    backed = {**gpu_class(), "spec": {**gpu_class()["spec"], "extendedResourceName": "nvidia.com/gpu"}}
+    create_all(api, [backed, node("node-a"), node("legacy", gpus=1), gpu_slice("node-a", [("g0", "nvl")]),
+                     pod("too-many", gpus=3)])
+    assert manager(api, embedded=False).step().pods_unschedulable == 0
+    assert not events_for(api, "too-many")
+
+
 def test_logs_are_key_value() -> None:
     import logging
 

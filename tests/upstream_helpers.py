@@ -101,10 +101,10 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 180.0, interv
     raise AssertionError(f"{what}: not after {timeout:.0f} s (last: {last})")
 
 
-def start(name: str, tmp: Path, nodes: str, wait: float = 600) -> UpstreamCluster:
+def start(name: str, tmp: Path, nodes: str, *flags: str, wait: float = 600) -> UpstreamCluster:
     env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), KUBECONFIG=str(tmp / "kubeconfig"))
     result = subprocess.run([sys.executable, "-m", "cli", "cluster", "up", "--kubernetes", "upstream", "--name", name,
-                             "--nodes", nodes, "--wait", str(int(wait))], cwd=str(ROOT), env=env,
+                             "--nodes", nodes, "--wait", str(int(wait)), *flags], cwd=str(ROOT), env=env,
                             capture_output=True, text=True, timeout=wait + 900)
     state = tmp / "state" / "gpu-dra" / "clusters" / name
     if result.returncode != 0:
@@ -121,11 +121,12 @@ def stop(cluster: UpstreamCluster) -> subprocess.CompletedProcess[str]:
 
 
 @contextlib.contextmanager
-def running(name: str, tmp: Path, nodes: str) -> Iterator[UpstreamCluster]:
-    """A cluster for a test module, taken down the hard way: the supervisor dies (SIGKILL) with every node,
-    container and shim still running, and `cluster down` must still leave nothing behind."""
+def running(name: str, tmp: Path, nodes: str, *flags: str) -> Iterator[UpstreamCluster]:
+    """A cluster for a test module (`flags` go to `cluster up`), taken down the hard way: the supervisor dies
+    (SIGKILL) with every node, container and shim still running, and `cluster down` must still leave nothing
+    behind."""
     require_upstream()
-    up = start(name, tmp, nodes)
+    up = start(name, tmp, nodes, *flags)
     try:
         yield up
     finally:

@@ -40,6 +40,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                          "upstream: real Kubernetes built from its Go modules (etcd, kube-apiserver, "
                          "kube-controller-manager, kube-scheduler, kube-proxy, kubelets with containerd), the "
                          "manifests applied with kubectl apply -k (needs root and Go)")
+    up.add_argument("--manifests", metavar="DIR",
+                    help="with --kubernetes upstream: the kustomization applied with kubectl apply -k (default "
+                         "manifests/testbed: the base with the simulator and the device plugin shim; "
+                         "manifests/testbed-extended-resource serves nvidia.com/gpu through DRA instead)")
     up.add_argument("--nodes", metavar="NAME=PROFILE[,NAME=PROFILE...]",
                     help="nodes and their simulator profiles (shipped name or file); default: the demo's four nodes "
                          "a100-1=dgx-a100,a100-2=dgx-a100,v100-1=v100-4,h100-1=h100-mig")
@@ -168,6 +172,10 @@ def _print(obj: Any, output: str, table: str) -> None:
 def _up(args: argparse.Namespace) -> int:
     if args.kubernetes == "upstream":
         return _up_upstream(args)
+    if args.manifests:
+        _err("--manifests: only with --kubernetes upstream (the embedded cluster runs its parts itself, not from "
+             "manifests)")
+        return 2
     from gpudra.privatedir import ensure_private_dir
     from sim.cluster import kubeconfig
     from sim.cluster.spec import (ClusterSpec, SpecError, SupervisorStatus, cluster_paths, default_nodes, gb200_racks,
@@ -289,6 +297,11 @@ def _up_upstream(args: argparse.Namespace) -> int:
     except SpecError as exc:
         _err(str(exc))
         return 2
+    overlay = Path(args.manifests) if args.manifests else upstream.TESTBED_OVERLAY
+    if not (overlay / "kustomization.yaml").is_file():
+        _err(f"--manifests {overlay}: not a kustomization directory (it holds no kustomization.yaml); "
+             f"e.g. {upstream.TESTBED_OVERLAY.relative_to(upstream.ROOT)}")
+        return 2
     ignored = [flag for flag, given in (("--runtime", args.runtime != "auto"), ("--feature", args.feature),
                                         ("--runtime-config", args.runtime_config),
                                         ("--partitionable", args.partitionable)) if given]
@@ -315,7 +328,7 @@ def _up_upstream(args: argparse.Namespace) -> int:
         server, admin = upstream.up(args.name, paths.root, nodes, args.wait)
         spec = upstream.read_spec(paths.root)
         assert spec is not None
-        upstream.deploy(Path(spec.bin_dir), admin, upstream.TESTBED_OVERLAY, args.wait)
+        upstream.deploy(Path(spec.bin_dir), admin, overlay.resolve(), args.wait)
     except upstream.UpstreamError as exc:
         _err(str(exc))
         _err(f"logs kept in {paths.root / 'logs'}; gpu-dra cluster down --name {args.name} removes them")

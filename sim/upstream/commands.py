@@ -132,7 +132,8 @@ def deploy(bin_dir: Path, kubeconfig: Path, overlay: Path, wait: float) -> None:
             raise UpstreamError(f"kubectl {' '.join(argv)}: {result.stderr.strip()}")
         return result.stdout
 
-    _progress(f"deploying: kubectl apply -k {overlay.relative_to(ROOT)}")
+    shown = overlay.relative_to(ROOT) if overlay.is_relative_to(ROOT) else overlay
+    _progress(f"deploying: kubectl apply -k {shown}")
     run("apply", "-k", str(overlay))
     for what in ("daemonset/gpu-dra-node-agent", "deployment/gpu-dra-controller"):
         run("-n", "gpu-dra-system", "rollout", "status", what, f"--timeout={int(wait)}s")
