@@ -146,22 +146,38 @@ def place(scenario: Scenario, cel_env: Any) -> tuple[dict[str, Any], Placements]
             "placementDigest": placement_digest(placements)}, placements
 
 
-def run(args: argparse.Namespace) -> int:
-    from controller.cel import CelEnvironment
+@dataclass(frozen=True)
+class Options:
+    scenarios: list[str]
+    node_counts: list[int | None]  # one run per size (the scale curve); None: the scenario's default
+    devices: int | None
+    seed: int
 
+
+def options(args: argparse.Namespace) -> Options | None:
+    """The run's scenarios, sizes and seed, or None after saying on stderr which flag is wrong (exit 2)."""
     wanted = ["a", "b"] if getattr(args, "scenario", "all") == "all" else [args.scenario]
     unknown = [w for w in wanted if w not in SCENARIOS]
     if unknown:
         print(f"--scenario {unknown[0]!r}: unknown scenario; accepted: a, b, all", file=sys.stderr)
-        return 2
-    seed = int(getattr(args, "seed", 1) or 1)
+        return None
     nodes = getattr(args, "nodes", None)
     node_counts: list[int | None] = [nodes] if nodes is None or isinstance(nodes, int) else list(nodes)
     devices = getattr(args, "devices", None)
     for flag, value in [*(("--nodes", n) for n in node_counts), ("--devices", devices)]:
         if value is not None and value < 1:
             print(f"{flag} {value}: must be at least 1", file=sys.stderr)
-            return 2
+            return None
+    return Options(wanted, node_counts, devices, int(getattr(args, "seed", 1) or 1))
+
+
+def run(args: argparse.Namespace) -> int:
+    from controller.cel import CelEnvironment
+
+    opts = options(args)
+    if opts is None:
+        return 2
+    wanted, node_counts, devices, seed = opts.scenarios, opts.node_counts, opts.devices, opts.seed
     # One run per size and scenario, in this process; the largest size's figures head the result.
     curve = {w: [measure(w, seed, CelEnvironment(), Size(n, devices)) for n in node_counts] for w in wanted}
     results = {w: runs[-1] for w, runs in curve.items()}

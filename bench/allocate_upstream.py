@@ -27,7 +27,7 @@ import subprocess
 import sys
 from typing import Any
 
-from bench.allocate import SCENARIOS, Placements, Scenario, Size, place
+from bench.allocate import SCENARIOS, Placements, Scenario, Size, options, place
 from bench.report import emit
 from bench.stats import peak_rss_mib
 from gpudra.defaults import apply_defaults
@@ -137,26 +137,18 @@ def measure(name: str, seed: int, size: Size, drabench: str) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from sim.upstream.drabench import BuildError, binary, version
 
-    wanted = ["a", "b"] if getattr(args, "scenario", "all") == "all" else [args.scenario]
-    unknown = [w for w in wanted if w not in SCENARIOS]
-    if unknown:
-        print(f"--scenario {unknown[0]!r}: unknown scenario; accepted: a, b, all", file=sys.stderr)
+    opts = options(args)
+    if opts is None:
         return 2
-    nodes = getattr(args, "nodes", None)
-    if isinstance(nodes, list) and len(nodes) > 1:
+    if len(opts.node_counts) > 1:
         print("--nodes: one size with --kubernetes upstream (the scale curve is ours alone)", file=sys.stderr)
         return 2
-    size = Size(nodes[0] if isinstance(nodes, list) else nodes, getattr(args, "devices", None))
-    for flag, value in (("--nodes", size.nodes), ("--devices", size.devices)):
-        if value is not None and value < 1:
-            print(f"{flag} {value}: must be at least 1", file=sys.stderr)
-            return 2
+    wanted, seed, size = opts.scenarios, opts.seed, Size(opts.node_counts[0], opts.devices)
     try:
         drabench = str(binary())
     except BuildError as exc:
         print(f"bench allocate --kubernetes upstream: {exc}", file=sys.stderr)
         return 1
-    seed = int(getattr(args, "seed", 1) or 1)
     try:
         results = {w: measure(w, seed, size, drabench) for w in wanted}
     except DrabenchFailed as exc:

@@ -82,13 +82,37 @@ class MpsDaemons(Protocol):
     def running(self, dirs: MpsDirs) -> bool: ...
 
 
+class _BackendDaemons:
+    """MPS control daemons in the agent's process, through the NVML backend (the driver's tools or the simulator)."""
+
+    def __init__(self, nvml: NvmlBackend) -> None:
+        self._nvml = nvml
+
+    def start(
+        self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), *, multi_user: bool = False,
+    ) -> None:
+        self._nvml.mps_start(dirs, device_uuids, commands, multi_user=multi_user)
+
+    def wait(self, dirs: MpsDirs) -> None:
+        self._nvml.mps_wait(dirs)
+
+    def command(self, dirs: MpsDirs, command: str) -> str:
+        return str(self._nvml.mps_command(dirs, command))
+
+    def stop(self, dirs: MpsDirs) -> None:
+        self._nvml.mps_stop(dirs)
+
+    def running(self, dirs: MpsDirs) -> bool:
+        return bool(self._nvml.mps_running(dirs))
+
+
 class NvmlSharing:
     """Sharing through an NVML backend (driver.nvml.load_backend's object, real or simulated); MPS control
     daemons through `daemons` when given (in pods of their own), else through the backend."""
 
     def __init__(self, nvml: NvmlBackend, daemons: MpsDaemons | None = None) -> None:
         self._nvml = nvml
-        self._daemons = daemons
+        self._daemons: MpsDaemons = daemons if daemons is not None else _BackendDaemons(nvml)
 
     def set_compute_mode(self, gpu_uuid: str, mode: int) -> None:
         try:
@@ -108,10 +132,7 @@ class NvmlSharing:
         self, dirs: MpsDirs, device_uuids: Sequence[str], commands: Sequence[str] = (), *, multi_user: bool = False,
     ) -> None:
         try:
-            if self._daemons is not None:
-                self._daemons.start(dirs, device_uuids, commands, multi_user=multi_user)
-            else:
-                self._nvml.mps_start(dirs, device_uuids, commands, multi_user=multi_user)
+            self._daemons.start(dirs, device_uuids, commands, multi_user=multi_user)
         except GpuToolError as exc:
             raise SharingError(
                 f"GPU(s) {', '.join(device_uuids)}: starting the MPS control daemon (pipe directory {dirs.pipe}) failed: {exc}"
@@ -119,34 +140,24 @@ class NvmlSharing:
 
     def mps_wait(self, dirs: MpsDirs) -> None:
         try:
-            if self._daemons is not None:
-                self._daemons.wait(dirs)
-            else:
-                self._nvml.mps_wait(dirs)
+            self._daemons.wait(dirs)
         except GpuToolError as exc:
             raise SharingError(f"MPS control daemon (pipe directory {dirs.pipe}): {exc}") from exc
 
     def mps_command(self, dirs: MpsDirs, command: str) -> str:
         try:
-            if self._daemons is not None:
-                return self._daemons.command(dirs, command)
-            return str(self._nvml.mps_command(dirs, command))
+            return self._daemons.command(dirs, command)
         except GpuToolError as exc:
             raise SharingError(f"MPS control daemon (pipe directory {dirs.pipe}): {command!r} failed: {exc}") from exc
 
     def mps_stop(self, dirs: MpsDirs) -> None:
         try:
-            if self._daemons is not None:
-                self._daemons.stop(dirs)
-            else:
-                self._nvml.mps_stop(dirs)
+            self._daemons.stop(dirs)
         except GpuToolError as exc:
             raise SharingError(f"MPS control daemon (pipe directory {dirs.pipe}): stopping it failed: {exc}") from exc
 
     def mps_running(self, dirs: MpsDirs) -> bool:
-        if self._daemons is not None:
-            return self._daemons.running(dirs)
-        return bool(self._nvml.mps_running(dirs))
+        return self._daemons.running(dirs)
 
 
 @dataclass(frozen=True)
